@@ -1,0 +1,2 @@
+"""Start, fund and stop bitcoind -regtest and anvil, for developers and for tests.
+"""

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Idempotent set-up shared by scripts/run and scripts/test.
+#
+# Installs, only when missing or out of date:
+#   - Debian packages needed to create a virtualenv and build the regtest nodes;
+#   - the Python virtualenv in .venv with this project and its dev extras;
+#   - the regtest nodes (bitcoind built from source once into a cache, anvil and solc from npm),
+#     through `python -m regtest install`, which prints its progress.
+# Safe to run any number of times; a second run does almost nothing.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+log() { printf '[bootstrap] %s\n' "$*" >&2; }
+
+SUDO=""
+if [ "$(id -u)" != "0" ] && command -v sudo >/dev/null 2>&1; then SUDO="sudo"; fi
+
+need_debs=()
+command -v python3 >/dev/null 2>&1 || need_debs+=(python3)
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need_debs+=(python3-venv)
+command -v npm >/dev/null 2>&1 || need_debs+=(nodejs npm)
+if [ -z "${BITCOIND:-}" ] && ! command -v bitcoind >/dev/null 2>&1; then
+    # Build dependencies of bitcoind (built from source by `python -m regtest install`).
+    for deb in build-essential cmake pkgconf libboost-dev libevent-dev libsqlite3-dev; do
+        dpkg -s "$deb" >/dev/null 2>&1 || need_debs+=("$deb")
+    done
+fi
+if [ "${#need_debs[@]}" -gt 0 ]; then
+    log "installing Debian packages: ${need_debs[*]}"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_debs[@]}" >/dev/null
+fi
+
+PY="${PYTHON:-python3}"
+"$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' \
+    || { log "Python 3.11 or newer is required (found $("$PY" --version))"; exit 1; }
+
+if [ ! -x .venv/bin/python ]; then
+    log "creating virtualenv .venv"
+    "$PY" -m venv .venv
+fi
+stamp=".venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)"
+if [ ! -f "$stamp" ]; then
+    log "installing Python dependencies into .venv"
+    if ! { .venv/bin/python -m pip install -q --upgrade pip \
+           && .venv/bin/python -m pip install -q -e '.[dev]'; } >.venv/pip.log 2>&1; then
+        cat .venv/pip.log >&2; log "pip install failed (log above)"; exit 1
+    fi
+    rm -f .venv/.installed-*
+    touch "$stamp"
+fi
+
+if [ -f regtest/install.py ]; then
+    .venv/bin/python -m regtest install
+fi
