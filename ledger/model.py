@@ -1,0 +1,199 @@
+"""Pure value types of the ledger: the chart of accounts, transfers, holds, balances.
+
+Vocabulary (fixed, after TigerBeetle):
+- an **account** holds one asset; its balance is the sum of its entries, in minor units;
+- a **transfer** moves `amount` from `debit_account_id` (balance goes down) to `credit_account_id`
+  (balance goes up); a customer's balance is what the exchange owes them, so it is positive, and an
+  asset-location account (coins the firm holds on chain) runs negative;
+- a **journal transaction** is one balanced business event made of one or more transfers (a linked
+  batch) that commit together or not at all, under one idempotency key;
+- a **hold** is a two-phase pending transfer: it moves value from available to held on one account,
+  and later is captured (in parts, each capture a transfer whose debit names the hold), released, or
+  expired. `available = posted - held`.
+
+Nothing here touches a database; `ledger.service` persists these.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from ledger.errors import ErrorCode, LedgerError
+
+MAX_AMOUNT = 10**78 - 1  # NUMERIC(78,0): wide enough for uint256
+MAX_BATCH = 10_000
+
+
+class AccountKind(str, enum.Enum):
+    """The chart of accounts (DESIGN.md 5). The kind sets the default balance limits."""
+
+    customer = "customer"  # what a customer is owed; never negative
+    fee_income = "fee_income"  # fees earned; never negative
+    liquidity = "liquidity"  # the firm's own trading/liquidity position; never negative
+    in_flight = "in_flight"  # withdrawals signed but not final; never negative
+    asset_location = "asset_location"  # coins held in one wallet tier on one chain; never positive
+    network_fee_expense = "network_fee_expense"  # fees paid to miners/validators; never positive
+    suspense = "suspense"  # unexplained differences awaiting an explanation; either sign
+    quarantine = "quarantine"  # deposits held back by screening; never negative
+    dust = "dust"  # amounts below a minimum, recorded not credited; never negative
+    equity = "equity"  # the firm's capital / the outside world; either sign
+
+
+# (may_go_negative, may_go_positive) per kind.
+DEFAULT_LIMITS: dict[AccountKind, tuple[bool, bool]] = {
+    AccountKind.customer: (False, True),
+    AccountKind.fee_income: (False, True),
+    AccountKind.liquidity: (False, True),
+    AccountKind.in_flight: (False, True),
+    AccountKind.asset_location: (True, False),
+    AccountKind.network_fee_expense: (True, False),
+    AccountKind.suspense: (True, True),
+    AccountKind.quarantine: (False, True),
+    AccountKind.dust: (False, True),
+    AccountKind.equity: (True, True),
+}
+
+
+class HoldState(str, enum.Enum):
+    pending = "pending"
+    captured = "captured"  # terminal: captured in full (possibly in parts)
+    released = "released"  # terminal: the remainder went back to available
+    expired = "expired"  # terminal: released by the expiry job after its timeout
+
+
+TERMINAL_HOLD_STATES = frozenset({HoldState.captured, HoldState.released, HoldState.expired})
+
+
+@dataclass(frozen=True)
+class Asset:
+    code: str
+    decimals: int
+
+
+@dataclass(frozen=True)
+class Account:
+    id: int
+    asset: str
+    kind: AccountKind
+    name: str
+    owner: str | None
+    may_go_negative: bool
+    may_go_positive: bool
+    closed: bool
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One leg of a journal transaction. `hold_id` makes the debit a capture from that hold."""
+
+    debit_account_id: int
+    credit_account_id: int
+    amount: int
+    hold_id: int | None = None
+
+
+@dataclass(frozen=True)
+class PostResult:
+    transaction_id: int
+    created: bool  # False: the key was posted before with the same content; nothing moved now
+
+
+@dataclass(frozen=True)
+class Hold:
+    id: int
+    account_id: int
+    amount: int
+    captured: int
+    released: int
+    state: HoldState
+    owner: str
+    reference: str
+    expires_at: dt.datetime | None
+    created: bool = True  # False on an idempotent replay of place_hold
+
+    @property
+    def remaining(self) -> int:
+        return self.amount - self.captured - self.released
+
+
+@dataclass(frozen=True)
+class Balance:
+    account_id: int
+    asset: str
+    posted: int
+    held: int
+    checkpoint: int  # id of the last journal transaction reflected in `posted`
+
+    @property
+    def available(self) -> int:
+        return self.posted - self.held
+
+
+@dataclass(frozen=True)
+class StatementLine:
+    entry_id: int
+    transaction_id: int
+    amount: int  # signed: positive credits the account
+    balance_after: int
+    kind: str
+    idempotency_key: str
+    created_at: dt.datetime
+
+
+@dataclass(frozen=True)
+class StatementPage:
+    account_id: int
+    lines: list[StatementLine]
+    next_after: int | None  # pass as `after` to fetch the next page; None when this is the last
+
+
+@dataclass(frozen=True)
+class Check:
+    """One named self-verification check and what it found."""
+
+    name: str
+    ok: bool
+    detail: str = ""
+    problems: list[Any] = field(default_factory=list)
+
+
+def require_amount(amount: object, what: str = "amount") -> int:
+    """Return `amount` if it is a positive int of minor units, else raise invalid_amount."""
+    if isinstance(amount, bool) or not isinstance(amount, int):
+        raise LedgerError(ErrorCode.invalid_amount, f"{what} must be an integer of minor units")
+    if amount <= 0 or amount > MAX_AMOUNT:
+        raise LedgerError(ErrorCode.invalid_amount, f"{what} must be between 1 and 10^78-1")
+    return amount
+
+
+def validate_transfers(transfers: Sequence[Transfer]) -> None:
+    """The checks that need no database: shape, amounts, distinct accounts."""
+    if not transfers:
+        raise LedgerError(ErrorCode.invalid_request, "a transaction needs at least one transfer")
+    if len(transfers) > MAX_BATCH:
+        raise LedgerError(ErrorCode.invalid_request, f"at most {MAX_BATCH} transfers per batch")
+    for i, t in enumerate(transfers):
+        require_amount(t.amount, f"transfers[{i}].amount")
+        if t.debit_account_id == t.credit_account_id:
+            raise LedgerError(ErrorCode.accounts_must_be_different, index=i)
+
+
+def content_hash(kind: str, transfers: Sequence[Transfer], extra: dict[str, Any] | None = None) -> str:
+    """A canonical digest of what a posting does, to tell a replay from a key reused for other content."""
+    body = {
+        "kind": kind,
+        "transfers": [
+            [t.debit_account_id, t.credit_account_id, str(t.amount), t.hold_id] for t in transfers
+        ],
+        "extra": extra or {},
+    }
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def reversal_of(transfers: Sequence[Transfer]) -> list[Transfer]:
+    """The compensating transfers: same amounts, accounts swapped, no hold references."""
+    return [Transfer(t.credit_account_id, t.debit_account_id, t.amount) for t in reversed(transfers)]
