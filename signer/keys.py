@@ -68,6 +68,8 @@ class Secret(Generic[T]):
     `reveal()` is the only way to read it, which makes every read greppable. Python cannot wipe
     an immutable bytes object from memory, so this guards against accidental disclosure
     (logs, tracebacks, reprs, serialisers), not against an attacker who can read process memory.
+    Error reporters that capture frame locals (Sentry's with_locals, pytest --showlocals) can
+    still see the short-lived plain strings handed to bip-utils; keep them off in the signer.
     """
 
     __slots__ = ("_value",)
