@@ -11,14 +11,16 @@ import re
 
 from ledger.errors import ErrorCode, LedgerError
 
-_DECIMAL = re.compile(r"^(\d+)(?:\.(\d+))?$")
+# ASCII digits only (`\d` would admit e.g. Arabic-Indic digits) and `fullmatch`, because `$` also
+# matches before a trailing newline.
+_DECIMAL = re.compile(r"([0-9]+)(?:\.([0-9]+))?")
 
 
 def parse_amount(text: str, decimals: int, *, allow_zero: bool = False) -> int:
     """Parse a non-negative decimal string into minor units of an asset with `decimals` decimals."""
     if not isinstance(text, str):
         raise LedgerError(ErrorCode.invalid_amount, "amounts are decimal strings, e.g. \"0.5\"")
-    match = _DECIMAL.match(text)
+    match = _DECIMAL.fullmatch(text)
     if match is None:
         raise LedgerError(ErrorCode.invalid_amount, f"not a plain decimal amount: {text!r}")
     whole, frac = match.group(1), match.group(2) or ""
@@ -26,7 +28,12 @@ def parse_amount(text: str, decimals: int, *, allow_zero: bool = False) -> int:
         raise LedgerError(
             ErrorCode.excess_precision, f"{text!r} has {len(frac)} decimals; the asset allows {decimals}"
         )
-    value = int(whole) * 10**decimals + int(frac.ljust(decimals, "0") or "0")
+    # Bound the size before int(): NUMERIC(78,0) holds at most 78 digits, and int() of a very long
+    # string raises ValueError (Python's digit limit) instead of a ledger error.
+    whole = whole.lstrip("0")
+    if whole and len(whole) + decimals > 78:
+        raise LedgerError(ErrorCode.invalid_amount, "amount exceeds 10^78-1 minor units")
+    value = int(whole or "0") * 10**decimals + int(frac.ljust(decimals, "0") or "0")
     if value == 0 and not allow_zero:
         raise LedgerError(ErrorCode.invalid_amount, "amount must be greater than zero")
     return value
