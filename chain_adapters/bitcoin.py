@@ -1,0 +1,245 @@
+"""Bitcoin adapter over bitcoind's JSON-RPC (no wallet RPCs: custody owns keys and coins).
+
+    adapter = BitcoinAdapter("http://user:pass@127.0.0.1:18443", network="regtest")
+    result = adapter.scan(cursor, Watch(frozenset(deposit_addresses)))
+
+Node requirements: `-txindex=1` so `tx_status` can find confirmed transactions that are not ours
+to index; everything else works on a stock node. Amounts arrive as JSON decimals, are parsed as
+`Decimal` by the RPC client and converted to integer satoshis once, here.
+
+`tx_status` states for bitcoin: REPLACED means another *mempool* transaction spends one of its
+inputs (RBF; `replaced_by` names it); CONFLICTED means one of its inputs is already spent in the
+chain by another transaction. Both need the raw transaction when the node has forgotten it.
+`unspent()` lists confirmed outputs only (it uses `scantxoutset`, which ignores the mempool).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from decimal import Decimal
+
+from bitcoin.core import CTransaction, b2lx
+
+from chain_adapters.base import (
+    BitcoinFee,
+    BlockRef,
+    BlockWalker,
+    BroadcastResult,
+    Observation,
+    ScannedBlock,
+    TxState,
+    TxStatus,
+    Utxo,
+    Watch,
+)
+from chain_adapters.errors import (
+    ChainError,
+    Conflict,
+    ErrorCode,
+    InsufficientFee,
+    InvalidTransaction,
+    NotFound,
+    RpcError,
+)
+from chain_adapters.rpc import JsonRpcClient
+
+SAT_PER_BTC = 100_000_000
+NETWORKS = {"mainnet": "main", "testnet": "test", "testnet4": "testnet4", "signet": "signet",
+            "regtest": "regtest"}
+
+# bitcoind's RPC error numbers (src/rpc/protocol.h) we branch on
+RPC_INVALID_ADDRESS_OR_KEY = -5
+RPC_INVALID_PARAMETER = -8
+RPC_DESERIALIZATION_ERROR = -22
+RPC_VERIFY_ERROR = -25
+RPC_VERIFY_REJECTED = -26
+RPC_VERIFY_ALREADY_IN_UTXO_SET = -27
+
+# mempool reject reasons (the node's stable reason tokens) -> our error class
+_FEE_REASONS = ("min relay fee not met", "mempool min fee not met", "insufficient fee",
+                "min-fee-not-met", "min-relay-fee-not-met")
+_CONFLICT_REASONS = ("txn-mempool-conflict", "bad-txns-inputs-missingorspent", "missing-inputs",
+                     "bad-txns-spends-conflicting-tx")
+_KNOWN_REASONS = ("txn-already-in-mempool", "txn-already-known")
+
+BLOCK_BATCH = 25  # getblock requests per HTTP round trip
+
+
+def to_sat(value: Decimal) -> int:
+    """BTC as a JSON decimal -> int satoshis, refusing anything finer than a satoshi."""
+    sat = value * SAT_PER_BTC
+    if sat != sat.to_integral_value():
+        raise ChainError(f"amount {value} is not a whole number of satoshis")
+    return int(sat)
+
+
+def txid_of(raw: bytes) -> str:
+    return b2lx(CTransaction.deserialize(raw).GetTxid())
+
+
+class BitcoinAdapter(BlockWalker):
+    chain = "bitcoin"
+    native_asset = "BTC"
+
+    def __init__(self, rpc_url: str, *, network: str, fallback_fee_sat_per_kvb: int = 10_000,
+                 timeout: float = 60.0) -> None:
+        super().__init__()
+        if network not in NETWORKS:
+            raise ValueError(f"unknown bitcoin network {network!r}")
+        self.network = network
+        self.fallback_fee_sat_per_kvb = fallback_fee_sat_per_kvb
+        self.rpc = JsonRpcClient(rpc_url, timeout=timeout)
+
+    def close(self) -> None:
+        self.rpc.close()
+
+    def verify_network(self) -> None:
+        chain = self.rpc.call("getblockchaininfo")["chain"]
+        if chain != NETWORKS[self.network]:
+            raise ChainError(f"node is on {chain!r}, adapter configured for {self.network!r}")
+
+    # -- blocks ---------------------------------------------------------------------------------
+    def tip(self) -> BlockRef:
+        info = self.rpc.call("getblockchaininfo")
+        return BlockRef(info["blocks"], info["bestblockhash"])
+
+    def block_at(self, height: int) -> BlockRef:
+        block_hash = self._hash_at(height)
+        if block_hash is None:
+            raise NotFound(f"no block at height {height}")
+        return BlockRef(height, block_hash)
+
+    def _tip_height(self) -> int:
+        return self.rpc.call("getblockcount")
+
+    def _hash_at(self, height: int) -> str | None:
+        if height < 0:
+            return None
+        try:
+            return self.rpc.call("getblockhash", height)
+        except RpcError as exc:
+            if exc.rpc_code == RPC_INVALID_PARAMETER:
+                return None
+            raise
+
+    def _parse_block(self, block: dict, watched: frozenset[str]) -> ScannedBlock:
+        ref = BlockRef(block["height"], block["hash"])
+        found = []
+        for tx in block["tx"]:
+            for out in tx["vout"]:
+                address = out["scriptPubKey"].get("address")
+                if address in watched:
+                    found.append(Observation("BTC", tx["txid"], out["n"], address,
+                                             to_sat(out["value"]), ref))
+        return ScannedBlock(ref, block.get("previousblockhash", ""), tuple(found))
+
+    def _blocks(self, first: int, last: int, watch: Watch) -> list[ScannedBlock]:
+        out: list[ScannedBlock] = []
+        for start in range(first, last + 1, BLOCK_BATCH):
+            heights = range(start, min(last, start + BLOCK_BATCH - 1) + 1)
+            hashes = self.rpc.batch([("getblockhash", (h,)) for h in heights])
+            blocks = self.rpc.batch([("getblock", (h, 2)) for h in hashes])
+            out.extend(self._parse_block(b, watch.addresses) for b in blocks)
+        return out
+
+    def _block_by_hash(self, block_hash: str, watch: Watch) -> ScannedBlock | None:
+        try:
+            return self._parse_block(self.rpc.call("getblock", block_hash, 2), watch.addresses)
+        except RpcError as exc:
+            if exc.rpc_code == RPC_INVALID_ADDRESS_OR_KEY:
+                return None
+            raise
+
+    # -- transactions ---------------------------------------------------------------------------
+    def _confirmed(self, txid: str) -> TxStatus | None:
+        try:
+            info = self.rpc.call("getrawtransaction", txid, 1)
+        except RpcError as exc:
+            if exc.rpc_code == RPC_INVALID_ADDRESS_OR_KEY:
+                return None
+            raise
+        if info.get("confirmations", 0) <= 0 or "blockhash" not in info:
+            return None
+        height = self.rpc.call("getblockheader", info["blockhash"])["height"]
+        return TxStatus(txid, TxState.CONFIRMED, info["confirmations"], BlockRef(height, info["blockhash"]))
+
+    def _in_mempool(self, txid: str) -> bool:
+        try:
+            self.rpc.call("getmempoolentry", txid)
+            return True
+        except RpcError as exc:
+            if exc.rpc_code == RPC_INVALID_ADDRESS_OR_KEY:
+                return False
+            raise
+
+    def tx_status(self, txid: str, *, raw: bytes | None = None) -> TxStatus:
+        if self._in_mempool(txid):
+            return TxStatus(txid, TxState.MEMPOOL)
+        confirmed = self._confirmed(txid)
+        if confirmed is not None:
+            return confirmed
+        if raw is None:
+            return TxStatus(txid, TxState.UNKNOWN)
+        prevouts = [{"txid": b2lx(i.prevout.hash), "vout": i.prevout.n}
+                    for i in CTransaction.deserialize(raw).vin]
+        for spend in self.rpc.call("gettxspendingprevout", prevouts):
+            spender = spend.get("spendingtxid")
+            if spender and spender != txid:
+                return TxStatus(txid, TxState.REPLACED, replaced_by=spender)
+        for prev in prevouts:
+            if self.rpc.call("gettxout", prev["txid"], prev["vout"], True) is None:
+                if self._confirmed(prev["txid"]) is not None:
+                    return TxStatus(txid, TxState.CONFLICTED)  # its input is spent in the chain
+        return TxStatus(txid, TxState.UNKNOWN)
+
+    def broadcast(self, raw: bytes) -> BroadcastResult:
+        txid = txid_of(raw)
+        status = self.tx_status(txid)
+        if status.state is TxState.CONFIRMED:
+            return BroadcastResult(txid, already_known=True)
+        known = status.state is TxState.MEMPOOL
+        try:
+            sent = self.rpc.call("sendrawtransaction", raw.hex())  # in mempool: rebroadcast only
+        except RpcError as exc:
+            if exc.rpc_code == RPC_VERIFY_ALREADY_IN_UTXO_SET or any(r in exc.message for r in _KNOWN_REASONS):
+                return BroadcastResult(txid, already_known=True)
+            if self.tx_status(txid).state in (TxState.MEMPOOL, TxState.CONFIRMED):
+                return BroadcastResult(txid, already_known=True)  # lost a race with ourselves
+            raise self._map_reject(exc) from exc
+        assert sent == txid, (sent, txid)
+        return BroadcastResult(txid, already_known=known)
+
+    @staticmethod
+    def _map_reject(exc: RpcError) -> ChainError:
+        msg = exc.message
+        if exc.rpc_code == RPC_DESERIALIZATION_ERROR:
+            return InvalidTransaction(msg)
+        if any(r in msg for r in _FEE_REASONS):
+            return InsufficientFee(msg)
+        if any(r in msg for r in _CONFLICT_REASONS):
+            return Conflict(msg)
+        if exc.rpc_code in (RPC_VERIFY_ERROR, RPC_VERIFY_REJECTED):
+            return InvalidTransaction(msg)
+        return ChainError(msg, code=ErrorCode.NODE_ERROR)
+
+    # -- fees and coins -------------------------------------------------------------------------
+    def estimate_fee(self, target_blocks: int = 6) -> BitcoinFee:
+        est = self.rpc.call("estimatesmartfee", target_blocks)
+        if "feerate" in est:
+            return BitcoinFee(to_sat(est["feerate"]), est.get("blocks", target_blocks), "node")
+        return BitcoinFee(self.fallback_fee_sat_per_kvb, target_blocks, "fallback")
+
+    def unspent(self, addresses: Iterable[str]) -> list[Utxo]:
+        """Confirmed unspent outputs paying any of `addresses` (scans the UTXO set)."""
+        addrs = sorted(set(addresses))
+        if not addrs:
+            return []
+        res = self.rpc.call("scantxoutset", "start", [f"addr({a})" for a in addrs])
+        by_script: dict[str, str] = {}
+        out = []
+        for u in res["unspents"]:
+            spk = u["scriptPubKey"]
+            if spk not in by_script:
+                by_script[spk] = self.rpc.call("decodescript", spk).get("address", "")
+            out.append(Utxo(u["txid"], u["vout"], by_script[spk], to_sat(u["amount"]),
+                            u["height"], bytes.fromhex(spk)))
+        return sorted(out, key=lambda u: (u.height, u.txid, u.index))

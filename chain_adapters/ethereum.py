@@ -1,0 +1,246 @@
+"""Ethereum adapter over web3 (any EIP-1559 node: anvil in tests, geth/reth/erigon in production).
+
+    adapter = EthereumAdapter("http://127.0.0.1:8545", network="regtest",
+                              tokens={"0xToken...": "USDT"})
+    result = adapter.scan(cursor, Watch(frozenset(addresses), tokens=adapter.tokens))
+
+What is observed, per block:
+- ether: top-level transactions with `to` in the watched set, value > 0 and a successful receipt
+  (index 0; value moved by internal calls is not seen: deposit addresses are plain accounts);
+- ERC-20: `Transfer(from, to, value)` logs of the configured token contracts whose `to` is
+  watched (index = the log's index in its block).
+Addresses are compared case-insensitively and reported checksummed; hashes are `0x` + lowercase
+hex. Anvil forgets abandoned blocks after a reorg; the walker's memory of recently scanned blocks
+(base.BlockWalker) still reports their observations as orphaned, so keep one adapter per scanner.
+
+`tx_status` for ethereum: REPLACED means another pending transaction holds the same sender and
+nonce; CONFLICTED means the nonce was consumed by a different mined transaction. A mined
+transaction whose execution reverted is CONFIRMED with `reverted=True`.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from eth_account import Account
+from eth_account.typed_transactions import TypedTransaction
+from eth_utils import keccak, to_checksum_address
+from web3 import HTTPProvider, Web3
+from web3.exceptions import BlockNotFound, TransactionNotFound, Web3RPCError
+
+from chain_adapters.base import (
+    BlockRef,
+    BlockWalker,
+    BroadcastResult,
+    EthereumFee,
+    Observation,
+    ScannedBlock,
+    TxState,
+    TxStatus,
+    Watch,
+)
+from chain_adapters.errors import (
+    ChainError,
+    Conflict,
+    InsufficientFee,
+    InsufficientFunds,
+    InvalidTransaction,
+    NodeUnavailable,
+    NotFound,
+)
+
+TRANSFER_TOPIC = "0x" + keccak(text="Transfer(address,address,uint256)").hex()
+NETWORKS = {"mainnet": 1, "sepolia": 11155111, "holesky": 17000, "regtest": 31337}
+
+_FEE_ERRORS = ("underpriced", "max fee per gas less than block base fee", "fee cap",
+               "feecap", "gas price too low", "tip higher than")
+_FUNDS_ERRORS = ("insufficient funds",)
+_KNOWN_ERRORS = ("already known", "already imported", "known transaction")
+
+
+def _hex(value: bytes | str) -> str:
+    return value if isinstance(value, str) else "0x" + bytes(value).hex()
+
+
+def _topic_for(address: str) -> str:
+    return "0x" + "0" * 24 + address.lower()[2:]
+
+
+class EthereumAdapter(BlockWalker):
+    chain = "ethereum"
+    native_asset = "ETH"
+
+    def __init__(self, rpc_url: str, *, network: str, tokens: Mapping[str, str] | None = None,
+                 timeout: float = 30.0) -> None:
+        super().__init__()
+        if network not in NETWORKS:
+            raise ValueError(f"unknown ethereum network {network!r}")
+        self.network = network
+        self.chain_id = NETWORKS[network]
+        self.tokens = {to_checksum_address(a): code for a, code in (tokens or {}).items()}
+        self.w3 = Web3(HTTPProvider(rpc_url, request_kwargs={"timeout": timeout}))
+
+    def close(self) -> None:
+        pass  # HTTPProvider's session is shared by web3 and closed at exit
+
+    def _call(self, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (ConnectionError, OSError) as exc:
+            raise NodeUnavailable(str(exc)) from exc
+
+    def verify_network(self) -> None:
+        got = self._call(lambda: self.w3.eth.chain_id)
+        if got != self.chain_id:
+            raise ChainError(f"node chain id {got}, adapter configured for {self.network} ({self.chain_id})")
+
+    # -- blocks ---------------------------------------------------------------------------------
+    def tip(self) -> BlockRef:
+        block = self._call(self.w3.eth.get_block, "latest")
+        return BlockRef(block["number"], _hex(block["hash"]))
+
+    def block_at(self, height: int) -> BlockRef:
+        block_hash = self._hash_at(height)
+        if block_hash is None:
+            raise NotFound(f"no block at height {height}")
+        return BlockRef(height, block_hash)
+
+    def _tip_height(self) -> int:
+        return self._call(lambda: self.w3.eth.block_number)
+
+    def _hash_at(self, height: int) -> str | None:
+        if height < 0:
+            return None
+        try:
+            return _hex(self._call(self.w3.eth.get_block, height)["hash"])
+        except BlockNotFound:
+            return None
+
+    def _token_logs(self, selector: dict, watch: Watch) -> list:
+        tokens = [to_checksum_address(a) for a in watch.tokens]
+        if not tokens or not watch.addresses:
+            return []
+        flt = {**selector, "address": tokens,
+               "topics": [TRANSFER_TOPIC, None, [_topic_for(a) for a in sorted(watch.addresses)]]}
+        return self._call(self.w3.eth.get_logs, flt)
+
+    def _parse_block(self, block, logs: list, watch: Watch) -> ScannedBlock:
+        ref = BlockRef(block["number"], _hex(block["hash"]))
+        watched = {a.lower() for a in watch.addresses}
+        found: list[Observation] = []
+        for tx in block["transactions"]:
+            to = tx.get("to")
+            if to and to.lower() in watched and tx["value"] > 0:
+                receipt = self._call(self.w3.eth.get_transaction_receipt, tx["hash"])
+                if receipt["status"] == 1:
+                    found.append(Observation("ETH", _hex(tx["hash"]), 0, to_checksum_address(to),
+                                             int(tx["value"]), ref))
+        token_codes = {to_checksum_address(a): code for a, code in watch.tokens.items()}
+        for log in logs:
+            if log.get("removed"):
+                continue
+            to = to_checksum_address("0x" + _hex(log["topics"][2])[-40:])
+            found.append(Observation(token_codes[to_checksum_address(log["address"])],
+                                     _hex(log["transactionHash"]), log["logIndex"], to,
+                                     int.from_bytes(bytes(log["data"]), "big"), ref))
+        return ScannedBlock(ref, _hex(block["parentHash"]), tuple(found))
+
+    def _blocks(self, first: int, last: int, watch: Watch) -> list[ScannedBlock]:
+        logs_by_block: dict[str, list] = {}
+        for log in self._token_logs({"fromBlock": first, "toBlock": last}, watch):
+            logs_by_block.setdefault(_hex(log["blockHash"]), []).append(log)
+        out = []
+        for height in range(first, last + 1):
+            try:
+                block = self._call(self.w3.eth.get_block, height, True)
+            except BlockNotFound:
+                break
+            block_hash = _hex(block["hash"])
+            out.append(self._parse_block(block, logs_by_block.pop(block_hash, []), watch))
+        if logs_by_block:  # logs from blocks we did not fetch: the chain moved; keep a clean prefix
+            moved = {log["blockNumber"] for logs in logs_by_block.values() for log in logs}
+            out = [b for b in out if b.ref.height < min(moved)]
+        return out
+
+    def _block_by_hash(self, block_hash: str, watch: Watch) -> ScannedBlock | None:
+        try:
+            block = self._call(self.w3.eth.get_block, block_hash, True)
+        except BlockNotFound:
+            return None
+        return self._parse_block(block, self._token_logs({"blockHash": block_hash}, watch), watch)
+
+    # -- transactions ---------------------------------------------------------------------------
+    @staticmethod
+    def _sender_nonce(raw: bytes) -> tuple[str, int]:
+        sender = Account.recover_transaction(raw)
+        if raw[0] >= 0xC0:  # legacy RLP list
+            import rlp  # eth-account's own dependency
+            nonce = int.from_bytes(rlp.decode(raw)[0], "big")
+        else:
+            nonce = TypedTransaction.from_bytes(raw).as_dict()["nonce"]
+        return sender, nonce
+
+    def tx_status(self, txid: str, *, raw: bytes | None = None) -> TxStatus:
+        try:
+            receipt = self._call(self.w3.eth.get_transaction_receipt, txid)
+        except TransactionNotFound:
+            receipt = None
+        if receipt is not None and receipt.get("blockNumber") is not None:
+            tip = self._tip_height()
+            height = receipt["blockNumber"]
+            return TxStatus(txid, TxState.CONFIRMED, tip - height + 1,
+                            BlockRef(height, _hex(receipt["blockHash"])), reverted=receipt["status"] != 1)
+        try:
+            self._call(self.w3.eth.get_transaction, txid)
+            return TxStatus(txid, TxState.MEMPOOL)
+        except TransactionNotFound:
+            pass
+        if raw is None:
+            return TxStatus(txid, TxState.UNKNOWN)
+        sender, nonce = self._sender_nonce(raw)
+        if self._call(self.w3.eth.get_transaction_count, sender, "latest") > nonce:
+            return TxStatus(txid, TxState.CONFLICTED)
+        if self._call(self.w3.eth.get_transaction_count, sender, "pending") > nonce:
+            return TxStatus(txid, TxState.REPLACED)
+        return TxStatus(txid, TxState.UNKNOWN)
+
+    def broadcast(self, raw: bytes) -> BroadcastResult:
+        txid = "0x" + keccak(raw).hex()
+        before = self.tx_status(txid)
+        if before.state in (TxState.CONFIRMED, TxState.MEMPOOL):
+            return BroadcastResult(txid, already_known=True)
+        try:
+            sent = _hex(self._call(self.w3.eth.send_raw_transaction, raw))
+        except Web3RPCError as exc:
+            message = str(exc.message or exc).lower()
+            if any(k in message for k in _KNOWN_ERRORS):
+                return BroadcastResult(txid, already_known=True)
+            if self.tx_status(txid).state in (TxState.CONFIRMED, TxState.MEMPOOL):
+                return BroadcastResult(txid, already_known=True)
+            raise self._map_reject(message) from exc
+        assert sent == txid, (sent, txid)
+        return BroadcastResult(txid, already_known=False)
+
+    @staticmethod
+    def _map_reject(message: str) -> ChainError:
+        if any(k in message for k in _FEE_ERRORS):
+            return InsufficientFee(message)
+        if any(k in message for k in _FUNDS_ERRORS):
+            return InsufficientFunds(message)
+        if "nonce too low" in message or "nonce" in message and "used" in message:
+            return Conflict(message)
+        return InvalidTransaction(message)
+
+    # -- fees and nonces ------------------------------------------------------------------------
+    def estimate_fee(self, target_blocks: int = 6) -> EthereumFee:
+        history = self._call(self.w3.eth.fee_history, 1, "latest", [])
+        base = int(history["baseFeePerGas"][-1])  # the next block's base fee
+        tip = int(self._call(lambda: self.w3.eth.max_priority_fee))
+        return EthereumFee(base, tip, 2 * base + tip)
+
+    def nonce(self, address: str, *, pending: bool = True) -> int:
+        """Next nonce for `address` (counting its pending transactions unless pending=False)."""
+        return self._call(self.w3.eth.get_transaction_count, to_checksum_address(address),
+                          "pending" if pending else "latest")
+
+    def balance(self, address: str) -> int:
+        return self._call(self.w3.eth.get_balance, to_checksum_address(address))
