@@ -44,7 +44,9 @@ def server_url(settings: Settings) -> str:
     """The configured server: DATABASE_URL, or the embedded one."""
     if settings.database_url:
         return to_sqlalchemy_url(settings.database_url)
-    return embedded_server_url(settings.state_dir)
+    url = with_database(embedded_server_url(settings.state_dir), "custody")
+    ensure_database(url)
+    return url
 
 
 def with_database(url: str, database: str) -> str:

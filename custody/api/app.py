@@ -1,0 +1,24 @@
+"""create_app(): the FastAPI application with every router and the uniform error format."""
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from custody.api import errors, ledger_routes
+from custody.container import Container
+
+
+def create_app(container: Container) -> FastAPI:
+    app = FastAPI(
+        title="Custody service",
+        version="0.1.0",
+        description="Internal API: ledger, orders, deposits and withdrawals. Amounts are decimal strings.",
+    )
+    app.state.container = container
+    errors.install(app)
+    app.include_router(ledger_routes.router)
+
+    @app.get("/health", tags=["ops"])
+    def health() -> dict:
+        return {"status": "ok"}
+
+    return app

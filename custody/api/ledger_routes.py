@@ -1,0 +1,172 @@
+"""Ledger routes under /v1: assets, accounts, balances, statements, linked transfer batches,
+reversals, holds, totals and self-verification. Each route names the roles it admits."""
+from __future__ import annotations
+
+from fastapi import APIRouter, Query, Response
+
+from custody.api.deps import Admin, Auditor, Backend, ContainerDep, Reader
+from custody.api.ledger_schemas import (
+    AccountIn,
+    AccountOut,
+    AssetIn,
+    AssetOut,
+    BalanceOut,
+    CaptureIn,
+    CheckOut,
+    HoldIn,
+    HoldOut,
+    Money,
+    ReverseIn,
+    StatementLineOut,
+    StatementOut,
+    TransactionIn,
+    TransactionOut,
+    VerifyOut,
+)
+from ledger.amounts import parse_amount
+from ledger.model import Account, Hold, Transfer
+from ledger.service import Ledger
+
+router = APIRouter(prefix="/v1", tags=["ledger"])
+
+
+def _decimals(ledger: Ledger, account_id: int) -> int:
+    return ledger.get_asset(ledger.get_account(account_id).asset).decimals
+
+
+def _account_out(a: Account) -> AccountOut:
+    return AccountOut(**{**a.__dict__, "kind": a.kind.value})
+
+
+def _hold_out(ledger: Ledger, h: Hold) -> HoldOut:
+    d = _decimals(ledger, h.account_id)
+    return HoldOut(
+        id=h.id, account_id=h.account_id, state=h.state.value, owner=h.owner, reference=h.reference,
+        amount=Money.of(h.amount, d), captured=Money.of(h.captured, d), released=Money.of(h.released, d),
+        remaining=Money.of(h.remaining, d), expires_at=h.expires_at,
+    )
+
+
+@router.post("/assets", response_model=AssetOut, status_code=201)
+def create_asset(body: AssetIn, c: ContainerDep, _: Admin) -> AssetOut:
+    asset = c.ledger.create_asset(body.code, body.decimals)
+    return AssetOut(code=asset.code, decimals=asset.decimals)
+
+
+@router.get("/assets", response_model=list[AssetOut])
+def list_assets(c: ContainerDep, _: Reader) -> list[AssetOut]:
+    return [AssetOut(code=a.code, decimals=a.decimals) for a in c.ledger.list_assets()]
+
+
+@router.post("/accounts", response_model=AccountOut, status_code=201)
+def open_account(body: AccountIn, c: ContainerDep, _: Backend) -> AccountOut:
+    return _account_out(c.ledger.open_account(body.asset, body.kind, body.name, owner=body.owner))
+
+
+@router.get("/accounts/{account_id}", response_model=AccountOut)
+def get_account(account_id: int, c: ContainerDep, _: Reader) -> AccountOut:
+    return _account_out(c.ledger.get_account(account_id))
+
+
+@router.post("/accounts/{account_id}/close", response_model=AccountOut)
+def close_account(account_id: int, c: ContainerDep, _: Admin) -> AccountOut:
+    return _account_out(c.ledger.close_account(account_id))
+
+
+@router.get("/accounts/{account_id}/balance", response_model=BalanceOut)
+def balance(account_id: int, c: ContainerDep, _: Reader) -> BalanceOut:
+    b = c.ledger.balance(account_id)
+    d = c.ledger.get_asset(b.asset).decimals
+    return BalanceOut(
+        account_id=b.account_id, asset=b.asset, posted=Money.of(b.posted, d), held=Money.of(b.held, d),
+        available=Money.of(b.available, d), checkpoint=b.checkpoint,
+    )
+
+
+@router.get("/accounts/{account_id}/statement", response_model=StatementOut)
+def statement(
+    account_id: int, c: ContainerDep, _: Reader,
+    after: int | None = Query(default=None, ge=0), limit: int = Query(default=100, ge=1, le=1000),
+) -> StatementOut:
+    account = c.ledger.get_account(account_id)
+    d = c.ledger.get_asset(account.asset).decimals
+    page = c.ledger.statement(account_id, after=after, limit=limit)
+    return StatementOut(
+        account_id=account_id, asset=account.asset, next_after=page.next_after,
+        lines=[
+            StatementLineOut(
+                entry_id=l.entry_id, transaction_id=l.transaction_id, kind=l.kind, idempotency_key=l.idempotency_key,
+                amount=Money.of(l.amount, d), balance_after=Money.of(l.balance_after, d), created_at=l.created_at,
+            )
+            for l in page.lines
+        ],
+    )
+
+
+@router.post("/transactions", response_model=TransactionOut, status_code=201)
+def post_transaction(body: TransactionIn, c: ContainerDep, _: Backend, response: Response) -> TransactionOut:
+    """Post a linked batch: every transfer commits or none does. A replay of the key answers 200."""
+    decimals: dict[int, int] = {}
+    transfers = []
+    for t in body.transfers:
+        if t.debit_account_id not in decimals:
+            decimals[t.debit_account_id] = _decimals(c.ledger, t.debit_account_id)
+        transfers.append(Transfer(t.debit_account_id, t.credit_account_id, parse_amount(t.amount, decimals[t.debit_account_id])))
+    result = c.ledger.post(body.idempotency_key, transfers, kind=body.kind, metadata=body.metadata)
+    if not result.created:
+        response.status_code = 200
+    return TransactionOut(transaction_id=result.transaction_id, created=result.created)
+
+
+@router.post("/transactions/{transaction_id}/reverse", response_model=TransactionOut, status_code=201)
+def reverse(transaction_id: int, body: ReverseIn, c: ContainerDep, _: Admin, response: Response) -> TransactionOut:
+    result = c.ledger.reverse(transaction_id, body.idempotency_key)
+    if not result.created:
+        response.status_code = 200
+    return TransactionOut(transaction_id=result.transaction_id, created=result.created)
+
+
+@router.post("/holds", response_model=HoldOut, status_code=201)
+def place_hold(body: HoldIn, c: ContainerDep, who: Backend, response: Response) -> HoldOut:
+    """Place a hold owned by the calling API key; only that key may capture or release it."""
+    amount = parse_amount(body.amount, _decimals(c.ledger, body.account_id))
+    hold = c.ledger.place_hold(
+        body.idempotency_key, body.account_id, amount, owner=f"api:{who.name}", reference=body.reference,
+        expires_at=body.expires_at,
+    )
+    if not hold.created:
+        response.status_code = 200
+    return _hold_out(c.ledger, hold)
+
+
+@router.get("/holds/{hold_id}", response_model=HoldOut)
+def get_hold(hold_id: int, c: ContainerDep, _: Reader) -> HoldOut:
+    return _hold_out(c.ledger, c.ledger.get_hold(hold_id))
+
+
+@router.post("/holds/{hold_id}/capture", response_model=TransactionOut, status_code=201)
+def capture(hold_id: int, body: CaptureIn, c: ContainerDep, who: Backend, response: Response) -> TransactionOut:
+    hold = c.ledger.get_hold(hold_id)
+    d = _decimals(c.ledger, hold.account_id)
+    legs = [Transfer(hold.account_id, t.credit_account_id, parse_amount(t.amount, d)) for t in body.transfers]
+    result = c.ledger.capture_hold(body.idempotency_key, hold_id, legs, owner=f"api:{who.name}", final=body.final)
+    if not result.created:
+        response.status_code = 200
+    return TransactionOut(transaction_id=result.transaction_id, created=result.created)
+
+
+@router.post("/holds/{hold_id}/release", response_model=HoldOut)
+def release(hold_id: int, c: ContainerDep, who: Backend) -> HoldOut:
+    return _hold_out(c.ledger, c.ledger.release_hold(hold_id, owner=f"api:{who.name}"))
+
+
+@router.get("/totals", response_model=dict[str, Money])
+def totals(c: ContainerDep, _: Auditor) -> dict[str, Money]:
+    decimals = {a.code: a.decimals for a in c.ledger.list_assets()}
+    return {asset: Money.of(total, decimals[asset]) for asset, total in c.ledger.totals().items()}
+
+
+@router.get("/verify", response_model=VerifyOut)
+def verify(c: ContainerDep, _: Auditor) -> VerifyOut:
+    checks = c.ledger.verify()
+    return VerifyOut(ok=all(x.ok for x in checks), checks=[CheckOut(name=x.name, ok=x.ok, detail=x.detail) for x in checks])

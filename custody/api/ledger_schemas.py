@@ -1,0 +1,144 @@
+"""Request and response bodies of the ledger routes. Amounts cross the API as decimal strings in
+the asset's units ("0.5" BTC); each response also gives the exact minor-unit integer as a string."""
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ledger.amounts import format_amount
+
+Key = Field(min_length=1, max_length=200, description="idempotency key chosen from business ids")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class AssetIn(Strict):
+    code: str = Field(min_length=1, max_length=32, pattern=r"^[A-Z0-9][A-Z0-9_.-]*$")
+    decimals: int = Field(ge=0, le=36)
+
+
+class AssetOut(BaseModel):
+    code: str
+    decimals: int
+
+
+class AccountIn(Strict):
+    asset: str
+    kind: str
+    name: str = Field(min_length=1, max_length=200)
+    owner: str | None = Field(default=None, max_length=200)
+
+
+class AccountOut(BaseModel):
+    id: int
+    asset: str
+    kind: str
+    name: str
+    owner: str | None
+    may_go_negative: bool
+    may_go_positive: bool
+    closed: bool
+
+
+class TransferIn(Strict):
+    debit_account_id: int
+    credit_account_id: int
+    amount: str = Field(description='decimal string in the asset\'s units, e.g. "0.5"')
+
+
+class TransactionIn(Strict):
+    idempotency_key: str = Key
+    kind: str = Field(default="transfer", min_length=1, max_length=64)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    transfers: list[TransferIn] = Field(min_length=1, max_length=10_000)
+
+
+class TransactionOut(BaseModel):
+    transaction_id: int
+    created: bool
+
+
+class ReverseIn(Strict):
+    idempotency_key: str = Key
+
+
+class HoldIn(Strict):
+    idempotency_key: str = Key
+    account_id: int
+    amount: str
+    reference: str = Field(min_length=1, max_length=200)
+    expires_at: dt.datetime | None = None
+
+
+class CaptureLegIn(Strict):
+    credit_account_id: int
+    amount: str
+
+
+class CaptureIn(Strict):
+    idempotency_key: str = Key
+    transfers: list[CaptureLegIn] = Field(min_length=1, max_length=1000)
+    final: bool = False
+
+
+class Money(BaseModel):
+    value: str
+    minor: str
+
+    @classmethod
+    def of(cls, minor: int, decimals: int) -> "Money":
+        return cls(value=format_amount(minor, decimals), minor=str(minor))
+
+
+class HoldOut(BaseModel):
+    id: int
+    account_id: int
+    state: str
+    owner: str
+    reference: str
+    amount: Money
+    captured: Money
+    released: Money
+    remaining: Money
+    expires_at: dt.datetime | None
+
+
+class BalanceOut(BaseModel):
+    account_id: int
+    asset: str
+    posted: Money
+    held: Money
+    available: Money
+    checkpoint: int
+
+
+class StatementLineOut(BaseModel):
+    entry_id: int
+    transaction_id: int
+    kind: str
+    idempotency_key: str
+    amount: Money
+    balance_after: Money
+    created_at: dt.datetime
+
+
+class StatementOut(BaseModel):
+    account_id: int
+    asset: str
+    lines: list[StatementLineOut]
+    next_after: int | None
+
+
+class CheckOut(BaseModel):
+    name: str
+    ok: bool
+    detail: str
+
+
+class VerifyOut(BaseModel):
+    ok: bool
+    checks: list[CheckOut]
