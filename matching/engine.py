@@ -1,0 +1,381 @@
+"""The matching engine of one market: applies sequenced commands to the book and returns events.
+
+Pure and deterministic: no clock, no I/O, no randomness, no dependence on dict ordering other than
+insertion order. The same commands with the same sequence numbers give the same events and the
+same state hash on any machine. Only the `Sequencer` should call `apply`.
+
+Guarantees:
+- Commands apply strictly in sequence (`apply` refuses any seq but `last_seq + 1`).
+- Price-time priority; every trade is at the resting (maker) order's price.
+- Self-trade prevention is decided before a fill exists (see `stp`).
+- An FOK order trades its whole quantity or nothing at all (see `matcher`).
+- A client order id is unique per account: a second `Place` with it changes nothing and answers
+  `OrderExists` (rejected orders keep their client order id too).
+- The book never rests crossed: an incoming order matches until it no longer crosses.
+- A triggered stop never matches in the command that fired it; it waits in `received` for the
+  money layer's `ActivateTriggered` / `RejectTriggered`, so its hold exists before it trades.
+"""
+from __future__ import annotations
+
+from matching import matcher
+from matching.book import Book
+from matching.errors import ErrorCode, SequenceError
+from matching.events import (CloseReason, Event, Fill, OrderAccepted, OrderAmended, OrderClosed,
+                             OrderExists, OrderRejected, OrderStateChanged, RequestRejected,
+                             Triggered)
+from matching.fees import FeeSchedule, fee_increment
+from matching.holds import hold_captured, hold_requirement
+from matching.model import (ActivateTriggered, Amend, Cancel, Command, Market, Order, OrderType,
+                            Place, RejectTriggered, TimeInForce)
+from matching.states import OPEN, TERMINAL, OrderState, transition
+from matching.stops import StopBook
+from matching.stp import DEFAULT_POLICY, StpPolicy
+from matching.validation import default_tif, validate_place
+
+S = OrderState
+_STOP_TYPES = (OrderType.stop, OrderType.stop_limit)
+_BECOMES = {OrderType.stop: OrderType.market, OrderType.stop_limit: OrderType.limit}
+
+
+class Engine:
+    """Book, stops and every order of one market, changed only through `apply`."""
+
+    def __init__(self, market: Market, fees: FeeSchedule,
+                 default_stp: StpPolicy = DEFAULT_POLICY) -> None:
+        self.market = market
+        self.fees = fees
+        self.default_stp = default_stp
+        self.book = Book()
+        self.stops = StopBook()
+        self.orders: dict[str, Order] = {}
+        self.by_client: dict[tuple[str, str], str] = {}
+        self.awaiting: dict[str, Order] = {}  # triggered stops waiting for their hold
+        self.last_seq = 0
+        self.last_price: int | None = None
+        self._seq = 0
+        self._events: list[Event] = []
+        self._match_no = 0
+        self._handlers = {Place: self._place, Cancel: self._cancel, Amend: self._amend,
+                          ActivateTriggered: self._activate, RejectTriggered: self._reject_triggered}
+
+    # -- queries (for the gateway; they change nothing) --------------------------------------
+
+    def order(self, order_id: str) -> Order | None:
+        return self.orders.get(order_id)
+
+    def order_by_client_id(self, account: str, client_order_id: str) -> Order | None:
+        order_id = self.by_client.get((account, client_order_id))
+        return self.orders[order_id] if order_id is not None else None
+
+    # -- the one entry point ------------------------------------------------------------------
+
+    def apply(self, seq: int, command: Command) -> list[Event]:
+        """Apply `command` stamped `seq` (must be `last_seq + 1`); return what happened."""
+        if seq != self.last_seq + 1:
+            raise SequenceError(self.last_seq + 1, seq)
+        self.last_seq = self._seq = seq
+        self._events = events = []
+        self._match_no = 0
+        self._handlers[type(command)](command)
+        self._fire_stops()
+        self._events = []
+        return events
+
+    # -- commands -------------------------------------------------------------------------
+
+    def _place(self, cmd: Place) -> None:
+        existing = self.order_by_client_id(cmd.account, cmd.client_order_id)
+        if existing is not None:
+            self._emit(OrderExists(self._seq, existing.order_id, cmd.account,
+                                   cmd.client_order_id, existing.state))
+            return
+        if cmd.order_id in self.orders:  # not recorded: the id belongs to another order
+            self._emit(OrderRejected(self._seq, cmd.order_id, cmd.account, cmd.client_order_id,
+                                     ErrorCode.duplicate_order_id))
+            return
+        is_stop = cmd.order_type in _STOP_TYPES
+        order = Order.from_place(cmd, self._seq, cmd.tif or default_tif(cmd.order_type),
+                                 cmd.stp_group or cmd.account, cmd.stp_policy or self.default_stp,
+                                 S.received if is_stop else S.pending_new)
+        self.orders[order.order_id] = order
+        self.by_client[(cmd.account, cmd.client_order_id)] = order.order_id
+        code = validate_place(cmd, self.market, self.fees)
+        if code is not None:
+            self._reject(order, code)
+            return
+        if is_stop:
+            self._move(order, S.untriggered)
+            self.stops.add(order)
+        self._emit(OrderAccepted(self._seq, order.order_id, order.account, order.client_order_id,
+                                 order.side, order.order_type, order.state))
+        if not is_stop:
+            self._enter(order)
+
+    def _cancel(self, cmd: Cancel) -> None:
+        order = self._open_order(cmd, "cancel")
+        if order is None:
+            return
+        if order.state is S.untriggered:
+            self.stops.remove(order)
+        elif order.state is S.received:
+            del self.awaiting[order.order_id]
+        else:
+            self.book.remove(order)
+        self._close(order, S.cancelled, CloseReason.cancelled_by_owner)
+
+    def _activate(self, cmd: ActivateTriggered) -> None:
+        order = self.awaiting.pop(cmd.order_id, None)
+        if order is None:
+            self._refuse("activate", cmd.order_id, self._missing_code(cmd.order_id))
+            return
+        self._move(order, S.pending_new)
+        self._enter(order)
+
+    def _reject_triggered(self, cmd: RejectTriggered) -> None:
+        order = self.awaiting.pop(cmd.order_id, None)
+        if order is None:
+            self._refuse("reject_triggered", cmd.order_id, self._missing_code(cmd.order_id))
+            return
+        self._reject(order, ErrorCode.hold_failed)
+
+    def _amend(self, cmd: Amend) -> None:
+        order = self._open_order(cmd, "amend")
+        if order is None:
+            return
+        code = self._amend_error(order, cmd)
+        if code is not None:
+            self._refuse("amend", order.order_id, code)
+            return
+        if order.state is S.untriggered:
+            self._amend_stop(order, cmd)
+        else:
+            self._amend_resting(order, cmd)
+
+    # -- amend ------------------------------------------------------------------------------
+
+    def _amend_error(self, order: Order, cmd: Amend) -> ErrorCode | None:
+        if order.order_type is OrderType.market:
+            return ErrorCode.order_not_amendable
+        if order.state is S.received:
+            return ErrorCode.order_not_open
+        qty = order.qty if cmd.qty is None else cmd.qty
+        price = order.price if cmd.price is None else cmd.price
+        if order.budget is not None:  # an untriggered stop-market bid: only its stop moves
+            if cmd.qty is not None:
+                return ErrorCode.invalid_quantity
+        elif type(qty) is not int or qty - order.filled - order.decremented <= 0:
+            return ErrorCode.invalid_quantity
+        if cmd.price is not None and (order.price is None or type(price) is not int or price <= 0):
+            return ErrorCode.invalid_price
+        if cmd.stop_price is not None and (order.state is not S.untriggered
+                                           or type(cmd.stop_price) is not int
+                                           or cmd.stop_price <= 0):
+            return ErrorCode.invalid_stop_price
+        if price is not None and self.market.quote_amount(price, qty) < self.market.min_notional:
+            return ErrorCode.below_min_notional
+        if order.post_only and order.state is not S.untriggered and price != order.price \
+                and self._would_cross(order, price):
+            return ErrorCode.post_only_would_cross
+        return None
+
+    def _set_size(self, order: Order, cmd: Amend) -> None:
+        if cmd.qty is not None:
+            order.remaining = cmd.qty - order.filled - order.decremented
+            order.qty = cmd.qty
+        if cmd.price is not None:
+            order.price = cmd.price
+
+    def _amend_stop(self, order: Order, cmd: Amend) -> None:
+        self.stops.remove(order)
+        self._set_size(order, cmd)
+        if cmd.stop_price is not None:
+            order.stop_price = cmd.stop_price
+        order.visible = order.remaining
+        self.stops.add(order)
+        self._emit_amended(order, priority_kept=True)
+
+    def _amend_resting(self, order: Order, cmd: Amend) -> None:
+        new_price = order.price if cmd.price is None else cmd.price
+        new_qty = order.qty if cmd.qty is None else cmd.qty
+        keep = new_price == order.price and new_qty <= order.qty
+        if keep:  # a pure reduction keeps its queue position
+            self._set_size(order, cmd)
+            order.visible = min(order.visible, order.remaining)
+            self._emit_amended(order, priority_kept=True)
+            return
+        self.book.remove(order)
+        self._set_size(order, cmd)
+        self._emit_amended(order, priority_kept=False)
+        self._match_and_rest(order)
+
+    # -- entering and matching ------------------------------------------------------------
+
+    def _enter(self, order: Order) -> None:
+        """A pending_new order meets the book: post-only check, FOK check, match, rest or end."""
+        if order.post_only and self._would_cross(order, order.price):
+            self._reject(order, ErrorCode.post_only_would_cross)
+            return
+        self._match_and_rest(order)
+
+    def _match_and_rest(self, order: Order) -> None:
+        plan = matcher.plan_match(order, self.book, self.market, self.fees)
+        if order.tif is TimeInForce.fok and plan.filled < order.remaining:
+            self._end_unfilled(order, S.expired, CloseReason.fok_unfillable)
+            return
+        self._execute(order, plan)
+        self._finish(order, plan)
+
+    def _execute(self, taker: Order, plan: matcher.Plan) -> None:
+        for step in plan.steps:
+            kind, maker = step[0], step[1]
+            if kind == matcher.FILL:
+                self._fill(maker, taker, step[2])
+            elif kind == matcher.STP_CANCEL_MAKER:
+                self.book.remove(maker)
+                self._close(maker, S.cancelled, CloseReason.self_trade_prevented)
+            else:
+                self._decrement(maker, taker, step[2])
+
+    def _decrement(self, maker: Order, taker: Order, qty: int) -> None:
+        """STP decrement_both: both lose `qty` open lots; nothing trades."""
+        maker.remaining -= qty
+        maker.decremented += qty
+        taker.remaining -= qty
+        taker.decremented += qty
+        if maker.remaining == 0:
+            self.book.remove(maker)
+            self._close(maker, S.cancelled, CloseReason.self_trade_prevented)
+        else:
+            maker.visible = min(maker.visible, maker.remaining)
+
+    def _fill(self, maker: Order, taker: Order, qty: int) -> None:
+        price = maker.price
+        quote = self.market.quote_amount(price, qty)
+        maker_fee = self._charge(maker, quote, self.fees.tier(maker.fee_tier).maker_ppm)
+        taker_fee = self._charge(taker, quote, self.fees.tier(taker.fee_tier).taker_ppm)
+        for order in (maker, taker):
+            order.filled += qty
+            order.quote_traded += quote
+            if order.remaining is not None:
+                order.remaining -= qty
+        maker.visible -= qty
+        self._match_no += 1
+        self.last_price = price
+        self._emit(Fill(self._seq, self._match_no, maker.order_id, taker.order_id, maker.account,
+                        taker.account, taker.side, price, qty, self.market.base_amount(qty),
+                        quote, maker_fee, taker_fee))
+        self._after_maker_fill(maker)
+        if taker.remaining == 0:
+            self._close(taker, S.filled, CloseReason.filled)
+        else:
+            self._move(taker, S.partially_filled)
+
+    def _charge(self, order: Order, quote: int, rate_ppm: int) -> int:
+        fee, order.fee_num = fee_increment(order.fee_num, quote, rate_ppm)
+        order.fees_paid += fee
+        return fee
+
+    def _after_maker_fill(self, maker: Order) -> None:
+        if maker.remaining == 0:
+            self.book.remove(maker)
+            self._close(maker, S.filled, CloseReason.filled)
+            return
+        self._move(maker, S.partially_filled)
+        if maker.visible == 0:  # iceberg refill: a new slice at the back of the level
+            maker.visible = min(maker.display_qty, maker.remaining)
+            self.book.requeue(maker)
+
+    def _finish(self, order: Order, plan: matcher.Plan) -> None:
+        """After matching: the taker rests, or ends as filled / expired / STP-removed."""
+        if order.state in TERMINAL:
+            return
+        if plan.stp_kill or order.remaining == 0:  # remaining 0 here means decremented away
+            self._end_unfilled(order, None, CloseReason.self_trade_prevented)
+        elif order.budget is not None and plan.budget_exhausted and order.filled:
+            self._close(order, S.filled, CloseReason.budget_exhausted)
+        elif order.order_type is OrderType.market or order.tif is not TimeInForce.gtc:
+            reason = CloseReason.budget_exhausted if plan.budget_exhausted \
+                else CloseReason.ioc_remainder
+            self._end_unfilled(order, S.expired, reason)
+        else:
+            order.visible = min(order.display_qty or order.remaining, order.remaining)
+            self.book.add(order)
+            if order.state is S.pending_new:
+                self._move(order, S.working)
+
+    def _end_unfilled(self, order: Order, state: OrderState | None, reason: str) -> None:
+        """End an order's remainder. Never traded and never acknowledged -> `rejected` for STP."""
+        if state is None:  # STP: rejected if it never traded, else cancelled
+            if order.state is S.pending_new:
+                self._reject(order, ErrorCode.self_trade_prevented)
+                return
+            state = S.cancelled
+        self._close(order, state, reason)
+
+    def _would_cross(self, order: Order, price: int) -> bool:
+        best = self.book.side(order.side.opposite).best_price()
+        if best is None:
+            return False
+        return best <= price if order.is_bid else best >= price
+
+    # -- stops ------------------------------------------------------------------------------
+
+    def _fire_stops(self) -> None:
+        if self.last_price is None:
+            return
+        for order_id in self.stops.pop_triggered(self.last_price):
+            order = self.orders[order_id]
+            order.order_type = _BECOMES[order.order_type]
+            self._move(order, S.received)
+            self.awaiting[order_id] = order
+            asset, amount = hold_requirement(order, self.market, self.fees)
+            self._emit(Triggered(self._seq, order_id, order.account, order.stop_price,
+                                 self.last_price, order.order_type, asset, amount))
+
+    # -- state changes and events -----------------------------------------------------------
+
+    def _move(self, order: Order, new: OrderState) -> None:
+        old = order.state
+        order.state = transition(order.order_id, old, new)
+        if old is not new:
+            self._emit(OrderStateChanged(self._seq, order.order_id, order.account, old, new))
+
+    def _close(self, order: Order, state: OrderState, reason: str) -> None:
+        self._move(order, state)
+        asset, captured = hold_captured(order, self.market)
+        self._emit(OrderClosed(self._seq, order.order_id, order.account, state, reason,
+                               order.filled, order.remaining, order.quote_traded,
+                               order.fees_paid, asset, captured))
+
+    def _reject(self, order: Order, code: ErrorCode) -> None:
+        self._move(order, S.rejected)
+        self._emit(OrderRejected(self._seq, order.order_id, order.account, order.client_order_id,
+                                 code))
+
+    def _emit_amended(self, order: Order, priority_kept: bool) -> None:
+        asset, amount = hold_requirement(order, self.market, self.fees)
+        self._emit(OrderAmended(self._seq, order.order_id, order.account, order.qty, order.price,
+                                order.stop_price, order.remaining, priority_kept, asset, amount))
+
+    def _refuse(self, command: str, order_id: str, code: ErrorCode) -> None:
+        self._emit(RequestRejected(self._seq, command, order_id, code))
+
+    def _open_order(self, cmd: Cancel | Amend, command: str) -> Order | None:
+        order = self.orders.get(cmd.order_id)
+        code = None
+        if order is None:
+            code = ErrorCode.order_not_found
+        elif order.account != cmd.account:
+            code = ErrorCode.order_owner_mismatch
+        elif order.state not in OPEN:
+            code = ErrorCode.order_not_open
+        if code is not None:
+            self._refuse(command, cmd.order_id, code)
+            return None
+        return order
+
+    def _missing_code(self, order_id: str) -> ErrorCode:
+        return ErrorCode.order_not_open if order_id in self.orders else ErrorCode.order_not_found
+
+    def _emit(self, event: Event) -> None:
+        self._events.append(event)

@@ -1,0 +1,91 @@
+"""The single writer of one market: number each command, journal it, then apply it.
+
+The order is the guarantee: a command reaches the journal sink BEFORE the engine sees it, so
+nothing the engine did (no fill, no acknowledgement) can be missing from the journal. If the sink
+raises, the command is not applied and its number is not used. If the engine raises (a bug), the
+command is journaled but the in-memory state is suspect: the sequencer halts and refuses further
+commands; recovery is a restore from snapshot plus journal replay (see `snapshot.replay`).
+
+The sink is an interface (`JournalSink`); `MemoryJournal` is the in-process implementation used by
+tests and benchmarks. A database-backed sink implements the same `append`.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Iterator, Protocol
+
+from matching.engine import Engine
+from matching.events import Event, OrderExists
+from matching.model import Command, Place
+
+
+class JournalSink(Protocol):
+    """Durable, append-only store of sequenced commands."""
+
+    def append(self, seq: int, command: Command) -> None:
+        """Persist `command` under `seq` (which is always the previous seq + 1) or raise."""
+
+
+class MemoryJournal:
+    """An in-memory `JournalSink`: a list of (seq, command)."""
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[int, Command]] = []
+
+    def append(self, seq: int, command: Command) -> None:
+        if self.entries and seq != self.entries[-1][0] + 1:
+            raise ValueError(f"journal expects seq {self.entries[-1][0] + 1}, got {seq}")
+        self.entries.append((seq, command))
+
+    def since(self, seq: int) -> Iterator[tuple[int, Command]]:
+        """Entries with a sequence number above `seq`, in order."""
+        return (entry for entry in self.entries if entry[0] > seq)
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """What a submission did: its sequence number (None if not journaled) and the events."""
+
+    seq: int | None
+    events: list[Event]
+
+
+class SequencerHalted(RuntimeError):
+    """The engine failed while applying a journaled command; rebuild it from the journal."""
+
+
+class Sequencer:
+    """Stamps, journals and applies commands for one engine, one at a time."""
+
+    def __init__(self, engine: Engine, sink: JournalSink) -> None:
+        self.engine = engine
+        self.sink = sink
+        self.halted = False
+        self._lock = threading.Lock()
+
+    def submit(self, command: Command) -> Submitted:
+        """Sequence `command`. A `Place` retrying a known client order id is answered from the
+        engine's state without a sequence number: it has no effect, so there is nothing to log."""
+        with self._lock:
+            if self.halted:
+                raise SequencerHalted("sequencer halted after an engine failure")
+            retry = self._existing(command)
+            if retry is not None:
+                return Submitted(None, [retry])
+            seq = self.engine.last_seq + 1
+            self.sink.append(seq, command)
+            try:
+                return Submitted(seq, self.engine.apply(seq, command))
+            except Exception:
+                self.halted = True
+                raise
+
+    def _existing(self, command: Command) -> OrderExists | None:
+        if not isinstance(command, Place):
+            return None
+        order = self.engine.order_by_client_id(command.account, command.client_order_id)
+        if order is None:
+            return None
+        return OrderExists(self.engine.last_seq, order.order_id, order.account,
+                           order.client_order_id, order.state)
