@@ -284,3 +284,21 @@ def test_change_and_index_bounds(change: object, index: object) -> None:
 def test_garbage_key_is_refused() -> None:
     with pytest.raises(AddressError, match="base58check"):
         derive_btc_address("zpub-not-a-key", "mainnet", 0, 0)
+
+
+def test_addresses_module_depends_on_bip_utils_only() -> None:
+    # It lives in custody/ but must stay liftable: stdlib and bip-utils, nothing of ours.
+    import ast
+    import sys
+    from pathlib import Path
+
+    source = Path(__file__).resolve().parents[2] / "custody" / "addresses.py"
+    for node in ast.walk(ast.parse(source.read_text())):
+        if isinstance(node, ast.Import):
+            roots = {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            roots = {(node.module or "").split(".")[0]}
+        else:
+            continue
+        for root in roots:
+            assert root == "bip_utils" or root == "__future__" or root in sys.stdlib_module_names, root

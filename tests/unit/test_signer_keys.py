@@ -250,3 +250,19 @@ def test_signer_module_does_not_touch_the_process_environment_when_given_one() -
     before = dict(os.environ)
     load_seed(environ={SEED_ENV: MNEMONIC})
     assert dict(os.environ) == before
+
+
+def test_signer_never_imports_custody() -> None:
+    # Arrows point one way (DESIGN.md 2): custody -> signer, never back.
+    import ast
+
+    package = Path(__file__).resolve().parents[2] / "signer"
+    for source in package.glob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            for name in names:
+                assert name.split(".")[0] not in {"custody", "ledger", "matching"}, (source.name, name)
