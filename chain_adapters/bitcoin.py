@@ -73,7 +73,11 @@ def to_sat(value: Decimal) -> int:
 
 
 def txid_of(raw: bytes) -> str:
-    return b2lx(CTransaction.deserialize(raw).GetTxid())
+    """The txid of a serialized transaction; InvalidTransaction when it does not parse."""
+    try:
+        return b2lx(CTransaction.deserialize(raw).GetTxid())
+    except Exception as exc:  # python-bitcoinlib raises several types for bad bytes
+        raise InvalidTransaction(f"not a transaction: {exc}") from exc
 
 
 class BitcoinAdapter(BlockWalker):

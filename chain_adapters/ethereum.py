@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from eth_account import Account
 from eth_account.typed_transactions import TypedTransaction
 from eth_utils import keccak, to_checksum_address
+from hexbytes import HexBytes
 from web3 import HTTPProvider, Web3
 from web3.exceptions import BlockNotFound, TransactionNotFound, Web3RPCError
 
@@ -176,7 +177,7 @@ class EthereumAdapter(BlockWalker):
             import rlp  # eth-account's own dependency
             nonce = int.from_bytes(rlp.decode(raw)[0], "big")
         else:
-            nonce = TypedTransaction.from_bytes(raw).as_dict()["nonce"]
+            nonce = TypedTransaction.from_bytes(HexBytes(raw)).as_dict()["nonce"]
         return sender, nonce
 
     def tx_status(self, txid: str, *, raw: bytes | None = None) -> TxStatus:

@@ -92,3 +92,9 @@ def chain(request: pytest.FixtureRequest, cluster: Cluster) -> ChainHarness:
 @pytest.fixture
 def log(request: pytest.FixtureRequest) -> logging.Logger:
     return logging.getLogger(request.node.name)
+
+
+@pytest.fixture
+def btc(cluster: Cluster, btc_adapter: BitcoinAdapter) -> BitcoinHarness:
+    """Bitcoin helpers: fresh addresses, Python-held funded keys, mining (see harness.py)."""
+    return BitcoinHarness(cluster, btc_adapter)
