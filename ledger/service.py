@@ -19,6 +19,7 @@ import contextlib
 import datetime as dt
 import hashlib
 import json
+import re
 from typing import Any, Iterator, Sequence
 
 from sqlalchemy import Connection, Engine, text
@@ -61,8 +62,10 @@ class Ledger:
         """Create an asset; creating it again with the same decimals is a no-op."""
         if not isinstance(decimals, int) or isinstance(decimals, bool) or not 0 <= decimals <= 36:
             raise LedgerError(ErrorCode.invalid_request, "decimals must be an integer from 0 to 36")
-        if not isinstance(code, str) or not code or len(code) > 32 or code.upper() != code:
-            raise LedgerError(ErrorCode.invalid_request, "asset code must be 1-32 upper-case characters")
+        if not isinstance(code, str) or _ASSET_CODE.fullmatch(code) is None:
+            raise LedgerError(
+                ErrorCode.invalid_request, "asset code must be 1-32 characters of A-Z, 0-9, '_', '.', '-'"
+            )
         with self._tx(conn) as c:
             c.execute(
                 text("INSERT INTO asset (code, decimals) VALUES (:c, :d) ON CONFLICT (code) DO NOTHING"),
@@ -453,6 +456,10 @@ class Ledger:
         from ledger.verify import assert_verified
 
         assert_verified(self.engine)
+
+
+# The same pattern as the asset table's CHECK, so a bad code is a ledger error, not a database one.
+_ASSET_CODE = re.compile(r"[A-Z0-9][A-Z0-9_.-]{0,31}")
 
 
 def _require_key(key: object) -> None:
