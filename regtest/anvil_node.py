@@ -57,7 +57,11 @@ class AnvilNode:
                 raise ChainError(f"anvil exited; see {self.datadir / 'anvil.out'}")
             return w3.eth.chain_id == CHAIN_ID
 
-        wait_until(ready, timeout=30, what="anvil RPC")
+        try:
+            wait_until(ready, timeout=30, what="anvil RPC")
+        except BaseException:
+            self.stop()
+            raise
 
     def stop(self) -> None:
         if self.pid is not None:

@@ -82,9 +82,7 @@ class BitcoinNode:
 
         try:
             wait_until(ready, timeout=60, what="bitcoind RPC")
-        except ChainError:
-            raise
-        except Exception:
+        except BaseException:
             self.stop()
             raise
 

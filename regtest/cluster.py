@@ -1,11 +1,12 @@
 """Both regtest nodes together: start (fresh data directory), describe, stop; and the CLI state file.
 
 `start_cluster()` is what the e2e fixtures, the CLI and the bench share. The CLI records running
-nodes in `.state/regtest/state.json` (repo root, gitignored) so `down`/`status`/`mine` find them.
+nodes in `.state/regtest/state.json` (repo root, gitignored; `REGTEST_STATE_DIR` moves it) so `down`/`status`/`mine` find them.
 """
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from regtest.install import Tools, find_tools, log
 from regtest.process import pid_alive
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-STATE_DIR = REPO_ROOT / ".state" / "regtest"
+STATE_DIR = Path(os.environ.get("REGTEST_STATE_DIR") or REPO_ROOT / ".state" / "regtest")
 STATE_FILE = STATE_DIR / "state.json"
 
 

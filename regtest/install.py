@@ -158,6 +158,7 @@ def build_bitcoind() -> tuple[Path, Path]:
     _run_with_heartbeat(["cmake", "--build", str(build), "-j", jobs, "--target", "bitcoind", "bitcoin-cli"],
                         work, log_file, "build")
     staging = Path(tempfile.mkdtemp(dir=work, prefix="stage-"))
+    staging.chmod(0o755)
     for name in ("bitcoind", "bitcoin-cli"):
         shutil.copy2(build / "bin" / name, staging / name)
         subprocess.run(["strip", str(staging / name)], check=False)

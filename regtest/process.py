@@ -43,10 +43,15 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    try:  # a zombie child of ours counts as gone
+    try:  # a zombie child of ours counts as gone (and is reaped here)
         done, _ = os.waitpid(pid, os.WNOHANG)
         return done == 0
     except ChildProcessError:
+        pass
+    try:  # someone else's zombie (e.g. a node detached by `regtest up`, reparented) is gone too
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
         return True
 
 

@@ -33,7 +33,9 @@ class ChainHarness:
 
     @contextlib.contextmanager
     def hold_mining(self) -> Iterator[None]:
+        """Transactions sent inside stay in the mempool; on exit one block mines them."""
         yield
+        self.mine(1)
 
 
 class BitcoinHarness(ChainHarness):
@@ -91,7 +93,7 @@ class EthereumHarness(ChainHarness):
         try:
             yield
         finally:
-            self.node.set_automine(True)
+            self.node.set_automine(True)  # anvil mines the pending transactions into one block
 
     def signed_payment(self, address: str, amount: int) -> bytes:
         adapter = self.adapter
