@@ -1,0 +1,214 @@
+"""Many connections racing on one account: no overdraft, no lost update, no double posting.
+
+Each worker is a thread calling the ledger, which takes its own connection from the engine pool
+for every command, so the races happen in PostgreSQL, not in Python. A `threading.Barrier`
+releases the workers together.
+"""
+from __future__ import annotations
+
+import random
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+import pytest
+
+from ledger.errors import ErrorCode, LedgerError
+from ledger.model import AccountKind, HoldState, Transfer
+from tests.integration.ledger_helpers import Book, failed_checks
+
+WORKERS = 16
+OWNER = "withdrawals"
+
+
+@pytest.fixture()
+def book(ledger) -> Book:
+    return Book(ledger)
+
+
+def race(n: int, work: Callable[[int], object]) -> list[object]:
+    """Run work(0..n-1) on n threads released together. Returns each result, or the LedgerError it
+    raised; any other exception fails the test."""
+    barrier = threading.Barrier(n, timeout=30)
+
+    def run(i: int) -> object:
+        barrier.wait()
+        try:
+            return work(i)
+        except LedgerError as err:
+            return err
+
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        return [f.result(timeout=120) for f in [pool.submit(run, i) for i in range(n)]]
+
+
+def _codes(results: list[object]) -> list[ErrorCode]:
+    return [r.code for r in results if isinstance(r, LedgerError)]
+
+
+def test_sixteen_workers_cannot_overdraw_one_account(ledger, book):
+    funding = 10_000
+    source = book.account("source")
+    sinks = [book.account(f"sink{i}") for i in range(WORKERS)]
+    book.fund(source, funding)
+    rng = random.Random(7)
+    plan = [[rng.randint(50, 150) for _ in range(10)] for _ in range(WORKERS)]
+    assert sum(map(sum, plan)) > funding  # together they ask for more than there is
+
+    def work(i: int) -> list[tuple[int, object]]:
+        outcomes = []
+        for j, amount in enumerate(plan[i]):
+            try:
+                outcomes.append((amount, ledger.transfer(book.key(f"w{i}:{j}"), source, sinks[i], amount)))
+            except LedgerError as err:
+                outcomes.append((amount, err))
+        return outcomes
+
+    results = race(WORKERS, work)
+    outcomes = [o for worker in results for o in worker]
+    won = [amount for amount, r in outcomes if not isinstance(r, LedgerError)]
+    lost = [r for _, r in outcomes if isinstance(r, LedgerError)]
+    assert won and lost
+    assert {e.code for e in lost} == {ErrorCode.insufficient_funds}
+    final = ledger.balance(source)
+    assert final.posted >= 0
+    assert final.posted == funding - sum(won)
+    # every refused debit really did not fit when it was refused: the smallest loser exceeds what is left
+    assert min(amount for amount, r in outcomes if isinstance(r, LedgerError)) > final.posted
+    for i, sink in enumerate(sinks):
+        assert ledger.balance(sink).posted == sum(a for a, r in results[i] if not isinstance(r, LedgerError))
+    # no lost update: one statement line per successful debit, running balances intact
+    assert len(ledger.statement(source, limit=1000).lines) == 1 + len(won)
+    assert failed_checks(ledger) == set()
+
+
+@pytest.mark.parametrize("round_", range(5))
+def test_two_simultaneous_withdrawals_of_30000_against_40000(ledger, book, round_):
+    alice, out = book.account("alice"), book.account("out", AccountKind.in_flight)
+    book.fund(alice, 40_000)
+    results = race(2, lambda i: ledger.transfer(book.key(f"withdrawal:{i}"), alice, out, 30_000))
+    assert sum(not isinstance(r, LedgerError) for r in results) == 1
+    assert _codes(results) == [ErrorCode.insufficient_funds]
+    assert (book.posted(alice), book.posted(out)) == (10_000, 30_000)
+
+
+@pytest.mark.parametrize("round_", range(3))
+def test_concurrent_replays_of_one_key_post_once(ledger, book, round_):
+    alice, bob = book.account("alice"), book.account("bob")
+    book.fund(alice, 1_000)
+    key = book.key("deposit:btc:txid:0")
+    results = race(WORKERS, lambda i: ledger.transfer(key, alice, bob, 250))
+    assert not _codes(results)
+    assert len({r.transaction_id for r in results}) == 1
+    assert sum(r.created for r in results) == 1
+    assert (book.posted(alice), book.posted(bob)) == (750, 250)
+
+
+def test_concurrent_posts_of_one_key_with_different_content_post_one_of_them(ledger, book):
+    alice, bob, carol = book.account("alice"), book.account("bob"), book.account("carol")
+    book.fund(alice, 1_000)
+    key = book.key()
+    # even workers pay bob, odd ones pay carol: disjoint locks, so the key's unique constraint decides
+    results = race(WORKERS, lambda i: ledger.transfer(key, alice, bob if i % 2 == 0 else carol, 100))
+    created = [i for i, r in enumerate(results) if not isinstance(r, LedgerError) and r.created]
+    assert len(created) == 1
+    winner_parity = created[0] % 2
+    for i, r in enumerate(results):
+        if i % 2 == winner_parity:
+            assert not isinstance(r, LedgerError) and r.transaction_id == results[created[0]].transaction_id
+        else:
+            assert isinstance(r, LedgerError) and r.code is ErrorCode.idempotency_conflict
+    assert book.posted(alice) == 900
+    assert book.posted(bob) + book.posted(carol) == 100
+
+
+def test_concurrent_hold_placement_cannot_over_reserve(ledger, book):
+    alice = book.account("alice")
+    book.fund(alice, 1_000)
+    results = race(WORKERS, lambda i: ledger.place_hold(book.key(f"h{i}"), alice, 100, owner=OWNER, reference=f"w{i}"))
+    placed = [r for r in results if not isinstance(r, LedgerError)]
+    assert len(placed) == 10
+    assert _codes(results) == [ErrorCode.insufficient_funds] * 6
+    b = ledger.balance(alice)
+    assert (b.posted, b.held, b.available) == (1_000, 1_000, 0)
+    for h in placed:
+        ledger.release_hold(h.id, owner=OWNER)
+
+
+def test_holds_and_debits_racing_cannot_over_reserve(ledger, book):
+    alice, out = book.account("alice"), book.account("out", AccountKind.in_flight)
+    book.fund(alice, 1_000)
+
+    def work(i: int):
+        if i % 2:
+            return ledger.place_hold(book.key(f"h{i}"), alice, 150, owner=OWNER, reference=f"w{i}")
+        return ledger.transfer(book.key(f"t{i}"), alice, out, 150)
+
+    results = race(WORKERS, work)
+    assert len([r for r in results if not isinstance(r, LedgerError)]) == 6  # 6 * 150 <= 1000 < 7 * 150
+    assert set(_codes(results)) == {ErrorCode.insufficient_funds}
+    b = ledger.balance(alice)
+    assert b.available == 100 and b.posted + book.posted(out) == 1_000
+    for r in results:
+        if not isinstance(r, LedgerError) and hasattr(r, "state"):
+            ledger.release_hold(r.id, owner=OWNER)
+
+
+def test_concurrent_replays_of_a_hold_key_hold_once(ledger, book):
+    alice = book.account("alice")
+    book.fund(alice, 1_000)
+    key = book.key()
+    results = race(WORKERS, lambda i: ledger.place_hold(key, alice, 300, owner=OWNER, reference="w1"))
+    assert not _codes(results)
+    assert len({h.id for h in results}) == 1 and sum(h.created for h in results) == 1
+    assert ledger.balance(alice).held == 300
+    ledger.release_hold(results[0].id, owner=OWNER)
+
+
+@pytest.mark.parametrize("round_", range(3))
+def test_a_hold_resolves_exactly_once_under_racing_capture_and_release(ledger, book, round_):
+    alice, out = book.account("alice"), book.account("out", AccountKind.in_flight)
+    book.fund(alice, 1_000)
+    hold = ledger.place_hold(book.key(), alice, 100, owner=OWNER, reference="w1")
+
+    def work(i: int):
+        if i % 2:
+            return ledger.release_hold(hold.id, owner=OWNER)
+        return ledger.capture_hold(book.key(f"c{i}"), hold.id, [Transfer(alice, out, 100)], owner=OWNER)
+
+    results = race(WORKERS, work)
+    final = ledger.get_hold(hold.id)
+    captures = [r for i, r in enumerate(results) if i % 2 == 0 and not isinstance(r, LedgerError)]
+    assert set(_codes(results)) <= {ErrorCode.hold_already_resolved}
+    if final.state is HoldState.captured:
+        assert len(captures) == 1
+        assert all(isinstance(r, LedgerError) for i, r in enumerate(results) if i % 2)
+        assert (book.posted(alice), book.posted(out)) == (900, 100)
+    else:
+        assert final.state is HoldState.released and not captures
+        assert (book.posted(alice), book.posted(out)) == (1_000, 0)
+    assert ledger.balance(alice).held == 0
+
+
+def test_transfers_in_both_directions_do_not_deadlock_or_lose_money(ledger, book):
+    accounts = [book.account(f"a{i}") for i in range(4)]
+    for a in accounts:
+        book.fund(a, 500)
+    rng = random.Random(11)
+    plan = [[(rng.sample(accounts, 2), rng.randint(1, 200)) for _ in range(15)] for _ in range(WORKERS)]
+
+    def work(i: int):
+        out = []
+        for j, ((src, dst), amount) in enumerate(plan[i]):
+            legs = [Transfer(src, dst, amount), Transfer(dst, src, amount // 2 + 1)]  # touches both, both ways
+            try:
+                out.append(ledger.post(book.key(f"w{i}:{j}"), legs))
+            except LedgerError as err:
+                out.append(err)
+        return out
+
+    results = [r for worker in race(WORKERS, work) for r in worker]
+    assert set(_codes(results)) <= {ErrorCode.insufficient_funds}
+    assert any(not isinstance(r, LedgerError) for r in results)
+    assert sum(book.posted(a) for a in accounts) == 2_000
+    assert all(book.posted(a) >= 0 for a in accounts)
