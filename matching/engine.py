@@ -354,6 +354,8 @@ class Engine:
 
     def _emit_amended(self, order: Order, priority_kept: bool) -> None:
         asset, amount = hold_requirement(order, self.market, self.fees)
+        if order.state is S.untriggered:  # a stop reserves nothing until it fires
+            amount = 0
         self._emit(OrderAmended(self._seq, order.order_id, order.account, order.qty, order.price,
                                 order.stop_price, order.remaining, priority_kept, asset, amount))
 

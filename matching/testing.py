@@ -69,7 +69,7 @@ class MoneyModel:
             self._release(event.order_id)
         elif isinstance(event, OrderRejected):
             self._release(event.order_id)
-        elif isinstance(event, OrderAmended):
+        elif isinstance(event, OrderAmended) and event.order_id in self.placed:
             assert event.hold_required >= self.captured[event.order_id], event
             self.placed[event.order_id] = event.hold_required
 
