@@ -5,7 +5,8 @@ insertion order. The same commands with the same sequence numbers give the same 
 same state hash on any machine. Only the `Sequencer` should call `apply`.
 
 Guarantees:
-- Commands apply strictly in sequence (`apply` refuses any seq but `last_seq + 1`).
+- Commands apply strictly in sequence (`apply` refuses any seq but `last_seq + 1`), and a
+  malformed command raises `invalid_request` before anything changes.
 - Price-time priority; every trade is at the resting (maker) order's price.
 - Self-trade prevention is decided before a fill exists (see `stp`).
 - An FOK order trades its whole quantity or nothing at all (see `matcher`).
@@ -30,7 +31,7 @@ from matching.model import (ActivateTriggered, Amend, Cancel, Command, Market, O
 from matching.states import OPEN, TERMINAL, OrderState, transition
 from matching.stops import StopBook
 from matching.stp import DEFAULT_POLICY, StpPolicy
-from matching.validation import default_tif, validate_place
+from matching.validation import check_shape, default_tif, validate_place
 
 S = OrderState
 _STOP_TYPES = (OrderType.stop, OrderType.stop_limit)
@@ -73,6 +74,7 @@ class Engine:
         """Apply `command` stamped `seq` (must be `last_seq + 1`); return what happened."""
         if seq != self.last_seq + 1:
             raise SequenceError(self.last_seq + 1, seq)
+        check_shape(command)
         self.last_seq = self._seq = seq
         self._events = events = []
         self._match_no = 0

@@ -9,6 +9,7 @@ meaning; new ones are appended.
 
 | code | HTTP | meaning |
 | --- | --- | --- |
+| invalid_request | 422 | the command is malformed: unknown command, or a field of the wrong type (raised, never journaled) |
 | invalid_quantity | 422 | a quantity is not a positive integer number of lots (or is given where it must not be) |
 | invalid_price | 422 | a limit price is not a positive integer number of ticks (or is given for a market order) |
 | invalid_budget | 422 | a market bid needs a positive integer quote budget; nothing else may carry one |
@@ -36,6 +37,7 @@ import enum
 class ErrorCode(str, enum.Enum):
     """Stable matching result codes. `.http_status` and `.meaning` document each one."""
 
+    invalid_request = "invalid_request"
     invalid_quantity = "invalid_quantity"
     invalid_price = "invalid_price"
     invalid_budget = "invalid_budget"
@@ -65,6 +67,7 @@ class ErrorCode(str, enum.Enum):
 
 
 _TABLE: dict[ErrorCode, tuple[int, str]] = {
+    ErrorCode.invalid_request: (422, "the command is malformed"),
     ErrorCode.invalid_quantity: (422, "a quantity is not a positive integer number of lots"),
     ErrorCode.invalid_price: (422, "a limit price is not a positive integer number of ticks"),
     ErrorCode.invalid_budget: (422, "a market bid needs a positive integer quote budget"),

@@ -18,6 +18,7 @@ from typing import Iterator, Protocol
 from matching.engine import Engine
 from matching.events import Event, OrderExists
 from matching.model import Command, Place
+from matching.validation import check_shape
 
 
 class JournalSink(Protocol):
@@ -70,6 +71,7 @@ class Sequencer:
         with self._lock:
             if self.halted:
                 raise SequencerHalted("sequencer halted after an engine failure")
+            check_shape(command)  # malformed commands are refused, never journaled
             retry = self._existing(command)
             if retry is not None:
                 return Submitted(None, [retry])

@@ -5,12 +5,42 @@ be real `int` (a `bool` or a float is refused) because every amount derives from
 """
 from __future__ import annotations
 
-from matching.errors import ErrorCode
+from dataclasses import fields
+
+from matching.errors import ErrorCode, MatchingError
 from matching.fees import FeeSchedule
-from matching.model import Market, OrderType, Place, Side, TimeInForce
+from matching.model import (ActivateTriggered, Amend, Cancel, Command, Market, OrderType, Place,
+                            RejectTriggered, Side, TimeInForce)
+from matching.stp import StpPolicy
 
 _LIMIT_PRICED = (OrderType.limit, OrderType.stop_limit)
 _STOPS = (OrderType.stop, OrderType.stop_limit)
+
+
+# Field name -> (allowed type, may be None). Shape is checked before a command is journaled, so
+# the journal only ever holds commands every engine version can apply without crashing.
+_SHAPE: dict[str, tuple[type, bool]] = {
+    "order_id": (str, False), "account": (str, False), "client_order_id": (str, False),
+    "fee_tier": (str, False), "stp_group": (str, True), "side": (Side, False),
+    "order_type": (OrderType, False), "tif": (TimeInForce, True), "stp_policy": (StpPolicy, True),
+    "post_only": (bool, False), "qty": (int, True), "price": (int, True),
+    "display_qty": (int, True), "stop_price": (int, True), "budget": (int, True),
+}
+_COMMAND_TYPES = (Place, Cancel, Amend, ActivateTriggered, RejectTriggered)
+
+
+def check_shape(command: Command) -> None:
+    """Raise `MatchingError(invalid_request)` unless every field has its declared type."""
+    if type(command) not in _COMMAND_TYPES:
+        raise MatchingError(ErrorCode.invalid_request, f"not a command: {type(command).__name__}")
+    for f in fields(command):
+        value = getattr(command, f.name)
+        kind, optional = _SHAPE[f.name]
+        if value is None and optional:
+            continue
+        ok = type(value) is kind if kind in (int, bool, str) else isinstance(value, kind)
+        if not ok:
+            raise MatchingError(ErrorCode.invalid_request, f"{f.name}={value!r}", field=f.name)
 
 
 def is_positive_int(value: object) -> bool:

@@ -285,7 +285,6 @@ def test_invalid_places_are_rejected_with_codes_in_precedence_order():
     h = harness("a")
     cases = [
         (dict(side=BUY, qty=0, price=ticks(1)), ErrorCode.invalid_quantity),
-        (dict(side=BUY, qty=1.5, price=ticks(1)), ErrorCode.invalid_quantity),
         (dict(side=BUY, qty=lots("1")), ErrorCode.invalid_price),
         (dict(side=BUY, order_type=OrderType.market), ErrorCode.invalid_budget),
         (dict(side=BUY, qty=1, order_type=OrderType.market, budget=5), ErrorCode.invalid_quantity),
@@ -313,3 +312,19 @@ def test_duplicate_order_id_is_rejected_without_touching_the_first_order():
     events = h.sequencer.submit(Place("o1", "a", "fresh", BUY, qty=1, price=ticks(100))).events
     assert of_type(events, OrderRejected)[0].code is ErrorCode.duplicate_order_id
     assert h.engine.order("o1").client_order_id == "c1"
+
+
+def test_malformed_commands_are_refused_before_the_journal():
+    import pytest
+
+    from matching import MatchingError
+    from matching.model import Place
+    h = harness("a")
+    for bad in (Place("o9", "a", "c9", "buy", qty=1, price=ticks(100)),
+                Place("o9", "a", "c9", BUY, qty=1.5, price=ticks(100)),
+                Place("o9", "a", "c9", BUY, qty=True, price=ticks(100)),
+                Cancel(["o1"], "a"), "not a command"):
+        with pytest.raises(MatchingError) as err:
+            h.sequencer.submit(bad)
+        assert err.value.code is ErrorCode.invalid_request
+    assert h.journal.entries == [] and h.engine.last_seq == 0 and not h.sequencer.halted
