@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from custody.api import errors, ledger_routes
+from custody.api import deposit_routes, errors, ledger_routes
 from custody.container import Container
 
 
@@ -16,6 +16,7 @@ def create_app(container: Container) -> FastAPI:
     app.state.container = container
     errors.install(app)
     app.include_router(ledger_routes.router)
+    app.include_router(deposit_routes.router)
 
     @app.get("/health", tags=["ops"])
     def health() -> dict:

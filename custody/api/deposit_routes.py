@@ -1,0 +1,129 @@
+"""Deposit routes under /v1: deposit addresses, deposits per account, the quarantine queue and its
+release action, incidents and the kill switch."""
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, Query, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from custody.api.deps import Auditor, Backend, ContainerDep, Reader, require
+from custody.api.errors import ApiError
+from custody.auth import Principal, Role
+from custody.controls import kill_switch, set_kill_switch
+from ledger.amounts import format_amount
+
+router = APIRouter(prefix="/v1", tags=["deposits"])
+Operator = Annotated[Principal, Depends(require(Role.operator))]
+
+
+class AddressIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    idempotency_key: str = Field(min_length=1, max_length=200)
+    account_id: int
+
+
+class AddressOut(BaseModel):
+    id: int
+    chain: str
+    address: str
+    derivation_index: int
+    account_id: int
+
+
+class DepositOut(BaseModel):
+    id: int
+    chain: str
+    asset: str
+    txid: str
+    index: int
+    address: str
+    amount: str
+    amount_minor: str
+    state: str
+    confirmations: int
+    block_height: int
+    account_id: int
+    journal_transaction_id: int | None
+
+
+class ReleaseIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    comment: str = Field(min_length=1, max_length=1000)
+
+
+class KillSwitchIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    engaged: bool
+    reason: str = Field(min_length=1, max_length=1000)
+
+
+def _deposits(c):
+    if c.deposits is None:
+        raise ApiError(503, "chains_not_configured", "no chain adapters are configured on this service")
+    return c.deposits
+
+
+def _out(c, row: dict) -> DepositOut:
+    decimals = c.ledger.get_asset(row["asset"]).decimals
+    return DepositOut(id=row["id"], chain=row["chain"], asset=row["asset"], txid=row["txid"], index=row["output_index"],
+                      address=row["address"], amount=format_amount(int(row["amount"]), decimals), amount_minor=str(row["amount"]),
+                      state=row["state"], confirmations=row["confirmations"], block_height=row["block_height"],
+                      account_id=row["account_id"], journal_transaction_id=row["journal_transaction_id"])
+
+
+@router.post("/deposit-addresses", response_model=AddressOut, status_code=201)
+def issue_address(body: AddressIn, c: ContainerDep, _: Backend, response: Response) -> AddressOut:
+    """The next deposit address for a customer account; the same key returns the same address."""
+    a = c.wallets.issue_address(body.idempotency_key, body.account_id)
+    if not a.created:
+        response.status_code = 200
+    return AddressOut(id=a.id, chain=a.chain, address=a.address, derivation_index=a.derivation_index, account_id=a.account_id)
+
+
+@router.get("/accounts/{account_id}/deposits", response_model=list[DepositOut])
+def account_deposits(account_id: int, c: ContainerDep, _: Reader, limit: int = Query(200, ge=1, le=1000)) -> list[DepositOut]:
+    c.ledger.get_account(account_id)
+    return [_out(c, r) for r in _deposits(c).list(account_id=account_id, limit=limit)]
+
+
+@router.get("/deposits", response_model=list[DepositOut])
+def deposits_by_state(
+    c: ContainerDep, _: Auditor,
+    state: Literal["seen", "confirming", "final", "credited", "orphaned", "quarantined", "released", "dust"] = "quarantined",
+    limit: int = Query(200, ge=1, le=1000),
+) -> list[DepositOut]:
+    return [_out(c, r) for r in _deposits(c).list(state=state, limit=limit)]
+
+
+@router.post("/deposits/{deposit_id}/release", response_model=DepositOut)
+def release(deposit_id: int, body: ReleaseIn, c: ContainerDep, who: Operator) -> DepositOut:
+    """Operator decision: credit a quarantined deposit to its customer (recorded in the audit log)."""
+    _deposits(c).release_quarantined(deposit_id, operator=f"api:{who.name}", comment=body.comment)
+    return _out(c, next(r for r in c.deposits.list(state="released", limit=1000) if r["id"] == deposit_id))
+
+
+@router.get("/incidents")
+def incidents(c: ContainerDep, _: Auditor, open_only: bool = True) -> list[dict]:
+    from sqlalchemy import text
+
+    with c.engine.connect() as conn:
+        rows = conn.execute(text("SELECT id, kind, severity, detail, opened_at, resolved_at FROM incident "
+                                 "WHERE NOT :o OR resolved_at IS NULL ORDER BY id DESC LIMIT 500"), {"o": open_only}).all()
+    return [dict(r._mapping) for r in rows]
+
+
+@router.get("/kill-switch")
+def get_kill_switch(c: ContainerDep, _: Reader) -> dict:
+    ks = kill_switch(c.engine)
+    return {"engaged": ks.engaged, "reason": ks.reason, "changed_by": ks.changed_by}
+
+
+@router.post("/kill-switch")
+def change_kill_switch(body: KillSwitchIn, c: ContainerDep, who: Operator) -> dict:
+    """Operators may engage the kill switch; only an admin may release it."""
+    if not body.engaged and who.role is not Role.admin:
+        raise ApiError(403, "forbidden", "only an admin may release the kill switch")
+    with c.engine.begin() as conn:
+        set_kill_switch(conn, body.engaged, body.reason, f"api:{who.name}")
+    return get_kill_switch(c, who)

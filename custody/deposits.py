@@ -1,0 +1,330 @@
+"""The deposit pipeline: scan -> confirm -> screen -> credit, with reorg handling.
+
+An observation is not a credit. Each step is a job (APScheduler runs them; tests call them):
+
+1. `scan(chain)`: walk blocks from the stored cursor through the chain adapter; every output,
+   ether transfer or ERC-20 log paying a watched address becomes one `deposit_observation`
+   (unique per chain, asset, txid, index) in state `seen`. The cursor moves by compare-and-set in
+   the same database transaction, so a crash or a second scanner cannot skip or double-record.
+2. `confirm(chain)`: confirmations are counted up to the scan cursor (a chain we have verified,
+   never the node's unverified tip) and move `seen -> confirming -> final` by the asset's
+   finality depth (`chain_asset.finality_confirmations`).
+3. `credit(chain)`: for each final observation, the compliance screen runs (only now), then one
+   journal transaction with a key from the chain identifiers moves the value from the deposit
+   pool's asset-location account to the customer (`credited`), to quarantine (`quarantined`, for
+   an operator to release) or, below the asset's dust minimum, to the dust account (`dust`). The
+   state change and the outbox event commit with the journal transaction.
+4. Reorgs: an observation in an undone block before finality becomes `orphaned` (nothing to undo)
+   and returns to `seen` if re-mined. A reorg that undoes a credited (or quarantined, or dust)
+   deposit opens a critical incident, which trips the kill switch, and moves the shortfall from
+   the pool to the suspense account with a compensating transaction; if the transaction is
+   re-mined the compensation is reversed (the incident stays for an operator to close).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping
+
+from sqlalchemy import Connection, Engine, text
+
+from chain_adapters.base import BlockRef, ChainAdapter, Observation, Watch
+from custody.controls import audit, emit, open_incident
+from custody.states import advance
+from custody.wallets import Wallets
+from ledger.errors import ErrorCode, LedgerError
+from ledger.model import Transfer
+from ledger.service import Ledger
+
+log = logging.getLogger(__name__)
+POST_FINAL = ("credited", "quarantined", "dust", "released")
+
+
+@dataclass(frozen=True)
+class ScreenResult:
+    hit: bool
+    reasons: tuple[str, ...] = ()
+
+
+# An external screener gets (chain, asset, receiving address, senders, amount) and answers.
+ExternalScreener = Callable[[str, str, str, tuple[str, ...], int], ScreenResult]
+
+
+@dataclass(frozen=True)
+class ScanSummary:
+    chain: str
+    blocks: int
+    recorded: int
+    orphaned: int
+    deep_reorg_incidents: int
+    cursor: BlockRef
+
+
+@dataclass(frozen=True)
+class CreditSummary:
+    credited: int = 0
+    quarantined: int = 0
+    dust: int = 0
+
+
+class Deposits:
+    def __init__(self, engine: Engine, ledger: Ledger, wallets: Wallets, adapters: Mapping[str, ChainAdapter],
+                 *, external_screener: ExternalScreener | None = None) -> None:
+        self.engine = engine
+        self.ledger = ledger
+        self.wallets = wallets
+        self.adapters = adapters
+        self.external_screener = external_screener
+
+    # ---- cursor ---------------------------------------------------------------------------
+
+    def cursor(self, chain: str) -> BlockRef | None:
+        with self.engine.connect() as c:
+            row = c.execute(text("SELECT height, hash FROM chain_cursor WHERE chain = :c"), {"c": chain}).first()
+        return BlockRef(row.height, row.hash) if row else None
+
+    def start_cursor(self, chain: str, at: BlockRef | None = None) -> BlockRef:
+        """Start watching `chain` from `at` (default: the node's current tip) unless already started."""
+        at = at or self.adapters[chain].tip()
+        with self.engine.begin() as c:
+            c.execute(text("INSERT INTO chain_cursor (chain, height, hash) VALUES (:c, :h, :x) ON CONFLICT (chain) DO NOTHING"),
+                      {"c": chain, "h": at.height, "x": at.hash})
+        return self.cursor(chain)  # type: ignore[return-value]
+
+    # ---- 1. scan --------------------------------------------------------------------------
+
+    def scan(self, chain: str, *, max_blocks: int = 100) -> ScanSummary:
+        adapter = self.adapters[chain]
+        cursor = self.cursor(chain) or self.start_cursor(chain)
+        watched = self.wallets.watched(chain)
+        tokens = {a.contract_address: a.asset for a in self.wallets.chain_assets(chain) if a.contract_address}
+        result = adapter.scan(cursor, Watch(frozenset(watched), tokens), max_blocks=max_blocks)
+        orphaned = deep = recorded = 0
+        with self.engine.begin() as c:
+            moved = c.execute(
+                text("UPDATE chain_cursor SET height = :h, hash = :x, updated_at = now() "
+                     "WHERE chain = :c AND height = :oh AND hash = :ox"),
+                {"h": result.cursor.height, "x": result.cursor.hash, "c": chain, "oh": cursor.height, "ox": cursor.hash},
+            ).rowcount
+            if moved != 1:
+                log.warning("%s: the cursor moved under this scan; another scanner is running", chain)
+                c.rollback()
+                return ScanSummary(chain, 0, 0, 0, 0, self.cursor(chain))  # type: ignore[arg-type]
+            if result.reorg is not None:
+                log.warning("%s: reorg, fork point %s, %d block(s) undone", chain, result.reorg.fork_point, len(result.reorg.undone))
+                for obs in result.reorg.orphaned:
+                    outcome = self._orphan(c, chain, obs)
+                    orphaned += outcome == "orphaned"
+                    deep += outcome == "incident"
+            for obs in result.observations:
+                recorded += self._record(c, chain, obs, watched)
+        if result.blocks or result.reorg:
+            log.info("%s: scanned %d block(s) to %s: %d observation(s) recorded, %d orphaned",
+                     chain, len(result.blocks), result.cursor.height, recorded, orphaned)
+        return ScanSummary(chain, len(result.blocks), recorded, orphaned, deep, result.cursor)
+
+    def _record(self, c: Connection, chain: str, obs: Observation, watched: Mapping[str, tuple[int, int, str]]) -> int:
+        address_id, account_id, owner = watched[obs.address]
+        account = self.ledger.get_account(account_id, conn=c)
+        if account.asset != obs.asset:  # e.g. an ERC-20 token sent to an address issued for ether
+            account_id = self.wallets.customer_account(owner, obs.asset, conn=c)
+        senders = list(getattr(obs, "senders", ()) or ())
+        row = c.execute(
+            text("INSERT INTO deposit_observation (chain, asset, txid, output_index, address, senders, amount, block_hash, "
+                 "block_height, state, deposit_address_id, account_id) VALUES (:chain, :asset, :txid, :idx, :addr, :senders, "
+                 ":amount, :bh, :height, 'seen', :dep, :acc) ON CONFLICT (chain, asset, txid, output_index) DO NOTHING RETURNING id"),
+            {"chain": chain, "asset": obs.asset, "txid": obs.txid, "idx": obs.index, "addr": obs.address, "senders": senders,
+             "amount": obs.amount, "bh": obs.block.hash, "height": obs.block.height, "dep": address_id, "acc": account_id},
+        ).first()
+        if row is not None:
+            c.execute(text("UPDATE deposit_address SET first_seen_at = coalesce(first_seen_at, now()) WHERE id = :i"), {"i": address_id})
+            return 1
+        existing = c.execute(text(f"{_OBS_SQL} WHERE chain = :c AND asset = :a AND txid = :t AND output_index = :i FOR UPDATE"),
+                             {"c": chain, "a": obs.asset, "t": obs.txid, "i": obs.index}).one()
+        if existing.block_hash == obs.block.hash:
+            return 0  # seen before in this very block (a rescan after a crash)
+        if existing.state == "orphaned":
+            advance(c, "deposit_observation", existing.id, "orphaned", "seen", block_hash=obs.block.hash,
+                    block_height=obs.block.height, confirmations=0)
+            log.info("%s: %s:%d re-mined in block %d", chain, obs.txid, obs.index, obs.block.height)
+            return 1
+        if existing.state in POST_FINAL:
+            self._remined_after_deep_reorg(c, existing, obs)
+            return 1
+        c.execute(text("UPDATE deposit_observation SET block_hash = :h, block_height = :n, updated_at = now() WHERE id = :i"),
+                  {"h": obs.block.hash, "n": obs.block.height, "i": existing.id})
+        return 1
+
+    def _orphan(self, c: Connection, chain: str, obs: Observation) -> str:
+        row = c.execute(text(f"{_OBS_SQL} WHERE chain = :c AND asset = :a AND txid = :t AND output_index = :i FOR UPDATE"),
+                        {"c": chain, "a": obs.asset, "t": obs.txid, "i": obs.index}).first()
+        if row is None or row.block_hash != obs.block.hash:
+            return "ignored"  # never recorded, or already moved to another block
+        if row.state in ("seen", "confirming", "final"):
+            advance(c, "deposit_observation", row.id, row.state, "orphaned", reorg_count=row.reorg_count + 1)
+            return "orphaned"
+        if row.state in POST_FINAL:
+            self._deep_reorg(c, row)
+            return "incident"
+        return "ignored"
+
+    def _deep_reorg(self, c: Connection, row) -> None:
+        """A block holding a deposit we already booked is gone: book the shortfall to suspense."""
+        pool = self.wallets.location_account(row.chain, "deposit", row.asset, conn=c)
+        suspense = self.wallets.firm_account("suspense", row.asset, conn=c)
+        key = f"{_deposit_key(row)}:reorg:{row.block_hash}"
+        tx = self.ledger.post(key, [Transfer(suspense, pool, int(row.amount))], kind="deposit_reorg",
+                              metadata={"observation_id": row.id, "block_hash": row.block_hash}, conn=c)
+        c.execute(text("UPDATE deposit_observation SET reorg_count = reorg_count + 1, updated_at = now() WHERE id = :i"), {"i": row.id})
+        open_incident(c, "deposit_reorged_after_finality", f"deposit_reorg:{row.id}:{row.block_hash}",
+                      {"observation_id": row.id, "txid": row.txid, "index": row.output_index, "asset": row.asset,
+                       "amount": str(row.amount), "state": row.state, "block_hash": row.block_hash,
+                       "suspense_transaction_id": tx.transaction_id})
+
+    def _remined_after_deep_reorg(self, c: Connection, row, obs: Observation) -> None:
+        key = f"{_deposit_key(row)}:reorg:{row.block_hash}"
+        compensation = c.execute(text("SELECT id FROM journal_transaction WHERE idempotency_key = :k"), {"k": key}).first()
+        if compensation is not None:
+            self.ledger.reverse(compensation.id, f"{key}:remined:{obs.block.hash}", conn=c)
+        c.execute(text("UPDATE deposit_observation SET block_hash = :h, block_height = :n, updated_at = now() WHERE id = :i"),
+                  {"h": obs.block.hash, "n": obs.block.height, "i": row.id})
+        audit(c, "custody", "deposit.remined", f"observation:{row.id}", {"block_hash": obs.block.hash})
+
+    # ---- 2. confirm -----------------------------------------------------------------------
+
+    def confirm(self, chain: str) -> int:
+        """Recount confirmations up to the scan cursor; returns how many became final."""
+        cursor = self.cursor(chain)
+        if cursor is None:
+            return 0
+        became_final = 0
+        with self.engine.begin() as c:
+            rows = c.execute(
+                text("SELECT o.id, o.state, o.block_height, o.confirmations, a.finality_confirmations FROM deposit_observation o "
+                     "JOIN chain_asset a ON a.asset = o.asset WHERE o.chain = :c AND o.state IN ('seen', 'confirming') FOR UPDATE OF o"),
+                {"c": chain},
+            ).all()
+            for r in rows:
+                confs = max(0, cursor.height - r.block_height + 1)
+                target = "final" if confs >= r.finality_confirmations else ("confirming" if confs >= 1 else "seen")
+                if target != r.state:
+                    advance(c, "deposit_observation", r.id, r.state, target, confirmations=confs)
+                    became_final += target == "final"
+                elif confs != r.confirmations:
+                    c.execute(text("UPDATE deposit_observation SET confirmations = :n WHERE id = :i"), {"n": confs, "i": r.id})
+        return became_final
+
+    # ---- 3 + 4. screen and credit ---------------------------------------------------------
+
+    def credit(self, chain: str | None = None, *, limit: int = 1000) -> CreditSummary:
+        with self.engine.connect() as c:
+            ids = c.execute(
+                text("SELECT id FROM deposit_observation WHERE state = 'final' AND (CAST(:c AS text) IS NULL OR chain = :c) "
+                     "ORDER BY id LIMIT :l"), {"c": chain, "l": limit},
+            ).scalars().all()
+        counts = {"credited": 0, "quarantined": 0, "dust": 0}
+        for obs_id in ids:
+            outcome = self._credit_one(obs_id)
+            if outcome:
+                counts[outcome] += 1
+        return CreditSummary(**counts)
+
+    def _credit_one(self, obs_id: int) -> str | None:
+        with self.engine.begin() as c:
+            row = c.execute(text(f"{_OBS_SQL} WHERE id = :i FOR UPDATE"), {"i": obs_id}).one()
+            if row.state != "final":
+                return None  # another worker got here first
+            screen = self.screen(c, row)
+            pool = self.wallets.location_account(row.chain, "deposit", row.asset, conn=c)
+            amount = int(row.amount)
+            if screen.hit:
+                target, to_account, kind = "quarantined", self.wallets.firm_account("quarantine", row.asset, conn=c), "deposit_quarantine"
+            elif amount < self.wallets.chain_asset(row.asset, conn=c).dust_minimum:
+                target, to_account, kind = "dust", self.wallets.firm_account("dust", row.asset, conn=c), "deposit_dust"
+            else:
+                target, to_account, kind = "credited", row.account_id, "deposit"
+            key = _deposit_key(row) if target == "credited" else f"{_deposit_key(row)}:{target}"
+            tx = self.ledger.post(key, [Transfer(pool, to_account, amount)], kind=kind,
+                                  metadata={"observation_id": row.id, "txid": row.txid, "index": row.output_index}, conn=c)
+            advance(c, "deposit_observation", row.id, "final", target, journal_transaction_id=tx.transaction_id,
+                    screening=_json({"hit": screen.hit, "reasons": list(screen.reasons)}))
+            emit(c, f"deposit.{target}", f"deposit.{target}:{row.id}", _event(row, tx.transaction_id))
+            if target != "credited":
+                log.warning("deposit %s %s:%d %s (%s)", row.id, row.txid, row.output_index, target, ", ".join(screen.reasons) or "below dust minimum")
+            return target
+
+    def screen(self, c: Connection, row) -> ScreenResult:
+        """The compliance screen: our denylist (receiving address and senders), then the external hook."""
+        parties = [row.address, *row.senders]
+        hits = c.execute(text("SELECT address, reason FROM denylist_address WHERE lower(address) = ANY(:a)"),
+                         {"a": [p.lower() for p in parties]}).all()
+        reasons = tuple(f"denylisted {h.address}: {h.reason}" for h in hits)
+        if self.external_screener is not None:
+            external = self.external_screener(row.chain, row.asset, row.address, tuple(row.senders), int(row.amount))
+            reasons += external.reasons if external.hit else ()
+            return ScreenResult(bool(reasons) or external.hit, reasons)
+        return ScreenResult(bool(reasons), reasons)
+
+    # ---- operator actions and reads ----------------------------------------------------------
+
+    def release_quarantined(self, obs_id: int, *, operator: str, comment: str) -> int:
+        """An operator's decision to credit a quarantined deposit to its customer. Returns the
+        journal transaction id; releasing again returns the same one."""
+        if not comment.strip():
+            raise LedgerError(ErrorCode.invalid_request, "a release needs a comment saying why")
+        with self.engine.begin() as c:
+            row = c.execute(text(f"{_OBS_SQL} WHERE id = :i FOR UPDATE"), {"i": obs_id}).first()
+            if row is None:
+                raise LedgerError(ErrorCode.invalid_request, f"no deposit {obs_id}")
+            key = f"{_deposit_key(row)}:release"
+            if row.state == "released":
+                return c.execute(text("SELECT id FROM journal_transaction WHERE idempotency_key = :k"), {"k": key}).scalar_one()
+            if row.state != "quarantined":
+                raise LedgerError(ErrorCode.invalid_request, f"deposit {obs_id} is {row.state}, not quarantined")
+            quarantine = self.wallets.firm_account("quarantine", row.asset, conn=c)
+            tx = self.ledger.post(key, [Transfer(quarantine, row.account_id, int(row.amount))], kind="deposit_release",
+                                  metadata={"observation_id": row.id, "operator": operator}, conn=c)
+            advance(c, "deposit_observation", row.id, "quarantined", "released", journal_transaction_id=tx.transaction_id)
+            audit(c, operator, "deposit.release", f"observation:{row.id}", {"comment": comment, "transaction_id": tx.transaction_id})
+            emit(c, "deposit.credited", f"deposit.credited:{row.id}", _event(row, tx.transaction_id))
+            return tx.transaction_id
+
+    def list(self, *, account_id: int | None = None, state: str | None = None, limit: int = 200) -> list[dict]:
+        with self.engine.connect() as c:
+            rows = c.execute(
+                text(f"{_OBS_SQL} WHERE (CAST(:a AS bigint) IS NULL OR account_id = :a) AND (CAST(:s AS text) IS NULL OR state = :s) "
+                     "ORDER BY id DESC LIMIT :l"), {"a": account_id, "s": state, "l": limit},
+            ).all()
+        return [dict(r._mapping) for r in rows]
+
+    def run_once(self, chains: Iterable[str] | None = None) -> dict[str, tuple[ScanSummary, int, CreditSummary]]:
+        """One pass of every job for each chain, in pipeline order (what the scheduler does)."""
+        out = {}
+        for chain in chains or self.adapters:
+            scanned = self.scan(chain)
+            while scanned.blocks:  # catch up in pages
+                more = self.scan(chain)
+                if not more.blocks:
+                    break
+                scanned = more
+            out[chain] = (scanned, self.confirm(chain), self.credit(chain))
+        return out
+
+
+_OBS_SQL = ("SELECT id, chain, asset, txid, output_index, address, senders, amount, block_hash, block_height, confirmations, "
+            "state, deposit_address_id, account_id, journal_transaction_id, reorg_count FROM deposit_observation")
+
+
+def _deposit_key(row) -> str:
+    return f"deposit:{row.chain}:{row.asset}:{row.txid}:{row.output_index}"
+
+
+def _event(row, transaction_id: int) -> dict:
+    return {"observation_id": row.id, "account_id": row.account_id, "asset": row.asset, "amount": str(row.amount),
+            "txid": row.txid, "index": row.output_index, "transaction_id": transaction_id}
+
+
+def _json(value: dict) -> str:
+    import json
+
+    return json.dumps(value)

@@ -1,0 +1,50 @@
+"""State machines of custody's operational rows, declared once as data.
+
+Every state change of a deposit observation (and, later, withdrawals, batches, sweeps) goes through
+`advance()`, which refuses any transition not listed here, so an illegal transition is impossible
+rather than merely untested. The SQL that moves a row also names the state it expects to leave
+(`WHERE state = :from`), so two workers can never both move the same row.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+from sqlalchemy import Connection, text
+
+DEPOSIT_TRANSITIONS: Mapping[str, frozenset[str]] = {
+    "seen": frozenset({"confirming", "final", "orphaned"}),
+    "confirming": frozenset({"final", "orphaned"}),
+    "final": frozenset({"credited", "quarantined", "dust", "orphaned"}),
+    "orphaned": frozenset({"seen"}),  # the same output re-mined in the new chain
+    "quarantined": frozenset({"released"}),
+    "credited": frozenset(),
+    "released": frozenset(),
+    "dust": frozenset(),
+}
+
+MACHINES: Mapping[str, tuple[str, Mapping[str, frozenset[str]]]] = {
+    "deposit_observation": ("deposit_observation", DEPOSIT_TRANSITIONS),
+}
+
+
+class IllegalTransition(Exception):
+    """A state change the machine does not allow, or a row that was not in the expected state."""
+
+
+def check(machine: str, from_state: str, to_state: str) -> None:
+    _, transitions = MACHINES[machine]
+    if to_state not in transitions.get(from_state, frozenset()):
+        raise IllegalTransition(f"{machine}: {from_state} -> {to_state} is not allowed")
+
+
+def advance(conn: Connection, machine: str, row_id: int, from_state: str, to_state: str, **columns: object) -> None:
+    """Move one row from `from_state` to `to_state`, setting `columns` too, or raise."""
+    check(machine, from_state, to_state)
+    table, _ = MACHINES[machine]
+    sets = "".join(f", {name} = :{name}" for name in columns)
+    moved = conn.execute(
+        text(f"UPDATE {table} SET state = :to, updated_at = now(){sets} WHERE id = :id AND state = :from"),
+        {"to": to_state, "from": from_state, "id": row_id, **columns},
+    ).rowcount
+    if moved != 1:
+        raise IllegalTransition(f"{machine} {row_id} was not in state {from_state}")

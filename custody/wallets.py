@@ -1,0 +1,196 @@
+"""Wallets, chain assets and deposit addresses; and the firm's own ledger accounts per asset.
+
+Custody knows each wallet tier only by its extended PUBLIC key (from the signer at set-up, or
+configured for cold storage) and derives deposit addresses from it (`custody.addresses`). The
+derivation index is persisted with the address in one database transaction under the wallet's
+row lock, so two requests never get the same index and a retried request gets the same address.
+
+Firm accounts are opened on first use, idempotently, under fixed names:
+`location:<chain>:<tier>:<asset>` (asset_location), `quarantine:<asset>`, `dust:<asset>`,
+`suspense:<asset>`, `fees:<asset>`, `in_flight:<asset>`, `network_fees:<asset>`.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, Engine, text
+
+from custody.addresses import derive_btc_address, derive_eth_address
+from custody.controls import audit, open_incident
+from ledger.errors import ErrorCode, LedgerError
+from ledger.model import AccountKind
+from ledger.service import Ledger
+
+log = logging.getLogger(__name__)
+
+FIRM_ACCOUNTS = {
+    "quarantine": AccountKind.quarantine,
+    "dust": AccountKind.dust,
+    "suspense": AccountKind.suspense,
+    "fees": AccountKind.fee_income,
+    "in_flight": AccountKind.in_flight,
+    "network_fees": AccountKind.network_fee_expense,
+}
+
+
+@dataclass(frozen=True)
+class ChainAsset:
+    asset: str
+    chain: str
+    contract_address: str | None
+    finality_confirmations: int
+    dust_minimum: int
+
+
+@dataclass(frozen=True)
+class DepositAddress:
+    id: int
+    chain: str
+    address: str
+    derivation_index: int
+    account_id: int
+    owner: str
+    created: bool
+
+
+class Wallets:
+    def __init__(self, engine: Engine, ledger: Ledger) -> None:
+        self.engine = engine
+        self.ledger = ledger
+        self._account_ids: dict[str, int] = {}
+
+    # ---- reference data -------------------------------------------------------------------
+
+    def register_wallet(self, chain: str, tier: str, network: str, xpub: str, *, gap_limit: int = 20) -> int:
+        """Record a wallet's account-level xpub; the same again is a no-op, a different one refused."""
+        with self.engine.begin() as c:
+            c.execute(
+                text("INSERT INTO wallet (chain, tier, network, xpub, gap_limit) VALUES (:c, :t, :n, :x, :g) "
+                     "ON CONFLICT (chain, tier) DO NOTHING"),
+                {"c": chain, "t": tier, "n": network, "x": xpub, "g": gap_limit},
+            )
+            row = c.execute(text("SELECT id, xpub, network FROM wallet WHERE chain = :c AND tier = :t"),
+                            {"c": chain, "t": tier}).one()
+        if (row.xpub, row.network) != (xpub, network):
+            raise ValueError(f"wallet {chain}/{tier} is already registered with another key or network")
+        return row.id
+
+    def configure_asset(self, asset: str, decimals: int, chain: str, *, finality: int, dust_minimum: int = 0,
+                        contract_address: str | None = None) -> ChainAsset:
+        """Create the ledger asset and its chain policy data (finality depth, dust minimum)."""
+        self.ledger.create_asset(asset, decimals)
+        with self.engine.begin() as c:
+            c.execute(
+                text("INSERT INTO chain_asset (asset, chain, contract_address, finality_confirmations, dust_minimum) "
+                     "VALUES (:a, :c, :k, :f, :d) ON CONFLICT (asset) DO UPDATE SET "
+                     "finality_confirmations = :f, dust_minimum = :d"),
+                {"a": asset, "c": chain, "k": contract_address, "f": finality, "d": dust_minimum},
+            )
+        return self.chain_asset(asset)
+
+    def chain_asset(self, asset: str, *, conn: Connection | None = None) -> ChainAsset:
+        sql = text("SELECT asset, chain, contract_address, finality_confirmations, dust_minimum FROM chain_asset WHERE asset = :a")
+        if conn is None:
+            with self.engine.connect() as c:
+                row = c.execute(sql, {"a": asset}).first()
+        else:
+            row = conn.execute(sql, {"a": asset}).first()
+        if row is None:
+            raise LedgerError(ErrorCode.asset_not_found, f"{asset} is not configured on any chain")
+        return ChainAsset(row.asset, row.chain, row.contract_address, row.finality_confirmations, int(row.dust_minimum))
+
+    def chain_assets(self, chain: str) -> list[ChainAsset]:
+        with self.engine.connect() as c:
+            assets = c.execute(text("SELECT asset FROM chain_asset WHERE chain = :c ORDER BY asset"), {"c": chain}).scalars().all()
+        return [self.chain_asset(a) for a in assets]
+
+    # ---- firm accounts --------------------------------------------------------------------
+
+    def firm_account(self, role: str, asset: str, *, conn: Connection | None = None) -> int:
+        return self._open(f"{role}:{asset}", asset, FIRM_ACCOUNTS[role], conn)
+
+    def location_account(self, chain: str, tier: str, asset: str, *, conn: Connection | None = None) -> int:
+        return self._open(f"location:{chain}:{tier}:{asset}", asset, AccountKind.asset_location, conn)
+
+    def customer_account(self, owner: str, asset: str, *, conn: Connection | None = None) -> int:
+        return self._open(f"customer:{owner}:{asset}", asset, AccountKind.customer, conn, owner=owner)
+
+    def _open(self, name: str, asset: str, kind: AccountKind, conn: Connection | None, owner: str | None = None) -> int:
+        if name not in self._account_ids:
+            self._account_ids[name] = self.ledger.open_account(asset, kind, name, owner=owner, conn=conn).id
+        return self._account_ids[name]
+
+    # ---- deposit addresses ----------------------------------------------------------------
+
+    def issue_address(self, key: str, account_id: int) -> DepositAddress:
+        """The next deposit address for a customer account, idempotent per request `key`."""
+        if not isinstance(key, str) or not 1 <= len(key) <= 200:
+            raise LedgerError(ErrorCode.invalid_request, "an idempotency key of 1-200 characters is required")
+        account = self.ledger.get_account(account_id)
+        if account.kind is not AccountKind.customer:
+            raise LedgerError(ErrorCode.invalid_request, "deposit addresses are issued for customer accounts only")
+        if account.closed:
+            raise LedgerError(ErrorCode.account_closed)
+        chain = self.chain_asset(account.asset).chain
+        owner = account.owner or f"account-{account.id}"
+        with self.engine.begin() as c:
+            wallet = c.execute(
+                text("SELECT id, network, xpub, next_index, gap_limit FROM wallet WHERE chain = :c AND tier = 'deposit' FOR UPDATE"),
+                {"c": chain},
+            ).first()
+            if wallet is None:
+                raise LedgerError(ErrorCode.invalid_request, f"no deposit wallet is configured for {chain}")
+            existing = c.execute(text(f"{_ADDRESS_SQL} WHERE idempotency_key = :k"), {"k": key}).first()
+            if existing is not None:
+                if existing.account_id != account_id:
+                    raise LedgerError(ErrorCode.idempotency_conflict, "the key was used for another account")
+                return _address(existing, created=False)
+            index = wallet.next_index
+            if chain == "bitcoin":
+                address = derive_btc_address(wallet.xpub, wallet.network, 0, index)
+            else:
+                address = derive_eth_address(wallet.xpub, index)
+            row = c.execute(
+                text("INSERT INTO deposit_address (wallet_id, chain, address, derivation_index, account_id, owner, idempotency_key) "
+                     "VALUES (:w, :c, :a, :i, :acc, :o, :k) RETURNING id"),
+                {"w": wallet.id, "c": chain, "a": address, "i": index, "acc": account_id, "o": owner, "k": key},
+            ).one()
+            c.execute(text("UPDATE wallet SET next_index = next_index + 1 WHERE id = :w"), {"w": wallet.id})
+            audit(c, "custody", "deposit_address.issue", address, {"account_id": account_id, "index": index})
+            self._check_gap(c, wallet.id, chain, wallet.gap_limit)
+            return DepositAddress(row.id, chain, address, index, account_id, owner, True)
+
+    def _check_gap(self, c: Connection, wallet_id: int, chain: str, gap_limit: int) -> None:
+        """Alert while more than `gap_limit` issued addresses after the last used one are unused.
+
+        Every issued address is watched whatever the gap, so nothing lands unwatched; the alert
+        tells operators that wallets restored from the seed with a standard gap limit would not
+        find later deposits."""
+        unused = c.execute(
+            text("SELECT count(*) FROM deposit_address WHERE wallet_id = :w AND first_seen_at IS NULL AND derivation_index > "
+                 "coalesce((SELECT max(derivation_index) FROM deposit_address WHERE wallet_id = :w AND first_seen_at IS NOT NULL), -1)"),
+            {"w": wallet_id},
+        ).scalar_one()
+        if unused > gap_limit:
+            log.warning("wallet %s/%s: %d unused addresses beyond the last used one (gap limit %d)", chain, "deposit", unused, gap_limit)
+            open_incident(c, "gap_limit", f"gap_limit:{wallet_id}:{unused // gap_limit}",
+                          {"chain": chain, "unused": unused, "gap_limit": gap_limit}, severity="warning")
+
+    def watched(self, chain: str) -> dict[str, tuple[int, int, str]]:
+        """Watched addresses of a chain -> (deposit_address id, account id, owner)."""
+        with self.engine.connect() as c:
+            rows = c.execute(text("SELECT id, address, account_id, owner FROM deposit_address WHERE chain = :c"), {"c": chain}).all()
+        return {r.address: (r.id, r.account_id, r.owner) for r in rows}
+
+    def addresses_of(self, account_id: int) -> list[DepositAddress]:
+        with self.engine.connect() as c:
+            rows = c.execute(text(f"{_ADDRESS_SQL} WHERE account_id = :a ORDER BY id"), {"a": account_id}).all()
+        return [_address(r, created=False) for r in rows]
+
+
+_ADDRESS_SQL = "SELECT id, chain, address, derivation_index, account_id, owner FROM deposit_address"
+
+
+def _address(row, *, created: bool) -> DepositAddress:
+    return DepositAddress(row.id, row.chain, row.address, row.derivation_index, row.account_id, row.owner, created)
