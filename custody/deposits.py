@@ -172,7 +172,7 @@ class Deposits:
         """A block holding a deposit we already booked is gone: book the shortfall to suspense."""
         pool = self.wallets.location_account(row.chain, "deposit", row.asset, conn=c)
         suspense = self.wallets.firm_account("suspense", row.asset, conn=c)
-        key = f"{_deposit_key(row)}:reorg:{row.block_hash}"
+        key = _reorg_key(row)
         tx = self.ledger.post(key, [Transfer(suspense, pool, int(row.amount))], kind="deposit_reorg",
                               metadata={"observation_id": row.id, "block_hash": row.block_hash}, conn=c)
         c.execute(text("UPDATE deposit_observation SET reorg_count = reorg_count + 1, updated_at = now() WHERE id = :i"), {"i": row.id})
@@ -182,10 +182,10 @@ class Deposits:
                        "suspense_transaction_id": tx.transaction_id})
 
     def _remined_after_deep_reorg(self, c: Connection, row, obs: Observation) -> None:
-        key = f"{_deposit_key(row)}:reorg:{row.block_hash}"
+        key = _reorg_key(row)
         compensation = c.execute(text("SELECT id FROM journal_transaction WHERE idempotency_key = :k"), {"k": key}).first()
         if compensation is not None:
-            self.ledger.reverse(compensation.id, f"{key}:remined:{obs.block.hash}", conn=c)
+            self.ledger.reverse(compensation.id, f"deposit-remined:{row.id}:{obs.block.hash}", conn=c)
         c.execute(text("UPDATE deposit_observation SET block_hash = :h, block_height = :n, updated_at = now() WHERE id = :i"),
                   {"h": obs.block.hash, "n": obs.block.height, "i": row.id})
         audit(c, "custody", "deposit.remined", f"observation:{row.id}", {"block_hash": obs.block.hash})
@@ -317,6 +317,10 @@ _OBS_SQL = ("SELECT id, chain, asset, txid, output_index, address, senders, amou
 
 def _deposit_key(row) -> str:
     return f"deposit:{row.chain}:{row.asset}:{row.txid}:{row.output_index}"
+
+
+def _reorg_key(row) -> str:
+    return f"deposit-reorg:{row.id}:{row.block_hash}"
 
 
 def _event(row, transaction_id: int) -> dict:
