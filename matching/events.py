@@ -6,12 +6,15 @@ the order things happened. How the money layer uses them:
 - `OrderAccepted`: the order entered the engine (its hold is already in place, or it is a stop).
 - `OrderRejected`: terminal, nothing traded; release the order's hold in full (if any).
 - `OrderExists`: a retried client order id; nothing changed. Release any hold placed for the retry.
+  (From the sequencer it is not journaled and its `seq` is the last applied one, for reference.)
 - `Fill`: post one balanced journal transaction, key `fill:<market>:<seq>:<match_no>`:
   buyer's hold captures `buyer_pays` (quote + buyer fee), seller's hold captures `base_amount`,
   the seller receives `seller_receives`, the buyer `base_amount`, fee income `maker_fee + taker_fee`.
 - `OrderClosed`: terminal; release the order's remaining hold = hold placed - `hold_captured`.
   This is where a bid's price improvement goes back to its owner.
-- `OrderAmended`: set the order's hold to `hold_required` (release any excess).
+- `OrderAmended`: the order's hold must now total `hold_required` (captures included). A larger
+  requirement must have been topped up BEFORE the amend was sequenced (fills only lower it); an
+  excess may be released now or simply left to the terminal release of `hold - captured`.
 - `Triggered`: a stop fired; place `hold_amount` of `hold_asset`, then sequence
   `ActivateTriggered` (or `RejectTriggered` if the hold fails).
 - `OrderStateChanged`: mirror the state onto the order row (one per actual change).

@@ -130,12 +130,13 @@ class Harness:
         if isinstance(cmd, Place) and not self._hold_for(cmd):
             return []
         events = self.sequencer.submit(cmd).events
-        out = list(events)
+        self.events += events
         for event in events:
             self.money.on_event(event)
+        out = list(events)
+        for event in events:  # fired stops are answered after the command that fired them
             if isinstance(event, Triggered):
                 out += self._answer_trigger(event)
-        self.events += events
         return out
 
     def _hold_for(self, cmd: Place) -> bool:

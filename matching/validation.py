@@ -29,18 +29,21 @@ _SHAPE: dict[str, tuple[type, bool]] = {
 _COMMAND_TYPES = (Place, Cancel, Amend, ActivateTriggered, RejectTriggered)
 
 
+_SPECS = {cls: tuple((f.name, *_SHAPE[f.name]) for f in fields(cls)) for cls in _COMMAND_TYPES}
+_EXACT = (int, bool, str)  # exact type: a bool is not a quantity, a str subclass is not an id
+
+
 def check_shape(command: Command) -> None:
     """Raise `MatchingError(invalid_request)` unless every field has its declared type."""
-    if type(command) not in _COMMAND_TYPES:
+    spec = _SPECS.get(type(command))
+    if spec is None:
         raise MatchingError(ErrorCode.invalid_request, f"not a command: {type(command).__name__}")
-    for f in fields(command):
-        value = getattr(command, f.name)
-        kind, optional = _SHAPE[f.name]
+    for name, kind, optional in spec:
+        value = getattr(command, name)
         if value is None and optional:
             continue
-        ok = type(value) is kind if kind in (int, bool, str) else isinstance(value, kind)
-        if not ok:
-            raise MatchingError(ErrorCode.invalid_request, f"{f.name}={value!r}", field=f.name)
+        if not (type(value) is kind if kind in _EXACT else isinstance(value, kind)):
+            raise MatchingError(ErrorCode.invalid_request, f"{name}={value!r}", field=name)
 
 
 def is_positive_int(value: object) -> bool:
