@@ -33,6 +33,15 @@ from regtest.install import find_tools
 from tests.e2e.harness import BitcoinHarness, ChainHarness, EthereumHarness
 
 logger = logging.getLogger("e2e")
+_E2E_FAILED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    report = yield
+    if report.failed:  # only e2e failures keep the node data (this conftest's directory)
+        item.session.stash[_E2E_FAILED] = True
+    return report
 
 
 @pytest.fixture(scope="session")
@@ -47,7 +56,7 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
         yield cl
     finally:
         cl.stop()
-        if request.session.testsfailed:
+        if request.session.stash.get(_E2E_FAILED, False):
             print(f"\n[e2e] tests failed: node data directories kept in {root} (seed {seed})")
         else:
             shutil.rmtree(root, ignore_errors=True)
