@@ -12,8 +12,7 @@ from collections import defaultdict
 from itertools import count
 
 from matching.engine import Engine
-from matching.events import (Event, Fill, OrderAmended, OrderClosed, OrderExists, OrderRejected,
-                             Triggered)
+from matching.events import Event, Fill, OrderAmended, OrderClosed, OrderRejected, Triggered
 from matching.fees import FeeSchedule, FeeTier
 from matching.holds import hold_requirement
 from matching.model import (ActivateTriggered, Command, Market, OrderType, Place,
@@ -173,5 +172,5 @@ def of_type(events: list[Event], cls: type) -> list:
     return [e for e in events if isinstance(e, cls)]
 
 
-__all__ = ["BTC_USDT", "FEES", "FEE_ACCOUNT", "Harness", "MoneyModel", "OrderExists", "USDT",
-           "lots", "of_type", "ticks"]
+__all__ = ["BTC_USDT", "FEES", "FEE_ACCOUNT", "Harness", "MoneyModel", "USDT", "lots", "of_type",
+           "ticks"]
