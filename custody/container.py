@@ -3,7 +3,7 @@ wired together. The HTTP app, the CLI, the scheduler and the tests all get their
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any, Mapping
 
 from sqlalchemy import Engine
 
@@ -23,6 +23,7 @@ class Container:
     wallets: Wallets | None = None
     adapters: Mapping[str, ChainAdapter] = field(default_factory=dict)
     deposits: Deposits | None = None
+    trading: Any = None  # custody.trading.Trading, attached by custody.trading.attach()
 
     def __post_init__(self) -> None:
         if self.wallets is None:
