@@ -81,11 +81,22 @@ class AnvilNode:
     def set_automine(self, on: bool) -> None:
         self.call("evm_setAutomine", on)
 
-    def fund(self, address: str, wei: int) -> str:
-        """Send `wei` from the faucet account; returns the transaction hash (mined if automine)."""
+    def automine(self) -> bool:
+        return bool(self.call("anvil_getAutomine"))
+
+    def wait_mined(self, txid: str, timeout: float = 30) -> None:
+        """Anvil's automine seals the block just after answering: wait for the receipt."""
+        self.w3.eth.wait_for_transaction_receipt(txid, timeout=timeout, poll_latency=0.02)
+
+    def fund(self, address: str, wei: int, *, wait: bool = True) -> str:
+        """Send `wei` from the faucet account; returns the transaction hash, mined when automine is
+        on and `wait` (the default)."""
         tx = self.w3.eth.send_transaction({"from": FAUCET_ADDRESS, "to": Web3.to_checksum_address(address),
                                            "value": wei})
-        return "0x" + bytes(tx).hex()
+        txid = "0x" + bytes(tx).hex()
+        if wait and self.automine():
+            self.wait_mined(txid)
+        return txid
 
 
 @dataclass(frozen=True)
@@ -130,13 +141,20 @@ class TestToken:
         receipt = w3.eth.wait_for_transaction_receipt(tx, timeout=30)
         return cls(w3, receipt["contractAddress"], compiled.abi)
 
-    def mint(self, to: str, amount: int) -> str:
-        tx = self.contract.functions.mint(Web3.to_checksum_address(to), amount).transact({"from": FAUCET_ADDRESS})
-        return "0x" + bytes(tx).hex()
+    def _sent(self, tx, wait: bool) -> str:
+        txid = "0x" + bytes(tx).hex()
+        if wait and self.w3.provider.make_request("anvil_getAutomine", []).get("result"):
+            self.w3.eth.wait_for_transaction_receipt(txid, timeout=30, poll_latency=0.02)
+        return txid
 
-    def transfer(self, sender: str, to: str, amount: int) -> str:
+    def mint(self, to: str, amount: int, *, wait: bool = True) -> str:
+        """Mint to `to`; returns the tx hash, mined when automine is on and `wait` (the default)."""
+        tx = self.contract.functions.mint(Web3.to_checksum_address(to), amount).transact({"from": FAUCET_ADDRESS})
+        return self._sent(tx, wait)
+
+    def transfer(self, sender: str, to: str, amount: int, *, wait: bool = True) -> str:
         tx = self.contract.functions.transfer(Web3.to_checksum_address(to), amount).transact({"from": sender})
-        return "0x" + bytes(tx).hex()
+        return self._sent(tx, wait)
 
     def balance_of(self, address: str) -> int:
         return self.contract.functions.balanceOf(Web3.to_checksum_address(address)).call()

@@ -92,8 +92,9 @@ class EthereumHarness(ChainHarness):
         self.node.set_automine(False)
         try:
             yield
+            self.node.mine(1)  # explicitly: re-enabling automine would mine them asynchronously
         finally:
-            self.node.set_automine(True)  # anvil mines the pending transactions into one block
+            self.node.set_automine(True)
 
     def signed_payment(self, address: str, amount: int) -> bytes:
         adapter = self.adapter

@@ -23,6 +23,7 @@ def test_eip1559_broadcast_twice_one_effect(anvil, eth_adapter, log):
     raw = _transfer(ad, to, 424_242, nonce=ad.nonce(sender))
     first = ad.broadcast(raw)
     assert_equal(first.already_known, False)
+    anvil.wait_mined(first.txid)
     log.info("Mined as %s; broadcast again", first.txid)
     assert_equal(ad.tx_status(first.txid).state, TxState.CONFIRMED)
     second = ad.broadcast(raw)
@@ -46,9 +47,9 @@ def test_same_nonce_replacement(anvil, eth_adapter, log):
         new = ad.broadcast(_transfer(ad, to, 3_000, nonce=nonce, tip_mult=2))
         assert_equal(ad.tx_status(old.txid, raw=original).state, TxState.REPLACED)
         assert_equal(ad.tx_status(new.txid).state, TxState.MEMPOOL)
+        anvil.mine(1)
     finally:
         anvil.set_automine(True)
-    anvil.mine(1)
     assert_equal(ad.tx_status(old.txid, raw=original).state, TxState.CONFLICTED)
     assert_equal(ad.tx_status(new.txid).state, TxState.CONFIRMED)
     assert_equal(ad.balance(to), 3_000)

@@ -45,6 +45,7 @@ def test_reverted_transaction_is_not_a_deposit(anvil, usdt, eth_adapter, log):
                                    nonce=ad.nonce(sender), chain_id=ad.chain_id,
                                    max_fee=fee.max_fee_wei, priority_fee=fee.priority_fee_wei)
     sent = ad.broadcast(raw)
+    anvil.wait_mined(sent.txid)
     status = ad.tx_status(sent.txid)
     assert_equal((status.state, status.reverted), (TxState.CONFIRMED, True))
     assert_equal(ad.scan(cursor, watch).observations, [])
