@@ -68,6 +68,18 @@ class Engine:
         order_id = self.by_client.get((account, client_order_id))
         return self.orders[order_id] if order_id is not None else None
 
+    def hold_after_amend(self, cmd: Amend) -> tuple[str, int] | None:
+        """(asset, total) the order's hold must reach before `cmd` is sequenced, or None when the
+        amend would be refused or the order holds nothing (an untriggered stop). Changes nothing."""
+        order = self.orders.get(cmd.order_id)
+        if (order is None or order.account != cmd.account or order.state not in OPEN
+                or order.state in (S.untriggered, S.received)
+                or self._amend_error(order, cmd) is not None):
+            return None
+        trial = Order(**{name: getattr(order, name) for name in Order.__slots__})
+        self._set_size(trial, cmd)
+        return hold_requirement(trial, self.market, self.fees)
+
     # -- the one entry point ------------------------------------------------------------------
 
     def apply(self, seq: int, command: Command) -> list[Event]:

@@ -28,6 +28,7 @@ meaning; new ones are appended.
 | hold_failed | 409 | the money layer could not place the hold for a triggered stop |
 | sequence_gap | 500 | a command's sequence number is not the next one; the journal is broken |
 | illegal_transition | 500 | an order state change not in the declared table was attempted (a bug) |
+| market_not_found | 404 | no market with that symbol is configured |
 """
 from __future__ import annotations
 
@@ -56,6 +57,7 @@ class ErrorCode(str, enum.Enum):
     hold_failed = "hold_failed"
     sequence_gap = "sequence_gap"
     illegal_transition = "illegal_transition"
+    market_not_found = "market_not_found"
 
     @property
     def http_status(self) -> int:
@@ -86,6 +88,7 @@ _TABLE: dict[ErrorCode, tuple[int, str]] = {
     ErrorCode.hold_failed: (409, "the money layer could not place the hold"),
     ErrorCode.sequence_gap: (500, "a command's sequence number is not the next one"),
     ErrorCode.illegal_transition: (500, "an undeclared order state change was attempted"),
+    ErrorCode.market_not_found: (404, "no market with that symbol is configured"),
 }
 
 

@@ -1,0 +1,346 @@
+"""`Trading`: the matching gateway over PostgreSQL and the ledger, one sequencer per market.
+
+For each command, in ONE database transaction (the unit of work):
+1. gateway: dedupe the client order id, validate, and place the hold (`pending_new`); an order whose
+   hold cannot be placed is recorded `rejected` and never sequenced;
+2. sequencer: number the command, append it to the journal (`matching_command`), apply it;
+3. settlement: one journal transaction per fill, exact release at terminal states, holds for
+   stops that fired (answered with `ActivateTriggered` / `RejectTriggered` in the same unit);
+4. order rows, fill rows and journal rows are flushed; COMMIT; only then is the caller answered.
+
+A crash anywhere before COMMIT leaves nothing behind (the client retries under the same client
+order id, which maps to the same order id); after COMMIT, everything. If anything fails inside
+the unit of work, the in-memory engine may be ahead of the database, so the market is rebuilt
+from the database before the next command: latest snapshot + journal replay, then the events of
+the last journaled command are settled again (idempotent: ledger keys answer `exists`) and any
+stop left waiting for its hold is answered.
+
+`submit_batch` puts several commands in one transaction (group commit): more throughput, same
+guarantee, because no outcome is returned before the commit.
+"""
+from __future__ import annotations
+
+import threading
+import uuid
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from sqlalchemy import Connection, Engine as DbEngine
+
+from ledger.errors import ErrorCode as LedgerCode
+from ledger.errors import LedgerError
+from ledger.model import AccountKind
+from ledger.service import Ledger
+from matching import snapshot, store
+from matching.engine import Engine
+from matching.errors import ErrorCode, MatchingError
+from matching.events import Event, Fill, OrderClosed, OrderRejected, RequestRejected
+from matching.fees import FeeSchedule
+from matching.holds import hold_requirement
+from matching.model import (ActivateTriggered, Amend, Cancel, Command, Market, OrderType, Place,
+                            RejectTriggered)
+from matching.sequencer import Sequencer
+from matching.settlement import Settlement, order_row, rejected_row
+from matching.states import TERMINAL
+from matching.stp import DEFAULT_POLICY, StpPolicy
+from matching.validation import check_shape, validate_place
+
+_STOPS = (OrderType.stop, OrderType.stop_limit)
+_ORDER_NS = uuid.UUID("5d0c1c52-9d8e-4f4e-9a57-6a7c1f0d4b11")
+
+
+def order_id_for(symbol: str, account: str, client_order_id: str) -> str:
+    """The order id of a client order id: deterministic, so a retry after a crash is the same order."""
+    return str(uuid.uuid5(_ORDER_NS, f"{symbol}\x00{account}\x00{client_order_id}"))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one command did. `code` is set when the order or request was refused (by the gateway
+    or the engine); `seq` is None when the command was not journaled."""
+
+    order_id: str | None
+    seq: int | None
+    events: list[Event]
+    code: str | None = None
+    existed: bool = False
+
+
+class _Runtime:
+    """One market in memory: engine, sequencer, settlement caches and the lock that serialises them."""
+
+    def __init__(self, row: store.MarketRow, engine: Engine, ledger: Ledger,
+                 risk_rejected: dict[tuple[str, str], str]) -> None:
+        self.row = row
+        self.engine = engine
+        self.journal = store.JournalBuffer()
+        self.sequencer = Sequencer(engine, self.journal)
+        self.settlement = Settlement(ledger, row.market, row.fee_account_id)
+        self.risk_rejected = risk_rejected
+        self.lock = threading.Lock()
+        self.broken = False
+
+
+class Trading:
+    """Markets, order entry and queries. Thread-safe: each market has one lock (single writer)."""
+
+    def __init__(self, db: DbEngine, ledger: Ledger) -> None:
+        self.db = db
+        self.ledger = ledger
+        self._markets: dict[str, _Runtime] = {}
+        self._lock = threading.Lock()
+
+    # ---- markets -------------------------------------------------------------------------
+
+    def create_market(self, market: Market, fees: FeeSchedule,
+                      default_stp: StpPolicy = DEFAULT_POLICY) -> store.MarketRow:
+        """Create a market (idempotent for identical content) with its fee income account."""
+        with self.db.begin() as conn:
+            fee_account = self.ledger.open_account(
+                market.quote_asset, AccountKind.fee_income, f"matching:{market.symbol}:fees",
+                owner=f"matching:{market.symbol}", conn=conn)
+            row = store.MarketRow(market, fees, default_stp, fee_account.id)
+            if not store.insert_market(conn, row):
+                (existing,) = store.load_markets(conn, market.symbol)
+                if existing != row:
+                    raise LedgerError(LedgerCode.idempotency_conflict,
+                                      f"market {market.symbol} exists with other content")
+        if market.symbol not in self._markets:
+            self.load(market.symbol)
+        return row
+
+    def load(self, symbol: str | None = None) -> None:
+        """(Re)build markets from the database: snapshot + journal replay, then recovery."""
+        with self.db.connect() as conn:
+            rows = store.load_markets(conn, symbol)
+        for row in rows:
+            runtime = self._rebuild(row)
+            with self._lock:
+                self._markets[row.market.symbol] = runtime
+
+    def markets(self) -> list[store.MarketRow]:
+        return [rt.row for rt in self._markets.values()]
+
+    def market(self, symbol: str) -> store.MarketRow:
+        return self._runtime(symbol).row
+
+    def _runtime(self, symbol: str) -> _Runtime:
+        rt = self._markets.get(symbol)
+        if rt is None:
+            raise MatchingError(ErrorCode.market_not_found, f"no market {symbol!r}")
+        return rt
+
+    def _rebuild(self, row: store.MarketRow) -> _Runtime:
+        symbol = row.market.symbol
+        last_events: list[Event] = []
+        with self.db.connect() as conn:
+            snap = store.latest_snapshot(conn, symbol)
+            engine = snapshot.restore(snap) if snap else Engine(row.market, row.fees, row.default_stp)
+            for seq, command in store.load_commands(conn, symbol, engine.last_seq):
+                last_events = engine.apply(seq, command)
+            risk_rejected = store.risk_rejected_keys(conn, symbol)
+        rt = _Runtime(row, engine, self.ledger, risk_rejected)
+        with self.db.begin() as conn:  # idempotent: finish the last command, answer waiting stops
+            uow = self._begin(rt, conn)
+            touched = self._settle(rt, conn, uow, last_events)
+            for order_id in list(engine.awaiting):
+                touched += self._answer_trigger(rt, conn, uow, order_id)
+            self._finish(rt, conn, uow, touched)
+        return rt
+
+    # ---- commands ------------------------------------------------------------------------
+
+    def place(self, symbol: str, account: str, client_order_id: str, side, **fields) -> Outcome:
+        """Place an order; `fields` are those of `matching.model.Place` (qty, price, ...)."""
+        cmd = Place(order_id_for(symbol, account, client_order_id), account, client_order_id,
+                    side, **fields)
+        return self.submit(symbol, cmd)
+
+    def cancel(self, symbol: str, account: str, order_id: str) -> Outcome:
+        return self.submit(symbol, Cancel(order_id, account))
+
+    def amend(self, symbol: str, account: str, order_id: str, **fields) -> Outcome:
+        return self.submit(symbol, Amend(order_id, account, **fields))
+
+    def submit(self, symbol: str, command: Command) -> Outcome:
+        return self.submit_batch(symbol, [command])[0]
+
+    def submit_batch(self, symbol: str, commands: Sequence[Command]) -> list[Outcome]:
+        """Run `commands` in order in ONE database transaction; answer after it commits."""
+        rt = self._runtime(symbol)
+        with rt.lock:
+            if rt.broken:
+                rt = self._recover(rt)
+            try:
+                with self.db.begin() as conn:
+                    uow = self._begin(rt, conn)
+                    outcomes, touched = [], []
+                    for command in commands:
+                        outcome, ids = self._one(rt, conn, uow, command)
+                        outcomes.append(outcome)
+                        touched += ids
+                    self._finish(rt, conn, uow, touched)
+            except BaseException:
+                rt.broken = True  # memory may be ahead of the database: rebuild before next use
+                rt.settlement.reset()
+                raise
+            finally:
+                rt.journal.uow = None
+        return outcomes
+
+    def _recover(self, rt: _Runtime) -> _Runtime:
+        fresh = self._rebuild(rt.row)
+        fresh.lock = rt.lock  # the caller holds it
+        with self._lock:
+            self._markets[rt.row.market.symbol] = fresh
+        return fresh
+
+    def _begin(self, rt: _Runtime, conn: Connection) -> store.UnitOfWork:
+        uow = store.UnitOfWork(rt.row.market.symbol)
+        rt.journal.uow = uow
+        return uow
+
+    def _one(self, rt: _Runtime, conn: Connection, uow: store.UnitOfWork,
+             command: Command) -> tuple[Outcome, list]:
+        try:
+            check_shape(command)
+        except MatchingError as exc:
+            return Outcome(getattr(command, "order_id", None), None, [], exc.code.value), []
+        if isinstance(command, Place):
+            refused = self._gateway_place(rt, conn, uow, command)
+            if refused is not None:
+                return refused, []
+        elif isinstance(command, Amend):
+            need = rt.engine.hold_after_amend(command)
+            if need is not None:
+                order = rt.engine.order(command.order_id)
+                if not rt.settlement.ensure_hold(conn, order, need[0], need[1]):
+                    return Outcome(command.order_id, None, [],
+                                   LedgerCode.insufficient_funds.value), []
+        elif isinstance(command, (ActivateTriggered, RejectTriggered)):
+            raise MatchingError(ErrorCode.invalid_request, "trigger answers are internal")
+        submitted = rt.sequencer.submit(command)
+        touched = self._settle(rt, conn, uow, submitted.events)
+        return Outcome(command.order_id, submitted.seq, submitted.events,
+                       _refusal(command.order_id, submitted.events)), touched
+
+    def _gateway_place(self, rt: _Runtime, conn: Connection, uow: store.UnitOfWork,
+                       cmd: Place) -> Outcome | None:
+        """Dedupe, validate and hold; an Outcome if the order must not reach the sequencer."""
+        engine, key = rt.engine, (cmd.account, cmd.client_order_id)
+        existing = engine.order_by_client_id(*key)
+        existing_id = existing.order_id if existing else rt.risk_rejected.get(key)
+        if existing_id is not None:
+            return Outcome(existing_id, None, [], existed=True)
+        if not 1 <= len(cmd.client_order_id) <= 64:
+            return Outcome(cmd.order_id, None, [], ErrorCode.invalid_request.value)
+        code = validate_place(cmd, rt.row.market, rt.row.fees)
+        if code is not None:
+            return Outcome(cmd.order_id, None, [], code.value)
+        if cmd.order_type in _STOPS:
+            return None  # a stop reserves nothing until it fires
+        asset, amount = hold_requirement(cmd, rt.row.market, rt.row.fees)
+        if rt.settlement.place_hold(conn, cmd.order_id, cmd.account, asset, amount) is None:
+            uow.order(rejected_row(rt.row.market.symbol, cmd, LedgerCode.insufficient_funds.value))
+            rt.risk_rejected[key] = cmd.order_id
+            return Outcome(cmd.order_id, None, [], LedgerCode.insufficient_funds.value)
+        return None
+
+    def _settle(self, rt: _Runtime, conn: Connection, uow: store.UnitOfWork,
+                events: list[Event]) -> list:
+        """Settle events, answer fired stops (which may fire more); return (order id, event) pairs
+        whose rows need writing."""
+        touched = [(order_id, e) for e in events for order_id in _orders_of(e)]
+        for trig in rt.settlement.settle(conn, uow, events):
+            touched += self._answer_trigger(rt, conn, uow, trig.order_id)
+        return touched
+
+    def _answer_trigger(self, rt: _Runtime, conn: Connection, uow: store.UnitOfWork,
+                        order_id: str) -> list:
+        order = rt.engine.awaiting.get(order_id)
+        if order is None:
+            return []
+        asset, amount = hold_requirement(order, rt.row.market, rt.row.fees)
+        held = rt.settlement.place_hold(conn, order_id, order.account, asset, amount) if amount else None
+        reply = ActivateTriggered(order_id) if held else RejectTriggered(order_id)
+        return self._settle(rt, conn, uow, rt.sequencer.submit(reply).events)
+
+    def _finish(self, rt: _Runtime, conn: Connection, uow: store.UnitOfWork, touched: list) -> None:
+        """Write the rows of every order the commands touched, flush, and drop closed orders' caches."""
+        engine, symbol = rt.engine, rt.row.market.symbol
+        reasons: dict[str, tuple[str | None, str | None]] = {}
+        for order_id, event in touched:
+            if isinstance(event, OrderRejected):
+                reasons[order_id] = (event.code.value, None)
+            elif isinstance(event, OrderClosed):
+                reasons[order_id] = (None, event.reason)
+            else:
+                reasons.setdefault(order_id, (None, None))
+        closed = []
+        for order_id, (code, reason) in reasons.items():
+            order = engine.orders[order_id]
+            held = rt.settlement.hold(conn, order_id)
+            uow.order(order_row(symbol, order, engine.last_seq, held, code, reason))
+            if order.state in TERMINAL:
+                closed.append(order_id)
+        uow.flush(conn)
+        for order_id in closed:
+            rt.settlement.forget(order_id)
+
+    # ---- queries -------------------------------------------------------------------------
+
+    def order(self, order_id: str):
+        with self.db.connect() as conn:
+            return store.order_row(conn, order_id)
+
+    def order_by_client_id(self, symbol: str, account: str, client_order_id: str):
+        with self.db.connect() as conn:
+            return store.order_row_by_client_id(conn, symbol, account, client_order_id)
+
+    def fills(self, symbol: str, **filters):
+        self._runtime(symbol)
+        with self.db.connect() as conn:
+            return store.fills(conn, symbol, **filters)
+
+    def depth(self, symbol: str, levels: int | None = 50) -> tuple[int, list, list]:
+        """(sequence number, bids, asks) with [(price ticks, displayed lots)] from the best price."""
+        rt = self._runtime(symbol)
+        with rt.lock:
+            if rt.broken:
+                rt = self._recover(rt)
+            book = rt.engine.book
+            return rt.engine.last_seq, book.bids.depth(levels), book.asks.depth(levels)
+
+    def engine(self, symbol: str) -> Engine:
+        """The live engine (tests and benchmarks; read it only while no command runs)."""
+        return self._runtime(symbol).engine
+
+    def take_snapshot(self, symbol: str) -> snapshot.Snapshot:
+        """Store a snapshot of the committed state (a derived row: replay starts from it)."""
+        rt = self._runtime(symbol)
+        with rt.lock:
+            if rt.broken:
+                rt = self._recover(rt)
+            snap = snapshot.take(rt.engine)
+            with self.db.begin() as conn:
+                store.save_snapshot(conn, symbol, snap)
+            return snap
+
+
+def _orders_of(event: Event) -> tuple[str, ...]:
+    """Ids of the orders whose rows `event` changes."""
+    if isinstance(event, Fill):
+        return event.maker_order_id, event.taker_order_id
+    if isinstance(event, RequestRejected):
+        return ()
+    return (event.order_id,)
+
+
+def _refusal(order_id: str, events: Iterable[Event]) -> str | None:
+    for event in events:
+        if isinstance(event, (OrderRejected, RequestRejected)) and event.order_id == order_id:
+            return event.code.value
+    return None
+
+
+__all__ = ["Outcome", "Trading", "order_id_for"]

@@ -1,0 +1,266 @@
+"""The money layer of one market: holds before sequencing, one journal transaction per fill, exact
+release at every terminal state. Talks to the ledger only through `ledger.service.Ledger`.
+
+Guarantees (checked by the integration tests and by `Ledger.verify`):
+- an order's hold exists before its command reaches the sequencer (stops: before `ActivateTriggered`);
+- each `Fill` is ONE balanced journal transaction, key `fill:<market>:<seq>:<match_no>`, posted on
+  the caller's connection, i.e. in the same database transaction as the fill row:
+      buyer quote (captured from the buyer's hold) -> seller quote   quote - seller fee
+      buyer quote (captured from the buyer's hold) -> fee income     maker fee + taker fee
+      seller base (captured from the seller's hold) -> buyer base    base amount
+  Fees are in the quote asset, rounded up on each order's cumulative fee (`matching.fees`), so
+  there is no dust: every rounded unit is fee income;
+- on `OrderClosed` / `OrderRejected` the remaining hold is released exactly (hold - captured), which
+  returns a bid's price improvement and unused fee allowance to its owner. Before releasing, the
+  captures recorded for the order must equal the event's `hold_captured`, or settlement stops;
+- replaying a command's events is harmless: a fill key posted before answers `exists`, a released
+  hold is not released again, fill rows are inserted with ON CONFLICT DO NOTHING.
+
+Ledger accounts: a trading account is an owner string; its balance in an asset is the customer
+account named `customer:<owner>:<asset>` (the convention custody uses for deposits), opened on
+first use. Fees go to the market's `fee_income` account. Every hold is owned by
+`matching:<market>` and references the order id; an order has one live hold at a time (an amend
+that needs more swaps it for a larger one: `hold_no` counts the swaps, `prior_captured` keeps what
+earlier holds paid).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, text
+
+from ledger.errors import ErrorCode as LedgerCode
+from ledger.errors import LedgerError
+from ledger.model import AccountKind, HoldState, Transfer
+from ledger.service import Ledger
+from matching.engine import Engine
+from matching.errors import ErrorCode, MatchingError
+from matching.events import Event, Fill, OrderClosed, OrderRejected, Triggered
+from matching.model import Market, Order, Place
+from matching.states import OrderState, transition
+from matching.store import UnitOfWork
+
+# A hold that cannot be placed for these reasons rejects the order; anything else is a failure.
+_REFUSALS = (LedgerCode.insufficient_funds, LedgerCode.account_closed)
+
+
+class SettlementError(RuntimeError):
+    """The ledger disagrees with the engine (a bug): the command's transaction must not commit."""
+
+
+@dataclass
+class OrderHold:
+    """The live hold of one order, as far as this process has seen it."""
+
+    hold_id: int
+    amount: int
+    captured: int = 0
+    released: bool = False
+    hold_no: int = 0
+    prior_captured: int = 0
+
+    @property
+    def remaining(self) -> int:
+        return 0 if self.released else self.amount - self.captured
+
+    @property
+    def captured_total(self) -> int:
+        return self.prior_captured + self.captured
+
+
+def customer_account_name(owner: str, asset: str) -> str:
+    return f"customer:{owner}:{asset}"
+
+
+class Settlement:
+    """Holds and postings for one market. Not thread-safe: the market's service lock guards it."""
+
+    def __init__(self, ledger: Ledger, market: Market, fee_account_id: int) -> None:
+        self.ledger = ledger
+        self.market = market
+        self.fee_account_id = fee_account_id
+        self.owner = f"matching:{market.symbol}"
+        self._accounts: dict[tuple[str, str], int] = {}
+        self._holds: dict[str, OrderHold | None] = {}
+
+    # ---- accounts and holds ----------------------------------------------------------------
+
+    def account_id(self, conn: Connection, owner: str, asset: str) -> int:
+        key = (owner, asset)
+        account_id = self._accounts.get(key)
+        if account_id is None:
+            account = self.ledger.open_account(asset, AccountKind.customer,
+                                               customer_account_name(owner, asset), owner=owner,
+                                               conn=conn)
+            account_id = self._accounts[key] = account.id
+        return account_id
+
+    def place_hold(self, conn: Connection, order_id: str, owner: str, asset: str,
+                   amount: int) -> OrderHold | None:
+        """Hold `amount` for a new (or just triggered) order; None if the owner cannot cover it."""
+        account_id = self.account_id(conn, owner, asset)
+        try:
+            hold = self.ledger.place_hold(f"order:{order_id}:hold:0", account_id, amount,
+                                          owner=self.owner, reference=order_id, conn=conn)
+        except LedgerError as exc:
+            if exc.code in _REFUSALS:
+                return None
+            raise
+        held = self._holds[order_id] = OrderHold(hold.id, hold.amount, hold.captured)
+        return held
+
+    def ensure_hold(self, conn: Connection, order: Order, asset: str, required_total: int) -> bool:
+        """Make the order's holds total at least `required_total` (captures included) before an
+        amend is sequenced. A hold cannot grow, so a short one is released and replaced by one for
+        the new remainder, inside a savepoint: if the owner cannot cover it, nothing changes."""
+        held = self.hold(conn, order.order_id)
+        if held is None:
+            raise SettlementError(f"order {order.order_id} has no hold to amend")
+        needed = required_total - held.captured_total
+        if held.remaining >= needed:
+            return True
+        account_id = self.account_id(conn, order.account, asset)
+        no = held.hold_no + 1
+        try:
+            with conn.begin_nested():
+                if held.remaining > 0:
+                    self.ledger.release_hold(held.hold_id, owner=self.owner, conn=conn)
+                new = self.ledger.place_hold(f"order:{order.order_id}:hold:{no}", account_id,
+                                             needed, owner=self.owner, reference=order.order_id,
+                                             conn=conn)
+        except LedgerError as exc:
+            if exc.code in _REFUSALS:
+                return False
+            raise
+        self._holds[order.order_id] = OrderHold(new.id, new.amount, 0, False, no,
+                                                held.captured_total)
+        return True
+
+    def hold(self, conn: Connection, order_id: str) -> OrderHold | None:
+        """The order's live hold (loaded from its row and the ledger after a restart)."""
+        if order_id in self._holds:
+            return self._holds[order_id]
+        row = conn.execute(text("SELECT hold_id, hold_no, prior_captured FROM trade_order WHERE id = :i"),
+                           {"i": order_id}).first()
+        held = None
+        if row is not None and row.hold_id is not None:
+            h = self.ledger.get_hold(row.hold_id, conn=conn)
+            resolved = h.state in (HoldState.released, HoldState.expired)
+            held = OrderHold(h.id, h.amount, h.captured, resolved, row.hold_no, int(row.prior_captured))
+        self._holds[order_id] = held
+        return held
+
+    def forget(self, order_id: str) -> None:
+        self._holds.pop(order_id, None)
+
+    def reset(self) -> None:
+        """Drop every cached value (after a failed transaction)."""
+        self._accounts.clear()
+        self._holds.clear()
+
+    # ---- events ----------------------------------------------------------------------------
+
+    def settle(self, conn: Connection, uow: UnitOfWork, events: list[Event]) -> list[Triggered]:
+        """Post what `events` ask for; return the stops that fired (the caller answers them)."""
+        fired = []
+        for event in events:
+            kind = type(event)
+            if kind is Fill:
+                self._fill(conn, uow, event)
+            elif kind is OrderClosed:
+                self._release(conn, event.order_id, event.hold_captured)
+            elif kind is OrderRejected:
+                self._release(conn, event.order_id, 0)
+            elif kind is Triggered:
+                fired.append(event)
+        return fired
+
+    def _fill(self, conn: Connection, uow: UnitOfWork, fill: Fill) -> None:
+        base, quote = self.market.base_asset, self.market.quote_asset
+        buyer, seller = fill.buyer_account, fill.seller_account
+        buyer_hold = self._live_hold(conn, fill.buyer_order_id)
+        seller_hold = self._live_hold(conn, fill.seller_order_id)
+        buyer_quote = self.account_id(conn, buyer, quote)
+        legs = []
+        if fill.seller_receives:
+            legs.append(Transfer(buyer_quote, self.account_id(conn, seller, quote),
+                                 fill.seller_receives, buyer_hold.hold_id))
+        if fill.maker_fee + fill.taker_fee:
+            legs.append(Transfer(buyer_quote, self.fee_account_id, fill.maker_fee + fill.taker_fee,
+                                 buyer_hold.hold_id))
+        legs.append(Transfer(self.account_id(conn, seller, base), self.account_id(conn, buyer, base),
+                             fill.base_amount, seller_hold.hold_id))
+        symbol = self.market.symbol
+        result = self.ledger.post(
+            f"fill:{symbol}:{fill.seq}:{fill.match_no}", legs, kind="fill",
+            metadata={"market": symbol, "seq": fill.seq, "match_no": fill.match_no},
+            hold_owner=self.owner, conn=conn)
+        if result.created:
+            buyer_hold.captured += fill.buyer_pays
+            seller_hold.captured += fill.base_amount
+        uow.fill({"market": symbol, "seq": fill.seq, "match_no": fill.match_no,
+                  "maker_order_id": fill.maker_order_id, "taker_order_id": fill.taker_order_id,
+                  "maker_account": fill.maker_account, "taker_account": fill.taker_account,
+                  "taker_side": fill.taker_side.value, "price_ticks": fill.price_ticks,
+                  "qty_lots": fill.qty_lots, "base_amount": fill.base_amount,
+                  "quote_amount": fill.quote_amount, "maker_fee": fill.maker_fee,
+                  "taker_fee": fill.taker_fee, "journal_transaction_id": result.transaction_id})
+
+    def _live_hold(self, conn: Connection, order_id: str) -> OrderHold:
+        held = self.hold(conn, order_id)
+        if held is None:  # a resolved hold is refused by the ledger unless this is a replay
+            raise SettlementError(f"order {order_id} traded without a hold")
+        return held
+
+    def _release(self, conn: Connection, order_id: str, captured: int) -> None:
+        held = self.hold(conn, order_id)
+        if held is None:  # a stop that never held anything
+            return
+        if held.captured_total != captured:
+            raise SettlementError(f"order {order_id}: ledger captured {held.captured_total}, "
+                                  f"engine says {captured}")
+        if held.remaining > 0:
+            self.ledger.release_hold(held.hold_id, owner=self.owner, conn=conn)
+        held.released = True
+
+
+# ---- order rows ----------------------------------------------------------------------------
+
+def order_row(symbol: str, order: Order, last_seq: int, held: OrderHold | None,
+              reject_code: str | None = None, close_reason: str | None = None) -> dict:
+    """The `trade_order` row mirroring the engine's order."""
+    return {
+        "id": order.order_id, "market": symbol, "account": order.account,
+        "client_order_id": order.client_order_id, "side": order.side.value,
+        "order_type": order.order_type.value, "tif": order.tif.value if order.tif else None,
+        "post_only": order.post_only, "price": order.price, "qty": order.qty,
+        "display_qty": order.display_qty, "stop_price": order.stop_price, "budget": order.budget,
+        "fee_tier": order.fee_tier, "state": order.state.value, "seq": order.seq,
+        "last_seq": last_seq, "filled": order.filled, "remaining": order.remaining,
+        "quote_traded": order.quote_traded, "fees_paid": order.fees_paid,
+        "hold_id": held.hold_id if held else None, "hold_no": held.hold_no if held else 0,
+        "prior_captured": held.prior_captured if held else 0, "reject_code": reject_code,
+        "close_reason": close_reason,
+    }
+
+
+def rejected_row(symbol: str, cmd: Place, code: str) -> dict:
+    """The row of an order refused before sequencing (its hold could not be placed)."""
+    state = transition(cmd.order_id, OrderState.received, OrderState.rejected)
+    return {
+        "id": cmd.order_id, "market": symbol, "account": cmd.account,
+        "client_order_id": cmd.client_order_id, "side": cmd.side.value,
+        "order_type": cmd.order_type.value, "tif": cmd.tif.value if cmd.tif else None,
+        "post_only": cmd.post_only, "price": cmd.price, "qty": cmd.qty,
+        "display_qty": cmd.display_qty, "stop_price": cmd.stop_price, "budget": cmd.budget,
+        "fee_tier": cmd.fee_tier, "state": state.value, "seq": None, "last_seq": None,
+        "filled": 0, "remaining": cmd.qty, "quote_traded": 0, "fees_paid": 0, "hold_id": None,
+        "hold_no": 0, "prior_captured": 0, "reject_code": code, "close_reason": None,
+    }
+
+
+def engine_order(engine: Engine, order_id: str) -> Order:
+    order = engine.order(order_id)
+    if order is None:
+        raise MatchingError(ErrorCode.order_not_found, order_id=order_id)
+    return order
