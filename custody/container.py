@@ -24,15 +24,31 @@ class Container:
     adapters: Mapping[str, ChainAdapter] = field(default_factory=dict)
     deposits: Deposits | None = None
     trading: Any = None  # custody.trading.Trading, attached by custody.trading.attach()
+    withdrawals: Any = None  # custody.withdrawals.Withdrawals, with chains and a signer
+    payouts: Any = None  # custody.payouts.Payouts
 
     def __post_init__(self) -> None:
         if self.wallets is None:
             self.wallets = Wallets(self.engine, self.ledger)
 
-    def with_chains(self, adapters: Mapping[str, ChainAdapter], *, external_screener: ExternalScreener | None = None) -> "Container":
-        """Attach chain adapters and build the pipelines that need them."""
+    def with_chains(self, adapters: Mapping[str, ChainAdapter], *, external_screener: ExternalScreener | None = None,
+                    signer_keys: Any = None, bitcoin_network: str = "regtest", policy: Any = None,
+                    payout_config: Any = None) -> "Container":
+        """Attach chain adapters and build the pipelines that need them. With `signer_keys` (a
+        signer.keys.SignerKeys) the withdrawal side is built too: request/approval, the signer, payouts."""
+        from custody.payouts import PayoutConfig, Payouts
+        from custody.policy_config import PolicyProvider
+        from custody.withdrawals import Withdrawals
+        from signer.service import Signer
+
         self.adapters = dict(adapters)
         self.deposits = Deposits(self.engine, self.ledger, self.wallets, self.adapters, external_screener=external_screener)
+        networks = {"bitcoin": bitcoin_network, "ethereum": bitcoin_network}
+        self.withdrawals = Withdrawals(self.engine, self.ledger, self.wallets, PolicyProvider(policy), networks=networks)
+        if signer_keys is not None:
+            signer = Signer(self.engine, signer_keys, bitcoin_network=bitcoin_network)
+            config = payout_config or PayoutConfig(bitcoin_network=bitcoin_network)
+            self.payouts = Payouts(self.engine, self.ledger, self.wallets, self.adapters, signer, config)
         return self
 
 

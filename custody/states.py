@@ -22,8 +22,50 @@ DEPOSIT_TRANSITIONS: Mapping[str, frozenset[str]] = {
     "dust": frozenset(),
 }
 
+# A withdrawal reaches `signed` only from `approved` via `batched`. `requested` exists only inside
+# the creating database transaction (the hold is placed in it). Terminal: final, rejected,
+# cancelled, released.
+WITHDRAWAL_TRANSITIONS: Mapping[str, frozenset[str]] = {
+    "requested": frozenset({"held", "rejected"}),
+    "held": frozenset({"pending_approval", "approved", "rejected"}),
+    "pending_approval": frozenset({"approved", "rejected", "cancelled"}),
+    "approved": frozenset({"batched", "rejected", "cancelled"}),
+    "batched": frozenset({"signed", "approved", "rejected"}),  # back to approved: dropped from a batch
+    "signed": frozenset({"broadcast", "failed"}),
+    "broadcast": frozenset({"confirmed", "failed"}),
+    "confirmed": frozenset({"final", "broadcast"}),  # back to broadcast: its block was reorged out
+    "failed": frozenset({"released"}),
+    "final": frozenset(),
+    "rejected": frozenset(),
+    "cancelled": frozenset(),
+    "released": frozenset(),
+}
+
+BATCH_TRANSITIONS: Mapping[str, frozenset[str]] = {
+    "open": frozenset({"signed", "abandoned"}),
+    "signed": frozenset({"broadcast", "failed"}),
+    "broadcast": frozenset({"confirmed", "failed"}),
+    "confirmed": frozenset({"final", "broadcast"}),
+    "final": frozenset(),
+    "failed": frozenset(),
+    "abandoned": frozenset(),
+}
+
+# One row per signed version of a batch's transaction; a fee bump adds a row that `replaces` one.
+CHAIN_TX_TRANSITIONS: Mapping[str, frozenset[str]] = {
+    "signed": frozenset({"broadcast", "replaced"}),
+    "broadcast": frozenset({"confirmed", "replaced", "dropped"}),
+    "confirmed": frozenset({"final", "broadcast"}),
+    "final": frozenset(),
+    "replaced": frozenset(),
+    "dropped": frozenset(),
+}
+
 MACHINES: Mapping[str, tuple[str, Mapping[str, frozenset[str]]]] = {
     "deposit_observation": ("deposit_observation", DEPOSIT_TRANSITIONS),
+    "withdrawal": ("withdrawal_request", WITHDRAWAL_TRANSITIONS),
+    "batch": ("withdrawal_batch", BATCH_TRANSITIONS),
+    "chain_transaction": ("chain_transaction", CHAIN_TX_TRANSITIONS),
 }
 
 

@@ -7,7 +7,7 @@ row lock, so two requests never get the same index and a retried request gets th
 
 Firm accounts are opened on first use, idempotently, under fixed names:
 `location:<chain>:<tier>:<asset>` (asset_location), `quarantine:<asset>`, `dust:<asset>`,
-`suspense:<asset>`, `fees:<asset>`, `in_flight:<asset>`, `network_fees:<asset>`.
+`suspense:<asset>`, `fees:<asset>`, `in_flight:<asset>`, `network_fees:<asset>`, `equity:<asset>`.
 """
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ FIRM_ACCOUNTS = {
     "fees": AccountKind.fee_income,
     "in_flight": AccountKind.in_flight,
     "network_fees": AccountKind.network_fee_expense,
+    "equity": AccountKind.equity,
 }
 
 
@@ -41,6 +42,9 @@ class ChainAsset:
     contract_address: str | None
     finality_confirmations: int
     dust_minimum: int
+    min_withdrawal: int = 1
+    withdrawal_fee: int = 0
+    withdrawal_fee_fast: int = 0
 
 
 @dataclass(frozen=True)
@@ -77,20 +81,26 @@ class Wallets:
         return row.id
 
     def configure_asset(self, asset: str, decimals: int, chain: str, *, finality: int, dust_minimum: int = 0,
-                        contract_address: str | None = None) -> ChainAsset:
-        """Create the ledger asset and its chain policy data (finality depth, dust minimum)."""
+                        contract_address: str | None = None, min_withdrawal: int = 1, withdrawal_fee: int = 0,
+                        withdrawal_fee_fast: int | None = None) -> ChainAsset:
+        """Create the ledger asset and its chain data: finality depth, dust minimum, the minimum
+        withdrawal and the network fee quoted to customers (normal and fast priority)."""
         self.ledger.create_asset(asset, decimals)
+        fast = withdrawal_fee if withdrawal_fee_fast is None else withdrawal_fee_fast
         with self.engine.begin() as c:
             c.execute(
-                text("INSERT INTO chain_asset (asset, chain, contract_address, finality_confirmations, dust_minimum) "
-                     "VALUES (:a, :c, :k, :f, :d) ON CONFLICT (asset) DO UPDATE SET "
-                     "finality_confirmations = :f, dust_minimum = :d"),
-                {"a": asset, "c": chain, "k": contract_address, "f": finality, "d": dust_minimum},
+                text("INSERT INTO chain_asset (asset, chain, contract_address, finality_confirmations, dust_minimum, "
+                     "min_withdrawal, withdrawal_fee, withdrawal_fee_fast) VALUES (:a, :c, :k, :f, :d, :m, :wf, :wff) "
+                     "ON CONFLICT (asset) DO UPDATE SET finality_confirmations = :f, dust_minimum = :d, "
+                     "min_withdrawal = :m, withdrawal_fee = :wf, withdrawal_fee_fast = :wff"),
+                {"a": asset, "c": chain, "k": contract_address, "f": finality, "d": dust_minimum, "m": min_withdrawal,
+                 "wf": withdrawal_fee, "wff": fast},
             )
         return self.chain_asset(asset)
 
     def chain_asset(self, asset: str, *, conn: Connection | None = None) -> ChainAsset:
-        sql = text("SELECT asset, chain, contract_address, finality_confirmations, dust_minimum FROM chain_asset WHERE asset = :a")
+        sql = text("SELECT asset, chain, contract_address, finality_confirmations, dust_minimum, min_withdrawal, "
+                   "withdrawal_fee, withdrawal_fee_fast FROM chain_asset WHERE asset = :a")
         if conn is None:
             with self.engine.connect() as c:
                 row = c.execute(sql, {"a": asset}).first()
@@ -98,7 +108,8 @@ class Wallets:
             row = conn.execute(sql, {"a": asset}).first()
         if row is None:
             raise LedgerError(ErrorCode.asset_not_found, f"{asset} is not configured on any chain")
-        return ChainAsset(row.asset, row.chain, row.contract_address, row.finality_confirmations, int(row.dust_minimum))
+        return ChainAsset(row.asset, row.chain, row.contract_address, row.finality_confirmations, int(row.dust_minimum),
+                          int(row.min_withdrawal), int(row.withdrawal_fee), int(row.withdrawal_fee_fast))
 
     def chain_assets(self, chain: str) -> list[ChainAsset]:
         with self.engine.connect() as c:

@@ -13,6 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from custody.errors import CustodyError
 from ledger.errors import LedgerError
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,10 @@ def body(code: str, message: str, **detail: object) -> dict:
 def install(app: FastAPI) -> None:
     @app.exception_handler(LedgerError)
     async def ledger_error(_: Request, exc: LedgerError) -> JSONResponse:
+        return JSONResponse(body(exc.code.value, exc.message, **exc.detail), status_code=exc.code.http_status)
+
+    @app.exception_handler(CustodyError)
+    async def custody_error(_: Request, exc: CustodyError) -> JSONResponse:
         return JSONResponse(body(exc.code.value, exc.message, **exc.detail), status_code=exc.code.http_status)
 
     @app.exception_handler(ApiError)

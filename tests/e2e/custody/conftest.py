@@ -6,6 +6,7 @@
                  configured, and each chain's cursor started at the node's tip
 - `customer`     (function) a factory: customer(asset) -> a new customer account id
 - `settle`       (function) run the deposit jobs for a chain until nothing moves
+- `pay_out`      (function) run the payout jobs once: batch, sign, broadcast, track
 """
 from __future__ import annotations
 
@@ -30,13 +31,17 @@ def signer_keys() -> SignerKeys:
 @pytest.fixture(scope="session")
 def custody(engine, btc_adapter, eth_adapter, usdt, signer_keys) -> Container:
     container = Container(settings=Settings(environment="test"), engine=engine, ledger=Ledger(engine))
-    container.with_chains({"bitcoin": btc_adapter, "ethereum": eth_adapter})
+    container.with_chains({"bitcoin": btc_adapter, "ethereum": eth_adapter}, signer_keys=signer_keys)
     w = container.wallets
-    w.register_wallet("bitcoin", "deposit", "regtest", signer_keys.account_xpub("bitcoin", "deposit"))
-    w.register_wallet("ethereum", "deposit", "regtest", signer_keys.account_xpub("ethereum", "deposit"))
-    w.configure_asset("BTC", 8, "bitcoin", finality=BTC_FINALITY, dust_minimum=1_000)
-    w.configure_asset("ETH", 18, "ethereum", finality=ETH_FINALITY, dust_minimum=10**9)
-    w.configure_asset("USDT", 6, "ethereum", finality=ETH_FINALITY, dust_minimum=10_000, contract_address=usdt.address)
+    for chain in ("bitcoin", "ethereum"):
+        for tier in ("deposit", "hot"):
+            w.register_wallet(chain, tier, "regtest", signer_keys.account_xpub(chain, tier))
+    w.configure_asset("BTC", 8, "bitcoin", finality=BTC_FINALITY, dust_minimum=1_000, min_withdrawal=10_000,
+                      withdrawal_fee=5_000, withdrawal_fee_fast=20_000)
+    w.configure_asset("ETH", 18, "ethereum", finality=ETH_FINALITY, dust_minimum=10**9, min_withdrawal=10**15,
+                      withdrawal_fee=10**15)
+    w.configure_asset("USDT", 6, "ethereum", finality=ETH_FINALITY, dust_minimum=10_000, contract_address=usdt.address,
+                      min_withdrawal=10**6, withdrawal_fee=10**6)
     for chain in ("bitcoin", "ethereum"):
         container.deposits.start_cursor(chain)
     return container
@@ -54,4 +59,16 @@ def customer(custody):
 def settle(custody):
     def run(chain: str) -> None:
         custody.deposits.run_once([chain])
+    return run
+
+
+@pytest.fixture
+def pay_out(custody):
+    def run() -> None:
+        p = custody.payouts
+        p.batch_bitcoin()
+        p.batch_ethereum()
+        p.sign_open_batches()
+        p.broadcast()
+        p.track()
     return run

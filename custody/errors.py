@@ -1,0 +1,57 @@
+"""Custody's error codes (deposits, withdrawals, batches, signing), beside the ledger's.
+
+| code | HTTP | meaning |
+| --- | --- | --- |
+| withdrawals_halted | 503 | the kill switch is on: no withdrawal is accepted, batched or signed |
+| invalid_destination | 422 | the destination is not a valid address for the asset's chain and network |
+| asset_not_withdrawable | 422 | the asset has no chain configuration or no hot wallet |
+| withdrawal_not_found | 404 | no withdrawal with that id |
+| withdrawal_rejected | 422 | the policy engine rejected the withdrawal (reasons in the detail); its hold was released |
+| requester_cannot_approve | 403 | the operator who requested a withdrawal may not approve it |
+| already_acted | 409 | this operator already approved or rejected this decision |
+| decision_expired | 409 | the policy decision expired; approvals no longer count |
+| invalid_state | 409 | the withdrawal is not in a state that allows this action |
+| signer_refused | 409 | the signer refused to sign (its code in the detail) |
+"""
+from __future__ import annotations
+
+import enum
+
+
+class CustodyErrorCode(str, enum.Enum):
+    withdrawals_halted = "withdrawals_halted"
+    invalid_destination = "invalid_destination"
+    asset_not_withdrawable = "asset_not_withdrawable"
+    withdrawal_not_found = "withdrawal_not_found"
+    withdrawal_rejected = "withdrawal_rejected"
+    requester_cannot_approve = "requester_cannot_approve"
+    already_acted = "already_acted"
+    decision_expired = "decision_expired"
+    invalid_state = "invalid_state"
+    signer_refused = "signer_refused"
+
+    @property
+    def http_status(self) -> int:
+        return _STATUS[self]
+
+
+_STATUS = {
+    CustodyErrorCode.withdrawals_halted: 503,
+    CustodyErrorCode.invalid_destination: 422,
+    CustodyErrorCode.asset_not_withdrawable: 422,
+    CustodyErrorCode.withdrawal_not_found: 404,
+    CustodyErrorCode.withdrawal_rejected: 422,
+    CustodyErrorCode.requester_cannot_approve: 403,
+    CustodyErrorCode.already_acted: 409,
+    CustodyErrorCode.decision_expired: 409,
+    CustodyErrorCode.invalid_state: 409,
+    CustodyErrorCode.signer_refused: 409,
+}
+
+
+class CustodyError(Exception):
+    def __init__(self, code: CustodyErrorCode, message: str, **detail: object) -> None:
+        self.code = CustodyErrorCode(code)
+        self.message = message
+        self.detail = detail
+        super().__init__(f"{self.code.value}: {message}")

@@ -1,0 +1,421 @@
+"""Paying approved withdrawals: batch -> sign -> broadcast -> confirm -> final, and fee bumps.
+
+Jobs (APScheduler runs them; tests call them directly, in this order):
+- `sync_hot_wallet()`: record the bitcoin hot wallet's confirmed coins; coins that are not change
+  of our own transactions are treasury funding and are booked equity -> hot location.
+- `batch_bitcoin()`: approved BTC withdrawals (rescreened against the denylist: a newly denylisted
+  destination is rejected and released, the rest go on) become one batch; coins are selected from
+  the tracked hot-wallet coins and reserved for it. `batch_ethereum()`: one batch per withdrawal.
+- `sign_open_batches()`: the signer (which re-checks everything itself) signs each open batch; in
+  ONE database transaction the signed raw transaction is stored in `chain_transaction`, the holds
+  are captured (customer -> in-flight, quoted fee -> fee income) and the rows move to `signed`.
+  A crash before that commit leaves nothing signed on record, and nothing unrecorded is ever
+  broadcast.
+- `broadcast()`: sends every stored signed transaction (idempotent at the adapter: a transaction
+  the node already has is success). A crash after sending but before recording re-sends the same
+  bytes, which the node answers as already known: one payment.
+- `track()`: follows each broadcast transaction; at the asset's finality depth the books move
+  in-flight -> hot wallet location and the actual network fee hot location -> network-fee expense,
+  exactly once (keys per withdrawal and per batch). A version replaced by a fee bump is marked
+  `replaced`; a transaction conflicted by something that is not ours fails the batch: the
+  captures are reversed with compensating transactions and the withdrawals are released.
+- `bump_fees()`: a version pending for `stuck_blocks` or more is re-signed at a higher fee (RBF on
+  bitcoin with the same coins and outputs; the same nonce on ethereum), linked by `replaces`.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Mapping
+
+from sqlalchemy import Connection, Engine, text
+
+from chain_adapters.base import ChainAdapter, TxState
+from chain_adapters.errors import ChainError
+from custody.addresses import derive_btc_address, derive_eth_address
+from custody.controls import audit, emit, kill_switch, open_incident
+from custody.states import advance
+from custody.wallets import Wallets
+from custody.withdrawals import HOLD_OWNER
+from ledger.model import Transfer
+from ledger.service import Ledger
+from signer.bitcoin_tx import address_to_script, dust_threshold, estimate_vsize, fee_for, select_coins
+from signer.ethereum_tx import erc20_transfer_data
+from signer.service import BatchOutput, BtcCoin, Signer
+
+log = logging.getLogger(__name__)
+HOT_RECEIVE_INDEX = 0
+ETH_GAS_ETHER, ETH_GAS_TOKEN = 21_000, 100_000
+
+
+@dataclass(frozen=True)
+class PayoutConfig:
+    bitcoin_network: str = "regtest"
+    max_batch_outputs: int = 500
+    stuck_blocks: int = 3
+    bump_percent: int = 50  # each bump raises the fee rate by this much
+    max_fee_rate_sat_per_kvb: int = 500_000  # ceiling for bitcoin bumps
+    max_fee_wei: int = 500 * 10**9  # ceiling for ethereum max fee per gas
+
+
+class Payouts:
+    def __init__(self, engine: Engine, ledger: Ledger, wallets: Wallets, adapters: Mapping[str, ChainAdapter],
+                 signer: Signer, config: PayoutConfig | None = None) -> None:
+        self.engine = engine
+        self.ledger = ledger
+        self.wallets = wallets
+        self.adapters = adapters
+        self.signer = signer
+        self.config = config or PayoutConfig()
+
+    # ---- hot wallet -----------------------------------------------------------------------
+
+    def hot_xpub(self, chain: str) -> str:
+        with self.engine.connect() as c:
+            return c.execute(text("SELECT xpub FROM wallet WHERE chain = :c AND tier = 'hot'"), {"c": chain}).scalar_one()
+
+    def hot_address(self, chain: str, change: int = 0, index: int = HOT_RECEIVE_INDEX) -> str:
+        if chain == "bitcoin":
+            return derive_btc_address(self.hot_xpub(chain), self.config.bitcoin_network, change, index)
+        return derive_eth_address(self.hot_xpub(chain), index)
+
+    def book_hot_funding(self, chain: str, asset: str, amount: int, key: str, *, conn: Connection | None = None) -> None:
+        """Treasury moved `amount` into the hot wallet from outside: equity -> hot location."""
+        hot = self.wallets.location_account(chain, "hot", asset, conn=conn)
+        equity = self.wallets.firm_account("equity", asset, conn=conn)
+        self.ledger.post(key, [Transfer(hot, equity, amount)], kind="hot_funding", conn=conn)
+
+    def sync_hot_wallet(self) -> int:
+        """Record confirmed bitcoin hot-wallet coins we do not know yet; returns how many."""
+        adapter = self.adapters["bitcoin"]
+        with self.engine.connect() as c:
+            batches = c.execute(text("SELECT id FROM withdrawal_batch WHERE chain = 'bitcoin'")).scalars().all()
+        paths = {self.hot_address("bitcoin"): (0, HOT_RECEIVE_INDEX)}
+        paths.update({self.hot_address("bitcoin", 1, b): (1, b) for b in batches})
+        added = 0
+        for u in adapter.unspent(paths):
+            change, index = paths[u.address]
+            with self.engine.begin() as c:
+                row = c.execute(
+                    text("INSERT INTO wallet_utxo (txid, vout, address, derivation_change, derivation_index, amount) "
+                         "VALUES (:t, :v, :a, :c, :i, :m) ON CONFLICT (txid, vout) DO NOTHING RETURNING txid"),
+                    {"t": u.txid, "v": u.index, "a": u.address, "c": change, "i": index, "m": u.amount}).first()
+                ours = c.execute(text("SELECT 1 FROM chain_transaction WHERE txid = :t"), {"t": u.txid}).first()
+                if row is not None and ours is None:
+                    self.book_hot_funding("bitcoin", "BTC", u.amount, f"hot-funding:bitcoin:{u.txid}:{u.index}", conn=c)
+                added += row is not None
+        return added
+
+    # ---- batching -------------------------------------------------------------------------
+
+    def _take_approved(self, c: Connection, chain: str, limit: int) -> list:
+        rows = c.execute(
+            text("SELECT id, account_id, asset, amount, fee_quoted, destination, hold_id FROM withdrawal_request "
+                 "WHERE state = 'approved' AND chain = :c ORDER BY id LIMIT :l FOR UPDATE SKIP LOCKED"),
+            {"c": chain, "l": limit}).all()
+        denied = {a.lower() for a in c.execute(text("SELECT address FROM denylist_address")).scalars()}
+        keep = []
+        for w in rows:
+            if w.destination.lower() in denied:  # rescreen: dropped without holding up the rest
+                self.ledger.release_hold(w.hold_id, owner=HOLD_OWNER, conn=c)
+                advance(c, "withdrawal", w.id, "approved", "rejected", reject_reasons=["destination_sanctioned"])
+                emit(c, "withdrawal.rejected", f"withdrawal.rejected:{w.id}", {"withdrawal_id": w.id, "reason": "destination_sanctioned"})
+            else:
+                keep.append(w)
+        return keep
+
+    def _new_batch(self, c: Connection, chain: str, asset: str, members: list, fee_rate: int) -> int:
+        batch_id = c.execute(text("INSERT INTO withdrawal_batch (chain, asset, state, fee_rate) VALUES (:c, :a, 'open', :f) RETURNING id"),
+                             {"c": chain, "a": asset, "f": fee_rate}).scalar_one()
+        for w in members:
+            advance(c, "withdrawal", w.id, "approved", "batched", batch_id=batch_id)
+            c.execute(text("INSERT INTO batch_output (batch_id, withdrawal_id, amount) VALUES (:b, :w, :m)"),
+                      {"b": batch_id, "w": w.id, "m": w.amount})
+        return batch_id
+
+    def batch_bitcoin(self) -> int | None:
+        """Group approved BTC withdrawals into one batch and reserve coins for it."""
+        if kill_switch(self.engine).engaged:
+            return None
+        rate = self.adapters["bitcoin"].estimate_fee().sat_per_kvb
+        with self.engine.begin() as c:
+            members = self._take_approved(c, "bitcoin", self.config.max_batch_outputs)
+            if not members:
+                return None
+            batch_id = self._new_batch(c, "bitcoin", "BTC", members, rate)
+            coins = self._spendable_coins(c)
+            scripts = [address_to_script(w.destination, self.config.bitcoin_network) for w in members]
+            change_script = address_to_script(self.hot_address("bitcoin", 1, batch_id), self.config.bitcoin_network)
+            chosen, _change, _fee = select_coins(coins, sum(int(w.amount) for w in members), rate, scripts, change_script)
+            for coin in chosen:
+                c.execute(text("UPDATE wallet_utxo SET reserved_by = :b WHERE txid = :t AND vout = :v AND reserved_by IS NULL"),
+                          {"b": batch_id, "t": coin.txid, "v": coin.vout})
+            audit(c, "custody", "batch.create", f"batch:{batch_id}", {"withdrawals": [w.id for w in members], "fee_rate": rate})
+        log.info("batch %d: %d bitcoin withdrawal(s) at %d sat/kvB", batch_id, len(members), rate)
+        return batch_id
+
+    def _spendable_coins(self, c: Connection) -> list[BtcCoin]:
+        """Unreserved, unspent hot coins whose creating transaction is confirmed (external ones are)."""
+        rows = c.execute(text(
+            "SELECT u.txid, u.vout, u.amount, u.derivation_change, u.derivation_index FROM wallet_utxo u "
+            "LEFT JOIN chain_transaction t ON t.txid = u.txid WHERE u.spent_by IS NULL AND u.reserved_by IS NULL "
+            "AND (t.id IS NULL OR t.state IN ('confirmed', 'final')) ORDER BY u.amount DESC FOR UPDATE OF u SKIP LOCKED")).all()
+        return [BtcCoin(r.txid, r.vout, int(r.amount), r.derivation_change, r.derivation_index) for r in rows]
+
+    def batch_ethereum(self) -> list[int]:
+        """One batch per approved ether or ERC-20 withdrawal."""
+        if kill_switch(self.engine).engaged:
+            return []
+        out = []
+        with self.engine.begin() as c:
+            for w in self._take_approved(c, "ethereum", self.config.max_batch_outputs):
+                out.append(self._new_batch(c, "ethereum", w.asset, [w], 0))
+        return out
+
+    # ---- signing --------------------------------------------------------------------------
+
+    def drop_from_batch(self, batch_id: int, withdrawal_id: int, *, reason: str) -> None:
+        """Pull one withdrawal out of an open batch (back to `approved`) so the rest can be signed."""
+        with self.engine.begin() as c:
+            state = c.execute(text("SELECT state FROM withdrawal_batch WHERE id = :b FOR UPDATE"), {"b": batch_id}).scalar_one()
+            if state != "open":
+                raise ValueError(f"batch {batch_id} is {state}; only open batches change")
+            c.execute(text("DELETE FROM batch_output WHERE batch_id = :b AND withdrawal_id = :w"), {"b": batch_id, "w": withdrawal_id})
+            w = c.execute(text("SELECT state FROM withdrawal_request WHERE id = :w FOR UPDATE"), {"w": withdrawal_id}).scalar_one()
+            if w == "batched":
+                advance(c, "withdrawal", withdrawal_id, "batched", "approved", batch_id=None)
+            audit(c, "custody", "batch.drop_output", f"batch:{batch_id}", {"withdrawal_id": withdrawal_id, "reason": reason})
+
+    def sign_open_batches(self) -> list[str]:
+        """Sign every open batch; returns the txids signed. A refusal leaves the batch open."""
+        with self.engine.connect() as c:
+            open_batches = c.execute(text("SELECT id, chain FROM withdrawal_batch WHERE state = 'open' ORDER BY id")).all()
+        txids = []
+        for b in open_batches:
+            txid = self._sign_bitcoin(b.id) if b.chain == "bitcoin" else self._sign_ethereum(b.id)
+            if txid:
+                txids.append(txid)
+        return txids
+
+    def _batch_outputs(self, c: Connection, batch_id: int) -> list:
+        return c.execute(text("SELECT w.id, w.account_id, w.asset, w.amount, w.fee_quoted, w.destination, w.hold_id "
+                              "FROM batch_output b JOIN withdrawal_request w ON w.id = b.withdrawal_id "
+                              "WHERE b.batch_id = :b ORDER BY w.id"), {"b": batch_id}).all()
+
+    def _bitcoin_plan(self, c: Connection, batch_id: int, rate: int):
+        rows = self._batch_outputs(c, batch_id)
+        coins = [BtcCoin(r.txid, r.vout, int(r.amount), r.derivation_change, r.derivation_index) for r in c.execute(
+            text("SELECT txid, vout, amount, derivation_change, derivation_index FROM wallet_utxo WHERE reserved_by = :b "
+                 "ORDER BY txid, vout"), {"b": batch_id})]
+        outputs = [BatchOutput(r.id, r.destination, int(r.amount)) for r in rows]
+        net = self.config.bitcoin_network
+        change_address = self.hot_address("bitcoin", 1, batch_id)
+        scripts = [address_to_script(o.address, net) for o in outputs] + [address_to_script(change_address, net)]
+        fee = fee_for(estimate_vsize(len(coins), scripts), rate)
+        change = sum(k.amount for k in coins) - sum(o.amount for o in outputs) - fee
+        keep_change = change >= dust_threshold(scripts[-1])
+        return rows, coins, outputs, (change_address, change) if keep_change else None
+
+    def _sign_bitcoin(self, batch_id: int) -> str | None:
+        with self.engine.connect() as c:
+            rate = int(c.execute(text("SELECT fee_rate FROM withdrawal_batch WHERE id = :b"), {"b": batch_id}).scalar_one())
+            rows, coins, outputs, change = self._bitcoin_plan(c, batch_id, rate)
+        signed = self.signer.sign_bitcoin_batch(batch_id, coins, outputs, change)
+        with self.engine.begin() as c:
+            tx_id = self._record_signed(c, batch_id, "bitcoin", signed.txid, signed.raw, signed.fee, rate, rows)
+            for k in coins:
+                c.execute(text("UPDATE wallet_utxo SET spent_by = :s WHERE txid = :t AND vout = :v"), {"s": tx_id, "t": k.txid, "v": k.vout})
+            if change and signed.change_vout is not None:
+                self._track_change(c, signed.txid, signed.change_vout, change, batch_id)
+        return signed.txid
+
+    def _track_change(self, c: Connection, txid: str, vout: int, change: tuple[str, int], batch_id: int) -> None:
+        c.execute(text("INSERT INTO wallet_utxo (txid, vout, address, derivation_change, derivation_index, amount) "
+                       "VALUES (:t, :v, :a, 1, :i, :m) ON CONFLICT DO NOTHING"),
+                  {"t": txid, "v": vout, "a": change[0], "i": batch_id, "m": change[1]})
+
+    def _record_signed(self, c: Connection, batch_id: int, chain: str, txid: str, raw: bytes, fee: int, rate: int, rows,
+                       *, nonce: int | None = None, sender: str | None = None) -> int:
+        tx_id = c.execute(
+            text("INSERT INTO chain_transaction (batch_id, chain, txid, raw, fee, fee_rate, nonce, sender, state) "
+                 "VALUES (:b, :c, :t, :r, :f, :fr, :n, :s, 'signed') RETURNING id"),
+            {"b": batch_id, "c": chain, "t": txid, "r": raw, "f": fee, "fr": rate, "n": nonce, "s": sender}).scalar_one()
+        advance(c, "batch", batch_id, "open", "signed")
+        for w in rows:
+            asset = w.asset
+            legs = [Transfer(w.account_id, self.wallets.firm_account("in_flight", asset, conn=c), int(w.amount))]
+            if int(w.fee_quoted) > 0:
+                legs.append(Transfer(w.account_id, self.wallets.firm_account("fees", asset, conn=c), int(w.fee_quoted)))
+            self.ledger.capture_hold(f"withdrawal:{w.id}:capture", w.hold_id, legs, owner=HOLD_OWNER, final=True,
+                                     kind="withdrawal_capture", metadata={"withdrawal_id": w.id, "batch_id": batch_id}, conn=c)
+            advance(c, "withdrawal", w.id, "batched", "signed")
+        emit(c, "batch.signed", f"batch.signed:{batch_id}:{txid}", {"batch_id": batch_id, "txid": txid})
+        return tx_id
+
+    def _sign_ethereum(self, batch_id: int) -> str | None:
+        adapter = self.adapters["ethereum"]
+        hot = self.hot_address("ethereum")
+        with self.engine.begin() as c:
+            [w] = self._batch_outputs(c, batch_id)
+            ca = self.wallets.chain_asset(w.asset, conn=c)
+            nonce = self._allocate_nonce(c, hot)
+            fee = adapter.estimate_fee()
+            max_fee = min(fee.max_fee_wei, self.config.max_fee_wei)
+            if ca.contract_address:
+                to, value, data, gas = ca.contract_address, 0, erc20_transfer_data(w.destination, int(w.amount)), ETH_GAS_TOKEN
+            else:
+                to, value, data, gas = w.destination, int(w.amount), b"", ETH_GAS_ETHER
+            signed = self.signer.sign_ethereum_payment(
+                batch_id, BatchOutput(w.id, w.destination, int(w.amount)), hot_index=HOT_RECEIVE_INDEX,
+                chain_id=adapter.chain_id, nonce=nonce, to=to, value=value, data=data, gas=gas, max_fee_wei=max_fee,
+                priority_fee_wei=max(fee.priority_fee_wei, 1))
+            self._record_signed(c, batch_id, "ethereum", signed.txid, signed.raw, gas * max_fee, max_fee, [w],
+                                nonce=nonce, sender=hot)
+        return signed.txid
+
+    def _allocate_nonce(self, c: Connection, address: str) -> int:
+        """Next nonce for `address`, gap-free: the row lock serialises allocators; the counter starts
+        from the node's pending count the first time."""
+        c.execute(text("INSERT INTO eth_nonce (address, next_nonce) VALUES (:a, :n) ON CONFLICT DO NOTHING"),
+                  {"a": address, "n": self.adapters["ethereum"].nonce(address)})
+        return c.execute(text("UPDATE eth_nonce SET next_nonce = next_nonce + 1 WHERE address = :a RETURNING next_nonce - 1"),
+                         {"a": address}).scalar_one()
+
+    # ---- broadcast ------------------------------------------------------------------------
+
+    def broadcast(self) -> int:
+        with self.engine.connect() as c:
+            rows = c.execute(text("SELECT id, batch_id, chain, txid, raw FROM chain_transaction WHERE state = 'signed' ORDER BY id")).all()
+        sent = 0
+        for r in rows:
+            adapter = self.adapters[r.chain]
+            try:
+                result = adapter.broadcast(bytes(r.raw))
+            except ChainError as exc:
+                log.error("broadcast of %s refused: %s", r.txid, exc)
+                continue
+            height = adapter.tip().height
+            with self.engine.begin() as c:
+                advance(c, "chain_transaction", r.id, "signed", "broadcast", broadcast_height=height)
+                c.execute(text("UPDATE chain_transaction SET broadcast_at = now() WHERE id = :i"), {"i": r.id})
+                batch_state = c.execute(text("SELECT state FROM withdrawal_batch WHERE id = :b FOR UPDATE"), {"b": r.batch_id}).scalar_one()
+                if batch_state == "signed":
+                    advance(c, "batch", r.batch_id, "signed", "broadcast")
+                    for wid in self._batch_withdrawal_ids(c, r.batch_id):
+                        advance(c, "withdrawal", wid, "signed", "broadcast")
+            sent += 1
+            log.info("broadcast %s (%s)%s", r.txid, r.chain, " already known" if result.already_known else "")
+        return sent
+
+    @staticmethod
+    def _batch_withdrawal_ids(c: Connection, batch_id: int) -> list[int]:
+        return c.execute(text("SELECT withdrawal_id FROM batch_output WHERE batch_id = :b ORDER BY withdrawal_id"),
+                         {"b": batch_id}).scalars().all()
+
+    # ---- tracking and finality ------------------------------------------------------------
+
+    def track(self) -> int:
+        """Advance every broadcast version; returns how many batches became final."""
+        with self.engine.connect() as c:
+            rows = c.execute(text("SELECT id, batch_id, chain, txid, raw, state, fee FROM chain_transaction "
+                                  "WHERE state IN ('broadcast', 'confirmed') ORDER BY id")).all()
+        finals = 0
+        for r in rows:
+            status = self.adapters[r.chain].tx_status(r.txid, raw=bytes(r.raw))
+            if status.state is TxState.CONFIRMED and not status.reverted:
+                finals += self._confirmed(r, status)
+            elif status.state is TxState.MEMPOOL and r.state == "confirmed":
+                with self.engine.begin() as c:  # its block was reorged out; it waits in the mempool again
+                    advance(c, "chain_transaction", r.id, "confirmed", "broadcast", confirmations=0)
+            elif status.state in (TxState.REPLACED, TxState.CONFLICTED) or status.reverted:
+                self._lost(r, status)
+            elif status.state is TxState.UNKNOWN:
+                try:
+                    self.adapters[r.chain].broadcast(bytes(r.raw))  # evicted: send the same bytes again
+                except ChainError as exc:
+                    log.warning("re-broadcast of %s refused: %s", r.txid, exc)
+        return finals
+
+    def _finality(self, c: Connection, batch_id: int) -> int:
+        asset = c.execute(text("SELECT asset FROM withdrawal_batch WHERE id = :b"), {"b": batch_id}).scalar_one()
+        return self.wallets.chain_asset(asset, conn=c).finality_confirmations
+
+    def _confirmed(self, r, status) -> int:
+        with self.engine.begin() as c:
+            finality = self._finality(c, r.batch_id)
+            if r.state == "broadcast":
+                advance(c, "chain_transaction", r.id, "broadcast", "confirmed", confirmations=status.confirmations,
+                        block_hash=status.block.hash if status.block else None,
+                        block_height=status.block.height if status.block else None)
+                self._supersede_others(c, r)
+                self._move_batch(c, r.batch_id, "confirmed")
+            else:
+                c.execute(text("UPDATE chain_transaction SET confirmations = :n WHERE id = :i"), {"n": status.confirmations, "i": r.id})
+            if status.confirmations < finality:
+                return 0
+            fee = self._actual_fee(r)
+            advance(c, "chain_transaction", r.id, "confirmed", "final", fee=fee)
+            self._book_final(c, r.batch_id, r.chain, fee)
+            self._move_batch(c, r.batch_id, "final")
+            return 1
+
+    def _actual_fee(self, r) -> int:
+        if r.chain != "ethereum":
+            return int(r.fee)
+        receipt = self.adapters["ethereum"].w3.eth.get_transaction_receipt(r.txid)  # gas used x effective price
+        return int(receipt["gasUsed"]) * int(receipt["effectiveGasPrice"])
+
+    def _supersede_others(self, c: Connection, r) -> None:
+        """Once one version of a batch is mined, every other version is dead."""
+        for other in c.execute(text("SELECT id, state FROM chain_transaction WHERE batch_id = :b AND id <> :i "
+                                    "AND state IN ('signed', 'broadcast')"), {"b": r.batch_id, "i": r.id}).all():
+            advance(c, "chain_transaction", other.id, other.state, "replaced")
+
+    def _move_batch(self, c: Connection, batch_id: int, to: str) -> None:
+        batch_state = c.execute(text("SELECT state FROM withdrawal_batch WHERE id = :b FOR UPDATE"), {"b": batch_id}).scalar_one()
+        if batch_state == to:
+            return
+        advance(c, "batch", batch_id, batch_state, to)
+        for wid in self._batch_withdrawal_ids(c, batch_id):
+            advance(c, "withdrawal", wid, batch_state, to)
+            if to == "final":
+                emit(c, "withdrawal.final", f"withdrawal.final:{wid}", {"withdrawal_id": wid, "batch_id": batch_id})
+
+    def _book_final(self, c: Connection, batch_id: int, chain: str, fee: int) -> None:
+        rows = self._batch_outputs(c, batch_id)
+        native = "BTC" if chain == "bitcoin" else "ETH"
+        for w in rows:
+            hot = self.wallets.location_account(chain, "hot", w.asset, conn=c)
+            self.ledger.post(f"withdrawal:{w.id}:final", [Transfer(self.wallets.firm_account("in_flight", w.asset, conn=c), hot, int(w.amount))],
+                             kind="withdrawal_final", metadata={"withdrawal_id": w.id, "batch_id": batch_id}, conn=c)
+        if fee > 0:
+            hot_native = self.wallets.location_account(chain, "hot", native, conn=c)
+            self.ledger.post(f"batch:{batch_id}:network_fee",
+                             [Transfer(self.wallets.firm_account("network_fees", native, conn=c), hot_native, fee)],
+                             kind="network_fee", metadata={"batch_id": batch_id}, conn=c)
+
+    def _lost(self, r, status) -> None:
+        """Replaced or conflicted. If another version of ours is (or will be) the live one, this one is
+        simply `replaced`; otherwise the batch failed: reverse the captures, release the withdrawals."""
+        with self.engine.begin() as c:
+            ours = c.execute(text("SELECT id FROM chain_transaction WHERE batch_id = :b AND id <> :i AND state IN "
+                                  "('signed', 'broadcast', 'confirmed', 'final')"), {"b": r.batch_id, "i": r.id}).first()
+            if ours is not None:
+                advance(c, "chain_transaction", r.id, r.state, "replaced")
+                return
+            if status.state is TxState.REPLACED:
+                return  # a replacement we did not sign may still lose to ours in the mempool; wait for a block
+            advance(c, "chain_transaction", r.id, r.state, "dropped")
+            batch_state = c.execute(text("SELECT state FROM withdrawal_batch WHERE id = :b FOR UPDATE"), {"b": r.batch_id}).scalar_one()
+            advance(c, "batch", r.batch_id, batch_state, "failed")
+            for w in self._batch_outputs(c, r.batch_id):
+                capture = c.execute(text("SELECT id FROM journal_transaction WHERE idempotency_key = :k"),
+                                    {"k": f"withdrawal:{w.id}:capture"}).scalar_one()
+                self.ledger.reverse(capture, f"withdrawal:{w.id}:capture:reversal", conn=c)
+                state = c.execute(text("SELECT state FROM withdrawal_request WHERE id = :w"), {"w": w.id}).scalar_one()
+                advance(c, "withdrawal", w.id, state, "failed")
+                advance(c, "withdrawal", w.id, "failed", "released")
+                emit(c, "withdrawal.released", f"withdrawal.released:{w.id}", {"withdrawal_id": w.id, "reason": "transaction_failed"})
+            # The coins stay marked spent: something else spent them on chain (see the incident).
+            open_incident(c, "withdrawal_transaction_failed", f"tx_failed:{r.id}",
+                          {"batch_id": r.batch_id, "txid": r.txid, "status": status.state.value}, severity="warning")

@@ -1,0 +1,48 @@
+"""Where the withdrawal policy comes from: a versioned `PolicySet` (data, see policies/rules.py)
+plus two live inputs read from the database at every evaluation: the denylist (`denylist_address`)
+and the kill switch. The version string of the base set is recorded in every decision.
+
+`default_policy()` is the development/regtest policy; production configures its own set.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+
+from sqlalchemy import Connection, text
+
+from custody.controls import kill_switch
+from policies import AmountTier, AssetPolicy, PolicySet, VelocityLimit
+
+
+def default_policy() -> PolicySet:
+    """Regtest defaults: BTC auto-approved up to 0.5, one operator up to 2, two operators up to
+    1,000; ETH and USDT likewise in their units. Velocity: 5 BTC / 100 ETH / 1M USDT per day."""
+    day = dt.timedelta(days=1)
+    return PolicySet(
+        version="regtest-2026-11-29.1",
+        assets={
+            "BTC": AssetPolicy(tiers=(AmountTier(50_000_000, 0), AmountTier(200_000_000, 1), AmountTier(100_000_000_000, 2)),
+                               fee_ceiling=1_000_000, min_amount=10_000, velocity=VelocityLimit(day, 500_000_000, 1)),
+            "ETH": AssetPolicy(tiers=(AmountTier(10 * 10**18, 0), AmountTier(50 * 10**18, 1), AmountTier(10_000 * 10**18, 2)),
+                               fee_ceiling=10**17, min_amount=10**15, velocity=VelocityLimit(day, 100 * 10**18, 1)),
+            "USDT": AssetPolicy(tiers=(AmountTier(10_000 * 10**6, 0), AmountTier(100_000 * 10**6, 1), AmountTier(10**13, 2)),
+                                fee_ceiling=50 * 10**6, min_amount=10**6, velocity=VelocityLimit(day, 10**12, 1)),
+        },
+        decision_ttl=dt.timedelta(hours=24),
+    )
+
+
+class PolicyProvider:
+    def __init__(self, base: PolicySet | None = None) -> None:
+        self.base = base or default_policy()
+
+    def current(self, conn: Connection) -> PolicySet:
+        denied = conn.execute(text("SELECT address FROM denylist_address")).scalars().all()
+        return dataclasses.replace(self.base, denylist=frozenset(self.base.denylist) | frozenset(denied),
+                                   kill_switch=self.base.kill_switch or kill_switch(conn).engaged)
+
+    def velocity_window(self) -> dt.timedelta:
+        windows = [a.velocity.window for a in self.base.assets.values() if a.velocity]
+        windows += [v.window for v in self.base.velocity_overrides.values()]
+        return max(windows, default=dt.timedelta(days=1))

@@ -1,0 +1,188 @@
+"""The signer's narrow interface: sign a withdrawal batch, or refuse with a code.
+
+The signer trusts nothing custody says about a batch. Before it signs it re-reads, itself, from the
+database (read-only):
+- the kill switch (`control_flag.withdrawals_halted`) is off;
+- every output pays exactly one withdrawal of this batch, to that withdrawal's destination and
+  amount, and every withdrawal of the batch has an output;
+- each withdrawal is `batched` in this batch, its policy decision is not a rejection, is unexpired,
+  and (when it needed approvals) has a quorum of distinct eligible operators (`policies.quorum_met`);
+- each withdrawal's ledger hold is pending (live) and covers amount + quoted fee;
+- every input is an unspent coin of our hot wallet reserved for this batch.
+Then it signs with the hot wallet keys (which never leave this package and are never logged) and
+writes its own audit record of what it signed or refused. In deployment the signer runs as its own
+process with its own read-only database role; here it is called in-process.
+
+Refusal codes (`RefusalCode`), in the order they are checked:
+| code | meaning |
+| --- | --- |
+| kill_switch_on | withdrawals are halted |
+| empty_batch | the batch pays nothing |
+| output_mismatch | an output does not match exactly one withdrawal of the batch (address or amount) |
+| withdrawal_not_batched | a withdrawal is not in state `batched` in this batch |
+| no_decision | a withdrawal has no policy decision |
+| decision_not_approved | the decision rejects, or lacks its operator quorum |
+| decision_expired | the decision is past its expiry |
+| hold_not_live | the hold is not pending, or does not cover amount + fee |
+| unknown_input | an input is not an unspent hot-wallet coin reserved for this batch |
+"""
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import json
+import logging
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from sqlalchemy import Connection, Engine, text
+
+from policies import Approval, Decision, Outcome, PolicyContext, ReasonCode, WithdrawalRequest, quorum_met
+from signer.bitcoin_tx import PayOutput, SignedTx, SpendInput, sign_batch
+from signer.ethereum_tx import sign_eip1559
+from signer.keys import SignerKeys
+
+log = logging.getLogger(__name__)
+
+
+class RefusalCode(str, enum.Enum):
+    kill_switch_on = "kill_switch_on"
+    empty_batch = "empty_batch"
+    output_mismatch = "output_mismatch"
+    withdrawal_not_batched = "withdrawal_not_batched"
+    no_decision = "no_decision"
+    decision_not_approved = "decision_not_approved"
+    decision_expired = "decision_expired"
+    hold_not_live = "hold_not_live"
+    unknown_input = "unknown_input"
+
+
+class SigningRefused(Exception):
+    def __init__(self, code: RefusalCode, message: str) -> None:
+        self.code = code
+        self.message = message
+        super().__init__(f"{code.value}: {message}")
+
+
+@dataclass(frozen=True)
+class BtcCoin:
+    """A hot-wallet coin to spend: where it is and which key (BIP84 change/index) controls it."""
+
+    txid: str
+    vout: int
+    amount: int
+    change: int
+    index: int
+
+
+@dataclass(frozen=True)
+class BatchOutput:
+    withdrawal_id: int
+    address: str
+    amount: int
+
+
+class Signer:
+    def __init__(self, engine: Engine, keys: SignerKeys, *, bitcoin_network: str,
+                 clock: Callable[[], dt.datetime] | None = None) -> None:
+        self.engine = engine
+        self._keys = keys
+        self.bitcoin_network = bitcoin_network
+        self.clock = clock or (lambda: dt.datetime.now(dt.timezone.utc))
+
+    # ---- bitcoin --------------------------------------------------------------------------
+
+    def sign_bitcoin_batch(self, batch_id: int, coins: Sequence[BtcCoin], outputs: Sequence[BatchOutput],
+                           change: tuple[str, int] | None) -> SignedTx:
+        with self.engine.connect() as c:
+            try:
+                self._check_batch(c, batch_id, outputs)
+                self._check_coins(c, batch_id, coins)
+            except SigningRefused as refused:
+                self._audit(batch_id, "refused", refused.code.value, None, {"message": refused.message})
+                raise
+        inputs = [SpendInput(k.txid, k.vout, k.amount, self._keys.private_key_for("bitcoin", "hot", k.change, k.index))
+                  for k in coins]
+        signed = sign_batch(inputs, [PayOutput(o.address, o.amount) for o in outputs], self.bitcoin_network,
+                            change=PayOutput(*change) if change else None, rbf=True)
+        self._audit(batch_id, "signed", None, signed.txid,
+                    {"inputs": len(inputs), "outputs": len(outputs), "fee": signed.fee, "vsize": signed.vsize})
+        return signed
+
+    # ---- ethereum -------------------------------------------------------------------------
+
+    def sign_ethereum_payment(self, batch_id: int, output: BatchOutput, *, hot_index: int, chain_id: int, nonce: int,
+                              to: str, value: int, data: bytes, gas: int, max_fee_wei: int, priority_fee_wei: int):
+        """Sign the one transaction paying `output` (ether: to=destination; ERC-20: to=token, data=transfer)."""
+        with self.engine.connect() as c:
+            try:
+                self._check_batch(c, batch_id, [output])
+            except SigningRefused as refused:
+                self._audit(batch_id, "refused", refused.code.value, None, {"message": refused.message})
+                raise
+        signed = sign_eip1559(self._keys.private_key_for("ethereum", "hot", 0, hot_index), chain_id=chain_id, nonce=nonce,
+                              to=to, value=value, data=data, gas=gas, max_fee_wei=max_fee_wei, priority_fee_wei=priority_fee_wei)
+        self._audit(batch_id, "signed", None, signed.txid, {"nonce": nonce, "max_fee_wei": max_fee_wei})
+        return signed
+
+    # ---- checks ---------------------------------------------------------------------------
+
+    def _check_batch(self, c: Connection, batch_id: int, outputs: Sequence[BatchOutput]) -> None:
+        halted = c.execute(text("SELECT engaged FROM control_flag WHERE name = 'withdrawals_halted'")).scalar()
+        if halted:
+            raise SigningRefused(RefusalCode.kill_switch_on, "withdrawals are halted by the kill switch")
+        if not outputs:
+            raise SigningRefused(RefusalCode.empty_batch, f"batch {batch_id} has no outputs")
+        rows = c.execute(
+            text("SELECT w.id, w.account_id, w.asset, w.amount, w.fee_quoted, w.destination, w.requested_by, w.state, "
+                 "w.batch_id, w.decision_id, h.state AS hold_state, h.amount - h.captured - h.released AS hold_remaining "
+                 "FROM batch_output b JOIN withdrawal_request w ON w.id = b.withdrawal_id "
+                 "LEFT JOIN hold h ON h.id = w.hold_id WHERE b.batch_id = :b"), {"b": batch_id}).all()
+        by_id = {r.id: r for r in rows}
+        if sorted(o.withdrawal_id for o in outputs) != sorted(by_id):
+            raise SigningRefused(RefusalCode.output_mismatch, "outputs and the batch's withdrawals differ")
+        now = self.clock()
+        for o in outputs:
+            w = by_id[o.withdrawal_id]
+            if (o.address, o.amount) != (w.destination, int(w.amount)):
+                raise SigningRefused(RefusalCode.output_mismatch, f"output for withdrawal {w.id} does not match it")
+            if w.state != "batched" or w.batch_id != batch_id:
+                raise SigningRefused(RefusalCode.withdrawal_not_batched, f"withdrawal {w.id} is {w.state}")
+            self._check_decision(c, w, now)
+            if w.hold_state != "pending" or int(w.hold_remaining) < int(w.amount) + int(w.fee_quoted):
+                raise SigningRefused(RefusalCode.hold_not_live, f"withdrawal {w.id}: the hold is {w.hold_state}")
+
+    @staticmethod
+    def _check_decision(c: Connection, w, now: dt.datetime) -> None:
+        if w.decision_id is None:
+            raise SigningRefused(RefusalCode.no_decision, f"withdrawal {w.id} has no policy decision")
+        d = c.execute(text("SELECT outcome, required_approvals, reasons, policy_version, decided_at, expires_at "
+                           "FROM policy_decision WHERE id = :i AND withdrawal_id = :w"), {"i": w.decision_id, "w": w.id}).first()
+        if d is None:
+            raise SigningRefused(RefusalCode.no_decision, f"withdrawal {w.id} has no policy decision")
+        request = WithdrawalRequest(str(w.id), str(w.account_id), w.asset, int(w.amount), int(w.fee_quoted), w.destination,
+                                    w.requested_by)
+        decision = Decision(Outcome(d.outcome), d.required_approvals, tuple(ReasonCode(r) for r in d.reasons),
+                            d.policy_version, request, PolicyContext(d.decided_at), None, d.decided_at, d.expires_at)
+        approvals = c.execute(text("SELECT operator, at FROM approval WHERE decision_id = :d AND action = 'approve'"),
+                              {"d": w.decision_id}).all()
+        if not quorum_met(decision, [Approval(a.operator, a.at) for a in approvals], w.requested_by):
+            raise SigningRefused(RefusalCode.decision_not_approved, f"withdrawal {w.id}: decision {d.outcome} without quorum")
+        if now >= d.expires_at:
+            raise SigningRefused(RefusalCode.decision_expired, f"withdrawal {w.id}: decision expired {d.expires_at.isoformat()}")
+
+    @staticmethod
+    def _check_coins(c: Connection, batch_id: int, coins: Sequence[BtcCoin]) -> None:
+        for k in coins:
+            row = c.execute(text("SELECT amount, derivation_change, derivation_index, reserved_by, spent_by FROM wallet_utxo "
+                                 "WHERE txid = :t AND vout = :v"), {"t": k.txid, "v": k.vout}).first()
+            if (row is None or row.reserved_by != batch_id or row.spent_by is not None or int(row.amount) != k.amount
+                    or (row.derivation_change, row.derivation_index) != (k.change, k.index)):
+                raise SigningRefused(RefusalCode.unknown_input, f"input {k.txid}:{k.vout} is not a reserved hot-wallet coin")
+
+    def _audit(self, batch_id: int, outcome: str, code: str | None, txid: str | None, detail: dict) -> None:
+        with self.engine.begin() as c:
+            c.execute(text("INSERT INTO signer_audit (batch_id, outcome, code, txid, detail) VALUES (:b, :o, :c, :t, CAST(:d AS jsonb))"),
+                      {"b": batch_id, "o": outcome, "c": code, "t": txid, "d": json.dumps(detail)})
+        if code:
+            log.warning("signer refused batch %s: %s", batch_id, code)
