@@ -41,7 +41,7 @@ from ledger.model import Transfer
 from ledger.service import Ledger
 from signer.bitcoin_tx import address_to_script, dust_threshold, estimate_vsize, fee_for, select_coins
 from signer.ethereum_tx import erc20_transfer_data
-from signer.service import BatchOutput, BtcCoin, Signer
+from signer.service import BatchOutput, BtcCoin, Signer, SigningRefused
 
 log = logging.getLogger(__name__)
 HOT_RECEIVE_INDEX = 0
@@ -67,6 +67,7 @@ class Payouts:
         self.adapters = adapters
         self.signer = signer
         self.config = config or PayoutConfig()
+        self.refusals: list[tuple[int, str]] = []  # (batch id, refusal code), most recent last
 
     # ---- hot wallet -----------------------------------------------------------------------
 
@@ -174,16 +175,26 @@ class Payouts:
 
     # ---- signing --------------------------------------------------------------------------
 
-    def drop_from_batch(self, batch_id: int, withdrawal_id: int, *, reason: str) -> None:
-        """Pull one withdrawal out of an open batch (back to `approved`) so the rest can be signed."""
+    def drop_from_batch(self, batch_id: int, withdrawal_id: int, *, reason: str, retry: bool = True) -> None:
+        """Pull one withdrawal out of an open batch so the rest can be signed without it: back to
+        `approved` (retry=True) or `rejected` with its hold released. An emptied batch is abandoned
+        and its coins freed."""
         with self.engine.begin() as c:
             state = c.execute(text("SELECT state FROM withdrawal_batch WHERE id = :b FOR UPDATE"), {"b": batch_id}).scalar_one()
             if state != "open":
                 raise ValueError(f"batch {batch_id} is {state}; only open batches change")
             c.execute(text("DELETE FROM batch_output WHERE batch_id = :b AND withdrawal_id = :w"), {"b": batch_id, "w": withdrawal_id})
-            w = c.execute(text("SELECT state FROM withdrawal_request WHERE id = :w FOR UPDATE"), {"w": withdrawal_id}).scalar_one()
-            if w == "batched":
+            w = c.execute(text("SELECT state, hold_id FROM withdrawal_request WHERE id = :w FOR UPDATE"), {"w": withdrawal_id}).one()
+            if w.state == "batched" and retry:
                 advance(c, "withdrawal", withdrawal_id, "batched", "approved", batch_id=None)
+            elif w.state == "batched":
+                hold = self.ledger.get_hold(w.hold_id, conn=c)
+                if hold.state.value == "pending":
+                    self.ledger.release_hold(w.hold_id, owner=HOLD_OWNER, conn=c)
+                advance(c, "withdrawal", withdrawal_id, "batched", "rejected", batch_id=None, reject_reasons=[reason])
+            if not self._batch_withdrawal_ids(c, batch_id):
+                advance(c, "batch", batch_id, "open", "abandoned")
+                c.execute(text("UPDATE wallet_utxo SET reserved_by = NULL WHERE reserved_by = :b"), {"b": batch_id})
             audit(c, "custody", "batch.drop_output", f"batch:{batch_id}", {"withdrawal_id": withdrawal_id, "reason": reason})
 
     def sign_open_batches(self) -> list[str]:
@@ -192,9 +203,11 @@ class Payouts:
             open_batches = c.execute(text("SELECT id, chain FROM withdrawal_batch WHERE state = 'open' ORDER BY id")).all()
         txids = []
         for b in open_batches:
-            txid = self._sign_bitcoin(b.id) if b.chain == "bitcoin" else self._sign_ethereum(b.id)
-            if txid:
-                txids.append(txid)
+            try:
+                txids.append(self._sign_bitcoin(b.id) if b.chain == "bitcoin" else self._sign_ethereum(b.id))
+            except SigningRefused as refused:  # the signer audited it; the batch stays open for an operator
+                log.warning("batch %d not signed: %s", b.id, refused)
+                self.refusals.append((b.id, refused.code.value))
         return txids
 
     def _batch_outputs(self, c: Connection, batch_id: int) -> list:

@@ -1,0 +1,87 @@
+"""withdrawal_signer_refusals: the signer refuses a batch whose withdrawal has no decision, an
+expired decision, a hold released underneath it, or while the kill switch is on, each with its
+code and its own audit record, and nothing reaches the chain; the refused output is dropped and the
+rest of the work proceeds."""
+from __future__ import annotations
+
+import datetime as dt
+
+from sqlalchemy import text
+
+from custody.controls import set_kill_switch
+from regtest.util import assert_equal
+from tests.e2e.custody.conftest import BTC_FINALITY
+
+
+def fund(custody, customer, bitcoind, n):
+    accounts = [customer("BTC") for _ in range(n)]
+    addresses = [custody.wallets.issue_address(f"addr:{a}", a).address for a in accounts]
+    bitcoind.wallet("sendmany", "", {a: "1" for a in addresses})
+    p = custody.payouts
+    bitcoind.fund(p.hot_address("bitcoin"), 10 * 100_000_000)
+    bitcoind.mine(BTC_FINALITY)
+    custody.deposits.run_once(["bitcoin"])
+    p.sync_hot_wallet()
+    return accounts
+
+
+def test_signer_refusals(custody, customer, bitcoind, engine, ledger, log):
+    w, p = custody.withdrawals, custody.payouts
+    [a, b] = fund(custody, customer, bitcoind, 2)
+    dest = bitcoind.wallet("getnewaddress", "", "bech32")
+    first = w.request(client_withdrawal_id="refuse-1", account_id=a, amount=1_000_000, destination=dest, requested_by="backend")
+    batch = p.batch_bitcoin()
+    with engine.connect() as c:
+        audit_before = c.execute(text("SELECT count(*) FROM signer_audit")).scalar_one()
+
+    def refused_with(code: str) -> None:
+        p.refusals.clear()
+        assert_equal(p.sign_open_batches(), [])
+        assert_equal(p.refusals, [(batch, code)])
+        with engine.connect() as c:
+            assert_equal(c.execute(text("SELECT count(*) FROM chain_transaction WHERE batch_id = :b"), {"b": batch}).scalar_one(), 0)
+            last = c.execute(text("SELECT outcome, code FROM signer_audit ORDER BY id DESC LIMIT 1")).one()
+        assert_equal(tuple(last), ("refused", code))
+
+    log.info("kill switch on: kill_switch_on")
+    with engine.begin() as c:
+        set_kill_switch(c, True, "test", "op-test")
+    refused_with("kill_switch_on")
+    with engine.begin() as c:
+        set_kill_switch(c, False, "test over", "op-test")
+
+    log.info("signer's clock two days later: decision_expired")
+    real_clock = p.signer.clock
+    p.signer.clock = lambda: real_clock() + dt.timedelta(days=2)
+    try:
+        refused_with("decision_expired")
+    finally:
+        p.signer.clock = real_clock
+
+    log.info("the decision link removed underneath: no_decision")
+    with engine.begin() as c:
+        c.execute(text("UPDATE withdrawal_request SET decision_id = NULL WHERE id = :w"), {"w": first.id})
+    refused_with("no_decision")
+    with engine.begin() as c:
+        c.execute(text("UPDATE withdrawal_request SET decision_id = :d WHERE id = :w"), {"d": first.decision_id, "w": first.id})
+
+    log.info("the hold released underneath: hold_not_live")
+    ledger.release_hold(first.hold_id, owner="withdrawals")
+    refused_with("hold_not_live")
+    with engine.connect() as c:
+        assert_equal(c.execute(text("SELECT count(*) FROM signer_audit")).scalar_one(), audit_before + 4)
+
+    log.info("drop the bad output: the batch is abandoned; the next withdrawal is paid normally")
+    p.drop_from_batch(batch, first.id, reason="hold_released", retry=False)
+    assert_equal(w.get(first.id).state, "rejected")
+    assert_equal(ledger.balance(a).held, 0)
+    second = w.request(client_withdrawal_id="refuse-2", account_id=b, amount=2_000_000, destination=dest, requested_by="backend")
+    assert p.batch_bitcoin() not in (None, batch)
+    [txid] = p.sign_open_batches()
+    assert_equal(p.broadcast(), 1)
+    bitcoind.mine(BTC_FINALITY)
+    p.track()
+    assert_equal(w.get(second.id).state, "final")
+    assert_equal(ledger.balance(a).posted, 100_000_000)
+    tx = bitcoind.rpc("getrawtransaction", txid, True)
+    assert_equal(sorted(o["scriptPubKey"]["address"] for o in tx["vout"] if o["scriptPubKey"]["address"] == dest), [dest])
