@@ -22,8 +22,8 @@ from matching import matcher
 from matching.book import Book
 from matching.errors import ErrorCode, SequenceError
 from matching.events import (CloseReason, Event, Fill, OrderAccepted, OrderAmended, OrderClosed,
-                             OrderExists, OrderRejected, OrderStateChanged, RequestRejected,
-                             Triggered)
+                             OrderDecremented, OrderExists, OrderRejected, OrderStateChanged,
+                             RequestRejected, Triggered)
 from matching.fees import FeeSchedule, fee_increment
 from matching.holds import hold_captured, hold_requirement
 from matching.model import (ActivateTriggered, Amend, Cancel, Command, Market, Order, OrderType,
@@ -261,6 +261,8 @@ class Engine:
             self._close(maker, S.cancelled, CloseReason.self_trade_prevented)
         else:
             maker.visible = min(maker.visible, maker.remaining)
+            self._emit(OrderDecremented(self._seq, maker.order_id, maker.account, qty,
+                                        maker.remaining))
 
     def _fill(self, maker: Order, taker: Order, qty: int) -> None:
         price = maker.price

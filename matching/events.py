@@ -19,6 +19,8 @@ the order things happened. How the money layer uses them:
   `ActivateTriggered` (or `RejectTriggered` if the hold fails).
 - `OrderStateChanged`: mirror the state onto the order row (one per actual change).
 - `RequestRejected`: a cancel / amend / activation was refused; the order is unchanged.
+- `OrderDecremented`: STP `decrement_both` took `qty` open lots off a resting order that stays
+  open; nothing traded, the hold is unchanged (its excess is released at the terminal state).
 """
 from __future__ import annotations
 
@@ -167,6 +169,15 @@ class Triggered:
 
 
 @dataclass(frozen=True, slots=True)
+class OrderDecremented:
+    seq: int
+    order_id: str
+    account: str
+    qty: int
+    remaining: int
+
+
+@dataclass(frozen=True, slots=True)
 class RequestRejected:
     seq: int
     command: str
@@ -175,7 +186,7 @@ class RequestRejected:
 
 
 Event = Union[OrderAccepted, OrderRejected, OrderExists, Fill, OrderStateChanged, OrderClosed,
-              OrderAmended, Triggered, RequestRejected]
+              OrderAmended, Triggered, RequestRejected, OrderDecremented]
 
 
 class CloseReason:

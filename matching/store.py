@@ -100,7 +100,7 @@ _ORDER_COLUMNS = ("id", "market", "account", "client_order_id", "side", "order_t
 _UPSERT_ORDER = text(
     f"INSERT INTO trade_order ({', '.join(_ORDER_COLUMNS)}) VALUES "
     f"({', '.join(':' + c for c in _ORDER_COLUMNS)}) ON CONFLICT (id) DO UPDATE SET "
-    + ", ".join(f"{c} = EXCLUDED.{c}" for c in _ORDER_COLUMNS[6:]) + ", updated_at = now()")
+    + ", ".join(f"{c} = EXCLUDED.{c}" for c in _ORDER_COLUMNS[5:]) + ", updated_at = now()")
 _INSERT_COMMAND = text("INSERT INTO matching_command (market, seq, record) "
                        "VALUES (:m, :s, CAST(:r AS jsonb))")
 _FILL_COLUMNS = ("market", "seq", "match_no", "maker_order_id", "taker_order_id", "maker_account",

@@ -98,3 +98,35 @@ def env(ledger: Ledger) -> Env:
 
 __all__ = ["BTC", "USDT", "Env", "HoldState", "env", "fund", "holds_of", "new_market",
            "pending_holds", "Market"]
+
+
+TERMINAL = {"rejected", "filled", "cancelled", "expired"}
+
+
+def check_holds(env: Env) -> None:
+    """Every order's holds agree with the engine: captures = what its fills took; a terminal order
+    holds nothing; an open order's live hold covers what it may still need."""
+    from matching.holds import hold_captured, hold_requirement
+
+    engine = env.trading.engine(env.symbol)
+    with env.ledger.engine.connect() as conn:
+        rows = conn.execute(text("SELECT id, state, hold_id FROM trade_order WHERE market = :m"),
+                            {"m": env.symbol}).all()
+    for row in rows:
+        holds = holds_of(env.ledger, row.id)
+        order = engine.order(row.id)
+        if order is None:  # refused before sequencing: never held
+            assert row.state == "rejected" and not holds, row
+            continue
+        assert order.state.value == row.state, (row, order)
+        captured = sum(h.captured for h in holds)
+        assert captured == (hold_captured(order, engine.market)[1] if holds else 0), (row, holds)
+        pending = [h for h in holds if h.state is HoldState.pending]
+        if row.state in TERMINAL or row.state in ("untriggered", "received"):
+            assert not pending, (row, holds)
+            for h in holds:
+                assert h.captured + h.released == h.amount
+        else:
+            assert len(pending) == 1 and pending[0].id == row.hold_id, (row, holds)
+            _, need = hold_requirement(order, engine.market, engine.fees)
+            assert sum(h.captured for h in holds) + pending[0].remaining >= need, (row, holds)

@@ -1,0 +1,292 @@
+"""Order routes under /v1: markets, place / cancel / amend, queries by order id and client order
+id, fills, and a depth snapshot with its sequence number.
+
+Quantities and prices cross the API as decimal strings in asset units ("0.5" BTC, "60000" USDT per
+BTC) and are converted EXACTLY to lots and ticks; anything not an exact multiple of the lot or tick
+is refused (`invalid_quantity` / `invalid_price`), never rounded. Responses carry both the decimal
+string and the integer (`*_lots`, `*_ticks`) the engine uses.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Query, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from custody.api.deps import Admin, Backend, ContainerDep, Reader
+from custody.trading import attach
+from ledger.amounts import format_amount, parse_amount
+from ledger.errors import LedgerError
+from ledger.errors import ErrorCode as LedgerCode
+from matching.errors import ErrorCode, MatchingError
+from matching.fees import FeeSchedule, FeeTier
+from matching.model import Market, OrderType, Side, TimeInForce
+from matching.service import Outcome, Trading
+from matching.stp import StpPolicy
+
+router = APIRouter(prefix="/v1", tags=["orders"])
+
+
+def _trading(container: ContainerDep) -> Trading:
+    return container.trading if container.trading is not None else attach(container)
+
+
+TradingDep = Annotated[Trading, Depends(_trading)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class FeeTierIn(Strict):
+    maker_ppm: int = Field(ge=0, le=1_000_000)
+    taker_ppm: int = Field(ge=0, le=1_000_000)
+
+
+class MarketIn(Strict):
+    symbol: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,40}$")
+    base_asset: str
+    quote_asset: str
+    lot_size: int = Field(gt=0, description="base minor units per lot")
+    quote_per_tick_lot: int = Field(gt=0, description="quote minor units for one lot at one tick")
+    min_notional: int = Field(default=0, ge=0, description="quote minor units")
+    fees: dict[str, FeeTierIn] = Field(min_length=1)
+    default_stp: StpPolicy = StpPolicy.cancel_newest
+
+
+class OrderIn(Strict):
+    account: str = Field(min_length=1, max_length=120)
+    client_order_id: str = Field(min_length=1, max_length=64)
+    side: Side
+    type: OrderType = OrderType.limit
+    qty: str | None = Field(default=None, description="base asset units, e.g. \"0.5\"")
+    price: str | None = Field(default=None, description="quote units per whole base unit")
+    budget: str | None = Field(default=None, description="market bid: quote units, fees included")
+    stop_price: str | None = None
+    display_qty: str | None = None
+    tif: TimeInForce | None = None
+    post_only: bool = False
+    stp_group: str | None = Field(default=None, max_length=120)
+    stp_policy: StpPolicy | None = None
+    fee_tier: str = "default"
+
+
+class CancelIn(Strict):
+    account: str
+
+
+class AmendIn(Strict):
+    account: str
+    qty: str | None = None
+    price: str | None = None
+    stop_price: str | None = None
+
+
+class _Units:
+    """Exact conversions between decimal strings and the market's lots and ticks."""
+
+    def __init__(self, trading: Trading, symbol: str) -> None:
+        row = trading.market(symbol)
+        self.market = m = row.market
+        ledger = trading.ledger
+        self.bd = ledger.get_asset(m.base_asset).decimals
+        self.qd = ledger.get_asset(m.quote_asset).decimals
+        # price in quote minor units per whole base unit = ticks * tick_num / lot_size
+        self.tick_num = m.quote_per_tick_lot * 10**self.bd
+
+    def lots(self, text: str | None, field: str = "qty") -> int | None:
+        if text is None:
+            return None
+        minor = _parse(text, self.bd, ErrorCode.invalid_quantity, field)
+        if minor % self.market.lot_size:
+            raise MatchingError(ErrorCode.invalid_quantity, f"{field} {text!r} is not a whole number of lots "
+                                f"({format_amount(self.market.lot_size, self.bd)})")
+        return minor // self.market.lot_size
+
+    def ticks(self, text: str | None, field: str = "price") -> int | None:
+        if text is None:
+            return None
+        minor = _parse(text, self.qd, ErrorCode.invalid_price, field)
+        ticks, rest = divmod(minor * self.market.lot_size, self.tick_num)
+        if rest:
+            raise MatchingError(ErrorCode.invalid_price, f"{field} {text!r} is not a whole number of ticks")
+        return ticks
+
+    def quote(self, text: str | None) -> int | None:
+        return None if text is None else _parse(text, self.qd, ErrorCode.invalid_budget, "budget")
+
+    def fmt_lots(self, lots: Any) -> str | None:
+        return None if lots is None else format_amount(int(lots) * self.market.lot_size, self.bd)
+
+    def fmt_ticks(self, ticks: Any) -> str | None:
+        if ticks is None:
+            return None
+        num = int(ticks) * self.tick_num
+        if num % self.market.lot_size == 0:
+            return format_amount(num // self.market.lot_size, self.qd)
+        return None  # not representable in quote minor units: use the *_ticks field
+
+    def fmt_quote(self, amount: Any) -> str:
+        return format_amount(int(amount), self.qd)
+
+
+def _parse(text: str, decimals: int, code: ErrorCode, field: str) -> int:
+    try:
+        return parse_amount(text, decimals)
+    except LedgerError as exc:
+        raise MatchingError(code, f"{field}: {exc.message}") from None
+
+
+def _int(v: Any) -> int | None:
+    return None if v is None else int(v)
+
+
+def _order_out(u: _Units, row: Any) -> dict:
+    return {
+        "order_id": row.id, "market": row.market, "account": row.account,
+        "client_order_id": row.client_order_id, "side": row.side, "type": row.order_type,
+        "tif": row.tif, "post_only": row.post_only, "state": row.state,
+        "price": u.fmt_ticks(row.price), "price_ticks": _int(row.price),
+        "qty": u.fmt_lots(row.qty), "qty_lots": _int(row.qty),
+        "filled": u.fmt_lots(row.filled), "filled_lots": int(row.filled),
+        "remaining": u.fmt_lots(row.remaining), "remaining_lots": _int(row.remaining),
+        "display_qty": u.fmt_lots(row.display_qty), "stop_price": u.fmt_ticks(row.stop_price),
+        "budget": None if row.budget is None else u.fmt_quote(row.budget),
+        "quote_traded": u.fmt_quote(row.quote_traded), "fees_paid": u.fmt_quote(row.fees_paid),
+        "hold_id": row.hold_id, "reject_code": row.reject_code, "close_reason": row.close_reason,
+        "seq": row.seq, "last_seq": row.last_seq, "created_at": row.created_at, "updated_at": row.updated_at,
+    }
+
+
+def _answer(t: Trading, u: _Units, outcome: Outcome, *, refuse: bool) -> dict:
+    """The order after a command. A refused cancel / amend is an error; a refused order is a row."""
+    if outcome.code is not None and (refuse or outcome.seq is None and not _is_rejection(outcome)):
+        _raise(outcome.code)
+    row = t.order(outcome.order_id)
+    if row is None:
+        raise MatchingError(ErrorCode.order_not_found)
+    return _order_out(u, row)
+
+
+def _is_rejection(outcome: Outcome) -> bool:
+    """Refusals recorded as a rejected order (the client order id is used up) rather than errors."""
+    return outcome.code == LedgerCode.insufficient_funds.value
+
+
+def _raise(code: str) -> None:
+    try:
+        raise MatchingError(ErrorCode(code))
+    except ValueError:
+        raise LedgerError(LedgerCode(code)) from None
+
+
+@router.post("/markets", status_code=201)
+def create_market(body: MarketIn, t: TradingDep, _: Admin) -> dict:
+    fees = FeeSchedule({name: FeeTier(f.maker_ppm, f.taker_ppm) for name, f in body.fees.items()})
+    try:
+        market = Market(body.symbol, body.base_asset, body.quote_asset, body.lot_size,
+                        body.quote_per_tick_lot, body.min_notional)
+    except ValueError as exc:
+        raise MatchingError(ErrorCode.invalid_request, str(exc)) from None
+    t.ledger.get_asset(body.base_asset), t.ledger.get_asset(body.quote_asset)
+    t.create_market(market, fees, body.default_stp)
+    return _market_out(t, body.symbol)
+
+
+def _market_out(t: Trading, symbol: str) -> dict:
+    row = t.market(symbol)
+    m = row.market
+    return {"symbol": m.symbol, "base_asset": m.base_asset, "quote_asset": m.quote_asset,
+            "lot_size": m.lot_size, "quote_per_tick_lot": m.quote_per_tick_lot,
+            "min_notional": m.min_notional, "default_stp": row.default_stp.value,
+            "fees": {k: {"maker_ppm": v[0], "taker_ppm": v[1]} for k, v in row.fees.to_record().items()},
+            "fee_account_id": row.fee_account_id}
+
+
+@router.get("/markets")
+def list_markets(t: TradingDep, _: Reader) -> list[dict]:
+    return [_market_out(t, r.market.symbol) for r in t.markets()]
+
+
+@router.post("/markets/{symbol}/orders", status_code=201)
+def place_order(symbol: str, body: OrderIn, t: TradingDep, _: Backend, response: Response) -> dict:
+    """Place an order. A retry with the same client order id answers 200 with the existing order.
+    An order refused for funds, post-only crossing or self-trade prevention is answered 201 in
+    state `rejected` with its `reject_code` (its client order id is used up)."""
+    u = _Units(t, symbol)
+    outcome = t.place(
+        symbol, body.account, body.client_order_id, body.side, order_type=body.type,
+        qty=u.lots(body.qty), price=u.ticks(body.price), budget=u.quote(body.budget),
+        stop_price=u.ticks(body.stop_price, "stop_price"), display_qty=u.lots(body.display_qty, "display_qty"),
+        tif=body.tif, post_only=body.post_only, stp_group=body.stp_group, stp_policy=body.stp_policy,
+        fee_tier=body.fee_tier)
+    if outcome.existed:
+        response.status_code = 200
+        return _order_out(u, t.order(outcome.order_id))
+    return _answer(t, u, outcome, refuse=False)
+
+
+@router.post("/markets/{symbol}/orders/{order_id}/cancel")
+def cancel_order(symbol: str, order_id: str, body: CancelIn, t: TradingDep, _: Backend) -> dict:
+    u = _Units(t, symbol)
+    return _answer(t, u, t.cancel(symbol, body.account, order_id), refuse=True)
+
+
+@router.post("/markets/{symbol}/orders/{order_id}/amend")
+def amend_order(symbol: str, order_id: str, body: AmendIn, t: TradingDep, _: Backend) -> dict:
+    u = _Units(t, symbol)
+    outcome = t.amend(symbol, body.account, order_id, qty=u.lots(body.qty), price=u.ticks(body.price),
+                      stop_price=u.ticks(body.stop_price, "stop_price"))
+    return _answer(t, u, outcome, refuse=True)
+
+
+@router.get("/markets/{symbol}/orders/{order_id}")
+def get_order(symbol: str, order_id: str, t: TradingDep, _: Reader) -> dict:
+    u = _Units(t, symbol)
+    row = t.order(order_id)
+    if row is None or row.market != symbol:
+        raise MatchingError(ErrorCode.order_not_found)
+    return _order_out(u, row)
+
+
+@router.get("/markets/{symbol}/orders")
+def get_order_by_client_id(symbol: str, t: TradingDep, _: Reader, account: str = Query(),
+                           client_order_id: str = Query()) -> dict:
+    u = _Units(t, symbol)
+    row = t.order_by_client_id(symbol, account, client_order_id)
+    if row is None:
+        raise MatchingError(ErrorCode.order_not_found)
+    return _order_out(u, row)
+
+
+@router.get("/markets/{symbol}/fills")
+def list_fills(symbol: str, t: TradingDep, _: Reader, order_id: str | None = None,
+               account: str | None = None, after: int = Query(default=0, ge=0),
+               limit: int = Query(default=100, ge=1, le=1000)) -> dict:
+    u = _Units(t, symbol)
+    rows = t.fills(symbol, order_id=order_id, account=account, after=after, limit=limit)
+    return {"fills": [{
+        "id": r.id, "seq": r.seq, "match_no": r.match_no, "maker_order_id": r.maker_order_id,
+        "taker_order_id": r.taker_order_id, "maker_account": r.maker_account,
+        "taker_account": r.taker_account, "taker_side": r.taker_side,
+        "price": u.fmt_ticks(r.price_ticks), "price_ticks": int(r.price_ticks),
+        "qty": u.fmt_lots(r.qty_lots), "qty_lots": int(r.qty_lots),
+        "quote_amount": u.fmt_quote(r.quote_amount), "maker_fee": u.fmt_quote(r.maker_fee),
+        "taker_fee": u.fmt_quote(r.taker_fee), "journal_transaction_id": r.journal_transaction_id,
+        "created_at": r.created_at} for r in rows],
+        "next_after": rows[-1].id if len(rows) == limit else None}
+
+
+@router.get("/markets/{symbol}/depth")
+def depth(symbol: str, t: TradingDep, _: Reader, levels: int = Query(default=50, ge=1, le=1000)) -> dict:
+    u = _Units(t, symbol)
+    seq, bids, asks = t.depth(symbol, levels)
+
+    def side(levels_: list) -> list[dict]:
+        return [{"price": u.fmt_ticks(p), "price_ticks": p, "qty": u.fmt_lots(q), "qty_lots": q}
+                for p, q in levels_]
+
+    return {"market": symbol, "seq": seq, "bids": side(bids), "asks": side(asks)}
+
+
+__all__ = ["router", "Literal"]
