@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from custody.api import deposit_routes, errors, ledger_routes, withdrawal_routes
+from custody.api import deposit_routes, errors, ledger_routes, order_routes, withdrawal_routes
 from custody.container import Container
 
 
@@ -17,6 +17,7 @@ def create_app(container: Container) -> FastAPI:
     errors.install(app)
     app.include_router(ledger_routes.router)
     app.include_router(deposit_routes.router)
+    app.include_router(order_routes.router)
     app.include_router(withdrawal_routes.router)
 
     @app.get("/health", tags=["ops"])

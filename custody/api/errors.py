@@ -15,6 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from custody.errors import CustodyError
 from ledger.errors import LedgerError
+from matching.errors import MatchingError
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,10 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(CustodyError)
     async def custody_error(_: Request, exc: CustodyError) -> JSONResponse:
         return JSONResponse(body(exc.code.value, exc.message, **exc.detail), status_code=exc.code.http_status)
+
+    @app.exception_handler(MatchingError)
+    async def matching_error(_: Request, exc: MatchingError) -> JSONResponse:
+        return JSONResponse(body(exc.code.value, exc.message), status_code=exc.code.http_status)
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, exc: ApiError) -> JSONResponse:
