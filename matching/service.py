@@ -313,7 +313,11 @@ class Trading:
 
     def engine(self, symbol: str) -> Engine:
         """The live engine (tests and benchmarks; read it only while no command runs)."""
-        return self._runtime(symbol).engine
+        rt = self._runtime(symbol)
+        with rt.lock:
+            if rt.broken:
+                rt = self._recover(rt)
+            return rt.engine
 
     def take_snapshot(self, symbol: str) -> snapshot.Snapshot:
         """Store a snapshot of the committed state (a derived row: replay starts from it)."""
