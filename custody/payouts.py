@@ -265,19 +265,22 @@ class Payouts:
         emit(c, "batch.signed", f"batch.signed:{batch_id}:{txid}", {"batch_id": batch_id, "txid": txid})
         return tx_id
 
+    def _eth_call(self, c: Connection, w) -> tuple[str, int, bytes, int]:
+        """(to, value, data, gas) of the transaction paying withdrawal `w`."""
+        ca = self.wallets.chain_asset(w.asset, conn=c)
+        if ca.contract_address:
+            return ca.contract_address, 0, erc20_transfer_data(w.destination, int(w.amount)), ETH_GAS_TOKEN
+        return w.destination, int(w.amount), b"", ETH_GAS_ETHER
+
     def _sign_ethereum(self, batch_id: int) -> str | None:
         adapter = self.adapters["ethereum"]
         hot = self.hot_address("ethereum")
         with self.engine.begin() as c:
             [w] = self._batch_outputs(c, batch_id)
-            ca = self.wallets.chain_asset(w.asset, conn=c)
             nonce = self._allocate_nonce(c, hot)
             fee = adapter.estimate_fee()
             max_fee = min(fee.max_fee_wei, self.config.max_fee_wei)
-            if ca.contract_address:
-                to, value, data, gas = ca.contract_address, 0, erc20_transfer_data(w.destination, int(w.amount)), ETH_GAS_TOKEN
-            else:
-                to, value, data, gas = w.destination, int(w.amount), b"", ETH_GAS_ETHER
+            to, value, data, gas = self._eth_call(c, w)
             signed = self.signer.sign_ethereum_payment(
                 batch_id, BatchOutput(w.id, w.destination, int(w.amount)), hot_index=HOT_RECEIVE_INDEX,
                 chain_id=adapter.chain_id, nonce=nonce, to=to, value=value, data=data, gas=gas, max_fee_wei=max_fee,
@@ -285,6 +288,67 @@ class Payouts:
             self._record_signed(c, batch_id, "ethereum", signed.txid, signed.raw, gas * max_fee, max_fee, [w],
                                 nonce=nonce, sender=hot)
         return signed.txid
+
+    # ---- fee bumps ------------------------------------------------------------------------
+
+    def bump_fees(self) -> list[str]:
+        """Replace every version pending for `stuck_blocks` or more with one paying a higher fee
+        (up to the ceiling); returns the new txids, stored as `signed` for the broadcast job."""
+        with self.engine.connect() as c:
+            rows = c.execute(text("SELECT id, batch_id, chain, txid, raw, fee_rate, nonce, broadcast_height FROM chain_transaction "
+                                  "WHERE state = 'broadcast' AND NOT EXISTS (SELECT 1 FROM chain_transaction n "
+                                  "WHERE n.replaces_id = chain_transaction.id) ORDER BY id")).all()
+        new = []
+        for r in rows:
+            adapter = self.adapters[r.chain]
+            if r.broadcast_height is None or adapter.tip().height - r.broadcast_height < self.config.stuck_blocks:
+                continue
+            if adapter.tx_status(r.txid, raw=bytes(r.raw)).state is not TxState.MEMPOOL:
+                continue
+            old_rate = int(r.fee_rate)
+            ceiling = self.config.max_fee_rate_sat_per_kvb if r.chain == "bitcoin" else self.config.max_fee_wei
+            rate = min(old_rate * (100 + self.config.bump_percent) // 100, ceiling)
+            if rate <= old_rate:
+                with self.engine.begin() as c:
+                    open_incident(c, "fee_ceiling_reached", f"fee_ceiling:{r.id}", {"txid": r.txid, "rate": old_rate},
+                                  severity="warning")
+                continue
+            txid = self._replace_bitcoin(r, rate) if r.chain == "bitcoin" else self._replace_ethereum(r, rate)
+            log.info("fee bump: %s replaced by %s at %d", r.txid, txid, rate)
+            new.append(txid)
+        return new
+
+    def _replace_bitcoin(self, r, rate: int) -> str:
+        with self.engine.connect() as c:
+            _rows, coins, outputs, change = self._bitcoin_plan(c, r.batch_id, rate)
+        signed = self.signer.sign_bitcoin_replacement(r.batch_id, r.txid, coins, outputs, change)
+        with self.engine.begin() as c:
+            self._record_replacement(c, r, signed.txid, signed.raw, signed.fee, rate)
+            if change and signed.change_vout is not None:
+                c.execute(text("INSERT INTO wallet_utxo (txid, vout, address, derivation_change, derivation_index, amount) "
+                               "VALUES (:t, :v, :a, 1, :i, :m) ON CONFLICT DO NOTHING"),
+                          {"t": signed.txid, "v": signed.change_vout, "a": change[0], "i": r.batch_id, "m": change[1]})
+        return signed.txid
+
+    def _replace_ethereum(self, r, max_fee: int) -> str:
+        adapter = self.adapters["ethereum"]
+        with self.engine.begin() as c:
+            [w] = self._batch_outputs(c, r.batch_id)
+            to, value, data, gas = self._eth_call(c, w)
+            priority = max(adapter.estimate_fee().priority_fee_wei, 1) * (100 + self.config.bump_percent) // 100 + 1
+            signed = self.signer.sign_ethereum_payment(
+                r.batch_id, BatchOutput(w.id, w.destination, int(w.amount)), hot_index=HOT_RECEIVE_INDEX,
+                chain_id=adapter.chain_id, nonce=r.nonce, to=to, value=value, data=data, gas=gas, max_fee_wei=max_fee,
+                priority_fee_wei=min(priority, max_fee), replaces_txid=r.txid)
+            self._record_replacement(c, r, signed.txid, signed.raw, gas * max_fee, max_fee)
+        return signed.txid
+
+    def _record_replacement(self, c: Connection, r, txid: str, raw: bytes, fee: int, rate: int) -> None:
+        c.execute(text("INSERT INTO chain_transaction (batch_id, chain, txid, raw, fee, fee_rate, nonce, sender, replaces_id, state) "
+                       "SELECT batch_id, chain, :t, :raw, :f, :fr, nonce, sender, id, 'signed' FROM chain_transaction WHERE id = :i"),
+                  {"t": txid, "raw": raw, "f": fee, "fr": rate, "i": r.id})
+        c.execute(text("UPDATE withdrawal_batch SET fee_rate = :fr, updated_at = now() WHERE id = :b"), {"fr": rate, "b": r.batch_id})
+        audit(c, "custody", "batch.fee_bump", f"batch:{r.batch_id}", {"replaces": r.txid, "txid": txid, "rate": rate})
 
     def _allocate_nonce(self, c: Connection, address: str) -> int:
         """Next nonce for `address`, gap-free: the row lock serialises allocators; the counter starts

@@ -109,14 +109,67 @@ class Signer:
                     {"inputs": len(inputs), "outputs": len(outputs), "fee": signed.fee, "vsize": signed.vsize})
         return signed
 
+    def sign_bitcoin_replacement(self, batch_id: int, replaces_txid: str, coins: Sequence[BtcCoin],
+                                 outputs: Sequence[BatchOutput], change: tuple[str, int] | None) -> SignedTx:
+        """Re-sign a broadcast batch at a higher fee (RBF): the same withdrawals, the same coins.
+
+        Checked instead of live holds (they were captured when the batch was first signed): the
+        version being replaced is this batch's and still pending, every withdrawal of the batch is
+        signed or broadcast and its hold was captured, and the coins are the ones that version spends."""
+        with self.engine.connect() as c:
+            try:
+                self._check_replacement(c, batch_id, replaces_txid, outputs)
+                for k in coins:
+                    spent = c.execute(text("SELECT t.txid FROM wallet_utxo u JOIN chain_transaction t ON t.id = u.spent_by "
+                                           "WHERE u.txid = :t AND u.vout = :v AND u.reserved_by = :b"),
+                                      {"t": k.txid, "v": k.vout, "b": batch_id}).scalar()
+                    if spent != replaces_txid:
+                        raise SigningRefused(RefusalCode.unknown_input, f"input {k.txid}:{k.vout} is not spent by {replaces_txid}")
+            except SigningRefused as refused:
+                self._audit(batch_id, "refused", refused.code.value, None, {"message": refused.message, "replaces": replaces_txid})
+                raise
+        inputs = [SpendInput(k.txid, k.vout, k.amount, self._keys.private_key_for("bitcoin", "hot", k.change, k.index))
+                  for k in coins]
+        signed = sign_batch(inputs, [PayOutput(o.address, o.amount) for o in outputs], self.bitcoin_network,
+                            change=PayOutput(*change) if change else None, rbf=True)
+        self._audit(batch_id, "signed", None, signed.txid, {"replaces": replaces_txid, "fee": signed.fee, "vsize": signed.vsize})
+        return signed
+
+    def _check_replacement(self, c: Connection, batch_id: int, replaces_txid: str, outputs: Sequence[BatchOutput]) -> None:
+        halted = c.execute(text("SELECT engaged FROM control_flag WHERE name = 'withdrawals_halted'")).scalar()
+        if halted:
+            raise SigningRefused(RefusalCode.kill_switch_on, "withdrawals are halted by the kill switch")
+        old = c.execute(text("SELECT state FROM chain_transaction WHERE txid = :t AND batch_id = :b"),
+                        {"t": replaces_txid, "b": batch_id}).first()
+        if old is None or old.state not in ("signed", "broadcast"):
+            raise SigningRefused(RefusalCode.output_mismatch, f"{replaces_txid} is not a pending version of batch {batch_id}")
+        rows = c.execute(text("SELECT w.id, w.destination, w.amount, w.state, w.batch_id, h.state AS hold_state FROM batch_output b "
+                              "JOIN withdrawal_request w ON w.id = b.withdrawal_id JOIN hold h ON h.id = w.hold_id "
+                              "WHERE b.batch_id = :b"), {"b": batch_id}).all()
+        if sorted((o.withdrawal_id, o.address, o.amount) for o in outputs) != sorted((r.id, r.destination, int(r.amount)) for r in rows):
+            raise SigningRefused(RefusalCode.output_mismatch, "a replacement must pay exactly the batch's withdrawals")
+        for r in rows:
+            if r.state not in ("signed", "broadcast") or r.batch_id != batch_id:
+                raise SigningRefused(RefusalCode.withdrawal_not_batched, f"withdrawal {r.id} is {r.state}")
+            if r.hold_state not in ("captured", "released"):
+                raise SigningRefused(RefusalCode.hold_not_live, f"withdrawal {r.id}: the hold was never captured")
+
     # ---- ethereum -------------------------------------------------------------------------
 
     def sign_ethereum_payment(self, batch_id: int, output: BatchOutput, *, hot_index: int, chain_id: int, nonce: int,
-                              to: str, value: int, data: bytes, gas: int, max_fee_wei: int, priority_fee_wei: int):
-        """Sign the one transaction paying `output` (ether: to=destination; ERC-20: to=token, data=transfer)."""
+                              to: str, value: int, data: bytes, gas: int, max_fee_wei: int, priority_fee_wei: int,
+                              replaces_txid: str | None = None):
+        """Sign the one transaction paying `output` (ether: to=destination; ERC-20: to=token, data=transfer).
+        With `replaces_txid`, a same-nonce replacement of that pending version at a higher fee."""
         with self.engine.connect() as c:
             try:
-                self._check_batch(c, batch_id, [output])
+                if replaces_txid is None:
+                    self._check_batch(c, batch_id, [output])
+                else:
+                    self._check_replacement(c, batch_id, replaces_txid, [output])
+                    old_nonce = c.execute(text("SELECT nonce FROM chain_transaction WHERE txid = :t"), {"t": replaces_txid}).scalar()
+                    if old_nonce != nonce:
+                        raise SigningRefused(RefusalCode.output_mismatch, "a replacement must reuse the nonce it replaces")
             except SigningRefused as refused:
                 self._audit(batch_id, "refused", refused.code.value, None, {"message": refused.message})
                 raise
