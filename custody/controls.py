@@ -15,6 +15,7 @@ from sqlalchemy import Connection, Engine, text
 
 log = logging.getLogger(__name__)
 KILL_SWITCH = "withdrawals_halted"
+DRAIN = "withdrawal_drain"  # engaged when the kill switch is released: the backlog leaves slowly
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,9 @@ def open_incident(conn: Connection, kind: str, dedupe_key: str, detail: dict, *,
 
 
 def set_kill_switch(conn: Connection, engaged: bool, reason: str, by: str) -> None:
+    """Engage or release the kill switch. Releasing it starts the outage drain (see payouts)."""
+    if not engaged and kill_switch(conn).engaged:
+        set_flag(conn, DRAIN, True, f"kill switch released: {reason}", by)
     conn.execute(
         text("INSERT INTO control_flag (name, engaged, reason, changed_by) VALUES (:n, :e, :r, :b) "
              "ON CONFLICT (name) DO UPDATE SET engaged = :e, reason = :r, changed_by = :b, changed_at = now()"),
@@ -52,6 +56,18 @@ def set_kill_switch(conn: Connection, engaged: bool, reason: str, by: str) -> No
         {"b": by, "a": "kill_switch.engage" if engaged else "kill_switch.release", "n": KILL_SWITCH,
          "j": json.dumps({"reason": reason})},
     )
+
+
+def set_flag(conn: Connection, name: str, engaged: bool, reason: str, by: str) -> None:
+    conn.execute(
+        text("INSERT INTO control_flag (name, engaged, reason, changed_by) VALUES (:n, :e, :r, :b) "
+             "ON CONFLICT (name) DO UPDATE SET engaged = :e, reason = :r, changed_by = :b, changed_at = now()"),
+        {"n": name, "e": engaged, "r": reason, "b": by},
+    )
+
+
+def flag(conn: Connection, name: str) -> bool:
+    return bool(conn.execute(text("SELECT engaged FROM control_flag WHERE name = :n"), {"n": name}).scalar())
 
 
 def kill_switch(engine_or_conn: Engine | Connection) -> KillSwitch:

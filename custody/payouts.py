@@ -33,13 +33,14 @@ from sqlalchemy import Connection, Engine, text
 from chain_adapters.base import ChainAdapter, TxState
 from chain_adapters.errors import ChainError
 from custody.addresses import derive_btc_address, derive_eth_address
-from custody.controls import audit, emit, kill_switch, open_incident
+from custody.controls import DRAIN, audit, emit, flag, kill_switch, open_incident, set_flag
 from custody.states import advance
 from custody.wallets import Wallets
 from custody.withdrawals import HOLD_OWNER
 from ledger.model import Transfer
 from ledger.service import Ledger
 from signer.bitcoin_tx import address_to_script, dust_threshold, estimate_vsize, fee_for, select_coins
+from signer.errors import SignerError, SignerErrorCode
 from signer.ethereum_tx import erc20_transfer_data
 from signer.service import BatchOutput, BtcCoin, Signer, SigningRefused
 
@@ -56,6 +57,7 @@ class PayoutConfig:
     bump_percent: int = 50  # each bump raises the fee rate by this much
     max_fee_rate_sat_per_kvb: int = 500_000  # ceiling for bitcoin bumps
     max_fee_wei: int = 500 * 10**9  # ceiling for ethereum max fee per gas
+    drain_per_run: int = 10  # outage drain: withdrawals released per batch run, smallest first
 
 
 class Payouts:
@@ -110,10 +112,23 @@ class Payouts:
     # ---- batching -------------------------------------------------------------------------
 
     def _take_approved(self, c: Connection, chain: str, limit: int) -> list:
+        """Approved withdrawals to pay now, rescreened. During the outage drain (after the kill
+        switch is lifted) the backlog leaves in value tiers: smallest amounts first, at most
+        `drain_per_run` per run, until nothing approved is left waiting."""
+        draining = flag(c, DRAIN)
+        order = "amount, id" if draining else "id"
+        if draining:
+            limit = min(limit, self.config.drain_per_run)
         rows = c.execute(
             text("SELECT id, account_id, asset, amount, fee_quoted, destination, hold_id FROM withdrawal_request "
-                 "WHERE state = 'approved' AND chain = :c ORDER BY id LIMIT :l FOR UPDATE SKIP LOCKED"),
+                 f"WHERE state = 'approved' AND chain = :c ORDER BY {order} LIMIT :l FOR UPDATE SKIP LOCKED"),
             {"c": chain, "l": limit}).all()
+        if draining:
+            left = c.execute(text("SELECT count(*) FROM withdrawal_request WHERE state = 'approved' AND NOT (id = ANY(:t))"),
+                             {"t": [r.id for r in rows]}).scalar_one()
+            if left == 0:
+                set_flag(c, DRAIN, False, "backlog drained", "custody")
+                log.info("outage drain finished")
         denied = {a.lower() for a in c.execute(text("SELECT address FROM denylist_address")).scalars()}
         keep = []
         for w in rows:
@@ -135,23 +150,34 @@ class Payouts:
         return batch_id
 
     def batch_bitcoin(self) -> int | None:
-        """Group approved BTC withdrawals into one batch and reserve coins for it."""
+        """Group approved BTC withdrawals into one batch and reserve coins for it. If the hot
+        wallet's confirmed coins cannot cover them, nothing changes and a warning incident asks
+        treasury to rebalance (the withdrawals stay approved and are retried next run)."""
         if kill_switch(self.engine).engaged:
             return None
         rate = self.adapters["bitcoin"].estimate_fee().sat_per_kvb
-        with self.engine.begin() as c:
-            members = self._take_approved(c, "bitcoin", self.config.max_batch_outputs)
-            if not members:
-                return None
-            batch_id = self._new_batch(c, "bitcoin", "BTC", members, rate)
-            coins = self._spendable_coins(c)
-            scripts = [address_to_script(w.destination, self.config.bitcoin_network) for w in members]
-            change_script = address_to_script(self.hot_address("bitcoin", 1, batch_id), self.config.bitcoin_network)
-            chosen, _change, _fee = select_coins(coins, sum(int(w.amount) for w in members), rate, scripts, change_script)
-            for coin in chosen:
-                c.execute(text("UPDATE wallet_utxo SET reserved_by = :b WHERE txid = :t AND vout = :v AND reserved_by IS NULL"),
-                          {"b": batch_id, "t": coin.txid, "v": coin.vout})
-            audit(c, "custody", "batch.create", f"batch:{batch_id}", {"withdrawals": [w.id for w in members], "fee_rate": rate})
+        try:
+            with self.engine.begin() as c:
+                members = self._take_approved(c, "bitcoin", self.config.max_batch_outputs)
+                if not members:
+                    return None
+                batch_id = self._new_batch(c, "bitcoin", "BTC", members, rate)
+                coins = self._spendable_coins(c)
+                scripts = [address_to_script(w.destination, self.config.bitcoin_network) for w in members]
+                change_script = address_to_script(self.hot_address("bitcoin", 1, batch_id), self.config.bitcoin_network)
+                chosen, _change, _fee = select_coins(coins, sum(int(w.amount) for w in members), rate, scripts, change_script)
+                for coin in chosen:
+                    c.execute(text("UPDATE wallet_utxo SET reserved_by = :b WHERE txid = :t AND vout = :v AND reserved_by IS NULL"),
+                              {"b": batch_id, "t": coin.txid, "v": coin.vout})
+                audit(c, "custody", "batch.create", f"batch:{batch_id}", {"withdrawals": [w.id for w in members], "fee_rate": rate})
+        except SignerError as exc:
+            if exc.code is not SignerErrorCode.INSUFFICIENT_FUNDS:
+                raise
+            with self.engine.begin() as c:
+                open_incident(c, "hot_wallet_insufficient", f"hot_wallet_insufficient:bitcoin:{exc.detail}",
+                              {"chain": "bitcoin", "detail": str(exc.detail)}, severity="warning")
+            log.warning("bitcoin hot wallet cannot cover the approved withdrawals: %s", exc)
+            return None
         log.info("batch %d: %d bitcoin withdrawal(s) at %d sat/kvB", batch_id, len(members), rate)
         return batch_id
 
