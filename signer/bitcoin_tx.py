@@ -5,8 +5,11 @@ Guarantees, stated first:
   most 21,000,000 BTC; fee = inputs - payments - change, exactly, never negative.
 - Every destination is a native segwit address of the signer's network: bech32 v0 (P2WPKH,
   P2WSH) or bech32m v1 (P2TR), with the checksum variant BIP350 requires for its version.
-  Everything else is refused with a `SignerError` code; nothing is ever paid to a script the
-  signer did not derive from a checked address.
+  Everything else is refused with a `SignerError` code. Every output script, however it
+  arrived, is one of those three forms. A script handed in with its address
+  (`PayOutput.script`, made by `pay_output` when the withdrawal was requested) is trusted to
+  be that address's: it comes from the same approved row as the address, and re-deriving it
+  would cost the ~50 us per output this layer exists to avoid.
 - All inputs are signed SIGHASH_ALL per BIP143, with low-S ECDSA from libsecp256k1 (coincurve)
   and RFC6979 nonces, so signing the same transaction twice yields the same bytes. Each
   signature is verified after signing (as Bitcoin Core's CKey::Sign does) before it is used.
@@ -75,6 +78,8 @@ P2WPKH_INPUT_VBYTES = 68
 _SEGWIT_MARKER_WEIGHT = 2  # marker and flag bytes, witness-discounted
 
 _MAX_BECH32_LEN = 90
+# (length, first two bytes) of the scripts we pay: P2WPKH, P2WSH, P2TR
+_PAYABLE_FORMS = frozenset({(22, b"\x00\x14"), (34, b"\x00\x20"), (34, b"\x51\x20")})
 _BASE58_ALPHABET = frozenset("123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz")
 _SECP256K1_HALF_N = 0x7FFFFFFFFFFFFFFFFFFFFFFFFFFFFFFF5D576E7357A4501DDFE92F46681B20A0
 
@@ -340,7 +345,8 @@ def sign_batch(
 
     Refusals, in order of precedence: unknown_network; inputs_must_not_be_empty;
     outputs_must_not_be_empty; invalid_input; duplicate_input; amount_must_be_positive; an
-    address refusal (see `address_to_script`); output_below_dust; outputs_exceed_inputs;
+    address refusal (see `address_to_script`; a given script of another form is
+    unsupported_address_type); output_below_dust; outputs_exceed_inputs;
     key_does_not_match_input; transaction_too_large; fee_exceeds_maximum (pass None to lift).
     """
     hrp_for(network)
@@ -362,7 +368,7 @@ def sign_batch(
     for i, out in enumerate(pays):
         what = "change" if change is not None and i == len(outputs) else f"output {i}"
         amount = _checked_amount(out.amount, what)
-        script = out.script or address_to_script(out.address, network)
+        script = _checked_script(out.script, what) if out.script else address_to_script(out.address, network)
         if amount < dust_threshold(script):
             raise SignerError(SignerErrorCode.OUTPUT_BELOW_DUST,
                               f"{what} pays {amount} sat; {dust_threshold(script)} is the minimum for its script type")
@@ -417,6 +423,13 @@ def _outpoints(inputs: Sequence[SpendInput]) -> list[bytes]:
     if len(set(outpoints)) != len(outpoints):
         raise SignerError(SignerErrorCode.DUPLICATE_INPUT, "an outpoint is spent twice")
     return outpoints
+
+
+def _checked_script(script: bytes, what: str) -> bytes:
+    """A pre-resolved script must have the form of a payable address: P2WPKH, P2WSH or P2TR."""
+    if not isinstance(script, bytes) or (len(script), script[:2]) not in _PAYABLE_FORMS:
+        raise SignerError(SignerErrorCode.UNSUPPORTED_ADDRESS_TYPE, f"{what}: script is not P2WPKH, P2WSH or P2TR")
+    return script
 
 
 def _checked_amount(amount: int, what: str) -> int:

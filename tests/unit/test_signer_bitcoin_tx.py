@@ -338,6 +338,19 @@ def test_dust_outputs_refused_at_the_threshold(script, threshold):
                        max_fee_rate_sat_per_kvb=None)
 
 
+def test_pre_resolved_scripts_must_be_payable_forms():
+    ins = _inputs([100_000])
+    for script in (b"\x76\xa9\x14" + PROG20 + b"\x88\xac",   # P2PKH
+                   b"\xa9\x14" + PROG20 + b"\x87",             # P2SH
+                   b"\x6a\x04abcd",                             # OP_RETURN
+                   b"\x52\x20" + PROG32,                        # witness v2
+                   b"\x00\x14" + PROG20 + b"\x00"):             # P2WPKH with a trailing byte
+        assert_raises_code(E.UNSUPPORTED_ADDRESS_TYPE, sign_batch, ins, [PayOutput("x", 50_000, script)], "regtest",
+                           change=None)
+        assert_raises_code(E.UNSUPPORTED_ADDRESS_TYPE, sign_batch, ins, _outputs(1), "regtest",
+                           change=PayOutput("x", 50_000, script))
+
+
 def test_oversized_transaction_refused():
     outs = [PayOutput("x", 1_000, P2WPKH)] * 3_300  # 3,300 * 31 B * 4 > 400,000 WU
     assert_raises_code(E.TRANSACTION_TOO_LARGE, sign_batch, _inputs([10_000_000]), outs, "regtest", change=None,
