@@ -91,7 +91,8 @@ class Engine:
         self._events = events = []
         self._match_no = 0
         self._handlers[type(command)](command)
-        self._fire_stops()
+        if self.stops.keys:
+            self._fire_stops()
         self._events = []
         return events
 
@@ -220,7 +221,14 @@ class Engine:
         self.book.remove(order)
         self._set_size(order, cmd)
         self._emit_amended(order, priority_kept=False)
-        self._match_and_rest(order)
+        if self._would_cross(order, order.price):
+            self._match_and_rest(order)
+            return
+        # Fast path, same result as _match_and_rest: a resting order is a GTC limit with open
+        # quantity, so an empty match plan would just put it back at the end of its level.
+        remaining = order.remaining
+        order.visible = min(order.display_qty or remaining, remaining)
+        self.book.add(order)
 
     # -- entering and matching ------------------------------------------------------------
 
