@@ -43,9 +43,12 @@ def open_incident(conn: Connection, kind: str, dedupe_key: str, detail: dict, *,
 
 
 def set_kill_switch(conn: Connection, engaged: bool, reason: str, by: str) -> None:
-    """Engage or release the kill switch. Releasing it starts the outage drain (see payouts)."""
+    """Engage or release the kill switch. Releasing it with approved withdrawals waiting starts the
+    outage drain (see custody.payouts)."""
     if not engaged and kill_switch(conn).engaged:
-        set_flag(conn, DRAIN, True, f"kill switch released: {reason}", by)
+        backlog = conn.execute(text("SELECT count(*) FROM withdrawal_request WHERE state = 'approved'")).scalar_one()
+        if backlog:
+            set_flag(conn, DRAIN, True, f"kill switch released with {backlog} approved withdrawal(s) waiting: {reason}", by)
     conn.execute(
         text("INSERT INTO control_flag (name, engaged, reason, changed_by) VALUES (:n, :e, :r, :b) "
              "ON CONFLICT (name) DO UPDATE SET engaged = :e, reason = :r, changed_by = :b, changed_at = now()"),
