@@ -19,7 +19,7 @@ layer uses the status). Codes never change meaning; new ones are appended.
 | asset_mismatch | 422 | the accounts of one transfer (or a hold and its asset) are in different assets |
 | idempotency_conflict | 409 | the idempotency key was used before with different content |
 | insufficient_funds | 409 | the debit would take available (posted - held) below zero on an account that may not go negative |
-| limit_exceeded | 409 | the credit would take the balance above zero on an account that may not go positive |
+| limit_exceeded | 409 | the credit would take the balance above zero on an account that may not go positive, or any balance beyond 10^78-1 |
 | hold_not_found | 404 | no hold with that id |
 | hold_already_resolved | 409 | the hold is already captured, released or expired |
 | hold_expired | 409 | the hold's timeout has passed; it can only be expired |

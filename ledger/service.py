@@ -27,6 +27,7 @@ from sqlalchemy import Connection, Engine, text
 from ledger.errors import ErrorCode, LedgerError
 from ledger.model import (
     DEFAULT_LIMITS,
+    MAX_AMOUNT,
     Account,
     AccountKind,
     Asset,
@@ -266,6 +267,8 @@ class Ledger:
                 raise LedgerError(ErrorCode.account_closed)
             if not account.may_go_negative and bal.available < amount:
                 raise LedgerError(ErrorCode.insufficient_funds, available=bal.available, amount=amount)
+            if bal.held + amount > MAX_AMOUNT:  # NUMERIC(78,0) would overflow with a raw error
+                raise LedgerError(ErrorCode.limit_exceeded, "held amount would exceed 10^78-1", held=bal.held)
             row = c.execute(
                 text(
                     "INSERT INTO hold (idempotency_key, content_hash, account_id, amount, owner, reference, expires_at) "

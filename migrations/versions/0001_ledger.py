@@ -256,6 +256,27 @@ BEGIN
         RETURN;
     END IF;
 
+    -- 6b. Every balance, each running balance_after included, must fit NUMERIC(78,0); otherwise the
+    --     write would fail with a raw overflow instead of a code. The full check runs only when the
+    --     cheap bound says an overflow is possible at all.
+    IF (SELECT sum(u.amount) FROM unnest(p_amounts) AS u(amount))
+       + (SELECT coalesce(max(abs(b.posted)), 0) FROM account_balance b
+           WHERE b.account_id = ANY (p_debits || p_credits)) > 10::numeric ^ 78 - 1 THEN
+        SELECT min(r.i) - 1 INTO v_bad
+            FROM (SELECT l.i, b.posted + sum(l.delta) OVER (PARTITION BY l.account_id ORDER BY l.ord) AS after
+                    FROM (SELECT u.debit AS account_id, -u.amount AS delta, 2 * u.i AS ord, u.i
+                            FROM unnest(p_debits, p_amounts) WITH ORDINALITY AS u(debit, amount, i)
+                          UNION ALL
+                          SELECT u.credit, u.amount, 2 * u.i + 1, u.i
+                            FROM unnest(p_credits, p_amounts) WITH ORDINALITY AS u(credit, amount, i)) l
+                    JOIN account_balance b ON b.account_id = l.account_id) r
+            WHERE abs(r.after) > 10::numeric ^ 78 - 1;
+        IF v_bad IS NOT NULL THEN
+            RETURN QUERY SELECT 'limit_exceeded', NULL::bigint, v_bad;
+            RETURN;
+        END IF;
+    END IF;
+
     -- 7. Write. A concurrent posting of the same key with other accounts may have won the race.
     INSERT INTO journal_transaction (idempotency_key, content_hash, kind, metadata, reverses_id)
         VALUES (p_key, p_hash, p_kind, coalesce(p_metadata, '{}'::jsonb), p_reverses)

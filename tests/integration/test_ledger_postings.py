@@ -341,3 +341,26 @@ def test_an_account_with_open_holds_cannot_be_closed(ledger, book):
     assert not ledger.get_account(suspense).closed
     ledger.release_hold(hold.id, owner="recon")
     assert ledger.close_account(suspense).closed
+
+
+# ---- range ------------------------------------------------------------------------------------
+
+
+def test_balances_beyond_numeric_78_are_refused_with_a_code(ledger, book):
+    """Amounts up to 10^78-1 are valid, so two of them must not crash the database write."""
+    from ledger.model import MAX_AMOUNT
+
+    x, y = book.account("x", AccountKind.equity), book.account("y", AccountKind.equity)
+    ledger.transfer(book.key(), book.world, x, MAX_AMOUNT)
+    before = journal_size(ledger)
+    err = assert_code(ErrorCode.limit_exceeded, ledger.transfer, book.key(), book.world, x, 1)
+    assert err.detail["index"] == 0
+    # net effect in range, but a running balance_after in between would not be
+    legs = [Transfer(y, book.world, 1), Transfer(book.world, x, MAX_AMOUNT), Transfer(x, book.world, MAX_AMOUNT)]
+    assert assert_code(ErrorCode.limit_exceeded, ledger.post, book.key(), legs).detail["index"] == 1
+    ledger.place_hold(book.key(), y, MAX_AMOUNT, owner="recon", reference="r")
+    assert_code(ErrorCode.limit_exceeded, ledger.place_hold, book.key(), y, 1, owner="recon", reference="r2")
+    assert journal_size(ledger) == before
+    assert book.posted(x) == MAX_AMOUNT
+    ledger.transfer(book.key(), x, book.world, MAX_AMOUNT)  # the other direction is fine
+    assert book.posted(x) == 0
