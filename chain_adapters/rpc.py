@@ -1,14 +1,17 @@
 """A minimal JSON-RPC 1.0/2.0 client over one keep-alive HTTP connection (bitcoind, anvil).
 
 Kept deliberately thin because block scanning is dominated by RPC round trips: `http.client`
-costs less per call than a general HTTP client. Not thread-safe: one client per thread.
+costs less per call than a general HTTP client. Safe to share between threads: each thread gets
+its own keep-alive connection (the service's scheduler jobs and API handlers share one adapter).
 `parse_float` lets the bitcoin adapter read amounts as `Decimal` (never float).
 """
 from __future__ import annotations
 
 import base64
 import http.client
+import itertools
 import json
+import threading
 from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import Any
@@ -30,8 +33,16 @@ class JsonRpcClient:
             token = base64.b64encode(f"{parts.username}:{parts.password or ''}".encode()).decode()
             self._headers["Authorization"] = f"Basic {token}"
         self._decoder = json.JSONDecoder(parse_float=parse_float)
-        self._conn: http.client.HTTPConnection | None = None
-        self._next_id = 0
+        self._local = threading.local()
+        self._ids = itertools.count(1)
+
+    @property
+    def _conn(self) -> http.client.HTTPConnection | None:
+        return getattr(self._local, "conn", None)
+
+    @_conn.setter
+    def _conn(self, value: http.client.HTTPConnection | None) -> None:
+        self._local.conn = value
 
     def _post(self, body: bytes) -> Any:
         for attempt in (1, 2):  # a keep-alive connection the server closed is retried once
@@ -55,8 +66,7 @@ class JsonRpcClient:
         raise AssertionError("unreachable")
 
     def call(self, method: str, *params: Any) -> Any:
-        self._next_id += 1
-        body = json.dumps({"jsonrpc": "2.0", "id": self._next_id, "method": method,
+        body = json.dumps({"jsonrpc": "2.0", "id": next(self._ids), "method": method,
                            "params": list(params)}, default=str).encode()
         reply = self._post(body)
         err = reply.get("error")
@@ -68,10 +78,9 @@ class JsonRpcClient:
         """Several calls in one request; results in order; the first error raises."""
         if not calls:
             return []
-        base = self._next_id
-        self._next_id += len(calls)
-        body = json.dumps([{"jsonrpc": "2.0", "id": base + i, "method": m, "params": list(p)}
-                           for i, (m, p) in enumerate(calls)], default=str).encode()
+        ids = [next(self._ids) for _ in calls]
+        body = json.dumps([{"jsonrpc": "2.0", "id": i, "method": m, "params": list(p)}
+                           for i, (m, p) in zip(ids, calls)], default=str).encode()
         replies = sorted(self._post(body), key=lambda r: r["id"])
         out = []
         for reply in replies:

@@ -39,7 +39,15 @@ def main(argv: list[str] | None = None) -> int:
     from custody.container import bootstrap
 
     settings = get_settings()
-    container = bootstrap(settings)
+    url = None
+    if args.command == "serve" and args.demo and not settings.database_url:
+        # The demo runs on fresh regtest chains, so it gets a fresh database of its own each time.
+        from custody.database import drop_database, embedded_server_url, ensure_database, with_database
+
+        url = with_database(embedded_server_url(settings.state_dir), "custody_demo")
+        drop_database(url)
+        ensure_database(url)
+    container = bootstrap(settings, url=url)
     if args.command == "migrate":
         print("schema is at the newest revision")
     elif args.command == "create-api-key":

@@ -35,7 +35,7 @@ def open_incident(conn: Connection, kind: str, dedupe_key: str, detail: dict, *,
     incident_id = row.id if row else conn.execute(
         text("SELECT id FROM incident WHERE dedupe_key = :d"), {"d": dedupe_key}).scalar_one()
     if row:
-        log.error("incident %s opened: %s %s", incident_id, kind, detail)
+        log.log(logging.ERROR if severity == "critical" else logging.WARNING, "incident %s opened: %s %s", incident_id, kind, detail)
         emit(conn, "incident.opened", f"incident:{incident_id}", {"incident_id": incident_id, "kind": kind, "severity": severity})
     if severity == "critical":
         set_kill_switch(conn, True, f"incident {incident_id}: {kind}", "system")

@@ -15,6 +15,26 @@ log = logging.getLogger(__name__)
 
 
 def serve(container: Container, *, host: str, port: int, demo: bool = False, exit_after_demo: bool = False) -> int:
+    from custody.jobs import build_scheduler
+    from custody.trading import attach
+
+    chains = None
+    if demo:
+        from custody.devchains import start_dev_chains
+
+        chains = start_dev_chains(container)
+    attach(container)
+    scheduler = build_scheduler(container, scale=0.5 if demo else 1.0)
+    scheduler.start()
+    try:
+        return _serve(container, host=host, port=port, demo=demo, exit_after_demo=exit_after_demo, chains=chains)
+    finally:
+        scheduler.shutdown(wait=False)
+        if chains is not None:
+            chains.stop()
+
+
+def _serve(container: Container, *, host: str, port: int, demo: bool, exit_after_demo: bool, chains) -> int:
     app = create_app(container)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
     if not demo:
@@ -37,7 +57,7 @@ def serve(container: Container, *, host: str, port: int, demo: bool = False, exi
         time.sleep(0.2)
     from custody.demo import run_demo
 
-    ok = run_demo(container, base)
+    ok = run_demo(container, base, chains)
     if exit_after_demo:
         server.should_exit = True
         thread.join(10)
