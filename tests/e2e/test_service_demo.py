@@ -1,0 +1,34 @@
+"""service_demo: the README's run command, end to end: `python -m custody serve --demo` starts its
+own regtest chains, serves the API, and the demo (ledger, deposit -> credit, withdrawals with an
+operator approval -> final) passes; nothing is left running afterwards."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_demo_passes(tmp_path, log):
+    env = {**os.environ, "API_PORT": str(free_port())}
+    proc = subprocess.run([sys.executable, "-m", "custody", "serve", "--demo", "--exit-after-demo"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    output = proc.stdout + proc.stderr
+    (tmp_path / "demo.log").write_text(output)
+    for line in output.splitlines():
+        if " demo: " in line:
+            log.info(line.split(" demo: ", 1)[1])
+    assert proc.returncode == 0, output[-4000:]
+    assert "demo finished" in output
+    assert "Traceback" not in output, output[-4000:]
+    leftover = subprocess.run(["pgrep", "-f", str(ROOT / ".state" / "demo-chains")], capture_output=True, text=True)
+    assert leftover.stdout.strip() == "", f"nodes left running: {leftover.stdout}"
