@@ -7,6 +7,7 @@ method that tests and the demo call directly, so time is driven deterministicall
 | payouts | sync hot wallet, batch, sign, broadcast, track, bump fees | 3 s |
 | expire-holds | Ledger.expire_holds() | 10 s |
 | outbox | OutboxDispatcher.dispatch() | 1 s |
+| verify | verify_books(): Ledger.verify(); any failed check opens a critical incident (kill switch) | 60 s |
 
 Each job runs at most one instance at a time (a slow run is skipped, not stacked) and logs its
 exceptions instead of dying; a failed run is retried on the next tick, which is safe because every
@@ -54,6 +55,18 @@ class OutboxDispatcher:
         return delivered
 
 
+def verify_books(container: Container) -> list[str]:
+    """Run the ledger's self-checks; a failure halts withdrawals first (critical incident)."""
+    from custody.controls import open_incident
+
+    failed = [c for c in container.ledger.verify() if not c.ok]
+    if failed:
+        with container.engine.begin() as conn:
+            open_incident(conn, "ledger_verification_failed", "verify:" + ",".join(sorted(c.name for c in failed)),
+                          {c.name: [str(p) for p in c.problems[:5]] for c in failed})
+    return [c.name for c in failed]
+
+
 def payouts_once(container: Container) -> None:
     p = container.payouts
     if "bitcoin" in container.adapters:
@@ -89,4 +102,5 @@ def build_scheduler(container: Container, *, sink: Callable[[str, dict], None] |
         scheduler.add_job(_guard("payouts", lambda: payouts_once(container)), "interval", seconds=3 * scale, id="payouts")
     scheduler.add_job(_guard("expire-holds", container.ledger.expire_holds), "interval", seconds=10 * scale, id="expire-holds")
     scheduler.add_job(_guard("outbox", dispatcher.dispatch), "interval", seconds=1 * scale, id="outbox")
+    scheduler.add_job(_guard("verify", lambda: verify_books(container)), "interval", seconds=60 * scale, id="verify")
     return scheduler
