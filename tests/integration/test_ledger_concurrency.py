@@ -190,6 +190,34 @@ def test_a_hold_resolves_exactly_once_under_racing_capture_and_release(ledger, b
     assert ledger.balance(alice).held == 0
 
 
+@pytest.mark.parametrize("round_", range(3))
+def test_expiry_racing_the_owners_release_resolves_the_hold_once(ledger, book, round_):
+    import datetime as dt
+
+    alice = book.account("alice")
+    book.fund(alice, 1_000)
+    now = dt.datetime.now(dt.timezone.utc)
+    hold = ledger.place_hold(book.key(), alice, 400, owner=OWNER, reference="w1", expires_at=now + dt.timedelta(hours=1))
+    later = now + dt.timedelta(hours=2)
+
+    def work(i: int):
+        return ledger.expire_holds(now=later) if i % 2 else ledger.release_hold(hold.id, owner=OWNER)
+
+    results = race(8, work)
+    final = ledger.get_hold(hold.id)
+    expired_by = [r for i, r in enumerate(results) if i % 2 and hold.id in r]
+    if final.state is HoldState.expired:
+        assert len(expired_by) == 1
+        assert all(isinstance(r, LedgerError) and r.code is ErrorCode.hold_already_resolved
+                   for i, r in enumerate(results) if i % 2 == 0)
+    else:
+        assert final.state is HoldState.released and not expired_by
+        assert not _codes(results)  # the other releases are retries answering the same hold
+    assert (final.captured, final.released) == (0, 400)
+    b = ledger.balance(alice)
+    assert (b.posted, b.held, b.available) == (1_000, 0, 1_000)
+
+
 def test_transfers_in_both_directions_do_not_deadlock_or_lose_money(ledger, book):
     accounts = [book.account(f"a{i}") for i in range(4)]
     for a in accounts:

@@ -117,6 +117,23 @@ def test_bitsten_capture_60_of_100_then_final_release_returns_40(ledger, book, f
                 [Transfer(alice, out, 40)], owner=OWNER)
 
 
+def test_bitsten_price_improvement_is_returned_not_lost(ledger):
+    """The article's case in its own numbers: a bid reserves 0.5 BTC x 60,000 = 30,000 USDT, fills
+    0.2 BTC at 59,900 (11,980 USDT) and closes. The release reads what is left on the hold (18,020),
+    so the 20 USDT of price improvement goes back to the buyer instead of vanishing."""
+    book = Book(ledger, "USDT", 6)
+    usdt = 10**6
+    buyer, seller = book.account("buyer"), book.account("seller")
+    book.fund(buyer, 40_000 * usdt)
+    hold = ledger.place_hold(book.key("order:1:reserve"), buyer, 30_000 * usdt, owner="matching", reference="order:1")
+    assert _bal(ledger, buyer) == (40_000 * usdt, 30_000 * usdt, 10_000 * usdt)
+    ledger.capture_hold(book.key("fill:BTC-USDT:1"), hold.id, [Transfer(buyer, seller, 11_980 * usdt)], owner="matching")
+    closed = ledger.release_hold(hold.id, owner="matching")  # the order closes with 0.3 BTC unfilled
+    assert closed.released == 18_020 * usdt  # not 0.3 x 60,000 = 18,000
+    assert _bal(ledger, buyer) == (28_020 * usdt, 0, 28_020 * usdt)
+    assert book.posted(buyer) + book.posted(seller) == 40_000 * usdt
+
+
 def test_a_replayed_final_capture_releases_nothing_more(ledger, book, funded):
     alice, out = funded
     hold = ledger.place_hold(book.key(), alice, 100, owner=OWNER, reference="w1")
