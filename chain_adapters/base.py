@@ -45,6 +45,7 @@ class Observation:
     address: str
     amount: int
     block: BlockRef
+    senders: tuple[str, ...] = ()  # ethereum: the sender; bitcoin: empty here, see BitcoinAdapter.senders()
 
     @property
     def key(self) -> tuple[str, str, int]:

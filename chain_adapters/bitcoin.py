@@ -136,6 +136,18 @@ class BitcoinAdapter(BlockWalker):
                                              to_sat(out["value"]), ref))
         return ScannedBlock(ref, block.get("previousblockhash", ""), tuple(found))
 
+    def senders(self, txid: str) -> tuple[str, ...]:
+        """Addresses of the outputs a transaction spends, for the compliance screen. Not part of
+        `scan` (it costs a call per transaction); custody asks once per deposit, at screening."""
+        try:
+            full = self.rpc.call("getrawtransaction", txid, 2)  # verbosity 2 carries each input's prevout
+        except RpcError as exc:
+            if exc.rpc_code == RPC_INVALID_ADDRESS_OR_KEY:
+                raise NotFound(f"no transaction {txid}") from exc
+            raise
+        found = [v.get("prevout", {}).get("scriptPubKey", {}).get("address") for v in full.get("vin", [])]
+        return tuple(sorted({a for a in found if a}))
+
     def _blocks(self, first: int, last: int, watch: Watch) -> list[ScannedBlock]:
         out: list[ScannedBlock] = []
         for start in range(first, last + 1, BLOCK_BATCH):

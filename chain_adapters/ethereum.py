@@ -134,15 +134,16 @@ class EthereumAdapter(BlockWalker):
                 receipt = self._call(self.w3.eth.get_transaction_receipt, tx["hash"])
                 if receipt["status"] == 1:
                     found.append(Observation("ETH", _hex(tx["hash"]), 0, to_checksum_address(to),
-                                             int(tx["value"]), ref))
+                                             int(tx["value"]), ref, (to_checksum_address(tx["from"]),)))
         token_codes = {to_checksum_address(a): code for a, code in watch.tokens.items()}
         for log in logs:
             if log.get("removed"):
                 continue
             to = to_checksum_address("0x" + _hex(log["topics"][2])[-40:])
+            sender = to_checksum_address("0x" + _hex(log["topics"][1])[-40:])
             found.append(Observation(token_codes[to_checksum_address(log["address"])],
                                      _hex(log["transactionHash"]), log["logIndex"], to,
-                                     int.from_bytes(bytes(log["data"]), "big"), ref))
+                                     int.from_bytes(bytes(log["data"]), "big"), ref, (sender,)))
         return ScannedBlock(ref, _hex(block["parentHash"]), tuple(found))
 
     def _blocks(self, first: int, last: int, watch: Watch) -> list[ScannedBlock]:

@@ -255,12 +255,16 @@ class Deposits:
 
     def screen(self, c: Connection, row) -> ScreenResult:
         """The compliance screen: our denylist (receiving address and senders), then the external hook."""
-        parties = [row.address, *row.senders]
+        senders = list(row.senders)
+        if not senders and hasattr(self.adapters.get(row.chain), "senders"):
+            senders = list(self.adapters[row.chain].senders(row.txid))  # bitcoin: looked up once, here
+            c.execute(text("UPDATE deposit_observation SET senders = :s WHERE id = :i"), {"s": senders, "i": row.id})
+        parties = [row.address, *senders]
         hits = c.execute(text("SELECT address, reason FROM denylist_address WHERE lower(address) = ANY(:a)"),
                          {"a": [p.lower() for p in parties]}).all()
         reasons = tuple(f"denylisted {h.address}: {h.reason}" for h in hits)
         if self.external_screener is not None:
-            external = self.external_screener(row.chain, row.asset, row.address, tuple(row.senders), int(row.amount))
+            external = self.external_screener(row.chain, row.asset, row.address, tuple(senders), int(row.amount))
             reasons += external.reasons if external.hit else ()
             return ScreenResult(bool(reasons) or external.hit, reasons)
         return ScreenResult(bool(reasons), reasons)

@@ -62,3 +62,21 @@ def test_external_screener_hook(custody, customer, anvil, ledger, log):
     # 777 wei is both flagged and below the ETH dust minimum: screening comes first
     assert_equal(got, [(777, "quarantined"), (777_000_000_000, "credited")])
     assert_equal(ledger.balance(acct).posted, 777_000_000_000)
+
+
+def test_denylisted_sender_quarantined(custody, customer, btc, bitcoind, engine, ledger, log):
+    from tests.e2e import txbuild
+
+    acct = customer("BTC")
+    addr = custody.wallets.issue_address(f"addr:{acct}", acct).address
+    key, utxo = btc.funded_key(2_000_000)
+    with engine.begin() as c:
+        c.execute(text("INSERT INTO denylist_address (address, reason) VALUES (:a, 'test: sanctioned sender')"), {"a": key.address})
+    log.info("a sanctioned address %s pays our deposit address", key.address)
+    raw = txbuild.spend_p2wpkh(key, utxo.txid, utxo.index, utxo.amount, [(addr, 1_500_000), (key.address, utxo.amount - 1_502_000)])
+    btc.adapter.broadcast(raw)
+    bitcoind.mine(BTC_FINALITY)
+    custody.deposits.run_once(["bitcoin"])
+    [obs] = custody.deposits.list(account_id=acct)
+    assert_equal((obs["state"], list(obs["senders"])), ("quarantined", [key.address]))
+    assert_equal(ledger.balance(acct).posted, 0)
