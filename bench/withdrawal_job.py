@@ -1,0 +1,117 @@
+"""The custody withdrawal job, end to end, for 500 bitcoin withdrawals, beside bitcoind's `sendmany`.
+
+    .venv/bin/python bench/withdrawal_job.py              # 500 withdrawals, 3 repetitions
+    .venv/bin/python bench/withdrawal_job.py --outputs 200 --reps 5
+
+`bench/withdrawals.py` times the signer's core (coin selection + signing). This one times what the
+service really does for a batch: `Payouts.batch_bitcoin()` (take the approved withdrawals under
+row locks, rescreen them, create the batch, select and reserve coins) and
+`Payouts.sign_open_batches()` (the signer re-checks every withdrawal's decision, quorum, expiry and
+live hold, signs, and one database transaction stores the signed transaction and captures all 500
+holds into in-flight and fee income). Setup (funding, 500 requests) is untimed. bitcoind's wallet
+`sendmany` of the same number of outputs on the same node is timed for comparison; its wallet keeps
+no books, so the ratio prices our bookkeeping and checks, not just signing. Not part of the tests.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from decimal import Decimal
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from chain_adapters.bitcoin import BitcoinAdapter  # noqa: E402
+from custody.addresses import derive_btc_address  # noqa: E402
+from custody.container import Container  # noqa: E402
+from custody.database import drop_database, ensure_database, make_engine, migrate, server_url, with_database  # noqa: E402
+from custody.settings import Settings  # noqa: E402
+from ledger.model import Transfer  # noqa: E402
+from ledger.service import Ledger  # noqa: E402
+from regtest.bitcoin_node import start_bitcoind  # noqa: E402
+from regtest.install import find_tools  # noqa: E402
+from signer.keys import Secret, SignerKeys, seed_from_text  # noqa: E402
+
+
+PAYEE_MNEMONIC = "legal winner thank year wave sausage worth useful legal winner thank yellow"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--outputs", type=int, default=500)
+    parser.add_argument("--reps", type=int, default=3)
+    args = parser.parse_args()
+    n = args.outputs
+    root = Path(tempfile.mkdtemp(prefix="bench-wjob-"))
+    url = with_database(server_url(Settings()), f"bench_wjob_{os.getpid()}")
+    node = start_bitcoind(find_tools(), root / "bitcoind")
+    try:
+        ensure_database(url)
+        migrate(url)
+        engine = make_engine(url)
+        c = Container(settings=Settings(environment="test"), engine=engine, ledger=Ledger(engine))
+        keys = SignerKeys(seed_from_text(Secret("abandon " * 11 + "about")), "regtest")
+        c.with_chains({"bitcoin": BitcoinAdapter(node.rpc_url, network="regtest")}, signer_keys=keys)
+        for tier in ("deposit", "hot"):
+            c.wallets.register_wallet("bitcoin", tier, "regtest", keys.account_xpub("bitcoin", tier))
+        c.wallets.configure_asset("BTC", 8, "bitcoin", finality=1, min_withdrawal=10_000, withdrawal_fee=5_000)
+        p = c.payouts
+        for _ in range(args.reps + 1):
+            node.wallet("sendtoaddress", p.hot_address("bitcoin"), "10")
+        node.mine(1)
+        p.sync_hot_wallet()
+        pool = c.wallets.location_account("bitcoin", "deposit", "BTC")
+        # Payees belong to no wallet on the node (a BIP39 test-vector seed), as real customers' do.
+        other = SignerKeys(seed_from_text(Secret(PAYEE_MNEMONIC)), "regtest").account_xpub("bitcoin", "deposit")
+        payees = [derive_btc_address(other, "regtest", 0, i) for i in range(n)]
+        timings, sendmany = [], []
+        for rep in range(args.reps):
+            accounts = []
+            for i in range(n):
+                acct = c.wallets.customer_account(f"bench-{rep}-{i}", "BTC")
+                c.ledger.post(f"bench-credit:{rep}:{i}", [Transfer(pool, acct, 1_000_000)], kind="deposit")
+                accounts.append(acct)
+            for i, acct in enumerate(accounts):
+                c.withdrawals.request(client_withdrawal_id=f"b-{rep}-{i}", account_id=acct, amount=20_000 + i,
+                                      destination=payees[i], requested_by="bench")
+            t0 = time.perf_counter()
+            batch = p.batch_bitcoin()
+            t1 = time.perf_counter()
+            [_txid] = p.sign_open_batches()
+            t2 = time.perf_counter()
+            timings.append((t1 - t0, t2 - t1))
+            amounts = {a: str(Decimal(20_000 + i) / Decimal(100_000_000)) for i, a in enumerate(payees)}
+            t3 = time.perf_counter()
+            node.wallet("sendmany", "", amounts)
+            sendmany.append(time.perf_counter() - t3)
+            p.broadcast()
+            node.mine(1)
+            p.track()
+            p.sync_hot_wallet()
+            print(f"rep {rep + 1}: batch {t1 - t0:.3f}s, sign+record+capture {t2 - t1:.3f}s, sendmany {sendmany[-1]:.3f}s "
+                  f"(batch {batch})", flush=True)
+        batch_s = statistics.median(t[0] for t in timings)
+        sign_s = statistics.median(t[1] for t in timings)
+        sm = statistics.median(sendmany)
+        print(f"load average: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+        print(f"custody job for {n} withdrawals: batch {batch_s * 1000:.0f} ms + sign/record/capture {sign_s * 1000:.0f} ms "
+              f"= {(batch_s + sign_s) * 1000:.0f} ms (median of {args.reps})")
+        print(f"bitcoind sendmany of {n} outputs: {sm * 1000:.0f} ms (median)")
+        print(f"ratio custody job / sendmany: {(batch_s + sign_s) / sm:.2f}  (target <= 1.0)")
+        c.ledger.assert_verified()
+        print("ledger verified")
+        engine.dispose()
+    finally:
+        node.stop()
+        drop_database(url)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
