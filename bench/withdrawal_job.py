@@ -46,6 +46,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--outputs", type=int, default=500)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--profile", action="store_true", help="print a cProfile of the last repetition's signing step")
     args = parser.parse_args()
     n = args.outputs
     root = Path(tempfile.mkdtemp(prefix="bench-wjob-"))
@@ -83,7 +84,15 @@ def main() -> None:
             t0 = time.perf_counter()
             batch = p.batch_bitcoin()
             t1 = time.perf_counter()
-            [_txid] = p.sign_open_batches()
+            if args.profile and rep == args.reps - 1:
+                import cProfile
+                import pstats
+
+                prof = cProfile.Profile()
+                [_txid] = prof.runcall(p.sign_open_batches)
+                pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
+            else:
+                [_txid] = p.sign_open_batches()
             t2 = time.perf_counter()
             timings.append((t1 - t0, t2 - t1))
             amounts = {a: str(Decimal(20_000 + i) / Decimal(100_000_000)) for i, a in enumerate(payees)}

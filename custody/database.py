@@ -84,7 +84,7 @@ def migrate(url: str) -> None:
     try:
         with engine.begin() as conn:
             cfg.attributes["connection"] = conn
-            command.upgrade(cfg, "heads")
+            command.upgrade(cfg, "head")
     finally:
         engine.dispose()
 

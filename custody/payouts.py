@@ -34,7 +34,7 @@ from chain_adapters.base import ChainAdapter, TxState
 from chain_adapters.errors import ChainError
 from custody.addresses import derive_btc_address, derive_eth_address
 from custody.controls import DRAIN, audit, emit, flag, kill_switch, open_incident, set_flag
-from custody.states import advance
+from custody.states import advance, advance_many
 from custody.wallets import Wallets
 from custody.withdrawals import HOLD_OWNER
 from ledger.model import Transfer
@@ -120,7 +120,7 @@ class Payouts:
         if draining:
             limit = min(limit, self.config.drain_per_run)
         rows = c.execute(
-            text("SELECT id, account_id, asset, amount, fee_quoted, destination, hold_id FROM withdrawal_request "
+            text("SELECT id, account_id, asset, amount, fee_quoted, destination, destination_script, hold_id FROM withdrawal_request "
                  f"WHERE state = 'approved' AND chain = :c ORDER BY {order} LIMIT :l FOR UPDATE SKIP LOCKED"),
             {"c": chain, "l": limit}).all()
         if draining:
@@ -143,10 +143,10 @@ class Payouts:
     def _new_batch(self, c: Connection, chain: str, asset: str, members: list, fee_rate: int) -> int:
         batch_id = c.execute(text("INSERT INTO withdrawal_batch (chain, asset, state, fee_rate) VALUES (:c, :a, 'open', :f) RETURNING id"),
                              {"c": chain, "a": asset, "f": fee_rate}).scalar_one()
-        for w in members:
-            advance(c, "withdrawal", w.id, "approved", "batched", batch_id=batch_id)
-            c.execute(text("INSERT INTO batch_output (batch_id, withdrawal_id, amount) VALUES (:b, :w, :m)"),
-                      {"b": batch_id, "w": w.id, "m": w.amount})
+        advance_many(c, "withdrawal", [w.id for w in members], "approved", "batched", batch_id=batch_id)
+        c.execute(text("INSERT INTO batch_output (batch_id, withdrawal_id, amount) "
+                       "SELECT :b, unnest(CAST(:w AS bigint[])), unnest(CAST(:m AS numeric[]))"),
+                  {"b": batch_id, "w": [w.id for w in members], "m": [int(w.amount) for w in members]})
         return batch_id
 
     def batch_bitcoin(self) -> int | None:
@@ -163,7 +163,7 @@ class Payouts:
                     return None
                 batch_id = self._new_batch(c, "bitcoin", "BTC", members, rate)
                 coins = self._spendable_coins(c)
-                scripts = [address_to_script(w.destination, self.config.bitcoin_network) for w in members]
+                scripts = [bytes(w.destination_script) for w in members]
                 change_script = address_to_script(self.hot_address("bitcoin", 1, batch_id), self.config.bitcoin_network)
                 chosen, _change, _fee = select_coins(coins, sum(int(w.amount) for w in members), rate, scripts, change_script)
                 for coin in chosen:
@@ -237,7 +237,7 @@ class Payouts:
         return txids
 
     def _batch_outputs(self, c: Connection, batch_id: int) -> list:
-        return c.execute(text("SELECT w.id, w.account_id, w.asset, w.amount, w.fee_quoted, w.destination, w.hold_id "
+        return c.execute(text("SELECT w.id, w.account_id, w.asset, w.amount, w.fee_quoted, w.destination, w.destination_script, w.hold_id "
                               "FROM batch_output b JOIN withdrawal_request w ON w.id = b.withdrawal_id "
                               "WHERE b.batch_id = :b ORDER BY w.id"), {"b": batch_id}).all()
 
@@ -246,10 +246,9 @@ class Payouts:
         coins = [BtcCoin(r.txid, r.vout, int(r.amount), r.derivation_change, r.derivation_index) for r in c.execute(
             text("SELECT txid, vout, amount, derivation_change, derivation_index FROM wallet_utxo WHERE reserved_by = :b "
                  "ORDER BY txid, vout"), {"b": batch_id})]
-        outputs = [BatchOutput(r.id, r.destination, int(r.amount)) for r in rows]
-        net = self.config.bitcoin_network
+        outputs = [BatchOutput(r.id, r.destination, int(r.amount), bytes(r.destination_script)) for r in rows]
         change_address = self.hot_address("bitcoin", 1, batch_id)
-        scripts = [address_to_script(o.address, net) for o in outputs] + [address_to_script(change_address, net)]
+        scripts = [o.script for o in outputs] + [address_to_script(change_address, self.config.bitcoin_network)]
         fee = fee_for(estimate_vsize(len(coins), scripts), rate)
         change = sum(k.amount for k in coins) - sum(o.amount for o in outputs) - fee
         keep_change = change >= dust_threshold(scripts[-1])
@@ -280,14 +279,14 @@ class Payouts:
                  "VALUES (:b, :c, :t, :r, :f, :fr, :n, :s, 'signed') RETURNING id"),
             {"b": batch_id, "c": chain, "t": txid, "r": raw, "f": fee, "fr": rate, "n": nonce, "s": sender}).scalar_one()
         advance(c, "batch", batch_id, "open", "signed")
-        for w in rows:
-            asset = w.asset
-            legs = [Transfer(w.account_id, self.wallets.firm_account("in_flight", asset, conn=c), int(w.amount))]
+        legs = []
+        for w in rows:  # one balanced transaction for the batch: each hold captured in full
+            legs.append(Transfer(w.account_id, self.wallets.firm_account("in_flight", w.asset, conn=c), int(w.amount), w.hold_id))
             if int(w.fee_quoted) > 0:
-                legs.append(Transfer(w.account_id, self.wallets.firm_account("fees", asset, conn=c), int(w.fee_quoted)))
-            self.ledger.capture_hold(f"withdrawal:{w.id}:capture", w.hold_id, legs, owner=HOLD_OWNER, final=True,
-                                     kind="withdrawal_capture", metadata={"withdrawal_id": w.id, "batch_id": batch_id}, conn=c)
-            advance(c, "withdrawal", w.id, "batched", "signed")
+                legs.append(Transfer(w.account_id, self.wallets.firm_account("fees", w.asset, conn=c), int(w.fee_quoted), w.hold_id))
+        self.ledger.post(f"batch:{batch_id}:capture", legs, kind="withdrawal_capture", hold_owner=HOLD_OWNER,
+                         metadata={"batch_id": batch_id, "withdrawals": [w.id for w in rows]}, conn=c)
+        advance_many(c, "withdrawal", [w.id for w in rows], "batched", "signed")
         emit(c, "batch.signed", f"batch.signed:{batch_id}:{txid}", {"batch_id": batch_id, "txid": txid})
         return tx_id
 
@@ -404,8 +403,7 @@ class Payouts:
                 batch_state = c.execute(text("SELECT state FROM withdrawal_batch WHERE id = :b FOR UPDATE"), {"b": r.batch_id}).scalar_one()
                 if batch_state == "signed":
                     advance(c, "batch", r.batch_id, "signed", "broadcast")
-                    for wid in self._batch_withdrawal_ids(c, r.batch_id):
-                        advance(c, "withdrawal", wid, "signed", "broadcast")
+                    advance_many(c, "withdrawal", self._batch_withdrawal_ids(c, r.batch_id), "signed", "broadcast")
             sent += 1
             log.info("broadcast %s (%s)%s", r.txid, r.chain, " already known" if result.already_known else "")
         return sent
@@ -479,23 +477,24 @@ class Payouts:
         if batch_state == to:
             return
         advance(c, "batch", batch_id, batch_state, to)
-        for wid in self._batch_withdrawal_ids(c, batch_id):
-            advance(c, "withdrawal", wid, batch_state, to)
-            if to == "final":
+        ids = self._batch_withdrawal_ids(c, batch_id)
+        advance_many(c, "withdrawal", ids, batch_state, to)
+        if to == "final":
+            for wid in ids:
                 emit(c, "withdrawal.final", f"withdrawal.final:{wid}", {"withdrawal_id": wid, "batch_id": batch_id})
 
     def _book_final(self, c: Connection, batch_id: int, chain: str, fee: int) -> None:
-        rows = self._batch_outputs(c, batch_id)
+        """One balanced transaction: every withdrawal in-flight -> hot location, and the network fee
+        actually paid hot location -> expense."""
         native = "BTC" if chain == "bitcoin" else "ETH"
-        for w in rows:
-            hot = self.wallets.location_account(chain, "hot", w.asset, conn=c)
-            self.ledger.post(f"withdrawal:{w.id}:final", [Transfer(self.wallets.firm_account("in_flight", w.asset, conn=c), hot, int(w.amount))],
-                             kind="withdrawal_final", metadata={"withdrawal_id": w.id, "batch_id": batch_id}, conn=c)
+        legs = [Transfer(self.wallets.firm_account("in_flight", w.asset, conn=c),
+                         self.wallets.location_account(chain, "hot", w.asset, conn=c), int(w.amount))
+                for w in self._batch_outputs(c, batch_id)]
         if fee > 0:
-            hot_native = self.wallets.location_account(chain, "hot", native, conn=c)
-            self.ledger.post(f"batch:{batch_id}:network_fee",
-                             [Transfer(self.wallets.firm_account("network_fees", native, conn=c), hot_native, fee)],
-                             kind="network_fee", metadata={"batch_id": batch_id}, conn=c)
+            legs.append(Transfer(self.wallets.firm_account("network_fees", native, conn=c),
+                                 self.wallets.location_account(chain, "hot", native, conn=c), fee))
+        self.ledger.post(f"batch:{batch_id}:final", legs, kind="withdrawal_final",
+                         metadata={"batch_id": batch_id, "network_fee": fee}, conn=c)
 
     def _lost(self, r, status) -> None:
         """Replaced or conflicted. If another version of ours is (or will be) the live one, this one is
@@ -511,14 +510,18 @@ class Payouts:
             advance(c, "chain_transaction", r.id, r.state, "dropped")
             batch_state = c.execute(text("SELECT state FROM withdrawal_batch WHERE id = :b FOR UPDATE"), {"b": r.batch_id}).scalar_one()
             advance(c, "batch", r.batch_id, batch_state, "failed")
-            for w in self._batch_outputs(c, r.batch_id):
-                capture = c.execute(text("SELECT id FROM journal_transaction WHERE idempotency_key = :k"),
-                                    {"k": f"withdrawal:{w.id}:capture"}).scalar_one()
-                self.ledger.reverse(capture, f"withdrawal:{w.id}:capture:reversal", conn=c)
-                state = c.execute(text("SELECT state FROM withdrawal_request WHERE id = :w"), {"w": w.id}).scalar_one()
-                advance(c, "withdrawal", w.id, state, "failed")
-                advance(c, "withdrawal", w.id, "failed", "released")
-                emit(c, "withdrawal.released", f"withdrawal.released:{w.id}", {"withdrawal_id": w.id, "reason": "transaction_failed"})
+            capture = c.execute(text("SELECT id FROM journal_transaction WHERE idempotency_key = :k"),
+                                {"k": f"batch:{r.batch_id}:capture"}).scalar_one()
+            self.ledger.reverse(capture, f"batch:{r.batch_id}:capture:reversal", conn=c)
+            ids = self._batch_withdrawal_ids(c, r.batch_id)
+            by_state: dict[str, list[int]] = {}
+            for row in c.execute(text("SELECT id, state FROM withdrawal_request WHERE id = ANY(:w)"), {"w": ids}):
+                by_state.setdefault(row.state, []).append(row.id)
+            for state, members in by_state.items():
+                advance_many(c, "withdrawal", members, state, "failed")
+            advance_many(c, "withdrawal", ids, "failed", "released")
+            for wid in ids:
+                emit(c, "withdrawal.released", f"withdrawal.released:{wid}", {"withdrawal_id": wid, "reason": "transaction_failed"})
             # The coins stay marked spent: something else spent them on chain (see the incident).
             open_incident(c, "withdrawal_transaction_failed", f"tx_failed:{r.id}",
                           {"batch_id": r.batch_id, "txid": r.txid, "status": status.state.value}, severity="warning")

@@ -90,3 +90,19 @@ def advance(conn: Connection, machine: str, row_id: int, from_state: str, to_sta
     ).rowcount
     if moved != 1:
         raise IllegalTransition(f"{machine} {row_id} was not in state {from_state}")
+
+
+def advance_many(conn: Connection, machine: str, row_ids: list[int], from_state: str, to_state: str, **columns: object) -> None:
+    """`advance` for many rows in one statement: all move, or IllegalTransition and none does
+    (the caller's transaction rolls back)."""
+    if not row_ids:
+        return
+    check(machine, from_state, to_state)
+    table, _ = MACHINES[machine]
+    sets = "".join(f", {name} = :{name}" for name in columns)
+    moved = conn.execute(
+        text(f"UPDATE {table} SET state = :to, updated_at = now(){sets} WHERE id = ANY(:ids) AND state = :from"),
+        {"to": to_state, "from": from_state, "ids": list(row_ids), **columns},
+    ).rowcount
+    if moved != len(set(row_ids)):
+        raise IllegalTransition(f"{machine}: {len(set(row_ids)) - moved} of {len(set(row_ids))} rows were not in state {from_state}")

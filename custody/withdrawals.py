@@ -61,13 +61,13 @@ class WithdrawalView:
     created: bool = True
 
 
-def validate_destination(chain: str, network: str, destination: str) -> str:
-    """Return the destination in canonical form, or raise invalid_destination."""
+def validate_destination(chain: str, network: str, destination: str) -> tuple[str, bytes | None]:
+    """Return the destination in canonical form (and its output script on bitcoin), or raise
+    invalid_destination."""
     try:
         if chain == "bitcoin":
-            address_to_script(destination, network)
-            return destination
-        return validate_eth_address(destination)
+            return destination, address_to_script(destination, network)
+        return validate_eth_address(destination), None
     except SignerError as exc:
         raise CustodyError(CustodyErrorCode.invalid_destination, str(exc.detail or exc), destination=destination) from None
 
@@ -99,17 +99,18 @@ class Withdrawals:
             ca = self.wallets.chain_asset(account.asset)
         except LedgerError:
             raise CustodyError(CustodyErrorCode.asset_not_withdrawable, f"{account.asset} cannot be withdrawn") from None
-        destination = validate_destination(ca.chain, self.networks.get(ca.chain, "regtest"), destination)
+        destination, script = validate_destination(ca.chain, self.networks.get(ca.chain, "regtest"), destination)
         fee = ca.withdrawal_fee_fast if priority == "fast" else ca.withdrawal_fee
         digest = hashlib.sha256(json.dumps([account_id, str(amount), destination, priority]).encode()).hexdigest()
 
         with self.engine.begin() as c:
             row = c.execute(
                 text("INSERT INTO withdrawal_request (client_withdrawal_id, account_id, asset, chain, amount, fee_quoted, "
-                     "destination, priority, requested_by, content_hash, state) VALUES (:cw, :a, :asset, :chain, :amt, :fee, "
-                     ":dest, :prio, :by, :h, 'requested') ON CONFLICT (account_id, client_withdrawal_id) DO NOTHING RETURNING id"),
+                     "destination, destination_script, priority, requested_by, content_hash, state) VALUES (:cw, :a, :asset, "
+                     ":chain, :amt, :fee, :dest, :script, :prio, :by, :h, 'requested') "
+                     "ON CONFLICT (account_id, client_withdrawal_id) DO NOTHING RETURNING id"),
                 {"cw": client_withdrawal_id, "a": account_id, "asset": account.asset, "chain": ca.chain, "amt": amount,
-                 "fee": fee, "dest": destination, "prio": priority, "by": requested_by, "h": digest},
+                 "fee": fee, "dest": destination, "script": script, "prio": priority, "by": requested_by, "h": digest},
             ).first()
             if row is None:
                 existing = c.execute(text(f"{_W_SQL} WHERE account_id = :a AND client_withdrawal_id = :cw"),

@@ -77,9 +77,13 @@ class BtcCoin:
 
 @dataclass(frozen=True)
 class BatchOutput:
+    """One payment of a batch. `script` (bitcoin) is the output script resolved from the address
+    when the withdrawal was validated; the signer checks it equals the withdrawal's stored one."""
+
     withdrawal_id: int
     address: str
     amount: int
+    script: bytes = b""
 
 
 class Signer:
@@ -103,7 +107,7 @@ class Signer:
                 raise
         inputs = [SpendInput(k.txid, k.vout, k.amount, self._keys.private_key_for("bitcoin", "hot", k.change, k.index))
                   for k in coins]
-        signed = sign_batch(inputs, [PayOutput(o.address, o.amount) for o in outputs], self.bitcoin_network,
+        signed = sign_batch(inputs, [PayOutput(o.address, o.amount, o.script) for o in outputs], self.bitcoin_network,
                             change=PayOutput(*change) if change else None, rbf=True)
         self._audit(batch_id, "signed", None, signed.txid,
                     {"inputs": len(inputs), "outputs": len(outputs), "fee": signed.fee, "vsize": signed.vsize})
@@ -130,7 +134,7 @@ class Signer:
                 raise
         inputs = [SpendInput(k.txid, k.vout, k.amount, self._keys.private_key_for("bitcoin", "hot", k.change, k.index))
                   for k in coins]
-        signed = sign_batch(inputs, [PayOutput(o.address, o.amount) for o in outputs], self.bitcoin_network,
+        signed = sign_batch(inputs, [PayOutput(o.address, o.amount, o.script) for o in outputs], self.bitcoin_network,
                             change=PayOutput(*change) if change else None, rbf=True)
         self._audit(batch_id, "signed", None, signed.txid, {"replaces": replaces_txid, "fee": signed.fee, "vsize": signed.vsize})
         return signed
@@ -143,10 +147,13 @@ class Signer:
                         {"t": replaces_txid, "b": batch_id}).first()
         if old is None or old.state not in ("signed", "broadcast"):
             raise SigningRefused(RefusalCode.output_mismatch, f"{replaces_txid} is not a pending version of batch {batch_id}")
-        rows = c.execute(text("SELECT w.id, w.destination, w.amount, w.state, w.batch_id, h.state AS hold_state FROM batch_output b "
+        rows = c.execute(text("SELECT w.id, w.destination, w.destination_script, w.amount, w.state, w.batch_id, "
+                              "h.state AS hold_state FROM batch_output b "
                               "JOIN withdrawal_request w ON w.id = b.withdrawal_id JOIN hold h ON h.id = w.hold_id "
                               "WHERE b.batch_id = :b"), {"b": batch_id}).all()
-        if sorted((o.withdrawal_id, o.address, o.amount) for o in outputs) != sorted((r.id, r.destination, int(r.amount)) for r in rows):
+        scripts = {r.id: bytes(r.destination_script or b"") for r in rows}
+        if sorted((o.withdrawal_id, o.address, o.amount) for o in outputs) != sorted((r.id, r.destination, int(r.amount)) for r in rows) \
+                or any(o.script and o.script != scripts[o.withdrawal_id] for o in outputs):
             raise SigningRefused(RefusalCode.output_mismatch, "a replacement must pay exactly the batch's withdrawals")
         for r in rows:
             if r.state not in ("signed", "broadcast") or r.batch_id != batch_id:
@@ -187,49 +194,53 @@ class Signer:
         if not outputs:
             raise SigningRefused(RefusalCode.empty_batch, f"batch {batch_id} has no outputs")
         rows = c.execute(
-            text("SELECT w.id, w.account_id, w.asset, w.amount, w.fee_quoted, w.destination, w.requested_by, w.state, "
-                 "w.batch_id, w.decision_id, h.state AS hold_state, h.amount - h.captured - h.released AS hold_remaining "
+            text("SELECT w.id, w.account_id, w.asset, w.amount, w.fee_quoted, w.destination, w.destination_script, "
+                 "w.requested_by, w.state, w.batch_id, w.decision_id, h.state AS hold_state, h.amount - h.captured - h.released AS hold_remaining, "
+                 "d.id AS d_id, d.outcome, d.required_approvals, d.reasons, d.policy_version, d.decided_at, d.expires_at "
                  "FROM batch_output b JOIN withdrawal_request w ON w.id = b.withdrawal_id "
-                 "LEFT JOIN hold h ON h.id = w.hold_id WHERE b.batch_id = :b"), {"b": batch_id}).all()
+                 "LEFT JOIN hold h ON h.id = w.hold_id "
+                 "LEFT JOIN policy_decision d ON d.id = w.decision_id AND d.withdrawal_id = w.id "
+                 "WHERE b.batch_id = :b"), {"b": batch_id}).all()
         by_id = {r.id: r for r in rows}
         if sorted(o.withdrawal_id for o in outputs) != sorted(by_id):
             raise SigningRefused(RefusalCode.output_mismatch, "outputs and the batch's withdrawals differ")
+        approvals: dict[int, list[Approval]] = {}
+        for a in c.execute(text("SELECT decision_id, operator, at FROM approval WHERE decision_id = ANY(:d) AND action = 'approve'"),
+                           {"d": [r.decision_id for r in rows if r.decision_id is not None]}):
+            approvals.setdefault(a.decision_id, []).append(Approval(a.operator, a.at))
         now = self.clock()
         for o in outputs:
             w = by_id[o.withdrawal_id]
-            if (o.address, o.amount) != (w.destination, int(w.amount)):
+            if (o.address, o.amount) != (w.destination, int(w.amount)) or (
+                    o.script and o.script != bytes(w.destination_script or b"")):
                 raise SigningRefused(RefusalCode.output_mismatch, f"output for withdrawal {w.id} does not match it")
             if w.state != "batched" or w.batch_id != batch_id:
                 raise SigningRefused(RefusalCode.withdrawal_not_batched, f"withdrawal {w.id} is {w.state}")
-            self._check_decision(c, w, now)
+            self._check_decision(w, approvals.get(w.decision_id, []), now)
             if w.hold_state != "pending" or int(w.hold_remaining) < int(w.amount) + int(w.fee_quoted):
                 raise SigningRefused(RefusalCode.hold_not_live, f"withdrawal {w.id}: the hold is {w.hold_state}")
 
     @staticmethod
-    def _check_decision(c: Connection, w, now: dt.datetime) -> None:
-        if w.decision_id is None:
-            raise SigningRefused(RefusalCode.no_decision, f"withdrawal {w.id} has no policy decision")
-        d = c.execute(text("SELECT outcome, required_approvals, reasons, policy_version, decided_at, expires_at "
-                           "FROM policy_decision WHERE id = :i AND withdrawal_id = :w"), {"i": w.decision_id, "w": w.id}).first()
-        if d is None:
+    def _check_decision(w, approvals: list[Approval], now: dt.datetime) -> None:
+        if w.decision_id is None or w.d_id is None:
             raise SigningRefused(RefusalCode.no_decision, f"withdrawal {w.id} has no policy decision")
         request = WithdrawalRequest(str(w.id), str(w.account_id), w.asset, int(w.amount), int(w.fee_quoted), w.destination,
                                     w.requested_by)
-        decision = Decision(Outcome(d.outcome), d.required_approvals, tuple(ReasonCode(r) for r in d.reasons),
-                            d.policy_version, request, PolicyContext(d.decided_at), None, d.decided_at, d.expires_at)
-        approvals = c.execute(text("SELECT operator, at FROM approval WHERE decision_id = :d AND action = 'approve'"),
-                              {"d": w.decision_id}).all()
-        if not quorum_met(decision, [Approval(a.operator, a.at) for a in approvals], w.requested_by):
-            raise SigningRefused(RefusalCode.decision_not_approved, f"withdrawal {w.id}: decision {d.outcome} without quorum")
-        if now >= d.expires_at:
-            raise SigningRefused(RefusalCode.decision_expired, f"withdrawal {w.id}: decision expired {d.expires_at.isoformat()}")
+        decision = Decision(Outcome(w.outcome), w.required_approvals, tuple(ReasonCode(r) for r in w.reasons),
+                            w.policy_version, request, PolicyContext(w.decided_at), None, w.decided_at, w.expires_at)
+        if not quorum_met(decision, approvals, w.requested_by):
+            raise SigningRefused(RefusalCode.decision_not_approved, f"withdrawal {w.id}: decision {w.outcome} without quorum")
+        if now >= w.expires_at:
+            raise SigningRefused(RefusalCode.decision_expired, f"withdrawal {w.id}: decision expired {w.expires_at.isoformat()}")
 
     @staticmethod
     def _check_coins(c: Connection, batch_id: int, coins: Sequence[BtcCoin]) -> None:
+        known = {(r.txid, r.vout): r for r in c.execute(
+            text("SELECT txid, vout, amount, derivation_change, derivation_index, reserved_by, spent_by FROM wallet_utxo "
+                 "WHERE reserved_by = :b"), {"b": batch_id})}
         for k in coins:
-            row = c.execute(text("SELECT amount, derivation_change, derivation_index, reserved_by, spent_by FROM wallet_utxo "
-                                 "WHERE txid = :t AND vout = :v"), {"t": k.txid, "v": k.vout}).first()
-            if (row is None or row.reserved_by != batch_id or row.spent_by is not None or int(row.amount) != k.amount
+            row = known.get((k.txid, k.vout))
+            if (row is None or row.spent_by is not None or int(row.amount) != k.amount
                     or (row.derivation_change, row.derivation_index) != (k.change, k.index)):
                 raise SigningRefused(RefusalCode.unknown_input, f"input {k.txid}:{k.vout} is not a reserved hot-wallet coin")
 

@@ -1,12 +1,12 @@
 """Withdrawals: requests, policy decisions, approvals, batches, chain transactions, hot-wallet coins.
 
 Revision ID: 0005_withdrawals
-Revises: 0003_custody_deposits
+Revises: 0004_matching
 """
 from alembic import op
 
 revision = "0005_withdrawals"
-down_revision = "0003_custody_deposits"
+down_revision = "0004_matching"
 branch_labels = None
 depends_on = None
 
@@ -26,6 +26,7 @@ CREATE TABLE withdrawal_request (
     amount                numeric(78,0) NOT NULL CHECK (amount > 0),
     fee_quoted            numeric(78,0) NOT NULL CHECK (fee_quoted >= 0),
     destination           text NOT NULL,
+    destination_script    bytea,  -- bitcoin: the output script, resolved once when the request is validated
     priority              text NOT NULL CHECK (priority IN ('normal', 'fast')),
     requested_by          text NOT NULL,
     content_hash          text NOT NULL,

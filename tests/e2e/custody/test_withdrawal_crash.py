@@ -93,5 +93,5 @@ def test_crash_after_broadcast_before_recording(custody, customer, bitcoind, sig
     assert_equal(paid_to(bitcoind, dest), (8_000_000, 1))
     with engine.connect() as c:
         finals = c.execute(text("SELECT count(*) FROM journal_transaction WHERE idempotency_key = :k"),
-                           {"k": f"withdrawal:{wd.id}:final"}).scalar_one()
+                           {"k": f"batch:{custody.withdrawals.get(wd.id).batch_id}:final"}).scalar_one()
     assert_equal(finals, 1)
