@@ -1,14 +1,16 @@
 """Matching throughput benchmark: prints commands per second for the two cases of issue 4.
 
     .venv/bin/python bench/matching.py                  # both cases
-    .venv/bin/python bench/matching.py --pure-only --commands 300000
+    .venv/bin/python bench/matching.py --pure-only --commands 300000 --repeat 7
     .venv/bin/python bench/matching.py --e2e-commands 20000 --batch 200
 
 Mix (issue 4): about 10% new limit orders, 3% IOC, 6% cancels and 81% amends (moves and size
 changes) over about 1,000 resting orders. The command stream is generated once by driving a
 scratch engine (so every cancel and amend names a live order), then replayed:
 (a) pure engine: a fresh `Engine` behind a `Sequencer` with an in-memory journal (and, for
-    reference, `Engine.apply` alone);
+    reference, `Engine.apply` alone); --repeat runs, reported as medians of wall-clock rates with
+    min and max, plus the median rate per CPU second of this process; the load average is printed
+    before and after because other sessions share the machine;
 (b) end to end: `matching.service.Trading` on a fresh database (DATABASE_URL or the embedded
     PostgreSQL, synchronous_commit on): durable journal rows, holds, one ledger transaction per
     fill, exact releases, order and fill rows. Figures for one command per database transaction
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import statistics
 import sys
 import time
 import uuid
@@ -113,35 +116,73 @@ def generate(symbol: str, n: int, seed: int) -> tuple[list, list]:
     return seeds, mixed
 
 
-def bench_pure(n: int, seed: int) -> None:
+def load() -> str:
+    """The 1/5/15-minute load averages: this machine is shared, so figures move with them."""
+    return "load average {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+
+
+def _timed(run, commands: list) -> tuple[float, float]:
+    """(wall, cpu) commands/s of `run(commands)`; cpu counts this process only, so it is the
+    steadier figure when other sessions load the machine."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    run(commands)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return len(commands) / wall, len(commands) / max(cpu, 1e-9)
+
+
+def _through_sequencer(symbol: str, seeds: list):
+    sequencer = Sequencer(Engine(market(symbol), FEES), MemoryJournal())
+    for cmd in seeds:
+        sequencer.submit(cmd)
+
+    def run(commands: list) -> None:
+        submit = sequencer.submit
+        for cmd in commands:
+            submit(cmd)
+    return run
+
+
+def _engine_alone(symbol: str, seeds: list):
+    engine = Engine(market(symbol), FEES)
+    for i, cmd in enumerate(seeds, 1):
+        engine.apply(i, cmd)
+
+    def run(commands: list) -> None:
+        apply = engine.apply
+        for i, cmd in enumerate(commands, len(seeds) + 1):
+            apply(i, cmd)
+    return run
+
+
+def _report(label: str, rates: list[tuple[float, float]]) -> None:
+    wall = sorted(r[0] for r in rates)
+    cpu = sorted(r[1] for r in rates)
+    print(f"{label}: median {statistics.median(wall):,.0f} commands/s wall "
+          f"(min {wall[0]:,.0f}, max {wall[-1]:,.0f}; {len(rates)} runs), "
+          f"median {statistics.median(cpu):,.0f}/s per CPU second")
+
+
+def bench_pure(n: int, seed: int, repeat: int) -> None:
     symbol = "BTC-USDT"
     seeds, mixed = generate(symbol, n, seed)
     kinds = {k: sum(type(c).__name__ == k for c in mixed) / len(mixed) for k in ("Place", "Cancel", "Amend")}
     ioc = sum(isinstance(c, Place) and c.tif is TimeInForce.ioc for c in mixed) / len(mixed)
     print(f"mix over {len(mixed):,} commands: new limit {kinds['Place'] - ioc:.1%}, IOC {ioc:.1%}, "
           f"cancel {kinds['Cancel']:.1%}, amend {kinds['Amend']:.1%}; {TARGET_RESTING:,} resting at start")
-    best_seq, best_raw = 0.0, 0.0
-    for _ in range(3):
-        engine = Engine(market(symbol), FEES)
-        sequencer = Sequencer(engine, MemoryJournal())
-        for cmd in seeds:
-            sequencer.submit(cmd)
-        t0 = time.perf_counter()
-        submit = sequencer.submit
-        for cmd in mixed:
-            submit(cmd)
-        best_seq = max(best_seq, len(mixed) / (time.perf_counter() - t0))
-
-        engine = Engine(market(symbol), FEES)
-        for i, cmd in enumerate(seeds, 1):
-            engine.apply(i, cmd)
-        apply, base = engine.apply, len(seeds)
-        t0 = time.perf_counter()
-        for i, cmd in enumerate(mixed, base + 1):
-            apply(i, cmd)
-        best_raw = max(best_raw, len(mixed) / (time.perf_counter() - t0))
-    print(f"(a) pure engine, sequencer + in-memory journal: {best_seq:,.0f} commands/s (best of 3)")
-    print(f"    Engine.apply alone:                         {best_raw:,.0f} commands/s")
+    check = Sequencer(Engine(market(symbol), FEES), MemoryJournal())
+    for cmd in seeds:
+        check.submit(cmd)
+    events = sum(len(check.submit(cmd).events) for cmd in mixed)
+    print(f"    every command returns its events: {events:,} events for {len(mixed):,} commands "
+          f"(untimed check run)")
+    print(f"    before: {load()}")
+    seq_rates, raw_rates = [], []
+    for _ in range(repeat):  # fresh engines each round; the two cases interleave to share the load
+        seq_rates.append(_timed(_through_sequencer(symbol, seeds), mixed))
+        raw_rates.append(_timed(_engine_alone(symbol, seeds), mixed))
+    _report("(a) pure engine, sequencer + in-memory journal", seq_rates)
+    _report("    Engine.apply alone (reference)            ", raw_rates)
+    print(f"    after:  {load()}")
 
 
 def bench_e2e(n: int, batch: int, seed: int) -> None:
@@ -179,6 +220,7 @@ def bench_e2e(n: int, batch: int, seed: int) -> None:
                 trading.submit_batch(symbol, mixed[i:i + size])
             rate = len(mixed) / (time.perf_counter() - t0)
             fills = len(trading.fills(symbol, limit=10**9))
+            print(f"    {load()}")
             print(f"(b) end to end, {label}: {rate:,.0f} commands/s ({len(mixed):,} commands, "
                   f"{fills:,} fills settled in the ledger in the whole run)")
         t0 = time.perf_counter()
@@ -196,10 +238,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=100, help="commands per group commit in (b)")
     parser.add_argument("--pure-only", action="store_true")
     parser.add_argument("--seed", type=int, default=4)
+    parser.add_argument("--repeat", type=int, default=5, help="runs of (a); medians are reported")
     args = parser.parse_args()
     print(f"machine: {os.cpu_count()} cores, shared with other sessions; figures vary run to run; "
-          f"Python {sys.version.split()[0]}")
-    bench_pure(args.commands, args.seed)
+          f"Python {sys.version.split()[0]}; {load()}")
+    bench_pure(args.commands, args.seed, args.repeat)
     if not args.pure_only:
         bench_e2e(args.e2e_commands, args.batch, args.seed)
 

@@ -2,63 +2,56 @@
 
 Each side keeps its prices in a sorted list of keys (bisect) with the BEST price at the end, so the
 best level is `keys[-1]` and removing it is a pop from the end: bids are keyed by price, asks by
--price. A level is a deque of `(generation, order)` entries. Removing an order from the middle of a
-queue bumps the order's `queue_gen` instead of searching the deque, which makes cancel O(1); stale
-entries are dropped when they reach the front or when they outnumber live ones. Re-queueing (an
-iceberg refill, an amend that loses priority) appends a fresh entry at the back.
+-price. A level's queue is a dict from order id to order: a dict keeps insertion order, so it is
+the FIFO queue itself, and removing an order from anywhere in it is one O(1) `del` (cancel and
+amend never search). Re-queueing (an iceberg refill) deletes the entry and inserts it again at the
+back; an amend that loses priority leaves the book and re-enters it, at the back of its new level.
 """
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections import deque
 from typing import Iterator
 
 from matching.model import Order, Side
 
+_BUY = Side.buy
+
 
 class Level:
-    """One price: live order count and the FIFO queue of entries (some possibly stale)."""
+    """One price and its queue of live orders in time priority (order id -> order)."""
 
-    __slots__ = ("price", "queue", "count")
+    __slots__ = ("price", "queue")
 
     def __init__(self, price: int) -> None:
         self.price = price
-        self.queue: deque[tuple[int, Order]] = deque()
-        self.count = 0
+        self.queue: dict[str, Order] = {}
+
+    @property
+    def count(self) -> int:
+        return len(self.queue)
 
     def orders(self) -> Iterator[Order]:
         """Live orders in time priority."""
-        for gen, order in self.queue:
-            if gen == order.queue_gen:
-                yield order
-
-    def trim(self) -> None:
-        """Drop stale entries at the front; compact when stale entries dominate."""
-        queue = self.queue
-        while queue and queue[0][0] != queue[0][1].queue_gen:
-            queue.popleft()
-        if len(queue) > 2 * self.count + 16:
-            self.queue = deque(e for e in queue if e[0] == e[1].queue_gen)
+        return iter(self.queue.values())
 
 
 class BookSide:
-    """All levels of one side, best price last."""
+    """All levels of one side, best price last. `sign` turns a price into its key (+1 / -1)."""
 
-    __slots__ = ("side", "keys", "levels")
+    __slots__ = ("side", "sign", "keys", "levels")
 
     def __init__(self, side: Side) -> None:
         self.side = side
+        self.sign = 1 if side is _BUY else -1
         self.keys: list[int] = []
         self.levels: dict[int, Level] = {}
-
-    def _key(self, price: int) -> int:
-        return price if self.side is Side.buy else -price
 
     def best(self) -> Level | None:
         return self.levels[self.keys[-1]] if self.keys else None
 
     def best_price(self) -> int | None:
-        return self.levels[self.keys[-1]].price if self.keys else None
+        keys = self.keys
+        return keys[-1] * self.sign if keys else None
 
     def levels_from_best(self) -> Iterator[Level]:
         """Levels in priority order. The caller must not change the side while iterating."""
@@ -68,33 +61,36 @@ class BookSide:
 
     def add(self, order: Order) -> None:
         """Append `order` at the back of its price level, creating the level if needed."""
-        key = self._key(order.price)
+        price = order.price
+        key = price * self.sign
         level = self.levels.get(key)
         if level is None:
-            level = self.levels[key] = Level(order.price)
-            insort(self.keys, key)
-        order.queue_gen += 1
-        level.queue.append((order.queue_gen, order))
-        level.count += 1
+            level = self.levels[key] = Level(price)
+            keys = self.keys
+            if not keys or key > keys[-1]:  # a new best price: common, and no search needed
+                keys.append(key)
+            else:
+                insort(keys, key)
+        level.queue[order.order_id] = order
 
     def remove(self, order: Order) -> None:
-        """Take `order` off the book; drop its level if that was the last live order."""
-        key = self._key(order.price)
-        level = self.levels[key]
-        order.queue_gen += 1
-        level.count -= 1
-        if level.count == 0:
+        """Take `order` off its level; drop the level if that was its last order."""
+        key = order.price * self.sign
+        queue = self.levels[key].queue
+        del queue[order.order_id]
+        if not queue:
             del self.levels[key]
-            del self.keys[bisect_left(self.keys, key)]
-        else:
-            level.trim()
+            keys = self.keys
+            if keys[-1] == key:
+                keys.pop()
+            else:
+                del keys[bisect_left(keys, key)]
 
     def requeue(self, order: Order) -> None:
         """Move `order` to the back of its level (it loses time priority)."""
-        level = self.levels[self._key(order.price)]
-        order.queue_gen += 1
-        level.queue.append((order.queue_gen, order))
-        level.trim()
+        queue = self.levels[order.price * self.sign].queue
+        del queue[order.order_id]
+        queue[order.order_id] = order
 
     def depth(self, levels: int | None = None) -> list[tuple[int, int]]:
         """[(price, displayed lots)] from the best price; iceberg reserves are not shown."""
@@ -102,7 +98,7 @@ class BookSide:
         for level in self.levels_from_best():
             if levels is not None and len(out) >= levels:
                 break
-            out.append((level.price, sum(o.visible for o in level.orders())))
+            out.append((level.price, sum(o.visible for o in level.queue.values())))
         return out
 
 
@@ -117,18 +113,30 @@ class Book:
         self.index: dict[str, Order] = {}
 
     def side(self, side: Side) -> BookSide:
-        return self.bids if side is Side.buy else self.asks
+        return self.bids if side is _BUY else self.asks
+
+    def opposite(self, side: Side) -> BookSide:
+        """The side an order of `side` trades against."""
+        return self.asks if side is _BUY else self.bids
 
     def add(self, order: Order) -> None:
-        self.side(order.side).add(order)
+        (self.bids if order.side is _BUY else self.asks).add(order)
         self.index[order.order_id] = order
 
     def remove(self, order: Order) -> None:
-        self.side(order.side).remove(order)
+        (self.bids if order.side is _BUY else self.asks).remove(order)
         del self.index[order.order_id]
 
     def requeue(self, order: Order) -> None:
-        self.side(order.side).requeue(order)
+        (self.bids if order.side is _BUY else self.asks).requeue(order)
+
+    def would_cross(self, side: Side, price: int) -> bool:
+        """True if an order of `side` at `price` meets the best opposite price."""
+        if side is _BUY:
+            keys = self.asks.keys
+            return bool(keys) and -keys[-1] <= price
+        keys = self.bids.keys
+        return bool(keys) and keys[-1] >= price
 
     def is_crossed(self) -> bool:
         """True if the best bid meets or passes the best ask (must never be true at rest)."""

@@ -15,6 +15,12 @@ Guarantees:
 - The book never rests crossed: an incoming order matches until it no longer crosses.
 - A triggered stop never matches in the command that fired it; it waits in `received` for the
   money layer's `ActivateTriggered` / `RejectTriggered`, so its hold exists before it trades.
+
+Speed (issue 4 asks for hundreds of thousands of commands a second in pure Python): enum members
+are bound to module constants (an Enum class attribute lookup costs several global lookups),
+events are built as tuples (`events.make`), and an order that cannot cross skips the match plan
+(`_rest_unmatched` does exactly what an empty plan would). Each shortcut is tested against the
+general path.
 """
 from __future__ import annotations
 
@@ -23,19 +29,27 @@ from matching.book import Book
 from matching.errors import ErrorCode, SequenceError
 from matching.events import (CloseReason, Event, Fill, OrderAccepted, OrderAmended, OrderClosed,
                              OrderDecremented, OrderExists, OrderRejected, OrderStateChanged,
-                             RequestRejected, Triggered)
+                             RequestRejected, Triggered, make)
 from matching.fees import FeeSchedule, fee_increment
-from matching.holds import hold_captured, hold_requirement
+from matching.holds import hold_captured, hold_requirement, order_hold
 from matching.model import (ActivateTriggered, Amend, Cancel, Command, Market, Order, OrderType,
-                            Place, RejectTriggered, TimeInForce)
+                            Place, RejectTriggered, Side, TimeInForce)
 from matching.states import OPEN, TERMINAL, OrderState, transition
 from matching.stops import StopBook
 from matching.stp import DEFAULT_POLICY, StpPolicy
 from matching.validation import check_shape, default_tif, validate_place
 
 S = OrderState
+_RECEIVED, _PENDING_NEW, _WORKING, _PARTIAL = (S.received, S.pending_new, S.working,
+                                              S.partially_filled)
+_FILLED, _CANCELLED, _EXPIRED, _REJECTED, _UNTRIGGERED = (S.filled, S.cancelled, S.expired,
+                                                          S.rejected, S.untriggered)
+_BUY, _SELL = Side.buy, Side.sell
+_LIMIT, _MARKET = OrderType.limit, OrderType.market
+_GTC, _FOK = TimeInForce.gtc, TimeInForce.fok
 _STOP_TYPES = (OrderType.stop, OrderType.stop_limit)
 _BECOMES = {OrderType.stop: OrderType.market, OrderType.stop_limit: OrderType.limit}
+_FILL, _STP_CANCEL_MAKER = matcher.FILL, matcher.STP_CANCEL_MAKER
 
 
 class Engine:
@@ -87,6 +101,13 @@ class Engine:
         if seq != self.last_seq + 1:
             raise SequenceError(self.last_seq + 1, seq)
         check_shape(command)
+        return self.apply_checked(seq, command)
+
+    def apply_checked(self, seq: int, command: Command) -> list[Event]:
+        """`apply` for a caller that has just run `check_shape(command)` itself (the
+        `Sequencer` checks before journaling, so it need not be checked twice)."""
+        if seq != self.last_seq + 1:
+            raise SequenceError(self.last_seq + 1, seq)
         self.last_seq = self._seq = seq
         self._events = events = []
         self._match_no = 0
@@ -99,19 +120,21 @@ class Engine:
     # -- commands -------------------------------------------------------------------------
 
     def _place(self, cmd: Place) -> None:
-        existing = self.order_by_client_id(cmd.account, cmd.client_order_id)
+        existing = self.by_client.get((cmd.account, cmd.client_order_id))
         if existing is not None:
-            self._emit(OrderExists(self._seq, existing.order_id, cmd.account,
-                                   cmd.client_order_id, existing.state))
+            existing = self.orders[existing]
+            self._events.append(make(OrderExists, (self._seq, existing.order_id, cmd.account,
+                                                   cmd.client_order_id, existing.state)))
             return
         if cmd.order_id in self.orders:  # not recorded: the id belongs to another order
-            self._emit(OrderRejected(self._seq, cmd.order_id, cmd.account, cmd.client_order_id,
-                                     ErrorCode.duplicate_order_id))
+            self._events.append(make(OrderRejected, (
+                self._seq, cmd.order_id, cmd.account, cmd.client_order_id,
+                ErrorCode.duplicate_order_id)))
             return
         is_stop = cmd.order_type in _STOP_TYPES
         order = Order.from_place(cmd, self._seq, cmd.tif or default_tif(cmd.order_type),
                                  cmd.stp_group or cmd.account, cmd.stp_policy or self.default_stp,
-                                 S.received if is_stop else S.pending_new)
+                                 _RECEIVED if is_stop else _PENDING_NEW)
         self.orders[order.order_id] = order
         self.by_client[(cmd.account, cmd.client_order_id)] = order.order_id
         code = validate_place(cmd, self.market, self.fees)
@@ -119,31 +142,34 @@ class Engine:
             self._reject(order, code)
             return
         if is_stop:
-            self._move(order, S.untriggered)
+            self._move(order, _UNTRIGGERED)
             self.stops.add(order)
-        self._emit(OrderAccepted(self._seq, order.order_id, order.account, order.client_order_id,
-                                 order.side, order.order_type, order.state))
+        self._events.append(make(OrderAccepted, (self._seq, order.order_id, order.account,
+                                                 order.client_order_id, order.side,
+                                                 order.order_type, order.state)))
         if not is_stop:
             self._enter(order)
 
     def _cancel(self, cmd: Cancel) -> None:
-        order = self._open_order(cmd, "cancel")
-        if order is None:
+        order = self.orders.get(cmd.order_id)
+        if order is None or order.account != cmd.account or order.state not in OPEN:
+            self._refuse_closed(cmd, "cancel", order)
             return
-        if order.state is S.untriggered:
+        state = order.state
+        if state is _UNTRIGGERED:
             self.stops.remove(order)
-        elif order.state is S.received:
+        elif state is _RECEIVED:
             del self.awaiting[order.order_id]
         else:
             self.book.remove(order)
-        self._close(order, S.cancelled, CloseReason.cancelled_by_owner)
+        self._close(order, _CANCELLED, CloseReason.cancelled_by_owner)
 
     def _activate(self, cmd: ActivateTriggered) -> None:
         order = self.awaiting.pop(cmd.order_id, None)
         if order is None:
             self._refuse("activate", cmd.order_id, self._missing_code(cmd.order_id))
             return
-        self._move(order, S.pending_new)
+        self._move(order, _PENDING_NEW)
         self._enter(order)
 
     def _reject_triggered(self, cmd: RejectTriggered) -> None:
@@ -154,14 +180,15 @@ class Engine:
         self._reject(order, ErrorCode.hold_failed)
 
     def _amend(self, cmd: Amend) -> None:
-        order = self._open_order(cmd, "amend")
-        if order is None:
+        order = self.orders.get(cmd.order_id)
+        if order is None or order.account != cmd.account or order.state not in OPEN:
+            self._refuse_closed(cmd, "amend", order)
             return
         code = self._amend_error(order, cmd)
         if code is not None:
             self._refuse("amend", order.order_id, code)
             return
-        if order.state is S.untriggered:
+        if order.state is _UNTRIGGERED:
             self._amend_stop(order, cmd)
         else:
             self._amend_resting(order, cmd)
@@ -169,9 +196,10 @@ class Engine:
     # -- amend ------------------------------------------------------------------------------
 
     def _amend_error(self, order: Order, cmd: Amend) -> ErrorCode | None:
-        if order.order_type is OrderType.market:
+        if order.order_type is _MARKET:
             return ErrorCode.order_not_amendable
-        if order.state is S.received:
+        state = order.state
+        if state is _RECEIVED:
             return ErrorCode.order_not_open
         qty = order.qty if cmd.qty is None else cmd.qty
         price = order.price if cmd.price is None else cmd.price
@@ -182,14 +210,15 @@ class Engine:
             return ErrorCode.invalid_quantity
         if cmd.price is not None and (order.price is None or type(price) is not int or price <= 0):
             return ErrorCode.invalid_price
-        if cmd.stop_price is not None and (order.state is not S.untriggered
+        if cmd.stop_price is not None and (state is not _UNTRIGGERED
                                            or type(cmd.stop_price) is not int
                                            or cmd.stop_price <= 0):
             return ErrorCode.invalid_stop_price
-        if price is not None and self.market.quote_amount(price, qty) < self.market.min_notional:
+        market = self.market
+        if price is not None and price * qty * market.quote_per_tick_lot < market.min_notional:
             return ErrorCode.below_min_notional
-        if order.post_only and order.state is not S.untriggered and price != order.price \
-                and self._would_cross(order, price):
+        if order.post_only and state is not _UNTRIGGERED and price != order.price \
+                and self.book.would_cross(order.side, price):
             return ErrorCode.post_only_would_cross
         return None
 
@@ -212,37 +241,57 @@ class Engine:
     def _amend_resting(self, order: Order, cmd: Amend) -> None:
         new_price = order.price if cmd.price is None else cmd.price
         new_qty = order.qty if cmd.qty is None else cmd.qty
-        keep = new_price == order.price and new_qty <= order.qty
-        if keep:  # a pure reduction keeps its queue position
+        if new_price == order.price and new_qty <= order.qty:  # a pure reduction keeps its place
             self._set_size(order, cmd)
             order.visible = min(order.visible, order.remaining)
             self._emit_amended(order, priority_kept=True)
             return
-        self.book.remove(order)
+        book = self.book
+        book.remove(order)
         self._set_size(order, cmd)
         self._emit_amended(order, priority_kept=False)
-        if self._would_cross(order, order.price):
-            self._match_and_rest(order)
+        if book.would_cross(order.side, order.price):
+            self._match(order)
             return
-        # Fast path, same result as _match_and_rest: a resting order is a GTC limit with open
-        # quantity, so an empty match plan would just put it back at the end of its level.
+        # Same result as _match: a resting order is a GTC limit with open quantity, so an empty
+        # match plan would just put it back at the end of its level.
         remaining = order.remaining
         order.visible = min(order.display_qty or remaining, remaining)
-        self.book.add(order)
+        book.add(order)
 
     # -- entering and matching ------------------------------------------------------------
 
     def _enter(self, order: Order) -> None:
         """A pending_new order meets the book: post-only check, FOK check, match, rest or end."""
-        if order.post_only and self._would_cross(order, order.price):
+        if order.post_only and self.book.would_cross(order.side, order.price):
             self._reject(order, ErrorCode.post_only_would_cross)
             return
-        self._match_and_rest(order)
+        if order.order_type is _LIMIT and not self.book.would_cross(order.side, order.price):
+            self._rest_unmatched(order)
+        else:
+            self._match(order)
 
-    def _match_and_rest(self, order: Order) -> None:
+    def _rest_unmatched(self, order: Order) -> None:
+        """What `_match` does for a limit order that meets nothing (an empty plan): rest a GTC
+        order (working if it was pending_new), expire an FOK or IOC one. Its open quantity is
+        positive: validation and amend checks guarantee it."""
+        tif = order.tif
+        if tif is _GTC:
+            remaining = order.remaining
+            order.visible = min(order.display_qty or remaining, remaining)
+            self.book.add(order)
+            if order.state is _PENDING_NEW:
+                self._move(order, _WORKING)
+        elif tif is _FOK:
+            self._close(order, _EXPIRED, CloseReason.fok_unfillable)
+        else:
+            self._close(order, _EXPIRED, CloseReason.ioc_remainder)
+
+    def _match(self, order: Order) -> None:
+        """Plan the match, apply the FOK rule to the plan, execute it, then rest or end."""
         plan = matcher.plan_match(order, self.book, self.market, self.fees)
-        if order.tif is TimeInForce.fok and plan.filled < order.remaining:
-            self._end_unfilled(order, S.expired, CloseReason.fok_unfillable)
+        if order.tif is _FOK and plan.filled < order.remaining:
+            self._end_unfilled(order, _EXPIRED, CloseReason.fok_unfillable)
             return
         self._execute(order, plan)
         self._finish(order, plan)
@@ -250,11 +299,11 @@ class Engine:
     def _execute(self, taker: Order, plan: matcher.Plan) -> None:
         for step in plan.steps:
             kind, maker = step[0], step[1]
-            if kind == matcher.FILL:
+            if kind == _FILL:
                 self._fill(maker, taker, step[2])
-            elif kind == matcher.STP_CANCEL_MAKER:
+            elif kind == _STP_CANCEL_MAKER:
                 self.book.remove(maker)
-                self._close(maker, S.cancelled, CloseReason.self_trade_prevented)
+                self._close(maker, _CANCELLED, CloseReason.self_trade_prevented)
             else:
                 self._decrement(maker, taker, step[2])
 
@@ -266,33 +315,37 @@ class Engine:
         taker.decremented += qty
         if maker.remaining == 0:
             self.book.remove(maker)
-            self._close(maker, S.cancelled, CloseReason.self_trade_prevented)
+            self._close(maker, _CANCELLED, CloseReason.self_trade_prevented)
         else:
             maker.visible = min(maker.visible, maker.remaining)
-            self._emit(OrderDecremented(self._seq, maker.order_id, maker.account, qty,
-                                        maker.remaining))
+            self._events.append(make(OrderDecremented, (self._seq, maker.order_id, maker.account,
+                                                        qty, maker.remaining)))
 
     def _fill(self, maker: Order, taker: Order, qty: int) -> None:
         price = maker.price
-        quote = self.market.quote_amount(price, qty)
-        maker_fee = self._charge(maker, quote, self.fees.tier(maker.fee_tier).maker_ppm)
-        taker_fee = self._charge(taker, quote, self.fees.tier(taker.fee_tier).taker_ppm)
-        for order in (maker, taker):
-            order.filled += qty
-            order.quote_traded += quote
-            if order.remaining is not None:
-                order.remaining -= qty
+        market, tiers = self.market, self.fees.tiers
+        quote = price * qty * market.quote_per_tick_lot
+        maker_fee = self._charge(maker, quote, tiers[maker.fee_tier].maker_ppm)
+        taker_fee = self._charge(taker, quote, tiers[taker.fee_tier].taker_ppm)
+        maker.filled += qty
+        maker.quote_traded += quote
+        maker.remaining -= qty  # a resting maker always has a quantity
         maker.visible -= qty
+        taker.filled += qty
+        taker.quote_traded += quote
+        if taker.remaining is not None:
+            taker.remaining -= qty
         self._match_no += 1
         self.last_price = price
-        self._emit(Fill(self._seq, self._match_no, maker.order_id, taker.order_id, maker.account,
-                        taker.account, taker.side, price, qty, self.market.base_amount(qty),
-                        quote, maker_fee, taker_fee))
+        self._events.append(make(Fill, (self._seq, self._match_no, maker.order_id,
+                                        taker.order_id, maker.account, taker.account,
+                                        taker.side, price, qty, qty * market.lot_size, quote,
+                                        maker_fee, taker_fee)))
         self._after_maker_fill(maker)
         if taker.remaining == 0:
-            self._close(taker, S.filled, CloseReason.filled)
+            self._close(taker, _FILLED, CloseReason.filled)
         else:
-            self._move(taker, S.partially_filled)
+            self._move(taker, _PARTIAL)
 
     def _charge(self, order: Order, quote: int, rate_ppm: int) -> int:
         fee, order.fee_num = fee_increment(order.fee_num, quote, rate_ppm)
@@ -302,9 +355,9 @@ class Engine:
     def _after_maker_fill(self, maker: Order) -> None:
         if maker.remaining == 0:
             self.book.remove(maker)
-            self._close(maker, S.filled, CloseReason.filled)
+            self._close(maker, _FILLED, CloseReason.filled)
             return
-        self._move(maker, S.partially_filled)
+        self._move(maker, _PARTIAL)
         if maker.visible == 0:  # iceberg refill: a new slice at the back of the level
             maker.visible = min(maker.display_qty, maker.remaining)
             self.book.requeue(maker)
@@ -316,31 +369,28 @@ class Engine:
         if plan.stp_kill or order.remaining == 0:  # remaining 0 here means decremented away
             self._end_unfilled(order, None, CloseReason.self_trade_prevented)
         elif order.budget is not None and plan.budget_exhausted and order.filled:
-            self._close(order, S.filled, CloseReason.budget_exhausted)
-        elif order.order_type is OrderType.market or order.tif is not TimeInForce.gtc:
+            self._close(order, _FILLED, CloseReason.budget_exhausted)
+        elif order.order_type is _MARKET or order.tif is not _GTC:
             reason = CloseReason.budget_exhausted if plan.budget_exhausted \
                 else CloseReason.ioc_remainder
-            self._end_unfilled(order, S.expired, reason)
+            self._end_unfilled(order, _EXPIRED, reason)
         else:
             order.visible = min(order.display_qty or order.remaining, order.remaining)
             self.book.add(order)
-            if order.state is S.pending_new:
-                self._move(order, S.working)
+            if order.state is _PENDING_NEW:
+                self._move(order, _WORKING)
 
     def _end_unfilled(self, order: Order, state: OrderState | None, reason: str) -> None:
         """End an order's remainder. Never traded and never acknowledged -> `rejected` for STP."""
         if state is None:  # STP: rejected if it never traded, else cancelled
-            if order.state is S.pending_new:
+            if order.state is _PENDING_NEW:
                 self._reject(order, ErrorCode.self_trade_prevented)
                 return
-            state = S.cancelled
+            state = _CANCELLED
         self._close(order, state, reason)
 
     def _would_cross(self, order: Order, price: int) -> bool:
-        best = self.book.side(order.side.opposite).best_price()
-        if best is None:
-            return False
-        return best <= price if order.is_bid else best >= price
+        return self.book.would_cross(order.side, price)
 
     # -- stops ------------------------------------------------------------------------------
 
@@ -350,7 +400,7 @@ class Engine:
         for order_id in self.stops.pop_triggered(self.last_price):
             order = self.orders[order_id]
             order.order_type = _BECOMES[order.order_type]
-            self._move(order, S.received)
+            self._move(order, _RECEIVED)
             self.awaiting[order_id] = order
             asset, amount = hold_requirement(order, self.market, self.fees)
             self._emit(Triggered(self._seq, order_id, order.account, order.stop_price,
@@ -362,43 +412,42 @@ class Engine:
         old = order.state
         order.state = transition(order.order_id, old, new)
         if old is not new:
-            self._emit(OrderStateChanged(self._seq, order.order_id, order.account, old, new))
+            self._events.append(make(OrderStateChanged, (self._seq, order.order_id,
+                                                         order.account, old, new)))
 
     def _close(self, order: Order, state: OrderState, reason: str) -> None:
         self._move(order, state)
         asset, captured = hold_captured(order, self.market)
-        self._emit(OrderClosed(self._seq, order.order_id, order.account, state, reason,
-                               order.filled, order.remaining, order.quote_traded,
-                               order.fees_paid, asset, captured))
+        self._events.append(make(OrderClosed, (self._seq, order.order_id, order.account, state,
+                                               reason, order.filled, order.remaining,
+                                               order.quote_traded, order.fees_paid, asset,
+                                               captured)))
 
     def _reject(self, order: Order, code: ErrorCode) -> None:
-        self._move(order, S.rejected)
-        self._emit(OrderRejected(self._seq, order.order_id, order.account, order.client_order_id,
-                                 code))
+        self._move(order, _REJECTED)
+        self._events.append(make(OrderRejected, (self._seq, order.order_id, order.account,
+                                                 order.client_order_id, code)))
 
     def _emit_amended(self, order: Order, priority_kept: bool) -> None:
-        asset, amount = hold_requirement(order, self.market, self.fees)
-        if order.state is S.untriggered:  # a stop reserves nothing until it fires
+        asset, amount = order_hold(order, self.market, self.fees)
+        if order.state is _UNTRIGGERED:  # a stop reserves nothing until it fires
             amount = 0
-        self._emit(OrderAmended(self._seq, order.order_id, order.account, order.qty, order.price,
-                                order.stop_price, order.remaining, priority_kept, asset, amount))
+        self._events.append(make(OrderAmended, (self._seq, order.order_id, order.account,
+                                                order.qty, order.price, order.stop_price,
+                                                order.remaining, priority_kept, asset, amount)))
 
     def _refuse(self, command: str, order_id: str, code: ErrorCode) -> None:
-        self._emit(RequestRejected(self._seq, command, order_id, code))
+        self._events.append(make(RequestRejected, (self._seq, command, order_id, code)))
 
-    def _open_order(self, cmd: Cancel | Amend, command: str) -> Order | None:
-        order = self.orders.get(cmd.order_id)
-        code = None
+    def _refuse_closed(self, cmd: Cancel | Amend, command: str, order: Order | None) -> None:
+        """Refuse a cancel / amend whose order is missing, someone else's, or not open."""
         if order is None:
             code = ErrorCode.order_not_found
         elif order.account != cmd.account:
             code = ErrorCode.order_owner_mismatch
-        elif order.state not in OPEN:
+        else:
             code = ErrorCode.order_not_open
-        if code is not None:
-            self._refuse(command, cmd.order_id, code)
-            return None
-        return order
+        self._refuse(command, cmd.order_id, code)
 
     def _missing_code(self, order_id: str) -> ErrorCode:
         return ErrorCode.order_not_open if order_id in self.orders else ErrorCode.order_not_found

@@ -37,16 +37,15 @@ class FeeTier:
 
     maker_ppm: int
     taker_ppm: int
+    # The larger rate: what a hold must allow for, since an order may make or take. Derived once
+    # (holds read it for every amend), not part of the tier's identity.
+    max_ppm: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for rate in (self.maker_ppm, self.taker_ppm):
             if type(rate) is not int or not 0 <= rate <= PPM:
                 raise ValueError(f"fee rate must be an int in [0, {PPM}] ppm, got {rate!r}")
-
-    @property
-    def max_ppm(self) -> int:
-        """The larger rate: what a hold must allow for, since an order may make or take."""
-        return max(self.maker_ppm, self.taker_ppm)
+        object.__setattr__(self, "max_ppm", max(self.maker_ppm, self.taker_ppm))
 
 
 @dataclass(frozen=True)

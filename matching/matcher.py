@@ -13,41 +13,45 @@ Trades are at the maker's price.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Iterator
 
 from matching.book import Book, Level
 from matching.fees import PPM, FeeSchedule, ceil_div
-from matching.model import Market, Order, OrderType
+from matching.model import Market, Order, OrderType, Side
 from matching.stp import StpPolicy, effective_policy
 
 # Plan steps are small tuples: (FILL, maker, qty), (STP_CANCEL_MAKER, maker),
 # (STP_DECREMENT, maker, qty). A plan that ends with the taker removed by STP says so in `stp_kill`.
 FILL, STP_CANCEL_MAKER, STP_DECREMENT = 0, 1, 2
 
+# Enum members bound once: a class attribute lookup on an Enum costs several times a global's.
+_LIMIT, _BUY = OrderType.limit, Side.buy
+_CANCEL_NEWEST, _CANCEL_OLDEST = StpPolicy.cancel_newest, StpPolicy.cancel_oldest
 
-@dataclass(slots=True)
+
 class Plan:
     """What executing the match would do: steps in order, lots traded, and why it stopped."""
 
-    steps: list = field(default_factory=list)
-    filled: int = 0
-    stp_kill: bool = False          # cancel_newest hit: the taker's remainder is removed
-    budget_exhausted: bool = False  # a market bid could not afford the next lot
+    __slots__ = ("steps", "filled", "stp_kill", "budget_exhausted")
+
+    def __init__(self) -> None:
+        self.steps: list = []
+        self.filled = 0
+        self.stp_kill = False          # cancel_newest hit: the taker's remainder is removed
+        self.budget_exhausted = False  # a market bid could not afford the next lot
 
 
 def crosses(taker: Order, price: int) -> bool:
     """True if a limit taker may trade at `price` (market orders trade at any price)."""
-    if taker.order_type is not OrderType.limit:
+    if taker.order_type is not _LIMIT:
         return True
-    return price <= taker.price if taker.is_bid else price >= taker.price
+    return price <= taker.price if taker.side is _BUY else price >= taker.price
 
 
 def _walk(level: Level, tail: deque) -> Iterator[tuple[Order, int, int]]:
     """(maker, open lots, displayed lots) in the order execution will meet them."""
-    for gen, maker in level.queue:
-        if gen == maker.queue_gen:
-            yield maker, maker.remaining, maker.visible
+    for maker in level.queue.values():
+        yield maker, maker.remaining, maker.visible
     while tail:
         yield tail.popleft()
 
@@ -55,23 +59,27 @@ def _walk(level: Level, tail: deque) -> Iterator[tuple[Order, int, int]]:
 def plan_match(taker: Order, book: Book, market: Market, fees: FeeSchedule) -> Plan:
     """The match `taker` would make now, from its current remaining quantity or budget."""
     plan = Plan()
+    steps = plan.steps
     rem = taker.remaining  # None for a market bid, which is limited by budget instead
     policy = effective_policy(taker.stp_policy, rem is not None)
     budget = _Budget(taker, market, fees) if rem is None else None
-    for level in book.side(taker.side.opposite).levels_from_best():
-        if not crosses(taker, level.price):
+    group = taker.stp_group
+    limit = taker.price if taker.order_type is _LIMIT else None
+    is_bid = taker.side is _BUY
+    for level in book.opposite(taker.side).levels_from_best():
+        if limit is not None and (level.price > limit if is_bid else level.price < limit):
             break
         tail: deque = deque()
         for maker, m_rem, m_vis in _walk(level, tail):
-            if maker.stp_group == taker.stp_group:
-                if policy is StpPolicy.cancel_newest:
+            if maker.stp_group == group:
+                if policy is _CANCEL_NEWEST:
                     plan.stp_kill = True
                     return plan
-                if policy is StpPolicy.cancel_oldest:
-                    plan.steps.append((STP_CANCEL_MAKER, maker))
+                if policy is _CANCEL_OLDEST:
+                    steps.append((STP_CANCEL_MAKER, maker))
                     continue
                 cut = min(rem, m_rem)
-                plan.steps.append((STP_DECREMENT, maker, cut))
+                steps.append((STP_DECREMENT, maker, cut))
                 rem -= cut
                 if rem == 0:
                     return plan
@@ -82,7 +90,7 @@ def plan_match(taker: Order, book: Book, market: Market, fees: FeeSchedule) -> P
                 if qty == 0:
                     plan.budget_exhausted = True
                     return plan
-            plan.steps.append((FILL, maker, qty))
+            steps.append((FILL, maker, qty))
             plan.filled += qty
             if rem is not None:
                 rem -= qty

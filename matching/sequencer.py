@@ -12,11 +12,10 @@ tests and benchmarks. A database-backed sink implements the same `append`.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
-from typing import Iterator, Protocol
+from typing import Iterator, NamedTuple, Protocol
 
 from matching.engine import Engine
-from matching.events import Event, OrderExists
+from matching.events import Event, OrderExists, typed_equality, make
 from matching.model import Command, Place
 from matching.validation import check_shape
 
@@ -35,18 +34,20 @@ class MemoryJournal:
         self.entries: list[tuple[int, Command]] = []
 
     def append(self, seq: int, command: Command) -> None:
-        if self.entries and seq != self.entries[-1][0] + 1:
-            raise ValueError(f"journal expects seq {self.entries[-1][0] + 1}, got {seq}")
-        self.entries.append((seq, command))
+        entries = self.entries
+        if entries and seq != entries[-1][0] + 1:
+            raise ValueError(f"journal expects seq {entries[-1][0] + 1}, got {seq}")
+        entries.append((seq, command))
 
     def since(self, seq: int) -> Iterator[tuple[int, Command]]:
         """Entries with a sequence number above `seq`, in order."""
         return (entry for entry in self.entries if entry[0] > seq)
 
 
-@dataclass(frozen=True)
-class Submitted:
-    """What a submission did: its sequence number (None if not journaled) and the events."""
+@typed_equality
+class Submitted(NamedTuple):
+    """What a submission did: its sequence number (None if not journaled) and the events.
+    A named tuple, like the events, because one is built per command."""
 
     seq: int | None
     events: list[Event]
@@ -72,13 +73,15 @@ class Sequencer:
             if self.halted:
                 raise SequencerHalted("sequencer halted after an engine failure")
             check_shape(command)  # malformed commands are refused, never journaled
-            retry = self._existing(command)
-            if retry is not None:
-                return Submitted(None, [retry])
-            seq = self.engine.last_seq + 1
+            engine = self.engine
+            if type(command) is Place:  # check_shape admits exact command types only
+                retry = self._existing(command)
+                if retry is not None:
+                    return make(Submitted, (None, [retry]))
+            seq = engine.last_seq + 1
             self.sink.append(seq, command)
             try:
-                return Submitted(seq, self.engine.apply(seq, command))
+                return make(Submitted, (seq, engine.apply(seq, command)))
             except Exception:
                 self.halted = True
                 raise

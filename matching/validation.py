@@ -78,8 +78,18 @@ def uses_budget(side: Side, order_type: OrderType) -> bool:
     return side is Side.buy and order_type not in _LIMIT_PRICED
 
 
+_LIMIT = OrderType.limit
+
+
 def validate_place(cmd: Place, market: Market, fees: FeeSchedule) -> ErrorCode | None:
     """The first reason to reject `cmd`, or None."""
+    if (cmd.order_type is _LIMIT and cmd.post_only is False and cmd.display_qty is None
+            and cmd.budget is None and cmd.stop_price is None
+            and (cmd.tif is None or isinstance(cmd.tif, TimeInForce))
+            and type(cmd.qty) is int and cmd.qty > 0 and type(cmd.price) is int and cmd.price > 0
+            and cmd.fee_tier in fees.tiers
+            and cmd.price * cmd.qty * market.quote_per_tick_lot >= market.min_notional):
+        return None  # the common plain limit order passes every check below; say so at once
     budgeted = uses_budget(cmd.side, cmd.order_type)
     priced = cmd.order_type in _LIMIT_PRICED
     tif = cmd.tif or default_tif(cmd.order_type)
