@@ -3,7 +3,10 @@ transaction is credited exactly once; a reorg deeper than finality after a credi
 books the shortfall to suspense, engages the kill switch, and the ledger still verifies."""
 from __future__ import annotations
 
+import pytest
 from sqlalchemy import text
+
+from custody.errors import CustodyError
 
 from custody.controls import kill_switch, set_kill_switch
 from regtest.util import assert_equal
@@ -90,6 +93,12 @@ def test_bitcoin_reorg_deeper_than_finality(custody, customer, bitcoind, engine,
     assert_equal(ledger.balance(suspense).posted, before - amount)
     assert_equal(ledger.balance(acct).posted, amount)  # the customer keeps what we owe them
     assert kill_switch(engine).engaged
+    log.info("while the kill switch is on, a withdrawal request is refused with withdrawals_halted")
+    with pytest.raises(CustodyError) as err:
+        custody.withdrawals.request(client_withdrawal_id=f"during-incident-{acct}", account_id=acct, amount=1_000_000,
+                                    destination=OTHER, requested_by="backend")
+    assert_equal(err.value.code.value, "withdrawals_halted")
+    assert_equal(ledger.balance(acct).held, 0)
     ledger.assert_verified()
 
     log.info("the transaction is re-mined from the mempool: the suspense booking is reversed")
