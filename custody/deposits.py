@@ -293,6 +293,37 @@ class Deposits:
             emit(c, "deposit.credited", f"deposit.credited:{row.id}", _event(row, tx.transaction_id))
             return tx.transaction_id
 
+    def return_quarantined(self, obs_id: int, *, operator: str, comment: str, withdrawals, destination: str | None = None) -> int:
+        """An operator's decision to send a quarantined deposit back (to its sender by default).
+        It becomes a withdrawal from the quarantine account for the amount less the quoted network
+        fee, requested by the operator, so it passes policy and needs a second operator wherever
+        the amount tier says so. Returns the withdrawal id; asking again returns the same one."""
+        if not comment.strip():
+            raise LedgerError(ErrorCode.invalid_request, "a return needs a comment saying why")
+        with self.engine.connect() as c:
+            row = c.execute(text(f"{_OBS_SQL} WHERE id = :i"), {"i": obs_id}).first()
+        if row is None:
+            raise LedgerError(ErrorCode.invalid_request, f"no deposit {obs_id}")
+        if row.state == "returned":
+            with self.engine.connect() as c:
+                return c.execute(text("SELECT return_withdrawal_id FROM deposit_observation WHERE id = :i"), {"i": obs_id}).scalar_one()
+        if row.state != "quarantined":
+            raise LedgerError(ErrorCode.invalid_request, f"deposit {obs_id} is {row.state}, not quarantined")
+        destination = destination or (row.senders[0] if len(row.senders) == 1 else None)
+        if destination is None:
+            raise LedgerError(ErrorCode.invalid_request, "the deposit has no single sender: name the destination")
+        quarantine = self.wallets.firm_account("quarantine", row.asset)
+        fee = self.wallets.chain_asset(row.asset).withdrawal_fee
+        w = withdrawals.request(client_withdrawal_id=f"deposit-return:{obs_id}", account_id=quarantine,
+                                amount=int(row.amount) - fee, destination=destination, requested_by=operator)
+        with self.engine.begin() as c:
+            current = c.execute(text("SELECT state FROM deposit_observation WHERE id = :i FOR UPDATE"), {"i": obs_id}).scalar_one()
+            if current == "quarantined":
+                advance(c, "deposit_observation", obs_id, "quarantined", "returned", return_withdrawal_id=w.id)
+                audit(c, operator, "deposit.return", f"observation:{obs_id}", {"comment": comment, "withdrawal_id": w.id,
+                                                                                 "destination": destination})
+        return w.id
+
     def list(self, *, account_id: int | None = None, state: str | None = None, limit: int = 200) -> list[dict]:
         with self.engine.connect() as c:
             rows = c.execute(

@@ -16,9 +16,10 @@ DEPOSIT_TRANSITIONS: Mapping[str, frozenset[str]] = {
     "confirming": frozenset({"final", "orphaned"}),
     "final": frozenset({"credited", "quarantined", "dust", "orphaned"}),
     "orphaned": frozenset({"seen"}),  # the same output re-mined in the new chain
-    "quarantined": frozenset({"released"}),
+    "quarantined": frozenset({"released", "returned"}),
     "credited": frozenset(),
     "released": frozenset(),
+    "returned": frozenset(),
     "dust": frozenset(),
 }
 

@@ -93,7 +93,7 @@ class Withdrawals:
         if not isinstance(client_withdrawal_id, str) or not 1 <= len(client_withdrawal_id) <= 200:
             raise LedgerError(ErrorCode.invalid_request, "client_withdrawal_id must be 1-200 characters")
         account = self.ledger.get_account(account_id)
-        if account.kind is not AccountKind.customer:
+        if account.kind not in (AccountKind.customer, AccountKind.quarantine):  # quarantine: deposits sent back
             raise LedgerError(ErrorCode.invalid_request, "withdrawals are made from customer accounts")
         try:
             ca = self.wallets.chain_asset(account.asset)

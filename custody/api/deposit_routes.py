@@ -52,6 +52,12 @@ class ReleaseIn(BaseModel):
     comment: str = Field(min_length=1, max_length=1000)
 
 
+class ReturnIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    comment: str = Field(min_length=1, max_length=1000)
+    destination: str | None = Field(default=None, max_length=200, description="default: the deposit's single sender")
+
+
 class KillSwitchIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     engaged: bool
@@ -101,6 +107,17 @@ def release(deposit_id: int, body: ReleaseIn, c: ContainerDep, who: Operator) ->
     """Operator decision: credit a quarantined deposit to its customer (recorded in the audit log)."""
     _deposits(c).release_quarantined(deposit_id, operator=f"api:{who.name}", comment=body.comment)
     return _out(c, next(r for r in c.deposits.list(state="released", limit=1000) if r["id"] == deposit_id))
+
+
+@router.post("/deposits/{deposit_id}/return")
+def return_deposit(deposit_id: int, body: ReturnIn, c: ContainerDep, who: Operator) -> dict:
+    """Operator decision: send a quarantined deposit back (a withdrawal from the quarantine account,
+    subject to policy and approvals like any other). Answers the withdrawal id."""
+    if c.withdrawals is None:
+        raise ApiError(503, "chains_not_configured", "no chain adapters are configured on this service")
+    wid = _deposits(c).return_quarantined(deposit_id, operator=f"api:{who.name}", comment=body.comment,
+                                          withdrawals=c.withdrawals, destination=body.destination)
+    return {"deposit_id": deposit_id, "withdrawal_id": wid, "state": c.withdrawals.get(wid).state}
 
 
 @router.get("/incidents")

@@ -58,7 +58,7 @@ CREATE TABLE chain_cursor (
 );
 
 -- Operational: one row per output / transfer / log paying a watched address.
--- seen -> confirming -> final -> credited | quarantined -> released | dust ; seen/confirming/final -> orphaned
+-- seen -> confirming -> final -> credited | quarantined -> released | returned | dust ; seen/confirming/final -> orphaned
 CREATE TABLE deposit_observation (
     id                     bigserial PRIMARY KEY,
     chain                  text NOT NULL,
@@ -72,12 +72,13 @@ CREATE TABLE deposit_observation (
     block_height           bigint NOT NULL,
     confirmations          integer NOT NULL DEFAULT 0,
     state                  text NOT NULL CHECK (state IN ('seen', 'confirming', 'final', 'credited',
-                                'orphaned', 'quarantined', 'released', 'dust')),
+                                'orphaned', 'quarantined', 'released', 'returned', 'dust')),
     deposit_address_id     bigint NOT NULL REFERENCES deposit_address(id),
     account_id             bigint NOT NULL REFERENCES account(id),
     journal_transaction_id bigint REFERENCES journal_transaction(id),
     screening              jsonb,
     reorg_count            integer NOT NULL DEFAULT 0,
+    return_withdrawal_id   bigint,  -- a quarantined deposit sent back: the withdrawal paying it
     created_at             timestamptz NOT NULL DEFAULT now(),
     updated_at             timestamptz NOT NULL DEFAULT now(),
     UNIQUE (chain, asset, txid, output_index)

@@ -80,3 +80,39 @@ def test_denylisted_sender_quarantined(custody, customer, btc, bitcoind, engine,
     [obs] = custody.deposits.list(account_id=acct)
     assert_equal((obs["state"], list(obs["senders"])), ("quarantined", [key.address]))
     assert_equal(ledger.balance(acct).posted, 0)
+
+
+def test_quarantined_deposit_returned_to_sender(custody, customer, btc, bitcoind, engine, ledger, log):
+    from tests.e2e import txbuild
+
+    acct = customer("BTC")
+    addr = custody.wallets.issue_address(f"addr:{acct}", acct).address
+    key, utxo = btc.funded_key(3_000_000)
+    with engine.begin() as c:
+        c.execute(text("INSERT INTO denylist_address (address, reason) VALUES (:a, 'test: flagged exchange')"), {"a": key.address})
+    raw = txbuild.spend_p2wpkh(key, utxo.txid, utxo.index, utxo.amount, [(addr, 2_000_000)])
+    btc.adapter.broadcast(raw)
+    bitcoind.mine(BTC_FINALITY)
+    custody.deposits.run_once(["bitcoin"])
+    [obs] = custody.deposits.list(account_id=acct)
+    assert_equal(obs["state"], "quarantined")
+    with engine.begin() as c:  # the return goes to the flagged sender itself: allowed as a return
+        c.execute(text("DELETE FROM denylist_address WHERE address = :a"), {"a": key.address})
+    p = custody.payouts
+    bitcoind.fund(p.hot_address("bitcoin"), 100_000_000)
+    bitcoind.mine(1)
+    p.sync_hot_wallet()
+    log.info("operator returns the deposit to its sender %s", key.address)
+    wid = custody.deposits.return_quarantined(obs["id"], operator="op-carol", comment="returned per compliance",
+                                              withdrawals=custody.withdrawals)
+    assert_equal(custody.deposits.return_quarantined(obs["id"], operator="op-carol", comment="again",
+                                                     withdrawals=custody.withdrawals), wid)
+    assert_equal(custody.withdrawals.get(wid).state, "approved")
+    p.batch_bitcoin()
+    p.sign_open_batches()
+    p.broadcast()
+    bitcoind.mine(BTC_FINALITY)
+    p.track()
+    assert_equal(custody.withdrawals.get(wid).state, "final")
+    assert_equal([u.amount for u in btc.adapter.unspent([key.address])], [2_000_000 - 5_000])
+    assert_equal(ledger.balance(acct).posted, 0)
