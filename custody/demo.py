@@ -99,10 +99,40 @@ def _chain_demo(c: httpx.Client, op: httpx.Client, container: Container, chains,
              "(2 - 0.1 - 0.8 - 2 x 0.00005 quoted fee)", bal["posted"]["value"])
     if bal["posted"]["value"] != "1.09990000":
         raise DemoFailed(f"unexpected balance {bal}")
+    _matching_demo(c, run, owner)
     verify = _call(c, "GET", "/v1/verify", 200)
     if not verify["ok"]:
         raise DemoFailed("ledger verification failed")
-    log.info("ledger: verify passed after the chain demo")
+    log.info("ledger: verify passed after the chain and matching demo")
+
+
+def _matching_demo(c: httpx.Client, run: str, seller: str) -> None:
+    """The Bitsten scenario over the API: price improvement must return to the buyer."""
+    symbol = f"BTC-USDT-{run}"
+    _call(c, "POST", "/v1/markets", 201, json={
+        "symbol": symbol, "base_asset": "BTC", "quote_asset": "USDT", "lot_size": 10_000, "quote_per_tick_lot": 1,
+        "fees": {"default": {"maker_ppm": 1_000, "taker_ppm": 2_000}}})
+    buyer = f"demo-alice-{run}"
+    usdt = _call(c, "POST", "/v1/accounts", 201, json={"asset": "USDT", "kind": "customer", "name": f"customer:{buyer}:USDT",
+                                                       "owner": buyer})["id"]
+    treasury = _call(c, "POST", "/v1/accounts", 201, json={"asset": "USDT", "kind": "equity", "name": f"demo:{run}:usdt-treasury"})["id"]
+    _call(c, "POST", "/v1/transactions", 201, json={"idempotency_key": f"demo:{run}:usdt", "kind": "treasury_credit",
+          "transfers": [{"debit_account_id": treasury, "credit_account_id": usdt, "amount": "40000"}]})
+    log.info("matching: market %s (lot 0.0001 BTC, tick 0.01 USDT, maker 0.1%% / taker 0.2%%); alice has 40,000 USDT", symbol)
+    ask = _call(c, "POST", f"/v1/markets/{symbol}/orders", 201, json={
+        "account": seller, "client_order_id": "ask-1", "side": "sell", "qty": "0.2", "price": "59900"})
+    log.info("matching: bob rests an ask, 0.2 BTC at 59,900 -> %s", ask["state"])
+    bid = _call(c, "POST", f"/v1/markets/{symbol}/orders", 201, json={
+        "account": buyer, "client_order_id": "bid-1", "side": "buy", "qty": "0.5", "price": "60000"})
+    bal = _call(c, "GET", f"/v1/accounts/{usdt}/balance", 200)
+    log.info("matching: alice bids 0.5 BTC at 60,000 -> %s, filled %s at the maker's price; USDT held %s",
+             bid["state"], bid["filled"], bal["held"]["value"])
+    cancelled = _call(c, "POST", f"/v1/markets/{symbol}/orders/{bid['order_id']}/cancel", 200, json={"account": buyer})
+    bal = _call(c, "GET", f"/v1/accounts/{usdt}/balance", 200)
+    log.info("matching: alice cancels (%s): USDT %s = 40,000 - 11,980 - 23.96 taker fee, held %s",
+             cancelled["state"], bal["posted"]["value"], bal["held"]["value"])
+    if (bal["posted"]["value"], bal["held"]["value"]) != ("27996.040000", "0.000000"):
+        raise DemoFailed(f"the buyer's price improvement did not come back exactly: {bal}")
 
 
 def _ledger_demo(c: httpx.Client, run: str) -> None:
