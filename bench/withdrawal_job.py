@@ -21,7 +21,6 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from decimal import Decimal
 from pathlib import Path
 

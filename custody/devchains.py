@@ -46,6 +46,24 @@ def dev_seed_file(state_dir: Path) -> Path:
     return path
 
 
+def configure_regtest(container: Container, keys: SignerKeys, token_address: str) -> None:
+    """Regtest reference data, shared by the demo and the e2e suites: deposit and hot wallets from
+    the signer's xpubs; BTC (finality 3), ETH and the test USDT (finality 12) with their dust
+    minimums, minimum withdrawals and quoted fees; each chain's scan cursor at the node's tip."""
+    w = container.wallets
+    for chain in ("bitcoin", "ethereum"):
+        for tier in ("deposit", "hot"):
+            w.register_wallet(chain, tier, "regtest", keys.account_xpub(chain, tier))
+    w.configure_asset("BTC", 8, "bitcoin", finality=BTC_FINALITY, dust_minimum=1_000, min_withdrawal=10_000,
+                      withdrawal_fee=5_000, withdrawal_fee_fast=20_000)
+    w.configure_asset("ETH", 18, "ethereum", finality=ETH_FINALITY, dust_minimum=10**9, min_withdrawal=10**15,
+                      withdrawal_fee=10**15)
+    w.configure_asset("USDT", 6, "ethereum", finality=ETH_FINALITY, dust_minimum=10_000,
+                      contract_address=token_address, min_withdrawal=10**6, withdrawal_fee=10**6)
+    for chain in ("bitcoin", "ethereum"):
+        container.deposits.start_cursor(chain)
+
+
 def start_dev_chains(container: Container, *, mine_every: float = 2.0) -> DevChains:
     """Start both nodes, configure wallets and assets, attach adapters, and mine a block every
     `mine_every` seconds (regtest has no miners of its own)."""
@@ -58,18 +76,7 @@ def start_dev_chains(container: Container, *, mine_every: float = 2.0) -> DevCha
     btc = BitcoinAdapter(cluster.bitcoin.rpc_url, network="regtest")
     eth = EthereumAdapter(cluster.anvil.rpc_url, network="regtest", tokens={cluster.token.address: "USDT"})
     container.with_chains({"bitcoin": btc, "ethereum": eth}, signer_keys=keys)
-    w = container.wallets
-    for chain in ("bitcoin", "ethereum"):
-        for tier in ("deposit", "hot"):
-            w.register_wallet(chain, tier, "regtest", keys.account_xpub(chain, tier))
-    w.configure_asset("BTC", 8, "bitcoin", finality=BTC_FINALITY, dust_minimum=1_000, min_withdrawal=10_000,
-                      withdrawal_fee=5_000, withdrawal_fee_fast=20_000)
-    w.configure_asset("ETH", 18, "ethereum", finality=ETH_FINALITY, dust_minimum=10**9, min_withdrawal=10**15,
-                      withdrawal_fee=10**15)
-    w.configure_asset("USDT", 6, "ethereum", finality=ETH_FINALITY, dust_minimum=10_000,
-                      contract_address=cluster.token.address, min_withdrawal=10**6, withdrawal_fee=10**6)
-    for chain in ("bitcoin", "ethereum"):
-        container.deposits.start_cursor(chain)
+    configure_regtest(container, keys, cluster.token.address)
     stop = threading.Event()
 
     def mine() -> None:

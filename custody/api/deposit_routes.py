@@ -2,19 +2,18 @@
 release action, incidents and the kill switch."""
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
-from fastapi import APIRouter, Depends, Query, Response
+from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from custody.api.deps import Auditor, Backend, ContainerDep, Reader, require
+from custody.api.deps import Auditor, Backend, ContainerDep, Operator, Reader
 from custody.api.errors import ApiError
-from custody.auth import Principal, Role
+from custody.auth import Role
 from custody.controls import kill_switch, set_kill_switch
 from ledger.amounts import format_amount
 
 router = APIRouter(prefix="/v1", tags=["deposits"])
-Operator = Annotated[Principal, Depends(require(Role.operator))]
 
 
 class AddressIn(BaseModel):

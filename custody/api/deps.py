@@ -41,4 +41,5 @@ def require(*roles: Role) -> Callable[..., Principal]:
 Backend = Annotated[Principal, Depends(require(Role.backend))]
 Reader = Annotated[Principal, Depends(require(Role.backend, Role.operator, Role.auditor))]
 Auditor = Annotated[Principal, Depends(require(Role.auditor, Role.operator))]
+Operator = Annotated[Principal, Depends(require(Role.operator))]
 Admin = Annotated[Principal, Depends(require())]

@@ -1,19 +1,17 @@
 """Withdrawal routes under /v1: request (backend), read, the approval queue and operator decisions."""
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
-from fastapi import APIRouter, Depends, Query, Response
+from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from custody.api.deps import Auditor, Backend, ContainerDep, Reader, require
+from custody.api.deps import Auditor, Backend, ContainerDep, Operator, Reader
 from custody.api.errors import ApiError
-from custody.auth import Principal, Role
 from custody.withdrawals import WithdrawalView
 from ledger.amounts import format_amount, parse_amount
 
 router = APIRouter(prefix="/v1", tags=["withdrawals"])
-Operator = Annotated[Principal, Depends(require(Role.operator))]
 
 
 class WithdrawalIn(BaseModel):

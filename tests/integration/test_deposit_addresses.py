@@ -11,7 +11,6 @@ from sqlalchemy import text
 from custody.addresses import derive_btc_address
 from custody.wallets import Wallets
 from ledger.errors import LedgerError
-from ledger.model import AccountKind
 from signer.keys import Secret, SignerKeys, seed_from_text
 
 

@@ -15,12 +15,13 @@ import uuid
 import pytest
 
 from custody.container import Container
+from custody.devchains import BTC_FINALITY, ETH_FINALITY, configure_regtest
 from custody.settings import Settings
 from ledger.service import Ledger
 from signer.keys import Secret, SignerKeys, seed_from_text
 
 TEST_MNEMONIC = "abandon " * 11 + "about"
-BTC_FINALITY, ETH_FINALITY = 3, 12
+__all__ = ["BTC_FINALITY", "ETH_FINALITY", "TEST_MNEMONIC"]
 
 
 @pytest.fixture(scope="session")
@@ -32,18 +33,7 @@ def signer_keys() -> SignerKeys:
 def custody(engine, btc_adapter, eth_adapter, usdt, signer_keys) -> Container:
     container = Container(settings=Settings(environment="test"), engine=engine, ledger=Ledger(engine))
     container.with_chains({"bitcoin": btc_adapter, "ethereum": eth_adapter}, signer_keys=signer_keys)
-    w = container.wallets
-    for chain in ("bitcoin", "ethereum"):
-        for tier in ("deposit", "hot"):
-            w.register_wallet(chain, tier, "regtest", signer_keys.account_xpub(chain, tier))
-    w.configure_asset("BTC", 8, "bitcoin", finality=BTC_FINALITY, dust_minimum=1_000, min_withdrawal=10_000,
-                      withdrawal_fee=5_000, withdrawal_fee_fast=20_000)
-    w.configure_asset("ETH", 18, "ethereum", finality=ETH_FINALITY, dust_minimum=10**9, min_withdrawal=10**15,
-                      withdrawal_fee=10**15)
-    w.configure_asset("USDT", 6, "ethereum", finality=ETH_FINALITY, dust_minimum=10_000, contract_address=usdt.address,
-                      min_withdrawal=10**6, withdrawal_fee=10**6)
-    for chain in ("bitcoin", "ethereum"):
-        container.deposits.start_cursor(chain)
+    configure_regtest(container, signer_keys, usdt.address)
     return container
 
 
