@@ -58,6 +58,23 @@ DEFAULT_LIMITS: dict[AccountKind, tuple[bool, bool]] = {
 }
 
 
+# Balance shards per kind (see ledger.service and the account_balance table). Firm accounts that
+# every deposit, fill or fee touches are sharded so that postings which cannot break their limits
+# do not queue on one row lock; customer accounts keep one shard (and a stored running balance).
+HOT_SHARDS = 16
+MAX_SHARDS = 64
+DEFAULT_SHARDS: dict[AccountKind, int] = {
+    kind: HOT_SHARDS if kind in {
+        AccountKind.fee_income,
+        AccountKind.asset_location,
+        AccountKind.network_fee_expense,
+        AccountKind.suspense,
+        AccountKind.equity,
+    } else 1
+    for kind in AccountKind
+}
+
+
 class HoldState(str, enum.Enum):
     pending = "pending"
     captured = "captured"  # terminal: captured in full (possibly in parts)
@@ -84,6 +101,7 @@ class Account:
     may_go_negative: bool
     may_go_positive: bool
     closed: bool
+    balance_shards: int = 1  # rows carrying the balance projection; > 1 for hot firm accounts
 
 
 @dataclass(frozen=True)
@@ -138,7 +156,7 @@ class StatementLine:
     entry_id: int
     transaction_id: int
     amount: int  # signed: positive credits the account
-    balance_after: int
+    balance_after: int  # stored for one-shard accounts, computed at read time for sharded ones
     kind: str
     idempotency_key: str
     created_at: dt.datetime

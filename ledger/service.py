@@ -9,6 +9,14 @@ Guarantees (each is checked by `ledger.verify`):
   capture or release it; `available = posted - held`;
 - the balance projection is written in the same database transaction as the entries.
 
+Hot accounts: an account opened with `balance_shards` > 1 (by default the firm's fee income,
+asset-location, expense, suspense and equity accounts) keeps its projection in that many rows. A
+posting that cannot break the account's limits locks one free shard; one that could locks them all
+and checks the sum (see `ledger_post` in migrations/versions/0001_ledger.py). Its entries carry no
+stored balance_after; `statement()` computes the running balance at read time.
+
+Postings and holds are one SQL statement each (PL/pgSQL functions that lock, check and write).
+
 Every method takes an optional `conn`: pass one to make the ledger's writes part of a larger unit of
 work (a fill row and its journal transaction commit together); without one the method runs in its
 own database transaction and commits.
@@ -27,7 +35,8 @@ from sqlalchemy import Connection, Engine, text
 from ledger.errors import ErrorCode, LedgerError
 from ledger.model import (
     DEFAULT_LIMITS,
-    MAX_AMOUNT,
+    DEFAULT_SHARDS,
+    MAX_SHARDS,
     Account,
     AccountKind,
     Asset,
@@ -98,10 +107,15 @@ class Ledger:
         owner: str | None = None,
         may_go_negative: bool | None = None,
         may_go_positive: bool | None = None,
+        balance_shards: int | None = None,
         conn: Connection | None = None,
     ) -> Account:
         """Open an account. `name` is unique and makes the call idempotent: opening the same name
-        again with the same asset and kind returns the existing account."""
+        again with the same asset and kind returns the existing account.
+
+        `balance_shards` (default per kind, see `DEFAULT_SHARDS`) spreads a hot account's balance
+        projection over that many rows so concurrent postings that cannot break its limits do not
+        queue on one lock."""
         try:
             kind = AccountKind(kind)
         except ValueError:
@@ -111,23 +125,29 @@ class Ledger:
         neg, pos = DEFAULT_LIMITS[kind]
         neg = neg if may_go_negative is None else bool(may_go_negative)
         pos = pos if may_go_positive is None else bool(may_go_positive)
+        shards = DEFAULT_SHARDS[kind] if balance_shards is None else balance_shards
+        if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= MAX_SHARDS:
+            raise LedgerError(ErrorCode.invalid_request, f"balance_shards must be an integer from 1 to {MAX_SHARDS}")
         with self._tx(conn) as c:
             self.get_asset(asset, conn=c)
             row = c.execute(
                 text(
-                    "INSERT INTO account (asset, kind, name, owner, may_go_negative, may_go_positive) "
-                    "VALUES (:a, :k, :n, :o, :neg, :pos) ON CONFLICT (name) DO NOTHING RETURNING id"
+                    "INSERT INTO account (asset, kind, name, owner, may_go_negative, may_go_positive, balance_shards) "
+                    "VALUES (:a, :k, :n, :o, :neg, :pos, :s) ON CONFLICT (name) DO NOTHING RETURNING id"
                 ),
-                {"a": asset, "k": kind.value, "n": name, "o": owner, "neg": neg, "pos": pos},
+                {"a": asset, "k": kind.value, "n": name, "o": owner, "neg": neg, "pos": pos, "s": shards},
             ).first()
             if row is not None:
-                c.execute(text("INSERT INTO account_balance (account_id) VALUES (:i)"), {"i": row.id})
+                c.execute(
+                    text("INSERT INTO account_balance (account_id, shard) SELECT :i, generate_series(0, :s - 1)"),
+                    {"i": row.id, "s": shards},
+                )
                 return self.get_account(row.id, conn=c)
             existing = self.account_by_name(name, conn=c)
         if (existing.asset, existing.kind, existing.owner) != (asset, kind, owner) or (
             existing.may_go_negative,
             existing.may_go_positive,
-        ) != (neg, pos):
+        ) != (neg, pos) or (balance_shards is not None and existing.balance_shards != shards):
             raise LedgerError(ErrorCode.idempotency_conflict, f"account {name!r} exists with other content")
         return existing
 
@@ -256,36 +276,17 @@ class Ledger:
             raise LedgerError(ErrorCode.invalid_request, "expires_at must be timezone-aware")
         digest = _digest([account_id, str(amount), owner, reference, expires_at and expires_at.isoformat()])
         with self._tx(conn) as c:
-            bal = self._lock_balance(c, account_id)
-            existing = c.execute(text(f"{_HOLD_SQL} WHERE idempotency_key = :k"), {"k": key}).first()
-            if existing is not None:
-                if existing.content_hash != digest:
-                    raise LedgerError(ErrorCode.idempotency_conflict, hold_id=existing.id)
-                return _hold(existing, created=False)
-            account = self.get_account(account_id, conn=c)
-            if account.closed:
-                raise LedgerError(ErrorCode.account_closed)
-            if not account.may_go_negative and bal.available < amount:
-                raise LedgerError(ErrorCode.insufficient_funds, available=bal.available, amount=amount)
-            if bal.held + amount > MAX_AMOUNT:  # NUMERIC(78,0) would overflow with a raw error
-                raise LedgerError(ErrorCode.limit_exceeded, "held amount would exceed 10^78-1", held=bal.held)
             row = c.execute(
-                text(
-                    "INSERT INTO hold (idempotency_key, content_hash, account_id, amount, owner, reference, expires_at) "
-                    "VALUES (:k, :h, :a, :m, :o, :r, :e) ON CONFLICT (idempotency_key) DO NOTHING RETURNING id"
-                ),
+                _PLACE_HOLD_SQL,
                 {"k": key, "h": digest, "a": account_id, "m": amount, "o": owner, "r": reference, "e": expires_at},
-            ).first()
-            if row is None:  # same key raced in on another account: compare like any replay
-                existing = c.execute(text(f"{_HOLD_SQL} WHERE idempotency_key = :k"), {"k": key}).one()
-                if existing.content_hash != digest:
-                    raise LedgerError(ErrorCode.idempotency_conflict, hold_id=existing.id)
-                return _hold(existing, created=False)
-            c.execute(
-                text("UPDATE account_balance SET held = held + :m WHERE account_id = :a"),
-                {"m": amount, "a": account_id},
-            )
-            return self.get_hold(row.id, conn=c)
+            ).one()
+        if row.status == "created" or row.status == "exists":
+            return _hold(row, created=row.status == "created")
+        if row.status == "idempotency_conflict":
+            raise LedgerError(ErrorCode.idempotency_conflict, hold_id=row.id)
+        if row.status == "account_not_found":
+            raise LedgerError(ErrorCode.account_not_found, f"no account {account_id}")
+        raise LedgerError(ErrorCode(row.status), available=_int(row.available), amount=amount)
 
     def get_hold(self, hold_id: int, *, conn: Connection | None = None) -> Hold:
         with self._tx(conn) as c:
@@ -312,9 +313,11 @@ class Ledger:
         with self._tx(conn) as c:
             result = self.post(key, legs, kind=kind, metadata=metadata, hold_owner=owner, conn=c)
             if final and result.created:
-                hold = self.get_hold(hold_id, conn=c)
-                if hold.state is HoldState.pending:
+                try:
                     self.release_hold(hold_id, owner=owner, conn=c)
+                except LedgerError as err:  # captured in full: nothing remains to release
+                    if err.code is not ErrorCode.hold_already_resolved:
+                        raise
             return result
 
     def release_hold(self, hold_id: int, *, owner: str, conn: Connection | None = None) -> Hold:
@@ -352,39 +355,22 @@ class Ledger:
         conn: Connection | None = None,
     ) -> Hold:
         with self._tx(conn) as c:
-            head = c.execute(text("SELECT account_id FROM hold WHERE id = :i"), {"i": hold_id}).first()
-            if head is None:
-                raise LedgerError(ErrorCode.hold_not_found, f"no hold {hold_id}")
-            self._lock_balance(c, head.account_id)  # account before hold: the posting lock order
-            row = c.execute(text(f"{_HOLD_SQL} WHERE id = :i FOR UPDATE"), {"i": hold_id}).one()
-            hold = _hold(row)
-            if owner is not None and hold.owner != owner:
-                raise LedgerError(ErrorCode.hold_owner_mismatch, hold_id=hold_id)
-            if hold.state is not HoldState.pending:
-                if hold.state is state:
-                    return hold
-                raise LedgerError(ErrorCode.hold_already_resolved, state=hold.state.value)
-            if state is HoldState.expired and (
-                hold.expires_at is None or hold.expires_at > (now or dt.datetime.now(dt.timezone.utc))
-            ):
-                raise LedgerError(ErrorCode.invalid_request, "the hold has not timed out")
-            c.execute(
-                text(
-                    "UPDATE hold SET released = amount - captured, state = :s, resolved_at = now() WHERE id = :i"
-                ),
-                {"s": state.value, "i": hold_id},
-            )
-            c.execute(
-                text("UPDATE account_balance SET held = held - :m WHERE account_id = :a"),
-                {"m": hold.remaining, "a": hold.account_id},
-            )
-            return self.get_hold(hold_id, conn=c)
+            row = c.execute(_RESOLVE_HOLD_SQL, {"i": hold_id, "s": state.value, "o": owner, "now": now}).one()
+        if row.status == "created" or row.status == "exists":
+            return _hold(row)
+        if row.status == "hold_not_found":
+            raise LedgerError(ErrorCode.hold_not_found, f"no hold {hold_id}")
+        if row.status == "not_timed_out":
+            raise LedgerError(ErrorCode.invalid_request, "the hold has not timed out")
+        if row.status == "hold_already_resolved":
+            raise LedgerError(ErrorCode.hold_already_resolved, state=row.state)
+        raise LedgerError(ErrorCode(row.status), hold_id=hold_id)
 
     # ---- reads ----------------------------------------------------------------------------
 
     def balance(self, account_id: int, *, conn: Connection | None = None) -> Balance:
         with self._tx(conn) as c:
-            row = c.execute(text(f"{_BALANCE_SQL} WHERE b.account_id = :i"), {"i": account_id}).first()
+            row = c.execute(_BALANCE_SQL, {"i": account_id}).first()
         if row is None:
             raise LedgerError(ErrorCode.account_not_found, f"no account {account_id}")
         return _balance(row)
@@ -397,7 +383,20 @@ class Ledger:
         if not isinstance(limit, int) or not 1 <= limit <= 1000:
             raise LedgerError(ErrorCode.invalid_request, "limit must be 1-1000")
         with self._tx(conn) as c:
-            self.get_account(account_id, conn=c)
+            account = self.get_account(account_id, conn=c)
+            running = None
+            if account.balance_shards > 1:
+                # No writer of this account is mid-flight once every shard is share-locked, so every
+                # entry id below what this read sees is committed: later entries get higher ids and
+                # paging by id never skips one. The running balance is summed at read time.
+                c.execute(
+                    text("SELECT 1 FROM account_balance WHERE account_id = :a ORDER BY shard FOR SHARE"),
+                    {"a": account_id},
+                )
+                running = int(c.execute(
+                    text("SELECT coalesce(sum(amount), 0) FROM journal_entry WHERE account_id = :a AND id <= :after"),
+                    {"a": account_id, "after": after or 0},
+                ).scalar_one())
             rows = c.execute(
                 text(
                     "SELECT e.id, e.transaction_id, e.amount, e.balance_after, t.kind, t.idempotency_key, "
@@ -406,10 +405,16 @@ class Ledger:
                 ),
                 {"a": account_id, "after": after or 0, "lim": limit + 1},
             ).all()
-        lines = [
-            StatementLine(r.id, r.transaction_id, int(r.amount), int(r.balance_after), r.kind, r.idempotency_key, r.created_at)
-            for r in rows[:limit]
-        ]
+        lines = []
+        for r in rows[:limit]:
+            if running is None:
+                balance_after = int(r.balance_after)
+            else:
+                running += int(r.amount)
+                balance_after = running
+            lines.append(
+                StatementLine(r.id, r.transaction_id, int(r.amount), balance_after, r.kind, r.idempotency_key, r.created_at)
+            )
         return StatementPage(account_id, lines, lines[-1].entry_id if len(rows) > limit else None)
 
     def totals(self, *, conn: Connection | None = None) -> dict[str, int]:
@@ -425,26 +430,19 @@ class Ledger:
         return {r.code: int(r.total) for r in rows}
 
     def rebuild_projections(self, *, conn: Connection | None = None) -> int:
-        """Recompute every account_balance row from the journal and the holds. Returns rows changed."""
+        """Recompute the projection of every account whose balance rows disagree with the journal
+        and the holds (or miss a shard): shard 0 then carries the whole balance and the other
+        shards zero. Returns how many accounts were repaired."""
         with self._tx(conn) as c:
             c.execute(text("LOCK TABLE account_balance IN EXCLUSIVE MODE"))
-            return c.execute(
-                text(
-                    "UPDATE account_balance b SET posted = r.posted, held = r.held, last_transaction_id = r.last_tx "
-                    "FROM (SELECT a.id, "
-                    "  coalesce((SELECT sum(amount) FROM journal_entry e WHERE e.account_id = a.id), 0) AS posted, "
-                    "  coalesce((SELECT sum(amount - captured - released) FROM hold h "
-                    "            WHERE h.account_id = a.id AND h.state = 'pending'), 0) AS held, "
-                    "  coalesce((SELECT max(transaction_id) FROM journal_entry e WHERE e.account_id = a.id), 0) AS last_tx "
-                    "  FROM account a) r "
-                    "WHERE b.account_id = r.id AND (b.posted, b.held, b.last_transaction_id) "
-                    "      IS DISTINCT FROM (r.posted, r.held, r.last_tx)"
-                )
-            ).rowcount
+            repaired = set(c.execute(_ADD_MISSING_SHARDS_SQL).scalars())
+            repaired.update(c.execute(_REBUILD_SQL).scalars())
+            return len(repaired)
 
     def _lock_balance(self, c: Connection, account_id: int) -> Balance:
-        row = c.execute(text(f"{_BALANCE_SQL} WHERE b.account_id = :i FOR UPDATE OF b"), {"i": account_id}).first()
-        if row is None:
+        """Lock every balance shard of the account (in shard order) and return their sum."""
+        row = c.execute(_LOCK_BALANCE_SQL, {"i": account_id}).first()
+        if row is None or row.account_id is None:
             raise LedgerError(ErrorCode.account_not_found, f"no account {account_id}")
         return _balance(row)
 
@@ -481,21 +479,74 @@ _POST_SQL = text(
     "CAST(:holds AS bigint[]), CAST(:owner AS text), CAST(:reverses AS bigint))"
 )
 _ACCOUNT_SQL = (
-    "SELECT id, asset, kind, name, owner, may_go_negative, may_go_positive, closed_at IS NOT NULL AS closed "
-    "FROM account"
+    "SELECT id, asset, kind, name, owner, may_go_negative, may_go_positive, closed_at IS NOT NULL AS closed, "
+    "balance_shards FROM account"
 )
-_HOLD_SQL = (
-    "SELECT id, account_id, amount, captured, released, state, owner, reference, expires_at, content_hash FROM hold"
+_HOLD_COLUMNS = "id, account_id, amount, captured, released, state, owner, reference, expires_at, content_hash"
+_HOLD_SQL = f"SELECT {_HOLD_COLUMNS} FROM hold"
+_PLACE_HOLD_SQL = text(
+    "SELECT r.status, r.available, "
+    + ", ".join(f"(r.hold_row).{c}" for c in _HOLD_COLUMNS.split(", "))
+    + " FROM ledger_place_hold(CAST(:k AS text), CAST(:h AS text), CAST(:a AS bigint), CAST(:m AS numeric), "
+    "CAST(:o AS text), CAST(:r AS text), CAST(:e AS timestamptz)) r"
 )
-_BALANCE_SQL = (
-    "SELECT b.account_id, a.asset, b.posted, b.held, b.last_transaction_id "
-    "FROM account_balance b JOIN account a ON a.id = b.account_id"
+_RESOLVE_HOLD_SQL = text(
+    "SELECT r.status, "
+    + ", ".join(f"(r.hold_row).{c}" for c in _HOLD_COLUMNS.split(", "))
+    + " FROM ledger_resolve_hold(CAST(:i AS bigint), CAST(:s AS text), CAST(:o AS text), CAST(:now AS timestamptz)) r"
+)
+_ADD_MISSING_SHARDS_SQL = text(
+    "INSERT INTO account_balance (account_id, shard) "
+    "SELECT a.id, s FROM account a, generate_series(0, a.balance_shards - 1) s "
+    "ON CONFLICT (account_id, shard) DO NOTHING RETURNING account_id"
+)
+_REBUILD_SQL = text(
+    """WITH truth AS (
+           SELECT a.id,
+                  coalesce((SELECT sum(amount) FROM journal_entry e WHERE e.account_id = a.id), 0) AS posted,
+                  coalesce((SELECT sum(amount - captured - released) FROM hold h
+                             WHERE h.account_id = a.id AND h.state = 'pending'), 0) AS held,
+                  coalesce((SELECT max(transaction_id) FROM journal_entry e WHERE e.account_id = a.id), 0) AS last_tx
+             FROM account a),
+       stored AS (
+           SELECT account_id, sum(posted) AS posted, sum(held) AS held,
+                  max(last_transaction_id) AS last_tx, bool_or(shard > 0 AND held <> 0) AS stray_held
+             FROM account_balance GROUP BY account_id),
+       bad AS (
+           SELECT t.* FROM truth t JOIN stored s ON s.account_id = t.id
+            WHERE (s.posted, s.held, s.last_tx) IS DISTINCT FROM (t.posted, t.held, t.last_tx) OR s.stray_held)
+       UPDATE account_balance b
+          SET posted = CASE WHEN b.shard = 0 THEN bad.posted ELSE 0 END,
+              held = CASE WHEN b.shard = 0 THEN bad.held ELSE 0 END,
+              last_transaction_id = CASE WHEN b.shard = 0 THEN bad.last_tx ELSE 0 END
+         FROM bad WHERE b.account_id = bad.id
+       RETURNING b.account_id"""
+)
+# A balance is the sum over the account's shards; its checkpoint the newest transaction any shard saw.
+_BALANCE_SQL = text(
+    "SELECT a.id AS account_id, a.asset, sum(b.posted) AS posted, sum(b.held) AS held, "
+    "max(b.last_transaction_id) AS last_transaction_id "
+    "FROM account a JOIN account_balance b ON b.account_id = a.id WHERE a.id = :i GROUP BY a.id"
+)
+_LOCK_BALANCE_SQL = text(
+    "SELECT max(a.id) AS account_id, max(a.asset) AS asset, sum(b.posted) AS posted, sum(b.held) AS held, "
+    "max(b.last_transaction_id) AS last_transaction_id "
+    "FROM (SELECT * FROM account_balance WHERE account_id = :i ORDER BY shard FOR UPDATE) b "
+    "JOIN account a ON a.id = b.account_id"
 )
 
 
 def _account(row: Any) -> Account:
     return Account(
-        row.id, row.asset, AccountKind(row.kind), row.name, row.owner, row.may_go_negative, row.may_go_positive, row.closed
+        row.id,
+        row.asset,
+        AccountKind(row.kind),
+        row.name,
+        row.owner,
+        row.may_go_negative,
+        row.may_go_positive,
+        row.closed,
+        row.balance_shards,
     )
 
 
@@ -512,6 +563,10 @@ def _hold(row: Any, *, created: bool = True) -> Hold:
         row.expires_at,
         created,
     )
+
+
+def _int(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def _balance(row: Any) -> Balance:

@@ -2,15 +2,18 @@
 
 `verify(engine)` returns one `Check` per invariant, by name:
 - `transactions_balanced`: every journal transaction has entries summing to zero per asset;
-- `projection_matches_journal`: each account's posted balance equals the sum of its entries, and
-  its held amount equals what its pending holds still reserve;
-- `running_balances`: each entry's balance_after equals the running sum of the account's entries;
+- `projection_matches_journal`: each account has exactly its balance_shards projection rows
+  (shards 0..n-1); their posted sum equals the sum of its entries, and their held sum equals what
+  its pending holds still reserve;
+- `running_balances`: each entry of a one-shard account has a balance_after equal to the running
+  sum of the account's entries; entries of a sharded account store none (computed at read time);
 - `holds_consistent`: captured equals the entries captured through the hold; a resolved hold has
   captured + released = amount, a pending one has captured + released < amount;
 - `limits_respected`: no account that may not go negative has available < 0; none that may not go
   positive has a positive balance;
 - `totals_zero`: every asset's balances sum to zero;
 - `entries_match_accounts`: each entry's asset is its account's asset.
+- `limits_respected` and `totals_zero` work on the sum over an account's shards.
 `assert_verified(engine)` raises LedgerError(verification_failed) listing the failed checks.
 Reads run in one REPEATABLE READ snapshot so concurrent postings cannot produce false alarms.
 """
@@ -31,25 +34,28 @@ _CHECKS: list[tuple[str, str]] = [
     ),
     (
         "projection_matches_journal",
-        """SELECT b.account_id, b.posted, b.held, coalesce(e.total, 0) AS journal_posted,
-                  coalesce(h.held, 0) AS holds_held
-           FROM account_balance b
+        """SELECT a.id, b.posted, b.held, coalesce(e.total, 0) AS journal_posted,
+                  coalesce(h.held, 0) AS holds_held, b.shards, a.balance_shards
+           FROM account a
+           LEFT JOIN (SELECT account_id, sum(posted) AS posted, sum(held) AS held, count(*) AS shards,
+                             max(shard) AS top FROM account_balance GROUP BY account_id) b
+                  ON b.account_id = a.id
            LEFT JOIN (SELECT account_id, sum(amount) AS total FROM journal_entry GROUP BY account_id) e
-                  ON e.account_id = b.account_id
+                  ON e.account_id = a.id
            LEFT JOIN (SELECT account_id, sum(amount - captured - released) AS held FROM hold
-                      WHERE state = 'pending' GROUP BY account_id) h ON h.account_id = b.account_id
-           WHERE b.posted <> coalesce(e.total, 0) OR b.held <> coalesce(h.held, 0)
-        UNION ALL
-        SELECT a.id, NULL, NULL, NULL, NULL FROM account a
-           LEFT JOIN account_balance b ON b.account_id = a.id WHERE b.account_id IS NULL""",
+                      WHERE state = 'pending' GROUP BY account_id) h ON h.account_id = a.id
+           WHERE b.account_id IS NULL OR b.shards <> a.balance_shards OR b.top <> a.balance_shards - 1
+              OR b.posted <> coalesce(e.total, 0) OR b.held <> coalesce(h.held, 0)""",
     ),
     (
         "running_balances",
-        """SELECT id, account_id FROM (
+        """SELECT r.id, r.account_id FROM (
              SELECT id, account_id, balance_after,
                     sum(amount) OVER (PARTITION BY account_id ORDER BY id) AS running
              FROM journal_entry) r
-           WHERE balance_after <> running""",
+           JOIN account a ON a.id = r.account_id
+           WHERE CASE WHEN a.balance_shards = 1 THEN r.balance_after IS DISTINCT FROM r.running
+                      ELSE r.balance_after IS NOT NULL END""",
     ),
     (
         "holds_consistent",
@@ -63,7 +69,9 @@ _CHECKS: list[tuple[str, str]] = [
     ),
     (
         "limits_respected",
-        """SELECT b.account_id, b.posted, b.held FROM account_balance b JOIN account a ON a.id = b.account_id
+        """SELECT b.account_id, b.posted, b.held
+           FROM (SELECT account_id, sum(posted) AS posted, sum(held) AS held FROM account_balance
+                 GROUP BY account_id) b JOIN account a ON a.id = b.account_id
            WHERE (NOT a.may_go_negative AND b.posted - b.held < 0)
               OR (NOT a.may_go_positive AND b.posted > 0)""",
     ),

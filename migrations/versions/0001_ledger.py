@@ -25,16 +25,26 @@ CREATE TABLE account (
     owner            text,
     may_go_negative  boolean NOT NULL,
     may_go_positive  boolean NOT NULL,
+    -- How many account_balance rows carry this account's projection (see account_balance).
+    balance_shards   integer NOT NULL DEFAULT 1 CHECK (balance_shards BETWEEN 1 AND 64),
     closed_at        timestamptz,
     created_at       timestamptz NOT NULL DEFAULT now()
 );
 
 -- Derived: rebuildable from journal_entry and hold at any time (rebuild_projections()).
+-- One row per shard (0 .. balance_shards - 1); the account's balance is the sum over its shards.
+-- A hot account (fee income, a deposit pool) has several shards so that postings which cannot
+-- break its limits each lock one shard instead of queueing on one row through every commit's
+-- fsync; a posting that could break a limit locks all shards and checks the sum. held lives on
+-- shard 0 only.
 CREATE TABLE account_balance (
-    account_id           bigint PRIMARY KEY REFERENCES account(id),
+    account_id           bigint NOT NULL REFERENCES account(id),
+    shard                integer NOT NULL DEFAULT 0 CHECK (shard >= 0),
     posted               numeric(78,0) NOT NULL DEFAULT 0,
     held                 numeric(78,0) NOT NULL DEFAULT 0 CHECK (held >= 0),
-    last_transaction_id  bigint NOT NULL DEFAULT 0
+    last_transaction_id  bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (account_id, shard),
+    CHECK (shard = 0 OR held = 0)
 );
 
 -- Append-only.
@@ -73,17 +83,20 @@ CREATE INDEX hold_pending_expiry ON hold (expires_at) WHERE state = 'pending';
 CREATE INDEX hold_pending_account ON hold (account_id) WHERE state = 'pending';
 
 -- Append-only. amount is signed: positive credits the account. balance_after is the account's
--- posted balance after this entry (entries of one account are written in id order under its lock).
+-- posted balance after this entry for an account with one balance shard (its entries are written
+-- in id order under its one lock); NULL for a sharded account, whose postings do not serialise:
+-- its statement computes running balances at read time.
 CREATE TABLE journal_entry (
     id              bigserial PRIMARY KEY,
     transaction_id  bigint NOT NULL REFERENCES journal_transaction(id),
     account_id      bigint NOT NULL REFERENCES account(id),
     asset           text NOT NULL,
     amount          numeric(78,0) NOT NULL CHECK (amount <> 0),
-    balance_after   numeric(78,0) NOT NULL,
+    balance_after   numeric(78,0),
     hold_id         bigint REFERENCES hold(id)
 );
-CREATE INDEX journal_entry_account ON journal_entry (account_id, id);
+-- amount included: a sharded account's statement sums earlier entries with an index-only scan.
+CREATE INDEX journal_entry_account ON journal_entry (account_id, id) INCLUDE (amount);
 CREATE INDEX journal_entry_transaction ON journal_entry (transaction_id);
 CREATE INDEX journal_entry_hold ON journal_entry (hold_id) WHERE hold_id IS NOT NULL;
 """
@@ -125,14 +138,16 @@ CREATE TRIGGER journal_entry_same_xact AFTER INSERT ON journal_entry
 -- Deferred to commit: every journal transaction has entries and they sum to zero per asset.
 CREATE FUNCTION ledger_check_balanced() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
+    v_assets integer;
     v_bad text;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM journal_entry WHERE transaction_id = NEW.id) THEN
+    SELECT count(*), min(asset) FILTER (WHERE total <> 0) INTO v_assets, v_bad
+        FROM (SELECT asset, sum(amount) AS total FROM journal_entry WHERE transaction_id = NEW.id
+              GROUP BY asset) s;
+    IF v_assets = 0 THEN
         RAISE EXCEPTION 'ledger: journal transaction % has no entries', NEW.id
             USING ERRCODE = 'check_violation';
     END IF;
-    SELECT asset INTO v_bad FROM journal_entry WHERE transaction_id = NEW.id
-        GROUP BY asset HAVING sum(amount) <> 0 LIMIT 1;
     IF v_bad IS NOT NULL THEN
         RAISE EXCEPTION 'ledger: journal transaction % does not balance in %', NEW.id, v_bad
             USING ERRCODE = 'check_violation';
@@ -147,6 +162,13 @@ CREATE CONSTRAINT TRIGGER journal_transaction_balanced AFTER INSERT ON journal_t
 # transaction, its entries (with running balances), the projection and hold captures in one go.
 # Returns a status instead of raising so that a refusal writes nothing and callers read a code,
 # never an error text. Check order = precedence of the codes.
+#
+# Locking: balance rows are locked in (account_id, shard) order, so postings never deadlock. An
+# account with one shard is locked whole. For a sharded account, a posting whose net effect on it
+# cannot break its limits (a credit where it may not go negative, a debit where it may not go
+# positive, anything where it has no limits; never a hold capture) locks ONE shard, the first free
+# one from a per-backend starting point (SKIP LOCKED, waiting only when all are busy), and puts
+# the account's delta there; any other posting locks every shard and checks the sum.
 POST_FUNCTION = """
 CREATE FUNCTION ledger_post(
     p_key text, p_hash text, p_kind text, p_metadata jsonb,
@@ -159,12 +181,62 @@ DECLARE
     v_hash text;
     v_bad integer;
     v_status text;
+    v_accounts bigint[];   -- touched accounts, ascending
+    v_shards integer[];    -- their balance_shards
+    v_whole boolean[];     -- lock every shard (true) or one (false)
+    v_target integer[];    -- the shard that takes the account's delta
+    v_shard integer;
+    v_start integer := pg_backend_pid();
+    c_max constant numeric := 10::numeric ^ 78 - 1;
 BEGIN
-    -- 1. Lock every touched balance row in id order (no deadlocks between postings).
-    PERFORM 1 FROM account_balance b
-        WHERE b.account_id = ANY (p_debits || p_credits) ORDER BY b.account_id FOR UPDATE;
+    -- 1. Which accounts must be locked whole: decided from the batch's net effect per account.
+    --    Amounts within a factor of the NUMERIC(78,0) range also lock whole, so that step 8 can
+    --    bound a sharded account's total exactly (never reached by real amounts).
+    SELECT array_agg(n.account_id ORDER BY n.account_id),
+           array_agg(coalesce(a.balance_shards, 1) ORDER BY n.account_id),
+           array_agg(coalesce(a.balance_shards, 1) = 1 OR n.captures
+                     OR (NOT a.may_go_negative AND n.delta < 0)
+                     OR (NOT a.may_go_positive AND n.delta > 0)
+                     OR n.volume > c_max / (4 * a.balance_shards)
+                     OR (SELECT sum(abs(s.posted)) FROM account_balance s WHERE s.account_id = a.id) > c_max / 4
+                     ORDER BY n.account_id)
+      INTO v_accounts, v_shards, v_whole
+      FROM (SELECT account_id, sum(delta) AS delta, sum(abs(delta)) AS volume, bool_or(capture) AS captures
+              FROM (SELECT u.debit AS account_id, -u.amount AS delta, u.hold_id IS NOT NULL AS capture
+                      FROM unnest(p_debits, p_amounts, p_holds) AS u(debit, amount, hold_id)
+                    UNION ALL
+                    SELECT u.credit, u.amount, false
+                      FROM unnest(p_credits, p_amounts) AS u(credit, amount)) legs
+             GROUP BY account_id) n
+      LEFT JOIN account a ON a.id = n.account_id;
 
-    -- 2. A replay answers with the original outcome and moves nothing.
+    -- 2. Lock the balance rows in (account_id, shard) order (no deadlocks between postings).
+    IF v_accounts IS NULL OR NOT (false = ANY (v_whole)) THEN
+        PERFORM 1 FROM account_balance b
+            WHERE b.account_id = ANY (v_accounts) ORDER BY b.account_id, b.shard FOR UPDATE;
+        v_target := array_fill(0, ARRAY[coalesce(cardinality(v_accounts), 0)]);
+    ELSE
+        v_target := array_fill(0, ARRAY[cardinality(v_accounts)]);
+        FOR i IN 1 .. cardinality(v_accounts) LOOP
+            IF v_whole[i] THEN
+                PERFORM 1 FROM account_balance b
+                    WHERE b.account_id = v_accounts[i] ORDER BY b.shard FOR UPDATE;
+            ELSE
+                SELECT b.shard INTO v_shard FROM account_balance b
+                    WHERE b.account_id = v_accounts[i]
+                    ORDER BY (b.shard + v_start) % v_shards[i] LIMIT 1 FOR UPDATE SKIP LOCKED;
+                IF v_shard IS NULL THEN  -- every shard busy: queue on this backend's own
+                    v_shard := v_start % v_shards[i];
+                    PERFORM 1 FROM account_balance b
+                        WHERE b.account_id = v_accounts[i] AND b.shard = v_shard FOR UPDATE;
+                END IF;
+                v_target[i] := v_shard;
+                v_shard := NULL;
+            END IF;
+        END LOOP;
+    END IF;
+
+    -- 3. A replay answers with the original outcome and moves nothing.
     SELECT t.id, t.content_hash INTO v_id, v_hash FROM journal_transaction t
         WHERE t.idempotency_key = p_key;
     IF v_id IS NOT NULL THEN
@@ -173,7 +245,7 @@ BEGIN
         RETURN;
     END IF;
 
-    -- 3. Accounts exist, are open, and each transfer stays in one asset.
+    -- 4. Accounts exist, are open, and each transfer stays in one asset.
     SELECT min(l.i) - 1, CASE
                WHEN bool_or(d.id IS NULL OR c.id IS NULL) THEN 'account_not_found'
                WHEN bool_or(d.closed_at IS NOT NULL OR c.closed_at IS NOT NULL) THEN 'account_closed'
@@ -189,7 +261,7 @@ BEGIN
         RETURN;
     END IF;
 
-    -- 4. Captures: the hold exists, belongs to the caller, is on the debited account, is pending,
+    -- 5. Captures: the hold exists, belongs to the caller, is on the debited account, is pending,
     --    has not timed out, and is not overdrawn (summing all captures of one hold in the batch).
     IF EXISTS (SELECT 1 FROM unnest(p_holds) h WHERE h IS NOT NULL) THEN
         PERFORM 1 FROM hold WHERE id = ANY (p_holds) ORDER BY id FOR UPDATE;
@@ -221,7 +293,7 @@ BEGIN
         END IF;
     END IF;
 
-    -- 5. Reversals happen once.
+    -- 6. Reversals happen once.
     IF p_reverses IS NOT NULL THEN
         IF NOT EXISTS (SELECT 1 FROM journal_transaction WHERE id = p_reverses) THEN
             RETURN QUERY SELECT 'transaction_not_found', NULL::bigint, NULL::integer;
@@ -233,7 +305,11 @@ BEGIN
         END IF;
     END IF;
 
-    -- 6. Balance limits, on the batch's net effect per account, under the locks taken in step 1.
+    -- 7. Balance limits, on the batch's net effect per account, against the sum of its shards.
+    --    Only accounts locked whole can fail here (step 1 sent the others to one shard because
+    --    their net effect cannot break a limit), so the sum is read under the locks that matter.
+    --    The same pass bounds every balance by NUMERIC(78,0) cheaply (overflow would otherwise be
+    --    a raw error instead of a code) and flags the batch for the exact check of step 8.
     SELECT min(n.first_i) - 1,
            CASE WHEN bool_or(NOT a.may_go_negative AND n.delta < 0
                              AND b.posted + n.delta - (b.held + n.held_delta) < 0)
@@ -248,7 +324,9 @@ BEGIN
                       FROM unnest(p_credits, p_amounts) WITH ORDINALITY AS u(credit, amount, i)) legs
               GROUP BY account_id) n
         JOIN account a ON a.id = n.account_id
-        JOIN account_balance b ON b.account_id = n.account_id
+        JOIN (SELECT s.account_id, sum(s.posted) AS posted, sum(s.held) AS held
+                FROM account_balance s WHERE s.account_id = ANY (v_accounts) GROUP BY s.account_id) b
+          ON b.account_id = n.account_id
         WHERE (NOT a.may_go_negative AND n.delta < 0 AND b.posted + n.delta - (b.held + n.held_delta) < 0)
            OR (NOT a.may_go_positive AND n.delta > 0 AND b.posted + n.delta > 0);
     IF v_bad IS NOT NULL THEN
@@ -256,28 +334,51 @@ BEGIN
         RETURN;
     END IF;
 
-    -- 6b. Every balance, each running balance_after included, must fit NUMERIC(78,0); otherwise the
-    --     write would fail with a raw overflow instead of a code. The full check runs only when the
-    --     cheap bound says an overflow is possible at all.
+    -- 8. Every balance must fit NUMERIC(78,0): each stored shard after each leg (the running
+    --    balance_after of a one-shard account), and each account's total. The exact check runs
+    --    only when the cheap bound says an overflow is possible at all. A sharded account updated
+    --    on one shard must also stay below half the range, counting what it reads now on every
+    --    shard: together with step 1 (small amounts only) this bounds what postings still in
+    --    flight on its other shards can add.
     IF (SELECT sum(u.amount) FROM unnest(p_amounts) AS u(amount))
-       + (SELECT coalesce(max(abs(b.posted)), 0) FROM account_balance b
-           WHERE b.account_id = ANY (p_debits || p_credits)) > 10::numeric ^ 78 - 1 THEN
+       + (SELECT coalesce(sum(abs(b.posted)), 0) FROM account_balance b
+           WHERE b.account_id = ANY (v_accounts)) > c_max / 4 THEN
+        SELECT min(n.first_i) - 1 INTO v_bad
+            FROM (SELECT account_id, sum(delta) AS delta, min(i) AS first_i
+                    FROM (SELECT u.debit AS account_id, -u.amount AS delta, u.i
+                            FROM unnest(p_debits, p_amounts) WITH ORDINALITY AS u(debit, amount, i)
+                          UNION ALL
+                          SELECT u.credit, u.amount, u.i
+                            FROM unnest(p_credits, p_amounts) WITH ORDINALITY AS u(credit, amount, i)) l
+                   GROUP BY account_id) n
+            JOIN unnest(v_accounts, v_whole) AS t(account_id, whole) ON t.account_id = n.account_id
+            JOIN (SELECT s.account_id, sum(s.posted) AS posted, sum(abs(s.posted)) AS magnitude
+                    FROM account_balance s WHERE s.account_id = ANY (v_accounts) GROUP BY s.account_id) b
+              ON b.account_id = n.account_id
+            WHERE abs(b.posted + n.delta) > c_max
+               OR (NOT t.whole AND b.magnitude + abs(n.delta) > c_max / 2);
+        IF v_bad IS NOT NULL THEN
+            RETURN QUERY SELECT 'limit_exceeded', NULL::bigint, v_bad;
+            RETURN;
+        END IF;
         SELECT min(r.i) - 1 INTO v_bad
-            FROM (SELECT l.i, b.posted + sum(l.delta) OVER (PARTITION BY l.account_id ORDER BY l.ord) AS after
+            FROM (SELECT l.i, l.account_id,
+                         b.posted + sum(l.delta) OVER (PARTITION BY l.account_id ORDER BY l.ord) AS after
                     FROM (SELECT u.debit AS account_id, -u.amount AS delta, 2 * u.i AS ord, u.i
                             FROM unnest(p_debits, p_amounts) WITH ORDINALITY AS u(debit, amount, i)
                           UNION ALL
                           SELECT u.credit, u.amount, 2 * u.i + 1, u.i
                             FROM unnest(p_credits, p_amounts) WITH ORDINALITY AS u(credit, amount, i)) l
-                    JOIN account_balance b ON b.account_id = l.account_id) r
-            WHERE abs(r.after) > 10::numeric ^ 78 - 1;
+                    JOIN unnest(v_accounts, v_target) AS t(account_id, shard) ON t.account_id = l.account_id
+                    JOIN account_balance b ON b.account_id = t.account_id AND b.shard = t.shard) r
+            WHERE abs(r.after) > c_max;
         IF v_bad IS NOT NULL THEN
             RETURN QUERY SELECT 'limit_exceeded', NULL::bigint, v_bad;
             RETURN;
         END IF;
     END IF;
 
-    -- 7. Write. A concurrent posting of the same key with other accounts may have won the race.
+    -- 9. Write. A concurrent posting of the same key with other accounts may have won the race.
     INSERT INTO journal_transaction (idempotency_key, content_hash, kind, metadata, reverses_id)
         VALUES (p_key, p_hash, p_kind, coalesce(p_metadata, '{}'::jsonb), p_reverses)
         ON CONFLICT (idempotency_key) DO NOTHING
@@ -298,32 +399,132 @@ BEGIN
         UNION ALL
         SELECT u.credit, u.amount, 0, NULL::bigint, 2 * u.i + 1
           FROM unnest(p_credits, p_amounts) WITH ORDINALITY AS u(credit, amount, i)
+    ), targets AS (
+        SELECT * FROM unnest(v_accounts, v_shards, v_target) AS t(account_id, shards, shard)
     ), entries AS (
         INSERT INTO journal_entry (transaction_id, account_id, asset, amount, balance_after, hold_id)
         SELECT v_id, l.account_id, a.asset, l.delta,
-               b.posted + sum(l.delta) OVER (PARTITION BY l.account_id ORDER BY l.ord), l.hold_id
+               CASE WHEN t.shards = 1
+                    THEN b.posted + sum(l.delta) OVER (PARTITION BY l.account_id ORDER BY l.ord) END,
+               l.hold_id
           FROM legs l
           JOIN account a ON a.id = l.account_id
-          JOIN account_balance b ON b.account_id = l.account_id
+          JOIN targets t ON t.account_id = l.account_id
+          JOIN account_balance b ON b.account_id = t.account_id AND b.shard = t.shard
          ORDER BY l.ord
         RETURNING 1
     )
     UPDATE account_balance b
        SET posted = b.posted + n.delta, held = b.held + n.held_delta, last_transaction_id = v_id
-      FROM (SELECT account_id, sum(delta) AS delta, sum(held_delta) AS held_delta
-              FROM legs GROUP BY account_id) n
-     WHERE b.account_id = n.account_id;
+      FROM (SELECT l.account_id, t.shard, sum(l.delta) AS delta, sum(l.held_delta) AS held_delta
+              FROM legs l JOIN targets t ON t.account_id = l.account_id
+             GROUP BY l.account_id, t.shard) n
+     WHERE b.account_id = n.account_id AND b.shard = n.shard;
 
-    UPDATE hold h
-       SET captured = h.captured + c.total,
-           state = CASE WHEN h.captured + c.total + h.released = h.amount THEN 'captured' ELSE h.state END,
-           resolved_at = CASE WHEN h.captured + c.total + h.released = h.amount THEN now() ELSE NULL END
-      FROM (SELECT hold_id, sum(amount) AS total
-              FROM unnest(p_holds, p_amounts) AS u(hold_id, amount)
-             WHERE hold_id IS NOT NULL GROUP BY hold_id) c
-     WHERE h.id = c.hold_id;
+    IF p_hold_owner IS NOT NULL OR EXISTS (SELECT 1 FROM unnest(p_holds) h WHERE h IS NOT NULL) THEN
+        UPDATE hold h
+           SET captured = h.captured + c.total,
+               state = CASE WHEN h.captured + c.total + h.released = h.amount THEN 'captured' ELSE h.state END,
+               resolved_at = CASE WHEN h.captured + c.total + h.released = h.amount THEN now() ELSE NULL END
+          FROM (SELECT hold_id, sum(amount) AS total
+                  FROM unnest(p_holds, p_amounts) AS u(hold_id, amount)
+                 WHERE hold_id IS NOT NULL GROUP BY hold_id) c
+         WHERE h.id = c.hold_id;
+    END IF;
 
     RETURN QUERY SELECT 'created', v_id, NULL::integer;
+END $$;
+"""
+
+# Holds, each one statement: lock every balance shard of the account, then the hold row (the
+# posting lock order), check, write, and return the hold's row with a status like ledger_post.
+HOLD_FUNCTIONS = """
+CREATE FUNCTION ledger_place_hold(
+    p_key text, p_hash text, p_account bigint, p_amount numeric, p_owner text, p_reference text,
+    p_expires timestamptz
+) RETURNS TABLE (status text, available numeric, hold_row hold)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_posted numeric;
+    v_held numeric;
+    v_hold hold;
+    v_account account;
+    c_max constant numeric := 10::numeric ^ 78 - 1;
+BEGIN
+    SELECT sum(b.posted), sum(b.held) INTO v_posted, v_held
+        FROM (SELECT s.posted, s.held FROM account_balance s
+               WHERE s.account_id = p_account ORDER BY s.shard FOR UPDATE) b;
+    IF v_posted IS NULL THEN
+        RETURN QUERY SELECT 'account_not_found', NULL::numeric, NULL::hold;
+        RETURN;
+    END IF;
+    SELECT * INTO v_hold FROM hold h WHERE h.idempotency_key = p_key;
+    IF FOUND THEN
+        RETURN QUERY SELECT CASE WHEN v_hold.content_hash = p_hash THEN 'exists' ELSE 'idempotency_conflict' END,
+                            NULL::numeric, v_hold;
+        RETURN;
+    END IF;
+    SELECT * INTO v_account FROM account a WHERE a.id = p_account;
+    IF v_account.closed_at IS NOT NULL THEN
+        RETURN QUERY SELECT 'account_closed', NULL::numeric, NULL::hold;
+        RETURN;
+    END IF;
+    IF NOT v_account.may_go_negative AND v_posted - v_held < p_amount THEN
+        RETURN QUERY SELECT 'insufficient_funds', v_posted - v_held, NULL::hold;
+        RETURN;
+    END IF;
+    IF v_held + p_amount > c_max THEN
+        RETURN QUERY SELECT 'limit_exceeded', v_posted - v_held, NULL::hold;
+        RETURN;
+    END IF;
+    INSERT INTO hold (idempotency_key, content_hash, account_id, amount, owner, reference, expires_at)
+        VALUES (p_key, p_hash, p_account, p_amount, p_owner, p_reference, p_expires)
+        ON CONFLICT (idempotency_key) DO NOTHING
+        RETURNING * INTO v_hold;
+    IF v_hold.id IS NULL THEN  -- the same key raced in on another account: compare like any replay
+        SELECT * INTO v_hold FROM hold h WHERE h.idempotency_key = p_key;
+        RETURN QUERY SELECT CASE WHEN v_hold.content_hash = p_hash THEN 'exists' ELSE 'idempotency_conflict' END,
+                            NULL::numeric, v_hold;
+        RETURN;
+    END IF;
+    UPDATE account_balance b SET held = b.held + p_amount WHERE b.account_id = p_account AND b.shard = 0;
+    RETURN QUERY SELECT 'created', NULL::numeric, v_hold;
+END $$;
+
+-- Release (p_state 'released', by its owner) or expire (p_state 'expired', p_owner NULL: the job,
+-- only once the timeout has passed at p_now) what remains of a pending hold. Resolving it again
+-- into the same state answers 'exists'.
+CREATE FUNCTION ledger_resolve_hold(p_hold bigint, p_state text, p_owner text, p_now timestamptz)
+RETURNS TABLE (status text, hold_row hold)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_account bigint;
+    v_hold hold;
+BEGIN
+    SELECT h.account_id INTO v_account FROM hold h WHERE h.id = p_hold;
+    IF v_account IS NULL THEN
+        RETURN QUERY SELECT 'hold_not_found', NULL::hold;
+        RETURN;
+    END IF;
+    PERFORM 1 FROM account_balance b WHERE b.account_id = v_account ORDER BY b.shard FOR UPDATE;
+    SELECT * INTO v_hold FROM hold h WHERE h.id = p_hold FOR UPDATE;
+    IF p_owner IS NOT NULL AND v_hold.owner <> p_owner THEN
+        RETURN QUERY SELECT 'hold_owner_mismatch', NULL::hold;
+        RETURN;
+    END IF;
+    IF v_hold.state <> 'pending' THEN
+        RETURN QUERY SELECT CASE WHEN v_hold.state = p_state THEN 'exists' ELSE 'hold_already_resolved' END, v_hold;
+        RETURN;
+    END IF;
+    IF p_state = 'expired' AND (v_hold.expires_at IS NULL OR v_hold.expires_at > coalesce(p_now, now())) THEN
+        RETURN QUERY SELECT 'not_timed_out', v_hold;
+        RETURN;
+    END IF;
+    UPDATE account_balance b SET held = b.held - (v_hold.amount - v_hold.captured - v_hold.released)
+        WHERE b.account_id = v_account AND b.shard = 0;
+    UPDATE hold h SET released = h.amount - h.captured, state = p_state, resolved_at = now()
+        WHERE h.id = p_hold RETURNING * INTO v_hold;
+    RETURN QUERY SELECT 'created', v_hold;
 END $$;
 """
 
@@ -332,6 +533,7 @@ def upgrade() -> None:
     op.execute(TABLES)
     op.execute(GUARDS)
     op.execute(POST_FUNCTION)
+    op.execute(HOLD_FUNCTIONS)
 
 
 def downgrade() -> None:
