@@ -6,6 +6,10 @@ best level is `keys[-1]` and removing it is a pop from the end: bids are keyed b
 the FIFO queue itself, and removing an order from anywhere in it is one O(1) `del` (cancel and
 amend never search). Re-queueing (an iceberg refill) deletes the entry and inserts it again at the
 back; an amend that loses priority leaves the book and re-enters it, at the back of its new level.
+
+Only `Book` changes the book (it also keeps the id index). A moved order usually lands on a price
+nobody else quotes, so levels come and go all the time: a side stores bare queues, and `Level` is
+a read-only view made when a query asks for one.
 """
 from __future__ import annotations
 
@@ -18,13 +22,13 @@ _BUY = Side.buy
 
 
 class Level:
-    """One price and its queue of live orders in time priority (order id -> order)."""
+    """A view of one price level: its price and its queue of live orders in time priority."""
 
     __slots__ = ("price", "queue")
 
-    def __init__(self, price: int) -> None:
+    def __init__(self, price: int, queue: dict[str, Order]) -> None:
         self.price = price
-        self.queue: dict[str, Order] = {}
+        self.queue = queue
 
     @property
     def count(self) -> int:
@@ -36,18 +40,20 @@ class Level:
 
 
 class BookSide:
-    """All levels of one side, best price last. `sign` turns a price into its key (+1 / -1)."""
+    """All levels of one side, best price last. `sign` turns a price into its key (+1 / -1);
+    `queues` maps a key to its level's queue (order id -> order, in time priority)."""
 
-    __slots__ = ("side", "sign", "keys", "levels")
+    __slots__ = ("side", "sign", "keys", "queues")
 
     def __init__(self, side: Side) -> None:
         self.side = side
         self.sign = 1 if side is _BUY else -1
         self.keys: list[int] = []
-        self.levels: dict[int, Level] = {}
+        self.queues: dict[int, dict[str, Order]] = {}
 
     def best(self) -> Level | None:
-        return self.levels[self.keys[-1]] if self.keys else None
+        keys = self.keys
+        return Level(keys[-1] * self.sign, self.queues[keys[-1]]) if keys else None
 
     def best_price(self) -> int | None:
         keys = self.keys
@@ -55,42 +61,10 @@ class BookSide:
 
     def levels_from_best(self) -> Iterator[Level]:
         """Levels in priority order. The caller must not change the side while iterating."""
-        keys, levels = self.keys, self.levels
+        keys, queues, sign = self.keys, self.queues, self.sign
         for i in range(len(keys) - 1, -1, -1):
-            yield levels[keys[i]]
-
-    def add(self, order: Order) -> None:
-        """Append `order` at the back of its price level, creating the level if needed."""
-        price = order.price
-        key = price * self.sign
-        level = self.levels.get(key)
-        if level is None:
-            level = self.levels[key] = Level(price)
-            keys = self.keys
-            if not keys or key > keys[-1]:  # a new best price: common, and no search needed
-                keys.append(key)
-            else:
-                insort(keys, key)
-        level.queue[order.order_id] = order
-
-    def remove(self, order: Order) -> None:
-        """Take `order` off its level; drop the level if that was its last order."""
-        key = order.price * self.sign
-        queue = self.levels[key].queue
-        del queue[order.order_id]
-        if not queue:
-            del self.levels[key]
-            keys = self.keys
-            if keys[-1] == key:
-                keys.pop()
-            else:
-                del keys[bisect_left(keys, key)]
-
-    def requeue(self, order: Order) -> None:
-        """Move `order` to the back of its level (it loses time priority)."""
-        queue = self.levels[order.price * self.sign].queue
-        del queue[order.order_id]
-        queue[order.order_id] = order
+            key = keys[i]
+            yield Level(key * sign, queues[key])
 
     def depth(self, levels: int | None = None) -> list[tuple[int, int]]:
         """[(price, displayed lots)] from the best price; iceberg reserves are not shown."""
@@ -120,15 +94,43 @@ class Book:
         return self.asks if side is _BUY else self.bids
 
     def add(self, order: Order) -> None:
-        (self.bids if order.side is _BUY else self.asks).add(order)
+        """Append `order` at the back of its price level, creating the level if needed."""
+        side = self.bids if order.side is _BUY else self.asks
+        key = order.price * side.sign
+        queue = side.queues.get(key)
+        if queue is None:
+            side.queues[key] = {order.order_id: order}
+            keys = side.keys
+            if not keys or key > keys[-1]:  # a new best price: common, and no search needed
+                keys.append(key)
+            else:
+                insort(keys, key)
+        else:
+            queue[order.order_id] = order
         self.index[order.order_id] = order
 
     def remove(self, order: Order) -> None:
-        (self.bids if order.side is _BUY else self.asks).remove(order)
+        """Take `order` off the book; drop its level if that was the level's last order."""
+        side = self.bids if order.side is _BUY else self.asks
+        key = order.price * side.sign
+        queues = side.queues
+        queue = queues[key]
+        del queue[order.order_id]
+        if not queue:
+            del queues[key]
+            keys = side.keys
+            if keys[-1] == key:
+                keys.pop()
+            else:
+                del keys[bisect_left(keys, key)]
         del self.index[order.order_id]
 
     def requeue(self, order: Order) -> None:
-        (self.bids if order.side is _BUY else self.asks).requeue(order)
+        """Move `order` to the back of its level (it loses time priority)."""
+        side = self.bids if order.side is _BUY else self.asks
+        queue = side.queues[order.price * side.sign]
+        del queue[order.order_id]
+        queue[order.order_id] = order
 
     def would_cross(self, side: Side, price: int) -> bool:
         """True if an order of `side` at `price` meets the best opposite price."""

@@ -68,6 +68,9 @@ class Engine:
         self.last_seq = 0
         self.last_price: int | None = None
         self._seq = 0
+        # The command the Sequencer has just shape-checked and journaled: `apply` need not check
+        # that same (immutable) command again. Anything else is checked.
+        self.shape_checked: Command | None = None
         self._events: list[Event] = []
         self._match_no = 0
         self._handlers = {Place: self._place, Cancel: self._cancel, Amend: self._amend,
@@ -100,14 +103,8 @@ class Engine:
         """Apply `command` stamped `seq` (must be `last_seq + 1`); return what happened."""
         if seq != self.last_seq + 1:
             raise SequenceError(self.last_seq + 1, seq)
-        check_shape(command)
-        return self.apply_checked(seq, command)
-
-    def apply_checked(self, seq: int, command: Command) -> list[Event]:
-        """`apply` for a caller that has just run `check_shape(command)` itself (the
-        `Sequencer` checks before journaling, so it need not be checked twice)."""
-        if seq != self.last_seq + 1:
-            raise SequenceError(self.last_seq + 1, seq)
+        if command is not self.shape_checked:
+            check_shape(command)
         self.last_seq = self._seq = seq
         self._events = events = []
         self._match_no = 0
@@ -187,9 +184,10 @@ class Engine:
         code = self._amend_error(order, cmd)
         if code is not None:
             self._refuse("amend", order.order_id, code)
-            return
-        if order.state is _UNTRIGGERED:
+        elif order.state is _UNTRIGGERED:
             self._amend_stop(order, cmd)
+        elif cmd.price is not None and cmd.price != order.price:
+            self._move_resting(order, cmd)  # the common amend: a new price
         else:
             self._amend_resting(order, cmd)
 
@@ -239,17 +237,28 @@ class Engine:
         self._emit_amended(order, priority_kept=True)
 
     def _amend_resting(self, order: Order, cmd: Amend) -> None:
-        new_price = order.price if cmd.price is None else cmd.price
         new_qty = order.qty if cmd.qty is None else cmd.qty
-        if new_price == order.price and new_qty <= order.qty:  # a pure reduction keeps its place
-            self._set_size(order, cmd)
-            order.visible = min(order.visible, order.remaining)
-            self._emit_amended(order, priority_kept=True)
+        if new_qty > order.qty:  # same price, more quantity: loses its place
+            self._move_resting(order, cmd)
             return
+        self._set_size(order, cmd)  # a reduction at the same price keeps its place
+        order.visible = min(order.visible, order.remaining)
+        self._emit_amended(order, priority_kept=True)
+
+    def _move_resting(self, order: Order, cmd: Amend) -> None:
+        """A resting order takes a new price or a larger size: it leaves the book and re-enters
+        at the back of its level, matching first if it now crosses."""
         book = self.book
         book.remove(order)
-        self._set_size(order, cmd)
-        self._emit_amended(order, priority_kept=False)
+        if cmd.qty is not None:
+            order.remaining = cmd.qty - order.filled - order.decremented
+            order.qty = cmd.qty
+        if cmd.price is not None:
+            order.price = cmd.price
+        asset, amount = order_hold(order, self.market, self.fees)
+        self._events.append(make(OrderAmended, (self._seq, order.order_id, order.account,
+                                                order.qty, order.price, order.stop_price,
+                                                order.remaining, False, asset, amount)))
         if book.would_cross(order.side, order.price):
             self._match(order)
             return

@@ -28,16 +28,26 @@ class JournalSink(Protocol):
 
 
 class MemoryJournal:
-    """An in-memory `JournalSink`: a list of (seq, command)."""
+    """An in-memory `JournalSink`. The sink only ever receives consecutive numbers, so it keeps
+    the commands in one list and each one's number is implied by its position: journaling a
+    command allocates nothing the garbage collector would have to walk again and again."""
 
     def __init__(self) -> None:
-        self.entries: list[tuple[int, Command]] = []
+        self.first_seq = 0
+        self.commands: list[Command] = []
 
     def append(self, seq: int, command: Command) -> None:
-        entries = self.entries
-        if entries and seq != entries[-1][0] + 1:
-            raise ValueError(f"journal expects seq {entries[-1][0] + 1}, got {seq}")
-        entries.append((seq, command))
+        commands = self.commands
+        if not commands:
+            self.first_seq = seq
+        elif seq != self.first_seq + len(commands):
+            raise ValueError(f"journal expects seq {self.first_seq + len(commands)}, got {seq}")
+        commands.append(command)
+
+    @property
+    def entries(self) -> list[tuple[int, Command]]:
+        """(seq, command) pairs, in order."""
+        return list(zip(range(self.first_seq, self.first_seq + len(self.commands)), self.commands))
 
     def since(self, seq: int) -> Iterator[tuple[int, Command]]:
         """Entries with a sequence number above `seq`, in order."""
@@ -80,6 +90,7 @@ class Sequencer:
                     return make(Submitted, (None, [retry]))
             seq = engine.last_seq + 1
             self.sink.append(seq, command)
+            engine.shape_checked = command  # checked above: the engine need not check it again
             try:
                 return make(Submitted, (seq, engine.apply(seq, command)))
             except Exception:

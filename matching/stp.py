@@ -29,6 +29,7 @@ class StpPolicy(str, enum.Enum):
 
 
 DEFAULT_POLICY = StpPolicy.cancel_newest
+_CANCEL_NEWEST, _DECREMENT_BOTH = StpPolicy.cancel_newest, StpPolicy.decrement_both
 
 
 def same_group(taker_group: str, maker_group: str) -> bool:
@@ -38,6 +39,6 @@ def same_group(taker_group: str, maker_group: str) -> bool:
 
 def effective_policy(policy: StpPolicy, taker_has_quantity: bool) -> StpPolicy:
     """The policy actually applied: `decrement_both` needs a quantity on the incoming order."""
-    if policy is StpPolicy.decrement_both and not taker_has_quantity:
-        return StpPolicy.cancel_newest
+    if policy is _DECREMENT_BOTH and not taker_has_quantity:
+        return _CANCEL_NEWEST
     return policy
