@@ -12,7 +12,7 @@ import datetime as dt
 from sqlalchemy import Connection, text
 
 from custody.controls import kill_switch
-from policies import AmountTier, AssetPolicy, PolicySet, VelocityLimit
+from policies import Allowlist, AllowlistEntry, AllowlistMode, AmountTier, AssetPolicy, PolicySet, VelocityLimit
 
 
 def default_policy() -> PolicySet:
@@ -37,10 +37,21 @@ class PolicyProvider:
     def __init__(self, base: PolicySet | None = None) -> None:
         self.base = base or default_policy()
 
-    def current(self, conn: Connection) -> PolicySet:
+    def current(self, conn: Connection, account_id: int | None = None) -> PolicySet:
+        """The base set plus the live denylist, kill switch and (for `account_id`) its allowlist."""
         denied = conn.execute(text("SELECT address FROM denylist_address")).scalars().all()
+        allowlists = dict(self.base.allowlists)
+        if account_id is not None:
+            rule = conn.execute(text("SELECT mode, cooling_off_secs, approvals FROM allowlist_policy WHERE account_id = :a"),
+                                {"a": account_id}).first()
+            if rule is not None:
+                entries = conn.execute(text("SELECT address, added_at FROM allowlist_entry WHERE account_id = :a"),
+                                       {"a": account_id}).all()
+                allowlists[str(account_id)] = Allowlist(
+                    tuple(AllowlistEntry(e.address, e.added_at) for e in entries), AllowlistMode(rule.mode),
+                    dt.timedelta(seconds=rule.cooling_off_secs), rule.approvals)
         return dataclasses.replace(self.base, denylist=frozenset(self.base.denylist) | frozenset(denied),
-                                   kill_switch=self.base.kill_switch or kill_switch(conn).engaged)
+                                   allowlists=allowlists, kill_switch=self.base.kill_switch or kill_switch(conn).engaged)
 
     def velocity_window(self) -> dt.timedelta:
         windows = [a.velocity.window for a in self.base.assets.values() if a.velocity]

@@ -146,7 +146,7 @@ class Withdrawals:
 
     def _evaluate(self, c: Connection, w: WithdrawalView) -> Decision:
         now = self.clock()
-        policy = self.policies.current(c)
+        policy = self.policies.current(c, w.account_id)
         window = self.policies.velocity_window()
         prior = c.execute(
             text("SELECT asset, amount, created_at FROM withdrawal_request WHERE account_id = :a AND id <> :i "
@@ -219,6 +219,33 @@ class Withdrawals:
         request = WithdrawalRequest(str(w.id), str(w.account_id), w.asset, w.amount, w.fee_quoted, w.destination, w.requested_by)
         return Decision(Outcome(d.outcome), d.required_approvals, tuple(ReasonCode(r) for r in d.reasons), d.policy_version,
                         request, PolicyContext(d.decided_at), None, d.decided_at, d.expires_at)
+
+    # ---- destination allowlists -----------------------------------------------------------
+
+    def set_allowlist(self, account_id: int, *, mode: str, cooling_off: dt.timedelta = dt.timedelta(0), approvals: int = 1,
+                      by: str) -> None:
+        """Turn on (or change) an account's allowlist: `enforce` rejects other destinations, `review`
+        sends them to operators; a newly added destination needs `approvals` during `cooling_off`."""
+        if mode not in ("enforce", "review") or approvals < 1 or cooling_off < dt.timedelta(0):
+            raise LedgerError(ErrorCode.invalid_request, "mode is enforce or review, approvals >= 1, cooling_off >= 0")
+        with self.engine.begin() as c:
+            c.execute(text("INSERT INTO allowlist_policy (account_id, mode, cooling_off_secs, approvals) VALUES (:a, :m, :s, :k) "
+                           "ON CONFLICT (account_id) DO UPDATE SET mode = :m, cooling_off_secs = :s, approvals = :k, updated_at = now()"),
+                      {"a": account_id, "m": mode, "s": int(cooling_off.total_seconds()), "k": approvals})
+            audit(c, by, "allowlist.policy", f"account:{account_id}", {"mode": mode, "cooling_off_secs": int(cooling_off.total_seconds()),
+                                                                      "approvals": approvals})
+
+    def allow_destination(self, account_id: int, destination: str, *, by: str) -> str:
+        """Add a destination to an account's allowlist (validated for the account's chain); idempotent."""
+        account = self.ledger.get_account(account_id)
+        chain = self.wallets.chain_asset(account.asset).chain
+        destination, _ = validate_destination(chain, self.networks.get(chain, "regtest"), destination)
+        with self.engine.begin() as c:
+            added = c.execute(text("INSERT INTO allowlist_entry (account_id, address, added_by) VALUES (:a, :d, :b) "
+                                   "ON CONFLICT DO NOTHING RETURNING added_at"), {"a": account_id, "d": destination, "b": by}).first()
+            if added is not None:
+                audit(c, by, "allowlist.add", f"account:{account_id}", {"address": destination})
+        return destination
 
     # ---- reads ----------------------------------------------------------------------------
 

@@ -28,6 +28,18 @@ class DecisionIn(BaseModel):
     comment: str = Field(min_length=1, max_length=1000)
 
 
+class AllowlistPolicyIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    mode: Literal["enforce", "review"]
+    cooling_off_seconds: int = Field(default=0, ge=0, le=90 * 86400)
+    approvals: int = Field(default=1, ge=1, le=10)
+
+
+class AllowlistEntryIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    address: str = Field(min_length=1, max_length=200)
+
+
 class WithdrawalOut(BaseModel):
     id: int
     client_withdrawal_id: str
@@ -87,3 +99,19 @@ def approve(withdrawal_id: int, body: DecisionIn, c: ContainerDep, who: Operator
 @router.post("/withdrawals/{withdrawal_id}/reject", response_model=WithdrawalOut)
 def reject(withdrawal_id: int, body: DecisionIn, c: ContainerDep, who: Operator) -> WithdrawalOut:
     return _out(c, _svc(c).reject(withdrawal_id, operator=f"api:{who.name}", comment=body.comment))
+
+
+@router.put("/accounts/{account_id}/allowlist")
+def set_allowlist(account_id: int, body: AllowlistPolicyIn, c: ContainerDep, who: Backend) -> dict:
+    """Turn on or change an account's destination allowlist (the backend relays the customer's choice)."""
+    import datetime as dt
+
+    _svc(c).set_allowlist(account_id, mode=body.mode, cooling_off=dt.timedelta(seconds=body.cooling_off_seconds),
+                          approvals=body.approvals, by=f"api:{who.name}")
+    return {"account_id": account_id, "mode": body.mode, "cooling_off_seconds": body.cooling_off_seconds,
+            "approvals": body.approvals}
+
+
+@router.post("/accounts/{account_id}/allowlist", status_code=201)
+def allow_destination(account_id: int, body: AllowlistEntryIn, c: ContainerDep, who: Backend) -> dict:
+    return {"account_id": account_id, "address": _svc(c).allow_destination(account_id, body.address, by=f"api:{who.name}")}

@@ -130,6 +130,22 @@ CREATE TABLE eth_nonce (
     next_nonce  bigint NOT NULL CHECK (next_nonce >= 0)
 );
 
+-- Reference: a customer account's destination allowlist (mode, cooling-off, approvals) and entries.
+CREATE TABLE allowlist_policy (
+    account_id        bigint PRIMARY KEY REFERENCES account(id),
+    mode              text NOT NULL CHECK (mode IN ('enforce', 'review')),
+    cooling_off_secs  integer NOT NULL DEFAULT 0 CHECK (cooling_off_secs >= 0),
+    approvals         integer NOT NULL DEFAULT 1 CHECK (approvals >= 1),
+    updated_at        timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE allowlist_entry (
+    account_id  bigint NOT NULL REFERENCES account(id),
+    address     text NOT NULL,
+    added_at    timestamptz NOT NULL DEFAULT now(),
+    added_by    text NOT NULL,
+    PRIMARY KEY (account_id, address)
+);
+
 -- Append-only: the signer's own record of everything it signed or refused.
 CREATE TABLE signer_audit (
     id        bigserial PRIMARY KEY,

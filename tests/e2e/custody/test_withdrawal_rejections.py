@@ -137,3 +137,29 @@ def test_simultaneous_requests_never_overdraw(custody, customer, ledger, log):
     assert_equal((bal.held, bal.available), (3 * (30_000_000 + 5_000), 100_000_000 - 3 * 30_005_000))
     for w in custody.withdrawals.list(account_id=acct):
         custody.withdrawals.reject(w.id, operator="op-test", comment="test cleanup")
+
+
+def test_destination_allowlist_modes(custody, customer, api, bitcoind, ledger, log):
+    w = custody.withdrawals
+    acct = customer("BTC")
+    credit(custody, acct, 100_000_000)
+    known, fresh = (bitcoind.wallet("getnewaddress", "", "bech32") for _ in range(2))
+    log.info("review mode with a one-hour cooling-off: a just-added destination and an unknown one both need approval")
+    assert_equal(api.put(f"/v1/accounts/{acct}/allowlist", json={"mode": "review", "cooling_off_seconds": 3600}).status_code, 200)
+    assert_equal(api.post(f"/v1/accounts/{acct}/allowlist", json={"address": known}).status_code, 201)
+    assert_equal(api.post(f"/v1/accounts/{acct}/allowlist", json={"address": MAINNET_DEST}).json()["error"]["code"],
+                 "invalid_destination")
+    cooling = post(api, acct, "0.01", known).json()
+    unknown = post(api, acct, "0.01", fresh).json()
+    assert_equal((cooling["state"], unknown["state"]), ("pending_approval", "pending_approval"))
+    with custody.engine.connect() as c:
+        reasons = dict(c.execute(text("SELECT withdrawal_id, reasons FROM policy_decision WHERE withdrawal_id = ANY(:w)"),
+                                 {"w": [cooling["id"], unknown["id"]]}).all())
+    assert_equal((reasons[cooling["id"]], reasons[unknown["id"]]), (["destination_cooling_off"], ["destination_not_yet_allowlisted"]))
+    log.info("enforce mode: an unknown destination is rejected outright")
+    api.put(f"/v1/accounts/{acct}/allowlist", json={"mode": "enforce"})
+    r = post(api, acct, "0.01", fresh)
+    assert_equal((r.status_code, r.json()["error"]["detail"]["reasons"]), (422, ["destination_not_allowlisted"]))
+    for wd in (cooling, unknown):
+        w.reject(wd["id"], operator="op-test", comment="test cleanup")
+    assert_equal(ledger.balance(acct).held, 0)
