@@ -77,14 +77,20 @@ class BookSide:
 
 
 class Book:
-    """Both sides of one market plus an index of resting orders by id."""
+    """Both sides of one market; `index` lists the resting orders by id."""
 
-    __slots__ = ("bids", "asks", "index")
+    __slots__ = ("bids", "asks")
 
     def __init__(self) -> None:
         self.bids = BookSide(Side.buy)
         self.asks = BookSide(Side.sell)
-        self.index: dict[str, Order] = {}
+
+    @property
+    def index(self) -> dict[str, Order]:
+        """Resting orders by id, built on demand (for checks and tools): the engine finds an
+        order through its own `orders` map, so the book keeps no second index to update."""
+        return {order_id: order for side in (self.bids, self.asks)
+                for queue in side.queues.values() for order_id, order in queue.items()}
 
     def side(self, side: Side) -> BookSide:
         return self.bids if side is _BUY else self.asks
@@ -107,7 +113,6 @@ class Book:
                 insort(keys, key)
         else:
             queue[order.order_id] = order
-        self.index[order.order_id] = order
 
     def remove(self, order: Order) -> None:
         """Take `order` off the book; drop its level if that was the level's last order."""
@@ -123,7 +128,6 @@ class Book:
                 keys.pop()
             else:
                 del keys[bisect_left(keys, key)]
-        del self.index[order.order_id]
 
     def requeue(self, order: Order) -> None:
         """Move `order` to the back of its level (it loses time priority)."""
