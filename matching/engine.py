@@ -63,6 +63,9 @@ class Engine:
         self.book = Book()
         self.stops = StopBook()
         self.orders: dict[str, Order] = {}
+        # The orders in an OPEN state, kept by `_move`: cancels and amends look here first, a
+        # map the size of the book rather than of the market's whole history.
+        self.live: dict[str, Order] = {}
         self.by_client: dict[tuple[str, str], str] = {}
         self.awaiting: dict[str, Order] = {}  # triggered stops waiting for their hold
         self.last_seq = 0
@@ -80,6 +83,13 @@ class Engine:
 
     def order(self, order_id: str) -> Order | None:
         return self.orders.get(order_id)
+
+    def restore_order(self, order: Order) -> None:
+        """Register an order read from a snapshot (for `snapshot.restore` only)."""
+        self.orders[order.order_id] = order
+        self.by_client[(order.account, order.client_order_id)] = order.order_id
+        if order.state in OPEN:
+            self.live[order.order_id] = order
 
     def order_by_client_id(self, account: str, client_order_id: str) -> Order | None:
         order_id = self.by_client.get((account, client_order_id))
@@ -148,9 +158,9 @@ class Engine:
             self._enter(order)
 
     def _cancel(self, cmd: Cancel) -> None:
-        order = self.orders.get(cmd.order_id)
-        if order is None or order.account != cmd.account or order.state not in OPEN:
-            self._refuse_closed(cmd, "cancel", order)
+        order = self.live.get(cmd.order_id)
+        if order is None or order.account != cmd.account:
+            self._refuse_closed(cmd, "cancel")
             return
         state = order.state
         if state is _UNTRIGGERED:
@@ -177,9 +187,9 @@ class Engine:
         self._reject(order, ErrorCode.hold_failed)
 
     def _amend(self, cmd: Amend) -> None:
-        order = self.orders.get(cmd.order_id)
-        if order is None or order.account != cmd.account or order.state not in OPEN:
-            self._refuse_closed(cmd, "amend", order)
+        order = self.live.get(cmd.order_id)
+        if order is None or order.account != cmd.account:
+            self._refuse_closed(cmd, "amend")
             return
         code = self._amend_error(order, cmd)
         if code is not None:
@@ -421,6 +431,10 @@ class Engine:
         old = order.state
         order.state = transition(order.order_id, old, new)
         if old is not new:
+            if new in OPEN:
+                self.live[order.order_id] = order
+            elif old in OPEN:
+                self.live.pop(order.order_id, None)  # a new stop rejected from `received`
             self._events.append(make(OrderStateChanged, (self._seq, order.order_id,
                                                          order.account, old, new)))
 
@@ -448,8 +462,9 @@ class Engine:
     def _refuse(self, command: str, order_id: str, code: ErrorCode) -> None:
         self._events.append(make(RequestRejected, (self._seq, command, order_id, code)))
 
-    def _refuse_closed(self, cmd: Cancel | Amend, command: str, order: Order | None) -> None:
+    def _refuse_closed(self, cmd: Cancel | Amend, command: str) -> None:
         """Refuse a cancel / amend whose order is missing, someone else's, or not open."""
+        order = self.orders.get(cmd.order_id)
         if order is None:
             code = ErrorCode.order_not_found
         elif order.account != cmd.account:

@@ -78,9 +78,7 @@ def restore(snapshot: Snapshot) -> Engine:
     engine.last_seq = record["last_seq"]
     engine.last_price = record["last_price"]
     for rec in record["orders"]:
-        order = Order.from_record(rec)
-        engine.orders[order.order_id] = order
-        engine.by_client[(order.account, order.client_order_id)] = order.order_id
+        engine.restore_order(Order.from_record(rec))
     for side in ("bids", "asks"):
         for _price, ids in reversed(record[side]):  # worst level first; order within kept
             for order_id in ids:
