@@ -216,42 +216,51 @@ class Deposits:
 
     # ---- 3 + 4. screen and credit ---------------------------------------------------------
 
-    def credit(self, chain: str | None = None, *, limit: int = 1000) -> CreditSummary:
+    def credit(self, chain: str | None = None, *, limit: int = 1000, group: int = 100) -> CreditSummary:
+        """Screen and book final observations. Up to `group` deposits share one database commit
+        (one fsync, one pass over the pool account's lock), each inside its own savepoint: a deposit
+        that fails is rolled back alone, logged, and retried on the next run."""
         with self.engine.connect() as c:
             ids = c.execute(
                 text("SELECT id FROM deposit_observation WHERE state = 'final' AND (CAST(:c AS text) IS NULL OR chain = :c) "
                      "ORDER BY id LIMIT :l"), {"c": chain, "l": limit},
             ).scalars().all()
         counts = {"credited": 0, "quarantined": 0, "dust": 0}
-        for obs_id in ids:
-            outcome = self._credit_one(obs_id)
-            if outcome:
-                counts[outcome] += 1
+        for start in range(0, len(ids), group):
+            with self.engine.begin() as c:
+                for obs_id in ids[start:start + group]:
+                    try:
+                        with c.begin_nested():
+                            outcome = self._credit_one(obs_id, c)
+                    except Exception:  # noqa: BLE001 - one bad deposit must not hold up the others
+                        log.exception("deposit %s not booked this run; it stays final and is retried", obs_id)
+                        continue
+                    if outcome:
+                        counts[outcome] += 1
         return CreditSummary(**counts)
 
-    def _credit_one(self, obs_id: int) -> str | None:
-        with self.engine.begin() as c:
-            row = c.execute(text(f"{_OBS_SQL} WHERE id = :i FOR UPDATE"), {"i": obs_id}).one()
-            if row.state != "final":
-                return None  # another worker got here first
-            screen = self.screen(c, row)
-            pool = self.wallets.location_account(row.chain, "deposit", row.asset, conn=c)
-            amount = int(row.amount)
-            if screen.hit:
-                target, to_account, kind = "quarantined", self.wallets.firm_account("quarantine", row.asset, conn=c), "deposit_quarantine"
-            elif amount < self.wallets.chain_asset(row.asset, conn=c).dust_minimum:
-                target, to_account, kind = "dust", self.wallets.firm_account("dust", row.asset, conn=c), "deposit_dust"
-            else:
-                target, to_account, kind = "credited", row.account_id, "deposit"
-            key = _deposit_key(row) if target == "credited" else f"{_deposit_key(row)}:{target}"
-            tx = self.ledger.post(key, [Transfer(pool, to_account, amount)], kind=kind,
-                                  metadata={"observation_id": row.id, "txid": row.txid, "index": row.output_index}, conn=c)
-            advance(c, "deposit_observation", row.id, "final", target, journal_transaction_id=tx.transaction_id,
-                    screening=_json({"hit": screen.hit, "reasons": list(screen.reasons)}))
-            emit(c, f"deposit.{target}", f"deposit.{target}:{row.id}", _event(row, tx.transaction_id))
-            if target != "credited":
-                log.warning("deposit %s %s:%d %s (%s)", row.id, row.txid, row.output_index, target, ", ".join(screen.reasons) or "below dust minimum")
-            return target
+    def _credit_one(self, obs_id: int, c: Connection) -> str | None:
+        row = c.execute(text(f"{_OBS_SQL} WHERE id = :i FOR UPDATE"), {"i": obs_id}).one()
+        if row.state != "final":
+            return None  # another worker got here first
+        screen = self.screen(c, row)
+        pool = self.wallets.location_account(row.chain, "deposit", row.asset, conn=c)
+        amount = int(row.amount)
+        if screen.hit:
+            target, to_account, kind = "quarantined", self.wallets.firm_account("quarantine", row.asset, conn=c), "deposit_quarantine"
+        elif amount < self.wallets.chain_asset(row.asset, conn=c).dust_minimum:
+            target, to_account, kind = "dust", self.wallets.firm_account("dust", row.asset, conn=c), "deposit_dust"
+        else:
+            target, to_account, kind = "credited", row.account_id, "deposit"
+        key = _deposit_key(row) if target == "credited" else f"{_deposit_key(row)}:{target}"
+        tx = self.ledger.post(key, [Transfer(pool, to_account, amount)], kind=kind,
+                              metadata={"observation_id": row.id, "txid": row.txid, "index": row.output_index}, conn=c)
+        advance(c, "deposit_observation", row.id, "final", target, journal_transaction_id=tx.transaction_id,
+                screening=_json({"hit": screen.hit, "reasons": list(screen.reasons)}))
+        emit(c, f"deposit.{target}", f"deposit.{target}:{row.id}", _event(row, tx.transaction_id))
+        if target != "credited":
+            log.warning("deposit %s %s:%d %s (%s)", row.id, row.txid, row.output_index, target, ", ".join(screen.reasons) or "below dust minimum")
+        return target
 
     def screen(self, c: Connection, row) -> ScreenResult:
         """The compliance screen: our denylist (receiving address and senders), then the external hook."""

@@ -128,8 +128,11 @@ class Wallets:
         return self._open(f"customer:{owner}:{asset}", asset, AccountKind.customer, conn, owner=owner)
 
     def _open(self, name: str, asset: str, kind: AccountKind, conn: Connection | None, owner: str | None = None) -> int:
+        """The account's id, opening it on first use. It is opened in its own committed transaction
+        (idempotent by name), never inside the caller's, so the id cached here can never belong to
+        an account that a rolled-back caller took with it. `conn` is accepted for symmetry only."""
         if name not in self._account_ids:
-            self._account_ids[name] = self.ledger.open_account(asset, kind, name, owner=owner, conn=conn).id
+            self._account_ids[name] = self.ledger.open_account(asset, kind, name, owner=owner).id
         return self._account_ids[name]
 
     # ---- deposit addresses ----------------------------------------------------------------
