@@ -29,6 +29,7 @@ from typing import Callable, Iterable, Mapping
 from sqlalchemy import Connection, Engine, text
 
 from chain_adapters.base import BlockRef, ChainAdapter, Observation, Watch
+from chain_adapters.errors import ReorgTooDeep
 from custody.controls import audit, emit, open_incident
 from custody.states import advance
 from custody.wallets import Wallets
@@ -98,7 +99,15 @@ class Deposits:
         cursor = self.cursor(chain) or self.start_cursor(chain)
         watched = self.wallets.watched(chain)
         tokens = {a.contract_address: a.asset for a in self.wallets.chain_assets(chain) if a.contract_address}
-        result = adapter.scan(cursor, Watch(frozenset(watched), tokens), max_blocks=max_blocks)
+        try:
+            result = adapter.scan(cursor, Watch(frozenset(watched), tokens), max_blocks=max_blocks)
+        except ReorgTooDeep as exc:
+            # The node no longer has our cursor's chain and the adapter cannot find the fork point:
+            # nothing is safe to credit until an operator has looked (critical: the kill switch).
+            with self.engine.begin() as c:
+                open_incident(c, "chain_reorg_unresolved", f"reorg_unresolved:{chain}:{cursor.hash}",
+                              {"chain": chain, "cursor": [cursor.height, cursor.hash], "error": str(exc)})
+            return ScanSummary(chain, 0, 0, 0, 1, cursor)
         orphaned = deep = recorded = 0
         with self.engine.begin() as c:
             moved = c.execute(
