@@ -98,7 +98,12 @@ def validate_place(cmd: Place, market: Market, fees: FeeSchedule) -> ErrorCode |
             and type(cmd.qty) is int and cmd.qty > 0 and type(cmd.price) is int and cmd.price > 0
             and cmd.fee_tier in fees.tiers
             and cmd.price * cmd.qty * market.quote_per_tick_lot >= market.min_notional):
-        return None  # the common plain limit order passes every check below; say so at once
+        return None  # the common plain limit order passes every check: say so at once
+    return first_failure(cmd, market, fees)
+
+
+def first_failure(cmd: Place, market: Market, fees: FeeSchedule) -> ErrorCode | None:
+    """`validate_place` without its shortcut: every check, in the order of the code table."""
     budgeted = uses_budget(cmd.side, cmd.order_type)
     priced = cmd.order_type in _LIMIT_PRICED
     tif = cmd.tif or default_tif(cmd.order_type)
