@@ -108,3 +108,31 @@ def test_bitcoin_reorg_deeper_than_finality(custody, customer, bitcoind, engine,
     assert_equal(ledger.balance(acct).posted, amount)
     with engine.begin() as c:  # an operator closes the incident and releases the switch
         set_kill_switch(c, False, "test: explained", "operator-test")
+
+
+def test_unresolvable_reorg_opens_incident(custody, customer, anvil, engine, ledger, signer_keys, log):
+    """A restarted scanner (fresh adapter memory) whose cursor block anvil has forgotten cannot
+    find the fork point: a critical incident, the kill switch, and no credit."""
+    from chain_adapters.ethereum import EthereumAdapter
+    from custody.container import Container
+
+    acct = customer("ETH")
+    addr = custody.wallets.issue_address(f"addr:{acct}", acct).address
+    anvil.fund(addr, 10**18)
+    custody.deposits.run_once(["ethereum"])
+    anvil.call("anvil_reorg", 1, [])
+    fresh = Container(settings=custody.settings, engine=engine, ledger=custody.ledger)
+    fresh.with_chains({"bitcoin": custody.adapters["bitcoin"],
+                       "ethereum": EthereumAdapter(anvil.rpc_url, network="regtest", tokens=custody.adapters["ethereum"].tokens)})
+    summary = fresh.deposits.scan("ethereum")
+    assert_equal(summary.deep_reorg_incidents, 1)
+    with engine.connect() as c:
+        kind = c.execute(text("SELECT kind FROM incident ORDER BY id DESC LIMIT 1")).scalar_one()
+    assert_equal(kind, "chain_reorg_unresolved")
+    assert kill_switch(engine).engaged
+    log.info("the original scanner still remembers the abandoned block: it resolves the reorg")
+    custody.deposits.run_once(["ethereum"])
+    assert_equal(only_deposit(custody, acct)["state"], "orphaned")
+    assert_equal(ledger.balance(acct).posted, 0)
+    with engine.begin() as c:
+        set_kill_switch(c, False, "test: explained", "op-test")
