@@ -114,10 +114,11 @@ class Book:
         else:
             queue[order.order_id] = order
 
-    def remove(self, order: Order) -> None:
-        """Take `order` off the book; drop its level if that was the level's last order."""
+    def remove(self, order: Order, resting_price: int | None = None) -> None:
+        """Take `order` off the book; drop its level if that was the level's last order.
+        `resting_price` is where it rests when its `price` has already been changed."""
         side = self.bids if order.side is _BUY else self.asks
-        key = order.price * side.sign
+        key = (order.price if resting_price is None else resting_price) * side.sign
         queues = side.queues
         queue = queues[key]
         del queue[order.order_id]
@@ -128,6 +129,35 @@ class Book:
                 keys.pop()
             else:
                 del keys[bisect_left(keys, key)]
+
+    def move(self, order: Order, old_price: int) -> None:
+        """`order`, resting at `old_price`, now has its new price: take it off its old level and
+        append it at the back of the new one (the same level too loses its place)."""
+        side = self.bids if order.side is _BUY else self.asks
+        sign, queues, order_id = side.sign, side.queues, order.order_id
+        key = old_price * sign
+        queue = queues[key]
+        del queue[order_id]
+        new_key = order.price * sign
+        if new_key == key:
+            queue[order_id] = order
+            return
+        keys = side.keys
+        if not queue:
+            del queues[key]
+            if keys[-1] == key:
+                keys.pop()
+            else:
+                del keys[bisect_left(keys, key)]
+        queue = queues.get(new_key)
+        if queue is None:
+            queues[new_key] = {order_id: order}
+            if not keys or new_key > keys[-1]:
+                keys.append(new_key)
+            else:
+                insort(keys, new_key)
+        else:
+            queue[order_id] = order
 
     def requeue(self, order: Order) -> None:
         """Move `order` to the back of its level (it loses time priority)."""

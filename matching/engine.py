@@ -259,7 +259,7 @@ class Engine:
         """A resting order takes a new price or a larger size: it leaves the book and re-enters
         at the back of its level, matching first if it now crosses."""
         book = self.book
-        book.remove(order)
+        old_price = order.price
         if cmd.qty is not None:
             order.remaining = cmd.qty - order.filled - order.decremented
             order.qty = cmd.qty
@@ -269,10 +269,14 @@ class Engine:
         self._events.append(make(OrderAmended, (self._seq, order.order_id, order.account,
                                                 order.qty, order.price, order.stop_price,
                                                 order.remaining, False, asset, amount)))
+        # Its own side does not change what it meets on the other, so ask before it moves.
         if book.would_cross(order.side, order.price):
+            book.remove(order, old_price)
             self._match(order)
-        else:
-            self._rest_unmatched(order)  # back at the end of its (new) level
+        else:  # same as _rest_unmatched: a resting order is a GTC limit with open quantity
+            remaining = order.remaining
+            order.visible = min(order.display_qty or remaining, remaining)
+            book.move(order, old_price)
 
     # -- entering and matching ------------------------------------------------------------
 

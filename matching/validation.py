@@ -14,6 +14,7 @@ from matching.model import (ActivateTriggered, Amend, Cancel, Command, Market, O
 from matching.stp import StpPolicy
 
 _LIMIT_PRICED = (OrderType.limit, OrderType.stop_limit)
+_GTC, _IOC = TimeInForce.gtc, TimeInForce.ioc
 _STOPS = (OrderType.stop, OrderType.stop_limit)
 
 
@@ -79,7 +80,7 @@ def is_positive_int(value: object) -> bool:
 
 def default_tif(order_type: OrderType) -> TimeInForce:
     """GTC for orders with a limit price; IOC for market orders, which never rest."""
-    return TimeInForce.gtc if order_type in _LIMIT_PRICED else TimeInForce.ioc
+    return _GTC if order_type in _LIMIT_PRICED else _IOC
 
 
 def uses_budget(side: Side, order_type: OrderType) -> bool:
