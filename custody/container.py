@@ -26,6 +26,7 @@ class Container:
     trading: Any = None  # custody.trading.Trading, attached by custody.trading.attach()
     withdrawals: Any = None  # custody.withdrawals.Withdrawals, with chains and a signer
     payouts: Any = None  # custody.payouts.Payouts
+    reconciliation: Any = None  # custody.reconciliation.Reconciliation (bitcoin)
 
     def __post_init__(self) -> None:
         if self.wallets is None:
@@ -49,6 +50,11 @@ class Container:
             signer = Signer(self.engine, signer_keys, bitcoin_network=bitcoin_network)
             config = payout_config or PayoutConfig(bitcoin_network=bitcoin_network)
             self.payouts = Payouts(self.engine, self.ledger, self.wallets, self.adapters, signer, config)
+        if "bitcoin" in self.adapters:
+            from custody.reconciliation import Reconciliation
+
+            self.reconciliation = Reconciliation(self.engine, self.ledger, self.wallets, self.adapters["bitcoin"],
+                                                 network=bitcoin_network)
         return self
 
 

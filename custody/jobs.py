@@ -7,6 +7,7 @@ method that tests and the demo call directly, so time is driven deterministicall
 | payouts | sync hot wallet, batch, sign, broadcast, track, bump fees | 3 s |
 | expire-holds | Ledger.expire_holds() | 10 s |
 | outbox | OutboxDispatcher.dispatch() | 1 s |
+| reconcile | Reconciliation.run() (bitcoin: chain holdings = books + in transit, exactly) | 60 s |
 | verify | verify_books(): Ledger.verify(); any failed check opens a critical incident (kill switch) | 60 s |
 
 Each job runs at most one instance at a time (a slow run is skipped, not stacked) and logs its
@@ -103,4 +104,6 @@ def build_scheduler(container: Container, *, sink: Callable[[str, dict], None] |
     scheduler.add_job(_guard("expire-holds", container.ledger.expire_holds), "interval", seconds=10 * scale, id="expire-holds")
     scheduler.add_job(_guard("outbox", dispatcher.dispatch), "interval", seconds=1 * scale, id="outbox")
     scheduler.add_job(_guard("verify", lambda: verify_books(container)), "interval", seconds=60 * scale, id="verify")
+    if container.reconciliation is not None:
+        scheduler.add_job(_guard("reconcile", container.reconciliation.run), "interval", seconds=60 * scale, id="reconcile")
     return scheduler

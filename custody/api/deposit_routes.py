@@ -129,6 +129,15 @@ def incidents(c: ContainerDep, _: Auditor, open_only: bool = True) -> list[dict]
     return [dict(r._mapping) for r in rows]
 
 
+@router.post("/reconciliation")
+def reconcile(c: ContainerDep, _: Auditor) -> list[dict]:
+    """Run a reconciliation pass now (bitcoin locations) and answer its lines; a difference also
+    opens an incident and engages the kill switch."""
+    if c.reconciliation is None:
+        raise ApiError(503, "chains_not_configured", "no bitcoin adapter is configured on this service")
+    return [{**line.__dict__, "difference": line.difference} for line in c.reconciliation.run()]
+
+
 @router.get("/kill-switch")
 def get_kill_switch(c: ContainerDep, _: Reader) -> dict:
     ks = kill_switch(c.engine)

@@ -26,9 +26,10 @@ MAINNET_DEST = "bc1qw508d6qejxtdg4y5r3zarvary0c5xw7kv8f3t4"
 
 
 def credit(custody, acct: int, amount: int) -> None:
-    """Book a deposit credit directly (the deposit pipeline itself is covered by the deposit suites)."""
-    pool = custody.wallets.location_account("bitcoin", "deposit", "BTC")
-    custody.ledger.post(f"test-credit:{uuid.uuid4().hex}", [Transfer(pool, acct, amount)], kind="deposit")
+    """A treasury credit from equity (the deposit pipeline is covered by the deposit suites; taking
+    it from the deposit pool without coins would leave the books unreconciled)."""
+    equity = custody.wallets.firm_account("equity", "BTC")
+    custody.ledger.post(f"test-credit:{uuid.uuid4().hex}", [Transfer(equity, acct, amount)], kind="treasury_credit")
 
 
 @pytest.fixture
