@@ -61,6 +61,8 @@ class Reconciliation:
     def run(self, *, attempts: int = 3) -> list[Line]:
         """Reconcile every bitcoin location at one stable height; open an incident for any
         difference. Returns the lines compared (empty when the chain kept moving)."""
+        # opened (if new) before any snapshot is taken, so the snapshots can see them
+        self._accounts = {tier: self.wallets.location_account("bitcoin", tier, "BTC") for tier in ("deposit", "hot")}
         for _ in range(attempts):
             tip = self.bitcoin.tip()
             lines = [line for line in (self._deposit_addresses(tip.height), self._hot_wallet()) if line is not None]
@@ -79,11 +81,16 @@ class Reconciliation:
                      line.tier, line.asset, tip.height, line.on_chain, line.books, line.in_transit, line.difference)
         return lines
 
-    def _books(self, tier: str) -> int:
-        return -self.ledger.balance(self.wallets.location_account("bitcoin", tier, "BTC")).posted
+    def _books(self, tier: str, conn) -> int:
+        return -self.ledger.balance(self._accounts[tier], conn=conn).posted
+
+    def _snapshot(self):
+        """One REPEATABLE READ snapshot for every database figure of a line, so a job committing
+        in between cannot count a deposit both as unbooked and as booked."""
+        return self.engine.connect().execution_options(isolation_level="REPEATABLE READ")
 
     def _deposit_addresses(self, height: int) -> Line | None:
-        with self.engine.connect() as c:
+        with self._snapshot() as c, c.begin():
             cursor = c.execute(text("SELECT height FROM chain_cursor WHERE chain = 'bitcoin'")).scalar()
             if cursor != height:
                 log.info("reconciliation of deposit addresses skipped: scanner at %s, chain at %d", cursor, height)
@@ -91,20 +98,20 @@ class Reconciliation:
             addresses = c.execute(text("SELECT address FROM deposit_address WHERE chain = 'bitcoin'")).scalars().all()
             unbooked = c.execute(text("SELECT coalesce(sum(amount), 0) FROM deposit_observation WHERE chain = 'bitcoin' "
                                       "AND state IN ('seen', 'confirming', 'final')")).scalar_one()
-            books = self._books("deposit")
+            books = self._books("deposit", c)
         on_chain = sum(u.amount for u in self.bitcoin.unspent(addresses)) if addresses else 0
         return Line("bitcoin", "BTC", "deposit", on_chain, books, int(unbooked))
 
     def _hot_wallet(self) -> Line:
         from custody.addresses import derive_btc_address
 
-        with self.engine.connect() as c:
+        with self._snapshot() as c, c.begin():
             xpub = c.execute(text("SELECT xpub FROM wallet WHERE chain = 'bitcoin' AND tier = 'hot'")).scalar_one()
             batches = c.execute(text("SELECT id FROM withdrawal_batch WHERE chain = 'bitcoin'")).scalars().all()
             pending = c.execute(text(
                 "SELECT t.txid, t.raw, t.fee, (SELECT coalesce(sum(o.amount), 0) FROM batch_output o WHERE o.batch_id = t.batch_id) "
                 "AS paid FROM chain_transaction t WHERE t.chain = 'bitcoin' AND t.state IN ('signed', 'broadcast', 'confirmed')")).all()
-            books = self._books("hot")
+            books = self._books("hot", c)
         # Mined but not yet booked final: gone from the wallet on chain, still in flight in the books.
         leaving = sum(int(p.paid) + int(p.fee) for p in pending
                       if self.bitcoin.tx_status(p.txid, raw=bytes(p.raw)).state.value == "confirmed")

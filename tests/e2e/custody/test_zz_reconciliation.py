@@ -9,13 +9,18 @@ from sqlalchemy import text
 from custody.controls import kill_switch, set_kill_switch
 from ledger.model import Transfer
 from regtest.util import assert_equal
+from tests.e2e.custody.conftest import BTC_FINALITY
 
 
 def lines_by_tier(custody):
     return {line.tier: line for line in custody.reconciliation.run()}
 
 
-def test_books_reconcile_and_a_planted_difference_is_caught(custody, bitcoind, engine, ledger, log):
+def test_books_reconcile_and_a_planted_difference_is_caught(custody, customer, bitcoind, engine, ledger, log):
+    acct = customer("BTC")
+    bitcoind.fund(custody.wallets.issue_address(f"addr:{acct}", acct).address, 4_200_000)
+    bitcoind.fund(custody.payouts.hot_address("bitcoin"), 50_000_000)
+    bitcoind.mine(BTC_FINALITY)
     custody.deposits.run_once(["bitcoin"])
     custody.payouts.sync_hot_wallet()
     lines = lines_by_tier(custody)
