@@ -99,6 +99,12 @@ def _chain_demo(c: httpx.Client, op: httpx.Client, container: Container, chains,
              "(2 - 0.1 - 0.8 - 2 x 0.00005 quoted fee)", bal["posted"]["value"])
     if bal["posted"]["value"] != "1.09990000":
         raise DemoFailed(f"unexpected balance {bal}")
+    lines = _call(c, "POST", "/v1/reconciliation", 200)
+    for line in lines:
+        log.info("reconciliation: %s %s: chain %s = books %s + in transit %s (difference %s)", line["tier"], line["asset"],
+                 line["on_chain"], line["books"], line["in_transit"], line["difference"])
+    if any(line["difference"] != 0 for line in lines):
+        raise DemoFailed(f"reconciliation found a difference: {lines}")
     _matching_demo(c, run, owner)
     verify = _call(c, "GET", "/v1/verify", 200)
     if not verify["ok"]:
