@@ -344,8 +344,12 @@ class Engine:
         price = maker.price
         market, tiers = self.market, self.fees.tiers
         quote = price * qty * market.quote_per_tick_lot
-        maker_fee = self._charge(maker, quote, tiers[maker.fee_tier].maker_ppm)
-        taker_fee = self._charge(taker, quote, tiers[taker.fee_tier].taker_ppm)
+        maker_fee, maker.fee_num = fee_increment(maker.fee_num, quote,
+                                                 tiers[maker.fee_tier].maker_ppm)
+        taker_fee, taker.fee_num = fee_increment(taker.fee_num, quote,
+                                                 tiers[taker.fee_tier].taker_ppm)
+        maker.fees_paid += maker_fee
+        taker.fees_paid += taker_fee
         maker.filled += qty
         maker.quote_traded += quote
         maker.remaining -= qty  # a resting maker always has a quantity
@@ -365,11 +369,6 @@ class Engine:
             self._close(taker, _FILLED, CloseReason.filled)
         else:
             self._move(taker, _PARTIAL)
-
-    def _charge(self, order: Order, quote: int, rate_ppm: int) -> int:
-        fee, order.fee_num = fee_increment(order.fee_num, quote, rate_ppm)
-        order.fees_paid += fee
-        return fee
 
     def _after_maker_fill(self, maker: Order) -> None:
         if maker.remaining == 0:

@@ -100,8 +100,9 @@ class Sequencer:
     def _existing(self, command: Command) -> OrderExists | None:
         if not isinstance(command, Place):
             return None
-        order = self.engine.order_by_client_id(command.account, command.client_order_id)
-        if order is None:
+        order_id = self.engine.by_client.get((command.account, command.client_order_id))
+        if order_id is None:
             return None
+        order = self.engine.orders[order_id]
         return OrderExists(self.engine.last_seq, order.order_id, order.account,
                            order.client_order_id, order.state)
