@@ -386,6 +386,10 @@ class Payouts:
     # ---- broadcast ------------------------------------------------------------------------
 
     def broadcast(self) -> int:
+        """Send every stored signed version. Nothing new leaves while the kill switch is on (a signed
+        transaction waits; one already broadcast is still tracked and may be re-sent as it was)."""
+        if kill_switch(self.engine).engaged:
+            return 0
         with self.engine.connect() as c:
             rows = c.execute(text("SELECT id, batch_id, chain, txid, raw FROM chain_transaction WHERE state = 'signed' ORDER BY id")).all()
         sent = 0

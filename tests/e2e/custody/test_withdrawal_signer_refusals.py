@@ -78,6 +78,13 @@ def test_signer_refusals(custody, customer, bitcoind, engine, ledger, log):
     second = w.request(client_withdrawal_id="refuse-2", account_id=b, amount=2_000_000, destination=dest, requested_by="backend")
     assert p.batch_bitcoin() not in (None, batch)
     [txid] = p.sign_open_batches()
+    log.info("signed, then the kill switch goes on: nothing is broadcast until it is released")
+    with engine.begin() as c:
+        set_kill_switch(c, True, "test: halt after signing", "op-test")
+    assert_equal(p.broadcast(), 0)
+    assert txid not in bitcoind.rpc("getrawmempool")
+    with engine.begin() as c:
+        set_kill_switch(c, False, "test: released", "op-test")
     assert_equal(p.broadcast(), 1)
     bitcoind.mine(BTC_FINALITY)
     p.track()
