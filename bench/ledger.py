@@ -10,8 +10,11 @@ service does. Cases:
 - single: one transfer per database transaction, 50 accounts, 1 / 4 / 16 workers;
 - batch: linked batches of 100 and 1,000 transfers per transaction;
 - hot: every posting also pays a fee leg into one shared fee account (16 workers);
-- contention: only 10 accounts (16 workers).
-Ratios are computed from figures measured in the same run.
+- contention: only 10 accounts (16 workers);
+- baseline: a bare one-row INSERT + COMMIT per transaction with 16 clients, raw psycopg and through
+  the ledger's own SQLAlchemy path, to show this machine's commit (fsync) ceiling beside the ledger.
+Ratios are computed from figures measured in the same run; the load average is printed before and
+after, since other work on a shared machine moves every figure.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ from custody.settings import Settings  # noqa: E402
 from ledger.errors import LedgerError  # noqa: E402
 from ledger.model import AccountKind, Transfer  # noqa: E402
 from ledger.service import Ledger  # noqa: E402
+from sqlalchemy import text  # noqa: E402
 
 FUNDING = 10**15
 
@@ -45,6 +49,30 @@ def setup_accounts(ledger: Ledger, run: str, n: int) -> tuple[list[int], int]:
         ledger.transfer(f"{run}:fund:{i}", pool.id, acc.id, FUNDING)
         ids.append(acc.id)
     return ids, fee.id
+
+
+def bare_worker(url: str, raw: bool, seconds: float, start, out) -> None:
+    """One-row INSERT + COMMIT per transaction: the ceiling any durable posting path runs under."""
+    if raw:
+        import psycopg
+
+        conn = psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True)
+        insert = lambda n: conn.execute("INSERT INTO bench_bare (v) VALUES (%s)", (n,))  # noqa: E731
+    else:
+        # The ledger's own path for a one-statement command: a pooled connection (with the
+        # service's pre-ping) in autocommit, so the statement commits as it ends.
+        ledger = Ledger(make_engine(url, pool_size=1))
+
+        def insert(n: int) -> None:
+            with ledger._one(None) as c:
+                c.execute(text("INSERT INTO bench_bare (v) VALUES (:v)"), {"v": n})
+    start.wait()
+    n = 0
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        insert(n)
+        n += 1
+    out.put(n)
 
 
 def worker(url: str, accounts: list[int], fee: int, batch: int, hot: bool, seconds: float,
@@ -73,12 +101,13 @@ def worker(url: str, accounts: list[int], fee: int, batch: int, hot: bool, secon
 
 
 def run_case(url: str, accounts: list[int], fee: int, *, workers: int, batch: int = 1,
-             hot: bool = False, seconds: float) -> float:
+             hot: bool = False, seconds: float, bare: str | None = None) -> float:
     ctx = mp.get_context("fork")
     start = ctx.Barrier(workers + 1)
     out = ctx.Queue()
     tag = uuid.uuid4().hex[:8]
     procs = [
+        ctx.Process(target=bare_worker, args=(url, bare == "raw", seconds, start, out)) if bare else
         ctx.Process(target=worker, args=(url, accounts, fee, batch, hot, seconds, f"{tag}:{w}", start, out))
         for w in range(workers)
     ]
@@ -107,30 +136,51 @@ def main() -> None:
         run = uuid.uuid4().hex[:8]
         fifty, fee = setup_accounts(ledger, f"{run}:50", 50)
         ten, fee10 = setup_accounts(ledger, f"{run}:10", 10)
+        with engine.begin() as c:
+            c.execute(text("CREATE TABLE bench_bare (id bigserial PRIMARY KEY, v bigint NOT NULL)"))
         engine.dispose()
         s = args.seconds
         print(f"ledger benchmark: {s:g}s per case, {os.cpu_count()} cores, server {url.split('@')[-1]}")
-        results = {}
+        print(f"  load average before: {_load()}", flush=True)
+        r = {}
+
+        def show(name: str, label: str, value: float, extra: str = "") -> None:
+            r[name] = value
+            print(f"  {label:<58}{value:9,.0f} {extra}", flush=True)
+
         for w in (1, 4, 16):
-            results[f"single_{w}"] = run_case(url, fifty, fee, workers=w, seconds=s)
-            print(f"  one transfer per transaction, 50 accounts, {w:2d} workers: {results[f'single_{w}']:9,.0f} transfers/s", flush=True)
+            show(f"single_{w}", f"one transfer per transaction, 50 accounts, {w:2d} workers:",
+                 run_case(url, fifty, fee, workers=w, seconds=s), "transfers/s")
         for b, w in ((100, 4), (1000, 2)):
-            results[f"batch_{b}"] = run_case(url, fifty, fee, workers=w, batch=b, seconds=s)
-            print(f"  linked batches of {b:5d}, {w} workers:                  {results[f'batch_{b}']:9,.0f} transfers/s", flush=True)
-        results["hot_16"] = run_case(url, fifty, fee, workers=16, hot=True, seconds=s)
-        print(f"  hot fee account in every posting, 16 workers:          {results['hot_16']:9,.0f} transfers/s "
-              f"({results['hot_16'] / 2:,.0f} postings/s)", flush=True)
-        results["ten_16"] = run_case(url, ten, fee10, workers=16, seconds=s)
-        print(f"  contention: 10 accounts, 16 workers:                   {results['ten_16']:9,.0f} transfers/s", flush=True)
-        base = results["single_16"]
+            show(f"batch_{b}", f"linked batches of {b:5d}, {w} workers:",
+                 run_case(url, fifty, fee, workers=w, batch=b, seconds=s), "transfers/s")
+        hot = run_case(url, fifty, fee, workers=16, hot=True, seconds=s)
+        show("hot_16", "hot fee account in every posting, 16 workers:", hot / 2,
+             f"postings/s ({hot:,.0f} transfers/s)")
+        show("ten_16", "contention: 10 accounts, 16 workers:", run_case(url, ten, fee10, workers=16, seconds=s),
+             "transfers/s")
+        show("bare_raw", "baseline: bare INSERT+COMMIT, raw psycopg, 16 clients:",
+             run_case(url, [], 0, workers=16, seconds=s, bare="raw"), "commits/s")
+        show("bare_sa", "baseline: bare INSERT+COMMIT, ledger's SQLAlchemy path, 16 clients:",
+             run_case(url, [], 0, workers=16, seconds=s, bare="sa"), "commits/s")
+        print(f"  load average after:  {_load()}")
+        base = r["single_16"]
         print("ratios (same run):")
-        print(f"  hot-account postings/s / normal postings/s (16 workers): {results['hot_16'] / 2 / base:.2f}  (target >= 0.5)")
-        print(f"  10-account / 50-account (16 workers):                    {results['ten_16'] / base:.2f}  (target >= 0.5)")
-        print("targets: >= 3,000 transfers/s with 16 workers one per transaction; >= 20,000 transfers/s in batches of 1,000")
+        print(f"  hot-account postings/s / normal postings/s (16 workers): {r['hot_16'] / base:.2f}  (target >= 0.5)")
+        print(f"  10-account / 50-account (16 workers):                    {r['ten_16'] / base:.2f}  (target >= 0.5)")
+        print(f"  16-worker postings / bare INSERT+COMMIT (raw):           {base / r['bare_raw']:.2f}")
+        print(f"  16-worker postings / bare INSERT+COMMIT (SQLAlchemy):    {base / r['bare_sa']:.2f}")
+        print("targets: >= 3,000 transfers/s with 16 workers one per transaction "
+              f"({'met' if base >= 3000 else 'NOT met'}); >= 20,000 transfers/s in batches of 1,000 "
+              f"({'met' if r['batch_1000'] >= 20000 else 'NOT met'})")
         Ledger(make_engine(url)).assert_verified()
         print("ledger verified after the benchmark")
     finally:
         drop_database(url)
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 if __name__ == "__main__":

@@ -66,6 +66,24 @@ class Ledger:
         with self.engine.begin() as own:
             yield own
 
+    @contextlib.contextmanager
+    def _one(self, conn: Connection | None) -> Iterator[Connection]:
+        """For a command that is one SQL statement: without a caller's `conn`, run it in autocommit
+        so the server commits as the statement ends. That saves the BEGIN and COMMIT round trips
+        (half the round trips of a posting) and is just as atomic and durable: the result reaches
+        the caller only after the commit (and its WAL flush) has succeeded."""
+        if conn is not None:
+            yield conn
+            return
+        with self.engine.connect() as own:
+            raw = own.connection.driver_connection
+            raw.autocommit = True
+            try:
+                yield own
+            finally:
+                if not raw.closed:
+                    raw.autocommit = False
+
     # ---- reference data -------------------------------------------------------------------
 
     def create_asset(self, code: str, decimals: int, *, conn: Connection | None = None) -> Asset:
@@ -87,14 +105,14 @@ class Ledger:
         return existing
 
     def get_asset(self, code: str, *, conn: Connection | None = None) -> Asset:
-        with self._tx(conn) as c:
+        with self._one(conn) as c:
             row = c.execute(text("SELECT code, decimals FROM asset WHERE code = :c"), {"c": code}).first()
         if row is None:
             raise LedgerError(ErrorCode.asset_not_found, f"no asset {code!r}")
         return Asset(row.code, row.decimals)
 
     def list_assets(self, *, conn: Connection | None = None) -> list[Asset]:
-        with self._tx(conn) as c:
+        with self._one(conn) as c:
             rows = c.execute(text("SELECT code, decimals FROM asset ORDER BY code")).all()
         return [Asset(r.code, r.decimals) for r in rows]
 
@@ -152,14 +170,14 @@ class Ledger:
         return existing
 
     def get_account(self, account_id: int, *, conn: Connection | None = None) -> Account:
-        with self._tx(conn) as c:
+        with self._one(conn) as c:
             row = c.execute(text(f"{_ACCOUNT_SQL} WHERE id = :i"), {"i": account_id}).first()
         if row is None:
             raise LedgerError(ErrorCode.account_not_found, f"no account {account_id}")
         return _account(row)
 
     def account_by_name(self, name: str, *, conn: Connection | None = None) -> Account:
-        with self._tx(conn) as c:
+        with self._one(conn) as c:
             row = c.execute(text(f"{_ACCOUNT_SQL} WHERE name = :n"), {"n": name}).first()
         if row is None:
             raise LedgerError(ErrorCode.account_not_found, f"no account named {name!r}")
@@ -201,7 +219,7 @@ class Ledger:
         _require_key(key)
         validate_transfers(transfers)
         digest = content_hash(kind, transfers, {"metadata": metadata or {}, "reverses": _reverses})
-        with self._tx(conn) as c:
+        with self._one(conn) as c:
             row = c.execute(
                 _POST_SQL,
                 {
@@ -242,7 +260,7 @@ class Ledger:
 
     def transaction_transfers(self, transaction_id: int, *, conn: Connection | None = None) -> list[Transfer]:
         """Reconstruct the transfers of a posted transaction (pairs of consecutive entries)."""
-        with self._tx(conn) as c:
+        with self._one(conn) as c:
             rows = c.execute(
                 text("SELECT account_id, amount, hold_id FROM journal_entry WHERE transaction_id = :t ORDER BY id"),
                 {"t": transaction_id},
@@ -275,7 +293,7 @@ class Ledger:
         if expires_at is not None and expires_at.tzinfo is None:
             raise LedgerError(ErrorCode.invalid_request, "expires_at must be timezone-aware")
         digest = _digest([account_id, str(amount), owner, reference, expires_at and expires_at.isoformat()])
-        with self._tx(conn) as c:
+        with self._one(conn) as c:
             row = c.execute(
                 _PLACE_HOLD_SQL,
                 {"k": key, "h": digest, "a": account_id, "m": amount, "o": owner, "r": reference, "e": expires_at},
@@ -289,7 +307,7 @@ class Ledger:
         raise LedgerError(ErrorCode(row.status), available=_int(row.available), amount=amount)
 
     def get_hold(self, hold_id: int, *, conn: Connection | None = None) -> Hold:
-        with self._tx(conn) as c:
+        with self._one(conn) as c:
             row = c.execute(text(f"{_HOLD_SQL} WHERE id = :i"), {"i": hold_id}).first()
         if row is None:
             raise LedgerError(ErrorCode.hold_not_found, f"no hold {hold_id}")
@@ -354,7 +372,7 @@ class Ledger:
         now: dt.datetime | None = None,
         conn: Connection | None = None,
     ) -> Hold:
-        with self._tx(conn) as c:
+        with self._one(conn) as c:
             row = c.execute(_RESOLVE_HOLD_SQL, {"i": hold_id, "s": state.value, "o": owner, "now": now}).one()
         if row.status == "created" or row.status == "exists":
             return _hold(row)
@@ -369,7 +387,7 @@ class Ledger:
     # ---- reads ----------------------------------------------------------------------------
 
     def balance(self, account_id: int, *, conn: Connection | None = None) -> Balance:
-        with self._tx(conn) as c:
+        with self._one(conn) as c:
             row = c.execute(_BALANCE_SQL, {"i": account_id}).first()
         if row is None:
             raise LedgerError(ErrorCode.account_not_found, f"no account {account_id}")
@@ -419,7 +437,7 @@ class Ledger:
 
     def totals(self, *, conn: Connection | None = None) -> dict[str, int]:
         """Sum of all posted balances per asset. Double entry makes every one of them zero."""
-        with self._tx(conn) as c:
+        with self._one(conn) as c:
             rows = c.execute(
                 text(
                     "SELECT a.code, coalesce(sum(b.posted), 0) AS total FROM asset a "

@@ -5,7 +5,9 @@ keys carry a random prefix, and the outside world (an equity account) funds what
 """
 from __future__ import annotations
 
+import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 import pytest
@@ -62,3 +64,20 @@ def journal_size(ledger: Ledger) -> tuple[int, int]:
         return tuple(c.execute(text(
             "SELECT (SELECT count(*) FROM journal_transaction), (SELECT count(*) FROM journal_entry)"
         )).one())
+
+
+def race(n: int, work: Callable[[int], object]) -> list[object]:
+    """Run work(0..n-1) on n threads released together. Returns each result, or the LedgerError it
+    raised; any other exception fails the test. Each ledger call takes its own pooled connection,
+    so the races happen in PostgreSQL, not in Python."""
+    barrier = threading.Barrier(n, timeout=30)
+
+    def run(i: int) -> object:
+        barrier.wait()
+        try:
+            return work(i)
+        except LedgerError as err:
+            return err
+
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        return [f.result(timeout=120) for f in [pool.submit(run, i) for i in range(n)]]

@@ -7,15 +7,12 @@ releases the workers together.
 from __future__ import annotations
 
 import random
-import threading
-from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
 
 import pytest
 
 from ledger.errors import ErrorCode, LedgerError
 from ledger.model import AccountKind, HoldState, Transfer
-from tests.integration.ledger_helpers import Book, failed_checks
+from tests.integration.ledger_helpers import Book, failed_checks, race
 
 WORKERS = 16
 OWNER = "withdrawals"
@@ -24,22 +21,6 @@ OWNER = "withdrawals"
 @pytest.fixture()
 def book(ledger) -> Book:
     return Book(ledger)
-
-
-def race(n: int, work: Callable[[int], object]) -> list[object]:
-    """Run work(0..n-1) on n threads released together. Returns each result, or the LedgerError it
-    raised; any other exception fails the test."""
-    barrier = threading.Barrier(n, timeout=30)
-
-    def run(i: int) -> object:
-        barrier.wait()
-        try:
-            return work(i)
-        except LedgerError as err:
-            return err
-
-    with ThreadPoolExecutor(max_workers=n) as pool:
-        return [f.result(timeout=120) for f in [pool.submit(run, i) for i in range(n)]]
 
 
 def _codes(results: list[object]) -> list[ErrorCode]:
