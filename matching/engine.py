@@ -17,10 +17,12 @@ Guarantees:
   money layer's `ActivateTriggered` / `RejectTriggered`, so its hold exists before it trades.
 
 Speed (issue 4 asks for hundreds of thousands of commands a second in pure Python): enum members
-are bound to module constants (an Enum class attribute lookup costs several global lookups),
-events are built as tuples (`events.make`), and a limit order that cannot cross skips the match
-plan (`_rest_unmatched` does exactly what `_match` does with an empty plan; a unit test runs
-streams both ways and compares every event).
+are bound to module constants (an Enum class attribute lookup costs several global lookups);
+events are built as tuples (`events.make`); cancels and amends find their order in `live`, the
+open orders only; the `Sequencer` names the command it has already shape-checked
+(`shape_checked`) so it is not checked twice; and a limit order that cannot cross skips the match
+plan: `_rest_unmatched` for a new order and `Book.move` for a moved one do exactly what `_match`
+does with an empty plan (a unit test runs streams both ways and compares every event).
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ from matching.events import (CloseReason, Event, Fill, OrderAccepted, OrderAmend
 from matching.fees import FeeSchedule, fee_increment
 from matching.holds import hold_captured, hold_requirement, order_hold
 from matching.model import (ActivateTriggered, Amend, Cancel, Command, Market, Order, OrderType,
-                            Place, RejectTriggered, Side, TimeInForce)
+                            Place, RejectTriggered, TimeInForce)
 from matching.states import OPEN, TERMINAL, OrderState, transition
 from matching.stops import StopBook
 from matching.stp import DEFAULT_POLICY, StpPolicy
@@ -44,7 +46,6 @@ _RECEIVED, _PENDING_NEW, _WORKING, _PARTIAL = (S.received, S.pending_new, S.work
                                               S.partially_filled)
 _FILLED, _CANCELLED, _EXPIRED, _REJECTED, _UNTRIGGERED = (S.filled, S.cancelled, S.expired,
                                                           S.rejected, S.untriggered)
-_BUY, _SELL = Side.buy, Side.sell
 _LIMIT, _MARKET = OrderType.limit, OrderType.market
 _GTC, _FOK = TimeInForce.gtc, TimeInForce.fok
 _STOP_TYPES = (OrderType.stop, OrderType.stop_limit)

@@ -55,7 +55,7 @@ def _compile(specs: dict) -> object:
     return env["check_shape"]
 
 
-def _refuse(command: object) -> None:
+def _refuse(command: Command) -> None:
     """Raise `invalid_request` for a command that failed the shape check, naming the field."""
     spec = _SPECS.get(type(command))
     if spec is None:
