@@ -27,6 +27,7 @@ class Container:
     withdrawals: Any = None  # custody.withdrawals.Withdrawals, with chains and a signer
     payouts: Any = None  # custody.payouts.Payouts
     reconciliation: Any = None  # custody.reconciliation.Reconciliation (bitcoin)
+    sweeps: Any = None  # custody.sweeps.Sweeps (bitcoin, with a signer)
 
     def __post_init__(self) -> None:
         if self.wallets is None:
@@ -50,6 +51,13 @@ class Container:
             signer = Signer(self.engine, signer_keys, bitcoin_network=bitcoin_network)
             config = payout_config or PayoutConfig(bitcoin_network=bitcoin_network)
             self.payouts = Payouts(self.engine, self.ledger, self.wallets, self.adapters, signer, config)
+            if "bitcoin" in self.adapters:
+                from custody.addresses import derive_btc_address
+                from custody.sweeps import Sweeps
+
+                hot = derive_btc_address(signer_keys.account_xpub("bitcoin", "hot"), bitcoin_network, 0, 0)
+                self.sweeps = Sweeps(self.engine, self.ledger, self.wallets, self.adapters["bitcoin"], signer,
+                                     hot_address=hot, network=bitcoin_network)
         if "bitcoin" in self.adapters:
             from custody.reconciliation import Reconciliation
 

@@ -89,7 +89,8 @@ class Payouts:
         self.ledger.post(key, [Transfer(hot, equity, amount)], kind="hot_funding", conn=conn)
 
     def sync_hot_wallet(self) -> int:
-        """Record confirmed bitcoin hot-wallet coins we do not know yet; returns how many."""
+        """Record confirmed bitcoin hot-wallet coins we do not know yet; returns how many. A coin that
+        is neither change of our payouts nor the output of our sweeps is treasury funding."""
         adapter = self.adapters["bitcoin"]
         with self.engine.connect() as c:
             batches = c.execute(text("SELECT id FROM withdrawal_batch WHERE chain = 'bitcoin'")).scalars().all()
@@ -103,7 +104,8 @@ class Payouts:
                     text("INSERT INTO wallet_utxo (txid, vout, address, derivation_change, derivation_index, amount) "
                          "VALUES (:t, :v, :a, :c, :i, :m) ON CONFLICT (txid, vout) DO NOTHING RETURNING txid"),
                     {"t": u.txid, "v": u.index, "a": u.address, "c": change, "i": index, "m": u.amount}).first()
-                ours = c.execute(text("SELECT 1 FROM chain_transaction WHERE txid = :t"), {"t": u.txid}).first()
+                ours = c.execute(text("SELECT 1 FROM chain_transaction WHERE txid = :t UNION ALL "
+                                      "SELECT 1 FROM sweep WHERE txid = :t"), {"t": u.txid}).first()
                 if row is not None and ours is None:
                     self.book_hot_funding("bitcoin", "BTC", u.amount, f"hot-funding:bitcoin:{u.txid}:{u.index}", conn=c)
                 added += row is not None
@@ -182,11 +184,13 @@ class Payouts:
         return batch_id
 
     def _spendable_coins(self, c: Connection) -> list[BtcCoin]:
-        """Unreserved, unspent hot coins whose creating transaction is confirmed (external ones are)."""
+        """Unreserved, unspent hot coins whose creating transaction is confirmed (external ones are);
+        a swept coin only once its sweep is final (booked)."""
         rows = c.execute(text(
             "SELECT u.txid, u.vout, u.amount, u.derivation_change, u.derivation_index FROM wallet_utxo u "
-            "LEFT JOIN chain_transaction t ON t.txid = u.txid WHERE u.spent_by IS NULL AND u.reserved_by IS NULL "
-            "AND (t.id IS NULL OR t.state IN ('confirmed', 'final')) ORDER BY u.amount DESC FOR UPDATE OF u SKIP LOCKED")).all()
+            "LEFT JOIN chain_transaction t ON t.txid = u.txid LEFT JOIN sweep s ON s.txid = u.txid "
+            "WHERE u.spent_by IS NULL AND u.reserved_by IS NULL AND (t.id IS NULL OR t.state IN ('confirmed', 'final')) "
+            "AND (s.id IS NULL OR s.state = 'final') ORDER BY u.amount DESC FOR UPDATE OF u SKIP LOCKED")).all()
         return [BtcCoin(r.txid, r.vout, int(r.amount), r.derivation_change, r.derivation_index) for r in rows]
 
     def batch_ethereum(self) -> list[int]:

@@ -10,7 +10,9 @@ moments when chain and books legitimately disagree:
 - deposit addresses: outputs already in blocks but not yet booked (observations seen, confirming
   or final, awaiting the credit job) are on chain and not yet in the books (+);
 - hot wallet: batches mined but not yet final have left the wallet on chain while the books still
-  hold them in-flight until finality (- amounts - network fee).
+  hold them in-flight until finality (- amounts - network fee);
+- sweeps mined but not yet final: gone from deposit addresses (- amount) and arrived in the hot
+  wallet (+ amount - fee) on chain, booked only at finality.
 Any other difference opens a critical incident (which halts withdrawals) with the figures.
 
 Chain and books are read at one chain height: the node's tip must not move while a pass runs (it
@@ -99,8 +101,18 @@ class Reconciliation:
             unbooked = c.execute(text("SELECT coalesce(sum(amount), 0) FROM deposit_observation WHERE chain = 'bitcoin' "
                                       "AND state IN ('seen', 'confirming', 'final')")).scalar_one()
             books = self._books("deposit", c)
+            sweeps = self._pending_sweeps(c)
         on_chain = sum(u.amount for u in self.bitcoin.unspent(addresses)) if addresses else 0
-        return Line("bitcoin", "BTC", "deposit", on_chain, books, int(unbooked))
+        swept = sum(int(sw.amount) for sw in sweeps if self._mined(sw.txid, sw.raw))
+        return Line("bitcoin", "BTC", "deposit", on_chain, books, int(unbooked) - swept)
+
+    @staticmethod
+    def _pending_sweeps(c):
+        return c.execute(text("SELECT txid, raw, amount, fee FROM sweep WHERE chain = 'bitcoin' "
+                              "AND state IN ('signed', 'broadcast', 'confirmed')")).all()
+
+    def _mined(self, txid: str, raw) -> bool:
+        return self.bitcoin.tx_status(txid, raw=bytes(raw)).state.value == "confirmed"
 
     def _hot_wallet(self) -> Line:
         from custody.addresses import derive_btc_address
@@ -112,9 +124,10 @@ class Reconciliation:
                 "SELECT t.txid, t.raw, t.fee, (SELECT coalesce(sum(o.amount), 0) FROM batch_output o WHERE o.batch_id = t.batch_id) "
                 "AS paid FROM chain_transaction t WHERE t.chain = 'bitcoin' AND t.state IN ('signed', 'broadcast', 'confirmed')")).all()
             books = self._books("hot", c)
+            sweeps = self._pending_sweeps(c)
         # Mined but not yet booked final: gone from the wallet on chain, still in flight in the books.
-        leaving = sum(int(p.paid) + int(p.fee) for p in pending
-                      if self.bitcoin.tx_status(p.txid, raw=bytes(p.raw)).state.value == "confirmed")
+        leaving = sum(int(p.paid) + int(p.fee) for p in pending if self._mined(p.txid, p.raw))
+        arriving = sum(int(sw.amount) - int(sw.fee) for sw in sweeps if self._mined(sw.txid, sw.raw))
         addresses = [derive_btc_address(xpub, self.network, 0, 0)] + [derive_btc_address(xpub, self.network, 1, b) for b in batches]
         on_chain = sum(u.amount for u in self.bitcoin.unspent(addresses))
-        return Line("bitcoin", "BTC", "hot", on_chain, books, -leaving)
+        return Line("bitcoin", "BTC", "hot", on_chain, books, arriving - leaving)

@@ -62,11 +62,23 @@ CHAIN_TX_TRANSITIONS: Mapping[str, frozenset[str]] = {
     "dropped": frozenset(),
 }
 
+# A sweep moves booked deposit coins into the hot wallet; it is booked once final.
+SWEEP_TRANSITIONS: Mapping[str, frozenset[str]] = {
+    "open": frozenset({"signed", "abandoned"}),
+    "signed": frozenset({"broadcast"}),
+    "broadcast": frozenset({"confirmed", "dropped"}),
+    "confirmed": frozenset({"final", "broadcast"}),
+    "final": frozenset(),
+    "dropped": frozenset(),
+    "abandoned": frozenset(),
+}
+
 MACHINES: Mapping[str, tuple[str, Mapping[str, frozenset[str]]]] = {
     "deposit_observation": ("deposit_observation", DEPOSIT_TRANSITIONS),
     "withdrawal": ("withdrawal_request", WITHDRAWAL_TRANSITIONS),
     "batch": ("withdrawal_batch", BATCH_TRANSITIONS),
     "chain_transaction": ("chain_transaction", CHAIN_TX_TRANSITIONS),
+    "sweep": ("sweep", SWEEP_TRANSITIONS),
 }
 
 

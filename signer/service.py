@@ -161,6 +161,44 @@ class Signer:
             if r.hold_state not in ("captured", "released"):
                 raise SigningRefused(RefusalCode.hold_not_live, f"withdrawal {r.id}: the hold was never captured")
 
+    def sign_bitcoin_sweep(self, sweep_id: int, coins: Sequence[BtcCoin], destination: str, fee: int) -> SignedTx:
+        """Sign a sweep: deposit-address coins (deposit tier, `index` = derivation index) into our own
+        hot wallet. Checked first: the kill switch is off; every coin is a booked deposit reserved
+        for this sweep with the amount on record; the destination is the hot wallet's receive
+        address derived from the signer's own keys, so a sweep can pay nobody else."""
+        from bip_utils import Bip84, Bip84Coins, Bip44Changes
+
+        with self.engine.connect() as c:
+            try:
+                halted = c.execute(text("SELECT engaged FROM control_flag WHERE name = 'withdrawals_halted'")).scalar()
+                if halted:
+                    raise SigningRefused(RefusalCode.kill_switch_on, "withdrawals and sweeps are halted by the kill switch")
+                coin = Bip84Coins.BITCOIN_REGTEST if self.bitcoin_network == "regtest" else (
+                    Bip84Coins.BITCOIN_TESTNET if self.bitcoin_network == "testnet" else Bip84Coins.BITCOIN)
+                hot = Bip84.FromExtendedKey(self._keys.account_xpub("bitcoin", "hot"), coin)
+                expected = hot.Change(Bip44Changes.CHAIN_EXT).AddressIndex(0).PublicKey().ToAddress()
+                if destination != expected:
+                    raise SigningRefused(RefusalCode.output_mismatch, "a sweep pays only the hot wallet's receive address")
+                rows = {(r.txid, r.output_index): r for r in c.execute(text(
+                    "SELECT o.txid, o.output_index, o.amount, d.derivation_index FROM deposit_observation o "
+                    "JOIN deposit_address d ON d.id = o.deposit_address_id WHERE o.swept_by = :s AND o.chain = 'bitcoin' "
+                    "AND o.state IN ('credited', 'quarantined', 'released', 'returned', 'dust')"), {"s": sweep_id})}
+                if len(rows) != len(coins):
+                    raise SigningRefused(RefusalCode.unknown_input, "the coins differ from the deposits reserved for this sweep")
+                for k in coins:
+                    r = rows.get((k.txid, k.vout))
+                    if r is None or int(r.amount) != k.amount or (k.change, k.index) != (0, r.derivation_index):
+                        raise SigningRefused(RefusalCode.unknown_input, f"input {k.txid}:{k.vout} is not a booked deposit of this sweep")
+            except SigningRefused as refused:
+                self._audit(None, "refused", refused.code.value, None, {"sweep_id": sweep_id, "message": refused.message})
+                raise
+        inputs = [SpendInput(k.txid, k.vout, k.amount, self._keys.private_key_for("bitcoin", "deposit", 0, k.index))
+                  for k in coins]
+        signed = sign_batch(inputs, [PayOutput(destination, sum(k.amount for k in coins) - fee)], self.bitcoin_network,
+                            change=None, rbf=True)
+        self._audit(None, "signed", None, signed.txid, {"sweep_id": sweep_id, "inputs": len(inputs), "fee": signed.fee})
+        return signed
+
     # ---- ethereum -------------------------------------------------------------------------
 
     def sign_ethereum_payment(self, batch_id: int, output: BatchOutput, *, hot_index: int, chain_id: int, nonce: int,

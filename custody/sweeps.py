@@ -1,0 +1,137 @@
+"""Sweeps: move booked deposit coins from deposit addresses into the hot wallet (bitcoin).
+
+A sweep never changes what a customer is owed; it moves value between two of the firm's own asset
+locations. Only deposits already booked (credited, quarantined, released, returned or dust) are
+swept, so a reorg of a not-yet-final deposit can never strand a sweep. Steps, as jobs:
+
+- `sweep_bitcoin()`: reserve up to `max_inputs` unswept booked deposit coins (a `sweep` row in
+  `open`, each observation's `swept_by`), then the signer (which re-checks the reservation and that
+  the destination is our own hot receive address) signs one transaction paying everything but the
+  network fee to the hot wallet; the signed bytes are stored before anything is broadcast.
+- `broadcast()` / `track()`: idempotent broadcast; at the finality depth the books move in one
+  transaction: deposit location <- hot location (amount - fee) and <- network-fee expense (fee).
+The hot wallet may spend a swept coin only once its sweep is final (custody.payouts).
+"""
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy import Engine, text
+
+from chain_adapters.base import ChainAdapter, TxState
+from chain_adapters.errors import ChainError
+from custody.controls import audit, kill_switch
+from custody.states import advance
+from custody.wallets import Wallets
+from ledger.model import Transfer
+from ledger.service import Ledger
+from signer.bitcoin_tx import address_to_script, dust_threshold, estimate_vsize, fee_for
+from signer.service import BtcCoin, Signer, SigningRefused
+
+log = logging.getLogger(__name__)
+BOOKED = ("credited", "quarantined", "released", "returned", "dust")
+
+
+class Sweeps:
+    def __init__(self, engine: Engine, ledger: Ledger, wallets: Wallets, bitcoin: ChainAdapter, signer: Signer,
+                 *, hot_address: str, network: str, max_inputs: int = 200) -> None:
+        self.engine = engine
+        self.ledger = ledger
+        self.wallets = wallets
+        self.bitcoin = bitcoin
+        self.signer = signer
+        self.hot_address = hot_address
+        self.network = network
+        self.max_inputs = max_inputs
+
+    def sweep_bitcoin(self) -> str | None:
+        """Reserve, sign and store one sweep (or re-sign an open one after a crash); returns its txid."""
+        if kill_switch(self.engine).engaged:
+            return None
+        rate = self.bitcoin.estimate_fee().sat_per_kvb
+        with self.engine.begin() as c:
+            sweep_id = c.execute(text("SELECT id FROM sweep WHERE chain = 'bitcoin' AND state = 'open' ORDER BY id LIMIT 1")).scalar()
+            if sweep_id is None:
+                rows = c.execute(text(
+                    "SELECT id, amount FROM deposit_observation WHERE chain = 'bitcoin' AND swept_by IS NULL "
+                    "AND state = ANY(:s) ORDER BY id LIMIT :l FOR UPDATE SKIP LOCKED"), {"s": list(BOOKED), "l": self.max_inputs}).all()
+                total = sum(int(r.amount) for r in rows)
+                script = address_to_script(self.hot_address, self.network)
+                fee = fee_for(estimate_vsize(len(rows), [script]), rate) if rows else 0
+                if not rows or total - fee < dust_threshold(script) or total < 2 * fee:
+                    return None  # nothing worth its fee yet
+                sweep_id = c.execute(text("INSERT INTO sweep (chain, asset, state, destination, amount, fee, fee_rate) "
+                                          "VALUES ('bitcoin', 'BTC', 'open', :d, :a, :f, :r) RETURNING id"),
+                                     {"d": self.hot_address, "a": total, "f": fee, "r": rate}).scalar_one()
+                c.execute(text("UPDATE deposit_observation SET swept_by = :s WHERE id = ANY(:i)"),
+                          {"s": sweep_id, "i": [r.id for r in rows]})
+                audit(c, "custody", "sweep.create", f"sweep:{sweep_id}", {"inputs": len(rows), "amount": total, "fee": fee})
+            sweep = c.execute(text("SELECT fee FROM sweep WHERE id = :s"), {"s": sweep_id}).one()
+            coins = [BtcCoin(r.txid, r.output_index, int(r.amount), 0, r.derivation_index) for r in c.execute(text(
+                "SELECT o.txid, o.output_index, o.amount, d.derivation_index FROM deposit_observation o "
+                "JOIN deposit_address d ON d.id = o.deposit_address_id WHERE o.swept_by = :s ORDER BY o.id"), {"s": sweep_id})]
+        try:
+            signed = self.signer.sign_bitcoin_sweep(sweep_id, coins, self.hot_address, int(sweep.fee))
+        except SigningRefused as refused:
+            log.warning("sweep %d not signed: %s", sweep_id, refused)
+            return None
+        with self.engine.begin() as c:
+            advance(c, "sweep", sweep_id, "open", "signed", txid=signed.txid, raw=signed.raw, fee=signed.fee)
+        log.info("sweep %d: %d deposit coin(s) -> hot wallet, fee %d sat (%s)", sweep_id, len(coins), signed.fee, signed.txid)
+        return signed.txid
+
+    def broadcast(self) -> int:
+        if kill_switch(self.engine).engaged:
+            return 0
+        with self.engine.connect() as c:
+            rows = c.execute(text("SELECT id, txid, raw FROM sweep WHERE state = 'signed' ORDER BY id")).all()
+        sent = 0
+        for r in rows:
+            try:
+                self.bitcoin.broadcast(bytes(r.raw))
+            except ChainError as exc:
+                log.error("sweep %d broadcast refused: %s", r.id, exc)
+                continue
+            with self.engine.begin() as c:
+                advance(c, "sweep", r.id, "signed", "broadcast")
+            sent += 1
+        return sent
+
+    def track(self) -> int:
+        """Follow broadcast sweeps; book each once final. Returns how many became final."""
+        finality = self.wallets.chain_asset("BTC").finality_confirmations
+        with self.engine.connect() as c:
+            rows = c.execute(text("SELECT id, txid, raw, state, amount, fee FROM sweep WHERE state IN ('broadcast', 'confirmed') "
+                                  "ORDER BY id")).all()
+        finals = 0
+        for r in rows:
+            status = self.bitcoin.tx_status(r.txid, raw=bytes(r.raw))
+            with self.engine.begin() as c:
+                if status.state is TxState.CONFIRMED:
+                    if r.state == "broadcast":
+                        advance(c, "sweep", r.id, "broadcast", "confirmed", confirmations=status.confirmations)
+                    if status.confirmations >= finality:
+                        advance(c, "sweep", r.id, "confirmed", "final", confirmations=status.confirmations)
+                        self._book(c, r)
+                        finals += 1
+                elif status.state is TxState.MEMPOOL and r.state == "confirmed":
+                    advance(c, "sweep", r.id, "confirmed", "broadcast", confirmations=0)
+                elif status.state is TxState.UNKNOWN:
+                    try:
+                        self.bitcoin.broadcast(bytes(r.raw))
+                    except ChainError as exc:
+                        log.warning("sweep %d re-broadcast refused: %s", r.id, exc)
+        return finals
+
+    def _book(self, c, r) -> None:
+        deposit = self.wallets.location_account("bitcoin", "deposit", "BTC")
+        hot = self.wallets.location_account("bitcoin", "hot", "BTC")
+        expense = self.wallets.firm_account("network_fees", "BTC")
+        amount, fee = int(r.amount), int(r.fee)
+        legs = [Transfer(hot, deposit, amount - fee)] + ([Transfer(expense, deposit, fee)] if fee else [])
+        self.ledger.post(f"sweep:{r.id}:final", legs, kind="sweep", metadata={"sweep_id": r.id, "txid": r.txid}, conn=c)
+
+    def run_once(self) -> None:
+        self.sweep_bitcoin()
+        self.broadcast()
+        self.track()
