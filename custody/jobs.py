@@ -24,6 +24,7 @@ from typing import Callable
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import Engine, text
 
+from chain_adapters.errors import NodeUnavailable
 from custody.container import Container
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,8 @@ def _guard(name: str, fn: Callable[[], object]) -> Callable[[], None]:
     def run() -> None:
         try:
             fn()
+        except NodeUnavailable as exc:  # a node restarting or stopping: expected, retried next tick
+            log.warning("job %s: node unavailable (%s); retrying next run", name, exc)
         except Exception:  # noqa: BLE001 - logged; the next tick retries an idempotent step
             log.exception("job %s failed", name)
     return run

@@ -29,7 +29,7 @@ def serve(container: Container, *, host: str, port: int, demo: bool = False, exi
     try:
         return _serve(container, host=host, port=port, demo=demo, exit_after_demo=exit_after_demo, chains=chains)
     finally:
-        scheduler.shutdown(wait=False)
+        scheduler.shutdown(wait=True)  # let a running job finish before the nodes it talks to stop
         if chains is not None:
             chains.stop()
 
