@@ -12,7 +12,8 @@
 - `limits_respected`: no account that may not go negative has available < 0; none that may not go
   positive has a positive balance;
 - `totals_zero`: every asset's balances sum to zero;
-- `entries_match_accounts`: each entry's asset is its account's asset.
+- `entries_match_accounts`: each entry names an existing account and journal transaction, and
+  carries its account's asset.
 - `limits_respected` and `totals_zero` work on the sum over an account's shards.
 `assert_verified(engine)` raises LedgerError(verification_failed) listing the failed checks.
 Reads run in one REPEATABLE READ snapshot so concurrent postings cannot produce false alarms.
@@ -81,7 +82,11 @@ _CHECKS: list[tuple[str, str]] = [
     ),
     (
         "entries_match_accounts",
-        """SELECT e.id FROM journal_entry e JOIN account a ON a.id = e.account_id WHERE e.asset <> a.asset""",
+        """SELECT e.id FROM journal_entry e LEFT JOIN account a ON a.id = e.account_id
+           WHERE a.id IS NULL OR e.asset <> a.asset
+        UNION ALL
+        SELECT e.id FROM journal_entry e LEFT JOIN journal_transaction t ON t.id = e.transaction_id
+           WHERE t.id IS NULL""",
     ),
 ]
 

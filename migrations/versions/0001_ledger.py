@@ -88,8 +88,12 @@ CREATE INDEX hold_pending_account ON hold (account_id) WHERE state = 'pending';
 -- its statement computes running balances at read time.
 CREATE TABLE journal_entry (
     id              bigserial PRIMARY KEY,
-    transaction_id  bigint NOT NULL REFERENCES journal_transaction(id),
-    account_id      bigint NOT NULL REFERENCES account(id),
+    -- transaction_id and account_id are checked once per INSERT statement by the trigger
+    -- journal_entry_references (below) instead of per row by foreign keys: per-row checks cost
+    -- about as much as the rest of a 1,000-transfer batch. Neither referenced row can go away:
+    -- journal transactions are append-only, accounts are never deleted, truncated or renumbered.
+    transaction_id  bigint NOT NULL,
+    account_id      bigint NOT NULL,
     asset           text NOT NULL,
     amount          numeric(78,0) NOT NULL CHECK (amount <> 0),
     balance_after   numeric(78,0),
@@ -120,20 +124,37 @@ CREATE TRIGGER hold_never_deleted BEFORE DELETE ON hold
     FOR EACH ROW EXECUTE FUNCTION ledger_refuse_change();
 CREATE TRIGGER account_never_deleted BEFORE DELETE ON account
     FOR EACH ROW EXECUTE FUNCTION ledger_refuse_change();
+CREATE TRIGGER account_no_truncate BEFORE TRUNCATE ON account
+    FOR EACH STATEMENT EXECUTE FUNCTION ledger_refuse_change();
+CREATE TRIGGER account_id_fixed BEFORE UPDATE OF id ON account
+    FOR EACH ROW EXECUTE FUNCTION ledger_refuse_change();
 
 -- Entries may only join a journal transaction created in the same database transaction, so a
--- committed transaction can never gain entries later.
-CREATE FUNCTION ledger_entries_same_xact() RETURNS trigger LANGUAGE plpgsql AS $$
+-- committed transaction can never gain entries later; and each names an existing account and
+-- carries that account's asset. One set-based check per INSERT statement (see journal_entry).
+CREATE FUNCTION ledger_entries_references() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    v_orphan_tx boolean;
+    v_bad_account boolean;
 BEGIN
-    IF EXISTS (SELECT 1 FROM new_rows n JOIN journal_transaction t ON t.id = n.transaction_id
-               WHERE t.created_txid <> pg_current_xact_id()) THEN
+    SELECT bool_or(t.id IS NULL OR t.created_txid <> pg_current_xact_id()),
+           bool_or(a.id IS NULL OR a.asset <> n.asset)
+      INTO v_orphan_tx, v_bad_account
+      FROM new_rows n
+      LEFT JOIN journal_transaction t ON t.id = n.transaction_id
+      LEFT JOIN account a ON a.id = n.account_id;
+    IF v_orphan_tx THEN
         RAISE EXCEPTION 'ledger: entries may only be added to a journal transaction in the '
-                        'database transaction that created it' USING ERRCODE = 'restrict_violation';
+                        'database transaction that created it' USING ERRCODE = 'foreign_key_violation';
+    END IF;
+    IF v_bad_account THEN
+        RAISE EXCEPTION 'ledger: an entry must name an existing account and carry its asset'
+            USING ERRCODE = 'foreign_key_violation';
     END IF;
     RETURN NULL;
 END $$;
-CREATE TRIGGER journal_entry_same_xact AFTER INSERT ON journal_entry
-    REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION ledger_entries_same_xact();
+CREATE TRIGGER journal_entry_references AFTER INSERT ON journal_entry
+    REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION ledger_entries_references();
 
 -- Deferred to commit: every journal transaction has entries and they sum to zero per asset.
 CREATE FUNCTION ledger_check_balanced() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -158,8 +179,9 @@ CREATE CONSTRAINT TRIGGER journal_transaction_balanced AFTER INSERT ON journal_t
     DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION ledger_check_balanced();
 """
 
-# The one path by which entries reach the journal. Validates under row locks, then writes the
-# transaction, its entries (with running balances), the projection and hold captures in one go.
+# The one path by which entries reach the journal. Validates (under row locks where it matters),
+# then writes the transaction, its entries (with running balances), the projection and hold
+# captures in one go: four SQL statements for a plain transfer.
 # Returns a status instead of raising so that a refusal writes nothing and callers read a code,
 # never an error text. Check order = precedence of the codes.
 #
@@ -188,35 +210,67 @@ DECLARE
     v_target integer[];    -- the shard that takes the account's delta
     v_shard integer;
     v_near_max boolean;
+    v_captures boolean := cardinality(array_remove(p_holds, NULL)) > 0;
     v_start integer := pg_backend_pid();
     c_max constant numeric := 10::numeric ^ 78 - 1;
 BEGIN
-    -- 1. Which accounts must be locked whole: decided from the batch's net effect per account.
-    --    Amounts within a factor of the NUMERIC(78,0) range also lock whole, so that step 8 can
+    -- 1. One pass before any lock: an earlier posting of the key (a replay answers at once), the
+    --    first transfer whose accounts are missing, closed or in different assets, and per touched
+    --    account whether it must be locked whole, decided from the batch's net effect on it.
+    --    Amounts within a factor of the NUMERIC(78,0) range also lock whole, so that step 6 can
     --    bound a sharded account's total exactly (never reached by real amounts).
-    SELECT array_agg(n.account_id ORDER BY n.account_id),
-           array_agg(coalesce(a.balance_shards, 1) ORDER BY n.account_id),
-           array_agg(coalesce(a.balance_shards, 1) = 1 OR n.captures
-                     OR (NOT a.may_go_negative AND n.delta < 0)
-                     OR (NOT a.may_go_positive AND n.delta > 0)
-                     OR n.volume > c_max / (4 * a.balance_shards)
-                     OR (SELECT sum(abs(s.posted)) FROM account_balance s WHERE s.account_id = a.id) > c_max / 4
-                     ORDER BY n.account_id)
-      INTO v_accounts, v_shards, v_whole
-      FROM (SELECT account_id, sum(delta) AS delta, sum(abs(delta)) AS volume, bool_or(capture) AS captures
-              FROM (SELECT u.debit AS account_id, -u.amount AS delta, u.hold_id IS NOT NULL AS capture
-                      FROM unnest(p_debits, p_amounts, p_holds) AS u(debit, amount, hold_id)
-                    UNION ALL
-                    SELECT u.credit, u.amount, false
-                      FROM unnest(p_credits, p_amounts) AS u(credit, amount)) legs
-             GROUP BY account_id) n
-      LEFT JOIN account a ON a.id = n.account_id;
+    SELECT r.id, r.content_hash, v.bad, v.why, x.accounts, x.shards, x.whole
+      INTO v_id, v_hash, v_bad, v_status, v_accounts, v_shards, v_whole
+      FROM (SELECT array_agg(n.account_id ORDER BY n.account_id) AS accounts,
+                   array_agg(coalesce(a.balance_shards, 1) ORDER BY n.account_id) AS shards,
+                   array_agg(coalesce(a.balance_shards, 1) = 1 OR n.captures
+                             OR (NOT a.may_go_negative AND n.delta < 0)
+                             OR (NOT a.may_go_positive AND n.delta > 0)
+                             OR n.volume > c_max / (4 * a.balance_shards)
+                             OR (SELECT sum(abs(s.posted)) FROM account_balance s WHERE s.account_id = a.id) > c_max / 4
+                             ORDER BY n.account_id) AS whole
+              FROM (SELECT account_id, sum(delta) AS delta, sum(abs(delta)) AS volume, bool_or(capture) AS captures
+                      FROM (SELECT u.debit AS account_id, -u.amount AS delta, u.hold_id IS NOT NULL AS capture
+                              FROM unnest(p_debits, p_amounts, p_holds) AS u(debit, amount, hold_id)
+                            UNION ALL
+                            SELECT u.credit, u.amount, false
+                              FROM unnest(p_credits, p_amounts) AS u(credit, amount)) legs
+                     GROUP BY account_id) n
+              LEFT JOIN account a ON a.id = n.account_id) x
+     CROSS JOIN (SELECT min(l.i) - 1 AS bad, CASE
+                        WHEN bool_or(d.id IS NULL OR c.id IS NULL) THEN 'account_not_found'
+                        WHEN bool_or(d.closed_at IS NOT NULL OR c.closed_at IS NOT NULL) THEN 'account_closed'
+                        ELSE 'asset_mismatch' END AS why
+                   FROM unnest(p_debits, p_credits) WITH ORDINALITY AS l(debit, credit, i)
+                   LEFT JOIN account d ON d.id = l.debit
+                   LEFT JOIN account c ON c.id = l.credit
+                  WHERE d.id IS NULL OR c.id IS NULL OR d.closed_at IS NOT NULL OR c.closed_at IS NOT NULL
+                        OR d.asset <> c.asset) v
+      LEFT JOIN journal_transaction r ON r.idempotency_key = p_key;
+    IF v_id IS NOT NULL THEN
+        status := CASE WHEN v_hash = p_hash THEN 'exists' ELSE 'idempotency_conflict' END;
+        transaction_id := v_id;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    IF v_bad IS NOT NULL THEN
+        status := v_status;
+        failed_index := v_bad;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    IF v_accounts IS NULL THEN  -- no transfers at all
+        status := 'invalid_request';
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    v_status := NULL;
 
     -- 2. Lock the balance rows in (account_id, shard) order (no deadlocks between postings).
-    IF v_accounts IS NULL OR NOT (false = ANY (v_whole)) THEN
+    IF NOT (false = ANY (v_whole)) THEN
         PERFORM 1 FROM account_balance b
             WHERE b.account_id = ANY (v_accounts) ORDER BY b.account_id, b.shard FOR UPDATE;
-        v_target := array_fill(0, ARRAY[coalesce(cardinality(v_accounts), 0)]);
+        v_target := array_fill(0, ARRAY[cardinality(v_accounts)]);
     ELSE
         v_target := array_fill(0, ARRAY[cardinality(v_accounts)]);
         FOR i IN 1 .. cardinality(v_accounts) LOOP
@@ -238,34 +292,9 @@ BEGIN
         END LOOP;
     END IF;
 
-    -- 3. A replay answers with the original outcome and moves nothing.
-    SELECT t.id, t.content_hash INTO v_id, v_hash FROM journal_transaction t
-        WHERE t.idempotency_key = p_key;
-    IF v_id IS NOT NULL THEN
-        RETURN QUERY SELECT CASE WHEN v_hash = p_hash THEN 'exists' ELSE 'idempotency_conflict' END,
-                            v_id, NULL::integer;
-        RETURN;
-    END IF;
-
-    -- 4. Accounts exist, are open, and each transfer stays in one asset.
-    SELECT min(l.i) - 1, CASE
-               WHEN bool_or(d.id IS NULL OR c.id IS NULL) THEN 'account_not_found'
-               WHEN bool_or(d.closed_at IS NOT NULL OR c.closed_at IS NOT NULL) THEN 'account_closed'
-               ELSE 'asset_mismatch' END
-        INTO v_bad, v_status
-        FROM unnest(p_debits, p_credits) WITH ORDINALITY AS l(debit, credit, i)
-        LEFT JOIN account d ON d.id = l.debit
-        LEFT JOIN account c ON c.id = l.credit
-        WHERE d.id IS NULL OR c.id IS NULL OR d.closed_at IS NOT NULL OR c.closed_at IS NOT NULL
-              OR d.asset <> c.asset;
-    IF v_bad IS NOT NULL THEN
-        RETURN QUERY SELECT v_status, NULL::bigint, v_bad;
-        RETURN;
-    END IF;
-
-    -- 5. Captures: the hold exists, belongs to the caller, is on the debited account, is pending,
+    -- 3. Captures: the hold exists, belongs to the caller, is on the debited account, is pending,
     --    has not timed out, and is not overdrawn (summing all captures of one hold in the batch).
-    IF EXISTS (SELECT 1 FROM unnest(p_holds) h WHERE h IS NOT NULL) THEN
+    IF v_captures THEN
         PERFORM 1 FROM hold WHERE id = ANY (p_holds) ORDER BY id FOR UPDATE;
         SELECT min(l.i) - 1, CASE
                    WHEN bool_or(h.id IS NULL) THEN 'hold_not_found'
@@ -279,72 +308,67 @@ BEGIN
             WHERE l.hold_id IS NOT NULL
               AND (h.id IS NULL OR h.owner IS DISTINCT FROM p_hold_owner OR h.account_id <> l.debit
                    OR h.state <> 'pending' OR h.expires_at <= now());
-        IF v_bad IS NOT NULL THEN
-            RETURN QUERY SELECT v_status, NULL::bigint, v_bad;
-            RETURN;
-        END IF;
-        SELECT min(l.first_i) - 1 INTO v_bad
-            FROM (SELECT hold_id, sum(amount) AS total, min(i) AS first_i
-                  FROM unnest(p_holds, p_amounts) WITH ORDINALITY AS u(hold_id, amount, i)
-                  WHERE hold_id IS NOT NULL GROUP BY hold_id) l
-            JOIN hold h ON h.id = l.hold_id
-            WHERE l.total > h.amount - h.captured - h.released;
-        IF v_bad IS NOT NULL THEN
-            RETURN QUERY SELECT 'hold_exceeded', NULL::bigint, v_bad;
-            RETURN;
+        IF v_bad IS NULL THEN
+            SELECT min(l.first_i) - 1 INTO v_bad
+                FROM (SELECT hold_id, sum(amount) AS total, min(i) AS first_i
+                      FROM unnest(p_holds, p_amounts) WITH ORDINALITY AS u(hold_id, amount, i)
+                      WHERE hold_id IS NOT NULL GROUP BY hold_id) l
+                JOIN hold h ON h.id = l.hold_id
+                WHERE l.total > h.amount - h.captured - h.released;
+            v_status := CASE WHEN v_bad IS NOT NULL THEN 'hold_exceeded' END;
         END IF;
     END IF;
 
-    -- 6. Reversals happen once.
-    IF p_reverses IS NOT NULL THEN
+    -- 4. Reversals happen once.
+    IF v_bad IS NULL AND p_reverses IS NOT NULL THEN
         IF NOT EXISTS (SELECT 1 FROM journal_transaction WHERE id = p_reverses) THEN
-            RETURN QUERY SELECT 'transaction_not_found', NULL::bigint, NULL::integer;
-            RETURN;
-        END IF;
-        IF EXISTS (SELECT 1 FROM journal_transaction WHERE reverses_id = p_reverses) THEN
-            RETURN QUERY SELECT 'already_reversed', NULL::bigint, NULL::integer;
-            RETURN;
+            v_status := 'transaction_not_found';
+        ELSIF EXISTS (SELECT 1 FROM journal_transaction WHERE reverses_id = p_reverses) THEN
+            v_status := 'already_reversed';
         END IF;
     END IF;
 
-    -- 7. Balance limits, on the batch's net effect per account, against the sum of its shards.
-    --    Only accounts locked whole can fail here (step 1 sent the others to one shard because
-    --    their net effect cannot break a limit), so the sum is read under the locks that matter.
-    --    The same pass bounds every balance by NUMERIC(78,0) cheaply (overflow would otherwise be
-    --    a raw error instead of a code) and flags the batch for the exact check of step 8 (in
-    --    practice never: only amounts within a factor of 10^78 get there).
-    SELECT min(n.first_i) FILTER (
-               WHERE (NOT a.may_go_negative AND n.delta < 0 AND b.posted + n.delta - (b.held + n.held_delta) < 0)
-                  OR (NOT a.may_go_positive AND n.delta > 0 AND b.posted + n.delta > 0)) - 1,
-           CASE WHEN bool_or(NOT a.may_go_negative AND n.delta < 0
-                             AND b.posted + n.delta - (b.held + n.held_delta) < 0)
-                THEN 'insufficient_funds' ELSE 'limit_exceeded' END,
-           sum(b.magnitude + n.volume) > c_max / 4
-        INTO v_bad, v_status, v_near_max
-        FROM (SELECT account_id, sum(delta) AS delta, sum(abs(delta)) AS volume, sum(held_delta) AS held_delta,
-                     min(i) AS first_i
-              FROM (SELECT u.debit AS account_id, -u.amount AS delta,
-                           CASE WHEN u.hold_id IS NULL THEN 0 ELSE -u.amount END AS held_delta, u.i
-                      FROM unnest(p_debits, p_amounts, p_holds) WITH ORDINALITY AS u(debit, amount, hold_id, i)
-                    UNION ALL
-                    SELECT u.credit, u.amount, 0, u.i
-                      FROM unnest(p_credits, p_amounts) WITH ORDINALITY AS u(credit, amount, i)) legs
-              GROUP BY account_id) n
-        JOIN account a ON a.id = n.account_id
-        JOIN (SELECT s.account_id, sum(s.posted) AS posted, sum(s.held) AS held, sum(abs(s.posted)) AS magnitude
-                FROM account_balance s WHERE s.account_id = ANY (v_accounts) GROUP BY s.account_id) b
-          ON b.account_id = n.account_id;
-    IF v_bad IS NOT NULL THEN
-        RETURN QUERY SELECT v_status, NULL::bigint, v_bad;
-        RETURN;
+    -- 5. Under the locks: no account was closed since step 1, and the balance limits hold on the
+    --    batch's net effect per account, against the sum of its shards. Only accounts locked whole
+    --    can fail a limit (step 1 sent the others to one shard because their net effect cannot
+    --    break one). The same pass bounds every balance by NUMERIC(78,0) cheaply (overflow would
+    --    otherwise be a raw error instead of a code) and flags the batch for the exact check of
+    --    step 6 (in practice never: only amounts within a factor of 10^78 get there).
+    IF v_bad IS NULL AND v_status IS NULL THEN
+        SELECT min(n.first_i) FILTER (
+                   WHERE a.closed_at IS NOT NULL
+                      OR (NOT a.may_go_negative AND n.delta < 0 AND b.posted + n.delta - (b.held + n.held_delta) < 0)
+                      OR (NOT a.may_go_positive AND n.delta > 0 AND b.posted + n.delta > 0)) - 1,
+               CASE WHEN bool_or(a.closed_at IS NOT NULL) THEN 'account_closed'
+                    WHEN bool_or(NOT a.may_go_negative AND n.delta < 0
+                                 AND b.posted + n.delta - (b.held + n.held_delta) < 0) THEN 'insufficient_funds'
+                    ELSE 'limit_exceeded' END,
+               sum(b.magnitude + n.volume) > c_max / 4
+            INTO v_bad, v_status, v_near_max
+            FROM (SELECT account_id, sum(delta) AS delta, sum(abs(delta)) AS volume, sum(held_delta) AS held_delta,
+                         min(i) AS first_i
+                  FROM (SELECT u.debit AS account_id, -u.amount AS delta,
+                               CASE WHEN u.hold_id IS NULL THEN 0 ELSE -u.amount END AS held_delta, u.i
+                          FROM unnest(p_debits, p_amounts, p_holds) WITH ORDINALITY AS u(debit, amount, hold_id, i)
+                        UNION ALL
+                        SELECT u.credit, u.amount, 0, u.i
+                          FROM unnest(p_credits, p_amounts) WITH ORDINALITY AS u(credit, amount, i)) legs
+                  GROUP BY account_id) n
+            JOIN account a ON a.id = n.account_id
+            JOIN (SELECT s.account_id, sum(s.posted) AS posted, sum(s.held) AS held, sum(abs(s.posted)) AS magnitude
+                    FROM account_balance s WHERE s.account_id = ANY (v_accounts) GROUP BY s.account_id) b
+              ON b.account_id = n.account_id;
+        IF v_bad IS NULL THEN
+            v_status := NULL;
+        END IF;
     END IF;
 
-    -- 8. Every balance must fit NUMERIC(78,0): each stored shard after each leg (the running
-    --    balance_after of a one-shard account), and each account's total. A sharded account updated
-    --    on one shard must also stay below half the range, counting what it reads now on every
-    --    shard: together with step 1 (small amounts only) this bounds what postings still in
-    --    flight on its other shards can add.
-    IF v_near_max THEN
+    -- 6. Every balance must fit NUMERIC(78,0): each stored shard after each leg (the running
+    --    balance_after of a one-shard account), and each account's total. A sharded account
+    --    updated on one shard must also stay below half the range, counting what it reads now on
+    --    every shard: together with step 1 (small amounts only) this bounds what postings still
+    --    in flight on its other shards can add.
+    IF v_status IS NULL AND v_near_max THEN
         SELECT min(n.first_i) - 1 INTO v_bad
             FROM (SELECT account_id, sum(delta) AS delta, min(i) AS first_i
                     FROM (SELECT u.debit AS account_id, -u.amount AS delta, u.i
@@ -359,41 +383,48 @@ BEGIN
               ON b.account_id = n.account_id
             WHERE abs(b.posted + n.delta) > c_max
                OR (NOT t.whole AND b.magnitude + abs(n.delta) > c_max / 2);
-        IF v_bad IS NOT NULL THEN
-            RETURN QUERY SELECT 'limit_exceeded', NULL::bigint, v_bad;
-            RETURN;
+        IF v_bad IS NULL THEN
+            SELECT min(r.i) - 1 INTO v_bad
+                FROM (SELECT l.i, l.account_id,
+                             b.posted + sum(l.delta) OVER (PARTITION BY l.account_id ORDER BY l.ord) AS after
+                        FROM (SELECT u.debit AS account_id, -u.amount AS delta, 2 * u.i AS ord, u.i
+                                FROM unnest(p_debits, p_amounts) WITH ORDINALITY AS u(debit, amount, i)
+                              UNION ALL
+                              SELECT u.credit, u.amount, 2 * u.i + 1, u.i
+                                FROM unnest(p_credits, p_amounts) WITH ORDINALITY AS u(credit, amount, i)) l
+                        JOIN unnest(v_accounts, v_target) AS t(account_id, shard) ON t.account_id = l.account_id
+                        JOIN account_balance b ON b.account_id = t.account_id AND b.shard = t.shard) r
+                WHERE abs(r.after) > c_max;
         END IF;
-        SELECT min(r.i) - 1 INTO v_bad
-            FROM (SELECT l.i, l.account_id,
-                         b.posted + sum(l.delta) OVER (PARTITION BY l.account_id ORDER BY l.ord) AS after
-                    FROM (SELECT u.debit AS account_id, -u.amount AS delta, 2 * u.i AS ord, u.i
-                            FROM unnest(p_debits, p_amounts) WITH ORDINALITY AS u(debit, amount, i)
-                          UNION ALL
-                          SELECT u.credit, u.amount, 2 * u.i + 1, u.i
-                            FROM unnest(p_credits, p_amounts) WITH ORDINALITY AS u(credit, amount, i)) l
-                    JOIN unnest(v_accounts, v_target) AS t(account_id, shard) ON t.account_id = l.account_id
-                    JOIN account_balance b ON b.account_id = t.account_id AND b.shard = t.shard) r
-            WHERE abs(r.after) > c_max;
         IF v_bad IS NOT NULL THEN
-            RETURN QUERY SELECT 'limit_exceeded', NULL::bigint, v_bad;
-            RETURN;
+            v_status := 'limit_exceeded';
         END IF;
     END IF;
 
-    -- 9. Write. A concurrent posting of the same key with other accounts may have won the race.
-    INSERT INTO journal_transaction (idempotency_key, content_hash, kind, metadata, reverses_id)
-        VALUES (p_key, p_hash, p_kind, coalesce(p_metadata, '{}'::jsonb), p_reverses)
-        ON CONFLICT (idempotency_key) DO NOTHING
-        RETURNING id INTO v_id;
-    IF v_id IS NULL THEN
+    -- A refusal under the locks may be a replay whose original we waited for: it answers first.
+    IF v_status IS NOT NULL THEN
         SELECT t.id, t.content_hash INTO v_id, v_hash FROM journal_transaction t
             WHERE t.idempotency_key = p_key;
-        RETURN QUERY SELECT CASE WHEN v_hash = p_hash THEN 'exists' ELSE 'idempotency_conflict' END,
-                            v_id, NULL::integer;
+        IF v_id IS NOT NULL THEN
+            status := CASE WHEN v_hash = p_hash THEN 'exists' ELSE 'idempotency_conflict' END;
+            transaction_id := v_id;
+        ELSE
+            status := v_status;
+            failed_index := v_bad;
+        END IF;
+        RETURN NEXT;
         RETURN;
     END IF;
 
-    WITH legs AS (
+    -- 7. Write the transaction, its entries and the projection in one statement. If the key's
+    --    unique constraint says a concurrent posting of it won (with other accounts, so no lock
+    --    stopped it), nothing is written and the original answers.
+    WITH tx AS (
+        INSERT INTO journal_transaction (idempotency_key, content_hash, kind, metadata, reverses_id)
+        VALUES (p_key, p_hash, p_kind, coalesce(p_metadata, '{}'::jsonb), p_reverses)
+        ON CONFLICT (idempotency_key) DO NOTHING
+        RETURNING id
+    ), legs AS (
         SELECT u.debit AS account_id, -u.amount AS delta,
                CASE WHEN u.hold_id IS NULL THEN 0 ELSE -u.amount END AS held_delta,
                u.hold_id, 2 * u.i AS ord
@@ -405,25 +436,36 @@ BEGIN
         SELECT * FROM unnest(v_accounts, v_shards, v_target) AS t(account_id, shards, shard)
     ), entries AS (
         INSERT INTO journal_entry (transaction_id, account_id, asset, amount, balance_after, hold_id)
-        SELECT v_id, l.account_id, a.asset, l.delta,
+        SELECT tx.id, l.account_id, a.asset, l.delta,
                CASE WHEN t.shards = 1
                     THEN b.posted + sum(l.delta) OVER (PARTITION BY l.account_id ORDER BY l.ord) END,
                l.hold_id
-          FROM legs l
+          FROM tx, legs l
           JOIN account a ON a.id = l.account_id
           JOIN targets t ON t.account_id = l.account_id
           JOIN account_balance b ON b.account_id = t.account_id AND b.shard = t.shard
          ORDER BY l.ord
         RETURNING 1
+    ), projection AS (
+        UPDATE account_balance b
+           SET posted = b.posted + n.delta, held = b.held + n.held_delta, last_transaction_id = tx.id
+          FROM tx, (SELECT l.account_id, t.shard, sum(l.delta) AS delta, sum(l.held_delta) AS held_delta
+                      FROM legs l JOIN targets t ON t.account_id = l.account_id
+                     GROUP BY l.account_id, t.shard) n
+         WHERE b.account_id = n.account_id AND b.shard = n.shard
+        RETURNING 1
     )
-    UPDATE account_balance b
-       SET posted = b.posted + n.delta, held = b.held + n.held_delta, last_transaction_id = v_id
-      FROM (SELECT l.account_id, t.shard, sum(l.delta) AS delta, sum(l.held_delta) AS held_delta
-              FROM legs l JOIN targets t ON t.account_id = l.account_id
-             GROUP BY l.account_id, t.shard) n
-     WHERE b.account_id = n.account_id AND b.shard = n.shard;
+    SELECT tx.id INTO v_id FROM tx;
+    IF v_id IS NULL THEN
+        SELECT t.id, t.content_hash INTO v_id, v_hash FROM journal_transaction t
+            WHERE t.idempotency_key = p_key;
+        status := CASE WHEN v_hash = p_hash THEN 'exists' ELSE 'idempotency_conflict' END;
+        transaction_id := v_id;
+        RETURN NEXT;
+        RETURN;
+    END IF;
 
-    IF p_hold_owner IS NOT NULL OR EXISTS (SELECT 1 FROM unnest(p_holds) h WHERE h IS NOT NULL) THEN
+    IF v_captures THEN
         UPDATE hold h
            SET captured = h.captured + c.total,
                state = CASE WHEN h.captured + c.total + h.released = h.amount THEN 'captured' ELSE h.state END,
@@ -434,7 +476,9 @@ BEGIN
          WHERE h.id = c.hold_id;
     END IF;
 
-    RETURN QUERY SELECT 'created', v_id, NULL::integer;
+    status := 'created';
+    transaction_id := v_id;
+    RETURN NEXT;
 END $$;
 """
 
