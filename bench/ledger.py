@@ -9,7 +9,9 @@ GIL between them), each with its own connection, posting through `Ledger.post` e
 service does. Cases:
 - single: one transfer per database transaction, 50 accounts, 1 / 4 / 16 workers;
 - batch: linked batches of 100 and 1,000 transfers per transaction;
-- hot: every posting also pays a fee leg into one shared fee account (16 workers);
+- hot: every posting also pays a fee leg into one shared fee account (16 workers); the fee
+  account is fee_income, so its balance projection has 16 shards by default; the same case with a
+  one-shard fee account shows what the sharding buys;
 - contention: only 10 accounts (16 workers);
 - baseline: a bare one-row INSERT + COMMIT per transaction with 16 clients, raw psycopg and through
   the ledger's own SQLAlchemy path, to show this machine's commit (fsync) ceiling beside the ledger.
@@ -39,10 +41,10 @@ from sqlalchemy import text  # noqa: E402
 FUNDING = 10**15
 
 
-def setup_accounts(ledger: Ledger, run: str, n: int) -> tuple[list[int], int]:
+def setup_accounts(ledger: Ledger, run: str, n: int, *, fee_shards: int | None = None) -> tuple[list[int], int]:
     ledger.create_asset("USDT", 6)
     pool = ledger.open_account("USDT", AccountKind.equity, f"{run}:equity")
-    fee = ledger.open_account("USDT", AccountKind.fee_income, f"{run}:fee")
+    fee = ledger.open_account("USDT", AccountKind.fee_income, f"{run}:fee", balance_shards=fee_shards)
     ids = []
     for i in range(n):
         acc = ledger.open_account("USDT", AccountKind.customer, f"{run}:c{i}")
@@ -136,6 +138,7 @@ def main() -> None:
         run = uuid.uuid4().hex[:8]
         fifty, fee = setup_accounts(ledger, f"{run}:50", 50)
         ten, fee10 = setup_accounts(ledger, f"{run}:10", 10)
+        fee_one_shard = ledger.open_account("USDT", AccountKind.fee_income, f"{run}:fee1", balance_shards=1).id
         with engine.begin() as c:
             c.execute(text("CREATE TABLE bench_bare (id bigserial PRIMARY KEY, v bigint NOT NULL)"))
         engine.dispose()
@@ -146,7 +149,7 @@ def main() -> None:
 
         def show(name: str, label: str, value: float, extra: str = "") -> None:
             r[name] = value
-            print(f"  {label:<58}{value:9,.0f} {extra}", flush=True)
+            print(f"  {label:<70}{value:9,.0f} {extra}", flush=True)
 
         for w in (1, 4, 16):
             show(f"single_{w}", f"one transfer per transaction, 50 accounts, {w:2d} workers:",
@@ -157,6 +160,9 @@ def main() -> None:
         hot = run_case(url, fifty, fee, workers=16, hot=True, seconds=s)
         show("hot_16", "hot fee account in every posting, 16 workers:", hot / 2,
              f"postings/s ({hot:,.0f} transfers/s)")
+        hot1 = run_case(url, fifty, fee_one_shard, workers=16, hot=True, seconds=s)
+        show("hot1_16", "hot fee account with ONE balance shard, 16 workers:", hot1 / 2,
+             f"postings/s ({hot1:,.0f} transfers/s)")
         show("ten_16", "contention: 10 accounts, 16 workers:", run_case(url, ten, fee10, workers=16, seconds=s),
              "transfers/s")
         show("bare_raw", "baseline: bare INSERT+COMMIT, raw psycopg, 16 clients:",
@@ -167,6 +173,7 @@ def main() -> None:
         base = r["single_16"]
         print("ratios (same run):")
         print(f"  hot-account postings/s / normal postings/s (16 workers): {r['hot_16'] / base:.2f}  (target >= 0.5)")
+        print(f"  same with a one-shard fee account:                       {r['hot1_16'] / base:.2f}")
         print(f"  10-account / 50-account (16 workers):                    {r['ten_16'] / base:.2f}  (target >= 0.5)")
         print(f"  16-worker postings / bare INSERT+COMMIT (raw):           {base / r['bare_raw']:.2f}")
         print(f"  16-worker postings / bare INSERT+COMMIT (SQLAlchemy):    {base / r['bare_sa']:.2f}")

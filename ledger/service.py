@@ -345,7 +345,7 @@ class Ledger:
 
     def expire_holds(self, now: dt.datetime | None = None, *, limit: int = 1000) -> list[int]:
         """The expiry job: release every pending hold whose timeout has passed. Returns their ids."""
-        with self.engine.connect() as c:
+        with self._one(None) as c:
             ids = c.execute(
                 text(
                     "SELECT id FROM hold WHERE state = 'pending' AND expires_at <= coalesce(:now, now()) "
