@@ -197,8 +197,12 @@ CREATE FUNCTION ledger_post(
     p_debits bigint[], p_credits bigint[], p_amounts numeric[], p_holds bigint[],
     p_hold_owner text, p_reverses bigint
 ) RETURNS TABLE (status text, transaction_id bigint, failed_index integer)
--- Plan once per session: re-planning the statements on every call cost more than running them.
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+-- Plan once per session (re-planning on every call cost more than running the statements), and
+-- plan for key lookups: a generic plan made while the tables are small would otherwise pick
+-- sequential scans and hash joins, whose cost grows with the table (and its dead row versions).
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+AS $$
 DECLARE
     v_id bigint;
     v_hash text;
@@ -489,8 +493,12 @@ CREATE FUNCTION ledger_place_hold(
     p_key text, p_hash text, p_account bigint, p_amount numeric, p_owner text, p_reference text,
     p_expires timestamptz
 ) RETURNS TABLE (status text, available numeric, hold_row hold)
--- Plan once per session: re-planning the statements on every call cost more than running them.
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+-- Plan once per session (re-planning on every call cost more than running the statements), and
+-- plan for key lookups: a generic plan made while the tables are small would otherwise pick
+-- sequential scans and hash joins, whose cost grows with the table (and its dead row versions).
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+AS $$
 DECLARE
     v_posted numeric;
     v_held numeric;
@@ -543,8 +551,12 @@ END $$;
 -- into the same state answers 'exists'.
 CREATE FUNCTION ledger_resolve_hold(p_hold bigint, p_state text, p_owner text, p_now timestamptz)
 RETURNS TABLE (status text, hold_row hold)
--- Plan once per session: re-planning the statements on every call cost more than running them.
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+-- Plan once per session (re-planning on every call cost more than running the statements), and
+-- plan for key lookups: a generic plan made while the tables are small would otherwise pick
+-- sequential scans and hash joins, whose cost grows with the table (and its dead row versions).
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+AS $$
 DECLARE
     v_account bigint;
     v_hold hold;
