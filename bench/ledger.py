@@ -13,6 +13,7 @@ service does. Cases:
   account is fee_income, so its balance projection has 16 shards by default; the same case with a
   one-shard fee account shows what the sharding buys;
 - contention: only 10 accounts (16 workers);
+- holds: place a hold and release it, per order, as the matching gateway does (16 workers; pairs/s);
 - baseline: a bare one-row INSERT + COMMIT per transaction with 16 clients, raw psycopg and through
   the ledger's own SQLAlchemy path, to show this machine's commit (fsync) ceiling beside the ledger.
 Ratios are computed from figures measured in the same run; the load average is printed before and
@@ -77,6 +78,20 @@ def bare_worker(url: str, raw: bool, seconds: float, start, out) -> None:
     out.put(n)
 
 
+def hold_worker(url: str, accounts: list[int], seconds: float, tag: str, start, out) -> None:
+    ledger = Ledger(make_engine(url, pool_size=1))
+    rng = random.Random(tag)
+    start.wait()
+    n = 0
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        hold = ledger.place_hold(f"{tag}:{n}", rng.choice(accounts), 10, owner="matching:BENCH", reference=f"o{n}")
+        ledger.release_hold(hold.id, owner="matching:BENCH")
+        n += 1
+    out.put(n)
+    ledger.engine.dispose()
+
+
 def worker(url: str, accounts: list[int], fee: int, batch: int, hot: bool, seconds: float,
            tag: str, start, out) -> None:
     ledger = Ledger(make_engine(url, pool_size=1))
@@ -103,13 +118,14 @@ def worker(url: str, accounts: list[int], fee: int, batch: int, hot: bool, secon
 
 
 def run_case(url: str, accounts: list[int], fee: int, *, workers: int, batch: int = 1,
-             hot: bool = False, seconds: float, bare: str | None = None) -> float:
+             hot: bool = False, seconds: float, bare: str | None = None, holds: bool = False) -> float:
     ctx = mp.get_context("fork")
     start = ctx.Barrier(workers + 1)
     out = ctx.Queue()
     tag = uuid.uuid4().hex[:8]
     procs = [
         ctx.Process(target=bare_worker, args=(url, bare == "raw", seconds, start, out)) if bare else
+        ctx.Process(target=hold_worker, args=(url, accounts, seconds, f"{tag}:{w}", start, out)) if holds else
         ctx.Process(target=worker, args=(url, accounts, fee, batch, hot, seconds, f"{tag}:{w}", start, out))
         for w in range(workers)
     ]
@@ -165,6 +181,8 @@ def main() -> None:
              f"postings/s ({hot1:,.0f} transfers/s)")
         show("ten_16", "contention: 10 accounts, 16 workers:", run_case(url, ten, fee10, workers=16, seconds=s),
              "transfers/s")
+        show("holds_16", "holds: place + release per order, 16 workers:",
+             run_case(url, fifty, fee, workers=16, seconds=s, holds=True), "pairs/s")
         show("bare_raw", "baseline: bare INSERT+COMMIT, raw psycopg, 16 clients:",
              run_case(url, [], 0, workers=16, seconds=s, bare="raw"), "commits/s")
         show("bare_sa", "baseline: bare INSERT+COMMIT, ledger's SQLAlchemy path, 16 clients:",
@@ -180,6 +198,8 @@ def main() -> None:
         print("targets: >= 3,000 transfers/s with 16 workers one per transaction "
               f"({'met' if base >= 3000 else 'NOT met'}); >= 20,000 transfers/s in batches of 1,000 "
               f"({'met' if r['batch_1000'] >= 20000 else 'NOT met'})")
+        print(f"  commit ceiling here: {r['bare_raw']:,.0f} bare commits/s (raw), {r['bare_sa']:,.0f}/s through the "
+              "ledger's Python path; a posting below both is bound by CPU (posting work, clients), not fsync")
         Ledger(make_engine(url)).assert_verified()
         print("ledger verified after the benchmark")
     finally:
