@@ -90,4 +90,8 @@ def migrate(url: str) -> None:
 
 
 def make_engine(url: str, *, pool_size: int = 10) -> Engine:
-    return create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+    """A pooled engine. No pre-ping (it costs a round trip per checkout, ~20% of a posting): a
+    connection the server dropped fails one call, SQLAlchemy then discards the pool's stale
+    connections, and the caller's retry with the same idempotency key is safe by construction.
+    Connections are recycled after 30 minutes."""
+    return create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=False, pool_recycle=1800)
