@@ -28,6 +28,7 @@ class Container:
     payouts: Any = None  # custody.payouts.Payouts
     reconciliation: Any = None  # custody.reconciliation.Reconciliation (bitcoin)
     sweeps: Any = None  # custody.sweeps.Sweeps (bitcoin, with a signer)
+    reserves: Any = None  # custody.reserves.Reserves (bitcoin, with a signer)
 
     def __post_init__(self) -> None:
         if self.wallets is None:
@@ -58,6 +59,9 @@ class Container:
                 hot = derive_btc_address(signer_keys.account_xpub("bitcoin", "hot"), bitcoin_network, 0, 0)
                 self.sweeps = Sweeps(self.engine, self.ledger, self.wallets, self.adapters["bitcoin"], signer,
                                      hot_address=hot, network=bitcoin_network)
+                from custody.reserves import Reserves
+
+                self.reserves = Reserves(self.engine, self.adapters["bitcoin"], signer, network=bitcoin_network)
         if "bitcoin" in self.adapters:
             from custody.reconciliation import Reconciliation
 

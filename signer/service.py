@@ -199,6 +199,24 @@ class Signer:
         self._audit(None, "signed", None, signed.txid, {"sweep_id": sweep_id, "inputs": len(inputs), "fee": signed.fee})
         return signed
 
+    # ---- proof of reserves ----------------------------------------------------------------
+
+    RESERVES_PREFIX = "custody proof of reserves:"
+
+    def sign_reserves_message(self, tier: str, change: int, index: int, message: str) -> tuple[bytes, bytes]:
+        """Sign a proof-of-reserves statement with a bitcoin key: (compressed public key, DER
+        signature over SHA-256 of the UTF-8 message). Only messages starting with RESERVES_PREFIX
+        are signed, so this can never be made to sign a transaction digest."""
+        import hashlib
+
+        from coincurve import PrivateKey
+
+        if not message.startswith(self.RESERVES_PREFIX):
+            raise SigningRefused(RefusalCode.output_mismatch, "only proof-of-reserves statements are signed here")
+        key = PrivateKey(self._keys.private_key_for("bitcoin", tier, change, index))
+        digest = hashlib.sha256(message.encode()).digest()
+        return key.public_key.format(compressed=True), key.sign(digest, hasher=None)
+
     # ---- ethereum -------------------------------------------------------------------------
 
     def sign_ethereum_payment(self, batch_id: int, output: BatchOutput, *, hot_index: int, chain_id: int, nonce: int,

@@ -138,6 +138,25 @@ def reconcile(c: ContainerDep, _: Auditor) -> list[dict]:
     return [{**line.__dict__, "difference": line.difference} for line in c.reconciliation.run()]
 
 
+@router.post("/reserves/reports", status_code=201)
+def publish_reserves(c: ContainerDep, _: Auditor) -> dict:
+    """Publish a proof-of-reserves report for BTC at the current tip (not a proof of solvency)."""
+    if c.reserves is None:
+        raise ApiError(503, "chains_not_configured", "no bitcoin adapter and signer are configured on this service")
+    return c.reserves.publish("BTC")
+
+
+@router.get("/reserves/reports/{report_id}/proof")
+def reserves_proof(report_id: int, account_id: int, c: ContainerDep, _: Reader) -> dict:
+    """A customer's inclusion proof in a report (the backend hands it to that customer only)."""
+    if c.reserves is None:
+        raise ApiError(503, "chains_not_configured", "no bitcoin adapter and signer are configured on this service")
+    try:
+        return c.reserves.proof(report_id, account_id)
+    except LookupError as exc:
+        raise ApiError(404, "not_found", str(exc)) from None
+
+
 @router.get("/kill-switch")
 def get_kill_switch(c: ContainerDep, _: Reader) -> dict:
     ks = kill_switch(c.engine)
