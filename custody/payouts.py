@@ -373,9 +373,12 @@ class Payouts:
         return signed.txid
 
     def _record_replacement(self, c: Connection, r, txid: str, raw: bytes, fee: int, rate: int) -> None:
-        c.execute(text("INSERT INTO chain_transaction (batch_id, chain, txid, raw, fee, fee_rate, nonce, sender, replaces_id, state) "
-                       "SELECT batch_id, chain, :t, :raw, :f, :fr, nonce, sender, id, 'signed' FROM chain_transaction WHERE id = :i"),
-                  {"t": txid, "raw": raw, "f": fee, "fr": rate, "i": r.id})
+        new_id = c.execute(
+            text("INSERT INTO chain_transaction (batch_id, chain, txid, raw, fee, fee_rate, nonce, sender, replaces_id, state) "
+                 "SELECT batch_id, chain, :t, :raw, :f, :fr, nonce, sender, id, 'signed' FROM chain_transaction WHERE id = :i "
+                 "RETURNING id"), {"t": txid, "raw": raw, "f": fee, "fr": rate, "i": r.id}).scalar_one()
+        # the coins are now spent by the newest version, which is the one a further bump replaces
+        c.execute(text("UPDATE wallet_utxo SET spent_by = :n WHERE spent_by = :o"), {"n": new_id, "o": r.id})
         c.execute(text("UPDATE withdrawal_batch SET fee_rate = :fr, updated_at = now() WHERE id = :b"), {"fr": rate, "b": r.batch_id})
         audit(c, "custody", "batch.fee_bump", f"batch:{r.batch_id}", {"replaces": r.txid, "txid": txid, "rate": rate})
 
@@ -430,20 +433,30 @@ class Payouts:
                                   "WHERE state IN ('broadcast', 'confirmed') ORDER BY id")).all()
         finals = 0
         for r in rows:
-            status = self.adapters[r.chain].tx_status(r.txid, raw=bytes(r.raw))
-            if status.state is TxState.CONFIRMED and not status.reverted:
-                finals += self._confirmed(r, status)
-            elif status.state is TxState.MEMPOOL and r.state == "confirmed":
-                with self.engine.begin() as c:  # its block was reorged out; it waits in the mempool again
-                    advance(c, "chain_transaction", r.id, "confirmed", "broadcast", confirmations=0)
-            elif status.state in (TxState.REPLACED, TxState.CONFLICTED) or status.reverted:
-                self._lost(r, status)
-            elif status.state is TxState.UNKNOWN:
-                try:
-                    self.adapters[r.chain].broadcast(bytes(r.raw))  # evicted: send the same bytes again
-                except ChainError as exc:
-                    log.warning("re-broadcast of %s refused: %s", r.txid, exc)
+            try:
+                finals += self._track_one(r)
+            except Exception:  # noqa: BLE001 - one bad row must not stop the others; it is retried next run
+                log.exception("tracking %s (batch %d) failed; retried next run", r.txid, r.batch_id)
+                with self.engine.begin() as c:
+                    open_incident(c, "payout_tracking_failed", f"track_failed:{r.id}", {"batch_id": r.batch_id, "txid": r.txid},
+                                  severity="warning")
         return finals
+
+    def _track_one(self, r) -> int:
+        status = self.adapters[r.chain].tx_status(r.txid, raw=bytes(r.raw))
+        if status.state is TxState.CONFIRMED and not status.reverted:
+            return self._confirmed(r, status)
+        if status.state is TxState.MEMPOOL and r.state == "confirmed":
+            with self.engine.begin() as c:  # its block was reorged out; it waits in the mempool again
+                advance(c, "chain_transaction", r.id, "confirmed", "broadcast", confirmations=0)
+        elif status.state in (TxState.REPLACED, TxState.CONFLICTED) or status.reverted:
+            self._lost(r, status)
+        elif status.state is TxState.UNKNOWN:
+            try:
+                self.adapters[r.chain].broadcast(bytes(r.raw))  # evicted: send the same bytes again
+            except ChainError as exc:
+                log.warning("re-broadcast of %s refused: %s", r.txid, exc)
+        return 0
 
     def _finality(self, c: Connection, batch_id: int) -> int:
         asset = c.execute(text("SELECT asset FROM withdrawal_batch WHERE id = :b"), {"b": batch_id}).scalar_one()
@@ -505,16 +518,30 @@ class Payouts:
                          metadata={"batch_id": batch_id, "network_fee": fee}, conn=c)
 
     def _lost(self, r, status) -> None:
-        """Replaced or conflicted. If another version of ours is (or will be) the live one, this one is
-        simply `replaced`; otherwise the batch failed: reverse the captures, release the withdrawals."""
-        with self.engine.begin() as c:
-            ours = c.execute(text("SELECT id FROM chain_transaction WHERE batch_id = :b AND id <> :i AND state IN "
-                                  "('signed', 'broadcast', 'confirmed', 'final')"), {"b": r.batch_id, "i": r.id}).first()
-            if ours is not None:
-                advance(c, "chain_transaction", r.id, r.state, "replaced")
+        """This version is replaced (in the mempool) or conflicted (something else spending its
+        inputs or nonce is mined). A version is never written off on mempool evidence: only the
+        chain decides. If any version of the batch, including an earlier one a bump replaced, is
+        mined or still pending, nothing is failed (the mined one is followed and books the batch;
+        `_supersede_others` retires the rest). Only when none is alive did the batch fail: the
+        capture is reversed and the withdrawals are released."""
+        if status.state is TxState.REPLACED:
+            return  # wait for a block: the version the miners take decides
+        with self.engine.connect() as c:
+            siblings = c.execute(text("SELECT id, txid, raw, state FROM chain_transaction WHERE batch_id = :b AND id <> :i "
+                                      "AND state <> 'dropped'"), {"b": r.batch_id, "i": r.id}).all()
+        adapter = self.adapters[r.chain]
+        for sib in siblings:
+            sib_state = adapter.tx_status(sib.txid, raw=bytes(sib.raw)).state
+            if sib_state is TxState.CONFIRMED:
+                with self.engine.begin() as c:
+                    if sib.state == "replaced":  # an earlier version was mined after all: follow it
+                        advance(c, "chain_transaction", sib.id, "replaced", "broadcast")
+                        audit(c, "custody", "chain_transaction.revived", f"batch:{r.batch_id}", {"txid": sib.txid})
+                    advance(c, "chain_transaction", r.id, r.state, "replaced")
                 return
-            if status.state is TxState.REPLACED:
-                return  # a replacement we did not sign may still lose to ours in the mempool; wait for a block
+            if sib_state is TxState.MEMPOOL and sib.state != "replaced":
+                return
+        with self.engine.begin() as c:
             advance(c, "chain_transaction", r.id, r.state, "dropped")
             batch_state = c.execute(text("SELECT state FROM withdrawal_batch WHERE id = :b FOR UPDATE"), {"b": r.batch_id}).scalar_one()
             advance(c, "batch", r.batch_id, batch_state, "failed")
@@ -530,6 +557,12 @@ class Payouts:
             advance_many(c, "withdrawal", ids, "failed", "released")
             for wid in ids:
                 emit(c, "withdrawal.released", f"withdrawal.released:{wid}", {"withdrawal_id": wid, "reason": "transaction_failed"})
+            if status.reverted:  # ethereum: mined but failed; the value stayed, the gas did not
+                gas = self._actual_fee(r)
+                self.ledger.post(f"batch:{r.batch_id}:reverted_gas:{r.txid}",
+                                 [Transfer(self.wallets.firm_account("network_fees", "ETH", conn=c),
+                                           self.wallets.location_account("ethereum", "hot", "ETH", conn=c), gas)],
+                                 kind="network_fee", metadata={"batch_id": r.batch_id, "txid": r.txid, "reverted": True}, conn=c)
             # The coins stay marked spent: something else spent them on chain (see the incident).
             open_incident(c, "withdrawal_transaction_failed", f"tx_failed:{r.id}",
                           {"batch_id": r.batch_id, "txid": r.txid, "status": status.state.value}, severity="warning")

@@ -58,7 +58,7 @@ CHAIN_TX_TRANSITIONS: Mapping[str, frozenset[str]] = {
     "broadcast": frozenset({"confirmed", "replaced", "dropped"}),
     "confirmed": frozenset({"final", "broadcast"}),
     "final": frozenset(),
-    "replaced": frozenset(),
+    "replaced": frozenset({"broadcast"}),  # an earlier version mined after all: it is followed again
     "dropped": frozenset(),
 }
 

@@ -25,6 +25,7 @@ Refusal codes (`RefusalCode`), in the order they are checked:
 | decision_expired | the decision is past its expiry |
 | hold_not_live | the hold is not pending, or does not cover amount + fee |
 | unknown_input | an input is not an unspent hot-wallet coin reserved for this batch |
+| fee_above_ceiling | the fee is above the ceiling rate for the transaction's size (bitcoin) or gas x max fee above the cap (ethereum) |
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ from typing import Callable, Sequence
 from sqlalchemy import Connection, Engine, text
 
 from policies import Approval, Decision, Outcome, PolicyContext, ReasonCode, WithdrawalRequest, quorum_met
-from signer.bitcoin_tx import PayOutput, SignedTx, SpendInput, sign_batch
+from signer.bitcoin_tx import PayOutput, SignedTx, SpendInput, address_to_script, estimate_vsize, fee_for, sign_batch
 from signer.ethereum_tx import sign_eip1559
 from signer.keys import SignerKeys
 
@@ -55,6 +56,7 @@ class RefusalCode(str, enum.Enum):
     decision_expired = "decision_expired"
     hold_not_live = "hold_not_live"
     unknown_input = "unknown_input"
+    fee_above_ceiling = "fee_above_ceiling"
 
 
 class SigningRefused(Exception):
@@ -88,7 +90,10 @@ class BatchOutput:
 
 class Signer:
     def __init__(self, engine: Engine, keys: SignerKeys, *, bitcoin_network: str,
-                 clock: Callable[[], dt.datetime] | None = None) -> None:
+                 clock: Callable[[], dt.datetime] | None = None, max_fee_rate_sat_per_kvb: int = 500_000,
+                 max_eth_fee_wei: int = 10**17) -> None:
+        self.max_fee_rate_sat_per_kvb = max_fee_rate_sat_per_kvb  # no bitcoin transaction pays more per vB
+        self.max_eth_fee_wei = max_eth_fee_wei  # no ethereum transaction may spend more gas money
         self.engine = engine
         self._keys = keys
         self.bitcoin_network = bitcoin_network
@@ -102,6 +107,7 @@ class Signer:
             try:
                 self._check_batch(c, batch_id, outputs)
                 self._check_coins(c, batch_id, coins)
+                self._check_change_and_fee(batch_id, coins, outputs, change)
             except SigningRefused as refused:
                 self._audit(batch_id, "refused", refused.code.value, None, {"message": refused.message})
                 raise
@@ -129,6 +135,7 @@ class Signer:
                                       {"t": k.txid, "v": k.vout, "b": batch_id}).scalar()
                     if spent != replaces_txid:
                         raise SigningRefused(RefusalCode.unknown_input, f"input {k.txid}:{k.vout} is not spent by {replaces_txid}")
+                self._check_change_and_fee(batch_id, coins, outputs, change)
             except SigningRefused as refused:
                 self._audit(batch_id, "refused", refused.code.value, None, {"message": refused.message, "replaces": replaces_txid})
                 raise
@@ -138,6 +145,33 @@ class Signer:
                             change=PayOutput(*change) if change else None, rbf=True)
         self._audit(batch_id, "signed", None, signed.txid, {"replaces": replaces_txid, "fee": signed.fee, "vsize": signed.vsize})
         return signed
+
+    def _hot_address(self, change: int, index: int) -> str:
+        """A hot-wallet address derived from the signer's own keys (never taken from custody)."""
+        from bip_utils import Bip44Changes, Bip84, Bip84Coins
+
+        coin = {"regtest": Bip84Coins.BITCOIN_REGTEST, "testnet": Bip84Coins.BITCOIN_TESTNET}.get(self.bitcoin_network,
+                                                                                                  Bip84Coins.BITCOIN)
+        chain = Bip44Changes.CHAIN_INT if change else Bip44Changes.CHAIN_EXT
+        return (Bip84.FromExtendedKey(self._keys.account_xpub("bitcoin", "hot"), coin).Change(chain)
+                .AddressIndex(index).PublicKey().ToAddress())
+
+    def _check_fee(self, n_inputs: int, scripts: list[bytes], fee: int) -> None:
+        cap = fee_for(estimate_vsize(n_inputs, scripts), self.max_fee_rate_sat_per_kvb)
+        if fee < 0 or fee > cap:
+            raise SigningRefused(RefusalCode.fee_above_ceiling, f"fee {fee} sat is outside 0..{cap} for this transaction")
+
+    def _check_change_and_fee(self, batch_id: int, coins: Sequence[BtcCoin], outputs: Sequence[BatchOutput],
+                              change: tuple[str, int] | None) -> None:
+        """Change may only go to this batch's own change address (derived here); the fee (inputs -
+        outputs - change) may not exceed the ceiling rate for the transaction's size."""
+        scripts = [o.script or address_to_script(o.address, self.bitcoin_network) for o in outputs]
+        if change is not None:
+            if change[0] != self._hot_address(1, batch_id):
+                raise SigningRefused(RefusalCode.output_mismatch, "change must go to the batch's own hot change address")
+            scripts.append(address_to_script(change[0], self.bitcoin_network))
+        fee = sum(k.amount for k in coins) - sum(o.amount for o in outputs) - (change[1] if change else 0)
+        self._check_fee(len(coins), scripts, fee)
 
     def _check_replacement(self, c: Connection, batch_id: int, replaces_txid: str, outputs: Sequence[BatchOutput]) -> None:
         halted = c.execute(text("SELECT engaged FROM control_flag WHERE name = 'withdrawals_halted'")).scalar()
@@ -166,18 +200,12 @@ class Signer:
         hot wallet. Checked first: the kill switch is off; every coin is a booked deposit reserved
         for this sweep with the amount on record; the destination is the hot wallet's receive
         address derived from the signer's own keys, so a sweep can pay nobody else."""
-        from bip_utils import Bip84, Bip84Coins, Bip44Changes
-
         with self.engine.connect() as c:
             try:
                 halted = c.execute(text("SELECT engaged FROM control_flag WHERE name = 'withdrawals_halted'")).scalar()
                 if halted:
                     raise SigningRefused(RefusalCode.kill_switch_on, "withdrawals and sweeps are halted by the kill switch")
-                coin = Bip84Coins.BITCOIN_REGTEST if self.bitcoin_network == "regtest" else (
-                    Bip84Coins.BITCOIN_TESTNET if self.bitcoin_network == "testnet" else Bip84Coins.BITCOIN)
-                hot = Bip84.FromExtendedKey(self._keys.account_xpub("bitcoin", "hot"), coin)
-                expected = hot.Change(Bip44Changes.CHAIN_EXT).AddressIndex(0).PublicKey().ToAddress()
-                if destination != expected:
+                if destination != self._hot_address(0, 0):
                     raise SigningRefused(RefusalCode.output_mismatch, "a sweep pays only the hot wallet's receive address")
                 rows = {(r.txid, r.output_index): r for r in c.execute(text(
                     "SELECT o.txid, o.output_index, o.amount, d.derivation_index FROM deposit_observation o "
@@ -189,6 +217,7 @@ class Signer:
                     r = rows.get((k.txid, k.vout))
                     if r is None or int(r.amount) != k.amount or (k.change, k.index) != (0, r.derivation_index):
                         raise SigningRefused(RefusalCode.unknown_input, f"input {k.txid}:{k.vout} is not a booked deposit of this sweep")
+                self._check_fee(len(coins), [address_to_script(destination, self.bitcoin_network)], fee)
             except SigningRefused as refused:
                 self._audit(None, "refused", refused.code.value, None, {"sweep_id": sweep_id, "message": refused.message})
                 raise
@@ -233,6 +262,10 @@ class Signer:
                     old_nonce = c.execute(text("SELECT nonce FROM chain_transaction WHERE txid = :t"), {"t": replaces_txid}).scalar()
                     if old_nonce != nonce:
                         raise SigningRefused(RefusalCode.output_mismatch, "a replacement must reuse the nonce it replaces")
+                self._check_eth_call(c, output, to, value, data)
+                if gas * max_fee_wei > self.max_eth_fee_wei or priority_fee_wei > max_fee_wei:
+                    raise SigningRefused(RefusalCode.fee_above_ceiling,
+                                         f"gas x max fee {gas * max_fee_wei} wei is above the cap {self.max_eth_fee_wei}")
             except SigningRefused as refused:
                 self._audit(batch_id, "refused", refused.code.value, None, {"message": refused.message})
                 raise
@@ -242,6 +275,22 @@ class Signer:
         return signed
 
     # ---- checks ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _check_eth_call(c: Connection, output: BatchOutput, to: str, value: int, data: bytes) -> None:
+        """The transaction must do exactly what the withdrawal says, rebuilt here from the database:
+        ether: to = destination, value = amount, no data; ERC-20: to = the asset's token contract,
+        value 0, data = transfer(destination, amount)."""
+        from signer.ethereum_tx import erc20_transfer_data
+
+        w = c.execute(text("SELECT w.destination, w.amount, a.contract_address FROM withdrawal_request w "
+                           "JOIN chain_asset a ON a.asset = w.asset WHERE w.id = :w"), {"w": output.withdrawal_id}).one()
+        if w.contract_address:
+            expected = (w.contract_address.lower(), 0, erc20_transfer_data(w.destination, int(w.amount)))
+        else:
+            expected = (w.destination.lower(), int(w.amount), b"")
+        if (to.lower(), value, bytes(data)) != expected:
+            raise SigningRefused(RefusalCode.output_mismatch, f"the transaction does not do what withdrawal {output.withdrawal_id} says")
 
     def _check_batch(self, c: Connection, batch_id: int, outputs: Sequence[BatchOutput]) -> None:
         halted = c.execute(text("SELECT engaged FROM control_flag WHERE name = 'withdrawals_halted'")).scalar()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import datetime as dt
 
+import pytest
+
 from sqlalchemy import text
 
 from custody.controls import set_kill_switch
@@ -92,3 +94,50 @@ def test_signer_refusals(custody, customer, bitcoind, engine, ledger, log):
     assert_equal(ledger.balance(a).posted, 100_000_000)
     tx = bitcoind.rpc("getrawtransaction", txid, True)
     assert_equal(sorted(o["scriptPubKey"]["address"] for o in tx["vout"] if o["scriptPubKey"]["address"] == dest), [dest])
+
+
+def test_signer_checks_change_fee_and_what_an_ethereum_call_does(custody, customer, bitcoind, anvil, engine, ledger, log):
+
+
+    from signer.service import BatchOutput, SigningRefused
+
+    w, p = custody.withdrawals, custody.payouts
+    [a] = fund(custody, customer, bitcoind, 1)
+    dest = bitcoind.wallet("getnewaddress", "", "bech32")
+    wd = w.request(client_withdrawal_id=f"checks-{a}", account_id=a, amount=1_000_000, destination=dest, requested_by="backend")
+    batch = p.batch_bitcoin()
+    with engine.connect() as c:
+        rows, coins, outputs, change = p._bitcoin_plan(c, batch, 10_000)  # noqa: SLF001 - feed the signer bad plans
+    log.info("change to an address that is not the batch's own: refused")
+    with pytest.raises(SigningRefused) as err:
+        p.signer.sign_bitcoin_batch(batch, coins, outputs, (dest, change[1]))
+    assert_equal(err.value.code.value, "output_mismatch")
+    log.info("a fee far above the ceiling rate (change shrunk to dust-free minimum): refused")
+    with pytest.raises(SigningRefused) as err:
+        p.signer.sign_bitcoin_batch(batch, coins, outputs, (change[0], 1_000))
+    assert_equal(err.value.code.value, "fee_above_ceiling")
+    p.drop_from_batch(batch, wd.id, reason="test", retry=False)
+    assert_equal(ledger.balance(a).held, 0)
+
+    log.info("ethereum: a call paying someone else than the withdrawal says: refused")
+    eth = customer("ETH")
+    anvil.fund(custody.wallets.issue_address(f"addr:{eth}", eth).address, 10**18)
+    anvil.mine(12)
+    custody.deposits.run_once(["ethereum"])
+    to = "0x" + "11" * 20
+    from tests.e2e import txbuild
+    good = txbuild.eth_new_address("checks-eth")
+    we = w.request(client_withdrawal_id=f"checks-eth-{eth}", account_id=eth, amount=10**17, destination=good, requested_by="backend")
+    [ebatch] = p.batch_ethereum()
+    out = BatchOutput(we.id, we.destination, we.amount)
+    with pytest.raises(SigningRefused) as err:
+        p.signer.sign_ethereum_payment(ebatch, out, hot_index=0, chain_id=31337, nonce=0, to=to, value=10**17, data=b"",
+                                       gas=21_000, max_fee_wei=10**9, priority_fee_wei=1)
+    assert_equal(err.value.code.value, "output_mismatch")
+    with pytest.raises(SigningRefused) as err:
+        p.signer.sign_ethereum_payment(ebatch, out, hot_index=0, chain_id=31337, nonce=0, to=good, value=10**17, data=b"",
+                                       gas=21_000, max_fee_wei=10**16, priority_fee_wei=1)
+    assert_equal(err.value.code.value, "fee_above_ceiling")
+    p.drop_from_batch(ebatch, we.id, reason="test", retry=False)
+    assert_equal(ledger.balance(eth).held, 0)
+
