@@ -66,7 +66,8 @@ class Container:
             from custody.reconciliation import Reconciliation
 
             self.reconciliation = Reconciliation(self.engine, self.ledger, self.wallets, self.adapters["bitcoin"],
-                                                 network=bitcoin_network)
+                                                 network=bitcoin_network,
+                                                 before=self.payouts.sync_hot_wallet if self.payouts else None)
         return self
 
 

@@ -38,7 +38,7 @@ from ledger.model import Transfer
 from ledger.service import Ledger
 
 log = logging.getLogger(__name__)
-POST_FINAL = ("credited", "quarantined", "dust", "released")
+POST_FINAL = ("credited", "quarantined", "dust", "released", "returned")
 
 
 @dataclass(frozen=True)
@@ -181,20 +181,20 @@ class Deposits:
         """A block holding a deposit we already booked is gone: book the shortfall to suspense."""
         pool = self.wallets.location_account(row.chain, "deposit", row.asset, conn=c)
         suspense = self.wallets.firm_account("suspense", row.asset, conn=c)
-        key = _reorg_key(row)
+        key = _reorg_key(row, row.reorg_count)
         tx = self.ledger.post(key, [Transfer(suspense, pool, int(row.amount))], kind="deposit_reorg",
                               metadata={"observation_id": row.id, "block_hash": row.block_hash}, conn=c)
         c.execute(text("UPDATE deposit_observation SET reorg_count = reorg_count + 1, updated_at = now() WHERE id = :i"), {"i": row.id})
-        open_incident(c, "deposit_reorged_after_finality", f"deposit_reorg:{row.id}:{row.block_hash}",
+        open_incident(c, "deposit_reorged_after_finality", f"deposit_reorg:{row.id}:{row.reorg_count}:{row.block_hash}",
                       {"observation_id": row.id, "txid": row.txid, "index": row.output_index, "asset": row.asset,
                        "amount": str(row.amount), "state": row.state, "block_hash": row.block_hash,
                        "suspense_transaction_id": tx.transaction_id})
 
     def _remined_after_deep_reorg(self, c: Connection, row, obs: Observation) -> None:
-        key = _reorg_key(row)
+        key = _reorg_key(row, row.reorg_count - 1)  # the compensation booked before the count went up
         compensation = c.execute(text("SELECT id FROM journal_transaction WHERE idempotency_key = :k"), {"k": key}).first()
         if compensation is not None:
-            self.ledger.reverse(compensation.id, f"deposit-remined:{row.id}:{obs.block.hash}", conn=c)
+            self.ledger.reverse(compensation.id, f"deposit-remined:{row.id}:{row.reorg_count}:{obs.block.hash}", conn=c)
         c.execute(text("UPDATE deposit_observation SET block_hash = :h, block_height = :n, updated_at = now() WHERE id = :i"),
                   {"h": obs.block.hash, "n": obs.block.height, "i": row.id})
         audit(c, "custody", "deposit.remined", f"observation:{row.id}", {"block_hash": obs.block.hash})
@@ -322,24 +322,32 @@ class Deposits:
             row = c.execute(text(f"{_OBS_SQL} WHERE id = :i"), {"i": obs_id}).first()
         if row is None:
             raise LedgerError(ErrorCode.invalid_request, f"no deposit {obs_id}")
-        if row.state == "returned":
-            with self.engine.connect() as c:
-                return c.execute(text("SELECT return_withdrawal_id FROM deposit_observation WHERE id = :i"), {"i": obs_id}).scalar_one()
-        if row.state != "quarantined":
+        if row.state not in ("quarantined", "returned"):
             raise LedgerError(ErrorCode.invalid_request, f"deposit {obs_id} is {row.state}, not quarantined")
         destination = destination or (row.senders[0] if len(row.senders) == 1 else None)
         if destination is None:
             raise LedgerError(ErrorCode.invalid_request, "the deposit has no single sender: name the destination")
+        # First the deposit leaves `quarantined` under its row lock, so a release can no longer
+        # happen; then the (idempotent) withdrawal is requested. A crash in between is finished by
+        # asking again: the deposit is `returned` without a withdrawal, and the request is repeated.
+        with self.engine.begin() as c:
+            current = c.execute(text("SELECT state, return_withdrawal_id FROM deposit_observation WHERE id = :i FOR UPDATE"),
+                                {"i": obs_id}).one()
+            if current.return_withdrawal_id is not None:
+                return current.return_withdrawal_id
+            if current.state == "quarantined":
+                advance(c, "deposit_observation", obs_id, "quarantined", "returned")
+                audit(c, operator, "deposit.return", f"observation:{obs_id}", {"comment": comment, "destination": destination})
+            elif current.state != "returned":
+                raise LedgerError(ErrorCode.invalid_request, f"deposit {obs_id} is {current.state}, not quarantined")
         quarantine = self.wallets.firm_account("quarantine", row.asset)
         fee = self.wallets.chain_asset(row.asset).withdrawal_fee
         w = withdrawals.request(client_withdrawal_id=f"deposit-return:{obs_id}", account_id=quarantine,
-                                amount=int(row.amount) - fee, destination=destination, requested_by=operator)
+                                amount=int(row.amount) - fee, destination=destination, requested_by=operator,
+                                _from_quarantine=True)
         with self.engine.begin() as c:
-            current = c.execute(text("SELECT state FROM deposit_observation WHERE id = :i FOR UPDATE"), {"i": obs_id}).scalar_one()
-            if current == "quarantined":
-                advance(c, "deposit_observation", obs_id, "quarantined", "returned", return_withdrawal_id=w.id)
-                audit(c, operator, "deposit.return", f"observation:{obs_id}", {"comment": comment, "withdrawal_id": w.id,
-                                                                                 "destination": destination})
+            c.execute(text("UPDATE deposit_observation SET return_withdrawal_id = :w, updated_at = now() WHERE id = :i"),
+                      {"w": w.id, "i": obs_id})
         return w.id
 
     def list(self, *, account_id: int | None = None, state: str | None = None, limit: int = 200) -> list[dict]:
@@ -372,8 +380,9 @@ def _deposit_key(row) -> str:
     return f"deposit:{row.chain}:{row.asset}:{row.txid}:{row.output_index}"
 
 
-def _reorg_key(row) -> str:
-    return f"deposit-reorg:{row.id}:{row.block_hash}"
+def _reorg_key(row, count: int) -> str:
+    # the count: a deposit reorged out of the same block twice (X -> Y -> X) is compensated twice
+    return f"deposit-reorg:{row.id}:{count}:{row.block_hash}"
 
 
 def _event(row, transaction_id: int) -> dict:

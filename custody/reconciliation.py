@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Callable
 
 from sqlalchemy import Engine, text
 
@@ -53,7 +54,9 @@ class Line:
 
 
 class Reconciliation:
-    def __init__(self, engine: Engine, ledger: Ledger, wallets: Wallets, bitcoin: ChainAdapter, *, network: str) -> None:
+    def __init__(self, engine: Engine, ledger: Ledger, wallets: Wallets, bitcoin: ChainAdapter, *, network: str,
+                 before: Callable[[], object] | None = None) -> None:
+        self.before = before  # e.g. the hot wallet sync, so confirmed treasury funding is booked first
         self.engine = engine
         self.ledger = ledger
         self.wallets = wallets
@@ -63,6 +66,8 @@ class Reconciliation:
     def run(self, *, attempts: int = 3) -> list[Line]:
         """Reconcile every bitcoin location at one stable height; open an incident for any
         difference. Returns the lines compared (empty when the chain kept moving)."""
+        if self.before is not None:
+            self.before()
         # opened (if new) before any snapshot is taken, so the snapshots can see them
         self._accounts = {tier: self.wallets.location_account("bitcoin", tier, "BTC") for tier in ("deposit", "hot")}
         for _ in range(attempts):

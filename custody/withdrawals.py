@@ -85,7 +85,7 @@ class Withdrawals:
     # ---- request --------------------------------------------------------------------------
 
     def request(self, *, client_withdrawal_id: str, account_id: int, amount: int, destination: str,
-                requested_by: str, priority: str = "normal") -> WithdrawalView:
+                requested_by: str, priority: str = "normal", _from_quarantine: bool = False) -> WithdrawalView:
         if kill_switch(self.engine).engaged:
             raise CustodyError(CustodyErrorCode.withdrawals_halted, "withdrawals are halted by the kill switch")
         if priority not in ("normal", "fast"):
@@ -93,7 +93,8 @@ class Withdrawals:
         if not isinstance(client_withdrawal_id, str) or not 1 <= len(client_withdrawal_id) <= 200:
             raise LedgerError(ErrorCode.invalid_request, "client_withdrawal_id must be 1-200 characters")
         account = self.ledger.get_account(account_id)
-        if account.kind not in (AccountKind.customer, AccountKind.quarantine):  # quarantine: deposits sent back
+        allowed = (AccountKind.quarantine,) if _from_quarantine else (AccountKind.customer,)
+        if account.kind not in allowed:  # the quarantine account only through Deposits.return_quarantined
             raise LedgerError(ErrorCode.invalid_request, "withdrawals are made from customer accounts")
         try:
             ca = self.wallets.chain_asset(account.asset)

@@ -60,6 +60,10 @@ def test_rejections_have_clear_codes(custody, customer, api, engine, ledger, bit
         log.info("%s to %s... -> %d %s", amount, dest[:12], r.status_code, r.json().get("error", {}).get("code"))
         assert_equal((r.status_code, r.json()["error"]["code"]), (status, code))
     assert_equal(ledger.balance(acct).held, 0)
+    quarantine = custody.wallets.firm_account("quarantine", "BTC")
+    r = post(api, quarantine, "0.01")
+    log.info("the firm's quarantine account cannot be withdrawn from over the API -> %s", r.json()["error"]["code"])
+    assert_equal((r.status_code, r.json()["error"]["code"]), (422, "invalid_request"))
 
     log.info("a denylisted destination is rejected by policy, its hold released, the reason returned")
     denied = bitcoind.wallet("getnewaddress", "", "bech32")
