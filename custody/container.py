@@ -52,6 +52,7 @@ class Container:
             signer = Signer(self.engine, signer_keys, bitcoin_network=bitcoin_network)
             config = payout_config or PayoutConfig(bitcoin_network=bitcoin_network)
             self.payouts = Payouts(self.engine, self.ledger, self.wallets, self.adapters, signer, config)
+            self.payouts.withdrawals = self.withdrawals
             if "bitcoin" in self.adapters:
                 from custody.addresses import derive_btc_address
                 from custody.sweeps import Sweeps

@@ -70,6 +70,7 @@ class Payouts:
         self.signer = signer
         self.config = config or PayoutConfig()
         self.refusals: list[tuple[int, str]] = []  # (batch id, refusal code), most recent last
+        self.withdrawals = None  # custody.withdrawals.Withdrawals: re-decides approvals that expired unpaid
 
     # ---- hot wallet -----------------------------------------------------------------------
 
@@ -121,6 +122,13 @@ class Payouts:
         order = "amount, id" if draining else "id"
         if draining:
             limit = min(limit, self.config.drain_per_run)
+        if self.withdrawals is not None:  # a decision that expired while waiting is made again first
+            expired = c.execute(text("SELECT w.id FROM withdrawal_request w JOIN policy_decision d ON d.id = w.decision_id "
+                                     "WHERE w.state = 'approved' AND w.chain = :c AND d.expires_at <= now() "
+                                     "FOR UPDATE OF w SKIP LOCKED"), {"c": chain}).scalars().all()
+            for wid in expired:
+                log.info("withdrawal %d: decision expired before payment; re-decided: %s", wid,
+                         self.withdrawals.reevaluate_expired(c, wid))
         rows = c.execute(
             text("SELECT id, account_id, asset, amount, fee_quoted, destination, destination_script, hold_id FROM withdrawal_request "
                  f"WHERE state = 'approved' AND chain = :c ORDER BY {order} LIMIT :l FOR UPDATE SKIP LOCKED"),

@@ -167,6 +167,26 @@ class Withdrawals:
              "v": d.policy_version, "rec": json.dumps(d.to_record()), "at": d.decided_at, "exp": d.expires_at},
         ).scalar_one()
 
+    def reevaluate_expired(self, c: Connection, wid: int) -> str:
+        """An approved withdrawal whose decision expired before it was paid gets a fresh decision
+        under the current policy (rescreened, velocity recounted). Returns the new state:
+        `approved`, `pending_approval` (operators again) or `rejected` (hold released)."""
+        w = _view(c.execute(text(f"{_W_SQL} WHERE id = :i FOR UPDATE"), {"i": wid}).one())
+        decision = self._evaluate(c, w)
+        decision_id = self._store_decision(c, w.id, decision)
+        if decision.outcome is Outcome.APPROVE:
+            c.execute(text("UPDATE withdrawal_request SET decision_id = :d, updated_at = now() WHERE id = :i AND state = 'approved'"),
+                      {"d": decision_id, "i": wid})
+            return "approved"
+        if decision.outcome is Outcome.NEEDS_APPROVAL:
+            advance(c, "withdrawal", wid, "approved", "pending_approval", decision_id=decision_id)
+            return "pending_approval"
+        self.ledger.release_hold(w.hold_id, owner=HOLD_OWNER, conn=c)
+        advance(c, "withdrawal", wid, "approved", "rejected", decision_id=decision_id,
+                reject_reasons=[r.value for r in decision.reasons])
+        emit(c, "withdrawal.rejected", f"withdrawal.rejected:{wid}:{decision_id}", {"withdrawal_id": wid})
+        return "rejected"
+
     # ---- operator decisions ---------------------------------------------------------------
 
     def approve(self, withdrawal_id: int, *, operator: str, comment: str) -> WithdrawalView:

@@ -25,6 +25,7 @@ Refusal codes (`RefusalCode`), in the order they are checked:
 | decision_expired | the decision is past its expiry |
 | hold_not_live | the hold is not pending, or does not cover amount + fee |
 | unknown_input | an input is not an unspent hot-wallet coin reserved for this batch |
+| destination_denied | a destination is on the denylist now (checked again at signing) |
 | fee_above_ceiling | the fee is above the ceiling rate for the transaction's size (bitcoin) or gas x max fee above the cap (ethereum) |
 """
 from __future__ import annotations
@@ -57,6 +58,7 @@ class RefusalCode(str, enum.Enum):
     hold_not_live = "hold_not_live"
     unknown_input = "unknown_input"
     fee_above_ceiling = "fee_above_ceiling"
+    destination_denied = "destination_denied"
 
 
 class SigningRefused(Exception):
@@ -309,6 +311,10 @@ class Signer:
         by_id = {r.id: r for r in rows}
         if sorted(o.withdrawal_id for o in outputs) != sorted(by_id):
             raise SigningRefused(RefusalCode.output_mismatch, "outputs and the batch's withdrawals differ")
+        denied = {a.lower() for a in c.execute(text("SELECT address FROM denylist_address WHERE lower(address) = ANY(:d)"),
+                                              {"d": [r.destination.lower() for r in rows]}).scalars()}
+        if denied:
+            raise SigningRefused(RefusalCode.destination_denied, f"denylisted destination(s): {sorted(denied)}")
         approvals: dict[int, list[Approval]] = {}
         for a in c.execute(text("SELECT decision_id, operator, at FROM approval WHERE decision_id = ANY(:d) AND action = 'approve'"),
                            {"d": [r.decision_id for r in rows if r.decision_id is not None]}):

@@ -141,3 +141,29 @@ def test_signer_checks_change_fee_and_what_an_ethereum_call_does(custody, custom
     p.drop_from_batch(ebatch, we.id, reason="test", retry=False)
     assert_equal(ledger.balance(eth).held, 0)
 
+
+
+def test_an_expired_decision_is_made_again_before_batching(custody, customer, bitcoind, engine, ledger, log):
+    w, p = custody.withdrawals, custody.payouts
+    [a] = fund(custody, customer, bitcoind, 1)
+    dest = bitcoind.wallet("getnewaddress", "", "bech32")
+    real = w.clock
+    w.clock = lambda: real() - dt.timedelta(days=2)  # decided two days ago: expired by now
+    try:
+        old = w.request(client_withdrawal_id=f"expired-{a}", account_id=a, amount=1_500_000, destination=dest, requested_by="backend")
+    finally:
+        w.clock = real
+    assert_equal(old.state, "approved")
+    log.info("the batch job re-decides the expired approval, then the signer accepts it")
+    batch = p.batch_bitcoin()
+    assert batch is not None
+    fresh = w.get(old.id)
+    assert fresh.decision_id != old.decision_id
+    [txid] = p.sign_open_batches()
+    assert_equal(p.broadcast(), 1)
+    bitcoind.mine(BTC_FINALITY)
+    p.track()
+    assert_equal(w.get(old.id).state, "final")
+    with engine.connect() as c:
+        assert_equal(c.execute(text("SELECT count(*) FROM policy_decision WHERE withdrawal_id = :w"), {"w": old.id}).scalar_one(), 2)
+    assert txid
