@@ -25,6 +25,7 @@ def test_ethereum_reorg_orphans_and_remines(anvil, usdt, eth_adapter, log):
                                    nonce=ad.nonce(sender), chain_id=ad.chain_id,
                                    max_fee=fee.max_fee_wei, priority_fee=fee.priority_fee_wei)
     ether_tx = ad.broadcast(raw).txid
+    anvil.wait_mined(ether_tx)  # automine seals asynchronously: one block per transaction, in order
     anvil.wait_mined(ether_tx)
     log.info("Block %d: an ERC-20 deposit of 2.500001 USDT", fork.height + 2)
     token_tx = usdt.transfer(sender, token_to, 2_500_001)
