@@ -16,19 +16,26 @@ def test_ethereum_reorg_orphans_and_remines(anvil, usdt, eth_adapter, log):
     ether_to, token_to = txbuild.eth_new_address("reorg-eth"), txbuild.eth_new_address("reorg-usdt")
     watch = Watch(frozenset({ether_to, token_to}), tokens=ad.tokens)
     usdt.mint(txbuild.eth_address(txbuild.ETH_DEV_KEY_1), 10_000_000)
-    fork = ad.tip()
-
-    log.info("Block %d: a Python-signed EIP-1559 ether deposit", fork.height + 1)
-    sender = txbuild.eth_address(txbuild.ETH_DEV_KEY_1)
-    fee = ad.estimate_fee()
-    raw = txbuild.eip1559_transfer(txbuild.ETH_DEV_KEY_1, to=ether_to, value=777_000_000_000_000_001,
-                                   nonce=ad.nonce(sender), chain_id=ad.chain_id,
-                                   max_fee=fee.max_fee_wei, priority_fee=fee.priority_fee_wei)
-    ether_tx = ad.broadcast(raw).txid
-    anvil.wait_mined(ether_tx)  # automine seals asynchronously: one block per transaction, in order
-    anvil.wait_mined(ether_tx)
-    log.info("Block %d: an ERC-20 deposit of 2.500001 USDT", fork.height + 2)
-    token_tx = usdt.transfer(sender, token_to, 2_500_001)
+    # Automine off for the two deposit blocks: anvil's automine seals asynchronously, and a block
+    # sealed late (by this or an earlier test) must not slip in between; we mine each one ourselves.
+    anvil.set_automine(False)
+    try:
+        anvil.mine(1)
+        fork = ad.tip()
+        log.info("Block %d: a Python-signed EIP-1559 ether deposit", fork.height + 1)
+        sender = txbuild.eth_address(txbuild.ETH_DEV_KEY_1)
+        fee = ad.estimate_fee()
+        raw = txbuild.eip1559_transfer(txbuild.ETH_DEV_KEY_1, to=ether_to, value=777_000_000_000_000_001,
+                                       nonce=ad.nonce(sender), chain_id=ad.chain_id,
+                                       max_fee=fee.max_fee_wei, priority_fee=fee.priority_fee_wei)
+        ether_tx = ad.broadcast(raw).txid
+        anvil.mine(1)
+        log.info("Block %d: an ERC-20 deposit of 2.500001 USDT", fork.height + 2)
+        token_tx = usdt.transfer(sender, token_to, 2_500_001, wait=False)
+        anvil.mine(1)
+    finally:
+        anvil.set_automine(True)
+    assert_equal(ad.tip().height, fork.height + 2)
 
     first = ad.scan(fork, watch)
     assert_equal(sorted((o.asset, o.txid, o.amount) for o in first.observations),
