@@ -1,7 +1,10 @@
 """create_app(): the FastAPI application with every router and the uniform error format."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from fastapi import FastAPI
+from fastapi.responses import HTMLResponse
 
 from custody.api import deposit_routes, errors, ledger_routes, order_routes, withdrawal_routes
 from custody.container import Container
@@ -19,6 +22,14 @@ def create_app(container: Container) -> FastAPI:
     app.include_router(deposit_routes.router)
     app.include_router(order_routes.router)
     app.include_router(withdrawal_routes.router)
+
+    console = Path(__file__).resolve().parents[1] / "console" / "index.html"
+
+    @app.get("/console", include_in_schema=False)
+    def operator_console() -> HTMLResponse:
+        """The treasury operators' page: a thin client of the /v1 API (every action is authorised
+        and audited there, with the operator's own API key)."""
+        return HTMLResponse(console.read_text())
 
     @app.get("/health", tags=["ops"])
     def health() -> dict:

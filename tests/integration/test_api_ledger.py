@@ -159,3 +159,10 @@ def test_settings_refuse_default_secrets_in_production():
     with pytest.raises(ValueError, match="API_KEY_PEPPER"):
         Settings(environment="production", database_url="postgresql://x@y/z")
     assert Settings(environment="production", database_url="postgresql://x@y/z", api_key_pepper="p" * 40)
+
+
+def test_console_page_is_served_and_uses_the_api(api):
+    client, _, _ = api
+    r = client.get("/console")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    assert "Custody console" in r.text and "/v1/withdrawals?state=pending_approval" in r.text and "X-API-Key" in r.text
