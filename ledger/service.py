@@ -355,12 +355,14 @@ class Ledger:
             ).scalars().all()
         expired = []
         for hold_id in ids:
-            try:
-                self._resolve(hold_id, HoldState.expired, owner=None, now=now)
+            with self._one(None) as c:
+                status = c.execute(_RESOLVE_HOLD_SQL, {"i": hold_id, "s": HoldState.expired.value, "o": None, "now": now}).one().status
+            # `created`: this run expired it; `exists`: a concurrent run got there first; resolved by its
+            # owner meanwhile: nothing to expire. Anything else is a real error.
+            if status == "created":
                 expired.append(hold_id)
-            except LedgerError as err:  # resolved meanwhile by its owner: nothing to expire
-                if err.code is not ErrorCode.hold_already_resolved:
-                    raise
+            elif status not in ("exists", "hold_already_resolved", "not_timed_out"):
+                raise LedgerError(ErrorCode(status), hold_id=hold_id)
         return expired
 
     def _resolve(
