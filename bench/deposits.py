@@ -9,25 +9,15 @@ Starts its own regtest nodes and database, pays the outputs, mines to finality, 
 from __future__ import annotations
 
 import argparse
-import os
 import random
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from chain_adapters.bitcoin import BitcoinAdapter  # noqa: E402
-from custody.container import Container  # noqa: E402
-from custody.database import drop_database, ensure_database, make_engine, migrate, server_url, with_database  # noqa: E402
-from custody.settings import Settings  # noqa: E402
-from ledger.service import Ledger  # noqa: E402
-from regtest.bitcoin_node import start_bitcoind  # noqa: E402
-from regtest.install import find_tools  # noqa: E402
+from bench.regtest_custody import custody_on_regtest  # noqa: E402
 from regtest.workloads import pay_many_bitcoin  # noqa: E402
-from signer.keys import Secret, SignerKeys, seed_from_text  # noqa: E402
 
 FINALITY = 3
 
@@ -39,16 +29,7 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=20)
     args = parser.parse_args()
 
-    root = Path(tempfile.mkdtemp(prefix="bench-deposits-"))
-    url = with_database(server_url(Settings()), f"bench_deposits_{os.getpid()}")
-    node = start_bitcoind(find_tools(), root / "bitcoind")
-    try:
-        ensure_database(url)
-        migrate(url)
-        engine = make_engine(url)
-        container = Container(settings=Settings(environment="test"), engine=engine, ledger=Ledger(engine))
-        container.with_chains({"bitcoin": BitcoinAdapter(node.rpc_url, network="regtest")})
-        keys = SignerKeys(seed_from_text(Secret("abandon " * 11 + "about")), "regtest")
+    with custody_on_regtest("deposits", with_signer=False) as (container, node, keys):
         container.wallets.register_wallet("bitcoin", "deposit", "regtest", keys.account_xpub("bitcoin", "deposit"),
                                           gap_limit=args.addresses + 1)
         container.wallets.configure_asset("BTC", 8, "bitcoin", finality=FINALITY, dust_minimum=1_000)
@@ -76,13 +57,6 @@ def main() -> None:
         print(f"confirm: {t2 - t1:.2f}s")
         print(f"credit:  {credited} deposits in {t3 - t2:.2f}s ({credited / (t3 - t2):,.0f}/s), 100 deposits per commit, each screened (bitcoin senders looked up)")
         print(f"end to end: {credited} deposits credited in {t3 - t0:.2f}s = {credited / (t3 - t0):,.0f} deposits/s")
-        container.ledger.assert_verified()
-        print("ledger verified")
-        engine.dispose()
-    finally:
-        node.stop()
-        drop_database(url)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -16,25 +16,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from decimal import Decimal
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from chain_adapters.bitcoin import BitcoinAdapter  # noqa: E402
 from custody.addresses import derive_btc_address  # noqa: E402
-from custody.container import Container  # noqa: E402
-from custody.database import drop_database, ensure_database, make_engine, migrate, server_url, with_database  # noqa: E402
-from custody.settings import Settings  # noqa: E402
 from ledger.model import Transfer  # noqa: E402
-from ledger.service import Ledger  # noqa: E402
-from regtest.bitcoin_node import start_bitcoind  # noqa: E402
-from regtest.install import find_tools  # noqa: E402
+from bench.regtest_custody import custody_on_regtest  # noqa: E402
 from signer.keys import Secret, SignerKeys, seed_from_text  # noqa: E402
 
 
@@ -48,16 +40,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="print a cProfile of the last repetition's signing step")
     args = parser.parse_args()
     n = args.outputs
-    root = Path(tempfile.mkdtemp(prefix="bench-wjob-"))
-    url = with_database(server_url(Settings()), f"bench_wjob_{os.getpid()}")
-    node = start_bitcoind(find_tools(), root / "bitcoind")
-    try:
-        ensure_database(url)
-        migrate(url)
-        engine = make_engine(url)
-        c = Container(settings=Settings(environment="test"), engine=engine, ledger=Ledger(engine))
-        keys = SignerKeys(seed_from_text(Secret("abandon " * 11 + "about")), "regtest")
-        c.with_chains({"bitcoin": BitcoinAdapter(node.rpc_url, network="regtest")}, signer_keys=keys)
+    with custody_on_regtest("wjob", with_signer=True) as (c, node, keys):
         for tier in ("deposit", "hot"):
             c.wallets.register_wallet("bitcoin", tier, "regtest", keys.account_xpub("bitcoin", tier))
         c.wallets.configure_asset("BTC", 8, "bitcoin", finality=1, min_withdrawal=10_000, withdrawal_fee=5_000)
@@ -112,13 +95,6 @@ def main() -> None:
               f"= {(batch_s + sign_s) * 1000:.0f} ms (median of {args.reps})")
         print(f"bitcoind sendmany of {n} outputs: {sm * 1000:.0f} ms (median)")
         print(f"ratio custody job / sendmany: {(batch_s + sign_s) / sm:.2f}  (target <= 1.0)")
-        c.ledger.assert_verified()
-        print("ledger verified")
-        engine.dispose()
-    finally:
-        node.stop()
-        drop_database(url)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
