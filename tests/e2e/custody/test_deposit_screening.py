@@ -64,37 +64,33 @@ def test_external_screener_hook(custody, customer, anvil, ledger, log):
     assert_equal(ledger.balance(acct).posted, 777_000_000_000)
 
 
-def test_denylisted_sender_quarantined(custody, customer, btc, bitcoind, engine, ledger, log):
+def deposit_from_denylisted_sender(custody, customer, btc, bitcoind, engine, amount: int, reason: str):
+    """A fresh customer address is paid `amount` by a Python-held key that is on the denylist; the
+    deposit jobs run to finality. Returns (account id, sender key, the deposit's row)."""
     from tests.e2e import txbuild
 
     acct = customer("BTC")
     addr = custody.wallets.issue_address(f"addr:{acct}", acct).address
-    key, utxo = btc.funded_key(2_000_000)
+    key, utxo = btc.funded_key(amount + 1_000_000)
     with engine.begin() as c:
-        c.execute(text("INSERT INTO denylist_address (address, reason) VALUES (:a, 'test: sanctioned sender')"), {"a": key.address})
-    log.info("a sanctioned address %s pays our deposit address", key.address)
-    raw = txbuild.spend_p2wpkh(key, utxo.txid, utxo.index, utxo.amount, [(addr, 1_500_000), (key.address, utxo.amount - 1_502_000)])
+        c.execute(text("INSERT INTO denylist_address (address, reason) VALUES (:a, :r)"), {"a": key.address, "r": reason})
+    raw = txbuild.spend_p2wpkh(key, utxo.txid, utxo.index, utxo.amount, [(addr, amount), (key.address, utxo.amount - amount - 2_000)])
     btc.adapter.broadcast(raw)
     bitcoind.mine(BTC_FINALITY)
     custody.deposits.run_once(["bitcoin"])
     [obs] = custody.deposits.list(account_id=acct)
+    return acct, key, obs
+
+
+def test_denylisted_sender_quarantined(custody, customer, btc, bitcoind, engine, ledger, log):
+    acct, key, obs = deposit_from_denylisted_sender(custody, customer, btc, bitcoind, engine, 1_500_000, "test: sanctioned sender")
+    log.info("a sanctioned address %s paid our deposit address: %s", key.address, obs["state"])
     assert_equal((obs["state"], list(obs["senders"])), ("quarantined", [key.address]))
     assert_equal(ledger.balance(acct).posted, 0)
 
 
 def test_quarantined_deposit_returned_to_sender(custody, customer, btc, bitcoind, engine, ledger, log):
-    from tests.e2e import txbuild
-
-    acct = customer("BTC")
-    addr = custody.wallets.issue_address(f"addr:{acct}", acct).address
-    key, utxo = btc.funded_key(3_000_000)
-    with engine.begin() as c:
-        c.execute(text("INSERT INTO denylist_address (address, reason) VALUES (:a, 'test: flagged exchange')"), {"a": key.address})
-    raw = txbuild.spend_p2wpkh(key, utxo.txid, utxo.index, utxo.amount, [(addr, 2_000_000)])
-    btc.adapter.broadcast(raw)
-    bitcoind.mine(BTC_FINALITY)
-    custody.deposits.run_once(["bitcoin"])
-    [obs] = custody.deposits.list(account_id=acct)
+    acct, key, obs = deposit_from_denylisted_sender(custody, customer, btc, bitcoind, engine, 2_000_000, "test: flagged exchange")
     assert_equal(obs["state"], "quarantined")
     with engine.begin() as c:  # the return goes to the flagged sender itself: allowed as a return
         c.execute(text("DELETE FROM denylist_address WHERE address = :a"), {"a": key.address})
@@ -114,5 +110,6 @@ def test_quarantined_deposit_returned_to_sender(custody, customer, btc, bitcoind
     bitcoind.mine(BTC_FINALITY)
     p.track()
     assert_equal(custody.withdrawals.get(wid).state, "final")
-    assert_equal([u.amount for u in btc.adapter.unspent([key.address])], [2_000_000 - 5_000])
+    # the sender's coins: its change from paying us, and the deposit returned less the quoted fee
+    assert_equal(sorted(u.amount for u in btc.adapter.unspent([key.address])), [998_000, 2_000_000 - 5_000])
     assert_equal(ledger.balance(acct).posted, 0)
