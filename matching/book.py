@@ -159,6 +159,47 @@ class Book:
         else:
             queue[order_id] = order
 
+    def reprice(self, order: Order, old_price: int) -> bool:
+        """Move `order` (resting at `old_price`, its `price` already changed) to the back of its
+        new level, unless at the new price it would meet the opposite side: then change nothing
+        and return False (the caller matches it)."""
+        price = order.price
+        if order.side is _BUY:
+            side = self.bids
+            keys = self.asks.keys
+            if keys and -keys[-1] <= price:
+                return False
+        else:
+            side = self.asks
+            keys = self.bids.keys
+            if keys and keys[-1] >= price:
+                return False
+        sign, queues, order_id = side.sign, side.queues, order.order_id
+        key = old_price * sign
+        queue = queues[key]
+        del queue[order_id]
+        new_key = price * sign
+        if new_key == key:
+            queue[order_id] = order
+            return True
+        keys = side.keys
+        if not queue:
+            del queues[key]
+            if keys[-1] == key:
+                keys.pop()
+            else:
+                del keys[bisect_left(keys, key)]
+        queue = queues.get(new_key)
+        if queue is None:
+            queues[new_key] = {order_id: order}
+            if not keys or new_key > keys[-1]:
+                keys.append(new_key)
+            else:
+                insort(keys, new_key)
+        else:
+            queue[order_id] = order
+        return True
+
     def requeue(self, order: Order) -> None:
         """Move `order` to the back of its level (it loses time priority)."""
         side = self.bids if order.side is _BUY else self.asks

@@ -39,7 +39,7 @@ def order_hold(order: Order, market: Market, fee_schedule: FeeSchedule) -> tuple
     if order.order_type in _QUOTE_BUDGET_TYPES:
         return market.quote_asset, order.budget or 0
     open_quote = (order.price or 0) * (order.remaining or 0) * market.quote_per_tick_lot
-    max_ppm = fee_schedule.tier(order.fee_tier).max_ppm
+    max_ppm = fee_schedule.tiers[order.fee_tier].max_ppm
     fee_bound = -((-(order.fee_num + open_quote * max_ppm)) // PPM)  # ceil_div, inlined
     return market.quote_asset, order.quote_traded + open_quote + fee_bound
 

@@ -16,7 +16,7 @@ from typing import Iterator, NamedTuple, Protocol
 
 from matching.engine import Engine
 from matching.events import Event, OrderExists, typed_equality, make
-from matching.model import Command, Place
+from matching.model import Command, Order, Place
 from matching.validation import check_shape
 
 
@@ -38,10 +38,10 @@ class MemoryJournal:
 
     def append(self, seq: int, command: Command) -> None:
         commands = self.commands
-        if not commands:
+        if seq != self.first_seq + len(commands):
+            if commands:
+                raise ValueError(f"journal expects seq {self.first_seq + len(commands)}, got {seq}")
             self.first_seq = seq
-        elif seq != self.first_seq + len(commands):
-            raise ValueError(f"journal expects seq {self.first_seq + len(commands)}, got {seq}")
         commands.append(command)
 
     @property
@@ -79,30 +79,29 @@ class Sequencer:
     def submit(self, command: Command) -> Submitted:
         """Sequence `command`. A `Place` retrying a known client order id is answered from the
         engine's state without a sequence number: it has no effect, so there is nothing to log."""
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # acquire/release costs half of `with lock:` and this runs per command
+        try:
             if self.halted:
                 raise SequencerHalted("sequencer halted after an engine failure")
             check_shape(command)  # malformed commands are refused, never journaled
             engine = self.engine
             if type(command) is Place:  # check_shape admits exact command types only
-                retry = self._existing(command)
-                if retry is not None:
-                    return make(Submitted, (None, [retry]))
+                known = engine.by_client.get((command.account, command.client_order_id))
+                if known is not None:
+                    return make(Submitted, (None, [self._exists(engine.orders[known])]))
             seq = engine.last_seq + 1
             self.sink.append(seq, command)
             engine.shape_checked = command  # checked above: the engine need not check it again
             try:
-                return make(Submitted, (seq, engine.apply(seq, command)))
+                events = engine.apply(seq, command)
             except Exception:
                 self.halted = True
                 raise
+            return make(Submitted, (seq, events))
+        finally:
+            lock.release()
 
-    def _existing(self, command: Command) -> OrderExists | None:
-        if not isinstance(command, Place):
-            return None
-        order_id = self.engine.by_client.get((command.account, command.client_order_id))
-        if order_id is None:
-            return None
-        order = self.engine.orders[order_id]
+    def _exists(self, order: Order) -> OrderExists:
         return OrderExists(self.engine.last_seq, order.order_id, order.account,
                            order.client_order_id, order.state)

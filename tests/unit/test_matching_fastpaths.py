@@ -177,9 +177,9 @@ class GeneralPathEngine(Engine):
     def _rest_unmatched(self, order):
         self._match(order)
 
-    def _move_resting(self, order, cmd):
+    def _move_resting(self, order, qty, price):
         self.book.remove(order)
-        self._set_size(order, cmd)
+        self._set_size(order, Amend(order.order_id, order.account, qty=qty, price=price))
         self._emit_amended(order, priority_kept=False)
         self._match(order)
 
