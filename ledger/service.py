@@ -12,10 +12,15 @@ Guarantees (each is checked by `ledger.verify`):
 Hot accounts: an account opened with `balance_shards` > 1 (by default the firm's fee income,
 asset-location, expense, suspense and equity accounts) keeps its projection in that many rows. A
 posting that cannot break the account's limits locks one free shard; one that could locks them all
-and checks the sum (see `ledger_post` in migrations/versions/0001_ledger.py). Its entries carry no
-stored balance_after; `statement()` computes the running balance at read time.
+and checks the sum (see `ledger_post` in migrations/versions/0001_ledger.py and its leaner
+replacement in 0008_lean_posting.py). Its entries carry no stored balance_after; `statement()`
+computes the running balance at read time.
 
 Postings and holds are one SQL statement each (PL/pgSQL functions that lock, check and write).
+Those three statements run on the pooled psycopg connection itself (`_call`), not through
+SQLAlchemy's statement layer: they are the hot path, and that layer cost as much client CPU per
+posting as the driver did. Errors are re-raised as SQLAlchemy's `DBAPIError` like every other
+statement's, and a connection the server dropped is invalidated in the pool.
 
 Every method takes an optional `conn`: pass one to make the ledger's writes part of a larger unit of
 work (a fill row and its journal transaction commit together); without one the method runs in its
@@ -30,7 +35,10 @@ import json
 import re
 from typing import Any, Iterator, Sequence
 
+import psycopg
+from psycopg.rows import namedtuple_row
 from sqlalchemy import Connection, Engine, text
+from sqlalchemy.exc import DBAPIError
 
 from ledger.errors import ErrorCode, LedgerError
 from ledger.model import (
@@ -83,6 +91,37 @@ class Ledger:
             finally:
                 if not raw.closed:
                     raw.autocommit = False
+
+    def _call(self, conn: Connection | None, sql: str, params: tuple) -> Any:
+        """Run one of the ledger's function statements and return its single row.
+
+        Without `conn`: a pooled connection in autocommit (see `_one`). With a `conn` inside a
+        transaction: that connection's driver connection, so the statement is part of the caller's
+        transaction. A `conn` not yet in a transaction goes through SQLAlchemy (which begins one)."""
+        if conn is not None:
+            if not conn.in_transaction():
+                return conn.exec_driver_sql(sql, params).one()
+            return self._fetch(conn.connection.driver_connection, sql, params, None)
+        proxied = self.engine.raw_connection()
+        try:
+            raw = proxied.driver_connection
+            raw.autocommit = True
+            try:
+                return self._fetch(raw, sql, params, proxied)
+            finally:
+                if not raw.closed:
+                    raw.autocommit = False
+        finally:
+            proxied.close()
+
+    def _fetch(self, raw: psycopg.Connection, sql: str, params: tuple, proxied: Any) -> Any:
+        try:
+            with raw.cursor(row_factory=namedtuple_row) as cur:
+                return cur.execute(sql, params).fetchone()
+        except psycopg.Error as exc:
+            if proxied is not None and self.engine.dialect.is_disconnect(exc, raw, None):
+                proxied.invalidate(exc)
+            raise DBAPIError.instance(sql, params, exc, psycopg.Error) from exc
 
     # ---- reference data -------------------------------------------------------------------
 
@@ -219,22 +258,18 @@ class Ledger:
         _require_key(key)
         validate_transfers(transfers)
         digest = content_hash(kind, transfers, {"metadata": metadata or {}, "reverses": _reverses})
-        with self._one(conn) as c:
-            row = c.execute(
-                _POST_SQL,
-                {
-                    "key": key,
-                    "hash": digest,
-                    "kind": kind,
-                    "meta": json.dumps(metadata or {}, sort_keys=True, default=str),
-                    "debits": [t.debit_account_id for t in transfers],
-                    "credits": [t.credit_account_id for t in transfers],
-                    "amounts": [t.amount for t in transfers],
-                    "holds": [t.hold_id for t in transfers],
-                    "owner": hold_owner,
-                    "reverses": _reverses,
-                },
-            ).one()
+        row = self._call(conn, _POST_SQL, (
+            key,
+            digest,
+            kind,
+            json.dumps(metadata or {}, sort_keys=True, default=str),
+            [t.debit_account_id for t in transfers],
+            [t.credit_account_id for t in transfers],
+            [t.amount for t in transfers],
+            [t.hold_id for t in transfers],
+            hold_owner,
+            _reverses,
+        ))
         if row.status == "created":
             return PostResult(row.transaction_id, True)
         if row.status == "exists":
@@ -293,11 +328,7 @@ class Ledger:
         if expires_at is not None and expires_at.tzinfo is None:
             raise LedgerError(ErrorCode.invalid_request, "expires_at must be timezone-aware")
         digest = _digest([account_id, str(amount), owner, reference, expires_at and expires_at.isoformat()])
-        with self._one(conn) as c:
-            row = c.execute(
-                _PLACE_HOLD_SQL,
-                {"k": key, "h": digest, "a": account_id, "m": amount, "o": owner, "r": reference, "e": expires_at},
-            ).one()
+        row = self._call(conn, _PLACE_HOLD_SQL, (key, digest, account_id, amount, owner, reference, expires_at))
         if row.status == "created" or row.status == "exists":
             return _hold(row, created=row.status == "created")
         if row.status == "idempotency_conflict":
@@ -355,8 +386,7 @@ class Ledger:
             ).scalars().all()
         expired = []
         for hold_id in ids:
-            with self._one(None) as c:
-                status = c.execute(_RESOLVE_HOLD_SQL, {"i": hold_id, "s": HoldState.expired.value, "o": None, "now": now}).one().status
+            status = self._call(None, _RESOLVE_HOLD_SQL, (hold_id, HoldState.expired.value, None, now)).status
             # `created`: this run expired it; `exists`: a concurrent run got there first; resolved by its
             # owner meanwhile: nothing to expire. Anything else is a real error.
             if status == "created":
@@ -374,8 +404,7 @@ class Ledger:
         now: dt.datetime | None = None,
         conn: Connection | None = None,
     ) -> Hold:
-        with self._one(conn) as c:
-            row = c.execute(_RESOLVE_HOLD_SQL, {"i": hold_id, "s": state.value, "o": owner, "now": now}).one()
+        row = self._call(conn, _RESOLVE_HOLD_SQL, (hold_id, state.value, owner, now))
         if row.status == "created" or row.status == "exists":
             return _hold(row)
         if row.status == "hold_not_found":
@@ -492,11 +521,11 @@ def _digest(parts: list[Any]) -> str:
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()
 
 
-_POST_SQL = text(
+# Driver-level SQL (psycopg placeholders): run by `Ledger._call`.
+_POST_SQL = (
     "SELECT status, transaction_id, failed_index FROM ledger_post("
-    "CAST(:key AS text), CAST(:hash AS text), CAST(:kind AS text), CAST(:meta AS jsonb), "
-    "CAST(:debits AS bigint[]), CAST(:credits AS bigint[]), CAST(:amounts AS numeric[]), "
-    "CAST(:holds AS bigint[]), CAST(:owner AS text), CAST(:reverses AS bigint))"
+    "%s::text, %s::text, %s::text, %s::jsonb, %s::bigint[], %s::bigint[], %s::numeric[], %s::bigint[], "
+    "%s::text, %s::bigint)"
 )
 _ACCOUNT_SQL = (
     "SELECT id, asset, kind, name, owner, may_go_negative, may_go_positive, closed_at IS NOT NULL AS closed, "
@@ -504,16 +533,15 @@ _ACCOUNT_SQL = (
 )
 _HOLD_COLUMNS = "id, account_id, amount, captured, released, state, owner, reference, expires_at, content_hash"
 _HOLD_SQL = f"SELECT {_HOLD_COLUMNS} FROM hold"
-_PLACE_HOLD_SQL = text(
+_PLACE_HOLD_SQL = (
     "SELECT r.status, r.available, "
     + ", ".join(f"(r.hold_row).{c}" for c in _HOLD_COLUMNS.split(", "))
-    + " FROM ledger_place_hold(CAST(:k AS text), CAST(:h AS text), CAST(:a AS bigint), CAST(:m AS numeric), "
-    "CAST(:o AS text), CAST(:r AS text), CAST(:e AS timestamptz)) r"
+    + " FROM ledger_place_hold(%s::text, %s::text, %s::bigint, %s::numeric, %s::text, %s::text, %s::timestamptz) r"
 )
-_RESOLVE_HOLD_SQL = text(
+_RESOLVE_HOLD_SQL = (
     "SELECT r.status, "
     + ", ".join(f"(r.hold_row).{c}" for c in _HOLD_COLUMNS.split(", "))
-    + " FROM ledger_resolve_hold(CAST(:i AS bigint), CAST(:s AS text), CAST(:o AS text), CAST(:now AS timestamptz)) r"
+    + " FROM ledger_resolve_hold(%s::bigint, %s::text, %s::text, %s::timestamptz) r"
 )
 _ADD_MISSING_SHARDS_SQL = text(
     "INSERT INTO account_balance (account_id, shard) "
