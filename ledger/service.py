@@ -263,10 +263,10 @@ class Ledger:
             digest,
             kind,
             json.dumps(metadata or {}, sort_keys=True, default=str),
-            [t.debit_account_id for t in transfers],
-            [t.credit_account_id for t in transfers],
-            [t.amount for t in transfers],
-            [t.hold_id for t in transfers],
+            _int_array([t.debit_account_id for t in transfers]),
+            _int_array([t.credit_account_id for t in transfers]),
+            _int_array([t.amount for t in transfers]),
+            _int_array([t.hold_id for t in transfers]),
             hold_owner,
             _reverses,
         ))
@@ -515,6 +515,22 @@ _ASSET_CODE = re.compile(r"[A-Z0-9][A-Z0-9_.-]{0,31}")
 def _require_key(key: object) -> None:
     if not isinstance(key, str) or not 1 <= len(key) <= 200:
         raise LedgerError(ErrorCode.invalid_request, "an idempotency key of 1-200 characters is required")
+
+
+def _int_array(values: list[int | None]) -> str:
+    """A PostgreSQL array literal of integers (NULL for None), cast by the statement: cheaper
+    than the driver's generic list adaptation, which cost a quarter of a posting's client CPU.
+    Anything but an int or None (a bool, a float, a string) is refused, so no value can change the
+    literal's shape."""
+    parts = []
+    for v in values:
+        if v is None:
+            parts.append("NULL")
+        elif type(v) is int:
+            parts.append(str(v))
+        else:
+            raise LedgerError(ErrorCode.invalid_request, f"account, hold ids and amounts must be integers, not {v!r}")
+    return "{" + ",".join(parts) + "}"
 
 
 def _digest(parts: list[Any]) -> str:
