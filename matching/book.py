@@ -1,15 +1,26 @@
-"""The order book of one market: two sides of price levels, a FIFO queue per level, an id index.
+"""The order book of one market: two sides of price levels, a FIFO queue per level.
 
 Each side keeps its prices in a sorted list of keys (bisect) with the BEST price at the end, so the
 best level is `keys[-1]` and removing it is a pop from the end: bids are keyed by price, asks by
--price. A level's queue is a dict from order id to order: a dict keeps insertion order, so it is
+-price. The queues themselves are found by price. A level's queue is a dict from order id to order: a dict keeps insertion order, so it is
 the FIFO queue itself, and removing an order from anywhere in it is one O(1) `del` (cancel and
 amend never search). Re-queueing (an iceberg refill) deletes the entry and inserts it again at the
 back; an amend that loses priority leaves the book and re-enters it, at the back of its new level.
 
-Only `Book` changes the book (it also keeps the id index). A moved order usually lands on a price
-nobody else quotes, so levels come and go all the time: a side stores bare queues, and `Level` is
-a read-only view made when a query asks for one.
+Empty levels are dropped lazily. Most commands of a busy market move an order to another price,
+and most levels hold an order or two, so a level emptied below the best keeps its (empty) queue
+and its key: the next order priced there reuses them, without a sorted insert, a sorted delete
+(each a binary search comparing scattered int objects) or a new dict. What holds at every moment:
+
+- the best key, `keys[-1]`, has a non-empty queue (an emptied best level is popped at once, with
+  any empty ones it uncovers), so the touch and `would_cross` read one key, as before;
+- every key in `keys` has a queue in `queues` and the reverse; `empty` counts the empty ones;
+- empty levels are never more than half the keys plus a small slack (`_MAX_SLACK`): past that
+  the side drops them all, so a market that drifts does not collect dead prices.
+
+Empty levels are not state: every reader (`levels_from_best`, `depth`, snapshots, the matcher)
+skips them, so a book rebuilt from a snapshot, which has none, is the same book and hashes alike.
+Only `Book` changes the book. `Level` is a read-only view made when a query asks for one.
 """
 from __future__ import annotations
 
@@ -19,6 +30,7 @@ from typing import Iterator
 from matching.model import Order, Side
 
 _BUY = Side.buy
+_MAX_SLACK = 64  # empty levels a side may keep beyond half its keys
 
 
 class Level:
@@ -40,31 +52,39 @@ class Level:
 
 
 class BookSide:
-    """All levels of one side, best price last. `sign` turns a price into its key (+1 / -1);
-    `queues` maps a key to its level's queue (order id -> order, in time priority)."""
+    """All levels of one side, best price last. `sign` turns a price into its key in `keys`
+    (+1 / -1); `queues` maps a price to its level's queue (order id -> order, in time priority), empty for a
+    level kept for reuse; `empty` counts those."""
 
-    __slots__ = ("side", "sign", "keys", "queues")
+    __slots__ = ("side", "sign", "keys", "queues", "empty")
 
     def __init__(self, side: Side) -> None:
         self.side = side
         self.sign = 1 if side is _BUY else -1
         self.keys: list[int] = []
         self.queues: dict[int, dict[str, Order]] = {}
+        self.empty = 0
 
     def best(self) -> Level | None:
         keys = self.keys
-        return Level(keys[-1] * self.sign, self.queues[keys[-1]]) if keys else None
+        if not keys:
+            return None
+        price = keys[-1] * self.sign
+        return Level(price, self.queues[price])
 
     def best_price(self) -> int | None:
         keys = self.keys
         return keys[-1] * self.sign if keys else None
 
     def levels_from_best(self) -> Iterator[Level]:
-        """Levels in priority order. The caller must not change the side while iterating."""
+        """Non-empty levels in priority order. The caller must not change the side while
+        iterating."""
         keys, queues, sign = self.keys, self.queues, self.sign
         for i in range(len(keys) - 1, -1, -1):
-            key = keys[i]
-            yield Level(key * sign, queues[key])
+            price = keys[i] * sign
+            queue = queues[price]
+            if queue:
+                yield Level(price, queue)
 
     def depth(self, levels: int | None = None) -> list[tuple[int, int]]:
         """[(price, displayed lots)] from the best price; iceberg reserves are not shown."""
@@ -74,6 +94,45 @@ class BookSide:
                 break
             out.append((level.price, sum(o.visible for o in level.queue.values())))
         return out
+
+    # -- changes (through `Book` only) ------------------------------------------------------
+
+    def _append(self, price: int, order_id: str, order: Order) -> None:
+        """Put `order` at the back of the level at `price`, making the level if there is none."""
+        queue = self.queues.get(price)
+        if queue is None:
+            self.queues[price] = {order_id: order}
+            keys, key = self.keys, price * self.sign
+            if not keys or key > keys[-1]:  # a new best price: common, and no search needed
+                keys.append(key)
+            else:
+                insort(keys, key)
+        else:
+            if not queue:
+                self.empty -= 1
+            queue[order_id] = order
+
+    def _emptied(self, price: int) -> None:
+        """The level at `price` has just lost its last order: pop it if it was the best (with
+        the empty levels that uncovers), else keep it for reuse, within the slack."""
+        keys, queues, sign = self.keys, self.queues, self.sign
+        if keys[-1] == price * sign:
+            del queues[keys.pop() * sign]
+            while keys and not queues[keys[-1] * sign]:
+                del queues[keys.pop() * sign]
+                self.empty -= 1
+            return
+        self.empty += 1
+        if self.empty > _MAX_SLACK and 2 * self.empty > len(keys):
+            self._drop_empty()
+
+    def _drop_empty(self) -> None:
+        keys, queues, sign = self.keys, self.queues, self.sign
+        for key in keys:
+            if not queues[key * sign]:
+                del queues[key * sign]
+        keys[:] = [key for key in keys if key * sign in queues]
+        self.empty = 0
 
 
 class Book:
@@ -102,67 +161,22 @@ class Book:
     def add(self, order: Order) -> None:
         """Append `order` at the back of its price level, creating the level if needed."""
         side = self.bids if order.side is _BUY else self.asks
-        key = order.price * side.sign
-        queue = side.queues.get(key)
-        if queue is None:
-            side.queues[key] = {order.order_id: order}
-            keys = side.keys
-            if not keys or key > keys[-1]:  # a new best price: common, and no search needed
-                keys.append(key)
-            else:
-                insort(keys, key)
-        else:
-            queue[order.order_id] = order
+        side._append(order.price, order.order_id, order)
 
     def remove(self, order: Order, resting_price: int | None = None) -> None:
-        """Take `order` off the book; drop its level if that was the level's last order.
-        `resting_price` is where it rests when its `price` has already been changed."""
+        """Take `order` off the book. `resting_price` is where it rests when its `price` has
+        already been changed."""
         side = self.bids if order.side is _BUY else self.asks
-        key = (order.price if resting_price is None else resting_price) * side.sign
-        queues = side.queues
-        queue = queues[key]
+        price = order.price if resting_price is None else resting_price
+        queue = side.queues[price]
         del queue[order.order_id]
         if not queue:
-            del queues[key]
-            keys = side.keys
-            if keys[-1] == key:
-                keys.pop()
-            else:
-                del keys[bisect_left(keys, key)]
-
-    def move(self, order: Order, old_price: int) -> None:
-        """`order`, resting at `old_price`, now has its new price: take it off its old level and
-        append it at the back of the new one (the same level too loses its place)."""
-        side = self.bids if order.side is _BUY else self.asks
-        sign, queues, order_id = side.sign, side.queues, order.order_id
-        key = old_price * sign
-        queue = queues[key]
-        del queue[order_id]
-        new_key = order.price * sign
-        if new_key == key:
-            queue[order_id] = order
-            return
-        keys = side.keys
-        if not queue:
-            del queues[key]
-            if keys[-1] == key:
-                keys.pop()
-            else:
-                del keys[bisect_left(keys, key)]
-        queue = queues.get(new_key)
-        if queue is None:
-            queues[new_key] = {order_id: order}
-            if not keys or new_key > keys[-1]:
-                keys.append(new_key)
-            else:
-                insort(keys, new_key)
-        else:
-            queue[order_id] = order
+            side._emptied(price)
 
     def reprice(self, order: Order, old_price: int) -> bool:
         """Move `order` (resting at `old_price`, its `price` already changed) to the back of its
         new level, unless at the new price it would meet the opposite side: then change nothing
-        and return False (the caller matches it)."""
+        and return False (the caller matches it). The same price too loses its place."""
         price = order.price
         if order.side is _BUY:
             side = self.bids
@@ -174,36 +188,29 @@ class Book:
             keys = self.bids.keys
             if keys and keys[-1] >= price:
                 return False
-        sign, queues, order_id = side.sign, side.queues, order.order_id
-        key = old_price * sign
-        queue = queues[key]
+        queues, order_id = side.queues, order.order_id
+        queue = queues[old_price]
         del queue[order_id]
-        new_key = price * sign
-        if new_key == key:
+        if price == old_price:
             queue[order_id] = order
             return True
-        keys = side.keys
-        if not queue:
-            del queues[key]
-            if keys[-1] == key:
-                keys.pop()
-            else:
-                del keys[bisect_left(keys, key)]
-        queue = queues.get(new_key)
-        if queue is None:
-            queues[new_key] = {order_id: order}
-            if not keys or new_key > keys[-1]:
-                keys.append(new_key)
-            else:
-                insort(keys, new_key)
+        # Into the new level first: if the old one is now empty and was the best, the new one
+        # may be the next best, and must not be popped as empty on the way.
+        new_queue = queues.get(price)
+        if new_queue is None:
+            side._append(price, order_id, order)
         else:
-            queue[order_id] = order
+            if not new_queue:
+                side.empty -= 1
+            new_queue[order_id] = order
+        if not queue:
+            side._emptied(old_price)
         return True
 
     def requeue(self, order: Order) -> None:
         """Move `order` to the back of its level (it loses time priority)."""
         side = self.bids if order.side is _BUY else self.asks
-        queue = side.queues[order.price * side.sign]
+        queue = side.queues[order.price]
         del queue[order.order_id]
         queue[order.order_id] = order
 

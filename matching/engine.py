@@ -75,9 +75,6 @@ class Engine:
         self.last_seq = 0
         self.last_price: int | None = None
         self._seq = 0
-        # The command the Sequencer has just shape-checked and journaled: `apply` need not check
-        # that same (immutable) command again. Anything else is checked.
-        self.shape_checked: Command | None = None
         self._events: list[Event] = []
         self._match_no = 0
         self._handlers = {Place: self._place, Cancel: self._cancel, Amend: self._amend,
@@ -117,8 +114,12 @@ class Engine:
         """Apply `command` stamped `seq` (must be `last_seq + 1`); return what happened."""
         if seq != self.last_seq + 1:
             raise SequenceError(self.last_seq + 1, seq)
-        if command is not self.shape_checked:
-            check_shape(command)
+        check_shape(command)
+        return self.apply_checked(seq, command)
+
+    def apply_checked(self, seq: int, command: Command) -> list[Event]:
+        """`apply` without its checks, for the `Sequencer`: it numbers each command
+        `last_seq + 1` and has shape-checked it (before journaling it)."""
         self.last_seq = self._seq = seq
         self._events = events = []
         self._handlers[type(command)](command)
@@ -192,37 +193,77 @@ class Engine:
         self._reject(order, ErrorCode.hold_failed)
 
     def _amend(self, cmd: Amend) -> None:
+        """Refuse the amend, or change a stop, or change a resting order: a reduction at the
+        same price keeps its place; a new price or a larger size loses it, and the order
+        re-enters at the back of its (new) level, matching first if it now crosses.
+
+        Most commands of a busy market are amends of a plain resting limit order that change
+        only its price or only its size, so those are checked inline (the lane below): of
+        `_amend_error`'s checks only the notional can fail them there (the shape is checked, and
+        a resting limit order always has open quantity, `remaining == qty - filled -
+        decremented > 0`). For the same reason the change is written here rather than in
+        methods of its own, and the hold it states is `holds.order_hold` of a resting limit
+        order written out (`test_matching_fastpaths` checks it against that)."""
         order = self.live.get(cmd.order_id)
         if order is None or order.account != cmd.account:
             self._refuse_closed(cmd, "amend")
             return
-        price = cmd.price
-        state = order.state
-        if (cmd.qty is None and cmd.stop_price is None and type(price) is int and price > 0
-                and price != order.price and order.order_type is _LIMIT
-                and (state is _WORKING or state is _PARTIAL) and not order.post_only):
-            # The common amend, a plain resting limit order given a new price, checked inline:
-            # of `_amend_error`'s checks only the notional can fail it (a resting limit order
-            # always has open quantity, `remaining == qty - filled - decremented > 0`).
-            market = self.market
-            if price * order.qty * market.quote_per_tick_lot < market.min_notional:
+        price, qty, state = cmd.price, cmd.qty, order.state
+        old_price = order.price
+        market = self.market
+        lane = False
+        if (cmd.stop_price is None and order.order_type is _LIMIT
+                and (state is _WORKING or state is _PARTIAL)):
+            if qty is None:
+                lane = (price is not None and price > 0 and price != old_price
+                        and not order.post_only)
+            elif price is None:
+                lane = qty - order.filled - order.decremented > 0
+        if lane:
+            if ((price or old_price) * (qty or order.qty) * market.quote_per_tick_lot
+                    < market.min_notional):
                 self._refuse("amend", order.order_id, ErrorCode.below_min_notional)
-            else:
-                self._move_resting(order, None, price)
+                return
+        else:
+            code = self._amend_error(order, cmd)
+            if code is not None:
+                self._refuse("amend", order.order_id, code)
+                return
+            if state is _UNTRIGGERED:
+                self._amend_stop(order, cmd)
+                return
+            if price == old_price:
+                price = None
+        keeps_place = price is None and (qty is None or qty <= order.qty)
+        if qty is not None:
+            order.remaining = qty - order.filled - order.decremented
+            order.qty = qty
+        if price is None:
+            price = old_price
+        else:
+            order.price = price
+        remaining = order.remaining
+        if order.side is _SELL:
+            asset, amount = market.base_asset, (order.filled + remaining) * market.lot_size
+        else:
+            open_quote = price * remaining * market.quote_per_tick_lot
+            fee_bound = -((-(order.fee_num + open_quote * self._tiers[order.fee_tier].max_ppm))
+                          // PPM)
+            asset, amount = market.quote_asset, order.quote_traded + open_quote + fee_bound
+        self._events.append(make(OrderAmended, (self._seq, order.order_id, order.account,
+                                                order.qty, price, order.stop_price, remaining,
+                                                keeps_place, asset, amount)))
+        if keeps_place:
+            visible = order.visible
+            order.visible = visible if visible < remaining else remaining
             return
-        code = self._amend_error(order, cmd)
-        if code is not None:
-            self._refuse("amend", order.order_id, code)
-        elif state is _UNTRIGGERED:
-            self._amend_stop(order, cmd)
-        elif price is not None and price != order.price:
-            self._move_resting(order, cmd.qty, price)
-        elif cmd.qty is not None and cmd.qty > order.qty:  # same price, more quantity
-            self._move_resting(order, cmd.qty, None)
-        else:  # a reduction (or no change) at the same price keeps its place
-            self._set_size(order, cmd)
-            order.visible = min(order.visible, order.remaining)
-            self._emit_amended(order, priority_kept=True)
+        book = self.book
+        if book.reprice(order, old_price):  # it did not cross: moved, as `_rest_unmatched`
+            display = order.display_qty
+            order.visible = display if display and display < remaining else remaining
+        else:
+            book.remove(order, old_price)
+            self._match(order)
 
     # -- amend ------------------------------------------------------------------------------
 
@@ -268,42 +309,6 @@ class Engine:
         order.visible = order.remaining
         self.stops.add(order)
         self._emit_amended(order, priority_kept=True)
-
-    def _move_resting(self, order: Order, qty: int | None, price: int | None) -> None:
-        """A resting order takes a new total `qty` and / or a new `price` (None: unchanged) and
-        loses its place: it re-enters at the back of its level, matching first if it now
-        crosses. The amend has been checked.
-
-        Most commands of a busy market end here, so the hold it states is `holds.order_hold`
-        for a resting limit order written out inline (a call and a tuple cost a tenth of the
-        command); `test_matching_fastpaths` checks every stated hold against `order_hold`."""
-        old_price = order.price
-        if qty is not None:
-            order.remaining = qty - order.filled - order.decremented
-            order.qty = qty
-        if price is None:
-            price = old_price
-        else:
-            order.price = price
-        remaining = order.remaining
-        market = self.market
-        if order.side is _SELL:
-            asset, amount = market.base_asset, (order.filled + remaining) * market.lot_size
-        else:
-            open_quote = price * remaining * market.quote_per_tick_lot
-            fee_bound = -((-(order.fee_num + open_quote * self._tiers[order.fee_tier].max_ppm))
-                          // PPM)
-            asset, amount = market.quote_asset, order.quote_traded + open_quote + fee_bound
-        self._events.append(make(OrderAmended, (self._seq, order.order_id, order.account,
-                                                order.qty, price, order.stop_price, remaining,
-                                                False, asset, amount)))
-        book = self.book
-        if book.reprice(order, old_price):  # it did not cross: moved, as `_rest_unmatched`
-            display = order.display_qty
-            order.visible = display if display and display < remaining else remaining
-        else:
-            book.remove(order, old_price)
-            self._match(order)
 
     # -- entering and matching ------------------------------------------------------------
 

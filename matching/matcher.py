@@ -12,10 +12,9 @@ Trades are at the maker's price.
 """
 from __future__ import annotations
 
-from collections import deque
-from typing import Iterator
+from itertools import chain
 
-from matching.book import Book, Level
+from matching.book import Book
 from matching.fees import PPM, FeeSchedule, ceil_div
 from matching.model import Market, Order, OrderType, Side
 from matching.stp import StpPolicy, effective_policy
@@ -48,14 +47,6 @@ def crosses(taker: Order, price: int) -> bool:
     return price <= taker.price if taker.side is _BUY else price >= taker.price
 
 
-def _walk(level: Level, tail: deque) -> Iterator[tuple[Order, int, int]]:
-    """(maker, open lots, displayed lots) in the order execution will meet them."""
-    for maker in level.queue.values():
-        yield maker, maker.remaining, maker.visible
-    while tail:
-        yield tail.popleft()
-
-
 def plan_match(taker: Order, book: Book, market: Market, fees: FeeSchedule) -> Plan:
     """The match `taker` would make now, from its current remaining quantity or budget."""
     plan = Plan()
@@ -66,11 +57,22 @@ def plan_match(taker: Order, book: Book, market: Market, fees: FeeSchedule) -> P
     group = taker.stp_group
     limit = taker.price if taker.order_type is _LIMIT else None
     is_bid = taker.side is _BUY
-    for level in book.opposite(taker.side).levels_from_best():
-        if limit is not None and (level.price > limit if is_bid else level.price < limit):
+    side = book.asks if is_bid else book.bids
+    keys, queues, sign = side.keys, side.queues, side.sign
+    for i in range(len(keys) - 1, -1, -1):  # levels from the best (empty ones are skipped)
+        price = keys[i] * sign
+        if limit is not None and (price > limit if is_bid else price < limit):
             break
-        tail: deque = deque()
-        for maker, m_rem, m_vis in _walk(level, tail):
+        # Makers in the order execution meets them: the queue, then the slices of icebergs
+        # refilled on this walk (`tail`), each met with the open and displayed lots of its
+        # next slice (`refills`; a maker is met from the queue before any refill of its own).
+        tail: list[Order] = []
+        refills: dict[Order, tuple[int, int]] = {}
+        for maker in chain(queues[price].values(), tail):
+            if refills and maker in refills:
+                m_rem, m_vis = refills[maker]
+            else:
+                m_rem, m_vis = maker.remaining, maker.visible
             if maker.stp_group == group:
                 if policy is _CANCEL_NEWEST:
                     plan.stp_kill = True
@@ -86,7 +88,7 @@ def plan_match(taker: Order, book: Book, market: Market, fees: FeeSchedule) -> P
                 continue
             qty = m_vis if rem is None else min(rem, m_vis)
             if budget is not None:
-                qty = budget.take(level.price, qty)
+                qty = budget.take(price, qty)
                 if qty == 0:
                     plan.budget_exhausted = True
                     return plan
@@ -96,7 +98,8 @@ def plan_match(taker: Order, book: Book, market: Market, fees: FeeSchedule) -> P
                 rem -= qty
             if qty == m_vis and m_rem > qty:
                 left = m_rem - qty
-                tail.append((maker, left, min(maker.display_qty or left, left)))
+                refills[maker] = (left, min(maker.display_qty or left, left))
+                tail.append(maker)
             if rem == 0 or qty < m_vis:
                 plan.budget_exhausted = budget is not None and rem is None
                 return plan

@@ -92,9 +92,8 @@ class Sequencer:
                     return make(Submitted, (None, [self._exists(engine.orders[known])]))
             seq = engine.last_seq + 1
             self.sink.append(seq, command)
-            engine.shape_checked = command  # checked above: the engine need not check it again
             try:
-                events = engine.apply(seq, command)
+                events = engine.apply_checked(seq, command)  # numbered and checked above
             except Exception:
                 self.halted = True
                 raise

@@ -17,6 +17,7 @@ import pytest
 from matching import (ActivateTriggered, Amend, Cancel, Engine, MemoryJournal, OrderType, Place,
                       RejectTriggered, Sequencer, Side, StpPolicy, TimeInForce)
 from matching.errors import MatchingError
+from matching.book import Book
 from matching.events import Fill, OrderDecremented, OrderStateChanged
 from matching.fees import FeeSchedule, FeeTier
 from matching.model import Market
@@ -171,16 +172,21 @@ def test_every_event_matches_the_engine_before_the_speedups(seed, crowded):
     assert stream_digest(seed, 2500, crowded) == GOLDEN[(seed, crowded)]
 
 
+class NeverRepricedBook(Book):
+    """A book that reports every moved order as crossing, so the engine plans its match."""
+
+    def reprice(self, order, old_price):
+        return False
+
+
 class GeneralPathEngine(Engine):
     """The engine with its shortcuts turned off: every order that meets the book is planned."""
 
-    def _rest_unmatched(self, order):
-        self._match(order)
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.book = NeverRepricedBook()
 
-    def _move_resting(self, order, qty, price):
-        self.book.remove(order)
-        self._set_size(order, Amend(order.order_id, order.account, qty=qty, price=price))
-        self._emit_amended(order, priority_kept=False)
+    def _rest_unmatched(self, order):
         self._match(order)
 
 
@@ -247,3 +253,32 @@ def test_open_orders_map_follows_every_state_change():
         assert engine.live == {k: o for k, o in engine.orders.items() if o.state in OPEN}
     restored = replay(take(engine), [])
     assert restored.live.keys() == engine.live.keys()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_every_amend_states_the_hold_order_hold_computes(seed):
+    """`Engine._amend` writes `holds.order_hold` out inline; after every amend that did nothing
+    else (no match, no trigger) the hold it states is what `order_hold` says for the order."""
+    from matching.events import OrderAmended
+    from matching.holds import order_hold
+    from matching.states import OrderState
+    rng = random.Random(seed)
+    market = Market("T-Q", "T", "Q", lot_size=7, quote_per_tick_lot=3, min_notional=50)
+    engine = Engine(market, FEES)
+    sequencer = Sequencer(engine, MemoryJournal())
+    ids: list[str] = []
+    checked = 0
+    for i in range(3000):
+        account = rng.choice("abcdefgh")
+        cmd = (_place(rng, ids, account, 1000) if rng.random() < 0.4 or not ids
+               else _amend(rng, engine, ids, account, 1000))
+        events = sequencer.submit(cmd).events
+        for event in events:
+            if type(event) is OrderAmended and len(events) == 1:
+                order = engine.order(event.order_id)
+                expected = order_hold(order, market, FEES)
+                if order.state is OrderState.untriggered:
+                    expected = (expected[0], 0)
+                assert (event.hold_asset, event.hold_required) == expected
+                checked += 1
+    assert checked > 500

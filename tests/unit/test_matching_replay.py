@@ -67,7 +67,7 @@ def test_journal_first_a_failing_sink_applies_nothing():
 def test_sequencer_halts_after_an_engine_failure():
     engine = Engine(BTC_USDT, FEES)
     seq = Sequencer(engine, MemoryJournal())
-    engine.apply = lambda s, c: 1 / 0
+    engine.apply_checked = lambda s, c: 1 / 0  # what the sequencer calls
     with pytest.raises(ZeroDivisionError):
         seq.submit(Cancel("x", "a"))
     assert seq.halted
