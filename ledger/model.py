@@ -138,6 +138,69 @@ class Hold:
         return self.amount - self.captured - self.released
 
 
+# ---- commands sent together (`Ledger.apply`) --------------------------------------------------
+
+@dataclass(frozen=True)
+class PlaceHold:
+    """`Ledger.place_hold` as one command of a batch (no expiry: batched holds are order holds)."""
+
+    key: str
+    account_id: int
+    amount: int
+    owner: str
+    reference: str
+
+
+@dataclass(frozen=True)
+class ReleaseHold:
+    """`Ledger.release_hold` as one command of a batch."""
+
+    hold_id: int
+    owner: str
+
+
+@dataclass(frozen=True)
+class ReplaceHold:
+    """Swap pending hold `hold_id` for a new hold of `amount` under `key`, counting what the old one
+    still reserves as available; if the new amount does not fit, nothing changes."""
+
+    hold_id: int
+    key: str
+    account_id: int
+    amount: int
+    owner: str
+    reference: str
+
+
+@dataclass(frozen=True)
+class PostTransfers:
+    """`Ledger.post` as one command of a batch."""
+
+    key: str
+    transfers: tuple[Transfer, ...]
+    kind: str = "transfer"
+    metadata: dict[str, Any] | None = None
+    hold_owner: str | None = None
+
+
+LedgerCommand = PlaceHold | ReleaseHold | ReplaceHold | PostTransfers
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """One command's answer: `status` is "created", "exists" (a replay, or releasing a released
+    hold) or an ErrorCode value; `id` is the hold id (holds, replacements, releases) or the
+    journal transaction id (postings); `index` the failing transfer of a refused posting."""
+
+    status: str
+    id: int | None
+    index: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("created", "exists")
+
+
 @dataclass(frozen=True)
 class Balance:
     account_id: int

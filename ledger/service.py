@@ -49,9 +49,15 @@ from ledger.model import (
     AccountKind,
     Asset,
     Balance,
+    CommandResult,
     Hold,
     HoldState,
+    LedgerCommand,
+    PlaceHold,
     PostResult,
+    PostTransfers,
+    ReleaseHold,
+    ReplaceHold,
     StatementLine,
     StatementPage,
     Transfer,
@@ -114,10 +120,17 @@ class Ledger:
         finally:
             proxied.close()
 
-    def _fetch(self, raw: psycopg.Connection, sql: str, params: tuple, proxied: Any) -> Any:
+    def _call_all(self, conn: Connection, sql: str, params: tuple) -> list[Any]:
+        """Like `_call` inside the caller's transaction, returning every row."""
+        if not conn.in_transaction():
+            return list(conn.exec_driver_sql(sql, params).all())
+        return self._fetch(conn.connection.driver_connection, sql, params, None, every=True)
+
+    def _fetch(self, raw: psycopg.Connection, sql: str, params: tuple, proxied: Any, *, every: bool = False) -> Any:
         try:
             with raw.cursor(row_factory=namedtuple_row) as cur:
-                return cur.execute(sql, params).fetchone()
+                cur.execute(sql, params)
+                return cur.fetchall() if every else cur.fetchone()
         except psycopg.Error as exc:
             if proxied is not None and self.engine.dialect.is_disconnect(exc, raw, None):
                 proxied.invalidate(exc)
@@ -276,6 +289,76 @@ class Ledger:
             return PostResult(row.transaction_id, False)
         raise LedgerError(ErrorCode(row.status), index=row.failed_index, transaction_id=row.transaction_id)
 
+    def apply(self, commands: Sequence[LedgerCommand], *, conn: Connection | None = None) -> list[CommandResult]:
+        """Run `commands` in order in ONE statement (one round trip): holds, releases, hold
+        replacements and postings, each exactly as when sent alone (same checks, same keys and
+        content hashes, so a replay answers `exists` either way). A refused command writes nothing
+        and does not stop the others: check each result (`CommandResult.ok`). Malformed input
+        raises LedgerError(invalid_request) before anything is sent.
+        See migrations/versions/0009_ledger_apply.py."""
+        ops, keys, hashes, accounts, amounts, owners, refs, holds, meta = [], [], [], [], [], [], [], [], []
+        first, count, debits, credits, transfer_amounts, transfer_holds = [], [], [], [], [], []
+        for command in commands:
+            kind = type(command)
+            if kind is PostTransfers:
+                _require_key(command.key)
+                validate_transfers(command.transfers)
+                ops.append("post")
+                keys.append(command.key)
+                hashes.append(content_hash(command.kind, command.transfers,
+                                           {"metadata": command.metadata or {}, "reverses": None}))
+                accounts.append(None)
+                amounts.append(None)
+                owners.append(command.hold_owner)
+                refs.append(command.kind)
+                holds.append(None)
+                meta.append(command.metadata or {})
+                first.append(len(debits) + 1)
+                count.append(len(command.transfers))
+                for t in command.transfers:
+                    debits.append(t.debit_account_id)
+                    credits.append(t.credit_account_id)
+                    transfer_amounts.append(t.amount)
+                    transfer_holds.append(t.hold_id)
+                continue
+            if kind is ReleaseHold:
+                ops.append("release")
+                keys.append(None)
+                hashes.append(None)
+                accounts.append(None)
+                amounts.append(None)
+                holds.append(command.hold_id)
+                refs.append(None)
+            elif kind is PlaceHold or kind is ReplaceHold:
+                _require_key(command.key)
+                require_amount(command.amount)
+                if not command.owner or not command.reference:
+                    raise LedgerError(ErrorCode.invalid_request, "a hold needs an owner and a reference")
+                ops.append("hold" if kind is PlaceHold else "replace")
+                keys.append(command.key)
+                hashes.append(_hold_digest(command.account_id, command.amount, command.owner, command.reference, None))
+                accounts.append(command.account_id)
+                amounts.append(command.amount)
+                holds.append(command.hold_id if kind is ReplaceHold else None)
+                refs.append(command.reference)
+            else:
+                raise LedgerError(ErrorCode.invalid_request, f"not a ledger command: {command!r}")
+            owners.append(command.owner)
+            meta.append(None)
+            first.append(None)
+            count.append(None)
+        if not ops:
+            return []
+        params = (ops, keys, hashes, _int_array(accounts), _int_array(amounts), owners, refs, _int_array(holds),
+                  json.dumps(meta, sort_keys=True, default=str), _int_array(first), _int_array(count),
+                  _int_array(debits), _int_array(credits), _int_array(transfer_amounts), _int_array(transfer_holds))
+        if conn is None:
+            with self.engine.begin() as own:
+                rows = self._call_all(own, _APPLY_SQL, params)
+        else:
+            rows = self._call_all(conn, _APPLY_SQL, params)
+        return [CommandResult(r.status, r.id, r.failed_index) for r in rows]
+
     def transfer(self, key: str, debit: int, credit: int, amount: int, **kw: Any) -> PostResult:
         """Shorthand for a one-transfer posting."""
         return self.post(key, [Transfer(debit, credit, amount)], **kw)
@@ -327,7 +410,7 @@ class Ledger:
             raise LedgerError(ErrorCode.invalid_request, "a hold needs an owner and a reference")
         if expires_at is not None and expires_at.tzinfo is None:
             raise LedgerError(ErrorCode.invalid_request, "expires_at must be timezone-aware")
-        digest = _digest([account_id, str(amount), owner, reference, expires_at and expires_at.isoformat()])
+        digest = _hold_digest(account_id, amount, owner, reference, expires_at)
         row = self._call(conn, _PLACE_HOLD_SQL, (key, digest, account_id, amount, owner, reference, expires_at))
         if row.status == "created" or row.status == "exists":
             return _hold(row, created=row.status == "created")
@@ -533,6 +616,10 @@ def _int_array(values: list[int | None]) -> str:
     return "{" + ",".join(parts) + "}"
 
 
+def _hold_digest(account_id: int, amount: int, owner: str, reference: str, expires_at: dt.datetime | None) -> str:
+    return _digest([account_id, str(amount), owner, reference, expires_at and expires_at.isoformat()])
+
+
 def _digest(parts: list[Any]) -> str:
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()
 
@@ -549,6 +636,11 @@ _ACCOUNT_SQL = (
 )
 _HOLD_COLUMNS = "id, account_id, amount, captured, released, state, owner, reference, expires_at, content_hash"
 _HOLD_SQL = f"SELECT {_HOLD_COLUMNS} FROM hold"
+_APPLY_SQL = (
+    "SELECT status, id, failed_index FROM ledger_apply(%s::text[], %s::text[], %s::text[], %s::bigint[], "
+    "%s::numeric[], %s::text[], %s::text[], %s::bigint[], %s::jsonb, %s::integer[], %s::integer[], "
+    "%s::bigint[], %s::bigint[], %s::numeric[], %s::bigint[])"
+)
 _PLACE_HOLD_SQL = (
     "SELECT r.status, r.available, "
     + ", ".join(f"(r.hold_row).{c}" for c in _HOLD_COLUMNS.split(", "))
