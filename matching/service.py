@@ -6,6 +6,8 @@ For each command, in ONE database transaction (the unit of work):
 2. sequencer: number the command, append it to the journal (`matching_command`), apply it;
 3. settlement: one journal transaction per fill, exact release at terminal states, holds for
    stops that fired (answered with `ActivateTriggered` / `RejectTriggered` in the same unit);
+   releases and fills are queued and reach the ledger with the next hold or at step 4, in order,
+   in one statement (`matching.settlement`);
 4. order rows, fill rows and journal rows are flushed; COMMIT; only then is the caller answered.
 
 A crash anywhere before COMMIT leaves nothing behind (the client retries under the same client
@@ -140,12 +142,14 @@ class Trading:
                 last_events = engine.apply(seq, command)
             risk_rejected = store.risk_rejected_keys(conn, symbol)
         rt = _Runtime(row, engine, self.ledger, risk_rejected)
+        rt.settlement.immediate = True  # replays expected: each ledger command answered at once
         with self.db.begin() as conn:  # idempotent: finish the last command, answer waiting stops
             uow = self._begin(rt, conn)
             touched = self._settle(rt, conn, uow, last_events)
             for order_id in list(engine.awaiting):
                 touched += self._answer_trigger(rt, conn, uow, order_id)
             self._finish(rt, conn, uow, touched)
+        rt.settlement.immediate = False
         return rt
 
     # ---- commands ------------------------------------------------------------------------
@@ -266,7 +270,9 @@ class Trading:
         return self._settle(rt, conn, uow, rt.sequencer.submit(reply).events)
 
     def _finish(self, rt: _Runtime, conn: Connection, uow: store.UnitOfWork, touched: list) -> None:
-        """Write the rows of every order the commands touched, flush, and drop closed orders' caches."""
+        """Send the queued ledger commands, write the rows of every order the commands touched,
+        flush, and drop closed orders' caches."""
+        rt.settlement.flush(conn)
         engine, symbol = rt.engine, rt.row.market.symbol
         reasons: dict[str, tuple[str | None, str | None]] = {}
         for order_id, event in touched:

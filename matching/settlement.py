@@ -16,6 +16,14 @@ Guarantees (checked by the integration tests and by `Ledger.verify`):
 - replaying a command's events is harmless: a fill key posted before answers `exists`, a released
   hold is not released again, fill rows are inserted with ON CONFLICT DO NOTHING.
 
+Round trips: releases and fill postings cannot be refused when the engine and the ledger agree, so
+they are queued and sent with the next command that needs an answer (a hold for a new order, a
+bigger hold for an amend, a stop that fired) or when the unit of work is finished (`flush`), all
+in one `Ledger.apply` statement, in the order they happened. A queued command answering anything
+but `created` means the two disagree: `SettlementError`, and the transaction does not commit. While
+the service rebuilds a market from its journal (`immediate`), every command is sent at once and a
+replay (`exists`) is expected.
+
 Ledger accounts: a trading account is an owner string; its balance in an asset is the customer
 account named `customer:<owner>:<asset>` (the convention custody uses for deposits), opened on
 first use. Fees go to the market's `fee_income` account. Every hold is owned by
@@ -26,12 +34,14 @@ earlier holds paid).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from sqlalchemy import Connection, text
 
 from ledger.errors import ErrorCode as LedgerCode
 from ledger.errors import LedgerError
-from ledger.model import AccountKind, HoldState, Transfer
+from ledger.model import (AccountKind, CommandResult, HoldState, LedgerCommand, PlaceHold, PostTransfers,
+                          ReleaseHold, ReplaceHold, Transfer)
 from ledger.service import Ledger
 from matching.engine import Engine
 from matching.errors import ErrorCode, MatchingError
@@ -82,6 +92,9 @@ class Settlement:
         self.owner = f"matching:{market.symbol}"
         self._accounts: dict[tuple[str, str], int] = {}
         self._holds: dict[str, OrderHold | None] = {}
+        # Queued commands and what to do with each answer (see the module docstring).
+        self._pending: list[tuple[LedgerCommand, Callable[[CommandResult], None]]] = []
+        self.immediate = False
 
     # ---- accounts and holds ----------------------------------------------------------------
 
@@ -99,20 +112,47 @@ class Settlement:
                    amount: int) -> OrderHold | None:
         """Hold `amount` for a new (or just triggered) order; None if the owner cannot cover it."""
         account_id = self.account_id(conn, owner, asset)
-        try:
-            hold = self.ledger.place_hold(f"order:{order_id}:hold:0", account_id, amount,
-                                          owner=self.owner, reference=order_id, conn=conn)
-        except LedgerError as exc:
-            if exc.code in _REFUSALS:
-                return None
-            raise
-        held = self._holds[order_id] = OrderHold(hold.id, hold.amount, hold.captured)
+        result = self._answer(conn, PlaceHold(f"order:{order_id}:hold:0", account_id, amount, self.owner, order_id))
+        if result is None:
+            return None
+        captured = 0
+        if result.status == "exists":  # a replay: the hold may have been captured from since
+            captured = self.ledger.get_hold(result.id, conn=conn).captured
+        held = self._holds[order_id] = OrderHold(result.id, amount, captured)
         return held
+
+    def _answer(self, conn: Connection, command: LedgerCommand) -> CommandResult | None:
+        """Send the queued commands and `command`; its result, or None if the owner cannot cover it."""
+        (result,) = self.flush(conn, command)
+        if result.ok:
+            return result
+        if result.status in {code.value for code in _REFUSALS}:
+            return None
+        raise LedgerError(LedgerCode(result.status), hold_id=getattr(command, "hold_id", None))
+
+    def flush(self, conn: Connection, *then: LedgerCommand) -> list[CommandResult]:
+        """Send the queued commands followed by `then` in one statement; return the answers to `then`."""
+        pending, self._pending = self._pending, []
+        commands = [command for command, _ in pending] + list(then)
+        if not commands:
+            return []
+        results = self.ledger.apply(commands, conn=conn)
+        for (_, on_result), result in zip(pending, results):
+            on_result(result)
+        return results[len(pending):]
+
+    def _send(self, conn: Connection, command: LedgerCommand, on_result: Callable[[CommandResult], None]) -> None:
+        """Queue a command that must succeed (immediately sent while rebuilding)."""
+        if self.immediate:
+            (result,) = self.ledger.apply([command], conn=conn)
+            on_result(result)
+        else:
+            self._pending.append((command, on_result))
 
     def ensure_hold(self, conn: Connection, order: Order, asset: str, required_total: int) -> bool:
         """Make the order's holds total at least `required_total` (captures included) before an
-        amend is sequenced. A hold cannot grow, so a short one is released and replaced by one for
-        the new remainder, inside a savepoint: if the owner cannot cover it, nothing changes."""
+        amend is sequenced. A hold cannot grow, so a short one is replaced by one for the new
+        remainder in one ledger command: if the owner cannot cover it, nothing changes."""
         held = self.hold(conn, order.order_id)
         if held is None:
             raise SettlementError(f"order {order.order_id} has no hold to amend")
@@ -121,19 +161,15 @@ class Settlement:
             return True
         account_id = self.account_id(conn, order.account, asset)
         no = held.hold_no + 1
-        try:
-            with conn.begin_nested():
-                if held.remaining > 0:
-                    self.ledger.release_hold(held.hold_id, owner=self.owner, conn=conn)
-                new = self.ledger.place_hold(f"order:{order.order_id}:hold:{no}", account_id,
-                                             needed, owner=self.owner, reference=order.order_id,
-                                             conn=conn)
-        except LedgerError as exc:
-            if exc.code in _REFUSALS:
-                return False
-            raise
-        self._holds[order.order_id] = OrderHold(new.id, new.amount, 0, False, no,
-                                                held.captured_total)
+        key = f"order:{order.order_id}:hold:{no}"
+        if held.remaining > 0:
+            command = ReplaceHold(held.hold_id, key, account_id, needed, self.owner, order.order_id)
+        else:
+            command = PlaceHold(key, account_id, needed, self.owner, order.order_id)
+        result = self._answer(conn, command)
+        if result is None:
+            return False
+        self._holds[order.order_id] = OrderHold(result.id, needed, 0, False, no, held.captured_total)
         return True
 
     def hold(self, conn: Connection, order_id: str) -> OrderHold | None:
@@ -154,9 +190,10 @@ class Settlement:
         self._holds.pop(order_id, None)
 
     def reset(self) -> None:
-        """Drop every cached value (after a failed transaction)."""
+        """Drop every cached value and queued command (after a failed transaction)."""
         self._accounts.clear()
         self._holds.clear()
+        self._pending.clear()
 
     # ---- events ----------------------------------------------------------------------------
 
@@ -191,20 +228,31 @@ class Settlement:
         legs.append(Transfer(self.account_id(conn, seller, base), self.account_id(conn, buyer, base),
                              fill.base_amount, seller_hold.hold_id))
         symbol = self.market.symbol
-        result = self.ledger.post(
-            f"fill:{symbol}:{fill.seq}:{fill.match_no}", legs, kind="fill",
-            metadata={"market": symbol, "seq": fill.seq, "match_no": fill.match_no},
-            hold_owner=self.owner, conn=conn)
-        if result.created:
+        row = {"market": symbol, "seq": fill.seq, "match_no": fill.match_no,
+               "maker_order_id": fill.maker_order_id, "taker_order_id": fill.taker_order_id,
+               "maker_account": fill.maker_account, "taker_account": fill.taker_account,
+               "taker_side": fill.taker_side.value, "price_ticks": fill.price_ticks,
+               "qty_lots": fill.qty_lots, "base_amount": fill.base_amount,
+               "quote_amount": fill.quote_amount, "maker_fee": fill.maker_fee,
+               "taker_fee": fill.taker_fee, "journal_transaction_id": None}
+        key = f"fill:{symbol}:{fill.seq}:{fill.match_no}"
+        immediate = self.immediate
+
+        def posted(result: CommandResult) -> None:
+            if result.status != "created" and not (immediate and result.status == "exists"):
+                raise SettlementError(f"fill {key}: the ledger answered {result.status}")
+            row["journal_transaction_id"] = result.id
+            if immediate and result.status == "created":
+                buyer_hold.captured += fill.buyer_pays
+                seller_hold.captured += fill.base_amount
+
+        if not immediate:  # counted now: the release check of a later event needs it
             buyer_hold.captured += fill.buyer_pays
             seller_hold.captured += fill.base_amount
-        uow.fill({"market": symbol, "seq": fill.seq, "match_no": fill.match_no,
-                  "maker_order_id": fill.maker_order_id, "taker_order_id": fill.taker_order_id,
-                  "maker_account": fill.maker_account, "taker_account": fill.taker_account,
-                  "taker_side": fill.taker_side.value, "price_ticks": fill.price_ticks,
-                  "qty_lots": fill.qty_lots, "base_amount": fill.base_amount,
-                  "quote_amount": fill.quote_amount, "maker_fee": fill.maker_fee,
-                  "taker_fee": fill.taker_fee, "journal_transaction_id": result.transaction_id})
+        self._send(conn, PostTransfers(key, tuple(legs), "fill",
+                                       {"market": symbol, "seq": fill.seq, "match_no": fill.match_no},
+                                       self.owner), posted)
+        uow.fill(row)
 
     def _live_hold(self, conn: Connection, order_id: str) -> OrderHold:
         held = self.hold(conn, order_id)
@@ -220,8 +268,15 @@ class Settlement:
             raise SettlementError(f"order {order_id}: ledger captured {held.captured_total}, "
                                   f"engine says {captured}")
         if held.remaining > 0:
-            self.ledger.release_hold(held.hold_id, owner=self.owner, conn=conn)
+            self._send(conn, ReleaseHold(held.hold_id, self.owner), _released(held.hold_id, self.immediate))
         held.released = True
+
+
+def _released(hold_id: int, immediate: bool) -> Callable[[CommandResult], None]:
+    def check(result: CommandResult) -> None:
+        if result.status != "created" and not (immediate and result.status == "exists"):
+            raise SettlementError(f"hold {hold_id}: release answered {result.status}")
+    return check
 
 
 # ---- order rows ----------------------------------------------------------------------------

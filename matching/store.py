@@ -97,17 +97,23 @@ _ORDER_COLUMNS = ("id", "market", "account", "client_order_id", "side", "order_t
                   "post_only", "price", "qty", "display_qty", "stop_price", "budget", "fee_tier",
                   "state", "seq", "last_seq", "filled", "remaining", "quote_traded", "fees_paid",
                   "hold_id", "hold_no", "prior_captured", "reject_code", "close_reason")
-_UPSERT_ORDER = text(
-    f"INSERT INTO trade_order ({', '.join(_ORDER_COLUMNS)}) VALUES "
-    f"({', '.join(':' + c for c in _ORDER_COLUMNS)}) ON CONFLICT (id) DO UPDATE SET "
-    + ", ".join(f"{c} = EXCLUDED.{c}" for c in _ORDER_COLUMNS[5:]) + ", updated_at = now()")
-_INSERT_COMMAND = text("INSERT INTO matching_command (market, seq, record) "
-                       "VALUES (:m, :s, CAST(:r AS jsonb))")
 _FILL_COLUMNS = ("market", "seq", "match_no", "maker_order_id", "taker_order_id", "maker_account",
                  "taker_account", "taker_side", "price_ticks", "qty_lots", "base_amount",
                  "quote_amount", "maker_fee", "taker_fee", "journal_transaction_id")
-_INSERT_FILL = text(
-    f"INSERT INTO fill ({', '.join(_FILL_COLUMNS)}) VALUES ({', '.join(':' + c for c in _FILL_COLUMNS)}) "
+# A unit of work's rows of one table go in ONE statement as one JSON array of objects keyed by
+# column (json_populate_recordset types each value by its column; integers stay exact: JSON
+# numbers become numeric, never floats). Driver-level SQL, run on the caller's transaction.
+_INSERT_COMMANDS = (
+    "INSERT INTO matching_command (market, seq, record) "
+    "SELECT r.market, r.seq, r.record FROM json_populate_recordset(NULL::matching_command, %s::json) r")
+_UPSERT_ORDERS = (
+    f"INSERT INTO trade_order ({', '.join(_ORDER_COLUMNS)}) "
+    f"SELECT {', '.join('r.' + c for c in _ORDER_COLUMNS)} FROM json_populate_recordset(NULL::trade_order, %s::json) r "
+    "ON CONFLICT (id) DO UPDATE SET "
+    + ", ".join(f"{c} = EXCLUDED.{c}" for c in _ORDER_COLUMNS[5:]) + ", updated_at = now()")
+_INSERT_FILLS = (
+    f"INSERT INTO fill ({', '.join(_FILL_COLUMNS)}) "
+    f"SELECT {', '.join('r.' + c for c in _FILL_COLUMNS)} FROM json_populate_recordset(NULL::fill, %s::json) r "
     "ON CONFLICT (market, seq, match_no) DO NOTHING")
 
 
@@ -121,8 +127,7 @@ class UnitOfWork:
     fills: list[dict] = field(default_factory=list)
 
     def journal(self, seq: int, command: Command) -> None:
-        self.commands.append({"m": self.market, "s": seq,
-                              "r": json.dumps(command_to_record(command), separators=(",", ":"))})
+        self.commands.append({"market": self.market, "seq": seq, "record": command_to_record(command)})
 
     def order(self, row: dict) -> None:
         """Record an order row's latest values (a later call for the same id replaces it)."""
@@ -132,12 +137,12 @@ class UnitOfWork:
         self.fills.append(row)
 
     def flush(self, conn: Connection) -> None:
-        if self.commands:
-            conn.execute(_INSERT_COMMAND, self.commands)
-        if self.orders:
-            conn.execute(_UPSERT_ORDER, list(self.orders.values()))
-        if self.fills:
-            conn.execute(_INSERT_FILL, self.fills)
+        """Write the buffered rows: journal rows first, then order rows, then fill rows (the order
+        the foreign keys need), one statement each."""
+        for sql, rows in ((_INSERT_COMMANDS, self.commands), (_UPSERT_ORDERS, list(self.orders.values())),
+                          (_INSERT_FILLS, self.fills)):
+            if rows:
+                conn.exec_driver_sql(sql, (json.dumps(rows, separators=(",", ":")),))
         self.commands, self.orders, self.fills = [], {}, []
 
 
