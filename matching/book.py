@@ -97,21 +97,6 @@ class BookSide:
 
     # -- changes (through `Book` only) ------------------------------------------------------
 
-    def _append(self, price: int, order_id: str, order: Order) -> None:
-        """Put `order` at the back of the level at `price`, making the level if there is none."""
-        queue = self.queues.get(price)
-        if queue is None:
-            self.queues[price] = {order_id: order}
-            keys, key = self.keys, price * self.sign
-            if not keys or key > keys[-1]:  # a new best price: common, and no search needed
-                keys.append(key)
-            else:
-                insort(keys, key)
-        else:
-            if not queue:
-                self.empty -= 1
-            queue[order_id] = order
-
     def _emptied(self, price: int) -> None:
         """The level at `price` has just lost its last order: pop it if it was the best (with
         the empty levels that uncovers), else keep it for reuse, within the slack."""
@@ -161,7 +146,19 @@ class Book:
     def add(self, order: Order) -> None:
         """Append `order` at the back of its price level, creating the level if needed."""
         side = self.bids if order.side is _BUY else self.asks
-        side._append(order.price, order.order_id, order)
+        price = order.price
+        queue = side.queues.get(price)
+        if queue is None:
+            side.queues[price] = {order.order_id: order}
+            keys, key = side.keys, price * side.sign
+            if not keys or key > keys[-1]:  # a new best price: common, and no search needed
+                keys.append(key)
+            else:
+                insort(keys, key)
+        else:
+            if not queue:
+                side.empty -= 1
+            queue[order.order_id] = order
 
     def remove(self, order: Order, resting_price: int | None = None) -> None:
         """Take `order` off the book. `resting_price` is where it rests when its `price` has
@@ -198,7 +195,7 @@ class Book:
         # may be the next best, and must not be popped as empty on the way.
         new_queue = queues.get(price)
         if new_queue is None:
-            side._append(price, order_id, order)
+            self.add(order)
         else:
             if not new_queue:
                 side.empty -= 1

@@ -26,6 +26,8 @@ does with an empty plan (a unit test runs streams both ways and compares every e
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from matching import matcher
 from matching.book import Book
 from matching.errors import ErrorCode, SequenceError
@@ -39,7 +41,7 @@ from matching.model import (ActivateTriggered, Amend, Cancel, Command, Market, O
 from matching.states import OPEN, TERMINAL, OrderState, transition
 from matching.stops import StopBook
 from matching.stp import DEFAULT_POLICY, StpPolicy
-from matching.validation import check_shape, default_tif, validate_place
+from matching.validation import DEFAULT_TIF, check_shape, validate_place
 
 S = OrderState
 _RECEIVED, _PENDING_NEW, _WORKING, _PARTIAL = (S.received, S.pending_new, S.working,
@@ -64,7 +66,7 @@ class Engine:
         self.default_stp = default_stp
         self.book = Book()
         self.stops = StopBook()
-        self._stop_keys = self.stops.keys
+        self._stop_keys = self.stops.keys  # empty when no stop waits
         self._tiers = fees.tiers
         self.orders: dict[str, Order] = {}
         # The orders in an OPEN state, kept by `_move`: cancels and amends look here first, a
@@ -74,11 +76,15 @@ class Engine:
         self.awaiting: dict[str, Order] = {}  # triggered stops waiting for their hold
         self.last_seq = 0
         self.last_price: int | None = None
-        self._seq = 0
-        self._events: list[Event] = []
+        self._events: list[Event] = []  # the events of the command being applied
         self._match_no = 0
-        self._handlers = {Place: self._place, Cancel: self._cancel, Amend: self._amend,
-                          ActivateTriggered: self._activate, RejectTriggered: self._reject_triggered}
+        # What applies each command type, given its number (`last_seq + 1`) and the command,
+        # shape-checked: `apply` checks both and calls it, and so does the `Sequencer` (it
+        # numbers commands itself and checks them before journaling). Each starts the command
+        # (`last_seq`, a new events list) and returns its events.
+        self.handlers: dict[type, Callable[[int, Command], list[Event]]] = {
+            Place: self._place, Cancel: self._cancel, Amend: self._amend,
+            ActivateTriggered: self._activate, RejectTriggered: self._reject_triggered}
 
     # -- queries (for the gateway; they change nothing) --------------------------------------
 
@@ -115,38 +121,29 @@ class Engine:
         if seq != self.last_seq + 1:
             raise SequenceError(self.last_seq + 1, seq)
         check_shape(command)
-        return self.apply_checked(seq, command)
-
-    def apply_checked(self, seq: int, command: Command) -> list[Event]:
-        """`apply` without its checks, for the `Sequencer`: it numbers each command
-        `last_seq + 1` and has shape-checked it (before journaling it)."""
-        self.last_seq = self._seq = seq
-        self._events = events = []
-        self._handlers[type(command)](command)
-        if self._stop_keys:  # the stop book's id map: empty when no stop waits
-            self._fire_stops()
-        return events
+        return self.handlers[type(command)](seq, command)
 
     # -- commands -------------------------------------------------------------------------
 
-    def _place(self, cmd: Place) -> None:
+    def _place(self, seq: int, cmd: Place) -> list[Event]:
+        self.last_seq = seq
+        self._events = events = []
         account, client_order_id = cmd.account, cmd.client_order_id
         key = (account, client_order_id)
         existing = self.by_client.get(key)
         if existing is not None:
             existing = self.orders[existing]
-            self._events.append(make(OrderExists, (self._seq, existing.order_id, account,
-                                                   client_order_id, existing.state)))
-            return
+            events.append(make(OrderExists, (seq, existing.order_id, account, client_order_id,
+                                             existing.state)))
+            return events
         orders, order_id = self.orders, cmd.order_id
         if order_id in orders:  # not recorded: the id belongs to another order
-            self._events.append(make(OrderRejected, (self._seq, order_id, account,
-                                                     client_order_id,
-                                                     ErrorCode.duplicate_order_id)))
-            return
+            events.append(make(OrderRejected, (seq, order_id, account, client_order_id,
+                                               ErrorCode.duplicate_order_id)))
+            return events
         order_type = cmd.order_type
         is_stop = order_type is _STOP or order_type is _STOP_LIMIT
-        order = Order.from_place(cmd, self._seq, cmd.tif or default_tif(order_type),
+        order = Order.from_place(cmd, seq, cmd.tif or DEFAULT_TIF[order_type],
                                  cmd.stp_group or account, cmd.stp_policy or self.default_stp,
                                  _RECEIVED if is_stop else _PENDING_NEW)
         orders[order_id] = order
@@ -154,20 +151,25 @@ class Engine:
         code = validate_place(cmd, self.market, self.fees)
         if code is not None:
             self._reject(order, code)
-            return
+            return events
         if is_stop:
             self._move(order, _UNTRIGGERED)
             self.stops.add(order)
-        self._events.append(make(OrderAccepted, (self._seq, order_id, account, client_order_id,
-                                                 cmd.side, order_type, order.state)))
-        if not is_stop:
+        events.append(make(OrderAccepted, (seq, order_id, account, client_order_id, cmd.side,
+                                           order_type, order.state)))
+        if is_stop:
+            self._fire_stops()  # it may be triggered already
+        else:
             self._enter(order)
+        return events
 
-    def _cancel(self, cmd: Cancel) -> None:
+    def _cancel(self, seq: int, cmd: Cancel) -> list[Event]:
+        self.last_seq = seq
+        self._events = events = []
         order = self.live.get(cmd.order_id)
         if order is None or order.account != cmd.account:
             self._refuse_closed(cmd, "cancel")
-            return
+            return events
         state = order.state
         if state is _UNTRIGGERED:
             self.stops.remove(order)
@@ -176,72 +178,73 @@ class Engine:
         else:
             self.book.remove(order)
         self._close(order, _CANCELLED, CloseReason.cancelled_by_owner)
+        return events
 
-    def _activate(self, cmd: ActivateTriggered) -> None:
+    def _activate(self, seq: int, cmd: ActivateTriggered) -> list[Event]:
+        self.last_seq = seq
+        self._events = events = []
         order = self.awaiting.pop(cmd.order_id, None)
         if order is None:
             self._refuse("activate", cmd.order_id, self._missing_code(cmd.order_id))
-            return
+            return events
         self._move(order, _PENDING_NEW)
         self._enter(order)
+        return events
 
-    def _reject_triggered(self, cmd: RejectTriggered) -> None:
+    def _reject_triggered(self, seq: int, cmd: RejectTriggered) -> list[Event]:
+        self.last_seq = seq
+        self._events = events = []
         order = self.awaiting.pop(cmd.order_id, None)
         if order is None:
             self._refuse("reject_triggered", cmd.order_id, self._missing_code(cmd.order_id))
-            return
+            return events
         self._reject(order, ErrorCode.hold_failed)
+        return events
 
-    def _amend(self, cmd: Amend) -> None:
+    def _amend(self, seq: int, cmd: Amend) -> list[Event]:
         """Refuse the amend, or change a stop, or change a resting order: a reduction at the
         same price keeps its place; a new price or a larger size loses it, and the order
         re-enters at the back of its (new) level, matching first if it now crosses.
 
         Most commands of a busy market are amends of a plain resting limit order that change
-        only its price or only its size, so those are checked inline (the lane below): of
-        `_amend_error`'s checks only the notional can fail them there (the shape is checked, and
-        a resting limit order always has open quantity, `remaining == qty - filled -
-        decremented > 0`). For the same reason the change is written here rather than in
-        methods of its own, and the hold it states is `holds.order_hold` of a resting limit
-        order written out (`test_matching_fastpaths` checks it against that)."""
+        only its price or only its size, so those two are checked inline: of `_amend_error`'s
+        checks only the notional can fail them there (the shape is checked, and a resting limit
+        order always has open quantity, `remaining == qty - filled - decremented > 0`). For the
+        same reason the change is written here rather than in methods of its own, and the hold
+        it states is `holds.order_hold` of a resting limit order written out
+        (`test_matching_fastpaths` checks it against that)."""
+        self.last_seq = seq
+        self._events = events = []
         order = self.live.get(cmd.order_id)
         if order is None or order.account != cmd.account:
             self._refuse_closed(cmd, "amend")
-            return
+            return events
         price, qty, state = cmd.price, cmd.qty, order.state
         old_price = order.price
         market = self.market
-        lane = False
-        if (cmd.stop_price is None and order.order_type is _LIMIT
-                and (state is _WORKING or state is _PARTIAL)):
-            if qty is None:
-                lane = (price is not None and price > 0 and price != old_price
-                        and not order.post_only)
-            elif price is None:
-                lane = qty - order.filled - order.decremented > 0
-        if lane:
-            if ((price or old_price) * (qty or order.qty) * market.quote_per_tick_lot
-                    < market.min_notional):
+        if (qty is None and price is not None and cmd.stop_price is None and price > 0
+                and price != old_price and order.order_type is _LIMIT
+                and (state is _WORKING or state is _PARTIAL) and not order.post_only):
+            if price * order.qty * market.quote_per_tick_lot < market.min_notional:
                 self._refuse("amend", order.order_id, ErrorCode.below_min_notional)
-                return
-        else:
-            code = self._amend_error(order, cmd)
-            if code is not None:
-                self._refuse("amend", order.order_id, code)
-                return
-            if state is _UNTRIGGERED:
-                self._amend_stop(order, cmd)
-                return
-            if price == old_price:
-                price = None
-        keeps_place = price is None and (qty is None or qty <= order.qty)
-        if qty is not None:
+                return events
+            keeps_place = False
+            order.price = price
+        elif (price is None and qty is not None and cmd.stop_price is None
+              and order.order_type is _LIMIT and (state is _WORKING or state is _PARTIAL)
+              and qty - order.filled - order.decremented > 0):
+            if old_price * qty * market.quote_per_tick_lot < market.min_notional:
+                self._refuse("amend", order.order_id, ErrorCode.below_min_notional)
+                return events
+            keeps_place = qty <= order.qty
             order.remaining = qty - order.filled - order.decremented
             order.qty = qty
-        if price is None:
             price = old_price
         else:
-            order.price = price
+            keeps_place = self._amend_checked(order, cmd)
+            if keeps_place is None:
+                return events
+            price = order.price
         remaining = order.remaining
         if order.side is _SELL:
             asset, amount = market.base_asset, (order.filled + remaining) * market.lot_size
@@ -250,20 +253,37 @@ class Engine:
             fee_bound = -((-(order.fee_num + open_quote * self._tiers[order.fee_tier].max_ppm))
                           // PPM)
             asset, amount = market.quote_asset, order.quote_traded + open_quote + fee_bound
-        self._events.append(make(OrderAmended, (self._seq, order.order_id, order.account,
-                                                order.qty, price, order.stop_price, remaining,
-                                                keeps_place, asset, amount)))
+        events.append(make(OrderAmended, (seq, order.order_id, order.account, order.qty, price,
+                                          order.stop_price, remaining, keeps_place, asset,
+                                          amount)))
         if keeps_place:
             visible = order.visible
             order.visible = visible if visible < remaining else remaining
-            return
+            return events
         book = self.book
-        if book.reprice(order, old_price):  # it did not cross: moved, as `_rest_unmatched`
+        if book.reprice(order, old_price):  # it did not cross: moved, resting as `_enter`
             display = order.display_qty
             order.visible = display if display and display < remaining else remaining
         else:
             book.remove(order, old_price)
             self._match(order)
+        return events
+
+    def _amend_checked(self, order: Order, cmd: Amend) -> bool | None:
+        """Any other amend: every check in order, then a stop's amend whole, or a resting
+        order's new size and price set. Whether the resting order keeps its place; None when the
+        amend was refused or is done."""
+        code = self._amend_error(order, cmd)
+        if code is not None:
+            self._refuse("amend", order.order_id, code)
+            return None
+        if order.state is _UNTRIGGERED:
+            self._amend_stop(order, cmd)
+            return None
+        price, qty = cmd.price, cmd.qty
+        keeps_place = (price is None or price == order.price) and (qty is None or qty <= order.qty)
+        self._set_size(order, cmd)
+        return keeps_place
 
     # -- amend ------------------------------------------------------------------------------
 
@@ -309,32 +329,28 @@ class Engine:
         order.visible = order.remaining
         self.stops.add(order)
         self._emit_amended(order, priority_kept=True)
+        self._fire_stops()  # its new stop price may be reached already
 
     # -- entering and matching ------------------------------------------------------------
 
     def _enter(self, order: Order) -> None:
-        """A pending_new order meets the book: post-only check, FOK check, match, rest or end."""
+        """A pending_new order meets the book: post-only check, then match, rest or end.
+
+        A limit order that does not cross gets an empty match plan, so it skips planning and
+        does here what `_match` would: a GTC order rests (working if it was pending_new), an IOC
+        or FOK one expires. Its open quantity is positive (validation guarantees it)."""
         book = self.book
         if order.post_only and book.would_cross(order.side, order.price):
             self._reject(order, ErrorCode.post_only_would_cross)
-            return
-        if order.order_type is _LIMIT and not book.would_cross(order.side, order.price):
-            self._rest_unmatched(order)
-        else:
+        elif order.order_type is not _LIMIT or book.would_cross(order.side, order.price):
             self._match(order)
-
-    def _rest_unmatched(self, order: Order) -> None:
-        """What `_match` does for a limit order that meets nothing (an empty plan): rest a GTC
-        order (working if it was pending_new), expire an FOK or IOC one. Its open quantity is
-        positive: validation and amend checks guarantee it."""
-        tif = order.tif
-        if tif is _GTC:
+        elif order.tif is _GTC:
             remaining, display = order.remaining, order.display_qty
             order.visible = display if display and display < remaining else remaining
-            self.book.add(order)
+            book.add(order)
             if order.state is _PENDING_NEW:
                 self._move(order, _WORKING)
-        elif tif is _FOK:
+        elif order.tif is _FOK:
             self._close(order, _EXPIRED, CloseReason.fok_unfillable)
         else:
             self._close(order, _EXPIRED, CloseReason.ioc_remainder)
@@ -348,6 +364,8 @@ class Engine:
             return
         self._execute(order, plan)
         self._finish(order, plan)
+        if plan.steps and self._stop_keys:  # the last trade price may have moved: fire stops
+            self._fire_stops()
 
     def _execute(self, taker: Order, plan: matcher.Plan) -> None:
         for step in plan.steps:
@@ -371,7 +389,7 @@ class Engine:
             self._close(maker, _CANCELLED, CloseReason.self_trade_prevented)
         else:
             maker.visible = min(maker.visible, maker.remaining)
-            self._events.append(make(OrderDecremented, (self._seq, maker.order_id, maker.account,
+            self._events.append(make(OrderDecremented, (self.last_seq, maker.order_id, maker.account,
                                                         qty, maker.remaining)))
 
     def _fill(self, maker: Order, taker: Order, qty: int) -> None:
@@ -394,7 +412,7 @@ class Engine:
             taker.remaining -= qty
         self._match_no += 1
         self.last_price = price
-        self._events.append(make(Fill, (self._seq, self._match_no, maker.order_id,
+        self._events.append(make(Fill, (self.last_seq, self._match_no, maker.order_id,
                                         taker.order_id, maker.account, taker.account,
                                         taker.side, price, qty, qty * market.lot_size, quote,
                                         maker_fee, taker_fee)))
@@ -455,7 +473,7 @@ class Engine:
             self._move(order, _RECEIVED)
             self.awaiting[order_id] = order
             asset, amount = hold_requirement(order, self.market, self.fees)
-            self._emit(Triggered(self._seq, order_id, order.account, order.stop_price,
+            self._emit(Triggered(self.last_seq, order_id, order.account, order.stop_price,
                                  self.last_price, order.order_type, asset, amount))
 
     # -- state changes and events -----------------------------------------------------------
@@ -468,32 +486,32 @@ class Engine:
                 self.live[order.order_id] = order
             elif old in OPEN:
                 self.live.pop(order.order_id, None)  # a new stop rejected from `received`
-            self._events.append(make(OrderStateChanged, (self._seq, order.order_id,
+            self._events.append(make(OrderStateChanged, (self.last_seq, order.order_id,
                                                          order.account, old, new)))
 
     def _close(self, order: Order, state: OrderState, reason: str) -> None:
         self._move(order, state)
         asset, captured = hold_captured(order, self.market)
-        self._events.append(make(OrderClosed, (self._seq, order.order_id, order.account, state,
+        self._events.append(make(OrderClosed, (self.last_seq, order.order_id, order.account, state,
                                                reason, order.filled, order.remaining,
                                                order.quote_traded, order.fees_paid, asset,
                                                captured)))
 
     def _reject(self, order: Order, code: ErrorCode) -> None:
         self._move(order, _REJECTED)
-        self._events.append(make(OrderRejected, (self._seq, order.order_id, order.account,
+        self._events.append(make(OrderRejected, (self.last_seq, order.order_id, order.account,
                                                  order.client_order_id, code)))
 
     def _emit_amended(self, order: Order, priority_kept: bool) -> None:
         asset, amount = order_hold(order, self.market, self.fees)
         if order.state is _UNTRIGGERED:  # a stop reserves nothing until it fires
             amount = 0
-        self._events.append(make(OrderAmended, (self._seq, order.order_id, order.account,
+        self._events.append(make(OrderAmended, (self.last_seq, order.order_id, order.account,
                                                 order.qty, order.price, order.stop_price,
                                                 order.remaining, priority_kept, asset, amount)))
 
     def _refuse(self, command: str, order_id: str, code: ErrorCode) -> None:
-        self._events.append(make(RequestRejected, (self._seq, command, order_id, code)))
+        self._events.append(make(RequestRejected, (self.last_seq, command, order_id, code)))
 
     def _refuse_closed(self, cmd: Cancel | Amend, command: str) -> None:
         """Refuse a cancel / amend whose order is missing, someone else's, or not open."""

@@ -83,6 +83,9 @@ def default_tif(order_type: OrderType) -> TimeInForce:
     return _GTC if order_type in _LIMIT_PRICED else _IOC
 
 
+DEFAULT_TIF = {order_type: default_tif(order_type) for order_type in OrderType}  # for hot paths
+
+
 def uses_budget(side: Side, order_type: OrderType) -> bool:
     """A market (or stop-market) bid is sized by a quote budget, not a quantity."""
     return side is Side.buy and order_type not in _LIMIT_PRICED

@@ -16,7 +16,7 @@ import pytest
 
 from matching import (ActivateTriggered, Amend, Cancel, Engine, MemoryJournal, OrderType, Place,
                       RejectTriggered, Sequencer, Side, StpPolicy, TimeInForce)
-from matching.errors import MatchingError
+from matching.errors import ErrorCode, MatchingError
 from matching.book import Book
 from matching.events import Fill, OrderDecremented, OrderStateChanged
 from matching.fees import FeeSchedule, FeeTier
@@ -186,8 +186,11 @@ class GeneralPathEngine(Engine):
         super().__init__(*args)
         self.book = NeverRepricedBook()
 
-    def _rest_unmatched(self, order):
-        self._match(order)
+    def _enter(self, order):
+        if order.post_only and self.book.would_cross(order.side, order.price):
+            self._reject(order, ErrorCode.post_only_would_cross)
+        else:
+            self._match(order)
 
 
 @pytest.mark.parametrize(("seed", "crowded"), sorted(GOLDEN))

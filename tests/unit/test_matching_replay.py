@@ -67,7 +67,7 @@ def test_journal_first_a_failing_sink_applies_nothing():
 def test_sequencer_halts_after_an_engine_failure():
     engine = Engine(BTC_USDT, FEES)
     seq = Sequencer(engine, MemoryJournal())
-    engine.apply_checked = lambda s, c: 1 / 0  # what the sequencer calls
+    engine.handlers[Cancel] = lambda s, c: 1 / 0  # what the sequencer calls for a cancel
     with pytest.raises(ZeroDivisionError):
         seq.submit(Cancel("x", "a"))
     assert seq.halted
