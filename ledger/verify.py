@@ -4,7 +4,7 @@
 - `transactions_balanced`: every journal transaction has entries summing to zero per asset;
 - `projection_matches_journal`: each account has exactly its balance_shards projection rows
   (shards 0..n-1); their posted sum equals the sum of its entries, and their held sum equals what
-  its pending holds still reserve;
+  its pending holds still reserve; no projection row names a missing account;
 - `running_balances`: each entry of a one-shard account has a balance_after equal to the running
   sum of the account's entries; entries of a sharded account store none (computed at read time);
 - `holds_consistent`: captured equals the entries captured through the hold; a resolved hold has
@@ -12,8 +12,8 @@
 - `limits_respected`: no account that may not go negative has available < 0; none that may not go
   positive has a positive balance;
 - `totals_zero`: every asset's balances sum to zero;
-- `entries_match_accounts`: each entry names an existing account and journal transaction, and
-  carries its account's asset.
+- `entries_match_accounts`: each entry names an existing account and journal transaction (and
+  hold, for a capture), and carries its account's asset.
 - `limits_respected` and `totals_zero` work on the sum over an account's shards.
 `assert_verified(engine)` raises LedgerError(verification_failed) listing the failed checks.
 Reads run in one REPEATABLE READ snapshot so concurrent postings cannot produce false alarms.
@@ -46,7 +46,10 @@ _CHECKS: list[tuple[str, str]] = [
            LEFT JOIN (SELECT account_id, sum(amount - captured - released) AS held FROM hold
                       WHERE state = 'pending' GROUP BY account_id) h ON h.account_id = a.id
            WHERE b.account_id IS NULL OR b.shards <> a.balance_shards OR b.top <> a.balance_shards - 1
-              OR b.posted <> coalesce(e.total, 0) OR b.held <> coalesce(h.held, 0)""",
+              OR b.posted <> coalesce(e.total, 0) OR b.held <> coalesce(h.held, 0)
+        UNION ALL
+        SELECT b.account_id, b.posted, b.held, NULL, NULL, NULL, NULL
+           FROM account_balance b LEFT JOIN account a ON a.id = b.account_id WHERE a.id IS NULL""",
     ),
     (
         "running_balances",
@@ -86,7 +89,10 @@ _CHECKS: list[tuple[str, str]] = [
            WHERE a.id IS NULL OR e.asset <> a.asset
         UNION ALL
         SELECT e.id FROM journal_entry e LEFT JOIN journal_transaction t ON t.id = e.transaction_id
-           WHERE t.id IS NULL""",
+           WHERE t.id IS NULL
+        UNION ALL
+        SELECT e.id FROM journal_entry e LEFT JOIN hold h ON h.id = e.hold_id
+           WHERE e.hold_id IS NOT NULL AND h.id IS NULL""",
     ),
 ]
 

@@ -98,9 +98,11 @@ class Trading:
                       default_stp: StpPolicy = DEFAULT_POLICY) -> store.MarketRow:
         """Create a market (idempotent for identical content) with its fee income account."""
         with self.db.begin() as conn:
+            # One balance shard: only this market's single writer posts to its fee account, so
+            # shards would spread no contention and cost every fill the sharded path.
             fee_account = self.ledger.open_account(
                 market.quote_asset, AccountKind.fee_income, f"matching:{market.symbol}:fees",
-                owner=f"matching:{market.symbol}", conn=conn)
+                owner=f"matching:{market.symbol}", balance_shards=1, conn=conn)
             row = store.MarketRow(market, fees, default_stp, fee_account.id)
             if not store.insert_market(conn, row):
                 (existing,) = store.load_markets(conn, market.symbol)

@@ -380,9 +380,19 @@ END $$;
 #   updates stay heap-only (HOT: no new index entry, old versions pruned in place), where a full
 #   page sent every update to a new page and a new index entry until autovacuum came by;
 # - only reversals carry reverses_id: a partial unique index keeps "reversed at most once" without
-#   an index entry for every other journal transaction.
+#   an index entry for every other journal transaction;
+# - two per-row foreign keys whose checks ran on the hot path go: account_balance -> account (an
+#   UPDATE of a balance row already updated in the same transaction, i.e. every busy account in a
+#   matching group commit, re-ran the check and share-locked the account row) and
+#   journal_entry.hold_id -> hold (one check per capture leg). Accounts and holds are never deleted
+#   or renumbered (0001's triggers); balance rows are written only by the ledger for existing
+#   accounts; an entry's hold is now checked with its account and transaction by the statement
+#   trigger below; `verify()` reports a balance row without an account and an entry naming a
+#   missing hold.
 TABLE_TUNING = """
 ALTER TABLE account_balance SET (fillfactor = 20);
+ALTER TABLE account_balance DROP CONSTRAINT account_balance_account_id_fkey;
+ALTER TABLE journal_entry DROP CONSTRAINT journal_entry_hold_id_fkey;
 ALTER TABLE journal_transaction DROP CONSTRAINT journal_transaction_reverses_id_key;
 CREATE UNIQUE INDEX journal_transaction_reversed_once ON journal_transaction (reverses_id)
     WHERE reverses_id IS NOT NULL;
@@ -394,7 +404,8 @@ CREATE UNIQUE INDEX journal_transaction_reversed_once ON journal_transaction (re
 # query over a transition table is planned again on every call, and that planning cost more than
 # the rest of a one-transfer posting. Now only a trivial aggregate reads the transition table; the
 # joins run over arrays with plans made once per session (forced onto the key indexes, as in
-# ledger_post), each distinct transaction and account looked up once.
+# ledger_post), each distinct transaction and account looked up once. It also checks that an entry's
+# hold exists (the per-row foreign key it replaces is dropped above).
 ENTRIES_REFERENCES = """
 CREATE OR REPLACE FUNCTION ledger_entries_references() RETURNS trigger LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
@@ -403,17 +414,28 @@ DECLARE
     v_transactions bigint[];
     v_accounts bigint[];
     v_assets text[];
+    v_holds bigint[];
     v_orphan_tx boolean;
     v_bad_account boolean;
+    v_missing_hold boolean;
 BEGIN
-    SELECT array_agg(n.transaction_id), array_agg(n.account_id), array_agg(n.asset)
-      INTO v_transactions, v_accounts, v_assets FROM new_rows n;
+    SELECT array_agg(n.transaction_id), array_agg(n.account_id), array_agg(n.asset), array_agg(n.hold_id)
+      INTO v_transactions, v_accounts, v_assets, v_holds FROM new_rows n;
     SELECT bool_or(t.id IS NULL OR t.created_txid <> pg_current_xact_id()) INTO v_orphan_tx
       FROM (SELECT DISTINCT u.id FROM unnest(v_transactions) AS u(id)) u
       LEFT JOIN journal_transaction t ON t.id = u.id;
     SELECT bool_or(a.id IS NULL OR a.asset <> u.asset) INTO v_bad_account
       FROM (SELECT DISTINCT u.id, u.asset FROM unnest(v_accounts, v_assets) AS u(id, asset)) u
       LEFT JOIN account a ON a.id = u.id;
+    IF array_remove(v_holds, NULL) <> '{}' THEN
+        SELECT bool_or(h.id IS NULL) INTO v_missing_hold
+          FROM (SELECT DISTINCT u.id FROM unnest(v_holds) AS u(id) WHERE u.id IS NOT NULL) u
+          LEFT JOIN hold h ON h.id = u.id;
+        IF v_missing_hold THEN
+            RAISE EXCEPTION 'ledger: an entry names a hold that does not exist'
+                USING ERRCODE = 'foreign_key_violation';
+        END IF;
+    END IF;
     IF v_orphan_tx THEN
         RAISE EXCEPTION 'ledger: entries may only be added to a journal transaction in the '
                         'database transaction that created it' USING ERRCODE = 'foreign_key_violation';

@@ -148,3 +148,42 @@ def test_the_ledger_corrects_by_compensation_not_edits(ledger, engine, posted):
     assert _journal_rows(engine, tx_id) == before  # the original is untouched
     assert ledger.transaction_transfers(rev.transaction_id) == [Transfer(bob, alice, 400)]
     assert (book.posted(alice), book.posted(bob)) == (1_000, 0)
+
+
+@pytest.mark.parametrize("case", ["no_such_account", "other_asset", "no_such_hold"])
+def test_entries_inserted_in_sql_must_name_real_rows(ledger, engine, posted, case):
+    """The statement trigger on journal_entry: an entry names an existing account, carries its
+    asset, and a capture names an existing hold (checked once per INSERT statement)."""
+    book, _, alice, bob = posted
+    size = journal_size(ledger)
+    account, asset, hold = {
+        "no_such_account": (10**12, "BTC", None),
+        "other_asset": (alice, "USDT", None),
+        "no_such_hold": (alice, "BTC", 10**12),
+    }[case]
+    with pytest.raises(DBAPIError) as exc:
+        with engine.begin() as c:
+            tx_id = c.execute(
+                text("INSERT INTO journal_transaction (idempotency_key, content_hash, kind) "
+                     "VALUES (:k, 'x', 'raw') RETURNING id"),
+                {"k": f"{book.prefix}:raw-{case}"},
+            ).scalar_one()
+            c.execute(
+                text("INSERT INTO journal_entry (transaction_id, account_id, asset, amount, hold_id) "
+                     "VALUES (:t, :a, :asset, -10, :h), (:t, :b, 'BTC', 10, NULL)"),
+                {"t": tx_id, "a": account, "asset": asset, "b": bob, "h": hold},
+            )
+    assert exc.value.orig.sqlstate == "23503"  # foreign_key_violation
+    assert journal_size(ledger) == size
+
+
+def test_verify_reports_a_projection_row_without_an_account(ledger, engine, posted):
+    assert "projection_matches_journal" not in failed_checks(ledger)
+    with engine.begin() as c:
+        c.execute(text("INSERT INTO account_balance (account_id, shard) VALUES (:a, 0)"), {"a": 10**12})
+    try:
+        assert "projection_matches_journal" in failed_checks(ledger)
+    finally:
+        with engine.begin() as c:
+            c.execute(text("DELETE FROM account_balance WHERE account_id = :a"), {"a": 10**12})
+    assert "projection_matches_journal" not in failed_checks(ledger)
