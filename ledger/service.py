@@ -349,7 +349,8 @@ class Ledger:
             count.append(None)
         if not ops:
             return []
-        params = (ops, keys, hashes, _int_array(accounts), _int_array(amounts), owners, refs, _int_array(holds),
+        params = (_text_array(ops), _text_array(keys), _text_array(hashes), _int_array(accounts), _int_array(amounts),
+                  _text_array(owners), _text_array(refs), _int_array(holds),
                   json.dumps(meta, sort_keys=True, default=str), _int_array(first), _int_array(count),
                   _int_array(debits), _int_array(credits), _int_array(transfer_amounts), _int_array(transfer_holds))
         if conn is None:
@@ -613,6 +614,21 @@ def _int_array(values: list[int | None]) -> str:
             parts.append(str(v))
         else:
             raise LedgerError(ErrorCode.invalid_request, f"account, hold ids and amounts must be integers, not {v!r}")
+    return "{" + ",".join(parts) + "}"
+
+
+def _text_array(values: list[str | None]) -> str:
+    """A PostgreSQL array literal of texts (NULL for None): every element double-quoted with its
+    backslashes and double quotes escaped, the array syntax's own quoting, so no value can change
+    the literal's shape. Cheaper than the driver's generic list adaptation."""
+    parts = []
+    for v in values:
+        if v is None:
+            parts.append("NULL")
+        elif type(v) is str:
+            parts.append('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"')
+        else:
+            raise LedgerError(ErrorCode.invalid_request, f"expected a string, not {v!r}")
     return "{" + ",".join(parts) + "}"
 
 

@@ -115,3 +115,18 @@ def test_malformed_commands_are_refused_before_anything_is_sent(ledger, book):
         assert exc.value.code is code, bad
     assert ledger.apply([]) == []
     assert journal_size(ledger) == size
+
+
+def test_keys_and_references_arrive_exactly_whatever_they_contain(ledger, book):
+    alice = book.account("alice")
+    book.fund(alice, 1_000)
+    nasty = ['a"b', "back\\slash", "comma,brace{}", "NULL", " spaced ", "ünïcødé ✓", "\\\"", ""]
+    commands = [PlaceHold(book.key(f"h{i}:{text}"), alice, 1, OWNER, text or "-") for i, text in enumerate(nasty)]
+    results = ledger.apply(commands)
+    assert all(r.status == "created" for r in results)
+    for command, result in zip(commands, results):
+        hold = ledger.get_hold(result.id)
+        assert hold.reference == command.reference
+    again = ledger.apply(commands)  # replays: the keys and hashes round-trip exactly
+    assert [r.status for r in again] == ["exists"] * len(nasty)
+    ledger.assert_verified()
