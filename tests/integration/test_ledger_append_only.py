@@ -187,3 +187,21 @@ def test_verify_reports_a_projection_row_without_an_account(ledger, engine, post
         with engine.begin() as c:
             c.execute(text("DELETE FROM account_balance WHERE account_id = :a"), {"a": 10**12})
     assert "projection_matches_journal" not in failed_checks(ledger)
+
+
+def test_a_direct_insert_after_a_posting_in_the_same_transaction_is_still_checked(ledger, engine, posted):
+    """ledger_post marks only its own INSERT as checked (a transaction-local setting it clears
+    right after); a later INSERT in the same database transaction meets the trigger."""
+    book, _, alice, bob = posted
+    size = journal_size(ledger)
+    with pytest.raises(DBAPIError) as exc:
+        with engine.begin() as c:
+            tx_id = ledger.transfer(book.key(), alice, bob, 1, conn=c).transaction_id
+            assert c.execute(text("SELECT current_setting('ledger.entries_written_by', true)")).scalar() == ""
+            c.execute(
+                text("INSERT INTO journal_entry (transaction_id, account_id, asset, amount) "
+                     "VALUES (:t, :a, 'BTC', -1), (:t, :b, 'USDT', 1)"),
+                {"t": tx_id, "a": alice, "b": bob},
+            )
+    assert exc.value.orig.sqlstate == "23503"
+    assert journal_size(ledger) == size
