@@ -394,7 +394,7 @@ class Engine:
 
     def _fill(self, maker: Order, taker: Order, qty: int) -> None:
         price = maker.price
-        market, tiers = self.market, self.fees.tiers
+        market, tiers = self.market, self._tiers
         quote = price * qty * market.quote_per_tick_lot
         maker_fee, maker.fee_num = fee_increment(maker.fee_num, quote,
                                                  tiers[maker.fee_tier].maker_ppm)
@@ -416,21 +416,18 @@ class Engine:
                                         taker.order_id, maker.account, taker.account,
                                         taker.side, price, qty, qty * market.lot_size, quote,
                                         maker_fee, taker_fee)))
-        self._after_maker_fill(maker)
+        if maker.remaining == 0:
+            self.book.remove(maker)
+            self._close(maker, _FILLED, CloseReason.filled)
+        else:
+            self._move(maker, _PARTIAL)
+            if maker.visible == 0:  # iceberg refill: a new slice at the back of the level
+                maker.visible = min(maker.display_qty, maker.remaining)
+                self.book.requeue(maker)
         if taker.remaining == 0:
             self._close(taker, _FILLED, CloseReason.filled)
         else:
             self._move(taker, _PARTIAL)
-
-    def _after_maker_fill(self, maker: Order) -> None:
-        if maker.remaining == 0:
-            self.book.remove(maker)
-            self._close(maker, _FILLED, CloseReason.filled)
-            return
-        self._move(maker, _PARTIAL)
-        if maker.visible == 0:  # iceberg refill: a new slice at the back of the level
-            maker.visible = min(maker.display_qty, maker.remaining)
-            self.book.requeue(maker)
 
     def _finish(self, order: Order, plan: matcher.Plan) -> None:
         """After matching: the taker rests, or ends as filled / expired / STP-removed."""
