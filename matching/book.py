@@ -2,10 +2,11 @@
 
 Each side keeps its prices in a sorted list of keys (bisect) with the BEST price at the end, so the
 best level is `keys[-1]` and removing it is a pop from the end: bids are keyed by price, asks by
--price. The queues themselves are found by price. A level's queue is a dict from order id to order: a dict keeps insertion order, so it is
-the FIFO queue itself, and removing an order from anywhere in it is one O(1) `del` (cancel and
-amend never search). Re-queueing (an iceberg refill) deletes the entry and inserts it again at the
-back; an amend that loses priority leaves the book and re-enters it, at the back of its new level.
+-price. The queues themselves are found by price. A level's queue is a dict from order id to
+order: a dict keeps insertion order, so it is the FIFO queue itself, and removing an order from
+anywhere in it is one O(1) `del` (cancel and amend never search). Re-queueing (an iceberg refill)
+deletes the entry and inserts it again at the back; an amend that loses priority leaves the book
+and re-enters it, at the back of its new level.
 
 Empty levels are dropped lazily. Most commands of a busy market move an order to another price,
 and most levels hold an order or two, so a level emptied below the best keeps its (empty) queue
@@ -14,9 +15,11 @@ and its key: the next order priced there reuses them, without a sorted insert, a
 
 - the best key, `keys[-1]`, has a non-empty queue (an emptied best level is popped at once, with
   any empty ones it uncovers), so the touch and `would_cross` read one key, as before;
-- every key in `keys` has a queue in `queues` and the reverse; `empty` counts the empty ones;
-- empty levels are never more than half the keys plus a small slack (`_MAX_SLACK`): past that
-  the side drops them all, so a market that drifts does not collect dead prices.
+- every key in `keys` has a queue in `queues` and the reverse;
+- a side never holds more than `limit` keys: a new level that would pass it first drops every
+  empty level, and `limit` becomes twice the levels left (at least `_MIN_LIMIT`), so the dead
+  prices a drifting market leaves behind stay fewer than its live levels at their last count
+  (plus the minimum), and dropping them costs O(1) per new level over time.
 
 Empty levels are not state: every reader (`levels_from_best`, `depth`, snapshots, the matcher)
 skips them, so a book rebuilt from a snapshot, which has none, is the same book and hashes alike.
@@ -24,13 +27,13 @@ Only `Book` changes the book. `Level` is a read-only view made when a query asks
 """
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+from bisect import insort
 from typing import Iterator
 
 from matching.model import Order, Side
 
 _BUY = Side.buy
-_MAX_SLACK = 64  # empty levels a side may keep beyond half its keys
+_MIN_LIMIT = 128  # keys a side may hold before it looks for empty levels to drop
 
 
 class Level:
@@ -53,17 +56,17 @@ class Level:
 
 class BookSide:
     """All levels of one side, best price last. `sign` turns a price into its key in `keys`
-    (+1 / -1); `queues` maps a price to its level's queue (order id -> order, in time priority), empty for a
-    level kept for reuse; `empty` counts those."""
+    (+1 / -1); `queues` maps a price to its level's queue (order id -> order, in time priority),
+    empty for a level kept for reuse; `limit` bounds the number of keys (see the module)."""
 
-    __slots__ = ("side", "sign", "keys", "queues", "empty")
+    __slots__ = ("side", "sign", "keys", "queues", "limit")
 
     def __init__(self, side: Side) -> None:
         self.side = side
         self.sign = 1 if side is _BUY else -1
         self.keys: list[int] = []
         self.queues: dict[int, dict[str, Order]] = {}
-        self.empty = 0
+        self.limit = _MIN_LIMIT
 
     def best(self) -> Level | None:
         keys = self.keys
@@ -97,19 +100,24 @@ class BookSide:
 
     # -- changes (through `Book` only) ------------------------------------------------------
 
-    def _emptied(self, price: int) -> None:
-        """The level at `price` has just lost its last order: pop it if it was the best (with
-        the empty levels that uncovers), else keep it for reuse, within the slack."""
-        keys, queues, sign = self.keys, self.queues, self.sign
-        if keys[-1] == price * sign:
-            del queues[keys.pop() * sign]
-            while keys and not queues[keys[-1] * sign]:
-                del queues[keys.pop() * sign]
-                self.empty -= 1
-            return
-        self.empty += 1
-        if self.empty > _MAX_SLACK and 2 * self.empty > len(keys):
+    def _new_level(self, price: int, order_id: str, order: Order) -> None:
+        """Make the level at `price` (it has no key yet) with `order` in it."""
+        keys, key = self.keys, price * self.sign
+        if len(keys) >= self.limit:
             self._drop_empty()
+        self.queues[price] = {order_id: order}
+        if not keys or key > keys[-1]:  # a new best price: common, and no search needed
+            keys.append(key)
+        else:
+            insort(keys, key)
+
+    def _pop_emptied_best(self) -> None:
+        """The best level has just lost its last order: pop it, and the empty levels that
+        uncovers, so that the best level is never empty."""
+        keys, queues, sign = self.keys, self.queues, self.sign
+        del queues[keys.pop() * sign]
+        while keys and not queues[keys[-1] * sign]:
+            del queues[keys.pop() * sign]
 
     def _drop_empty(self) -> None:
         keys, queues, sign = self.keys, self.queues, self.sign
@@ -117,7 +125,7 @@ class BookSide:
             if not queues[key * sign]:
                 del queues[key * sign]
         keys[:] = [key for key in keys if key * sign in queues]
-        self.empty = 0
+        self.limit = max(_MIN_LIMIT, 2 * len(keys))
 
 
 class Book:
@@ -146,18 +154,10 @@ class Book:
     def add(self, order: Order) -> None:
         """Append `order` at the back of its price level, creating the level if needed."""
         side = self.bids if order.side is _BUY else self.asks
-        price = order.price
-        queue = side.queues.get(price)
+        queue = side.queues.get(order.price)
         if queue is None:
-            side.queues[price] = {order.order_id: order}
-            keys, key = side.keys, price * side.sign
-            if not keys or key > keys[-1]:  # a new best price: common, and no search needed
-                keys.append(key)
-            else:
-                insort(keys, key)
+            side._new_level(order.price, order.order_id, order)
         else:
-            if not queue:
-                side.empty -= 1
             queue[order.order_id] = order
 
     def remove(self, order: Order, resting_price: int | None = None) -> None:
@@ -167,8 +167,8 @@ class Book:
         price = order.price if resting_price is None else resting_price
         queue = side.queues[price]
         del queue[order.order_id]
-        if not queue:
-            side._emptied(price)
+        if not queue and side.keys[-1] == price * side.sign:
+            side._pop_emptied_best()
 
     def reprice(self, order: Order, old_price: int) -> bool:
         """Move `order` (resting at `old_price`, its `price` already changed) to the back of its
@@ -188,20 +188,15 @@ class Book:
         queues, order_id = side.queues, order.order_id
         queue = queues[old_price]
         del queue[order_id]
-        if price == old_price:
-            queue[order_id] = order
-            return True
         # Into the new level first: if the old one is now empty and was the best, the new one
         # may be the next best, and must not be popped as empty on the way.
         new_queue = queues.get(price)
         if new_queue is None:
-            self.add(order)
+            side._new_level(price, order_id, order)
         else:
-            if not new_queue:
-                side.empty -= 1
             new_queue[order_id] = order
-        if not queue:
-            side._emptied(old_price)
+        if not queue and side.keys[-1] == old_price * side.sign:
+            side._pop_emptied_best()
         return True
 
     def requeue(self, order: Order) -> None:

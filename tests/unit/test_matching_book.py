@@ -1,13 +1,13 @@
 """The book keeps emptied levels for reuse (see `matching.book`): random adds, removals, moves and
 refills against a plain model of price-time priority, with the side's invariants checked after
-every step, including the bound on how many empty levels it keeps."""
+every step, including the bound on how many levels (empty ones included) it keeps."""
 from __future__ import annotations
 
 import random
 
 import pytest
 
-from matching.book import _MAX_SLACK, Book, BookSide
+from matching.book import _MIN_LIMIT, Book, BookSide
 from matching.model import Order, Side
 
 
@@ -17,8 +17,7 @@ def check_side(side: BookSide, model: dict[int, list[str]]) -> None:
     assert {key * side.sign for key in keys} == set(queues)
     if keys:
         assert queues[keys[-1] * side.sign], "the best level is never empty"
-    assert side.empty == sum(1 for queue in queues.values() if not queue)
-    assert side.empty <= max(_MAX_SLACK, len(keys) // 2)
+    assert _MIN_LIMIT <= side.limit and len(keys) <= side.limit
     expected = sorted(((p, ids) for p, ids in model.items() if ids), reverse=side.sign == 1)
     assert [(lv.price, [o.order_id for o in lv.orders()]) for lv in side.levels_from_best()] \
         == expected
@@ -27,7 +26,10 @@ def check_side(side: BookSide, model: dict[int, list[str]]) -> None:
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_levels_follow_price_time_priority_and_keep_few_empty_levels(seed):
+def test_levels_follow_price_time_priority_and_keep_few_empty_levels(seed, monkeypatch):
+    drops = []
+    drop = BookSide._drop_empty
+    monkeypatch.setattr(BookSide, "_drop_empty", lambda side: drops.append(drop(side)))
     rng = random.Random(seed)
     book = Book()
     models = {Side.buy: {}, Side.sell: {}}
@@ -63,6 +65,8 @@ def test_levels_follow_price_time_priority_and_keep_few_empty_levels(seed):
         check_side(book.bids, models[Side.buy])
         check_side(book.asks, models[Side.sell])
         assert not book.is_crossed()
+    if spread > _MIN_LIMIT:  # more prices than the minimum limit: empty levels were dropped
+        assert drops
 
 
 def test_a_move_that_would_cross_changes_nothing():
