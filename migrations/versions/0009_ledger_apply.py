@@ -45,14 +45,13 @@ DECLARE
     v_last integer;
     v_post record;
     v_hold record;
-    v_old hold;
+    v_old_row record;
+    v_found boolean;
     v_new hold;
     v_available numeric;
     v_remaining numeric;
     v_held numeric;
     c_max constant numeric := 10::numeric ^ 78 - 1;
-    v_may_go_negative boolean;
-    v_closed boolean;
 BEGIN
     FOR i IN 1 .. coalesce(cardinality(p_ops), 0) LOOP
         status := NULL;
@@ -81,56 +80,56 @@ BEGIN
             status := v_hold.status;
             id := coalesce(v_hold.hold_id, p_holds[i]);
         WHEN 'replace' THEN
-            -- A replay of the new hold's key answers like place_hold's replay.
-            SELECT * INTO v_new FROM hold h WHERE h.idempotency_key = p_keys[i];
-            IF FOUND THEN
-                status := CASE WHEN v_new.content_hash = p_hashes[i] THEN 'exists' ELSE 'idempotency_conflict' END;
-                id := v_new.id;
+            -- The posting lock order: the account's balance shards, then the hold row with the
+            -- account's flags (read after the balance lock, so a close committed meanwhile is seen).
+            SELECT sum(b.posted) - sum(b.held), sum(b.held) INTO v_available, v_held
+              FROM (SELECT s.posted, s.held FROM account_balance s
+                     WHERE s.account_id = p_accounts[i] ORDER BY s.shard FOR UPDATE) b;
+            SELECT h.*, a.may_go_negative, a.closed_at IS NOT NULL AS closed INTO v_old_row
+              FROM hold h LEFT JOIN account a ON a.id = p_accounts[i]
+             WHERE h.id = p_holds[i] FOR UPDATE OF h;
+            v_found := FOUND;
+            IF v_found THEN
+                v_remaining := v_old_row.amount - v_old_row.captured - v_old_row.released;
+            END IF;
+            IF v_available IS NULL THEN
+                status := 'account_not_found';
+            ELSIF NOT v_found THEN
+                status := 'hold_not_found';
+            ELSIF v_old_row.owner <> p_owners[i] THEN
+                status := 'hold_owner_mismatch';
+            ELSIF v_old_row.account_id <> p_accounts[i] THEN
+                status := 'hold_account_mismatch';
+            ELSIF v_old_row.state <> 'pending' THEN
+                status := 'hold_already_resolved';
+            ELSIF v_old_row.closed THEN
+                status := 'account_closed';
+            ELSIF NOT v_old_row.may_go_negative AND v_available + v_remaining < p_amounts[i] THEN
+                status := 'insufficient_funds';
+            ELSIF v_held - v_remaining + p_amounts[i] > c_max THEN
+                status := 'limit_exceeded';
             ELSE
-                -- The posting lock order: the account's balance shards, then the hold row; the
-                -- account's flags are read after the lock (a close committed meanwhile is seen).
-                SELECT sum(b.posted) - sum(b.held), sum(b.held) INTO v_available, v_held
-                  FROM (SELECT s.posted, s.held FROM account_balance s
-                         WHERE s.account_id = p_accounts[i] ORDER BY s.shard FOR UPDATE) b;
-                SELECT * INTO v_old FROM hold h WHERE h.id = p_holds[i] FOR UPDATE;
-                SELECT a.may_go_negative, a.closed_at IS NOT NULL INTO v_may_go_negative, v_closed
-                  FROM account a WHERE a.id = p_accounts[i];
-                v_remaining := v_old.amount - v_old.captured - v_old.released;
-                IF v_available IS NULL THEN
-                    status := 'account_not_found';
-                ELSIF v_old.id IS NULL THEN
-                    status := 'hold_not_found';
-                ELSIF v_old.owner <> p_owners[i] THEN
-                    status := 'hold_owner_mismatch';
-                ELSIF v_old.account_id <> p_accounts[i] THEN
-                    status := 'hold_account_mismatch';
-                ELSIF v_old.state <> 'pending' THEN
-                    status := 'hold_already_resolved';
-                ELSIF v_closed THEN
-                    status := 'account_closed';
-                ELSIF NOT v_may_go_negative AND v_available + v_remaining < p_amounts[i] THEN
-                    status := 'insufficient_funds';
-                ELSIF v_held - v_remaining + p_amounts[i] > c_max THEN
-                    status := 'limit_exceeded';
-                ELSE
-                    -- Place the new hold and release what remains of the old one: the rows
-                    -- ledger_place_hold and ledger_resolve_hold write, in three statements. If the
-                    -- new key raced in meanwhile, nothing is written and it answers as a replay.
-                    INSERT INTO hold (idempotency_key, content_hash, account_id, amount, owner, reference)
-                        VALUES (p_keys[i], p_hashes[i], p_accounts[i], p_amounts[i], p_owners[i], p_refs[i])
-                        ON CONFLICT (idempotency_key) DO NOTHING
-                        RETURNING hold.id INTO id;
-                    IF id IS NULL THEN
-                        SELECT * INTO v_new FROM hold h WHERE h.idempotency_key = p_keys[i];
-                        status := CASE WHEN v_new.content_hash = p_hashes[i] THEN 'exists' ELSE 'idempotency_conflict' END;
-                        id := v_new.id;
-                    ELSE
-                        UPDATE hold h SET released = h.amount - h.captured, state = 'released', resolved_at = now()
-                         WHERE h.id = v_old.id;
-                        UPDATE account_balance b SET held = b.held - v_remaining + p_amounts[i]
-                         WHERE b.account_id = p_accounts[i] AND b.shard = 0;
-                        status := 'created';
-                    END IF;
+                -- Place the new hold and release what remains of the old one: the rows
+                -- ledger_place_hold and ledger_resolve_hold write, in three statements.
+                INSERT INTO hold (idempotency_key, content_hash, account_id, amount, owner, reference)
+                    VALUES (p_keys[i], p_hashes[i], p_accounts[i], p_amounts[i], p_owners[i], p_refs[i])
+                    ON CONFLICT (idempotency_key) DO NOTHING
+                    RETURNING hold.id INTO id;
+                IF id IS NOT NULL THEN
+                    UPDATE hold h SET released = h.amount - h.captured, state = 'released', resolved_at = now()
+                     WHERE h.id = v_old_row.id;
+                    UPDATE account_balance b SET held = b.held - v_remaining + p_amounts[i]
+                     WHERE b.account_id = p_accounts[i] AND b.shard = 0;
+                    status := 'created';
+                END IF;
+            END IF;
+            -- Refused, or the new key exists: a replay of the new hold's key answers first, like
+            -- place_hold's replay (a replayed replacement finds its old hold released).
+            IF status IS DISTINCT FROM 'created' THEN
+                SELECT * INTO v_new FROM hold h WHERE h.idempotency_key = p_keys[i];
+                IF FOUND THEN
+                    status := CASE WHEN v_new.content_hash = p_hashes[i] THEN 'exists' ELSE 'idempotency_conflict' END;
+                    id := v_new.id;
                 END IF;
             END IF;
         ELSE
@@ -143,8 +142,10 @@ END $$;
 
 
 # The single hold commands of 0001 with the same signatures, checks, order and answers, in fewer
-# statements: the account's flags in one read after the lock, and the answer assigned to the
-# output columns instead of selected by one more query.
+# statements: the idempotency key is looked up only when the command is refused or its INSERT finds
+# the key taken (a replay answers first either way), a release finds the hold's account inside the
+# locking statement, and the answer is assigned to the output columns instead of selected by one
+# more query.
 HOLD_FUNCTIONS = """
 CREATE OR REPLACE FUNCTION ledger_place_hold(
     p_key text, p_hash text, p_account bigint, p_amount numeric, p_owner text, p_reference text,
@@ -169,13 +170,6 @@ BEGIN
         RETURN NEXT;
         RETURN;
     END IF;
-    SELECT * INTO v_hold FROM hold h WHERE h.idempotency_key = p_key;
-    IF FOUND THEN
-        status := CASE WHEN v_hold.content_hash = p_hash THEN 'exists' ELSE 'idempotency_conflict' END;
-        hold_row := v_hold;
-        RETURN NEXT;
-        RETURN;
-    END IF;
     SELECT a.closed_at IS NOT NULL, a.may_go_negative INTO v_closed, v_may_go_negative
         FROM account a WHERE a.id = p_account;
     IF v_closed THEN
@@ -186,19 +180,20 @@ BEGIN
     ELSIF v_held + p_amount > c_max THEN
         status := 'limit_exceeded';
         available := v_posted - v_held;
+    ELSE
+        INSERT INTO hold (idempotency_key, content_hash, account_id, amount, owner, reference, expires_at)
+            VALUES (p_key, p_hash, p_account, p_amount, p_owner, p_reference, p_expires)
+            ON CONFLICT (idempotency_key) DO NOTHING
+            RETURNING * INTO v_hold;
     END IF;
-    IF status IS NOT NULL THEN
-        RETURN NEXT;
-        RETURN;
-    END IF;
-    INSERT INTO hold (idempotency_key, content_hash, account_id, amount, owner, reference, expires_at)
-        VALUES (p_key, p_hash, p_account, p_amount, p_owner, p_reference, p_expires)
-        ON CONFLICT (idempotency_key) DO NOTHING
-        RETURNING * INTO v_hold;
-    IF v_hold.id IS NULL THEN  -- the same key raced in on another account: compare like any replay
+    -- Refused, or the key exists: a replay (same key, earlier or racing in) answers first.
+    IF v_hold.id IS NULL THEN
         SELECT * INTO v_hold FROM hold h WHERE h.idempotency_key = p_key;
-        status := CASE WHEN v_hold.content_hash = p_hash THEN 'exists' ELSE 'idempotency_conflict' END;
-        hold_row := v_hold;
+        IF FOUND THEN
+            status := CASE WHEN v_hold.content_hash = p_hash THEN 'exists' ELSE 'idempotency_conflict' END;
+            available := NULL;
+            hold_row := v_hold;
+        END IF;
         RETURN NEXT;
         RETURN;
     END IF;
@@ -217,14 +212,16 @@ DECLARE
     v_account bigint;
     v_hold hold;
 BEGIN
-    SELECT h.account_id INTO v_account FROM hold h WHERE h.id = p_hold;
-    IF v_account IS NULL THEN
+    -- The posting lock order: the hold's account's balance shards, then the hold row.
+    PERFORM 1 FROM account_balance b WHERE b.account_id = (SELECT h.account_id FROM hold h WHERE h.id = p_hold)
+        ORDER BY b.shard FOR UPDATE;
+    IF NOT FOUND THEN
         status := 'hold_not_found';
         RETURN NEXT;
         RETURN;
     END IF;
-    PERFORM 1 FROM account_balance b WHERE b.account_id = v_account ORDER BY b.shard FOR UPDATE;
     SELECT * INTO v_hold FROM hold h WHERE h.id = p_hold FOR UPDATE;
+    v_account := v_hold.account_id;
     IF p_owner IS NOT NULL AND v_hold.owner <> p_owner THEN
         status := 'hold_owner_mismatch';
         RETURN NEXT;
