@@ -65,7 +65,7 @@ _FILL, _STP_CANCEL_MAKER = matcher.FILL, matcher.STP_CANCEL_MAKER
 
 
 class Engine:
-    """Book, stops and every order of one market, changed only through `apply`."""
+    """Book, stops and every order of one market, changed only through `apply` (`handlers`)."""
 
     def __init__(self, market: Market, fees: FeeSchedule,
                  default_stp: StpPolicy = DEFAULT_POLICY) -> None:
@@ -397,8 +397,8 @@ class Engine:
             self._close(maker, _CANCELLED, CloseReason.self_trade_prevented)
         else:
             maker.visible = min(maker.visible, maker.remaining)
-            self._events.append(make(OrderDecremented, (self.last_seq, maker.order_id, maker.account,
-                                                        qty, maker.remaining)))
+            self._events.append(make(OrderDecremented, (self.last_seq, maker.order_id,
+                                                        maker.account, qty, maker.remaining)))
 
     def _fill(self, maker: Order, taker: Order, qty: int) -> None:
         price = maker.price

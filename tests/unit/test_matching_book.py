@@ -39,7 +39,8 @@ def test_levels_follow_price_time_priority_and_keep_few_empty_levels(seed, monke
         r = rng.random()
         if r < 0.3 or not resting:
             side = rng.choice((Side.buy, Side.sell))
-            price = 1000 - rng.randint(1, spread) if side is Side.buy else 1000 + rng.randint(1, spread)
+            off = rng.randint(1, spread)
+            price = 1000 - off if side is Side.buy else 1000 + off
             order = Order(order_id=f"o{step}", side=side, price=price)
             book.add(order)
             models[side].setdefault(price, []).append(order.order_id)
