@@ -58,6 +58,7 @@ _FILLED, _CANCELLED, _EXPIRED, _REJECTED, _UNTRIGGERED = (S.filled, S.cancelled,
                                                           S.rejected, S.untriggered)
 _LIMIT, _MARKET = OrderType.limit, OrderType.market
 _SELL = Side.sell
+_PPM_LESS_1 = PPM - 1
 _GTC, _FOK = TimeInForce.gtc, TimeInForce.fok
 _STOP, _STOP_LIMIT = OrderType.stop, OrderType.stop_limit
 _BECOMES = {OrderType.stop: OrderType.market, OrderType.stop_limit: OrderType.limit}
@@ -258,8 +259,9 @@ class Engine:
             asset, amount = market.base_asset, (order.filled + remaining) * market.lot_size
         else:
             open_quote = price * remaining * market.quote_per_tick_lot
-            fee_bound = -((-(order.fee_num + open_quote * self._tiers[order.fee_tier].max_ppm))
-                          // PPM)
+            # ceil(fee bound / PPM) of a non-negative numerator, without two negations
+            fee_bound = ((order.fee_num + open_quote * self._tiers[order.fee_tier].max_ppm
+                          + _PPM_LESS_1) // PPM)
             asset, amount = market.quote_asset, order.quote_traded + open_quote + fee_bound
         events.append(make(OrderAmended, (seq, order.order_id, order.account, order.qty, price,
                                           order.stop_price, remaining, keeps_place, asset,
