@@ -15,7 +15,7 @@ service does. Cases:
 - contention: only 10 accounts (16 workers);
 - holds: place a hold and release it, per order, as the matching gateway does (16 workers; pairs/s);
 - baseline: a bare one-row INSERT + COMMIT per transaction with 16 clients, raw psycopg and through
-  the ledger's own SQLAlchemy path, to show this machine's commit (fsync) ceiling beside the ledger.
+  the ledger's own Python path (`Ledger._call`), to show this machine's commit (fsync) ceiling beside the ledger.
 Ratios are computed from figures measured in the same run; the load average is printed before and
 after, since other work on a shared machine moves every figure.
 """
@@ -62,13 +62,10 @@ def bare_worker(url: str, raw: bool, seconds: float, start, out) -> None:
         conn = psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True)
         insert = lambda n: conn.execute("INSERT INTO bench_bare (v) VALUES (%s)", (n,))  # noqa: E731
     else:
-        # The ledger's own path for a one-statement command: a pooled connection (with the
-        # service's pre-ping) in autocommit, so the statement commits as it ends.
+        # The ledger's own path for a one-statement command (`Ledger._call`): a pooled connection
+        # in autocommit, so the statement commits as it ends.
         ledger = Ledger(make_engine(url, pool_size=1))
-
-        def insert(n: int) -> None:
-            with ledger._one(None) as c:
-                c.execute(text("INSERT INTO bench_bare (v) VALUES (:v)"), {"v": n})
+        insert = lambda n: ledger._call(None, "INSERT INTO bench_bare (v) VALUES (%s) RETURNING id", (n,))  # noqa: E731
     start.wait()
     n = 0
     deadline = time.perf_counter() + seconds
@@ -185,7 +182,7 @@ def main() -> None:
              run_case(url, fifty, fee, workers=16, seconds=s, holds=True), "pairs/s")
         show("bare_raw", "baseline: bare INSERT+COMMIT, raw psycopg, 16 clients:",
              run_case(url, [], 0, workers=16, seconds=s, bare="raw"), "commits/s")
-        show("bare_sa", "baseline: bare INSERT+COMMIT, ledger's SQLAlchemy path, 16 clients:",
+        show("bare_sa", "baseline: bare INSERT+COMMIT, the ledger's Python path, 16 clients:",
              run_case(url, [], 0, workers=16, seconds=s, bare="sa"), "commits/s")
         print(f"  load average after:  {_load()}")
         base = r["single_16"]
@@ -194,7 +191,7 @@ def main() -> None:
         print(f"  same with a one-shard fee account:                       {r['hot1_16'] / base:.2f}")
         print(f"  10-account / 50-account (16 workers):                    {r['ten_16'] / base:.2f}  (target >= 0.5)")
         print(f"  16-worker postings / bare INSERT+COMMIT (raw):           {base / r['bare_raw']:.2f}")
-        print(f"  16-worker postings / bare INSERT+COMMIT (SQLAlchemy):    {base / r['bare_sa']:.2f}")
+        print(f"  16-worker postings / bare INSERT+COMMIT (ledger path):   {base / r['bare_sa']:.2f}")
         print("targets: >= 3,000 transfers/s with 16 workers one per transaction "
               f"({'met' if base >= 3000 else 'NOT met'}); >= 20,000 transfers/s in batches of 1,000 "
               f"({'met' if r['batch_1000'] >= 20000 else 'NOT met'})")
