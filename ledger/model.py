@@ -142,13 +142,16 @@ class Hold:
 
 @dataclass(frozen=True)
 class PlaceHold:
-    """`Ledger.place_hold` as one command of a batch (no expiry: batched holds are order holds)."""
+    """`Ledger.place_hold` as one command of a batch (no expiry: batched holds are order holds).
+    `hold_id`, if given, is an id from `Ledger.reserve_hold_ids`: later commands of the same batch
+    can then name the hold before it exists."""
 
     key: str
     account_id: int
     amount: int
     owner: str
     reference: str
+    hold_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -170,6 +173,7 @@ class ReplaceHold:
     amount: int
     owner: str
     reference: str
+    new_hold_id: int | None = None  # as PlaceHold.hold_id
 
 
 @dataclass(frozen=True)
@@ -199,6 +203,16 @@ class CommandResult:
     @property
     def ok(self) -> bool:
         return self.status in ("created", "exists")
+
+
+@dataclass(frozen=True)
+class Headroom:
+    """What `Ledger.lock_available` reads for an account: posted - held, and whether a hold may
+    take it below zero (`may_go_negative`) or none may be placed at all (`closed`)."""
+
+    available: int
+    may_go_negative: bool
+    closed: bool
 
 
 @dataclass(frozen=True)

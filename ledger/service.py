@@ -51,6 +51,7 @@ from ledger.model import (
     Balance,
     CommandResult,
     Hold,
+    Headroom,
     HoldState,
     LedgerCommand,
     PlaceHold,
@@ -296,7 +297,7 @@ class Ledger:
         and does not stop the others: check each result (`CommandResult.ok`). Malformed input
         raises LedgerError(invalid_request) before anything is sent.
         See migrations/versions/0009_ledger_apply.py."""
-        ops, keys, hashes, accounts, amounts, owners, refs, holds, meta = [], [], [], [], [], [], [], [], []
+        ops, keys, hashes, accounts, amounts, owners, refs, holds, ids, meta = [], [], [], [], [], [], [], [], [], []
         first, count, debits, credits, transfer_amounts, transfer_holds = [], [], [], [], [], []
         for command in commands:
             kind = type(command)
@@ -312,6 +313,7 @@ class Ledger:
                 owners.append(command.hold_owner)
                 refs.append(command.kind)
                 holds.append(None)
+                ids.append(None)
                 meta.append(command.metadata or {})
                 first.append(len(debits) + 1)
                 count.append(len(command.transfers))
@@ -328,6 +330,7 @@ class Ledger:
                 accounts.append(None)
                 amounts.append(None)
                 holds.append(command.hold_id)
+                ids.append(None)
                 refs.append(None)
             elif kind is PlaceHold or kind is ReplaceHold:
                 _require_key(command.key)
@@ -340,6 +343,7 @@ class Ledger:
                 accounts.append(command.account_id)
                 amounts.append(command.amount)
                 holds.append(command.hold_id if kind is ReplaceHold else None)
+                ids.append(command.new_hold_id if kind is ReplaceHold else command.hold_id)
                 refs.append(command.reference)
             else:
                 raise LedgerError(ErrorCode.invalid_request, f"not a ledger command: {command!r}")
@@ -350,7 +354,7 @@ class Ledger:
         if not ops:
             return []
         params = (_text_array(ops), _text_array(keys), _text_array(hashes), _int_array(accounts), _int_array(amounts),
-                  _text_array(owners), _text_array(refs), _int_array(holds),
+                  _text_array(owners), _text_array(refs), _int_array(holds), _int_array(ids),
                   json.dumps(meta, sort_keys=True, default=str), _int_array(first), _int_array(count),
                   _int_array(debits), _int_array(credits), _int_array(transfer_amounts), _int_array(transfer_holds))
         if conn is None:
@@ -359,6 +363,28 @@ class Ledger:
         else:
             rows = self._call_all(conn, _APPLY_SQL, params)
         return [CommandResult(r.status, r.id, r.failed_index) for r in rows]
+
+    def reserve_hold_ids(self, count: int, *, conn: Connection) -> list[int]:
+        """`count` fresh hold ids from the holds' own sequence, for `PlaceHold.hold_id` /
+        `ReplaceHold.new_hold_id`: a caller queueing commands names holds before they exist. An id
+        never used leaves a gap in hold ids, nothing else."""
+        if not 1 <= count <= 10_000:
+            raise LedgerError(ErrorCode.invalid_request, "reserve between 1 and 10,000 hold ids")
+        return [r.id for r in self._call_all(conn, _RESERVE_HOLD_IDS_SQL, (count,))]
+
+    def lock_available(self, account_ids: Sequence[int], *, conn: Connection) -> dict[int, Headroom]:
+        """Lock the balance rows of `account_ids` for the rest of the caller's transaction (in the
+        postings' lock order) and return each account's headroom. While the locks are held no one
+        else can change these balances, so the caller can tell in advance whether the holds it
+        queues (`apply`) will be accepted; the ledger still checks each one when it runs. The
+        flags are read in the same statement as the lock (a close committing while it waited is
+        not seen: that hold is then refused when it runs, and the caller must treat a refusal it
+        did not predict as a failure). Unknown ids are left out."""
+        ids = sorted(set(account_ids))
+        if not ids:
+            return {}
+        rows = self._call_all(conn, _LOCK_AVAILABLE_SQL, (_int_array(ids),))
+        return {r.account_id: Headroom(int(r.available), r.may_go_negative, r.closed) for r in rows}
 
     def transfer(self, key: str, debit: int, credit: int, amount: int, **kw: Any) -> PostResult:
         """Shorthand for a one-transfer posting."""
@@ -654,8 +680,16 @@ _HOLD_COLUMNS = "id, account_id, amount, captured, released, state, owner, refer
 _HOLD_SQL = f"SELECT {_HOLD_COLUMNS} FROM hold"
 _APPLY_SQL = (
     "SELECT status, id, failed_index FROM ledger_apply(%s::text[], %s::text[], %s::text[], %s::bigint[], "
-    "%s::numeric[], %s::text[], %s::text[], %s::bigint[], %s::jsonb, %s::integer[], %s::integer[], "
+    "%s::numeric[], %s::text[], %s::text[], %s::bigint[], %s::bigint[], %s::jsonb, %s::integer[], %s::integer[], "
     "%s::bigint[], %s::bigint[], %s::numeric[], %s::bigint[])"
+)
+_RESERVE_HOLD_IDS_SQL = "SELECT nextval('hold_id_seq') AS id FROM generate_series(1, %s::integer)"
+_LOCK_AVAILABLE_SQL = (
+    "SELECT b.account_id, b.posted - b.held AS available, a.may_go_negative, a.closed_at IS NOT NULL AS closed "
+    "FROM (SELECT s.account_id, sum(s.posted) AS posted, sum(s.held) AS held "
+    "      FROM (SELECT l.account_id, l.posted, l.held FROM account_balance l WHERE l.account_id = ANY (%s::bigint[]) "
+    "            ORDER BY l.account_id, l.shard FOR UPDATE) s GROUP BY s.account_id) b "
+    "JOIN account a ON a.id = b.account_id"
 )
 _PLACE_HOLD_SQL = (
     "SELECT r.status, r.available, "

@@ -6,8 +6,9 @@ For each command, in ONE database transaction (the unit of work):
 2. sequencer: number the command, append it to the journal (`matching_command`), apply it;
 3. settlement: one journal transaction per fill, exact release at terminal states, holds for
    stops that fired (answered with `ActivateTriggered` / `RejectTriggered` in the same unit);
-   releases and fills are queued and reach the ledger with the next hold or at step 4, in order,
-   in one statement (`matching.settlement`);
+   every ledger command is queued and reaches the ledger at step 4, in order, in one statement;
+   holds are decided in advance against the headroom of the accounts locked at the start of the
+   unit (`matching.settlement`);
 4. order rows, fill rows and journal rows are flushed; COMMIT; only then is the caller answered.
 
 A crash anywhere before COMMIT leaves nothing behind (the client retries under the same client
@@ -180,6 +181,9 @@ class Trading:
             try:
                 with self.db.begin() as conn:
                     uow = self._begin(rt, conn)
+                    # Lock the accounts these commands may hold from, in one statement, so each
+                    # hold is decided without a round trip (matching.settlement).
+                    rt.settlement.track(conn, rt.settlement.accounts_to_track(conn, rt.engine, commands))
                     outcomes, touched = [], []
                     for command in commands:
                         outcome, ids = self._one(rt, conn, uow, command)
@@ -192,6 +196,7 @@ class Trading:
                 raise
             finally:
                 rt.journal.uow = None
+                rt.settlement.end_unit()  # committed or rolled back: the locks are gone
         return outcomes
 
     def _recover(self, rt: _Runtime) -> _Runtime:

@@ -16,13 +16,17 @@ Guarantees (checked by the integration tests and by `Ledger.verify`):
 - replaying a command's events is harmless: a fill key posted before answers `exists`, a released
   hold is not released again, fill rows are inserted with ON CONFLICT DO NOTHING.
 
-Round trips: releases and fill postings cannot be refused when the engine and the ledger agree, so
-they are queued and sent with the next command that needs an answer (a hold for a new order, a
-bigger hold for an amend, a stop that fired) or when the unit of work is finished (`flush`), all
-in one `Ledger.apply` statement, in the order they happened. A queued command answering anything
-but `created` means the two disagree: `SettlementError`, and the transaction does not commit. While
-the service rebuilds a market from its journal (`immediate`), every command is sent at once and a
-replay (`exists`) is expected.
+Round trips: every ledger command of a unit of work is queued and sent when the unit is finished
+(`flush`), in one `Ledger.apply` statement, in the order they happened. Whether a hold will be
+accepted is known in advance: at the start of the unit the service locks the balance rows of the
+accounts its commands will hold from (`track`, `Ledger.lock_available`, in the postings' lock
+order), so no one else can change them until COMMIT, and this class keeps their headroom as it
+queues holds, releases and credits. New holds take ids reserved from the ledger
+(`Ledger.reserve_hold_ids`), so later commands of the unit can name them. A queued command
+answering anything but `created` means the books and this class disagree: `SettlementError`, and
+the transaction does not commit. While the service rebuilds a market from its journal
+(`immediate`), every command is sent at once, the ledger decides each hold, and a replay
+(`exists`) is expected.
 
 Ledger accounts: a trading account is an owner string; its balance in an asset is the customer
 account named `customer:<owner>:<asset>` (the convention custody uses for deposits), opened on
@@ -34,7 +38,7 @@ earlier holds paid).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 from sqlalchemy import Connection, text
 
@@ -46,7 +50,7 @@ from ledger.service import Ledger
 from matching.engine import Engine
 from matching.errors import ErrorCode, MatchingError
 from matching.events import Event, Fill, OrderClosed, OrderRejected, Triggered
-from matching.model import Market, Order, Place
+from matching.model import Amend, Market, Order, Place, Side
 from matching.states import OrderState, transition
 from matching.store import UnitOfWork
 
@@ -68,6 +72,7 @@ class OrderHold:
     released: bool = False
     hold_no: int = 0
     prior_captured: int = 0
+    account_id: int | None = None  # the held account
 
     @property
     def remaining(self) -> int:
@@ -95,6 +100,11 @@ class Settlement:
         # Queued commands and what to do with each answer (see the module docstring).
         self._pending: list[tuple[LedgerCommand, Callable[[CommandResult], None]]] = []
         self.immediate = False
+        # Headroom of the accounts locked in this unit of work (available; unbounded; closed).
+        self._available: dict[int, int] = {}
+        self._unbounded: set[int] = set()
+        self._closed: set[int] = set()
+        self._hold_ids: list[int] = []  # reserved, not used yet
 
     # ---- accounts and holds ----------------------------------------------------------------
 
@@ -112,14 +122,80 @@ class Settlement:
                    amount: int) -> OrderHold | None:
         """Hold `amount` for a new (or just triggered) order; None if the owner cannot cover it."""
         account_id = self.account_id(conn, owner, asset)
-        result = self._answer(conn, PlaceHold(f"order:{order_id}:hold:0", account_id, amount, self.owner, order_id))
-        if result is None:
+        key = f"order:{order_id}:hold:0"
+        if self.immediate:
+            result = self._answer(conn, PlaceHold(key, account_id, amount, self.owner, order_id))
+            if result is None:
+                return None
+            captured = 0
+            if result.status == "exists":  # a replay: the hold may have been captured from since
+                captured = self.ledger.get_hold(result.id, conn=conn).captured
+            held = self._holds[order_id] = OrderHold(result.id, amount, captured, account_id=account_id)
+            return held
+        if not self._covers(conn, account_id, amount):
             return None
-        captured = 0
-        if result.status == "exists":  # a replay: the hold may have been captured from since
-            captured = self.ledger.get_hold(result.id, conn=conn).captured
-        held = self._holds[order_id] = OrderHold(result.id, amount, captured)
+        hold_id = self._reserve_hold_id(conn)
+        self._send(conn, PlaceHold(key, account_id, amount, self.owner, order_id, hold_id), _placed(hold_id))
+        self._available[account_id] -= amount
+        held = self._holds[order_id] = OrderHold(hold_id, amount, account_id=account_id)
         return held
+
+    # ---- headroom of the accounts locked in this unit of work ---------------------------------
+
+    def track(self, conn: Connection, account_ids: Iterable[int]) -> None:
+        """Lock the balance rows of `account_ids` (those not locked yet in this unit of work) and
+        keep their headroom: holds on them are then decided here, without a round trip."""
+        missing = [a for a in account_ids if a not in self._available and a not in self._closed]
+        if not missing:
+            return
+        for account_id, room in self.ledger.lock_available(missing, conn=conn).items():
+            self._available[account_id] = room.available
+            if room.may_go_negative:
+                self._unbounded.add(account_id)
+            if room.closed:
+                self._closed.add(account_id)
+
+    def accounts_to_track(self, conn: Connection, engine: Engine, commands: Iterable[object]) -> list[int]:
+        """The accounts `commands` may place holds on: a new order's, an amended order's."""
+        market = self.market
+        ids = []
+        for command in commands:
+            kind = type(command)
+            if kind is Place:
+                owner, side = command.account, command.side
+            elif kind is Amend:
+                order = engine.orders.get(command.order_id)
+                if order is None or order.account != command.account:
+                    continue
+                owner, side = order.account, order.side
+            else:
+                continue
+            asset = market.base_asset if side is Side.sell else market.quote_asset
+            ids.append(self.account_id(conn, owner, asset))
+        return ids
+
+    def end_unit(self) -> None:
+        """The unit of work committed or rolled back: its locks are gone, and so is the headroom."""
+        self._available.clear()
+        self._unbounded.clear()
+        self._closed.clear()
+
+    def _covers(self, conn: Connection, account_id: int, amount: int, freed: int = 0) -> bool:
+        self.track(conn, [account_id])  # a round trip only for an account not locked yet
+        if account_id in self._closed:
+            return False
+        if account_id not in self._available:
+            raise SettlementError(f"account {account_id} has no balance rows")
+        return account_id in self._unbounded or self._available[account_id] + freed >= amount
+
+    def _credit(self, account_id: int, amount: int) -> None:
+        if account_id in self._available:
+            self._available[account_id] += amount
+
+    def _reserve_hold_id(self, conn: Connection) -> int:
+        if not self._hold_ids:
+            self._hold_ids = self.ledger.reserve_hold_ids(64, conn=conn)[::-1]
+        return self._hold_ids.pop()
 
     def _answer(self, conn: Connection, command: LedgerCommand) -> CommandResult | None:
         """Send the queued commands and `command`; its result, or None if the owner cannot cover it."""
@@ -162,14 +238,27 @@ class Settlement:
         account_id = self.account_id(conn, order.account, asset)
         no = held.hold_no + 1
         key = f"order:{order.order_id}:hold:{no}"
-        if held.remaining > 0:
-            command = ReplaceHold(held.hold_id, key, account_id, needed, self.owner, order.order_id)
+        if self.immediate:
+            if held.remaining > 0:
+                command = ReplaceHold(held.hold_id, key, account_id, needed, self.owner, order.order_id)
+            else:
+                command = PlaceHold(key, account_id, needed, self.owner, order.order_id)
+            result = self._answer(conn, command)
+            if result is None:
+                return False
+            new_id = result.id
         else:
-            command = PlaceHold(key, account_id, needed, self.owner, order.order_id)
-        result = self._answer(conn, command)
-        if result is None:
-            return False
-        self._holds[order.order_id] = OrderHold(result.id, needed, 0, False, no, held.captured_total)
+            freed = held.remaining
+            if not self._covers(conn, account_id, needed, freed):
+                return False
+            new_id = self._reserve_hold_id(conn)
+            if freed > 0:
+                command = ReplaceHold(held.hold_id, key, account_id, needed, self.owner, order.order_id, new_id)
+            else:
+                command = PlaceHold(key, account_id, needed, self.owner, order.order_id, new_id)
+            self._send(conn, command, _placed(new_id))
+            self._available[account_id] += freed - needed
+        self._holds[order.order_id] = OrderHold(new_id, needed, 0, False, no, held.captured_total, account_id)
         return True
 
     def hold(self, conn: Connection, order_id: str) -> OrderHold | None:
@@ -182,7 +271,8 @@ class Settlement:
         if row is not None and row.hold_id is not None:
             h = self.ledger.get_hold(row.hold_id, conn=conn)
             resolved = h.state in (HoldState.released, HoldState.expired)
-            held = OrderHold(h.id, h.amount, h.captured, resolved, row.hold_no, int(row.prior_captured))
+            held = OrderHold(h.id, h.amount, h.captured, resolved, row.hold_no, int(row.prior_captured),
+                             h.account_id)
         self._holds[order_id] = held
         return held
 
@@ -194,6 +284,8 @@ class Settlement:
         self._accounts.clear()
         self._holds.clear()
         self._pending.clear()
+        self._hold_ids.clear()
+        self.end_unit()
 
     # ---- events ----------------------------------------------------------------------------
 
@@ -249,6 +341,9 @@ class Settlement:
         if not immediate:  # counted now: the release check of a later event needs it
             buyer_hold.captured += fill.buyer_pays
             seller_hold.captured += fill.base_amount
+            if fill.seller_receives:
+                self._credit(self.account_id(conn, seller, quote), fill.seller_receives)
+            self._credit(self.account_id(conn, buyer, base), fill.base_amount)
         self._send(conn, PostTransfers(key, tuple(legs), "fill",
                                        {"market": symbol, "seq": fill.seq, "match_no": fill.match_no},
                                        self.owner), posted)
@@ -269,7 +364,16 @@ class Settlement:
                                   f"engine says {captured}")
         if held.remaining > 0:
             self._send(conn, ReleaseHold(held.hold_id, self.owner), _released(held.hold_id, self.immediate))
+            if held.account_id is not None:
+                self._credit(held.account_id, held.remaining)
         held.released = True
+
+
+def _placed(hold_id: int) -> Callable[[CommandResult], None]:
+    def check(result: CommandResult) -> None:
+        if result.status != "created" or result.id != hold_id:
+            raise SettlementError(f"hold {hold_id}: the ledger answered {result.status} (id {result.id})")
+    return check
 
 
 def _released(hold_id: int, immediate: bool) -> Callable[[CommandResult], None]:

@@ -19,7 +19,8 @@ the rows a release and a placement write, with the checks of both, in fewer stat
 bigger reservation is the most frequent ledger command of a busy order book.
 
 Commands are given as parallel arrays (one element per command); a posting's transfers are the
-slice p_first .. p_first + p_count - 1 of the transfer arrays. Answers: one row per command, in
+slice p_first .. p_first + p_count - 1 of the transfer arrays; p_ids optionally names the id a
+placed or replacing hold gets (reserved from hold_id_seq beforehand). Answers: one row per command, in
 order: status, the hold id (hold, replace, release) or journal transaction id (post), and a
 posting's failed transfer index.
 """
@@ -33,7 +34,7 @@ depends_on = None
 APPLY_FUNCTION = """
 CREATE FUNCTION ledger_apply(
     p_ops text[], p_keys text[], p_hashes text[], p_accounts bigint[], p_amounts numeric[],
-    p_owners text[], p_refs text[], p_holds bigint[], p_meta jsonb,
+    p_owners text[], p_refs text[], p_holds bigint[], p_ids bigint[], p_meta jsonb,
     p_first integer[], p_count integer[],
     p_debits bigint[], p_credits bigint[], p_transfer_amounts numeric[], p_transfer_holds bigint[]
 ) RETURNS TABLE (status text, id bigint, failed_index integer)
@@ -71,7 +72,7 @@ BEGIN
         WHEN 'hold' THEN
             SELECT r.status, (r.hold_row).id AS hold_id INTO v_hold
               FROM ledger_place_hold(p_keys[i], p_hashes[i], p_accounts[i], p_amounts[i], p_owners[i],
-                                     p_refs[i], NULL) r;
+                                     p_refs[i], NULL, p_ids[i]) r;
             status := v_hold.status;
             id := v_hold.hold_id;
         WHEN 'release' THEN
@@ -111,8 +112,9 @@ BEGIN
             ELSE
                 -- Place the new hold and release what remains of the old one: the rows
                 -- ledger_place_hold and ledger_resolve_hold write, in three statements.
-                INSERT INTO hold (idempotency_key, content_hash, account_id, amount, owner, reference)
-                    VALUES (p_keys[i], p_hashes[i], p_accounts[i], p_amounts[i], p_owners[i], p_refs[i])
+                INSERT INTO hold (id, idempotency_key, content_hash, account_id, amount, owner, reference)
+                    VALUES (coalesce(p_ids[i], nextval('hold_id_seq')), p_keys[i], p_hashes[i], p_accounts[i],
+                            p_amounts[i], p_owners[i], p_refs[i])
                     ON CONFLICT (idempotency_key) DO NOTHING
                     RETURNING hold.id INTO id;
                 IF id IS NOT NULL THEN
@@ -141,15 +143,18 @@ END $$;
 """
 
 
-# The single hold commands of 0001 with the same signatures, checks, order and answers, in fewer
+# The single hold commands of 0001 with the same checks, order and answers, in fewer
 # statements: the idempotency key is looked up only when the command is refused or its INSERT finds
 # the key taken (a replay answers first either way), a release finds the hold's account inside the
 # locking statement, and the answer is assigned to the output columns instead of selected by one
-# more query.
+# more query. A hold may be placed under an id reserved beforehand from hold_id_seq
+# (`Ledger.reserve_hold_ids`), so a caller that queues commands can name the hold in later commands
+# of the same batch before the batch is sent.
 HOLD_FUNCTIONS = """
-CREATE OR REPLACE FUNCTION ledger_place_hold(
+DROP FUNCTION ledger_place_hold(text, text, bigint, numeric, text, text, timestamptz);
+CREATE FUNCTION ledger_place_hold(
     p_key text, p_hash text, p_account bigint, p_amount numeric, p_owner text, p_reference text,
-    p_expires timestamptz
+    p_expires timestamptz, p_id bigint DEFAULT NULL
 ) RETURNS TABLE (status text, available numeric, hold_row hold)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
@@ -181,8 +186,9 @@ BEGIN
         status := 'limit_exceeded';
         available := v_posted - v_held;
     ELSE
-        INSERT INTO hold (idempotency_key, content_hash, account_id, amount, owner, reference, expires_at)
-            VALUES (p_key, p_hash, p_account, p_amount, p_owner, p_reference, p_expires)
+        INSERT INTO hold (id, idempotency_key, content_hash, account_id, amount, owner, reference, expires_at)
+            VALUES (coalesce(p_id, nextval('hold_id_seq')), p_key, p_hash, p_account, p_amount, p_owner,
+                    p_reference, p_expires)
             ON CONFLICT (idempotency_key) DO NOTHING
             RETURNING * INTO v_hold;
     END IF;

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 
 from ledger.errors import ErrorCode, LedgerError
 from ledger.model import HoldState, PlaceHold, PostTransfers, ReleaseHold, ReplaceHold, Transfer
@@ -129,4 +131,40 @@ def test_keys_and_references_arrive_exactly_whatever_they_contain(ledger, book):
         assert hold.reference == command.reference
     again = ledger.apply(commands)  # replays: the keys and hashes round-trip exactly
     assert [r.status for r in again] == ["exists"] * len(nasty)
+    ledger.assert_verified()
+
+
+def test_holds_can_be_placed_under_reserved_ids_and_named_before_they_exist(ledger, book):
+    alice, bob = book.account("alice"), book.account("bob")
+    book.fund(alice, 1_000)
+    with ledger.engine.begin() as conn:
+        first, second = ledger.reserve_hold_ids(2, conn=conn)
+        results = ledger.apply([
+            PlaceHold(book.key("h1"), alice, 300, OWNER, "o1", hold_id=first),
+            # the same batch captures from it and replaces it, naming it by its reserved id
+            PostTransfers(book.key("p1"), (Transfer(alice, bob, 100, first),), kind="fill", hold_owner=OWNER),
+            ReplaceHold(first, book.key("h2"), alice, 500, OWNER, "o1", new_hold_id=second),
+        ], conn=conn)
+    assert [(r.status, r.id) for r in results[::2]] == [("created", first), ("created", second)]
+    assert ledger.get_hold(first).state is HoldState.released and ledger.get_hold(first).captured == 100
+    assert ledger.get_hold(second).amount == 500
+    b = ledger.balance(alice)
+    assert (b.posted, b.held) == (900, 500)
+    ledger.assert_verified()
+
+
+def test_lock_available_reads_headroom_and_holds_the_rows_until_commit(ledger, book):
+    alice, bob = book.account("alice"), book.account("bob")
+    book.fund(alice, 1_000)
+    ledger.place_hold(book.key(), alice, 250, owner=OWNER, reference="o")
+    with ledger.engine.begin() as conn:
+        seen = ledger.lock_available([bob, alice, alice, 10**12], conn=conn)
+        assert set(seen) == {alice, bob}
+        assert (seen[alice].available, seen[alice].may_go_negative, seen[alice].closed) == (750, False, False)
+        assert seen[bob].available == 0
+        # another transaction cannot change alice's balance meanwhile
+        with ledger.engine.connect() as other:
+            other.execute(text("SET lock_timeout = '200ms'"))
+            with pytest.raises(DBAPIError):
+                ledger.transfer(book.key(), alice, bob, 1, conn=other)
     ledger.assert_verified()
