@@ -119,9 +119,14 @@ class Engine:
                 or order.state in (S.untriggered, S.received)
                 or self._amend_error(order, cmd) is not None):
             return None
-        trial = Order(**{name: getattr(order, name) for name in Order.__slots__})
-        self._set_size(trial, cmd)
-        return hold_requirement(trial, self.market, self.fees)
+        # Apply the new size and price to the order itself and put them back afterwards: the
+        # formula reads only these fields, and a copy of the order cost more than the rest.
+        saved = order.remaining, order.qty, order.price
+        try:
+            self._set_size(order, cmd)
+            return order_hold(order, self.market, self.fees)
+        finally:
+            order.remaining, order.qty, order.price = saved
 
     # -- the one entry point ------------------------------------------------------------------
 
