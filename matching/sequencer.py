@@ -93,6 +93,9 @@ class Sequencer:
         self.sink = sink
         self.halted = False
         self._lock = threading.Lock()
+        # Bound once: both are fixed for the sequencer's life, and submit runs per command.
+        self._append = sink.append
+        self._handlers = engine.handlers
 
     def submit(self, command: Command) -> Submitted:
         """Sequence `command`. A `Place` retrying a known client order id is answered from the
@@ -110,9 +113,9 @@ class Sequencer:
                 if known is not None:
                     return Submitted(None, [self._exists(engine.orders[known])])
             seq = engine.last_seq + 1
-            self.sink.append(seq, command)
+            self._append(seq, command)
             try:  # numbered and checked here, so straight to what applies it (see Engine.apply)
-                events = engine.handlers[kind](seq, command)
+                events = self._handlers[kind](seq, command)
             except Exception:
                 self.halted = True
                 raise
