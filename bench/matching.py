@@ -15,7 +15,8 @@ scratch engine (so every cancel and amend names a live order), then replayed:
 (b) end to end: `matching.service.Trading` on a fresh database (DATABASE_URL or the embedded
     PostgreSQL, synchronous_commit on): durable journal rows, holds, one ledger transaction per
     fill, exact releases, order and fill rows. Figures for one command per database transaction
-    and for group commits of --batch commands (an outcome is returned only after its commit).
+    and for group commits of --batch commands (an outcome is returned only after its commit; the
+    ledger commands of a unit go in one `Ledger.apply` statement, see README "Matching").
 """
 from __future__ import annotations
 
