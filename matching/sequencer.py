@@ -93,8 +93,7 @@ class Sequencer:
         self.sink = sink
         self.halted = False
         self._lock = threading.Lock()
-        # Bound once: both are fixed for the sequencer's life, and submit runs per command.
-        self._append = sink.append
+        # Bound once: the engine's handler table is fixed for the sequencer's life.
         self._handlers = engine.handlers
 
     def submit(self, command: Command) -> Submitted:
@@ -113,7 +112,7 @@ class Sequencer:
                 if known is not None:
                     return Submitted(None, [self._exists(engine.orders[known])])
             seq = engine.last_seq + 1
-            self._append(seq, command)
+            self.sink.append(seq, command)
             try:  # numbered and checked here, so straight to what applies it (see Engine.apply)
                 events = self._handlers[kind](seq, command)
             except Exception:
