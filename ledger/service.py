@@ -324,6 +324,8 @@ class Ledger:
                     transfer_holds.append(t.hold_id)
                 continue
             if kind is ReleaseHold:
+                if not command.owner:
+                    raise LedgerError(ErrorCode.invalid_request, "a release names the hold's owner")
                 ops.append("release")
                 keys.append(None)
                 hashes.append(None)

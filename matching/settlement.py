@@ -50,9 +50,12 @@ from ledger.service import Ledger
 from matching.engine import Engine
 from matching.errors import ErrorCode, MatchingError
 from matching.events import Event, Fill, OrderClosed, OrderRejected, Triggered
-from matching.model import Amend, Market, Order, Place, Side
+from matching.model import Amend, Market, Order, OrderType, Place, Side
+from matching.validation import check_shape
 from matching.states import OrderState, transition
 from matching.store import UnitOfWork
+
+_STOP_TYPES = (OrderType.stop, OrderType.stop_limit)
 
 # A hold that cannot be placed for these reasons rejects the order; anything else is a failure.
 _REFUSALS = (LedgerCode.insufficient_funds, LedgerCode.account_closed)
@@ -148,6 +151,9 @@ class Settlement:
         missing = [a for a in account_ids if a not in self._available and a not in self._closed]
         if not missing:
             return
+        # Queued releases and credits may concern these accounts, and only tracked accounts count
+        # them here: send the queue first, so the headroom read below includes them.
+        self.flush(conn)
         for account_id, room in self.ledger.lock_available(missing, conn=conn).items():
             self._available[account_id] = room.available
             if room.may_go_negative:
@@ -160,8 +166,14 @@ class Settlement:
         market = self.market
         ids = []
         for command in commands:
+            try:
+                check_shape(command)
+            except MatchingError:
+                continue  # refused on its own later; locks and opens nothing
             kind = type(command)
             if kind is Place:
+                if command.order_type in _STOP_TYPES or engine.order_by_client_id(command.account, command.client_order_id):
+                    continue  # a stop holds nothing until it fires; a retry holds nothing again
                 owner, side = command.account, command.side
             elif kind is Amend:
                 order = engine.orders.get(command.order_id)

@@ -339,10 +339,10 @@ BEGIN
     END IF;
     -- Entries in leg order (debit then credit per transfer); a one-shard account's running
     -- balance continues from the posted balance read under its lock.
-    --    This INSERT establishes what the entries' reference trigger checks (the transaction was
-    --    created above, the accounts and assets come from step 1's rows, the holds were checked in
-    --    step 3), so it tells the trigger so, for this statement only (see ENTRIES_REFERENCES).
-    PERFORM set_config('ledger.entries_written_by', 'ledger_post', true);
+    --    This INSERT establishes what the entries' reference trigger checks of accounts, assets
+    --    and holds (they come from step 1's and step 3's rows), so it names its journal
+    --    transaction to the trigger, for this statement only (see ENTRIES_REFERENCES).
+    PERFORM set_config('ledger.entries_written_by', v_id::text, true);
     INSERT INTO journal_entry (transaction_id, account_id, asset, amount, balance_after, hold_id)
     SELECT v_id, l.account_id, t.asset, l.delta,
            CASE WHEN t.shards = 1
@@ -390,7 +390,8 @@ END $$;
 #   UPDATE of a balance row already updated in the same transaction, i.e. every busy account in a
 #   matching group commit, re-ran the check and share-locked the account row) and
 #   journal_entry.hold_id -> hold (one check per capture leg). Accounts and holds are never deleted
-#   or renumbered (0001's triggers); balance rows are written only by the ledger for existing
+#   or renumbered (0001's triggers, and hold_id_fixed below, which took over from the foreign key
+#   the refusal to renumber a hold); balance rows are written only by the ledger for existing
 #   accounts; an entry's hold is now checked with its account and transaction by the statement
 #   trigger below; `verify()` reports a balance row without an account and an entry naming a
 #   missing hold.
@@ -398,6 +399,8 @@ TABLE_TUNING = """
 ALTER TABLE account_balance SET (fillfactor = 20);
 ALTER TABLE account_balance DROP CONSTRAINT account_balance_account_id_fkey;
 ALTER TABLE journal_entry DROP CONSTRAINT journal_entry_hold_id_fkey;
+CREATE TRIGGER hold_id_fixed BEFORE UPDATE OF id ON hold
+    FOR EACH ROW EXECUTE FUNCTION ledger_refuse_change();
 ALTER TABLE journal_transaction DROP CONSTRAINT journal_transaction_reverses_id_key;
 CREATE UNIQUE INDEX journal_transaction_reversed_once ON journal_transaction (reverses_id)
     WHERE reverses_id IS NOT NULL;
@@ -411,16 +414,13 @@ CREATE UNIQUE INDEX journal_transaction_reversed_once ON journal_transaction (re
 # joins run over arrays with plans made once per session (forced onto the key indexes, as in
 # ledger_post), each distinct transaction and account looked up once. It also checks that an entry's
 # hold exists (the per-row foreign key it replaces is dropped above).
-# It still cost ledger_post a fifth of a posting, for facts ledger_post establishes itself: so the
-# trigger skips the one INSERT ledger_post marks with the transaction-local setting
-# ledger.entries_written_by (set just before, cleared just after). Every other INSERT into the
-# journal, direct SQL included, is checked; `verify()` checks every entry either way.
+# The account, asset and hold checks still cost ledger_post a fifth of a posting, for facts it
+# establishes itself: so ledger_post names its journal transaction in the transaction-local setting
+# ledger.entries_written_by (set just before its INSERT, cleared just after), and the trigger then
+# checks only that every entry joins that journal transaction and that it was created in this
+# database transaction. Every other INSERT is checked in full. The setting cannot be used to add
+# entries to a committed journal transaction: those are refused whatever it says.
 ENTRIES_REFERENCES = """
-DROP TRIGGER journal_entry_references ON journal_entry;
-CREATE TRIGGER journal_entry_references AFTER INSERT ON journal_entry
-    REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT
-    WHEN (current_setting('ledger.entries_written_by', true) IS DISTINCT FROM 'ledger_post')
-    EXECUTE FUNCTION ledger_entries_references();
 CREATE OR REPLACE FUNCTION ledger_entries_references() RETURNS trigger LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
 AS $$
@@ -432,9 +432,21 @@ DECLARE
     v_orphan_tx boolean;
     v_bad_account boolean;
     v_missing_hold boolean;
+    v_named text := current_setting('ledger.entries_written_by', true);
 BEGIN
     SELECT array_agg(n.transaction_id), array_agg(n.account_id), array_agg(n.asset), array_agg(n.hold_id)
       INTO v_transactions, v_accounts, v_assets, v_holds FROM new_rows n;
+    -- ledger_post's own INSERT names its journal transaction: if every entry joins that one and
+    -- it was created in this database transaction, the rest was established by ledger_post.
+    -- Naming one by hand skips only the account, asset and hold checks, and only for entries of a
+    -- journal transaction created in the same database transaction, which the deferred balance
+    -- check still examines at COMMIT (verify() checks every reference either way).
+    IF v_named ~ '^[0-9]{1,18}$'
+       AND v_transactions <@ ARRAY[v_named::bigint]
+       AND EXISTS (SELECT 1 FROM journal_transaction t
+                    WHERE t.id = v_named::bigint AND t.created_txid = pg_current_xact_id()) THEN
+        RETURN NULL;
+    END IF;
     SELECT bool_or(t.id IS NULL OR t.created_txid <> pg_current_xact_id()) INTO v_orphan_tx
       FROM (SELECT DISTINCT u.id FROM unnest(v_transactions) AS u(id)) u
       LEFT JOIN journal_transaction t ON t.id = u.id;

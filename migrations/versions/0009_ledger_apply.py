@@ -109,6 +109,8 @@ BEGIN
                 status := 'insufficient_funds';
             ELSIF v_held - v_remaining + p_amounts[i] > c_max THEN
                 status := 'limit_exceeded';
+            ELSIF p_ids[i] IS NOT NULL AND (p_ids[i] < 1 OR p_ids[i] > (SELECT s.last_value FROM hold_id_seq s)) THEN
+                status := 'invalid_request';  -- not an id reserved from the sequence
             ELSE
                 -- Place the new hold and release what remains of the old one: the rows
                 -- ledger_place_hold and ledger_resolve_hold write, in three statements.
@@ -172,6 +174,11 @@ BEGIN
                WHERE s.account_id = p_account ORDER BY s.shard FOR UPDATE) b;
     IF v_posted IS NULL THEN
         status := 'account_not_found';
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    IF p_id IS NOT NULL AND (p_id < 1 OR p_id > (SELECT s.last_value FROM hold_id_seq s)) THEN
+        status := 'invalid_request';  -- not an id reserved from the sequence
         RETURN NEXT;
         RETURN;
     END IF;

@@ -205,3 +205,31 @@ def test_a_direct_insert_after_a_posting_in_the_same_transaction_is_still_checke
             )
     assert exc.value.orig.sqlstate == "23503"
     assert journal_size(ledger) == size
+
+
+@pytest.mark.parametrize("how", ["SET", "SET LOCAL"])
+def test_naming_a_committed_transaction_in_the_setting_adds_nothing_to_it(ledger, engine, posted, how):
+    """ledger_post names its journal transaction to the reference trigger; doing the same by hand
+    for a committed journal transaction does not let an entry join it."""
+    book, tx_id, alice, bob = posted
+    before = _journal_rows(engine, tx_id)
+    with pytest.raises(DBAPIError) as exc:
+        with engine.begin() as c:
+            c.execute(text(f"{how} ledger.entries_written_by = '{tx_id}'"))
+            c.execute(
+                text("INSERT INTO journal_entry (transaction_id, account_id, asset, amount, hold_id) "
+                     "VALUES (:t, :a, 'BTC', 1000, 999999999999)"),
+                {"t": tx_id, "a": alice},
+            )
+    assert exc.value.orig.sqlstate == "23503"
+    assert _journal_rows(engine, tx_id) == before
+    with engine.connect() as c:  # a session-level SET must not outlive the failed transaction's use
+        c.execute(text("RESET ledger.entries_written_by"))
+
+
+def test_a_hold_cannot_be_renumbered(ledger, engine, posted):
+    book, _, alice, _ = posted
+    hold = ledger.place_hold(book.key(), alice, 5, owner="t", reference="r")
+    message = _refused(engine, "UPDATE hold SET id = id + 1000000000 WHERE id = :h", {"h": hold.id})
+    assert "refused" in message
+    ledger.release_hold(hold.id, owner="t")

@@ -168,3 +168,18 @@ def test_lock_available_reads_headroom_and_holds_the_rows_until_commit(ledger, b
             with pytest.raises(DBAPIError):
                 ledger.transfer(book.key(), alice, bob, 1, conn=other)
     ledger.assert_verified()
+
+
+def test_an_id_not_reserved_from_the_sequence_is_refused(ledger, book):
+    alice = book.account("alice")
+    book.fund(alice, 1_000)
+    old = ledger.place_hold(book.key("h0"), alice, 10, owner=OWNER, reference="o")
+    results = ledger.apply([PlaceHold(book.key("h1"), alice, 10, OWNER, "o", hold_id=10**15),
+                            ReplaceHold(old.id, book.key("h2"), alice, 20, OWNER, "o", new_hold_id=10**15),
+                            PlaceHold(book.key("h3"), alice, 10, OWNER, "o", hold_id=0)])
+    assert [r.status for r in results] == ["invalid_request"] * 3
+    assert ledger.balance(alice).held == 10
+    with pytest.raises(LedgerError) as exc:
+        ledger.apply([ReleaseHold(old.id, "")])
+    assert exc.value.code is ErrorCode.invalid_request
+    ledger.assert_verified()

@@ -1,0 +1,124 @@
+"""Group commits: a unit of several commands decides its holds in memory against the headroom of the
+accounts it locked, and must answer exactly as the same commands would one at a time.
+
+Each case runs the same commands twice, on two markets of the same database: once through
+`submit_batch` (one unit of work), once one command per unit, and compares the outcomes, the order
+states and the owners' balances (the ledger is verified after every test by the fixture)."""
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from matching.model import Amend, Cancel, OrderType, Place, Side
+from matching.service import Trading, order_id_for
+from matching.testing import lots, ticks
+from tests.integration.test_matching_support import BTC, USDT, Env, check_holds, new_market
+
+BUY, SELL = Side.buy, Side.sell
+
+
+def _env(ledger) -> Env:
+    run = uuid.uuid4().hex[:10]
+    trading = Trading(ledger.engine, ledger)
+    return Env(ledger, trading, run, new_market(ledger, trading, run))
+
+
+def _place(env: Env, who: str, cid: str, side: Side, **kw) -> Place:
+    owner = env.owner(who)
+    return Place(order_id_for(env.symbol, owner, cid), owner, cid, side, **kw)
+
+
+def _state(env: Env, who_and_cids) -> dict:
+    return {cid: (row.state, row.reject_code)
+            for who, cid in who_and_cids
+            for row in [env.trading.order_by_client_id(env.symbol, env.owner(who), cid)] if row is not None}
+
+
+def _run_both_ways(ledger, setup, commands_of):
+    """(batched env, one-by-one env) after running the same script both ways."""
+    envs = []
+    for batched in (True, False):
+        env = _env(ledger)
+        setup(env)
+        commands = commands_of(env)
+        if batched:
+            outcomes = env.trading.submit_batch(env.symbol, commands)
+        else:
+            outcomes = [env.trading.submit(env.symbol, c) for c in commands]
+        env.codes = [o.code for o in outcomes]
+        envs.append(env)
+        check_holds(env)
+    return envs
+
+
+def test_a_stop_paid_by_the_fill_that_fires_it_is_held_not_rejected(ledger):
+    """Carol's stop is funded only by the proceeds of her sell that the same command fills; her
+    quote account is not among those locked at the unit's start."""
+    def setup(env):
+        env.fund("carol", btc=1 * BTC)
+        env.fund("bob", usdt=1_000 * USDT)
+        env.ledger.open_account("USDT", "customer", f"customer:{env.owner('carol')}:USDT", owner=env.owner("carol"))
+        t, m = env.trading, env.symbol
+        t.place(m, env.owner("carol"), "s1", SELL, qty=lots("0.1"), price=ticks(101))
+        t.place(m, env.owner("carol"), "stop", BUY, order_type=OrderType.stop, budget=5 * USDT,
+                stop_price=ticks(101))
+
+    batched, single = _run_both_ways(
+        ledger, setup, lambda env: [_place(env, "bob", "b1", BUY, qty=lots("0.1"), price=ticks(101))])
+    names = [("carol", "stop"), ("carol", "s1"), ("bob", "b1")]
+    assert _state(batched, names) == _state(single, names)
+    assert _state(batched, names)["stop"][1] is None  # activated (then expired), not rejected
+
+
+def test_a_release_earlier_in_the_unit_funds_a_stop_that_fires_later_in_it(ledger):
+    def setup(env):
+        env.fund("carol", usdt=20 * USDT)
+        env.fund("alice", btc=1 * BTC)
+        env.fund("bob", usdt=1_000 * USDT)
+        t, m = env.trading, env.symbol
+        t.place(m, env.owner("carol"), "r1", BUY, qty=lots("0.1"), price=ticks(100))
+        t.place(m, env.owner("carol"), "stop", BUY, order_type=OrderType.stop, budget=15 * USDT,
+                stop_price=ticks(101))
+        t.place(m, env.owner("alice"), "a1", SELL, qty=lots("0.1"), price=ticks(101))
+
+    def commands(env):
+        rest = order_id_for(env.symbol, env.owner("carol"), "r1")
+        return [Cancel(rest, env.owner("carol")), _place(env, "bob", "b1", BUY, qty=lots("0.1"), price=ticks(101))]
+
+    batched, single = _run_both_ways(ledger, setup, commands)
+    names = [("carol", "stop"), ("carol", "r1"), ("bob", "b1"), ("alice", "a1")]
+    assert _state(batched, names) == _state(single, names)
+    assert _state(batched, names)["stop"][1] is None
+
+
+def test_funds_freed_and_spent_within_one_unit_match_one_by_one(ledger):
+    """Cancel, then spend the freed funds; amend up beyond them (refused); a retry; a bad command."""
+    def setup(env):
+        env.fund("carol", usdt=30 * USDT)
+        env.fund("alice", btc=1 * BTC)
+        env.trading.place(env.symbol, env.owner("carol"), "r1", BUY, qty=lots("0.2"), price=ticks(100))
+
+    def commands(env):
+        carol = env.owner("carol")
+        return [
+            _place(env, "carol", "r2", BUY, qty=lots("0.2"), price=ticks(100)),   # short: r1 holds most
+            Cancel(order_id_for(env.symbol, carol, "r1"), carol),
+            _place(env, "carol", "r3", BUY, qty=lots("0.2"), price=ticks(100)),   # now fits
+            Amend(order_id_for(env.symbol, carol, "r3"), carol, price=ticks(200)),  # needs more: refused
+            Amend(order_id_for(env.symbol, carol, "r3"), carol, price=ticks(140)),  # fits exactly? no
+            Amend(order_id_for(env.symbol, carol, "r3"), carol, price=ticks(110)),  # fits
+            _place(env, "carol", "r3", BUY, qty=lots("0.2"), price=ticks(100)),   # a retry
+            _place(env, "alice", "a1", SELL, qty=lots("0.1"), price=ticks(110)),  # fills r3 in part
+            Amend("no-such-order", carol, price=ticks(1)),
+        ]
+
+    batched, single = _run_both_ways(ledger, setup, commands)
+    assert batched.codes == single.codes
+    names = [("carol", c) for c in ("r1", "r2", "r3")] + [("alice", "a1")]
+    assert _state(batched, names) == _state(single, names)
+    for who in ("carol", "alice"):
+        for asset in ("USDT", "BTC"):
+            b, s = batched.balance(batched.owner(who), asset), single.balance(single.owner(who), asset)
+            assert (b.posted, b.held) == (s.posted, s.held), (who, asset)
+    assert "insufficient_funds" in batched.codes
