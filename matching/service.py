@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from sqlalchemy import Connection, Engine as DbEngine
+from sqlalchemy.exc import DBAPIError
 
 from ledger.errors import ErrorCode as LedgerCode
 from ledger.errors import LedgerError
@@ -49,6 +50,8 @@ from matching.stp import DEFAULT_POLICY, StpPolicy
 from matching.validation import check_shape, validate_place
 
 _STOPS = (OrderType.stop, OrderType.stop_limit)
+# SQLSTATEs after which the whole unit may simply run again: deadlock victim, serialization failure.
+_RETRYABLE = ("40P01", "40001")
 _ORDER_NS = uuid.UUID("5d0c1c52-9d8e-4f4e-9a57-6a7c1f0d4b11")
 
 
@@ -173,30 +176,44 @@ class Trading:
         return self.submit_batch(symbol, [command])[0]
 
     def submit_batch(self, symbol: str, commands: Sequence[Command]) -> list[Outcome]:
-        """Run `commands` in order in ONE database transaction; answer after it commits."""
+        """Run `commands` in order in ONE database transaction; answer after it commits.
+
+        If PostgreSQL aborts the transaction as a deadlock victim or for a serialization failure
+        (another writer locked the same balance rows in another order), nothing was committed or
+        answered: the market is rebuilt from the journal and the commands run once more."""
         rt = self._runtime(symbol)
         with rt.lock:
-            if rt.broken:
-                rt = self._recover(rt)
-            try:
-                with self.db.begin() as conn:
-                    uow = self._begin(rt, conn)
-                    # Lock the accounts these commands may hold from, in one statement, so each
-                    # hold is decided without a round trip (matching.settlement).
-                    rt.settlement.track(conn, rt.settlement.accounts_to_track(conn, rt.engine, commands))
-                    outcomes, touched = [], []
-                    for command in commands:
-                        outcome, ids = self._one(rt, conn, uow, command)
-                        outcomes.append(outcome)
-                        touched += ids
-                    self._finish(rt, conn, uow, touched)
-            except BaseException:
-                rt.broken = True  # memory may be ahead of the database: rebuild before next use
-                rt.settlement.reset()
-                raise
-            finally:
-                rt.journal.uow = None
-                rt.settlement.end_unit()  # committed or rolled back: the locks are gone
+            for attempt in (1, 2):
+                if rt.broken:
+                    rt = self._recover(rt)
+                try:
+                    return self._unit(rt, commands)
+                except DBAPIError as exc:
+                    if attempt == 2 or getattr(exc.orig, "sqlstate", None) not in _RETRYABLE:
+                        raise
+        raise AssertionError("unreachable")
+
+    def _unit(self, rt: _Runtime, commands: Sequence[Command]) -> list[Outcome]:
+        """One unit of work (the caller holds the market's lock)."""
+        try:
+            with self.db.begin() as conn:
+                uow = self._begin(rt, conn)
+                # Lock the accounts these commands may hold from, in one statement, so each hold
+                # is decided without a round trip (matching.settlement).
+                rt.settlement.track(conn, rt.settlement.accounts_to_track(conn, rt.engine, commands))
+                outcomes, touched = [], []
+                for command in commands:
+                    outcome, ids = self._one(rt, conn, uow, command)
+                    outcomes.append(outcome)
+                    touched += ids
+                self._finish(rt, conn, uow, touched)
+        except BaseException:
+            rt.broken = True  # memory may be ahead of the database: rebuild before next use
+            rt.settlement.reset()
+            raise
+        finally:
+            rt.journal.uow = None
+            rt.settlement.end_unit()  # committed or rolled back: the locks are gone
         return outcomes
 
     def _recover(self, rt: _Runtime) -> _Runtime:

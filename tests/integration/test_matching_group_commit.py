@@ -122,3 +122,46 @@ def test_funds_freed_and_spent_within_one_unit_match_one_by_one(ledger):
             b, s = batched.balance(batched.owner(who), asset), single.balance(single.owner(who), asset)
             assert (b.posted, b.held) == (s.posted, s.held), (who, asset)
     assert "insufficient_funds" in batched.codes
+
+
+@pytest.mark.parametrize("sqlstate, retried", [("40P01", True), ("40001", True), ("23505", False)])
+def test_a_deadlock_victim_unit_runs_again_once_other_failures_raise(ledger, monkeypatch, sqlstate, retried):
+    """A unit PostgreSQL aborts as a deadlock victim committed nothing and answered nothing: the
+    market is rebuilt and the same commands run once more, with the same result as a clean run."""
+    import psycopg
+    from sqlalchemy.exc import DBAPIError
+
+    from ledger.service import Ledger
+
+    env = _env(ledger)
+    env.fund("alice", btc=1 * BTC)
+    env.fund("bob", usdt=1_000 * USDT)
+    env.trading.place(env.symbol, env.owner("alice"), "a1", SELL, qty=lots("0.1"), price=ticks(101))
+    original = Ledger.apply
+    calls = {"n": 0}
+
+    class Aborted(psycopg.errors.OperationalError):
+        pass
+
+    Aborted.sqlstate = sqlstate
+
+    def aborted_once(self, commands, **kw):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise DBAPIError.instance("ledger_apply", None, Aborted("aborted by the test"), psycopg.Error)
+        return original(self, commands, **kw)
+
+    monkeypatch.setattr(Ledger, "apply", aborted_once)
+    command = _place(env, "bob", "b1", BUY, qty=lots("0.1"), price=ticks(101))
+    if not retried:
+        with pytest.raises(DBAPIError):
+            env.trading.submit_batch(env.symbol, [command])
+        monkeypatch.setattr(Ledger, "apply", original)
+        env.trading.submit_batch(env.symbol, [command])  # the client's own retry
+    else:
+        (outcome,) = env.trading.submit_batch(env.symbol, [command])
+        assert outcome.code is None and outcome.seq is not None
+        assert calls["n"] >= 2  # the first unit was aborted, the second committed
+    assert _state(env, [("bob", "b1"), ("alice", "a1")]) == {"b1": ("filled", None), "a1": ("filled", None)}
+    assert env.balance(env.owner("bob"), "BTC").posted == lots("0.1") * 10_000
+    check_holds(env)
