@@ -40,13 +40,6 @@ class Plan:
         self.budget_exhausted = False  # a market bid could not afford the next lot
 
 
-def crosses(taker: Order, price: int) -> bool:
-    """True if a limit taker may trade at `price` (market orders trade at any price)."""
-    if taker.order_type is not _LIMIT:
-        return True
-    return price <= taker.price if taker.side is _BUY else price >= taker.price
-
-
 def plan_match(taker: Order, book: Book, market: Market, fees: FeeSchedule) -> Plan:
     """The match `taker` would make now, from its current remaining quantity or budget."""
     plan = Plan()
