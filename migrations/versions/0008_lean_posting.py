@@ -391,16 +391,28 @@ END $$;
 #   matching group commit, re-ran the check and share-locked the account row) and
 #   journal_entry.hold_id -> hold (one check per capture leg). Accounts and holds are never deleted
 #   or renumbered (0001's triggers, and hold_id_fixed below, which took over from the foreign key
-#   the refusal to renumber a hold); balance rows are written only by the ledger for existing
-#   accounts; an entry's hold is now checked with its account and transaction by the statement
-#   trigger below; `verify()` reports a balance row without an account and an entry naming a
-#   missing hold.
+#   the refusal to renumber a hold); a balance row is checked against its account when it is
+#   inserted or moved (account_balance_account_exists below), not on every update; an entry's
+#   hold is now checked with its account and transaction by the statement trigger below;
+#   `verify()` reports a balance row without an account and an entry naming a missing hold.
 TABLE_TUNING = """
 ALTER TABLE account_balance SET (fillfactor = 20);
 ALTER TABLE account_balance DROP CONSTRAINT account_balance_account_id_fkey;
 ALTER TABLE journal_entry DROP CONSTRAINT journal_entry_hold_id_fkey;
 CREATE TRIGGER hold_id_fixed BEFORE UPDATE OF id ON hold
     FOR EACH ROW EXECUTE FUNCTION ledger_refuse_change();
+-- What the balance rows' foreign key refused at write time, only where rows are made or moved
+-- (opening an account, rebuild_projections), never on the postings' updates.
+CREATE FUNCTION ledger_balance_row_account() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM account a WHERE a.id = NEW.account_id) THEN
+        RAISE EXCEPTION 'ledger: a balance row must belong to an existing account (%)', NEW.account_id
+            USING ERRCODE = 'foreign_key_violation';
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER account_balance_account_exists BEFORE INSERT OR UPDATE OF account_id ON account_balance
+    FOR EACH ROW EXECUTE FUNCTION ledger_balance_row_account();
 ALTER TABLE journal_transaction DROP CONSTRAINT journal_transaction_reverses_id_key;
 CREATE UNIQUE INDEX journal_transaction_reversed_once ON journal_transaction (reverses_id)
     WHERE reverses_id IS NOT NULL;

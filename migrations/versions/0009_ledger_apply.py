@@ -88,8 +88,14 @@ BEGIN
                      WHERE s.account_id = p_accounts[i] ORDER BY s.shard FOR UPDATE) b;
             SELECT h.*, a.may_go_negative, a.closed_at IS NOT NULL AS closed INTO v_old_row
               FROM hold h LEFT JOIN account a ON a.id = p_accounts[i]
-             WHERE h.id = p_holds[i] FOR UPDATE OF h;
+             WHERE h.id = p_holds[i] AND h.account_id = p_accounts[i] FOR UPDATE OF h;
             v_found := FOUND;
+            IF NOT v_found THEN  -- missing, or on another account: read it unlocked (its account's
+                                 -- balance rows are not locked here, so neither is the hold)
+                SELECT h.*, NULL::boolean AS may_go_negative, NULL::boolean AS closed INTO v_old_row
+                  FROM hold h WHERE h.id = p_holds[i];
+                v_found := FOUND;
+            END IF;
             IF v_found THEN
                 v_remaining := v_old_row.amount - v_old_row.captured - v_old_row.released;
             END IF;

@@ -177,16 +177,30 @@ def test_entries_inserted_in_sql_must_name_real_rows(ledger, engine, posted, cas
     assert journal_size(ledger) == size
 
 
-def test_verify_reports_a_projection_row_without_an_account(ledger, engine, posted):
+def test_a_balance_row_needs_an_existing_account_and_verify_reports_an_orphan(ledger, engine, posted):
+    book, _, alice, _ = posted
+    assert "23503" in _refused_state(engine, "INSERT INTO account_balance (account_id, shard) VALUES (:a, 0)", {"a": 10**12})
+    assert "23503" in _refused_state(engine, "UPDATE account_balance SET account_id = :a WHERE account_id = :b",
+                                     {"a": 10**12, "b": alice})
+    # Past the write-time guard (its trigger disabled for the test), verify() still reports it.
     assert "projection_matches_journal" not in failed_checks(ledger)
     with engine.begin() as c:
+        c.execute(text("ALTER TABLE account_balance DISABLE TRIGGER account_balance_account_exists"))
         c.execute(text("INSERT INTO account_balance (account_id, shard) VALUES (:a, 0)"), {"a": 10**12})
+        c.execute(text("ALTER TABLE account_balance ENABLE TRIGGER account_balance_account_exists"))
     try:
         assert "projection_matches_journal" in failed_checks(ledger)
     finally:
         with engine.begin() as c:
             c.execute(text("DELETE FROM account_balance WHERE account_id = :a"), {"a": 10**12})
     assert "projection_matches_journal" not in failed_checks(ledger)
+
+
+def _refused_state(engine, sql: str, params: dict) -> str:
+    with pytest.raises(DBAPIError) as exc:
+        with engine.begin() as c:
+            c.execute(text(sql), params)
+    return exc.value.orig.sqlstate
 
 
 def test_a_direct_insert_after_a_posting_in_the_same_transaction_is_still_checked(ledger, engine, posted):
