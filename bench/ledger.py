@@ -17,7 +17,10 @@ service does. Cases:
 - baseline: a bare one-row INSERT + COMMIT per transaction with 16 clients, raw psycopg and through
   the ledger's own Python path (`Ledger._call`), to show this machine's commit (fsync) ceiling beside the ledger.
 Ratios are computed from figures measured in the same run; the load average is printed before and
-after, since other work on a shared machine moves every figure.
+after, since other work on a shared machine moves every figure. For one transfer per transaction
+it also prints the CPU each posting cost in the client processes and in the PostgreSQL server
+(read from /proc, so only for a server on this host): with 16 workers both cores are busy, and
+that sum, not the commit (fsync) rate, sets the throughput.
 """
 from __future__ import annotations
 
@@ -54,7 +57,7 @@ def setup_accounts(ledger: Ledger, run: str, n: int, *, fee_shards: int | None =
     return ids, fee.id
 
 
-def bare_worker(url: str, raw: bool, seconds: float, start, out) -> None:
+def bare_worker(url: str, raw: bool, seconds: float, start, out, finished) -> None:
     """One-row INSERT + COMMIT per transaction: the ceiling any durable posting path runs under."""
     if raw:
         import psycopg
@@ -68,34 +71,39 @@ def bare_worker(url: str, raw: bool, seconds: float, start, out) -> None:
         insert = lambda n: ledger._call(None, "INSERT INTO bench_bare (v) VALUES (%s) RETURNING id", (n,))  # noqa: E731
     start.wait()
     n = 0
+    cpu = time.process_time()
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline:
         insert(n)
         n += 1
-    out.put(n)
+    out.put((n, time.process_time() - cpu))
+    finished.wait()
 
 
-def hold_worker(url: str, accounts: list[int], seconds: float, tag: str, start, out) -> None:
+def hold_worker(url: str, accounts: list[int], seconds: float, tag: str, start, out, finished) -> None:
     ledger = Ledger(make_engine(url, pool_size=1))
     rng = random.Random(tag)
     start.wait()
     n = 0
+    cpu = time.process_time()
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline:
         hold = ledger.place_hold(f"{tag}:{n}", rng.choice(accounts), 10, owner="matching:BENCH", reference=f"o{n}")
         ledger.release_hold(hold.id, owner="matching:BENCH")
         n += 1
-    out.put(n)
+    out.put((n, time.process_time() - cpu))
+    finished.wait()
     ledger.engine.dispose()
 
 
 def worker(url: str, accounts: list[int], fee: int, batch: int, hot: bool, seconds: float,
-           tag: str, start, out) -> None:
+           tag: str, start, out, finished) -> None:
     ledger = Ledger(make_engine(url, pool_size=1))
     rng = random.Random(tag)
     start.wait()
     done = 0
     n = 0
+    cpu = time.process_time()
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline:
         legs = []
@@ -110,31 +118,58 @@ def worker(url: str, accounts: list[int], fee: int, batch: int, hot: bool, secon
         except LedgerError:
             pass
         n += 1
-    out.put(done)
+    out.put((done, time.process_time() - cpu))
+    finished.wait()
     ledger.engine.dispose()
 
 
 def run_case(url: str, accounts: list[int], fee: int, *, workers: int, batch: int = 1,
-             hot: bool = False, seconds: float, bare: str | None = None, holds: bool = False) -> float:
+             hot: bool = False, seconds: float, bare: str | None = None, holds: bool = False,
+             cpu: dict | None = None) -> float:
+    """Items per second; with `cpu`, also fills in the CPU microseconds per item spent by the
+    client processes and by the local PostgreSQL server (None if the server is not on this host)."""
     ctx = mp.get_context("fork")
     start = ctx.Barrier(workers + 1)
+    finished = ctx.Barrier(workers + 1)  # workers stay connected until the server CPU is read
     out = ctx.Queue()
     tag = uuid.uuid4().hex[:8]
     procs = [
-        ctx.Process(target=bare_worker, args=(url, bare == "raw", seconds, start, out)) if bare else
-        ctx.Process(target=hold_worker, args=(url, accounts, seconds, f"{tag}:{w}", start, out)) if holds else
-        ctx.Process(target=worker, args=(url, accounts, fee, batch, hot, seconds, f"{tag}:{w}", start, out))
+        ctx.Process(target=bare_worker, args=(url, bare == "raw", seconds, start, out, finished)) if bare else
+        ctx.Process(target=hold_worker, args=(url, accounts, seconds, f"{tag}:{w}", start, out, finished)) if holds else
+        ctx.Process(target=worker, args=(url, accounts, fee, batch, hot, seconds, f"{tag}:{w}", start, out, finished))
         for w in range(workers)
     ]
     for p in procs:
         p.start()
     start.wait()
+    server0 = _server_cpu()
     t0 = time.perf_counter()
-    total = sum(out.get() for _ in procs)
+    results = [out.get() for _ in procs]
     elapsed = time.perf_counter() - t0
+    server = _server_cpu() - server0
+    finished.wait()
     for p in procs:
         p.join()
+    total = sum(r[0] for r in results)
+    if cpu is not None and total:
+        cpu["client"] = 1e6 * sum(r[1] for r in results) / total
+        cpu["server"] = 1e6 * server / total if server > 0 else None
     return total / elapsed
+
+
+def _server_cpu() -> float:
+    """CPU seconds used so far by the PostgreSQL processes on this host (0 if there are none)."""
+    ticks = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            line = stat.read_text()
+        except OSError:
+            continue
+        name = line[line.index("(") + 1:line.rindex(")")]
+        if name.startswith(("postgres", "postmaster")):
+            fields = line[line.rindex(")") + 2:].split()
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
@@ -164,9 +199,11 @@ def main() -> None:
             r[name] = value
             print(f"  {label:<70}{value:9,.0f} {extra}", flush=True)
 
+        cpu_split = {}
         for w in (1, 4, 16):
+            cpu_split[w] = {}
             show(f"single_{w}", f"one transfer per transaction, 50 accounts, {w:2d} workers:",
-                 run_case(url, fifty, fee, workers=w, seconds=s), "transfers/s")
+                 run_case(url, fifty, fee, workers=w, seconds=s, cpu=cpu_split[w]), "transfers/s")
         for b, w in ((100, 4), (1000, 2)):
             show(f"batch_{b}", f"linked batches of {b:5d}, {w} workers:",
                  run_case(url, fifty, fee, workers=w, batch=b, seconds=s), "transfers/s")
@@ -185,6 +222,10 @@ def main() -> None:
         show("bare_sa", "baseline: bare INSERT+COMMIT, the ledger's Python path, 16 clients:",
              run_case(url, [], 0, workers=16, seconds=s, bare="sa"), "commits/s")
         print(f"  load average after:  {_load()}")
+        print("CPU per posting, one transfer per transaction (client processes / local PostgreSQL server):")
+        for w, split in cpu_split.items():
+            server = f"{split['server']:,.0f} us" if split.get("server") else "n/a (server not on this host)"
+            print(f"  {w:2d} workers: client {split.get('client', 0):,.0f} us, server {server}")
         base = r["single_16"]
         print("ratios (same run):")
         print(f"  hot-account postings/s / normal postings/s (16 workers): {r['hot_16'] / base:.2f}  (target >= 0.5)")
