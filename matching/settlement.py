@@ -2,7 +2,10 @@
 release at every terminal state. Talks to the ledger only through `ledger.service.Ledger`.
 
 Guarantees (checked by the integration tests and by `Ledger.verify`):
-- an order's hold exists before its command reaches the sequencer (stops: before `ActivateTriggered`);
+- an order's hold is decided and reserved before its command reaches the sequencer (stops: before
+  `ActivateTriggered`): against the headroom of the owner's locked balance rows in a unit of work,
+  by the ledger itself while rebuilding. Its row is written in the same database transaction as
+  the command's journal row, so no committed state has one without the other;
 - each `Fill` is ONE balanced journal transaction, key `fill:<market>:<seq>:<match_no>`, posted on
   the caller's connection, i.e. in the same database transaction as the fill row:
       buyer quote (captured from the buyer's hold) -> seller quote   quote - seller fee
