@@ -346,8 +346,7 @@ class Settlement:
         immediate = self.immediate
 
         def posted(result: CommandResult) -> None:
-            if result.status != "created" and not (immediate and result.status == "exists"):
-                raise SettlementError(f"fill {key}: the ledger answered {result.status}")
+            _require(result, f"fill {key}", immediate)
             row["journal_transaction_id"] = result.id
             if immediate and result.status == "created":
                 buyer_hold.captured += fill.buyer_pays
@@ -392,10 +391,13 @@ def _placed(hold_id: int) -> Callable[[CommandResult], None]:
 
 
 def _released(hold_id: int, immediate: bool) -> Callable[[CommandResult], None]:
-    def check(result: CommandResult) -> None:
-        if result.status != "created" and not (immediate and result.status == "exists"):
-            raise SettlementError(f"hold {hold_id}: release answered {result.status}")
-    return check
+    return lambda result: _require(result, f"release of hold {hold_id}", immediate)
+
+
+def _require(result: CommandResult, what: str, immediate: bool) -> None:
+    """A queued command must have been carried out now; while rebuilding, a replay is fine too."""
+    if result.status != "created" and not (immediate and result.status == "exists"):
+        raise SettlementError(f"{what}: the ledger answered {result.status}")
 
 
 # ---- order rows ----------------------------------------------------------------------------
