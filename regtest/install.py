@@ -126,6 +126,29 @@ def _run_with_heartbeat(cmd: list[str], cwd: Path, log_file: Path, label: str) -
         raise InstallError(f"{label} failed (exit {rc}); last lines of {log_file}:\n" + "\n".join(tail))
 
 
+def _extract_source(tar: tarfile.TarFile, members: list[tarfile.TarInfo], dest: Path) -> None:
+    """Unpack source files only. The archive is pinned by its sha256, and still nothing may land
+    outside `dest`: Python's "data" extraction filter where this interpreter has it (3.11.4+; a
+    distribution's 3.11.2 does not), else the same refusals by hand (absolute or `..` paths, links,
+    devices)."""
+    if hasattr(tarfile, "data_filter"):
+        tar.extractall(dest, members=members, filter="data")
+    else:
+        _extract_checked(tar, members, dest)
+
+
+def _extract_checked(tar: tarfile.TarFile, members: list[tarfile.TarInfo], dest: Path) -> None:
+    root = dest.resolve()
+    for m in members:
+        target = (root / m.name).resolve()
+        if m.name.startswith("/") or not target.is_relative_to(root):
+            raise InstallError(f"refusing to unpack {m.name!r}: outside {root}")
+        if not (m.isfile() or m.isdir()):
+            raise InstallError(f"refusing to unpack {m.name!r}: not a plain file or directory")
+        m.mode = (m.mode & 0o755) | 0o600  # no set-id bits; the owner can always read and write
+    tar.extractall(dest, members=members)
+
+
 def build_bitcoind() -> tuple[Path, Path]:
     """Build bitcoind + bitcoin-cli from the pinned py-bitcoinkernel sdist into the cache."""
     out_dir = _built_bitcoind_dir()
@@ -147,7 +170,7 @@ def build_bitcoind() -> tuple[Path, Path]:
         log(f"unpacking {sdist.name}")
         with tarfile.open(sdist) as tar:
             members = [m for m in tar.getmembers() if m.name.startswith(f"{top}/{KERNEL_SOURCE_SUBDIR}")]
-            tar.extractall(work, members=members, filter="data")
+            _extract_source(tar, members, work)
     build = work / "build"
     jobs = str(os.cpu_count() or 2)
     log_file = work / "build.log"
