@@ -12,7 +12,7 @@ import pytest
 
 from ledger.errors import ErrorCode, LedgerError
 from ledger.model import AccountKind, HoldState, Transfer
-from tests.integration.ledger_helpers import Book, failed_checks, race
+from tests.integration.ledger_helpers import Book, failed_checks, journal_size, race
 
 WORKERS = 16
 OWNER = "withdrawals"
@@ -221,3 +221,40 @@ def test_transfers_in_both_directions_do_not_deadlock_or_lose_money(ledger, book
     assert any(not isinstance(r, LedgerError) for r in results)
     assert sum(book.posted(a) for a in accounts) == 2_000
     assert all(book.posted(a) >= 0 for a in accounts)
+
+
+@pytest.mark.parametrize("legs", [1, 2], ids=["one-transfer path", "general path"])
+def test_a_posting_waiting_on_a_close_is_refused_and_writes_nothing(ledger, book, engine, legs):
+    """close_account locks the balance rows, then closes. A posting that read the account as open
+    and then waited for those locks must see the close once it has them: account_closed, at the
+    first transfer that touches the closed account, and nothing written."""
+    import threading
+    import time
+
+    payer = book.account("payer")
+    other = book.account("other")
+    closing = book.account("closing")
+    book.fund(payer, 1_000)
+    transfers = [Transfer(payer, closing, 10)] if legs == 1 else [Transfer(payer, other, 5), Transfer(payer, closing, 10)]
+    key = book.key()
+    size = journal_size(ledger)
+    outcome: list[object] = []
+    with engine.begin() as c:
+        ledger.close_account(closing, conn=c)  # holds the balance row's lock until this commits
+
+        def post() -> None:
+            try:
+                outcome.append(ledger.post(key, transfers))
+            except LedgerError as exc:
+                outcome.append(exc)
+
+        worker = threading.Thread(target=post)
+        worker.start()
+        time.sleep(0.5)  # the posting has read the account as open and now waits for its lock
+        assert worker.is_alive() and not outcome
+    worker.join(10)
+    assert len(outcome) == 1 and isinstance(outcome[0], LedgerError), outcome
+    assert outcome[0].code is ErrorCode.account_closed
+    assert outcome[0].detail["index"] == legs - 1
+    assert journal_size(ledger) == size
+    assert book.posted(payer) == 1_000 and book.posted(closing) == 0
