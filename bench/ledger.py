@@ -4,9 +4,12 @@
     .venv/bin/python bench/ledger.py --seconds 3
 
 Runs against a fresh database on the configured server (DATABASE_URL, or the embedded PostgreSQL),
-with the server's default durability (synchronous_commit on). Workers are separate processes (no
-GIL between them), each with its own connection, posting through `Ledger.post` exactly as the
-service does. Cases:
+with the server's default durability (synchronous_commit on). A worker posts through `Ledger.post`
+exactly as the service does, one command after another, each on its own pooled connection. Workers
+are threads of one client process sharing one Ledger and engine, as the API's request threads
+are (one uvicorn process); the one-transfer case also runs 16 workers as 16 separate processes,
+which spends more client CPU per posting on this 2-core machine (32 processes taking turns).
+Cases:
 - single: one transfer per database transaction, 50 accounts, 1 / 4 / 16 workers;
 - batch: linked batches of 100 and 1,000 transfers per transaction;
 - hot: every posting also pays a fee leg into one shared fee account (16 workers); the fee
@@ -14,8 +17,9 @@ service does. Cases:
   one-shard fee account shows what the sharding buys;
 - contention: only 10 accounts (16 workers);
 - holds: place a hold and release it, per order, as the matching gateway does (16 workers; pairs/s);
-- baseline: a bare one-row INSERT + COMMIT per transaction with 16 clients, raw psycopg and through
-  the ledger's own Python path (`Ledger._call`), to show this machine's commit (fsync) ceiling beside the ledger.
+- baseline: a bare one-row INSERT + COMMIT per transaction from 16 client processes, raw psycopg
+  and through the ledger's own Python path (`Ledger._call`), to show this machine's commit (fsync)
+  ceiling beside the ledger.
 Ratios are computed from figures measured in the same run; the load average is printed before and
 after, since other work on a shared machine moves every figure. For one transfer per transaction
 it also prints the CPU each posting cost in the client processes and in the PostgreSQL server
@@ -29,6 +33,7 @@ import multiprocessing as mp
 import os
 import random
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -57,55 +62,37 @@ def setup_accounts(ledger: Ledger, run: str, n: int, *, fee_shards: int | None =
     return ids, fee.id
 
 
-def bare_worker(url: str, raw: bool, seconds: float, start, out, finished) -> None:
+def _bare_loop(url: str, raw: bool):
     """One-row INSERT + COMMIT per transaction: the ceiling any durable posting path runs under."""
     if raw:
         import psycopg
 
         conn = psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True)
-        insert = lambda n: conn.execute("INSERT INTO bench_bare (v) VALUES (%s)", (n,))  # noqa: E731
-    else:
-        # The ledger's own path for a one-statement command (`Ledger._call`): a pooled connection
-        # in autocommit, so the statement commits as it ends.
-        ledger = Ledger(make_engine(url, pool_size=1))
-        insert = lambda n: ledger._call(None, "INSERT INTO bench_bare (v) VALUES (%s) RETURNING id", (n,))  # noqa: E731
-    start.wait()
-    n = 0
-    cpu = time.process_time()
-    deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
-        insert(n)
-        n += 1
-    out.put((n, time.process_time() - cpu))
-    finished.wait()
 
-
-def hold_worker(url: str, accounts: list[int], seconds: float, tag: str, start, out, finished) -> None:
+        def one(n: int, rng: random.Random) -> int:
+            conn.execute("INSERT INTO bench_bare (v) VALUES (%s)", (n,))
+            return 1
+        return one
+    # The ledger's own path for a one-statement command (`Ledger._call`): a pooled connection in
+    # autocommit, so the statement commits as it ends.
     ledger = Ledger(make_engine(url, pool_size=1))
-    rng = random.Random(tag)
-    start.wait()
-    n = 0
-    cpu = time.process_time()
-    deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
+
+    def one(n: int, rng: random.Random) -> int:
+        ledger._call(None, "INSERT INTO bench_bare (v) VALUES (%s) RETURNING id", (n,))
+        return 1
+    return one
+
+
+def _hold_loop(ledger: Ledger, accounts: list[int], tag: str):
+    def one(n: int, rng: random.Random) -> int:
         hold = ledger.place_hold(f"{tag}:{n}", rng.choice(accounts), 10, owner="matching:BENCH", reference=f"o{n}")
         ledger.release_hold(hold.id, owner="matching:BENCH")
-        n += 1
-    out.put((n, time.process_time() - cpu))
-    finished.wait()
-    ledger.engine.dispose()
+        return 1
+    return one
 
 
-def worker(url: str, accounts: list[int], fee: int, batch: int, hot: bool, seconds: float,
-           tag: str, start, out, finished) -> None:
-    ledger = Ledger(make_engine(url, pool_size=1))
-    rng = random.Random(tag)
-    start.wait()
-    done = 0
-    n = 0
-    cpu = time.process_time()
-    deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
+def _post_loop(ledger: Ledger, accounts: list[int], fee: int, batch: int, hot: bool, tag: str):
+    def one(n: int, rng: random.Random) -> int:
         legs = []
         for _ in range(batch):
             a, b = rng.sample(accounts, 2)
@@ -114,41 +101,74 @@ def worker(url: str, accounts: list[int], fee: int, batch: int, hot: bool, secon
                 legs.append(Transfer(a, fee, 1))
         try:
             ledger.post(f"{tag}:{n}", legs)
-            done += len(legs)
         except LedgerError:
-            pass
-        n += 1
-    out.put((done, time.process_time() - cpu))
+            return 0
+        return len(legs)
+    return one
+
+
+def client(url: str, kind: str, threads: int, accounts: list[int], fee: int, batch: int, hot: bool,
+           seconds: float, tag: str, start, out, finished) -> None:
+    """One client process: `threads` workers, each with its own pooled connection (one Ledger and
+    engine per process, as in the service), each running its loop for `seconds`. Reports the
+    items done and the CPU the whole process spent on them."""
+    ledger = None if kind.startswith("bare") else Ledger(make_engine(url, pool_size=threads))
+    loops = [
+        _bare_loop(url, kind == "bare_raw") if ledger is None else
+        _hold_loop(ledger, accounts, f"{tag}:{t}") if kind == "holds" else
+        _post_loop(ledger, accounts, fee, batch, hot, f"{tag}:{t}")
+        for t in range(threads)
+    ]
+    done = [0] * threads
+    go = threading.Barrier(threads + 1)
+
+    def work(t: int) -> None:
+        rng = random.Random(f"{tag}:{t}")
+        go.wait()
+        deadline = time.perf_counter() + seconds
+        n = items = 0
+        while time.perf_counter() < deadline:
+            items += loops[t](n, rng)
+            n += 1
+        done[t] = items
+
+    workers = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+    for w in workers:
+        w.start()
+    start.wait()
+    cpu = time.process_time()
+    go.wait()
+    for w in workers:
+        w.join()
+    out.put((sum(done), time.process_time() - cpu))
     finished.wait()
-    ledger.engine.dispose()
+    if ledger is not None:
+        ledger.engine.dispose()
 
 
-def run_case(url: str, accounts: list[int], fee: int, *, workers: int, batch: int = 1,
-             hot: bool = False, seconds: float, bare: str | None = None, holds: bool = False,
-             cpu: dict | None = None) -> float:
-    """Items per second; with `cpu`, also fills in the CPU microseconds per item spent by the
-    client processes and by the local PostgreSQL server (None if the server is not on this host)."""
+def run_case(url: str, accounts: list[int], fee: int, *, threads: int, procs: int = 1, batch: int = 1,
+             hot: bool = False, seconds: float, kind: str = "post", cpu: dict | None = None) -> float:
+    """Items per second with `procs` client processes of `threads` workers each; with `cpu`, also
+    fills in the CPU microseconds per item spent by the client processes and by the local
+    PostgreSQL server (None if the server is not on this host)."""
     ctx = mp.get_context("fork")
-    start = ctx.Barrier(workers + 1)
-    finished = ctx.Barrier(workers + 1)  # workers stay connected until the server CPU is read
+    start = ctx.Barrier(procs + 1)
+    finished = ctx.Barrier(procs + 1)  # clients stay connected until the server CPU is read
     out = ctx.Queue()
     tag = uuid.uuid4().hex[:8]
-    procs = [
-        ctx.Process(target=bare_worker, args=(url, bare == "raw", seconds, start, out, finished)) if bare else
-        ctx.Process(target=hold_worker, args=(url, accounts, seconds, f"{tag}:{w}", start, out, finished)) if holds else
-        ctx.Process(target=worker, args=(url, accounts, fee, batch, hot, seconds, f"{tag}:{w}", start, out, finished))
-        for w in range(workers)
-    ]
-    for p in procs:
+    clients = [ctx.Process(target=client, args=(url, kind, threads, accounts, fee, batch, hot, seconds,
+                                               f"{tag}:{p}", start, out, finished))
+               for p in range(procs)]
+    for p in clients:
         p.start()
     start.wait()
     server0 = _server_cpu()
     t0 = time.perf_counter()
-    results = [out.get() for _ in procs]
+    results = [out.get() for _ in clients]
     elapsed = time.perf_counter() - t0
     server = _server_cpu() - server0
     finished.wait()
-    for p in procs:
+    for p in clients:
         p.join()
     total = sum(r[0] for r in results)
     if cpu is not None and total:
@@ -201,31 +221,34 @@ def main() -> None:
 
         cpu_split = {}
         for w in (1, 4, 16):
-            cpu_split[w] = {}
+            cpu_split[f"{w:2d} workers (threads)"] = split = {}
             show(f"single_{w}", f"one transfer per transaction, 50 accounts, {w:2d} workers:",
-                 run_case(url, fifty, fee, workers=w, seconds=s, cpu=cpu_split[w]), "transfers/s")
+                 run_case(url, fifty, fee, threads=w, seconds=s, cpu=split), "transfers/s")
+        cpu_split["16 worker processes"] = split = {}
+        show("single_16p", "  the same, 16 workers as 16 separate client processes:",
+             run_case(url, fifty, fee, threads=1, procs=16, seconds=s, cpu=split), "transfers/s")
         for b, w in ((100, 4), (1000, 2)):
             show(f"batch_{b}", f"linked batches of {b:5d}, {w} workers:",
-                 run_case(url, fifty, fee, workers=w, batch=b, seconds=s), "transfers/s")
-        hot = run_case(url, fifty, fee, workers=16, hot=True, seconds=s)
+                 run_case(url, fifty, fee, threads=w, batch=b, seconds=s), "transfers/s")
+        hot = run_case(url, fifty, fee, threads=16, hot=True, seconds=s)
         show("hot_16", "hot fee account in every posting, 16 workers:", hot / 2,
              f"postings/s ({hot:,.0f} transfers/s)")
-        hot1 = run_case(url, fifty, fee_one_shard, workers=16, hot=True, seconds=s)
+        hot1 = run_case(url, fifty, fee_one_shard, threads=16, hot=True, seconds=s)
         show("hot1_16", "hot fee account with ONE balance shard, 16 workers:", hot1 / 2,
              f"postings/s ({hot1:,.0f} transfers/s)")
-        show("ten_16", "contention: 10 accounts, 16 workers:", run_case(url, ten, fee10, workers=16, seconds=s),
+        show("ten_16", "contention: 10 accounts, 16 workers:", run_case(url, ten, fee10, threads=16, seconds=s),
              "transfers/s")
         show("holds_16", "holds: place + release per order, 16 workers:",
-             run_case(url, fifty, fee, workers=16, seconds=s, holds=True), "pairs/s")
-        show("bare_raw", "baseline: bare INSERT+COMMIT, raw psycopg, 16 clients:",
-             run_case(url, [], 0, workers=16, seconds=s, bare="raw"), "commits/s")
-        show("bare_sa", "baseline: bare INSERT+COMMIT, the ledger's Python path, 16 clients:",
-             run_case(url, [], 0, workers=16, seconds=s, bare="sa"), "commits/s")
+             run_case(url, fifty, fee, threads=16, seconds=s, kind="holds"), "pairs/s")
+        show("bare_raw", "baseline: bare INSERT+COMMIT, raw psycopg, 16 client processes:",
+             run_case(url, [], 0, threads=1, procs=16, seconds=s, kind="bare_raw"), "commits/s")
+        show("bare_sa", "baseline: bare INSERT+COMMIT, the ledger's Python path, 16 client processes:",
+             run_case(url, [], 0, threads=1, procs=16, seconds=s, kind="bare_ledger"), "commits/s")
         print(f"  load average after:  {_load()}")
         print("CPU per posting, one transfer per transaction (client processes / local PostgreSQL server):")
-        for w, split in cpu_split.items():
+        for label, split in cpu_split.items():
             server = f"{split['server']:,.0f} us" if split.get("server") else "n/a (server not on this host)"
-            print(f"  {w:2d} workers: client {split.get('client', 0):,.0f} us, server {server}")
+            print(f"  {label:<22} client {split.get('client', 0):,.0f} us, server {server}")
         base = r["single_16"]
         print("ratios (same run):")
         print(f"  hot-account postings/s / normal postings/s (16 workers): {r['hot_16'] / base:.2f}  (target >= 0.5)")
