@@ -174,6 +174,7 @@ def run_case(url: str, accounts: list[int], fee: int, *, threads: int, procs: in
     if cpu is not None and total:
         cpu["client"] = 1e6 * sum(r[1] for r in results) / total
         cpu["server"] = 1e6 * server / total if server > 0 else None
+        cpu["items"], cpu["elapsed"] = total, elapsed
     return total / elapsed
 
 
@@ -222,11 +223,13 @@ def main() -> None:
         cpu_split = {}
         for w in (1, 4, 16):
             cpu_split[f"{w:2d} workers (threads)"] = split = {}
-            show(f"single_{w}", f"one transfer per transaction, 50 accounts, {w:2d} workers:",
-                 run_case(url, fifty, fee, threads=w, seconds=s, cpu=split), "transfers/s")
+            rate = run_case(url, fifty, fee, threads=w, seconds=s, cpu=split)
+            show(f"single_{w}", f"one transfer per transaction, 50 accounts, {w:2d} workers:", rate,
+                 f"transfers/s ({split['items']:,} in {split['elapsed']:.2f}s)")
         cpu_split["16 worker processes"] = split = {}
-        show("single_16p", "  the same, 16 workers as 16 separate client processes:",
-             run_case(url, fifty, fee, threads=1, procs=16, seconds=s, cpu=split), "transfers/s")
+        rate = run_case(url, fifty, fee, threads=1, procs=16, seconds=s, cpu=split)
+        show("single_16p", "  the same, 16 workers as 16 separate client processes:", rate,
+             f"transfers/s ({split['items']:,} in {split['elapsed']:.2f}s)")
         for b, w in ((100, 4), (1000, 2)):
             show(f"batch_{b}", f"linked batches of {b:5d}, {w} workers:",
                  run_case(url, fifty, fee, threads=w, batch=b, seconds=s), "transfers/s")
