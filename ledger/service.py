@@ -12,9 +12,9 @@ Guarantees (each is checked by `ledger.verify`):
 Hot accounts: an account opened with `balance_shards` > 1 (by default the firm's fee income,
 asset-location, expense, suspense and equity accounts) keeps its projection in that many rows. A
 posting that cannot break the account's limits locks one free shard; one that could locks them all
-and checks the sum (see `ledger_post` in migrations/versions/0001_ledger.py and its leaner
-replacement in 0008_lean_posting.py). Its entries carry no stored balance_after; `statement()`
-computes the running balance at read time.
+and checks the sum (see `ledger_post` in migrations/versions/0001_ledger.py; its current body,
+with a scalar path for one transfer between two one-shard accounts, is in 0010_posting_fast_path.py).
+Its entries carry no stored balance_after; `statement()` computes the running balance at read time.
 
 Postings and holds are one SQL statement each (PL/pgSQL functions that lock, check and write).
 Those three statements run on the pooled psycopg connection itself (`_call`), not through
