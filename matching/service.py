@@ -23,7 +23,9 @@ guarantee, because no outcome is returned before the commit.
 """
 from __future__ import annotations
 
+import random
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Iterable, Sequence
@@ -52,6 +54,9 @@ from matching.validation import check_shape, validate_place
 _STOPS = (OrderType.stop, OrderType.stop_limit)
 # SQLSTATEs after which the whole unit may simply run again: deadlock victim, serialization failure.
 _RETRYABLE = ("40P01", "40001")
+# A unit aborted for one of those runs again, up to this many runs in all, after a short random
+# pause that grows with each attempt (so the writers that collided do not collide again in step).
+_ATTEMPTS = 4
 _ORDER_NS = uuid.UUID("5d0c1c52-9d8e-4f4e-9a57-6a7c1f0d4b11")
 
 
@@ -180,17 +185,19 @@ class Trading:
 
         If PostgreSQL aborts the transaction as a deadlock victim or for a serialization failure
         (another writer locked the same balance rows in another order), nothing was committed or
-        answered: the market is rebuilt from the journal and the commands run once more."""
+        answered: the market is rebuilt from the journal and the commands run again, up to
+        `_ATTEMPTS` runs in all; after that the error reaches the caller."""
         rt = self._runtime(symbol)
         with rt.lock:
-            for attempt in (1, 2):
+            for attempt in range(1, _ATTEMPTS + 1):
                 if rt.broken:
                     rt = self._recover(rt)
                 try:
                     return self._unit(rt, commands)
                 except DBAPIError as exc:
-                    if attempt == 2 or getattr(exc.orig, "sqlstate", None) not in _RETRYABLE:
+                    if attempt == _ATTEMPTS or getattr(exc.orig, "sqlstate", None) not in _RETRYABLE:
                         raise
+                time.sleep(random.uniform(0, 0.005 * 2 ** attempt))
         raise AssertionError("unreachable")
 
     def _unit(self, rt: _Runtime, commands: Sequence[Command]) -> list[Outcome]:
