@@ -2,7 +2,10 @@
 
 Ledger codes map to HTTP statuses through `ErrorCode.http_status`; the API adds its own codes for
 authentication (`unauthorized` 401, `forbidden` 403), unknown routes (`not_found` 404), malformed
-requests (`invalid_request` 422) and unexpected failures (`internal_error` 500, no stack trace).
+requests (`invalid_request` 422), transient database failures (`temporarily_unavailable` 503: a
+deadlock victim, a serialization failure, a lock or statement timeout, a lost connection; nothing
+was committed, and the same request with the same idempotency key may be sent again) and
+unexpected failures (`internal_error` 500, no stack trace).
 """
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from custody.errors import CustodyError
@@ -18,6 +22,17 @@ from ledger.errors import LedgerError
 from matching.errors import MatchingError
 
 log = logging.getLogger(__name__)
+
+# SQLSTATEs after which the whole transaction was rolled back and a retry can succeed: deadlock
+# victim, serialization failure, lock not available, query cancelled (statement or lock timeout),
+# and the connection classes (the server went away or refused us).
+_TRANSIENT_STATES = {"40P01", "40001", "55P03", "57014"}
+_TRANSIENT_CLASSES = ("08", "57P")
+
+
+def transient(exc: DBAPIError) -> bool:
+    state = getattr(exc.orig, "sqlstate", None) or ""
+    return exc.connection_invalidated or state in _TRANSIENT_STATES or state.startswith(_TRANSIENT_CLASSES)
 
 
 class ApiError(Exception):
@@ -64,6 +79,18 @@ def install(app: FastAPI) -> None:
             exc.status_code, "http_error"
         )
         return JSONResponse(body(code, str(exc.detail)), status_code=exc.status_code)
+
+    @app.exception_handler(DBAPIError)
+    async def database_error(_: Request, exc: DBAPIError) -> JSONResponse:
+        if not transient(exc):
+            log.exception("unexpected database error")
+            return JSONResponse(body("internal_error", "internal error; see the service log"), status_code=500)
+        log.warning("transient database failure (%s): answered 503", getattr(exc.orig, "sqlstate", None) or exc)
+        return JSONResponse(
+            body("temporarily_unavailable",
+                 "the database could not complete the request; nothing was committed: send it again "
+                 "with the same idempotency key"),
+            status_code=503, headers={"Retry-After": "1"})
 
     @app.exception_handler(Exception)
     async def unexpected(_: Request, exc: Exception) -> JSONResponse:

@@ -166,3 +166,39 @@ def test_console_page_is_served_and_uses_the_api(api):
     r = client.get("/console")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
     assert "Custody console" in r.text and "/v1/withdrawals?state=pending_approval" in r.text and "X-API-Key" in r.text
+
+
+@pytest.mark.parametrize("error, status, code", [
+    ("DeadlockDetected", 503, "temporarily_unavailable"),
+    ("SerializationFailure", 503, "temporarily_unavailable"),
+    ("LockNotAvailable", 503, "temporarily_unavailable"),
+    ("AdminShutdown", 503, "temporarily_unavailable"),
+    ("UniqueViolation", 500, "internal_error"),
+])
+def test_a_transient_database_failure_is_503_and_the_retry_posts_once(api, ledger, monkeypatch, error, status, code):
+    """A deadlock victim, serialization failure, lock timeout or lost server rolled the request back:
+    503 with Retry-After, and the same request (same idempotency key) then posts exactly once. Any
+    other database error stays a 500 without details."""
+    import psycopg
+    from sqlalchemy.exc import DBAPIError
+
+    from ledger.service import Ledger
+
+    pool, alice, run = open_pair(api, ledger)
+    body = {"idempotency_key": f"api:{run}:retry", "kind": "deposit",
+            "transfers": [{"debit_account_id": pool, "credit_account_id": alice, "amount": "0.5"}]}
+    original = Ledger.post
+
+    def fails(self, *args, **kw):
+        raise DBAPIError.instance("SELECT ledger_post(...)", None, getattr(psycopg.errors, error)("injected"), psycopg.Error)
+
+    monkeypatch.setattr(Ledger, "post", fails)
+    r = call(api, Role.backend, "POST", "/v1/transactions", json=body)
+    assert r.status_code == status and error_code(r) == code
+    assert ("Retry-After" in r.headers) == (status == 503)
+    assert "injected" not in r.text and "Traceback" not in r.text
+    monkeypatch.setattr(Ledger, "post", original)
+    again = call(api, Role.backend, "POST", "/v1/transactions", json=body)
+    assert again.status_code == 201 and again.json()["created"] is True
+    bal = call(api, Role.auditor, "GET", f"/v1/accounts/{alice}/balance").json()
+    assert bal["posted"]["minor"] == "50000000"
