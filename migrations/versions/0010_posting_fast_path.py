@@ -16,11 +16,13 @@ What changes in `ledger_post` (signature, statuses, their precedence, locks and 
   most postings) runs steps 1-7 for exactly that case in scalar statements. Any other posting, or
   one whose accounts turn out to be missing, closed, in different assets or sharded, takes the
   general path; nothing has been locked or written by then.
-- No lookup of the idempotency key before the locks: a replay is answered where 0008 answered a
-  key seen late, by the write's ON CONFLICT or by the lookup every refusal makes first
-  (`ledger_post_refused`). A replay now waits for the accounts' locks like the posting it repeats.
+- Replays: as in 0008 an earlier posting of the key answers at once, before any lock (so a replay
+  never waits, deadlocks or uses up an id); a key posted concurrently is answered by the write's
+  ON CONFLICT or by the lookup every refusal makes first (`ledger_post_refused`).
 - Closes: close_account locks an account's balance rows before it closes it, so once the posting
-  holds those locks any new statement sees a close that committed meanwhile. 0008 re-read the
+  holds those locks any new statement sees a close that committed meanwhile (under READ COMMITTED,
+  the isolation level every caller uses; under REPEATABLE READ neither 0008 nor this version would
+  see such a close, since the close changes no balance row). 0008 re-read the
   accounts for that in a statement of its own; now the write itself refuses to write if one was
   closed (and the function then answers account_closed), and only a refusal or the near-range
   check reads closes first, so that a close keeps its place in the refusals' precedence.
@@ -128,6 +130,7 @@ SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_has
 AS $$
 DECLARE
     v_id bigint;
+    v_hash text;
     v_bad integer;
     v_status text;
     -- One element per touched account, ascending by account id (step 1):
@@ -170,6 +173,15 @@ DECLARE
     n integer;
     c_max constant numeric := 10::numeric ^ 78 - 1;
 BEGIN
+    -- An earlier posting of the key answers at once, before any lock (a replay).
+    SELECT t.id, t.content_hash INTO v_id, v_hash FROM journal_transaction t WHERE t.idempotency_key = p_key;
+    IF v_id IS NOT NULL THEN
+        status := CASE WHEN v_hash = p_hash THEN 'exists' ELSE 'idempotency_conflict' END;
+        transaction_id := v_id;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+
     -- 0. The common posting: one transfer of a positive amount between two distinct accounts
     --    with one balance shard each (customers, most asset locations), no hold capture, no
     --    reversal. Steps 1-7 below for exactly that case, in scalar statements: starting the
@@ -319,7 +331,7 @@ BEGIN
             v_status := NULL;
         END IF;
     END IF;
-    IF v_status IS NOT NULL THEN  -- refused before any lock (a replay answers first)
+    IF v_status IS NOT NULL THEN  -- refused before any lock (a key posted meanwhile answers first)
         RETURN QUERY SELECT * FROM ledger_post_refused(p_key, p_hash, v_status, v_bad);
         RETURN;
     END IF;

@@ -258,3 +258,30 @@ def test_a_posting_waiting_on_a_close_is_refused_and_writes_nothing(ledger, book
     assert outcome[0].detail["index"] == legs - 1
     assert journal_size(ledger) == size
     assert book.posted(payer) == 1_000 and book.posted(closing) == 0
+
+
+@pytest.mark.parametrize("legs", [1, 2], ids=["one-transfer path", "general path"])
+def test_a_replay_answers_without_waiting_for_the_accounts_locks(ledger, book, engine, legs):
+    """A key already posted answers at once, before any lock: a replay never waits behind (or
+    deadlocks with) a transaction holding the accounts' balance rows."""
+    import threading
+
+    from sqlalchemy import text
+
+    payer, payee, other = book.account("payer"), book.account("payee"), book.account("other")
+    book.fund(payer, 1_000)
+    transfers = [Transfer(payer, payee, 10)] if legs == 1 else [Transfer(payer, payee, 5), Transfer(payer, other, 5)]
+    key = book.key()
+    first = ledger.post(key, transfers)
+    outcome: list[object] = []
+    with engine.begin() as c:
+        c.execute(text("SELECT 1 FROM account_balance WHERE account_id = ANY (:a) FOR UPDATE"),
+                  {"a": [payer, payee, other]})
+        worker = threading.Thread(target=lambda: outcome.append(ledger.post(key, transfers)))
+        worker.start()
+        worker.join(5)
+        answered_while_locked = not worker.is_alive()
+    worker.join(10)
+    assert answered_while_locked, "the replay waited for the balance rows' locks"
+    assert outcome == [type(first)(first.transaction_id, False)]
+    assert book.posted(payer) == 1_000 - 10
