@@ -28,6 +28,7 @@ class Container:
     payouts: Any = None  # custody.payouts.Payouts
     reconciliation: Any = None  # custody.reconciliation.Reconciliation (bitcoin)
     sweeps: Any = None  # custody.sweeps.Sweeps (bitcoin, with a signer)
+    rebalances: Any = None  # custody.rebalances.Rebalances (bitcoin hot -> cold, with a signer)
     reserves: Any = None  # custody.reserves.Reserves (bitcoin, with a signer)
 
     def __post_init__(self) -> None:
@@ -36,9 +37,10 @@ class Container:
 
     def with_chains(self, adapters: Mapping[str, ChainAdapter], *, external_screener: ExternalScreener | None = None,
                     signer_keys: Any = None, bitcoin_network: str = "regtest", policy: Any = None,
-                    payout_config: Any = None) -> "Container":
+                    payout_config: Any = None, rebalance_config: Any = None) -> "Container":
         """Attach chain adapters and build the pipelines that need them. With `signer_keys` (a
-        signer.keys.SignerKeys) the withdrawal side is built too: request/approval, the signer, payouts."""
+        signer.keys.SignerKeys) the withdrawal side is built too: request/approval, the signer, payouts,
+        sweeps and rebalances (thresholds: `rebalance_config`, a custody.rebalances.RebalanceConfig)."""
         from custody.payouts import PayoutConfig, Payouts
         from custody.policy_config import PolicyProvider
         from custody.withdrawals import Withdrawals
@@ -60,6 +62,11 @@ class Container:
                 hot = derive_btc_address(signer_keys.account_xpub("bitcoin", "hot"), bitcoin_network, 0, 0)
                 self.sweeps = Sweeps(self.engine, self.ledger, self.wallets, self.adapters["bitcoin"], signer,
                                      hot_address=hot, network=bitcoin_network)
+                from custody.rebalances import RebalanceConfig, Rebalances
+
+                self.rebalances = Rebalances(self.engine, self.ledger, self.wallets, self.adapters["bitcoin"], signer,
+                                             hot_address=hot,
+                                             config=rebalance_config or RebalanceConfig(bitcoin_network=bitcoin_network))
                 from custody.reserves import Reserves
 
                 self.reserves = Reserves(self.engine, self.adapters["bitcoin"], signer, network=bitcoin_network)

@@ -6,6 +6,7 @@ method that tests and the demo call directly, so time is driven deterministicall
 | deposits:<chain> | Deposits.run_once([chain]) (scan -> confirm -> screen/credit) | 2 s |
 | payouts | sync hot wallet, batch, sign, broadcast, track, bump fees | 3 s |
 | sweeps | Sweeps.run_once(): booked deposit coins -> hot wallet (bitcoin) | 30 s |
+| rebalances | Rebalances.run_once(): hot -> cold above the ceiling (bitcoin; needs a registered cold wallet) | 30 s |
 | expire-holds | Ledger.expire_holds() | 10 s |
 | outbox | OutboxDispatcher.dispatch() | 1 s |
 | reconcile | Reconciliation.run() (bitcoin: chain holdings = books + in transit, exactly) | 60 s |
@@ -107,6 +108,8 @@ def build_scheduler(container: Container, *, sink: Callable[[str, dict], None] |
         scheduler.add_job(_guard("payouts", lambda: payouts_once(container)), "interval", seconds=3 * scale, id="payouts")
     if container.sweeps is not None:
         scheduler.add_job(_guard("sweeps", container.sweeps.run_once), "interval", seconds=30 * scale, id="sweeps")
+    if container.rebalances is not None:
+        scheduler.add_job(_guard("rebalances", container.rebalances.run_once), "interval", seconds=30 * scale, id="rebalances")
     scheduler.add_job(_guard("expire-holds", container.ledger.expire_holds), "interval", seconds=10 * scale, id="expire-holds")
     scheduler.add_job(_guard("outbox", dispatcher.dispatch), "interval", seconds=1 * scale, id="outbox")
     scheduler.add_job(_guard("verify", lambda: verify_books(container)), "interval", seconds=60 * scale, id="verify")

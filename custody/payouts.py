@@ -2,7 +2,8 @@
 
 Jobs (APScheduler runs them; tests call them directly, in this order):
 - `sync_hot_wallet()`: record the bitcoin hot wallet's confirmed coins; coins that are not change
-  of our own transactions are treasury funding and are booked equity -> hot location.
+  of our own transactions (payouts, sweeps, rebalances) are treasury funding and are booked
+  equity -> hot location.
 - `batch_bitcoin()`: approved BTC withdrawals (rescreened against the denylist: a newly denylisted
   destination is rejected and released, the rest go on) become one batch; coins are selected from
   the tracked hot-wallet coins and reserved for it. `batch_ethereum()`: one batch per withdrawal.
@@ -60,6 +61,21 @@ class PayoutConfig:
     drain_per_run: int = 10  # outage drain: withdrawals released per batch run, smallest first
 
 
+def spendable_coins(c: Connection) -> list[BtcCoin]:
+    """Unreserved, unspent hot coins whose creating transaction is confirmed (external ones are):
+    a swept coin only once its sweep is final (booked), rebalance change once the rebalance is
+    mined. They are locked (skipping coins another job has locked) for the caller's transaction,
+    so withdrawal batches and rebalances never reserve the same coin."""
+    rows = c.execute(text(
+        "SELECT u.txid, u.vout, u.amount, u.derivation_change, u.derivation_index FROM wallet_utxo u "
+        "LEFT JOIN chain_transaction t ON t.txid = u.txid LEFT JOIN sweep s ON s.txid = u.txid "
+        "LEFT JOIN rebalance r ON r.txid = u.txid "
+        "WHERE u.spent_by IS NULL AND u.reserved_by IS NULL AND u.rebalance_id IS NULL "
+        "AND (t.id IS NULL OR t.state IN ('confirmed', 'final')) AND (s.id IS NULL OR s.state = 'final') "
+        "AND (r.id IS NULL OR r.state IN ('confirmed', 'final')) ORDER BY u.amount DESC FOR UPDATE OF u SKIP LOCKED")).all()
+    return [BtcCoin(r.txid, r.vout, int(r.amount), r.derivation_change, r.derivation_index) for r in rows]
+
+
 class Payouts:
     def __init__(self, engine: Engine, ledger: Ledger, wallets: Wallets, adapters: Mapping[str, ChainAdapter],
                  signer: Signer, config: PayoutConfig | None = None) -> None:
@@ -91,7 +107,7 @@ class Payouts:
 
     def sync_hot_wallet(self) -> int:
         """Record confirmed bitcoin hot-wallet coins we do not know yet; returns how many. A coin that
-        is neither change of our payouts nor the output of our sweeps is treasury funding."""
+        is neither change of our payouts or rebalances nor the output of our sweeps is treasury funding."""
         adapter = self.adapters["bitcoin"]
         with self.engine.connect() as c:
             batches = c.execute(text("SELECT id FROM withdrawal_batch WHERE chain = 'bitcoin'")).scalars().all()
@@ -106,7 +122,8 @@ class Payouts:
                          "VALUES (:t, :v, :a, :c, :i, :m) ON CONFLICT (txid, vout) DO NOTHING RETURNING txid"),
                     {"t": u.txid, "v": u.index, "a": u.address, "c": change, "i": index, "m": u.amount}).first()
                 ours = c.execute(text("SELECT 1 FROM chain_transaction WHERE txid = :t UNION ALL "
-                                      "SELECT 1 FROM sweep WHERE txid = :t"), {"t": u.txid}).first()
+                                      "SELECT 1 FROM sweep WHERE txid = :t UNION ALL "
+                                      "SELECT 1 FROM rebalance WHERE txid = :t"), {"t": u.txid}).first()
                 if row is not None and ours is None:
                     self.book_hot_funding("bitcoin", "BTC", u.amount, f"hot-funding:bitcoin:{u.txid}:{u.index}", conn=c)
                 added += row is not None
@@ -192,14 +209,7 @@ class Payouts:
         return batch_id
 
     def _spendable_coins(self, c: Connection) -> list[BtcCoin]:
-        """Unreserved, unspent hot coins whose creating transaction is confirmed (external ones are);
-        a swept coin only once its sweep is final (booked)."""
-        rows = c.execute(text(
-            "SELECT u.txid, u.vout, u.amount, u.derivation_change, u.derivation_index FROM wallet_utxo u "
-            "LEFT JOIN chain_transaction t ON t.txid = u.txid LEFT JOIN sweep s ON s.txid = u.txid "
-            "WHERE u.spent_by IS NULL AND u.reserved_by IS NULL AND (t.id IS NULL OR t.state IN ('confirmed', 'final')) "
-            "AND (s.id IS NULL OR s.state = 'final') ORDER BY u.amount DESC FOR UPDATE OF u SKIP LOCKED")).all()
-        return [BtcCoin(r.txid, r.vout, int(r.amount), r.derivation_change, r.derivation_index) for r in rows]
+        return spendable_coins(c)
 
     def batch_ethereum(self) -> list[int]:
         """One batch per approved ether or ERC-20 withdrawal."""

@@ -12,7 +12,13 @@ moments when chain and books legitimately disagree:
 - hot wallet: batches mined but not yet final have left the wallet on chain while the books still
   hold them in-flight until finality (- amounts - network fee);
 - sweeps mined but not yet final: gone from deposit addresses (- amount) and arrived in the hot
-  wallet (+ amount - fee) on chain, booked only at finality.
+  wallet (+ amount - fee) on chain, booked only at finality;
+- rebalances mined but not yet final: gone from the hot wallet (- amount - fee; the change stays
+  at the hot receive address) and arrived in the cold wallet (+ amount), booked only at finality.
+The cold wallet is reconciled once one is registered (tier `cold` in `wallet`): its addresses are
+the ones custody derived from its xpub (`<xpub>/0/0 .. next_index - 1`, every address a rebalance
+was ever told to pay), read like the others from the UTXO set; it is watch-only, so nothing leaves
+it through this service.
 Any other difference opens a critical incident (which halts withdrawals) with the figures.
 
 Chain and books are read at one chain height: the node's tip must not move while a pass runs (it
@@ -32,7 +38,9 @@ from typing import Callable
 from sqlalchemy import Engine, text
 
 from chain_adapters.base import ChainAdapter
+from custody.addresses import derive_btc_address
 from custody.controls import open_incident
+from custody.firm_moves import unbooked
 from custody.wallets import Wallets
 from ledger.service import Ledger
 
@@ -68,11 +76,15 @@ class Reconciliation:
         difference. Returns the lines compared (empty when the chain kept moving)."""
         if self.before is not None:
             self.before()
+        with self.engine.connect() as c:
+            has_cold = c.execute(text("SELECT 1 FROM wallet WHERE chain = 'bitcoin' AND tier = 'cold'")).first() is not None
+        tiers = ("deposit", "hot", "cold") if has_cold else ("deposit", "hot")
         # opened (if new) before any snapshot is taken, so the snapshots can see them
-        self._accounts = {tier: self.wallets.location_account("bitcoin", tier, "BTC") for tier in ("deposit", "hot")}
+        self._accounts = {tier: self.wallets.location_account("bitcoin", tier, "BTC") for tier in tiers}
         for _ in range(attempts):
             tip = self.bitcoin.tip()
-            lines = [line for line in (self._deposit_addresses(tip.height), self._hot_wallet()) if line is not None]
+            lines = [line for line in (self._deposit_addresses(tip.height), self._hot_wallet(),
+                                       self._cold_wallet() if has_cold else None) if line is not None]
             if self.bitcoin.tip() == tip:
                 break
         else:
@@ -103,25 +115,18 @@ class Reconciliation:
                 log.info("reconciliation of deposit addresses skipped: scanner at %s, chain at %d", cursor, height)
                 return None
             addresses = c.execute(text("SELECT address FROM deposit_address WHERE chain = 'bitcoin'")).scalars().all()
-            unbooked = c.execute(text("SELECT coalesce(sum(amount), 0) FROM deposit_observation WHERE chain = 'bitcoin' "
-                                      "AND state IN ('seen', 'confirming', 'final')")).scalar_one()
+            arrived = c.execute(text("SELECT coalesce(sum(amount), 0) FROM deposit_observation WHERE chain = 'bitcoin' "
+                                     "AND state IN ('seen', 'confirming', 'final')")).scalar_one()
             books = self._books("deposit", c)
-            sweeps = self._pending_sweeps(c)
+            sweeps = unbooked(c, "sweep")
         on_chain = sum(u.amount for u in self.bitcoin.unspent(addresses)) if addresses else 0
         swept = sum(int(sw.amount) for sw in sweeps if self._mined(sw.txid, sw.raw))
-        return Line("bitcoin", "BTC", "deposit", on_chain, books, int(unbooked) - swept)
-
-    @staticmethod
-    def _pending_sweeps(c):
-        return c.execute(text("SELECT txid, raw, amount, fee FROM sweep WHERE chain = 'bitcoin' "
-                              "AND state IN ('signed', 'broadcast', 'confirmed')")).all()
+        return Line("bitcoin", "BTC", "deposit", on_chain, books, int(arrived) - swept)
 
     def _mined(self, txid: str, raw) -> bool:
         return self.bitcoin.tx_status(txid, raw=bytes(raw)).state.value == "confirmed"
 
     def _hot_wallet(self) -> Line:
-        from custody.addresses import derive_btc_address
-
         with self._snapshot() as c, c.begin():
             xpub = c.execute(text("SELECT xpub FROM wallet WHERE chain = 'bitcoin' AND tier = 'hot'")).scalar_one()
             batches = c.execute(text("SELECT id FROM withdrawal_batch WHERE chain = 'bitcoin'")).scalars().all()
@@ -129,10 +134,22 @@ class Reconciliation:
                 "SELECT t.txid, t.raw, t.fee, (SELECT coalesce(sum(o.amount), 0) FROM batch_output o WHERE o.batch_id = t.batch_id) "
                 "AS paid FROM chain_transaction t WHERE t.chain = 'bitcoin' AND t.state IN ('signed', 'broadcast', 'confirmed')")).all()
             books = self._books("hot", c)
-            sweeps = self._pending_sweeps(c)
+            sweeps = unbooked(c, "sweep")
+            rebalances = unbooked(c, "rebalance")
         # Mined but not yet booked final: gone from the wallet on chain, still in flight in the books.
         leaving = sum(int(p.paid) + int(p.fee) for p in pending if self._mined(p.txid, p.raw))
+        leaving += sum(int(rb.amount) + int(rb.fee) for rb in rebalances if self._mined(rb.txid, rb.raw))
         arriving = sum(int(sw.amount) - int(sw.fee) for sw in sweeps if self._mined(sw.txid, sw.raw))
         addresses = [derive_btc_address(xpub, self.network, 0, 0)] + [derive_btc_address(xpub, self.network, 1, b) for b in batches]
         on_chain = sum(u.amount for u in self.bitcoin.unspent(addresses))
         return Line("bitcoin", "BTC", "hot", on_chain, books, arriving - leaving)
+
+    def _cold_wallet(self) -> Line:
+        with self._snapshot() as c, c.begin():
+            cold = c.execute(text("SELECT xpub, next_index FROM wallet WHERE chain = 'bitcoin' AND tier = 'cold'")).one()
+            books = self._books("cold", c)
+            rebalances = unbooked(c, "rebalance")
+        arriving = sum(int(rb.amount) for rb in rebalances if self._mined(rb.txid, rb.raw))
+        addresses = [derive_btc_address(cold.xpub, self.network, 0, i) for i in range(cold.next_index)]
+        on_chain = sum(u.amount for u in self.bitcoin.unspent(addresses)) if addresses else 0
+        return Line("bitcoin", "BTC", "cold", on_chain, books, arriving)

@@ -1,9 +1,9 @@
 """State machines of custody's operational rows, declared once as data.
 
-Every state change of a deposit observation (and, later, withdrawals, batches, sweeps) goes through
-`advance()`, which refuses any transition not listed here, so an illegal transition is impossible
-rather than merely untested. The SQL that moves a row also names the state it expects to leave
-(`WHERE state = :from`), so two workers can never both move the same row.
+Every state change of a deposit observation, withdrawal, batch, chain transaction, sweep or
+rebalance goes through `advance()`, which refuses any transition not listed here, so an illegal
+transition is impossible rather than merely untested. The SQL that moves a row also names the
+state it expects to leave (`WHERE state = :from`), so two workers can never both move the same row.
 """
 from __future__ import annotations
 
@@ -73,12 +73,17 @@ SWEEP_TRANSITIONS: Mapping[str, frozenset[str]] = {
     "abandoned": frozenset(),
 }
 
+# A rebalance moves value between the firm's wallet tiers (bitcoin: hot -> cold); booked once final.
+# The same shape as a sweep, so one piece of code broadcasts and tracks both (custody.firm_moves).
+REBALANCE_TRANSITIONS: Mapping[str, frozenset[str]] = SWEEP_TRANSITIONS
+
 MACHINES: Mapping[str, tuple[str, Mapping[str, frozenset[str]]]] = {
     "deposit_observation": ("deposit_observation", DEPOSIT_TRANSITIONS),
     "withdrawal": ("withdrawal_request", WITHDRAWAL_TRANSITIONS),
     "batch": ("withdrawal_batch", BATCH_TRANSITIONS),
     "chain_transaction": ("chain_transaction", CHAIN_TX_TRANSITIONS),
     "sweep": ("sweep", SWEEP_TRANSITIONS),
+    "rebalance": ("rebalance", REBALANCE_TRANSITIONS),
 }
 
 

@@ -8,8 +8,9 @@ swept, so a reorg of a not-yet-final deposit can never strand a sweep. Steps, as
   `open`, each observation's `swept_by`), then the signer (which re-checks the reservation and that
   the destination is our own hot receive address) signs one transaction paying everything but the
   network fee to the hot wallet; the signed bytes are stored before anything is broadcast.
-- `broadcast()` / `track()`: idempotent broadcast; at the finality depth the books move in one
-  transaction: deposit location <- hot location (amount - fee) and <- network-fee expense (fee).
+- `broadcast()` / `track()` (custody.firm_moves, shared with rebalances): idempotent broadcast; at
+  the finality depth the books move in one transaction: deposit location <- hot location
+  (amount - fee) and <- network-fee expense (fee).
 The hot wallet may spend a swept coin only once its sweep is final (custody.payouts).
 """
 from __future__ import annotations
@@ -18,9 +19,9 @@ import logging
 
 from sqlalchemy import Engine, text
 
-from chain_adapters.base import ChainAdapter, TxState
-from chain_adapters.errors import ChainError
+from chain_adapters.base import ChainAdapter
 from custody.controls import audit, kill_switch
+from custody.firm_moves import FirmMoves
 from custody.states import advance
 from custody.wallets import Wallets
 from ledger.model import Transfer
@@ -32,13 +33,12 @@ log = logging.getLogger(__name__)
 BOOKED = ("credited", "quarantined", "released", "returned", "dust")
 
 
-class Sweeps:
+class Sweeps(FirmMoves):
+    machine = "sweep"
+
     def __init__(self, engine: Engine, ledger: Ledger, wallets: Wallets, bitcoin: ChainAdapter, signer: Signer,
                  *, hot_address: str, network: str, max_inputs: int = 200) -> None:
-        self.engine = engine
-        self.ledger = ledger
-        self.wallets = wallets
-        self.bitcoin = bitcoin
+        super().__init__(engine, ledger, wallets, bitcoin)
         self.signer = signer
         self.hot_address = hot_address
         self.network = network
@@ -79,49 +79,6 @@ class Sweeps:
             advance(c, "sweep", sweep_id, "open", "signed", txid=signed.txid, raw=signed.raw, fee=signed.fee)
         log.info("sweep %d: %d deposit coin(s) -> hot wallet, fee %d sat (%s)", sweep_id, len(coins), signed.fee, signed.txid)
         return signed.txid
-
-    def broadcast(self) -> int:
-        if kill_switch(self.engine).engaged:
-            return 0
-        with self.engine.connect() as c:
-            rows = c.execute(text("SELECT id, txid, raw FROM sweep WHERE state = 'signed' ORDER BY id")).all()
-        sent = 0
-        for r in rows:
-            try:
-                self.bitcoin.broadcast(bytes(r.raw))
-            except ChainError as exc:
-                log.error("sweep %d broadcast refused: %s", r.id, exc)
-                continue
-            with self.engine.begin() as c:
-                advance(c, "sweep", r.id, "signed", "broadcast")
-            sent += 1
-        return sent
-
-    def track(self) -> int:
-        """Follow broadcast sweeps; book each once final. Returns how many became final."""
-        finality = self.wallets.chain_asset("BTC").finality_confirmations
-        with self.engine.connect() as c:
-            rows = c.execute(text("SELECT id, txid, raw, state, amount, fee FROM sweep WHERE state IN ('broadcast', 'confirmed') "
-                                  "ORDER BY id")).all()
-        finals = 0
-        for r in rows:
-            status = self.bitcoin.tx_status(r.txid, raw=bytes(r.raw))
-            with self.engine.begin() as c:
-                if status.state is TxState.CONFIRMED:
-                    if r.state == "broadcast":
-                        advance(c, "sweep", r.id, "broadcast", "confirmed", confirmations=status.confirmations)
-                    if status.confirmations >= finality:
-                        advance(c, "sweep", r.id, "confirmed", "final", confirmations=status.confirmations)
-                        self._book(c, r)
-                        finals += 1
-                elif status.state is TxState.MEMPOOL and r.state == "confirmed":
-                    advance(c, "sweep", r.id, "confirmed", "broadcast", confirmations=0)
-                elif status.state is TxState.UNKNOWN:
-                    try:
-                        self.bitcoin.broadcast(bytes(r.raw))
-                    except ChainError as exc:
-                        log.warning("sweep %d re-broadcast refused: %s", r.id, exc)
-        return finals
 
     def _book(self, c, r) -> None:
         deposit = self.wallets.location_account("bitcoin", "deposit", "BTC")

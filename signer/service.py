@@ -27,6 +27,13 @@ Refusal codes (`RefusalCode`), in the order they are checked:
 | unknown_input | an input is not an unspent hot-wallet coin reserved for this batch |
 | destination_denied | a destination is on the denylist now (checked again at signing) |
 | fee_above_ceiling | the fee is above the ceiling rate for the transaction's size (bitcoin) or gas x max fee above the cap (ethereum) |
+| rebalance_not_open | a rebalance is unknown, of another chain, or not in state `open` |
+| destination_not_cold | a rebalance pays an address that is not derived from the registered cold wallet's public key at its index |
+
+Sweeps and rebalances (firm-internal moves) are checked instead against their own reservations:
+the kill switch, the coins reserved for that row, a destination that is ours (the hot receive
+address for a sweep; the registered, watch-only cold wallet for a rebalance), change only to the
+hot receive address, and the fee ceiling.
 """
 from __future__ import annotations
 
@@ -59,6 +66,8 @@ class RefusalCode(str, enum.Enum):
     unknown_input = "unknown_input"
     fee_above_ceiling = "fee_above_ceiling"
     destination_denied = "destination_denied"
+    rebalance_not_open = "rebalance_not_open"
+    destination_not_cold = "destination_not_cold"
 
 
 class SigningRefused(Exception):
@@ -150,13 +159,19 @@ class Signer:
 
     def _hot_address(self, change: int, index: int) -> str:
         """A hot-wallet address derived from the signer's own keys (never taken from custody)."""
+        return self._derive_address(self._keys.account_xpub("bitcoin", "hot"), change, index)
+
+    def _derive_address(self, account_xpub: str, change: int, index: int) -> str:
+        """The BIP84 address at <account>/<change>/<index> of an account-level PUBLIC key."""
         from bip_utils import Bip44Changes, Bip84, Bip84Coins
 
         coin = {"regtest": Bip84Coins.BITCOIN_REGTEST, "testnet": Bip84Coins.BITCOIN_TESTNET}.get(self.bitcoin_network,
                                                                                                   Bip84Coins.BITCOIN)
         chain = Bip44Changes.CHAIN_INT if change else Bip44Changes.CHAIN_EXT
-        return (Bip84.FromExtendedKey(self._keys.account_xpub("bitcoin", "hot"), coin).Change(chain)
-                .AddressIndex(index).PublicKey().ToAddress())
+        account = Bip84.FromExtendedKey(account_xpub, coin)
+        if not account.IsPublicOnly():
+            raise ValueError("a private extended key where a public one is expected")
+        return account.Change(chain).AddressIndex(index).PublicKey().ToAddress()
 
     def _check_fee(self, n_inputs: int, scripts: list[bytes], fee: int) -> None:
         cap = fee_for(estimate_vsize(n_inputs, scripts), self.max_fee_rate_sat_per_kvb)
@@ -228,6 +243,64 @@ class Signer:
         signed = sign_batch(inputs, [PayOutput(destination, sum(k.amount for k in coins) - fee)], self.bitcoin_network,
                             change=None, rbf=True)
         self._audit(None, "signed", None, signed.txid, {"sweep_id": sweep_id, "inputs": len(inputs), "fee": signed.fee})
+        return signed
+
+    def sign_bitcoin_rebalance(self, rebalance_id: int, coins: Sequence[BtcCoin], destination: str, amount: int,
+                               change: tuple[str, int] | None) -> SignedTx:
+        """Sign a rebalance: hot-wallet coins -> `amount` to the cold wallet, `change` back to the hot
+        wallet. Checked first, in this order: the kill switch is off; the rebalance is `open` on
+        bitcoin; the destination is the address derived from the registered cold wallet's xpub
+        (custody's `wallet` table; cold is watch-only, no private key exists here) at the index
+        the rebalance recorded, and the row names that address too; the amount is the recorded
+        one; the coins are exactly the unspent hot coins reserved for this rebalance, with the
+        amounts and derivations on record; change goes only to the hot receive address derived
+        from the signer's own keys; the fee is within the ceiling rate for the size. The cold xpub
+        is read in its BIP84 serialisation (vpub on testnet/regtest, zpub on mainnet), the form
+        `SignerKeys.account_xpub` gives; a key registered in another form is refused too."""
+        detail = {"rebalance_id": rebalance_id}
+        with self.engine.connect() as c:
+            try:
+                halted = c.execute(text("SELECT engaged FROM control_flag WHERE name = 'withdrawals_halted'")).scalar()
+                if halted:
+                    raise SigningRefused(RefusalCode.kill_switch_on, "rebalances are halted by the kill switch")
+                row = c.execute(text("SELECT destination, destination_index, amount FROM rebalance WHERE id = :r "
+                                     "AND chain = 'bitcoin' AND source_tier = 'hot' AND destination_tier = 'cold' "
+                                     "AND state = 'open'"), {"r": rebalance_id}).first()
+                if row is None:
+                    raise SigningRefused(RefusalCode.rebalance_not_open, f"rebalance {rebalance_id} is not an open hot -> cold rebalance")
+                cold_xpub = c.execute(text("SELECT xpub FROM wallet WHERE chain = 'bitcoin' AND tier = 'cold'")).scalar()
+                try:
+                    expected = self._derive_address(cold_xpub, 0, row.destination_index) if cold_xpub else None
+                except Exception:  # noqa: BLE001 - an unreadable cold key is a refusal, not a crash
+                    expected = None
+                if expected is None or destination != expected or row.destination != expected:
+                    raise SigningRefused(RefusalCode.destination_not_cold,
+                                         f"{destination} is not the registered cold wallet's address {row.destination_index}")
+                if amount != int(row.amount):
+                    raise SigningRefused(RefusalCode.output_mismatch, f"amount {amount} is not the rebalance's {int(row.amount)}")
+                reserved = {(r.txid, r.vout): r for r in c.execute(text(
+                    "SELECT txid, vout, amount, derivation_change, derivation_index FROM wallet_utxo "
+                    "WHERE rebalance_id = :r AND spent_by IS NULL AND reserved_by IS NULL"), {"r": rebalance_id})}
+                if len(reserved) != len(coins) or len({(k.txid, k.vout) for k in coins}) != len(coins):
+                    raise SigningRefused(RefusalCode.unknown_input, "the coins differ from the hot coins reserved for this rebalance")
+                for k in coins:
+                    r = reserved.get((k.txid, k.vout))
+                    if r is None or int(r.amount) != k.amount or (r.derivation_change, r.derivation_index) != (k.change, k.index):
+                        raise SigningRefused(RefusalCode.unknown_input, f"input {k.txid}:{k.vout} is not reserved for this rebalance")
+                scripts = [address_to_script(destination, self.bitcoin_network)]
+                if change is not None:
+                    if change[0] != self._hot_address(0, 0):
+                        raise SigningRefused(RefusalCode.output_mismatch, "rebalance change goes only to the hot receive address")
+                    scripts.append(address_to_script(change[0], self.bitcoin_network))
+                self._check_fee(len(coins), scripts, sum(k.amount for k in coins) - amount - (change[1] if change else 0))
+            except SigningRefused as refused:
+                self._audit(None, "refused", refused.code.value, None, {**detail, "message": refused.message})
+                raise
+        inputs = [SpendInput(k.txid, k.vout, k.amount, self._keys.private_key_for("bitcoin", "hot", k.change, k.index))
+                  for k in coins]
+        signed = sign_batch(inputs, [PayOutput(destination, amount)], self.bitcoin_network,
+                            change=PayOutput(*change) if change else None, rbf=True)
+        self._audit(None, "signed", None, signed.txid, {**detail, "inputs": len(inputs), "amount": amount, "fee": signed.fee})
         return signed
 
     # ---- proof of reserves ----------------------------------------------------------------

@@ -1,0 +1,178 @@
+"""bitcoin_rebalance: the hot wallet above its ceiling sends spendable - target to a fresh address of
+the watch-only cold wallet in ONE transaction (change back to the hot receive address). Nothing
+happens without a registered cold wallet, under the kill switch, or at/below the ceiling. A crash
+after signing but before storing is followed by a run that signs the same transaction again (same
+txid); one stored but not broadcast is sent by the next run; never a second rebalance while one is
+open. The signer refuses a destination not derived from the cold xpub. Reconciliation (deposit,
+hot and cold lines) is exact mid-flight and at the end; at finality one journal transaction moves
+hot -> cold (amount) and hot -> network-fee expense (fee), equal to the chain's figures."""
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import text
+
+from chain_adapters.bitcoin import to_sat
+from custody.addresses import derive_btc_address
+from custody.controls import set_kill_switch
+from custody.jobs import build_scheduler
+from custody.payouts import spendable_coins
+from custody.rebalances import RebalanceConfig, RebalanceThreshold
+from regtest.util import assert_equal
+from signer.service import BtcCoin, SigningRefused
+from tests.e2e.custody.conftest import BTC_FINALITY, custody, signer_keys  # noqa: F401 - the custody suite's fixtures
+
+BTC = 100_000_000
+
+
+class Crash(BaseException):
+    """Stands for the process dying: not an Exception, so no handler of ours swallows it."""
+
+
+def die(*_a, **_k):
+    raise Crash()
+
+
+@pytest.fixture
+def rebalances(custody):  # noqa: F811 - the imported fixture
+    r = custody.rebalances
+    saved = r.config
+    yield r
+    r.config = saved
+
+
+def spendable(custody, engine) -> int:
+    custody.payouts.sync_hot_wallet()
+    with engine.begin() as c:
+        return sum(k.amount for k in spendable_coins(c))
+
+
+def lines(custody) -> dict:
+    custody.deposits.run_once(["bitcoin"])  # the scanner at the tip, so the deposit line is compared too
+    by_tier = {line.tier: line for line in custody.reconciliation.run()}
+    assert_equal(sorted(by_tier), ["cold", "deposit", "hot"])
+    assert_equal({t: line.difference for t, line in by_tier.items()}, {"cold": 0, "deposit": 0, "hot": 0})
+    return by_tier
+
+
+def last_audit(engine) -> tuple:
+    with engine.connect() as c:
+        return tuple(c.execute(text("SELECT outcome, code, txid FROM signer_audit ORDER BY id DESC LIMIT 1")).one())
+
+
+def test_rebalance_hot_to_cold(custody, bitcoind, engine, ledger, signer_keys, rebalances, log):  # noqa: F811
+    wallets, hot_address = custody.wallets, custody.payouts.hot_address("bitcoin")
+    hot = wallets.location_account("bitcoin", "hot", "BTC")
+    cold = wallets.location_account("bitcoin", "cold", "BTC")
+    expense = wallets.firm_account("network_fees", "BTC")
+    with engine.connect() as c:
+        rows_before = c.execute(text("SELECT count(*) FROM rebalance")).scalar_one()
+
+    log.info("treasury funds the hot wallet 3 BTC above what it holds; thresholds: ceiling +2 BTC, target +0.5 BTC")
+    bitcoind.mine(1)  # anything earlier suites left in the mempool is confirmed and counted first
+    base = spendable(custody, engine)
+    rebalances.config = RebalanceConfig(thresholds={"BTC": RebalanceThreshold(ceiling=base + 2 * BTC, target=base + BTC // 2)})
+    bitcoind.fund(hot_address, 3 * BTC)
+    bitcoind.mine(1)
+    held = spendable(custody, engine)
+    assert_equal(held, base + 3 * BTC)
+
+    log.info("no cold wallet registered: nothing happens")
+    assert rebalances.rebalance_bitcoin() is None
+    cold_xpub = signer_keys.account_xpub("bitcoin", "cold")
+    wallets.register_wallet("bitcoin", "cold", "regtest", cold_xpub)
+
+    log.info("kill switch engaged: nothing happens")
+    with engine.begin() as c:
+        set_kill_switch(c, True, "test: rebalance under the kill switch", "op-test")
+    assert rebalances.rebalance_bitcoin() is None
+    with engine.begin() as c:
+        set_kill_switch(c, False, "test: over", "op-test")
+    with engine.connect() as c:
+        assert_equal(c.execute(text("SELECT count(*) FROM rebalance")).scalar_one(), rows_before)
+    before = {a: ledger.balance(a).posted for a in (hot, cold, expense)}
+    chain_before = lines(custody)
+
+    log.info("crash: the signer signs, the process dies before the signed bytes are stored")
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(rebalances, "_store_signed", die)
+        with pytest.raises(Crash):
+            rebalances.rebalance_bitcoin()
+    with engine.connect() as c:
+        rb = c.execute(text("SELECT id, state, destination, destination_index, amount, fee, change_amount, txid FROM rebalance "
+                            "ORDER BY id DESC LIMIT 1")).one()
+        coins = [BtcCoin(k.txid, k.vout, int(k.amount), k.derivation_change, k.derivation_index) for k in c.execute(text(
+            "SELECT txid, vout, amount, derivation_change, derivation_index FROM wallet_utxo WHERE rebalance_id = :r "
+            "ORDER BY txid, vout"), {"r": rb.id})]
+    outcome, _code, first_txid = last_audit(engine)
+    assert_equal((rb.state, rb.txid, outcome), ("open", None, "signed"))
+    amount, fee, change = int(rb.amount), int(rb.fee), int(rb.change_amount)
+    assert_equal(amount, held - (base + BTC // 2))  # spendable - target
+    assert_equal(rb.destination, derive_btc_address(cold_xpub, "regtest", 0, rb.destination_index))
+    assert_equal(sum(k.amount for k in coins), amount + fee + change)
+    assert first_txid not in bitcoind.rpc("getrawmempool")
+
+    log.info("the signer refuses destinations not derived from the cold xpub (a stranger's, our own hot one)")
+    stranger = bitcoind.wallet("getnewaddress", "", "bech32")
+    for wrong in (stranger, hot_address):
+        with pytest.raises(SigningRefused) as err:
+            rebalances.signer.sign_bitcoin_rebalance(rb.id, coins, wrong, amount, (hot_address, change) if change else None)
+        assert_equal(err.value.code.value, "destination_not_cold")
+        assert_equal(last_audit(engine), ("refused", "destination_not_cold", None))
+    assert_equal(bitcoind.wallet("getreceivedbyaddress", stranger, 0), 0)  # nothing paid it, not even in the mempool
+    log.info("... and coins that are not the rebalance's reservation")
+    with pytest.raises(SigningRefused) as err:
+        rebalances.signer.sign_bitcoin_rebalance(rb.id, coins[:-1] or [BtcCoin("00" * 32, 0, 1, 0, 0)], rb.destination, amount, None)
+    assert_equal(err.value.code.value, "unknown_input")
+
+    log.info("next run: the same open rebalance is signed again, same txid, and stored; the process dies before broadcast")
+    txid = rebalances.rebalance_bitcoin()
+    assert_equal(txid, first_txid)
+    assert txid not in bitcoind.rpc("getrawmempool")
+    assert rebalances.rebalance_bitcoin() is None  # one in progress: never a second
+    with engine.connect() as c:
+        assert_equal(c.execute(text("SELECT state, txid FROM rebalance WHERE id = :r"), {"r": rb.id}).one()[:], ("signed", txid))
+
+    log.info("next run completes it: the stored bytes are broadcast, nothing new is opened")
+    rebalances.run_once()
+    assert txid in bitcoind.rpc("getrawmempool")
+    with engine.connect() as c:
+        assert_equal(c.execute(text("SELECT count(*) FROM rebalance")).scalar_one(), rows_before + 1)
+    tx = bitcoind.rpc("getrawtransaction", txid, True)
+    paid = {o["scriptPubKey"]["address"]: to_sat(o["value"]) for o in tx["vout"]}  # Decimal BTC -> int sat
+    assert_equal(paid, {rb.destination: amount, hot_address: change} if change else {rb.destination: amount})
+    assert_equal(sorted((i["txid"], i["vout"]) for i in tx["vin"]), sorted((k.txid, k.vout) for k in coins))
+    chain_fee = sum(k.amount for k in coins) - sum(paid.values())
+    assert_equal(chain_fee, fee)
+
+    log.info("mined, not final: nothing booked; reconciliation explains it as in transit on hot and cold")
+    bitcoind.mine(1)
+    assert_equal(rebalances.track(), 0)
+    mid = lines(custody)
+    assert_equal(mid["cold"].in_transit - chain_before["cold"].in_transit, amount)
+    assert_equal(mid["hot"].in_transit - chain_before["hot"].in_transit, -(amount + fee))
+    assert_equal({a: ledger.balance(a).posted for a in (hot, cold, expense)}, before)  # the change is not "funding"
+
+    log.info("final: one journal transaction, equal to the chain's figures")
+    bitcoind.mine(BTC_FINALITY - 1)
+    assert_equal(rebalances.track(), 1)
+    end = lines(custody)
+    assert_equal(ledger.balance(cold).posted - before[cold], -amount)
+    assert_equal(ledger.balance(hot).posted - before[hot], amount + fee)
+    assert_equal(ledger.balance(expense).posted - before[expense], -chain_fee)
+    assert_equal(end["cold"].on_chain - chain_before["cold"].on_chain, amount, -(ledger.balance(cold).posted - before[cold]))
+    assert_equal(end["hot"].on_chain - chain_before["hot"].on_chain, -(amount + fee))
+    with engine.connect() as c:
+        entries = c.execute(text("SELECT e.account_id FROM journal_entry e JOIN journal_transaction t ON t.id = e.transaction_id "
+                                 "WHERE t.idempotency_key = :k"), {"k": f"rebalance:{rb.id}:final"}).scalars().all()
+    assert_equal(set(entries), {hot, cold, expense})  # never a customer
+
+    log.info("a second run does nothing: the hot wallet is below its ceiling now (the scheduler runs the same job)")
+    assert build_scheduler(custody).get_job("rebalances") is not None
+    assert spendable(custody, engine) <= base + 2 * BTC
+    rebalances.run_once()
+    assert rebalances.rebalance_bitcoin() is None
+    assert_equal(rebalances.track(), 0)
+    with engine.connect() as c:
+        assert_equal(c.execute(text("SELECT count(*) FROM rebalance")).scalar_one(), rows_before + 1)
+    assert_equal(ledger.balance(cold).posted - before[cold], -amount)
+    lines(custody)
