@@ -16,7 +16,6 @@ import json
 import random
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from ledger.model import AccountKind, Transfer, content_hash
@@ -24,7 +23,7 @@ from tests.integration.ledger_helpers import Book
 
 _MIGRATION = Path(__file__).resolve().parents[2] / "migrations" / "versions" / "0008_lean_posting.py"
 _POST = ("SELECT status, transaction_id, failed_index FROM {fn}("
-         "%s, %s, 'transfer', '{{}}'::jsonb, %s::bigint[], %s::bigint[], %s::numeric[], %s::bigint[], NULL, NULL)")
+         "%s, %s, %s, %s::jsonb, %s::bigint[], %s::bigint[], %s::numeric[], %s::bigint[], NULL, NULL)")
 
 
 def _reference_function() -> str:
@@ -50,19 +49,18 @@ def _state(cur, accounts: list[int], key: str) -> tuple:
 
 @pytest.fixture()
 def raw(engine):
-    """A driver connection in one database transaction; 0008's function exists only inside it."""
+    """A driver connection in one database transaction, with 0008's function created in it; the
+    test commits at its end, and a failed test's work (the function included) is rolled back."""
     proxied = engine.raw_connection()
     conn = proxied.driver_connection
     try:
         with conn.cursor() as cur:
             cur.execute(_reference_function())
         yield conn
-        if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
-            conn.rollback()  # the test failed on an error: nothing of it (the function included) stays
-            return
-        conn.commit()  # keep what the current function wrote: the ledger fixture verifies it
+        conn.rollback()  # a test that failed before committing leaves nothing behind
         with conn.cursor() as cur:
-            cur.execute("DROP FUNCTION test_ledger_post_0008(text, text, text, jsonb, bigint[], bigint[], numeric[], bigint[], text, bigint)")
+            cur.execute("DROP FUNCTION IF EXISTS test_ledger_post_0008(text, text, text, jsonb, bigint[], bigint[], "
+                        "numeric[], bigint[], text, bigint)")
         conn.commit()
     finally:
         proxied.close()
@@ -74,6 +72,7 @@ def test_the_one_transfer_path_answers_and_writes_as_0008(ledger, raw):
     customers = [book.account(f"c{i}") for i in range(4)]
     for i, acc in enumerate(customers[:3]):
         book.fund(acc, 1_000 * (i + 1))
+    ledger.place_hold(book.key(), customers[1], 300, owner="test", reference="held")  # available = posted - held
     location = book.account("vault", AccountKind.asset_location, balance_shards=1)
     book.fund(customers[3], 500, source=location)  # coins arrived: the location stands at -500
     sharded = book.account("fees", AccountKind.fee_income, balance_shards=4)
@@ -131,8 +130,10 @@ def test_the_one_transfer_path_answers_and_writes_as_0008(ledger, raw):
             fast = len(debits) == 1 and debits[0] != credits[0] and {debits[0], credits[0]} <= set(plain)
             paths["fast" if fast else "general"] += 1
             transfers = [Transfer(d, c, a) for d, c, a in zip(debits, credits, amounts)]
-            digest = content_hash("transfer", transfers, {"metadata": {}, "reverses": None})
-            args = (key, digest, debits, credits, amounts, [None] * len(debits))
+            kind = rng.choice(["transfer", "deposit"])
+            metadata = rng.choice([{}, {"note": f"n{n}"}])
+            digest = content_hash(kind, transfers, {"metadata": metadata, "reverses": None})
+            args = (key, digest, kind, json.dumps(metadata), debits, credits, amounts, [None] * len(debits))
             cur.execute("SAVEPOINT probe")
             cur.execute(_POST.format(fn="test_ledger_post_0008"), args)
             expected = cur.fetchone()
@@ -152,6 +153,7 @@ def test_the_one_transfer_path_answers_and_writes_as_0008(ledger, raw):
                 keys.append((key, debits, credits, amounts))
             if fast:
                 fast_answers.add(got[0])
+    raw.commit()  # what the current function wrote stays: the ledger fixture verifies it
     # The draw must have exercised both paths and every answer the one-transfer path can give.
     assert paths["fast"] > 200 and paths["general"] > 50, paths
     assert fast_answers >= {"created", "exists", "idempotency_conflict", "insufficient_funds", "limit_exceeded"}, fast_answers
