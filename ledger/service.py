@@ -244,10 +244,17 @@ class Ledger:
                 raise LedgerError(ErrorCode.account_not_empty, posted=bal.posted)
             if bal.held != 0:
                 raise LedgerError(ErrorCode.account_has_open_holds, held=bal.held)
-            c.execute(
+            closed = c.execute(
                 text("UPDATE account SET closed_at = now() WHERE id = :i AND closed_at IS NULL"),
                 {"i": account_id},
-            )
+            ).rowcount
+            if closed:
+                # Give the locked balance rows a new version (same values): a posting or hold at
+                # REPEATABLE READ or SERIALIZABLE that waited for them then fails to serialize
+                # instead of missing the close, which its snapshot cannot see. (At READ COMMITTED,
+                # what the service uses, the functions see the close once they hold the locks.)
+                c.execute(text("UPDATE account_balance SET last_transaction_id = last_transaction_id "
+                               "WHERE account_id = :i"), {"i": account_id})
             return self.get_account(account_id, conn=c)
 
     # ---- postings -------------------------------------------------------------------------

@@ -285,3 +285,42 @@ def test_a_replay_answers_without_waiting_for_the_accounts_locks(ledger, book, e
     assert answered_while_locked, "the replay waited for the balance rows' locks"
     assert outcome == [type(first)(first.transaction_id, False)]
     assert book.posted(payer) == 1_000 - 10
+
+
+@pytest.mark.parametrize("legs", [1, 2], ids=["one-transfer path", "general path"])
+def test_a_repeatable_read_posting_waiting_on_a_close_fails_to_serialize(ledger, book, engine, legs):
+    """At REPEATABLE READ a posting's snapshot predates a close it waited for; it must fail
+    (serialization failure, nothing written) rather than post to the closed account."""
+    import threading
+    import time
+
+    from sqlalchemy import text
+    from sqlalchemy.exc import DBAPIError
+
+    payer, other, closing = book.account("payer"), book.account("other"), book.account("closing")
+    book.fund(payer, 1_000)
+    transfers = [Transfer(payer, closing, 10)] if legs == 1 else [Transfer(payer, other, 5), Transfer(payer, closing, 10)]
+    size = journal_size(ledger)
+    outcome: list[object] = []
+
+    def post() -> None:
+        try:
+            with engine.connect().execution_options(isolation_level="REPEATABLE READ") as rr, rr.begin():
+                rr.execute(text("SELECT 1"))  # the snapshot is taken here, before the close commits
+                ready.set()
+                outcome.append(ledger.post(book.key(), transfers, conn=rr))
+        except DBAPIError as exc:
+            outcome.append(exc)
+
+    ready = threading.Event()
+    with engine.begin() as c:
+        ledger.close_account(closing, conn=c)
+        worker = threading.Thread(target=post)
+        worker.start()
+        assert ready.wait(5)
+        time.sleep(0.5)  # the posting now waits for the closing account's balance row
+    worker.join(10)
+    assert len(outcome) == 1 and isinstance(outcome[0], DBAPIError), outcome
+    assert outcome[0].orig.sqlstate == "40001"
+    assert journal_size(ledger) == size
+    assert book.posted(closing) == 0
