@@ -176,3 +176,29 @@ def test_rebalance_hot_to_cold(custody, bitcoind, engine, ledger, signer_keys, r
         assert_equal(c.execute(text("SELECT count(*) FROM rebalance")).scalar_one(), rows_before + 1)
     assert_equal(ledger.balance(cold).posted - before[cold], -amount)
     lines(custody)
+
+
+def test_an_open_rebalance_can_be_abandoned(custody, bitcoind, engine, ledger, rebalances, log):  # noqa: F811
+    log.info("a rebalance left open (signed, never stored) is abandoned by an operator: its coins are free again")
+    bitcoind.mine(1)
+    held = spendable(custody, engine)
+    assert held > 1_000_000  # the previous test left the hot wallet at its target
+    rebalances.config = RebalanceConfig(thresholds={"BTC": RebalanceThreshold(ceiling=held - 1, target=held // 2)})
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(rebalances, "_store_signed", die)
+        with pytest.raises(Crash):
+            rebalances.rebalance_bitcoin()
+    with engine.connect() as c:
+        rb = c.execute(text("SELECT id, state FROM rebalance ORDER BY id DESC LIMIT 1")).one()
+    assert_equal(rb.state, "open")
+    assert spendable(custody, engine) < held  # its coins are reserved
+    rebalances.abandon(rb.id, by="op-test", reason="test: superseded")
+    with engine.connect() as c:
+        assert_equal(c.execute(text("SELECT state FROM rebalance WHERE id = :r"), {"r": rb.id}).scalar_one(), "abandoned")
+        assert_equal(c.execute(text("SELECT count(*) FROM wallet_utxo WHERE rebalance_id = :r"), {"r": rb.id}).scalar_one(), 0)
+    assert_equal(spendable(custody, engine), held)
+    rebalances.config = RebalanceConfig(thresholds={"BTC": RebalanceThreshold(ceiling=held + BTC, target=held)})
+    rebalances.run_once()
+    with engine.connect() as c:
+        assert_equal(c.execute(text("SELECT count(*) FROM rebalance WHERE state NOT IN ('final', 'abandoned')")).scalar_one(), 0)
+    lines(custody)
