@@ -39,7 +39,9 @@ def test_sweep_moves_deposits_to_hot_wallet(custody, customer, bitcoind, engine,
     bitcoind.mine(1)
     sweeps.track()
     custody.deposits.run_once(["bitcoin"])  # the scanner at the tip: both locations are compared
-    assert_equal({ln.difference for ln in recon.run()}, {0})  # mined, not final: explained as in transit
+    lines = recon.run()  # mined, not final: explained as in transit on both lines
+    assert {"deposit", "hot"} <= {ln.tier for ln in lines}
+    assert_equal({ln.difference for ln in lines}, {0})
     assert_equal(ledger.balance(deposit).posted, before[deposit])
     custody.payouts.sync_hot_wallet()
     with engine.connect() as c:
@@ -59,4 +61,6 @@ def test_sweep_moves_deposits_to_hot_wallet(custody, customer, bitcoind, engine,
         spendable = {k.txid for k in custody.payouts._spendable_coins(c)}  # noqa: SLF001
     assert txid in spendable
     custody.deposits.run_once(["bitcoin"])
-    assert_equal({ln.difference for ln in recon.run()}, {0})  # every line: deposit, hot (and cold once registered)
+    lines = recon.run()  # every line: deposit, hot (and cold once one is registered)
+    assert {"deposit", "hot"} <= {ln.tier for ln in lines}
+    assert_equal({ln.difference for ln in lines}, {0})
