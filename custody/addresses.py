@@ -160,6 +160,15 @@ def _eth_account(account_xpub: str) -> Bip44:
     return Bip44.FromExtendedKey(normalised, Bip44Coins.ETHEREUM)
 
 
+def canonical_btc_account_key(account_xpub: str, network: str) -> str:
+    """The BIP84 serialisation (zpub on mainnet, vpub on testnet and regtest) of a bitcoin account
+    key given in either form (xpub/zpub, tpub/vpub): the one form stored in `wallet`, which the
+    signer reads too. Refuses private keys, keys of another network and non-account depths."""
+    net = _network(network)
+    return _reversion(account_xpub, accepted=frozenset({net.bip84_pub, net.bip32_pub}),
+                      private=net.private_versions, target=net.bip84_pub)
+
+
 def derive_btc_address(account_xpub: str, network: str, change: int, index: int) -> str:
     """The BIP84 P2WPKH (bech32) address at `<account>/<change>/<index>`.
 

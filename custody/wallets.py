@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, Engine, text
 
-from custody.addresses import derive_btc_address, derive_eth_address
+from custody.addresses import canonical_btc_account_key, derive_btc_address, derive_eth_address
 from custody.controls import audit, open_incident
 from ledger.errors import ErrorCode, LedgerError
 from ledger.model import AccountKind
@@ -67,7 +67,11 @@ class Wallets:
     # ---- reference data -------------------------------------------------------------------
 
     def register_wallet(self, chain: str, tier: str, network: str, xpub: str, *, gap_limit: int = 20) -> int:
-        """Record a wallet's account-level xpub; the same again is a no-op, a different one refused."""
+        """Record a wallet's account-level xpub; the same again is a no-op, a different one refused.
+        A bitcoin key is stored in its BIP84 form (vpub/zpub) whichever form it is given in (a cold
+        wallet's tpub from another tool, say), since the signer derives from that form."""
+        if chain == "bitcoin":
+            xpub = canonical_btc_account_key(xpub, network)
         with self.engine.begin() as c:
             c.execute(
                 text("INSERT INTO wallet (chain, tier, network, xpub, gap_limit) VALUES (:c, :t, :n, :x, :g) "

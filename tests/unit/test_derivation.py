@@ -8,7 +8,7 @@ bip-utils (python-bitcoinlib's bech32, eth-keys / eth-utils).
 from __future__ import annotations
 
 import pytest
-from bip_utils import Base58Decoder, Bip32Secp256k1, Bip84, Bip84Coins
+from bip_utils import Base58Decoder, Base58Encoder, Bip32Secp256k1, Bip84, Bip84Coins
 from bitcoin import segwit_addr
 from bitcoin.core import Hash160
 from eth_keys import keys as eth_keys
@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from custody.addresses import (
     AddressError,
     add_descriptor_checksum,
+    canonical_btc_account_key,
     derive_btc_address,
     derive_eth_address,
     descriptor_for,
@@ -168,6 +169,23 @@ def test_network_is_checked_against_the_key_version(regtest_keys: SignerKeys) ->
         derive_btc_address(regtest_keys.account_xpub("bitcoin", "deposit"), "mainnet", 0, 0)
     with pytest.raises(AddressError, match="unknown bitcoin network"):
         derive_btc_address(BIP84_ACCOUNT0_ZPUB, "signet", 0, 0)
+
+
+def test_a_wallet_key_is_stored_in_its_bip84_form_whichever_form_it_comes_in(regtest_keys: SignerKeys) -> None:
+    """A cold wallet's key may arrive as a tpub (Bitcoin Core's spelling); it is stored as the vpub
+    the signer parses, and both spellings name the same addresses."""
+    vpub = regtest_keys.account_xpub("bitcoin", "cold")
+    tpub = descriptor_for(vpub, "regtest").split("(")[1].split("/")[0]
+    assert tpub.startswith("tpub")
+    assert canonical_btc_account_key(tpub, "regtest") == canonical_btc_account_key(vpub, "regtest") == vpub
+    parsed = Bip84.FromExtendedKey(canonical_btc_account_key(tpub, "regtest"), Bip84Coins.BITCOIN_REGTEST)
+    assert parsed.IsPublicOnly()
+    assert derive_btc_address(tpub, "regtest", 0, 7) == derive_btc_address(vpub, "regtest", 0, 7)
+    with pytest.raises(AddressError, match="not valid for this network"):
+        canonical_btc_account_key(BIP84_ACCOUNT0_ZPUB, "regtest")
+    private = Base58Encoder.CheckEncode(bytes.fromhex("04358394") + Base58Decoder.CheckDecode(vpub)[4:])
+    with pytest.raises(AddressError, match="private"):
+        canonical_btc_account_key(private, "regtest")
 
 
 # --- descriptors ---------------------------------------------------------------------------------
