@@ -256,7 +256,8 @@ class Signer:
         amounts and derivations on record; change goes only to the hot receive address derived
         from the signer's own keys; the fee is within the ceiling rate for the size. The cold xpub
         is read in its BIP84 serialisation (vpub on testnet/regtest, zpub on mainnet), the form
-        `SignerKeys.account_xpub` gives; a key registered in another form is refused too."""
+        custody stores whatever form the key was registered in (custody.wallets); a key that
+        cannot be read that way is a refusal, never a crash."""
         detail = {"rebalance_id": rebalance_id}
         with self.engine.connect() as c:
             try:
