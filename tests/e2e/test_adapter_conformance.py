@@ -113,8 +113,14 @@ def test_reorg_of_empty_blocks_reports_fork_point(chain, log, request):
         node.rpc("invalidateblock", chain.adapter.block_at(fork.height + 1).hash)
         node.mine(3, address=chain.new_address("other-miner"))
     else:
+        from regtest.anvil_node import FAUCET_ADDRESS
+
         anvil = request.getfixturevalue("anvil")
-        anvil.call("anvil_reorg", 2, [])
+        # The competing first block carries a stranger's transfer (nothing watched): once the base
+        # fee has sunk to its floor, empty replacement blocks mined in the same second would be
+        # byte-identical to the originals, i.e. no reorg at all (as bitcoin pays another miner above).
+        stranger = {"from": FAUCET_ADDRESS, "to": "0x000000000000000000000000000000000000dEaD", "value": "0x1"}
+        anvil.call("anvil_reorg", 2, [[stranger, 0]])
         anvil.mine(1)
     wait_until(lambda: chain.adapter.tip().height >= fork.height + 3, what="competing chain")
     result = chain.adapter.scan(cursor, _watch(chain))
