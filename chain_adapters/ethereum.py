@@ -15,11 +15,16 @@ hex. Anvil forgets abandoned blocks after a reorg; the walker's memory of recent
 
 `tx_status` for ethereum: REPLACED means another pending transaction holds the same sender and
 nonce; CONFLICTED means the nonce was consumed by a different mined transaction. A mined
-transaction whose execution reverted is CONFIRMED with `reverted=True`.
+transaction whose execution reverted is CONFIRMED with `reverted=True`; `mined()` adds what it cost
+(gas used x effective gas price: what left the sender besides the value).
+
+Holdings for reconciliation are read at a pinned block number: `balance(address, block=n)` (wei)
+and `token_balance(contract, address, block=n)` (ERC-20 `balanceOf` by `eth_call` at that block).
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from eth_account import Account
 from eth_account.typed_transactions import TypedTransaction
@@ -50,12 +55,24 @@ from chain_adapters.errors import (
 )
 
 TRANSFER_TOPIC = "0x" + keccak(text="Transfer(address,address,uint256)").hex()
+BALANCE_OF_SELECTOR = keccak(text="balanceOf(address)")[:4]
 NETWORKS = {"mainnet": 1, "sepolia": 11155111, "holesky": 17000, "regtest": 31337}
 
 _FEE_ERRORS = ("underpriced", "max fee per gas less than block base fee", "fee cap",
                "feecap", "gas price too low", "tip higher than")
 _FUNDS_ERRORS = ("insufficient funds",)
 _KNOWN_ERRORS = ("already known", "already imported", "known transaction")
+
+
+@dataclass(frozen=True, slots=True)
+class MinedTx:
+    """A transaction in the main chain: its block, the ether it cost its sender in gas (gas used x
+    effective gas price, in wei) and whether its execution reverted (then only the gas moved)."""
+
+    txid: str
+    block: BlockRef
+    fee: int
+    reverted: bool
 
 
 def _hex(value: bytes | str) -> str:
@@ -244,5 +261,28 @@ class EthereumAdapter(BlockWalker):
         return self._call(self.w3.eth.get_transaction_count, to_checksum_address(address),
                           "pending" if pending else "latest")
 
-    def balance(self, address: str) -> int:
-        return self._call(self.w3.eth.get_balance, to_checksum_address(address))
+    # -- holdings at a pinned block ----------------------------------------------------------------
+    def balance(self, address: str, *, block: int | None = None) -> int:
+        """Ether held by `address` (wei) after block number `block` (default: the tip)."""
+        return self._call(self.w3.eth.get_balance, to_checksum_address(address), "latest" if block is None else block)
+
+    def token_balance(self, contract: str, address: str, *, block: int | None = None) -> int:
+        """ERC-20 `balanceOf(address)` of `contract` (token base units) after block number `block`
+        (default: the tip). A contract that does not answer one 32-byte word is refused."""
+        data = BALANCE_OF_SELECTOR + bytes.fromhex(_topic_for(address)[2:])
+        out = bytes(self._call(self.w3.eth.call, {"to": to_checksum_address(contract), "data": "0x" + data.hex()},
+                               "latest" if block is None else block))
+        if len(out) != 32:
+            raise ChainError(f"balanceOf on {contract} answered {len(out)} bytes, not one word")
+        return int.from_bytes(out, "big")
+
+    def mined(self, txid: str) -> MinedTx | None:
+        """Where and at what cost `txid` was mined (None while it is not in the main chain)."""
+        try:
+            receipt = self._call(self.w3.eth.get_transaction_receipt, txid)
+        except TransactionNotFound:
+            return None
+        if receipt is None or receipt.get("blockNumber") is None:
+            return None
+        return MinedTx(txid, BlockRef(receipt["blockNumber"], _hex(receipt["blockHash"])),
+                       int(receipt["gasUsed"]) * int(receipt["effectiveGasPrice"]), receipt["status"] != 1)

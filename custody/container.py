@@ -26,7 +26,7 @@ class Container:
     trading: Any = None  # custody.trading.Trading, attached by custody.trading.attach()
     withdrawals: Any = None  # custody.withdrawals.Withdrawals, with chains and a signer
     payouts: Any = None  # custody.payouts.Payouts
-    reconciliation: Any = None  # custody.reconciliation.Reconciliation (bitcoin)
+    reconciliation: Any = None  # custody.reconciliation.Reconciliation (every attached chain)
     sweeps: Any = None  # custody.sweeps.Sweeps (bitcoin, with a signer)
     rebalances: Any = None  # custody.rebalances.Rebalances (bitcoin hot -> cold, with a signer)
     reserves: Any = None  # custody.reserves.Reserves (bitcoin, with a signer)
@@ -70,12 +70,12 @@ class Container:
                 from custody.reserves import Reserves
 
                 self.reserves = Reserves(self.engine, self.adapters["bitcoin"], signer, network=bitcoin_network)
-        if "bitcoin" in self.adapters:
+        if self.adapters:
             from custody.reconciliation import Reconciliation
 
-            self.reconciliation = Reconciliation(self.engine, self.ledger, self.wallets, self.adapters["bitcoin"],
-                                                 network=bitcoin_network,
-                                                 before=self.payouts.sync_hot_wallet if self.payouts else None)
+            sync = self.payouts.sync_hot_wallet if self.payouts and "bitcoin" in self.adapters else None
+            self.reconciliation = Reconciliation(self.engine, self.ledger, self.wallets, self.adapters,
+                                                 network=bitcoin_network, before=sync)
         return self
 
 

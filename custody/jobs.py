@@ -9,7 +9,7 @@ method that tests and the demo call directly, so time is driven deterministicall
 | rebalances | Rebalances.run_once(): hot -> cold above the ceiling (bitcoin; needs a registered cold wallet) | 30 s |
 | expire-holds | Ledger.expire_holds() | 10 s |
 | outbox | OutboxDispatcher.dispatch() | 1 s |
-| reconcile | Reconciliation.run() (bitcoin: chain holdings = books + in transit, exactly) | 60 s |
+| reconcile | Reconciliation.run() (bitcoin, ethereum: chain holdings = books + in transit, exactly) | 60 s |
 | verify | verify_books(): Ledger.verify(); any failed check opens a critical incident (kill switch) | 60 s |
 
 Each job runs at most one instance at a time (a slow run is skipped, not stacked) and logs its

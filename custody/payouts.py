@@ -502,8 +502,10 @@ class Payouts:
     def _actual_fee(self, r) -> int:
         if r.chain != "ethereum":
             return int(r.fee)
-        receipt = self.adapters["ethereum"].w3.eth.get_transaction_receipt(r.txid)  # gas used x effective price
-        return int(receipt["gasUsed"]) * int(receipt["effectiveGasPrice"])
+        mined = self.adapters["ethereum"].mined(r.txid)  # gas used x effective price, as reconciliation reads it
+        if mined is None:
+            raise ChainError(f"{r.txid} is not in the main chain; its gas is not known yet")
+        return mined.fee
 
     def _supersede_others(self, c: Connection, r) -> None:
         """Once one version of a batch is mined, every other version is dead."""

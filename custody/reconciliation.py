@@ -1,12 +1,14 @@
 """Reconciliation: what the chain says we hold against what the books say, per asset location.
 
-For each location the figures are in minor units and must satisfy
+For each location and asset the figures are in minor units and must satisfy
 
     on_chain == books + in_transit
 
-exactly; there is no tolerance band. `books` is what the ledger's asset-location account says the
-firm holds there (minus its balance: asset locations run negative). `in_transit` explains the
-moments when chain and books legitimately disagree:
+exactly; there is no tolerance band. `books` is what the ledger's asset-location account
+(`location:<chain>:<tier>:<asset>`) says the firm holds there (minus its balance: asset locations
+run negative). `in_transit` explains the moments when chain and books legitimately disagree.
+
+Bitcoin (holdings read from the UTXO set, `scantxoutset`, confirmed outputs):
 - deposit addresses: outputs already in blocks but not yet booked (observations seen, confirming
   or final, awaiting the credit job) are on chain and not yet in the books (+);
 - hot wallet: batches mined but not yet final have left the wallet on chain while the books still
@@ -19,32 +21,52 @@ The cold wallet is reconciled once one is registered (tier `cold` in `wallet`): 
 the ones custody derived from its xpub (`<xpub>/0/0 .. next_index - 1`, every address a rebalance
 was ever told to pay), read like the others from the UTXO set; it is watch-only, so nothing leaves
 it through this service.
+
+Ethereum (one line per asset: ether and every configured ERC-20, for the deposit addresses issued
+and for the hot address `<hot xpub>/0`; read with `eth_getBalance` and `balanceOf` at the pass's
+block number, never at "latest"):
+- deposit addresses: ether transfers and token `Transfer` logs already in blocks but not yet
+  booked (observations seen, confirming or final) (+); deposit addresses never send, so no gas;
+- hot address: a withdrawal transaction mined but not yet final has paid its value (ether, or the
+  token for an ERC-20 transfer) and its gas (always ether: gas used x effective gas price, which
+  the books take as the network fee at finality) while the books still hold the value in flight
+  (- amount on its asset's line, - gas on the ETH line); a mined transaction that reverted cost
+  only its gas, booked when the payout tracker fails the batch (- gas on the ETH line until then).
+  Every signed version of an unbooked batch is asked (a bump's earlier version may be the one
+  mined; one nonce, so at most one is). Treasury funding of the hot address is booked by
+  `Payouts.book_hot_funding`; funding mined and not booked is a difference, on purpose.
+No ethereum cold addresses exist (rebalances and sweeps are bitcoin only), so there is no cold line.
+
 Any other difference opens a critical incident (which halts withdrawals) with the figures.
 
-Chain and books are read at one chain height: the node's tip must not move while a pass runs (it
-is retried otherwise), the deposit line needs the deposit scanner's cursor at that tip (else it
-is skipped, never guessed), and "mined" is asked of the node itself for every payout of ours that
-the books still carry in flight.
-
-Bitcoin only for now: its holdings are read from the UTXO set (`scantxoutset`, confirmed outputs).
-Ethereum locations are not reconciled yet (they need balance reads at a pinned block).
+Each chain is read at one height of its own: the node's tip must not move while that chain's lines
+are read (they are read again otherwise, up to `attempts` times, then skipped); the deposit lines
+need the deposit scanner's cursor at that very block (height and hash), else they are skipped,
+never guessed; and "mined" is asked of the node itself for every transaction of ours that the
+books have not settled. All database figures of a line come from one REPEATABLE READ snapshot
+taken after the tip was read, so a job committing meanwhile is counted on exactly one side.
+Ethereum holdings cost one node call per address and asset; a production deployment with many
+deposit addresses would batch them (JSON-RPC batches or a multicall contract) at the same block.
 """
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Callable
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, Engine, text
 
-from chain_adapters.base import ChainAdapter
-from custody.addresses import derive_btc_address
+from chain_adapters.base import BlockRef, ChainAdapter
+from custody.addresses import derive_btc_address, derive_eth_address
 from custody.controls import open_incident
 from custody.firm_moves import unbooked
-from custody.wallets import Wallets
+from custody.payouts import HOT_RECEIVE_INDEX
+from custody.wallets import ChainAsset, Wallets
 from ledger.service import Ledger
 
 log = logging.getLogger(__name__)
+UNBOOKED_DEPOSITS = ("seen", "confirming", "final")
 
 
 @dataclass(frozen=True)
@@ -61,34 +83,59 @@ class Line:
         return self.on_chain - self.books - self.in_transit
 
 
+@dataclass(frozen=True)
+class Unsettled:
+    """A hot-address transaction of ours mined at or below the pass's block whose effect the books
+    have not taken yet: it paid `amount` of `asset` (nothing if it reverted) and `gas` wei."""
+
+    asset: str
+    amount: int
+    gas: int
+    reverted: bool
+
+
+def hot_in_transit(unsettled: Iterable[Unsettled], asset: str, *, native: str = "ETH") -> int:
+    """What has left the hot address on chain but not in the books, for one asset's line (<= 0):
+    the value of each successful transaction paying `asset`, and on the native line all the gas."""
+    total = 0
+    for u in unsettled:
+        if u.asset == asset and not u.reverted:
+            total -= u.amount
+        if asset == native:
+            total -= u.gas
+    return total
+
+
 class Reconciliation:
-    def __init__(self, engine: Engine, ledger: Ledger, wallets: Wallets, bitcoin: ChainAdapter, *, network: str,
-                 before: Callable[[], object] | None = None) -> None:
-        self.before = before  # e.g. the hot wallet sync, so confirmed treasury funding is booked first
+    def __init__(self, engine: Engine, ledger: Ledger, wallets: Wallets, adapters: Mapping[str, ChainAdapter], *,
+                 network: str, before: Callable[[], object] | None = None) -> None:
+        self.before = before  # run before the bitcoin lines: the hot wallet sync books confirmed treasury funding
         self.engine = engine
         self.ledger = ledger
         self.wallets = wallets
-        self.bitcoin = bitcoin
+        self.adapters = dict(adapters)
         self.network = network
+        self._accounts: dict[tuple[str, str, str], int] = {}
 
-    def run(self, *, attempts: int = 3) -> list[Line]:
-        """Reconcile every bitcoin location at one stable height; open an incident for any
-        difference. Returns the lines compared (empty when the chain kept moving)."""
-        if self.before is not None:
-            self.before()
-        with self.engine.connect() as c:
-            has_cold = c.execute(text("SELECT 1 FROM wallet WHERE chain = 'bitcoin' AND tier = 'cold'")).first() is not None
-        tiers = ("deposit", "hot", "cold") if has_cold else ("deposit", "hot")
-        # opened (if new) before any snapshot is taken, so the snapshots can see them
-        self._accounts = {tier: self.wallets.location_account("bitcoin", tier, "BTC") for tier in tiers}
+    def run(self, *, chains: Iterable[str] | None = None, attempts: int = 3) -> list[Line]:
+        """Reconcile every location of each chain (default: every chain attached), each chain at
+        one stable height; open an incident for any difference. Returns the lines compared (none
+        for a chain whose tip kept moving)."""
+        lines: list[Line] = []
+        for chain in chains or self.adapters:
+            lines += self._reconcile(chain, attempts)
+        return lines
+
+    def _reconcile(self, chain: str, attempts: int) -> list[Line]:
+        adapter = self.adapters[chain]
+        read = self._bitcoin_lines() if chain == "bitcoin" else self._ethereum_lines()
         for _ in range(attempts):
-            tip = self.bitcoin.tip()
-            lines = [line for line in (self._deposit_addresses(tip.height), self._hot_wallet(),
-                                       self._cold_wallet() if has_cold else None) if line is not None]
-            if self.bitcoin.tip() == tip:
+            tip = adapter.tip()
+            lines = [line for line in read(tip) if line is not None]
+            if adapter.tip() == tip:
                 break
         else:
-            log.info("reconciliation skipped: the chain kept moving")
+            log.info("reconciliation of %s skipped: the chain kept moving", chain)
             return []
         for line in lines:
             if line.difference != 0:
@@ -100,31 +147,57 @@ class Reconciliation:
                      line.tier, line.asset, tip.height, line.on_chain, line.books, line.in_transit, line.difference)
         return lines
 
-    def _books(self, tier: str, conn) -> int:
-        return -self.ledger.balance(self._accounts[tier], conn=conn).posted
+    # ---- shared ---------------------------------------------------------------------------
+
+    def _open_accounts(self, chain: str, tiers: Iterable[str], assets: Iterable[str]) -> None:
+        """Opened (if new) before any snapshot is taken, so the snapshots can see them."""
+        for tier in tiers:
+            for asset in assets:
+                self._accounts[(chain, tier, asset)] = self.wallets.location_account(chain, tier, asset)
+
+    def _books(self, chain: str, tier: str, asset: str, conn: Connection) -> int:
+        return -self.ledger.balance(self._accounts[(chain, tier, asset)], conn=conn).posted
 
     def _snapshot(self):
         """One REPEATABLE READ snapshot for every database figure of a line, so a job committing
         in between cannot count a deposit both as unbooked and as booked."""
         return self.engine.connect().execution_options(isolation_level="REPEATABLE READ")
 
-    def _deposit_addresses(self, height: int) -> Line | None:
+    @staticmethod
+    def _scanner_at(c: Connection, chain: str, tip: BlockRef) -> bool:
+        cursor = c.execute(text("SELECT height, hash FROM chain_cursor WHERE chain = :c"), {"c": chain}).first()
+        if cursor is None or (cursor.height, cursor.hash) != (tip.height, tip.hash):
+            log.info("reconciliation of %s deposit addresses skipped: scanner at %s, chain at %d", chain,
+                     cursor.height if cursor else None, tip.height)
+            return False
+        return True
+
+    # ---- bitcoin --------------------------------------------------------------------------
+
+    def _bitcoin_lines(self) -> Callable[[BlockRef], list[Line | None]]:
+        if self.before is not None:
+            self.before()
+        with self.engine.connect() as c:
+            has_cold = c.execute(text("SELECT 1 FROM wallet WHERE chain = 'bitcoin' AND tier = 'cold'")).first() is not None
+        tiers = ("deposit", "hot", "cold") if has_cold else ("deposit", "hot")
+        self._open_accounts("bitcoin", tiers, ["BTC"])
+        return lambda tip: [self._deposit_addresses(tip), self._hot_wallet(), self._cold_wallet() if has_cold else None]
+
+    def _deposit_addresses(self, tip: BlockRef) -> Line | None:
         with self._snapshot() as c, c.begin():
-            cursor = c.execute(text("SELECT height FROM chain_cursor WHERE chain = 'bitcoin'")).scalar()
-            if cursor != height:
-                log.info("reconciliation of deposit addresses skipped: scanner at %s, chain at %d", cursor, height)
+            if not self._scanner_at(c, "bitcoin", tip):
                 return None
             addresses = c.execute(text("SELECT address FROM deposit_address WHERE chain = 'bitcoin'")).scalars().all()
             arrived = c.execute(text("SELECT coalesce(sum(amount), 0) FROM deposit_observation WHERE chain = 'bitcoin' "
-                                     "AND state IN ('seen', 'confirming', 'final')")).scalar_one()
-            books = self._books("deposit", c)
+                                     "AND state = ANY(:s)"), {"s": list(UNBOOKED_DEPOSITS)}).scalar_one()
+            books = self._books("bitcoin", "deposit", "BTC", c)
             sweeps = unbooked(c, "sweep")
-        on_chain = sum(u.amount for u in self.bitcoin.unspent(addresses)) if addresses else 0
+        on_chain = sum(u.amount for u in self.adapters["bitcoin"].unspent(addresses)) if addresses else 0
         swept = sum(int(sw.amount) for sw in sweeps if self._mined(sw.txid, sw.raw))
         return Line("bitcoin", "BTC", "deposit", on_chain, books, int(arrived) - swept)
 
     def _mined(self, txid: str, raw) -> bool:
-        return self.bitcoin.tx_status(txid, raw=bytes(raw)).state.value == "confirmed"
+        return self.adapters["bitcoin"].tx_status(txid, raw=bytes(raw)).state.value == "confirmed"
 
     def _hot_wallet(self) -> Line:
         with self._snapshot() as c, c.begin():
@@ -133,7 +206,7 @@ class Reconciliation:
             pending = c.execute(text(
                 "SELECT t.txid, t.raw, t.fee, (SELECT coalesce(sum(o.amount), 0) FROM batch_output o WHERE o.batch_id = t.batch_id) "
                 "AS paid FROM chain_transaction t WHERE t.chain = 'bitcoin' AND t.state IN ('signed', 'broadcast', 'confirmed')")).all()
-            books = self._books("hot", c)
+            books = self._books("bitcoin", "hot", "BTC", c)
             sweeps = unbooked(c, "sweep")
             rebalances = unbooked(c, "rebalance")
         # Mined but not yet booked final: gone from the wallet on chain, still in flight in the books.
@@ -141,15 +214,58 @@ class Reconciliation:
         leaving += sum(int(rb.amount) + int(rb.fee) for rb in rebalances if self._mined(rb.txid, rb.raw))
         arriving = sum(int(sw.amount) - int(sw.fee) for sw in sweeps if self._mined(sw.txid, sw.raw))
         addresses = [derive_btc_address(xpub, self.network, 0, 0)] + [derive_btc_address(xpub, self.network, 1, b) for b in batches]
-        on_chain = sum(u.amount for u in self.bitcoin.unspent(addresses))
+        on_chain = sum(u.amount for u in self.adapters["bitcoin"].unspent(addresses))
         return Line("bitcoin", "BTC", "hot", on_chain, books, arriving - leaving)
 
     def _cold_wallet(self) -> Line:
         with self._snapshot() as c, c.begin():
             cold = c.execute(text("SELECT xpub, next_index FROM wallet WHERE chain = 'bitcoin' AND tier = 'cold'")).one()
-            books = self._books("cold", c)
+            books = self._books("bitcoin", "cold", "BTC", c)
             rebalances = unbooked(c, "rebalance")
         arriving = sum(int(rb.amount) for rb in rebalances if self._mined(rb.txid, rb.raw))
         addresses = [derive_btc_address(cold.xpub, self.network, 0, i) for i in range(cold.next_index)]
-        on_chain = sum(u.amount for u in self.bitcoin.unspent(addresses)) if addresses else 0
+        on_chain = sum(u.amount for u in self.adapters["bitcoin"].unspent(addresses)) if addresses else 0
         return Line("bitcoin", "BTC", "cold", on_chain, books, arriving)
+
+    # ---- ethereum -------------------------------------------------------------------------
+
+    def _ethereum_lines(self) -> Callable[[BlockRef], list[Line | None]]:
+        assets = self.wallets.chain_assets("ethereum")
+        self._open_accounts("ethereum", ("deposit", "hot"), [a.asset for a in assets])
+        return lambda tip: [*self._eth_deposit_addresses(tip, assets), *self._eth_hot_address(tip, assets)]
+
+    def _eth_holdings(self, asset: ChainAsset, addresses: Iterable[str], height: int) -> int:
+        eth = self.adapters["ethereum"]
+        if asset.contract_address:
+            return sum(eth.token_balance(asset.contract_address, a, block=height) for a in addresses)
+        return sum(eth.balance(a, block=height) for a in addresses)
+
+    def _eth_deposit_addresses(self, tip: BlockRef, assets: list[ChainAsset]) -> list[Line]:
+        with self._snapshot() as c, c.begin():
+            if not self._scanner_at(c, "ethereum", tip):
+                return []
+            addresses = c.execute(text("SELECT address FROM deposit_address WHERE chain = 'ethereum'")).scalars().all()
+            arrived = dict(c.execute(text("SELECT asset, sum(amount) FROM deposit_observation WHERE chain = 'ethereum' "
+                                          "AND state = ANY(:s) GROUP BY asset"), {"s": list(UNBOOKED_DEPOSITS)}).all())
+            books = {a.asset: self._books("ethereum", "deposit", a.asset, c) for a in assets}
+        return [Line("ethereum", a.asset, "deposit", self._eth_holdings(a, addresses, tip.height), books[a.asset],
+                     int(arrived.get(a.asset, 0))) for a in assets]
+
+    def _eth_hot_address(self, tip: BlockRef, assets: list[ChainAsset]) -> list[Line]:
+        with self._snapshot() as c, c.begin():
+            xpub = c.execute(text("SELECT xpub FROM wallet WHERE chain = 'ethereum' AND tier = 'hot'")).scalar_one()
+            # every signed version of a batch the books have not settled (final, or failed with any
+            # reverted gas booked): a replaced version may be the one mined
+            versions = c.execute(text(
+                "SELECT t.txid, b.asset, (SELECT coalesce(sum(o.amount), 0) FROM batch_output o WHERE o.batch_id = b.id) AS paid "
+                "FROM chain_transaction t JOIN withdrawal_batch b ON b.id = t.batch_id WHERE t.chain = 'ethereum' "
+                "AND t.state IN ('signed', 'broadcast', 'confirmed', 'replaced') AND b.state NOT IN ('final', 'failed')")).all()
+            books = {a.asset: self._books("ethereum", "hot", a.asset, c) for a in assets}
+        unsettled = []
+        for v in versions:
+            mined = self.adapters["ethereum"].mined(v.txid)
+            if mined is not None and mined.block.height <= tip.height:
+                unsettled.append(Unsettled(v.asset, int(v.paid), mined.fee, mined.reverted))
+        hot = derive_eth_address(xpub, HOT_RECEIVE_INDEX)
+        return [Line("ethereum", a.asset, "hot", self._eth_holdings(a, [hot], tip.height), books[a.asset],
+                     hot_in_transit(unsettled, a.asset, native=self.adapters["ethereum"].native_asset)) for a in assets]

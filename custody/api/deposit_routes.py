@@ -131,10 +131,10 @@ def incidents(c: ContainerDep, _: Auditor, open_only: bool = True) -> list[dict]
 
 @router.post("/reconciliation")
 def reconcile(c: ContainerDep, _: Auditor) -> list[dict]:
-    """Run a reconciliation pass now (bitcoin locations) and answer its lines; a difference also
-    opens an incident and engages the kill switch."""
+    """Run a reconciliation pass now (every bitcoin and ethereum location, per asset) and answer its
+    lines; a difference also opens an incident and engages the kill switch."""
     if c.reconciliation is None:
-        raise ApiError(503, "chains_not_configured", "no bitcoin adapter is configured on this service")
+        raise ApiError(503, "chains_not_configured", "no chain adapters are configured on this service")
     return [{**line.__dict__, "difference": line.difference} for line in c.reconciliation.run()]
 
 

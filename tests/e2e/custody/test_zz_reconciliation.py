@@ -13,7 +13,7 @@ from tests.e2e.custody.conftest import BTC_FINALITY
 
 
 def lines_by_tier(custody):
-    return {line.tier: line for line in custody.reconciliation.run()}
+    return {line.tier: line for line in custody.reconciliation.run(chains=["bitcoin"])}
 
 
 def test_books_reconcile_and_a_planted_difference_is_caught(custody, customer, bitcoind, engine, ledger, log):
