@@ -6,7 +6,7 @@ from pathlib import Path
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse
 
-from custody.api import deposit_routes, errors, ledger_routes, order_routes, withdrawal_routes
+from custody.api import deposit_routes, errors, ledger_routes, order_routes, treasury_routes, withdrawal_routes
 from custody.container import Container
 
 
@@ -14,7 +14,7 @@ def create_app(container: Container) -> FastAPI:
     app = FastAPI(
         title="Custody service",
         version="0.1.0",
-        description="Internal API: ledger, orders, deposits and withdrawals. Amounts are decimal strings.",
+        description="Internal API: ledger, orders, deposits, withdrawals and treasury. Amounts are decimal strings.",
     )
     app.state.container = container
     errors.install(app)
@@ -22,6 +22,7 @@ def create_app(container: Container) -> FastAPI:
     app.include_router(deposit_routes.router)
     app.include_router(order_routes.router)
     app.include_router(withdrawal_routes.router)
+    app.include_router(treasury_routes.router)
 
     console = Path(__file__).resolve().parents[1] / "console" / "index.html"
 

@@ -8,11 +8,16 @@ hot and cold lines) is exact mid-flight and at the end; at finality one journal 
 hot -> cold (amount) and hot -> network-fee expense (fee), equal to the chain's figures."""
 from __future__ import annotations
 
+import uuid
+
 import pytest
+from fastapi.testclient import TestClient
 from sqlalchemy import text
 
 from chain_adapters.bitcoin import to_sat
 from custody.addresses import derive_btc_address
+from custody.api.app import create_app
+from custody.auth import create_api_key
 from custody.controls import set_kill_switch
 from custody.jobs import build_scheduler
 from custody.payouts import spendable_coins
@@ -192,13 +197,38 @@ def test_an_open_rebalance_can_be_abandoned(custody, bitcoind, engine, ledger, r
         rb = c.execute(text("SELECT id, state FROM rebalance ORDER BY id DESC LIMIT 1")).one()
     assert_equal(rb.state, "open")
     assert spendable(custody, engine) < held  # its coins are reserved
-    rebalances.abandon(rb.id, by="op-test", reason="test: superseded")
+
+    log.info("treasury API: auditors and operators list it; the backend may not; an operator abandons it")
+    run = uuid.uuid4().hex[:8]
+    keys = {role: create_api_key(engine, f"{role}-{run}", role, custody.settings.api_key_pepper)
+            for role in ("auditor", "operator", "backend")}
+    client = TestClient(create_app(custody), raise_server_exceptions=False)
+
+    def api(role, method, path, **kw):
+        return client.request(method, path, headers={"X-API-Key": keys[role]}, **kw)
+
+    listed = api("auditor", "GET", "/v1/rebalances", params={"state": "open"})
+    assert_equal(listed.status_code, 200)
+    (row,) = [r for r in listed.json() if r["id"] == rb.id]
+    assert_equal((row["state"], row["source_tier"], row["destination_tier"], row["txid"]), ("open", "hot", "cold", None))
+    assert_equal(int(row["amount_minor"]), held - held // 2)
+    assert_equal(row["amount"], f"{(held - held // 2) // BTC}.{(held - held // 2) % BTC:08d}")
+    assert_equal(api("backend", "GET", "/v1/rebalances").status_code, 403)
+    assert_equal(api("auditor", "POST", f"/v1/rebalances/{rb.id}/abandon", json={"comment": "x"}).status_code, 403)
+    missing = api("operator", "POST", "/v1/rebalances/999999999/abandon", json={"comment": "x"})
+    assert_equal((missing.status_code, missing.json()["error"]["code"]), (404, "not_found"))
+    abandoned = api("operator", "POST", f"/v1/rebalances/{rb.id}/abandon", json={"comment": "test: superseded"})
+    assert_equal((abandoned.status_code, abandoned.json()["state"]), (200, "abandoned"))
+    again = api("operator", "POST", f"/v1/rebalances/{rb.id}/abandon", json={"comment": "twice"})
+    assert_equal((again.status_code, again.json()["error"]["code"]), (409, "invalid_state"))
     with engine.connect() as c:
         assert_equal(c.execute(text("SELECT state FROM rebalance WHERE id = :r"), {"r": rb.id}).scalar_one(), "abandoned")
         assert_equal(c.execute(text("SELECT count(*) FROM wallet_utxo WHERE rebalance_id = :r"), {"r": rb.id}).scalar_one(), 0)
     assert_equal(spendable(custody, engine), held)
     rebalances.config = RebalanceConfig(thresholds={"BTC": RebalanceThreshold(ceiling=held + BTC, target=held)})
-    rebalances.run_once()
+    ran = api("operator", "POST", "/v1/rebalances/run")  # below the ceiling now: nothing new
+    assert_equal(ran.status_code, 200)
+    assert_equal([r["state"] for r in ran.json() if r["state"] not in ("final", "abandoned")], [])
     with engine.connect() as c:
         assert_equal(c.execute(text("SELECT count(*) FROM rebalance WHERE state NOT IN ('final', 'abandoned')")).scalar_one(), 0)
     lines(custody)

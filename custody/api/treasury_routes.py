@@ -1,0 +1,108 @@
+"""Treasury routes under /v1: the rebalances between the firm's wallet tiers (custody.rebalances).
+
+- `GET /v1/rebalances` (auditor, operator): the latest rebalances with their state, amounts (decimal
+  strings and minor units), fee, the thresholds and spendable balance that triggered each, and the
+  transaction id once signed.
+- `POST /v1/rebalances/run` (operator): run the rebalance job now (decide, sign, broadcast, track;
+  the scheduler runs it every 30 s anyway) and answer the latest rebalances.
+- `POST /v1/rebalances/{id}/abandon` (operator, with a comment): give up an open rebalance that was
+  never signed and stored; its hot coins are freed. Anything else is `invalid_state` (409).
+Without chain adapters the service answers `chains_not_configured` (503).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import text
+
+from custody.api.deps import Auditor, ContainerDep, Operator
+from custody.api.errors import ApiError
+from custody.container import Container
+from custody.states import IllegalTransition
+from ledger.amounts import format_amount
+
+router = APIRouter(prefix="/v1", tags=["treasury"])
+
+
+class RebalanceOut(BaseModel):
+    id: int
+    chain: str
+    asset: str
+    source_tier: str
+    destination_tier: str
+    state: str
+    destination: str
+    amount: str
+    amount_minor: str
+    fee: str
+    fee_minor: str
+    spendable_minor: str
+    ceiling_minor: str
+    target_minor: str
+    txid: str | None
+    confirmations: int
+    created_at: str
+    updated_at: str
+
+
+class AbandonIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    comment: str = Field(min_length=1, max_length=1000)
+
+
+def _rebalances(c: Container) -> Any:
+    if c.rebalances is None:
+        raise ApiError(503, "chains_not_configured", "no chain adapters are configured on this service")
+    return c.rebalances
+
+
+def _list(c: Container, *, state: str | None, limit: int) -> list[RebalanceOut]:
+    with c.engine.connect() as conn:
+        rows = conn.execute(text(
+            "SELECT id, chain, asset, source_tier, destination_tier, state, destination, amount, fee, spendable, "
+            "ceiling, target, txid, confirmations, created_at, updated_at FROM rebalance "
+            "WHERE CAST(:s AS text) IS NULL OR state = :s ORDER BY id DESC LIMIT :l"), {"s": state, "l": limit}).all()
+    out = []
+    for r in rows:
+        decimals = c.ledger.get_asset(r.asset).decimals
+        out.append(RebalanceOut(
+            id=r.id, chain=r.chain, asset=r.asset, source_tier=r.source_tier, destination_tier=r.destination_tier,
+            state=r.state, destination=r.destination,
+            amount=format_amount(int(r.amount), decimals), amount_minor=str(int(r.amount)),
+            fee=format_amount(int(r.fee), decimals), fee_minor=str(int(r.fee)),
+            spendable_minor=str(int(r.spendable)), ceiling_minor=str(int(r.ceiling)), target_minor=str(int(r.target)),
+            txid=r.txid, confirmations=r.confirmations,
+            created_at=r.created_at.isoformat(), updated_at=r.updated_at.isoformat()))
+    return out
+
+
+@router.get("/rebalances", response_model=list[RebalanceOut])
+def list_rebalances(c: ContainerDep, _: Auditor, state: str | None = Query(default=None, max_length=40),
+                    limit: int = Query(default=50, ge=1, le=500)) -> list[RebalanceOut]:
+    return _list(c, state=state, limit=limit)
+
+
+@router.post("/rebalances/run", response_model=list[RebalanceOut])
+def run_rebalances(c: ContainerDep, _: Operator) -> list[RebalanceOut]:
+    """Run the rebalance job now; answers the latest rebalances (a new one first, if one started)."""
+    _rebalances(c).run_once()
+    return _list(c, state=None, limit=10)
+
+
+@router.post("/rebalances/{rebalance_id}/abandon", response_model=RebalanceOut)
+def abandon_rebalance(rebalance_id: int, body: AbandonIn, c: ContainerDep, who: Operator) -> RebalanceOut:
+    """Operator decision: give up an open rebalance (never signed and stored); its coins are freed."""
+    rebalances = _rebalances(c)
+    with c.engine.connect() as conn:
+        state = conn.execute(text("SELECT state FROM rebalance WHERE id = :i"), {"i": rebalance_id}).scalar()
+    if state is None:
+        raise ApiError(404, "not_found", f"no rebalance {rebalance_id}")
+    if state != "open":
+        raise ApiError(409, "invalid_state", f"rebalance {rebalance_id} is {state}; only an open one can be abandoned")
+    try:
+        rebalances.abandon(rebalance_id, by=f"api:{who.name}", reason=body.comment)
+    except IllegalTransition:  # the job moved it on meanwhile
+        raise ApiError(409, "invalid_state", f"rebalance {rebalance_id} is no longer open") from None
+    return next(r for r in _list(c, state=None, limit=500) if r.id == rebalance_id)
