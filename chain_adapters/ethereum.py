@@ -20,6 +20,11 @@ transaction whose execution reverted is CONFIRMED with `reverted=True`; `mined()
 
 Holdings for reconciliation are read at a pinned block number: `balance(address, block=n)` (wei)
 and `token_balance(contract, address, block=n)` (ERC-20 `balanceOf` by `eth_call` at that block).
+
+`transfers(txid)` reads one mined transaction as value moved: its sender, recipient and ether value,
+its block, confirmations and status, and every ERC-20 `Transfer` log in its receipt (any contract;
+the caller decides which contracts it knows). Custody books treasury funding of the hot address
+from it (custody.payouts `book_ethereum_funding`).
 """
 from __future__ import annotations
 
@@ -73,6 +78,33 @@ class MinedTx:
     block: BlockRef
     fee: int
     reverted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TokenTransfer:
+    """One ERC-20 `Transfer(from, to, value)` log: the emitting contract, both parties (checksummed),
+    the amount in the token's base units and the log's index in its block."""
+
+    contract: str
+    sender: str
+    to: str
+    amount: int
+    log_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class TxTransfers:
+    """A mined transaction as value moved: `to` is None for a contract creation; `value` is the
+    ether (wei) the transaction itself carried, which moved only if it did not revert."""
+
+    txid: str
+    sender: str
+    to: str | None
+    value: int
+    block: BlockRef
+    confirmations: int
+    reverted: bool
+    token_transfers: tuple[TokenTransfer, ...]
 
 
 def _hex(value: bytes | str) -> str:
@@ -286,3 +318,31 @@ class EthereumAdapter(BlockWalker):
             return None
         return MinedTx(txid, BlockRef(receipt["blockNumber"], _hex(receipt["blockHash"])),
                        int(receipt["gasUsed"]) * int(receipt["effectiveGasPrice"]), receipt["status"] != 1)
+
+    def transfers(self, txid: str) -> TxTransfers | None:
+        """What mined transaction `txid` moved (None while it is not in the main chain): its ether
+        value and every well-formed ERC-20 `Transfer` log of its receipt (three topics, one data word).
+        Confirmations count as in `tx_status` (1 = in the tip block)."""
+        try:
+            receipt = self._call(self.w3.eth.get_transaction_receipt, txid)
+            tx = self._call(self.w3.eth.get_transaction, txid)
+        except TransactionNotFound:
+            return None
+        if receipt is None or receipt.get("blockNumber") is None:
+            return None
+        if _hex(tx.get("blockHash") or b"") != _hex(receipt["blockHash"]):
+            raise ChainError(f"{txid} moved between blocks while being read; read it again")
+        tip = self._tip_height()
+        found = []
+        for log in receipt["logs"]:
+            topics = [_hex(t).lower() for t in log["topics"]]
+            data = bytes(log["data"])
+            if log.get("removed") or len(topics) != 3 or topics[0] != TRANSFER_TOPIC or len(data) != 32:
+                continue
+            found.append(TokenTransfer(to_checksum_address(log["address"]), to_checksum_address("0x" + topics[1][-40:]),
+                                       to_checksum_address("0x" + topics[2][-40:]), int.from_bytes(data, "big"),
+                                       int(log["logIndex"])))
+        to = tx.get("to")
+        return TxTransfers(_hex(tx["hash"]).lower(), to_checksum_address(tx["from"]), to_checksum_address(to) if to else None,
+                           int(tx["value"]), BlockRef(receipt["blockNumber"], _hex(receipt["blockHash"])),
+                           tip - receipt["blockNumber"] + 1, receipt["status"] != 1, tuple(found))

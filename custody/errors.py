@@ -1,4 +1,4 @@
-"""Custody's error codes (deposits, withdrawals, batches, signing), beside the ledger's.
+"""Custody's error codes (deposits, withdrawals, batches, signing, hot-wallet funding), beside the ledger's.
 
 | code | HTTP | meaning |
 | --- | --- | --- |
@@ -12,6 +12,11 @@
 | decision_expired | 409 | the policy decision expired; approvals no longer count |
 | invalid_state | 409 | the withdrawal is not in a state that allows this action |
 | signer_refused | 409 | the signer refused to sign (its code in the detail) |
+| funding_not_mined | 409 | a hot-wallet funding transaction is not in the main chain (yet) |
+| funding_reverted | 422 | a hot-wallet funding transaction reverted: it moved no value |
+| funding_not_final | 409 | a hot-wallet funding has fewer confirmations than its asset's finality depth |
+| funding_not_to_hot | 422 | the transaction pays nothing to the hot address (no ether, no configured token) |
+| funding_own_transaction | 422 | the transaction is the hot wallet's own (sent by it, or a payout): booked by its own flow |
 """
 from __future__ import annotations
 
@@ -29,6 +34,11 @@ class CustodyErrorCode(str, enum.Enum):
     decision_expired = "decision_expired"
     invalid_state = "invalid_state"
     signer_refused = "signer_refused"
+    funding_not_mined = "funding_not_mined"
+    funding_reverted = "funding_reverted"
+    funding_not_final = "funding_not_final"
+    funding_not_to_hot = "funding_not_to_hot"
+    funding_own_transaction = "funding_own_transaction"
 
     @property
     def http_status(self) -> int:
@@ -46,6 +56,11 @@ _STATUS = {
     CustodyErrorCode.decision_expired: 409,
     CustodyErrorCode.invalid_state: 409,
     CustodyErrorCode.signer_refused: 409,
+    CustodyErrorCode.funding_not_mined: 409,
+    CustodyErrorCode.funding_reverted: 422,
+    CustodyErrorCode.funding_not_final: 409,
+    CustodyErrorCode.funding_not_to_hot: 422,
+    CustodyErrorCode.funding_own_transaction: 422,
 }
 
 

@@ -4,6 +4,10 @@ Jobs (APScheduler runs them; tests call them directly, in this order):
 - `sync_hot_wallet()`: record the bitcoin hot wallet's confirmed coins; coins that are not change
   of our own transactions (payouts, sweeps, rebalances) are treasury funding and are booked
   equity -> hot location.
+- `book_ethereum_funding(txid, by=)` (an operator action, `POST /v1/treasury/hot-funding`; ethereum
+  has no hot-wallet sync): books what one final treasury transaction paid the ethereum hot address,
+  from the chain's own figures (its ether value; each configured token's `Transfer` log to the hot
+  address), equity -> hot location, once per chain identifier.
 - `batch_bitcoin()`: approved BTC withdrawals (rescreened against the denylist: a newly denylisted
   destination is rejected and released, the rest go on) become one batch; coins are selected from
   the tracked hot-wallet coins and reserved for it. `batch_ethereum()`: one batch per withdrawal.
@@ -35,10 +39,11 @@ from chain_adapters.base import ChainAdapter, TxState
 from chain_adapters.errors import ChainError
 from custody.addresses import derive_btc_address, derive_eth_address
 from custody.controls import DRAIN, audit, emit, flag, kill_switch, open_incident, set_flag
+from custody.errors import CustodyError, CustodyErrorCode
 from custody.states import advance, advance_many
 from custody.wallets import Wallets
 from custody.withdrawals import HOLD_OWNER
-from ledger.model import Transfer
+from ledger.model import PostResult, Transfer
 from ledger.service import Ledger
 from signer.bitcoin_tx import address_to_script, dust_threshold, estimate_vsize, fee_for, select_coins
 from signer.errors import SignerError, SignerErrorCode
@@ -99,11 +104,75 @@ class Payouts:
             return derive_btc_address(self.hot_xpub(chain), self.config.bitcoin_network, change, index)
         return derive_eth_address(self.hot_xpub(chain), index)
 
-    def book_hot_funding(self, chain: str, asset: str, amount: int, key: str, *, conn: Connection | None = None) -> None:
-        """Treasury moved `amount` into the hot wallet from outside: equity -> hot location."""
+    def book_hot_funding(self, chain: str, asset: str, amount: int, key: str, *, conn: Connection | None = None,
+                         metadata: dict | None = None) -> PostResult:
+        """Treasury moved `amount` into the hot wallet from outside: equity -> hot location. Idempotent
+        by `key` (the same key and content again books nothing: `created` is False)."""
         hot = self.wallets.location_account(chain, "hot", asset, conn=conn)
         equity = self.wallets.firm_account("equity", asset, conn=conn)
-        self.ledger.post(key, [Transfer(hot, equity, amount)], kind="hot_funding", conn=conn)
+        return self.ledger.post(key, [Transfer(hot, equity, amount)], kind="hot_funding", metadata=metadata, conn=conn)
+
+    def book_ethereum_funding(self, txid: str, *, by: str) -> list[dict]:
+        """Book what mined transaction `txid` paid the ethereum hot address, read from the chain:
+        the ether it carried (to == hot, value > 0; key `hot-funding:ethereum:<txid>:value`) and each
+        `Transfer` log of a configured token contract (chain_asset.contract_address) to the hot
+        address (key `hot-funding:ethereum:<txid>:log<index>`), all in one database transaction
+        with an audit record naming `by`. Calling it again books nothing more (each item comes
+        back with created=False). Answers one dict per item: asset, amount (minor units), source
+        ("value" or "log<index>"), key, transaction_id (the journal's) and created.
+
+        Refused (CustodyError): `funding_not_mined` (not in the main chain), `funding_reverted`,
+        `funding_own_transaction` (sent by the hot address, or a txid of ours in chain_transaction,
+        sweep or rebalance: the payout flow books those), `funding_not_to_hot` (nothing reached the
+        hot address), `funding_not_final` (fewer confirmations than the finality depth of any asset
+        it pays: a reorg must never reach the books)."""
+        txid = txid.strip().lower()
+        if len(txid) != 66 or not txid.startswith("0x") or any(ch not in "0123456789abcdef" for ch in txid[2:]):
+            raise ValueError(f"{txid!r} is not an ethereum transaction hash")
+        adapter = self.adapters["ethereum"]
+        hot = self.hot_address("ethereum").lower()
+        seen = adapter.transfers(txid)
+        if seen is None:
+            raise CustodyError(CustodyErrorCode.funding_not_mined, f"{txid} is not mined in the main chain", txid=txid)
+        with self.engine.connect() as c:
+            ours = c.execute(text("SELECT 1 FROM chain_transaction WHERE txid = :t UNION ALL "
+                                  "SELECT 1 FROM sweep WHERE txid = :t UNION ALL "
+                                  "SELECT 1 FROM rebalance WHERE txid = :t"), {"t": txid}).first()
+            tokens = {r.contract_address.lower(): r.asset for r in c.execute(text(
+                "SELECT asset, contract_address FROM chain_asset WHERE chain = 'ethereum' AND contract_address IS NOT NULL"))}
+        if ours is not None or seen.sender.lower() == hot:
+            raise CustodyError(CustodyErrorCode.funding_own_transaction,
+                               f"{txid} is the hot wallet's own transaction; its payout flow books it", txid=txid)
+        if seen.reverted:
+            raise CustodyError(CustodyErrorCode.funding_reverted, f"{txid} reverted; it moved no value", txid=txid)
+        items: list[tuple[str, int, str]] = []  # (asset, amount, source)
+        if seen.to is not None and seen.to.lower() == hot and seen.value > 0:
+            items.append((adapter.native_asset, seen.value, "value"))
+        for t in seen.token_transfers:
+            if t.to.lower() == hot and t.contract.lower() in tokens and t.amount > 0:
+                items.append((tokens[t.contract.lower()], t.amount, f"log{t.log_index}"))
+        if not items:
+            raise CustodyError(CustodyErrorCode.funding_not_to_hot,
+                               f"{txid} pays nothing to the hot address {self.hot_address('ethereum')}", txid=txid)
+        required = max(self.wallets.chain_asset(asset).finality_confirmations for asset, _, _ in items)
+        if seen.confirmations < required:
+            raise CustodyError(CustodyErrorCode.funding_not_final,
+                               f"{txid} has {seen.confirmations} confirmation(s); {required} are required",
+                               txid=txid, confirmations=seen.confirmations, required=required)
+        out = []
+        with self.engine.begin() as c:
+            for asset, amount, source in items:
+                key = f"hot-funding:ethereum:{txid}:{source}"
+                posted = self.book_hot_funding("ethereum", asset, amount, key, conn=c, metadata={
+                    "chain": "ethereum", "txid": txid, "source": source, "block_height": seen.block.height,
+                    "block_hash": seen.block.hash, "sender": seen.sender})
+                out.append({"asset": asset, "amount": amount, "source": source, "key": key,
+                            "transaction_id": posted.transaction_id, "created": posted.created})
+            audit(c, by, "hot_funding.book", f"tx:{txid}", {
+                "chain": "ethereum", "block_height": seen.block.height, "confirmations": seen.confirmations,
+                "items": [{k: v for k, v in item.items() if k != "key"} for item in out]})
+        log.info("hot funding %s by %s: %s", txid, by, [(i["asset"], i["amount"], i["created"]) for i in out])
+        return out
 
     def sync_hot_wallet(self) -> int:
         """Record confirmed bitcoin hot-wallet coins we do not know yet; returns how many. A coin that

@@ -1,4 +1,5 @@
-"""Treasury routes under /v1: the rebalances between the firm's wallet tiers (custody.rebalances).
+"""Treasury routes under /v1: the rebalances between the firm's wallet tiers (custody.rebalances)
+and booking treasury funding of the ethereum hot wallet (custody.payouts).
 
 - `GET /v1/rebalances` (auditor, operator): the latest rebalances with their state, amounts (decimal
   strings and minor units), fee, the thresholds and spendable balance that triggered each, and the
@@ -7,10 +8,18 @@
   the scheduler runs it every 30 s anyway) and answer the latest rebalances.
 - `POST /v1/rebalances/{id}/abandon` (operator, with a comment): give up an open rebalance that was
   never signed and stored; its hot coins are freed. Anything else is `invalid_state` (409).
+- `POST /v1/treasury/hot-funding` (operator, body `{"chain": "ethereum", "txid": "0x..."}`): book
+  what one final treasury transaction paid the ethereum hot address, read from the chain (its ether
+  value, each configured token's Transfer log); answers the items (asset, amount as a decimal string
+  and minor units, journal transaction id, created or already booked). Again for the same txid it
+  books nothing more. Refusals are custody codes (`funding_not_mined`, `funding_reverted`,
+  `funding_not_final`, `funding_not_to_hot`, `funding_own_transaction`); `chain: "bitcoin"` is an
+  `invalid_request` (422): the hot-wallet sync books bitcoin funding by itself.
 Without chain adapters the service answers `chains_not_configured` (503).
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from fastapi import APIRouter, Query
@@ -50,6 +59,26 @@ class RebalanceOut(BaseModel):
 class AbandonIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     comment: str = Field(min_length=1, max_length=1000)
+
+
+class HotFundingIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    chain: str = Field(min_length=1, max_length=40)
+    txid: str = Field(min_length=1, max_length=100)
+
+
+class HotFundingOut(BaseModel):
+    chain: str
+    txid: str
+    asset: str
+    source: str  # "value" (the transaction's ether) or "log<index>" (an ERC-20 Transfer log)
+    amount: str
+    amount_minor: str
+    journal_transaction_id: int
+    created: bool  # False: booked before; nothing moved now
+
+
+_ETH_TXID = re.compile(r"0x[0-9a-fA-F]{64}")
 
 
 def _rebalances(c: Container) -> Any:
@@ -106,3 +135,22 @@ def abandon_rebalance(rebalance_id: int, body: AbandonIn, c: ContainerDep, who: 
     except IllegalTransition:  # the job moved it on meanwhile
         raise ApiError(409, "invalid_state", f"rebalance {rebalance_id} is no longer open") from None
     return next(r for r in _list(c, state=None, limit=500) if r.id == rebalance_id)
+
+
+@router.post("/treasury/hot-funding", response_model=list[HotFundingOut])
+def book_hot_funding(body: HotFundingIn, c: ContainerDep, who: Operator) -> list[HotFundingOut]:
+    """Operator action: book an ethereum hot-wallet funding transaction from the chain's figures."""
+    if body.chain == "bitcoin":
+        raise ApiError(422, "invalid_request", "bitcoin funding of the hot wallet is booked automatically by the "
+                                               "hot-wallet sync; nothing to book by hand")
+    if body.chain != "ethereum":
+        raise ApiError(422, "invalid_request", f"unknown chain {body.chain!r}; hot funding is booked for ethereum")
+    if not _ETH_TXID.fullmatch(body.txid):
+        raise ApiError(422, "invalid_request", "txid: an ethereum transaction hash is 0x and 64 hex digits")
+    if c.payouts is None or "ethereum" not in c.adapters:
+        raise ApiError(503, "chains_not_configured", "no ethereum adapter is configured on this service")
+    items = c.payouts.book_ethereum_funding(body.txid, by=f"api:{who.name}")
+    return [HotFundingOut(chain="ethereum", txid=body.txid.lower(), asset=i["asset"], source=i["source"],
+                          amount=format_amount(i["amount"], c.ledger.get_asset(i["asset"]).decimals),
+                          amount_minor=str(i["amount"]), journal_transaction_id=i["transaction_id"], created=i["created"])
+            for i in items]

@@ -1,9 +1,13 @@
 """withdrawal_ethereum: an ether and an ERC-20 withdrawal are signed (one transaction each, gap-free
 nonces from the hot wallet), broadcast, mined and booked: in-flight -> hot location at finality and
-the actual gas paid (gas used x effective price) to the network-fee expense."""
+the actual gas paid (gas used x effective price) to the network-fee expense. Neither payout can be
+booked as hot-wallet funding (`funding_own_transaction`)."""
 from __future__ import annotations
 
+import pytest
 from sqlalchemy import text
+
+from custody.errors import CustodyError
 
 from regtest.util import assert_equal
 from tests.e2e import txbuild
@@ -19,6 +23,7 @@ def test_ether_and_token_withdrawals(custody, customer, anvil, usdt, engine, led
     anvil.fund(custody.wallets.issue_address(f"addr:{eth_acct}", eth_acct).address, 5 * 10**18)
     usdt.mint(custody.wallets.issue_address(f"addr:{usdt_acct}", usdt_acct).address, 2_000 * 10**6)
     hot = p.hot_address("ethereum")
+    hot_wei_before = anvil.w3.eth.get_balance(hot)  # other suites (hot funding) may have funded it already
     log.info("treasury funds the hot wallet %s with 20 ETH and 50,000 USDT", hot)
     funding = anvil.fund(hot, 20 * 10**18)
     minted = usdt.mint(hot, 50_000 * 10**6)
@@ -62,4 +67,8 @@ def test_ether_and_token_withdrawals(custody, customer, anvil, usdt, engine, led
     assert_equal(ledger.balance(hot_usdt).posted, before[hot_usdt] + token_amt)
     assert_equal(ledger.balance(eth_acct).posted, 5 * 10**18 - ether_amt - ETH_FEE)
     assert_equal(ledger.balance(usdt_acct).posted, 2_000 * 10**6 - token_amt - USDT_FEE)
-    assert_equal(anvil.w3.eth.get_balance(hot), 20 * 10**18 - ether_amt - gas_paid)
+    assert_equal(anvil.w3.eth.get_balance(hot) - hot_wei_before, 20 * 10**18 - ether_amt - gas_paid)
+    for txid in txids:  # our own payouts (sent by the hot address, in chain_transaction) are never funding
+        with pytest.raises(CustodyError) as err:
+            p.book_ethereum_funding(txid, by="test")
+        assert_equal(err.value.code.value, "funding_own_transaction")
