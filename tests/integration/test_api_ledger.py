@@ -166,6 +166,7 @@ def test_console_page_is_served_and_uses_the_api(api):
     r = client.get("/console")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
     assert "Custody console" in r.text and "/v1/withdrawals?state=pending_approval" in r.text and "X-API-Key" in r.text
+    assert "/v1/rebalances" in r.text and "/v1/reconciliation" in r.text
 
 
 @pytest.mark.parametrize("error, status, code", [
