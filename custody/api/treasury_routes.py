@@ -87,12 +87,14 @@ def _rebalances(c: Container) -> Any:
     return c.rebalances
 
 
-def _list(c: Container, *, state: str | None, limit: int) -> list[RebalanceOut]:
+def _list(c: Container, *, state: str | None = None, limit: int = 1, rebalance_id: int | None = None) -> list[RebalanceOut]:
+    """The latest rebalances (optionally in one state), or the one with `rebalance_id`."""
     with c.engine.connect() as conn:
         rows = conn.execute(text(
             "SELECT id, chain, asset, source_tier, destination_tier, state, destination, amount, fee, spendable, "
             "ceiling, target, txid, confirmations, created_at, updated_at FROM rebalance "
-            "WHERE CAST(:s AS text) IS NULL OR state = :s ORDER BY id DESC LIMIT :l"), {"s": state, "l": limit}).all()
+            "WHERE (CAST(:s AS text) IS NULL OR state = :s) AND (CAST(:i AS bigint) IS NULL OR id = :i) "
+            "ORDER BY id DESC LIMIT :l"), {"s": state, "i": rebalance_id, "l": limit}).all()
     out = []
     for r in rows:
         decimals = c.ledger.get_asset(r.asset).decimals
@@ -117,7 +119,7 @@ def list_rebalances(c: ContainerDep, _: Auditor, state: str | None = Query(defau
 def run_rebalances(c: ContainerDep, _: Operator) -> list[RebalanceOut]:
     """Run the rebalance job now; answers the latest rebalances (a new one first, if one started)."""
     _rebalances(c).run_once()
-    return _list(c, state=None, limit=10)
+    return _list(c, limit=10)
 
 
 @router.post("/rebalances/{rebalance_id}/abandon", response_model=RebalanceOut)
@@ -134,7 +136,8 @@ def abandon_rebalance(rebalance_id: int, body: AbandonIn, c: ContainerDep, who: 
         rebalances.abandon(rebalance_id, by=f"api:{who.name}", reason=body.comment)
     except IllegalTransition:  # the job moved it on meanwhile
         raise ApiError(409, "invalid_state", f"rebalance {rebalance_id} is no longer open") from None
-    return next(r for r in _list(c, state=None, limit=500) if r.id == rebalance_id)
+    (row,) = _list(c, rebalance_id=rebalance_id)
+    return row
 
 
 @router.post("/treasury/hot-funding", response_model=list[HotFundingOut])
