@@ -7,6 +7,7 @@ from typing import Literal
 from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from custody.api.bodies import CommentIn
 from custody.api.deps import Auditor, Backend, ContainerDep, Operator, Reader
 from custody.api.errors import ApiError
 from custody.auth import Role
@@ -46,14 +47,7 @@ class DepositOut(BaseModel):
     journal_transaction_id: int | None
 
 
-class ReleaseIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    comment: str = Field(min_length=1, max_length=1000)
-
-
-class ReturnIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    comment: str = Field(min_length=1, max_length=1000)
+class ReturnIn(CommentIn):
     destination: str | None = Field(default=None, max_length=200, description="default: the deposit's single sender")
 
 
@@ -102,7 +96,7 @@ def deposits_by_state(
 
 
 @router.post("/deposits/{deposit_id}/release", response_model=DepositOut)
-def release(deposit_id: int, body: ReleaseIn, c: ContainerDep, who: Operator) -> DepositOut:
+def release(deposit_id: int, body: CommentIn, c: ContainerDep, who: Operator) -> DepositOut:
     """Operator decision: credit a quarantined deposit to its customer (recorded in the audit log)."""
     _deposits(c).release_quarantined(deposit_id, operator=f"api:{who.name}", comment=body.comment)
     return _out(c, next(r for r in c.deposits.list(state="released", limit=1000) if r["id"] == deposit_id))

@@ -26,6 +26,7 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import text
 
+from custody.api.bodies import CommentIn
 from custody.api.deps import Auditor, ContainerDep, Operator
 from custody.api.errors import ApiError
 from custody.container import Container
@@ -54,11 +55,6 @@ class RebalanceOut(BaseModel):
     confirmations: int
     created_at: str
     updated_at: str
-
-
-class AbandonIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    comment: str = Field(min_length=1, max_length=1000)
 
 
 class HotFundingIn(BaseModel):
@@ -123,7 +119,7 @@ def run_rebalances(c: ContainerDep, _: Operator) -> list[RebalanceOut]:
 
 
 @router.post("/rebalances/{rebalance_id}/abandon", response_model=RebalanceOut)
-def abandon_rebalance(rebalance_id: int, body: AbandonIn, c: ContainerDep, who: Operator) -> RebalanceOut:
+def abandon_rebalance(rebalance_id: int, body: CommentIn, c: ContainerDep, who: Operator) -> RebalanceOut:
     """Operator decision: give up an open rebalance (never signed and stored); its coins are freed."""
     rebalances = _rebalances(c)
     with c.engine.connect() as conn:

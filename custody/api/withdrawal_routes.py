@@ -6,6 +6,7 @@ from typing import Literal
 from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from custody.api.bodies import CommentIn
 from custody.api.deps import Auditor, Backend, ContainerDep, Operator, Reader
 from custody.api.errors import ApiError
 from custody.withdrawals import WithdrawalView
@@ -21,11 +22,6 @@ class WithdrawalIn(BaseModel):
     amount: str = Field(description='decimal string in the asset\'s units, e.g. "0.25"')
     destination: str = Field(min_length=1, max_length=200)
     priority: Literal["normal", "fast"] = "normal"
-
-
-class DecisionIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    comment: str = Field(min_length=1, max_length=1000)
 
 
 class AllowlistPolicyIn(BaseModel):
@@ -92,12 +88,12 @@ def list_withdrawals(c: ContainerDep, _: Auditor, state: str = "pending_approval
 
 
 @router.post("/withdrawals/{withdrawal_id}/approve", response_model=WithdrawalOut)
-def approve(withdrawal_id: int, body: DecisionIn, c: ContainerDep, who: Operator) -> WithdrawalOut:
+def approve(withdrawal_id: int, body: CommentIn, c: ContainerDep, who: Operator) -> WithdrawalOut:
     return _out(c, _svc(c).approve(withdrawal_id, operator=f"api:{who.name}", comment=body.comment))
 
 
 @router.post("/withdrawals/{withdrawal_id}/reject", response_model=WithdrawalOut)
-def reject(withdrawal_id: int, body: DecisionIn, c: ContainerDep, who: Operator) -> WithdrawalOut:
+def reject(withdrawal_id: int, body: CommentIn, c: ContainerDep, who: Operator) -> WithdrawalOut:
     return _out(c, _svc(c).reject(withdrawal_id, operator=f"api:{who.name}", comment=body.comment))
 
 
