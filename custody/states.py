@@ -77,6 +77,14 @@ SWEEP_TRANSITIONS: Mapping[str, frozenset[str]] = {
 # The same shape as a sweep, so one piece of code broadcasts and tracks both (custody.firm_moves).
 REBALANCE_TRANSITIONS: Mapping[str, frozenset[str]] = SWEEP_TRANSITIONS
 
+# A treasury adjustment (custody.adjustments): posted once a quorum of operators other than its
+# proposer approved it, or rejected by any one of them. Both ends are terminal.
+ADJUSTMENT_TRANSITIONS: Mapping[str, frozenset[str]] = {
+    "proposed": frozenset({"posted", "rejected"}),
+    "posted": frozenset(),
+    "rejected": frozenset(),
+}
+
 MACHINES: Mapping[str, tuple[str, Mapping[str, frozenset[str]]]] = {
     "deposit_observation": ("deposit_observation", DEPOSIT_TRANSITIONS),
     "withdrawal": ("withdrawal_request", WITHDRAWAL_TRANSITIONS),
@@ -84,6 +92,7 @@ MACHINES: Mapping[str, tuple[str, Mapping[str, frozenset[str]]]] = {
     "chain_transaction": ("chain_transaction", CHAIN_TX_TRANSITIONS),
     "sweep": ("sweep", SWEEP_TRANSITIONS),
     "rebalance": ("rebalance", REBALANCE_TRANSITIONS),
+    "adjustment": ("treasury_adjustment", ADJUSTMENT_TRANSITIONS),
 }
 
 
