@@ -94,6 +94,16 @@ class CallerLedger:
                                "reserved for the firm's accounts")
         return self.ledger.open_account(asset, account_kind, name, owner=owner)
 
+    def close_account(self, account_id: int) -> Account:
+        """Close an account the caller could have opened (a firm account closed under a subsystem
+        would stop its bookings: firm accounts are closed by the service, never over the API)."""
+        kind = self.account(account_id).kind
+        if not permitted(self.caller.role, MoneyAction.open, kind):
+            raise CustodyError(CustodyErrorCode.kind_not_permitted,
+                               f"role {self.caller.role.value} may not close a {kind.value} account",
+                               account_id=account_id, action="close", kind=kind.value)
+        return self.ledger.close_account(account_id)
+
     def post(self, key: str, transfers: Sequence[Transfer], *, kind: str, metadata: dict[str, Any]) -> PostResult:
         self._require(MoneyAction.debit, (t.debit_account_id for t in transfers))
         self._require(MoneyAction.credit, (t.credit_account_id for t in transfers))

@@ -83,8 +83,9 @@ def get_account(account_id: int, c: ContainerDep, _: Reader) -> AccountOut:
 
 
 @router.post("/accounts/{account_id}/close", response_model=AccountOut)
-def close_account(account_id: int, c: ContainerDep, _: Admin) -> AccountOut:
-    return _account_out(c.ledger.close_account(account_id))
+def close_account(account_id: int, c: ContainerDep, who: Admin) -> AccountOut:
+    """Close an empty customer account; firm accounts are never closed over the API."""
+    return _account_out(CallerLedger(c.ledger, who).close_account(account_id))
 
 
 @router.get("/accounts/{account_id}/balance", response_model=BalanceOut)

@@ -118,6 +118,9 @@ def test_observation_2_a_backend_key_cannot_squat_names_keys_or_firm_holds(api, 
     statement = api("backend", "GET", f"/v1/accounts/{bob}/statement", 200)
     assert [line["idempotency_key"] for line in statement["lines"]] == [f"api:{api.names['backend']}:{batch_key}"]
 
+    log.info("nor may an admin close a firm account under custody (its bookings would stop)")
+    api("admin", "POST", f"/v1/accounts/{in_flight}/close", 403, "kind_not_permitted")
+    assert not ledger.get_account(in_flight).closed
     log.info("no hold on a firm account (a hold on in-flight blocked custody's final booking)")
     api("backend", "POST", "/v1/holds", 403, "kind_not_permitted", json={
         "idempotency_key": "freeze-in-flight", "account_id": in_flight, "amount": "0.00000001", "reference": "x"})
