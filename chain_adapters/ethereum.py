@@ -25,11 +25,18 @@ and `token_balance(contract, address, block=n)` (ERC-20 `balanceOf` by `eth_call
 its block, confirmations and status, and every ERC-20 `Transfer` log in its receipt (any contract;
 the caller decides which contracts it knows). Custody books treasury funding of the hot address
 from it (custody.payouts `book_ethereum_funding`).
+
+Before paying a destination, custody asks `has_code(address)` (eth_getCode: a contract, or an
+account delegated to code) and `simulate(sender, to, value=, data=, gas=)` (eth_call at the tip with
+the payout's exact value, calldata and gas limit): `CallResult.OK`, `REVERTED` (the execution would
+revert or run out of gas: mined, it would burn the gas and move nothing) or `UNFUNDED` (the sender
+cannot cover the value: the simulation says nothing about the destination).
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 
 from eth_account import Account
 from eth_account.typed_transactions import TypedTransaction
@@ -67,6 +74,9 @@ _FEE_ERRORS = ("underpriced", "max fee per gas less than block base fee", "fee c
                "feecap", "gas price too low", "tip higher than")
 _FUNDS_ERRORS = ("insufficient funds",)
 _KNOWN_ERRORS = ("already known", "already imported", "known transaction")
+# eth_call errors that mean "this execution fails" (geth, reth, erigon and anvil wordings)
+_REVERT_ERRORS = ("revert", "out of gas", "outofgas", "invalid opcode", "invalidfeopcode", "opcodenotfound",
+                  "invalid jump", "stack underflow", "stack overflow", "gas required exceeds", "write protection")
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +115,21 @@ class TxTransfers:
     confirmations: int
     reverted: bool
     token_transfers: tuple[TokenTransfer, ...]
+
+
+class CallResult(StrEnum):
+    OK = "ok"  # the call would succeed
+    REVERTED = "reverted"  # the execution would revert (or run out of the gas given)
+    UNFUNDED = "unfunded"  # the sender cannot cover the value: nothing learned about the callee
+
+
+@dataclass(frozen=True, slots=True)
+class CallOutcome:
+    """What one transaction would do if it were mined on top of the tip (from `simulate`); `detail`
+    is the node's message (with the revert reason when it gives one), empty when it succeeds."""
+
+    result: CallResult
+    detail: str = ""
 
 
 def _hex(value: bytes | str) -> str:
@@ -307,6 +332,32 @@ class EthereumAdapter(BlockWalker):
         if len(out) != 32:
             raise ChainError(f"balanceOf on {contract} answered {len(out)} bytes, not one word")
         return int.from_bytes(out, "big")
+
+    def has_code(self, address: str) -> bool:
+        """True when `address` carries code at the tip (a contract, or an account delegated to one):
+        paying it runs that code."""
+        return len(bytes(self._call(self.w3.eth.get_code, to_checksum_address(address), "latest"))) > 0
+
+    def simulate(self, sender: str, to: str, *, value: int, data: bytes, gas: int) -> CallOutcome:
+        """Execute the transaction `sender` -> `to` (value in wei, calldata, gas limit) with eth_call on
+        top of the tip, without sending it. A node error that is neither a failed execution nor the
+        sender's missing funds raises ChainError: an unknown answer is never read as success."""
+        for name, number in (("value", value), ("gas", gas)):
+            if type(number) is not int or number < 0:
+                raise ValueError(f"{name} must be a non-negative int, got {number!r}")
+        call = {"from": to_checksum_address(sender), "to": to_checksum_address(to), "value": hex(value),
+                "gas": hex(gas), "data": "0x" + bytes(data).hex()}
+        reply = self._call(self.w3.provider.make_request, "eth_call", [call, "latest"])
+        error = reply.get("error")
+        if error is None:
+            return CallOutcome(CallResult.OK)
+        message = str(error.get("message", "")) if isinstance(error, dict) else str(error)
+        lowered = message.lower()
+        if any(k in lowered for k in _FUNDS_ERRORS):
+            return CallOutcome(CallResult.UNFUNDED, message)
+        if any(k in lowered for k in _REVERT_ERRORS):
+            return CallOutcome(CallResult.REVERTED, message)
+        raise ChainError(f"eth_call from {sender} to {to} failed: {message}")
 
     def mined(self, txid: str) -> MinedTx | None:
         """Where and at what cost `txid` was mined (None while it is not in the main chain)."""

@@ -11,6 +11,7 @@ from chain_adapters.base import ChainAdapter
 from custody.adjustments import TreasuryAdjustments
 from custody.database import make_engine, migrate, server_url
 from custody.deposits import Deposits, ExternalScreener
+from custody.destinations import DestinationGuard
 from custody.settings import Settings, get_settings
 from custody.wallets import Wallets
 from ledger.service import Ledger
@@ -52,7 +53,8 @@ class Container:
         self.adapters = dict(adapters)
         self.deposits = Deposits(self.engine, self.ledger, self.wallets, self.adapters, external_screener=external_screener)
         networks = {"bitcoin": bitcoin_network, "ethereum": bitcoin_network}
-        self.withdrawals = Withdrawals(self.engine, self.ledger, self.wallets, PolicyProvider(policy), networks=networks)
+        self.withdrawals = Withdrawals(self.engine, self.ledger, self.wallets, PolicyProvider(policy), networks=networks,
+                                       destinations=DestinationGuard(self.engine, self.wallets, self.adapters))
         if signer_keys is not None:
             signer = Signer(self.engine, signer_keys, bitcoin_network=bitcoin_network)
             config = payout_config or PayoutConfig(bitcoin_network=bitcoin_network)

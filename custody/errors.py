@@ -4,6 +4,13 @@
 | --- | --- | --- |
 | withdrawals_halted | 503 | the kill switch is on: no withdrawal is accepted, batched or signed |
 | invalid_destination | 422 | the destination is not a valid address for the asset's chain and network |
+| destination_zero_address | 422 | ethereum: the zero address (what is sent there is burned) |
+| destination_burn_address | 422 | ethereum: a well-known burn address (0x...dEaD and the like) |
+| destination_precompile | 422 | ethereum: an address below 2**16, where precompiled contracts live (and future ones will) |
+| destination_token_contract | 422 | ethereum: the contract of a configured token (tokens sent to it are lost) |
+| destination_internal | 422 | an address the service controls or derived (deposit, hot receive or change, cold, either chain): paying it pays the firm |
+| destination_contract_not_allowlisted | 422 | ethereum: the destination has contract code and is not on the account's allowlist |
+| destination_would_revert | 422 | ethereum: the payout, simulated from the hot address with its exact value, data and gas, would revert |
 | asset_not_withdrawable | 422 | the asset has no chain configuration or no hot wallet |
 | withdrawal_not_found | 404 | no withdrawal with that id |
 | withdrawal_rejected | 422 | the policy engine rejected the withdrawal (reasons in the detail); its hold was released |
@@ -31,6 +38,13 @@ import enum
 class CustodyErrorCode(str, enum.Enum):
     withdrawals_halted = "withdrawals_halted"
     invalid_destination = "invalid_destination"
+    destination_zero_address = "destination_zero_address"
+    destination_burn_address = "destination_burn_address"
+    destination_precompile = "destination_precompile"
+    destination_token_contract = "destination_token_contract"
+    destination_internal = "destination_internal"
+    destination_contract_not_allowlisted = "destination_contract_not_allowlisted"
+    destination_would_revert = "destination_would_revert"
     asset_not_withdrawable = "asset_not_withdrawable"
     withdrawal_not_found = "withdrawal_not_found"
     withdrawal_rejected = "withdrawal_rejected"
@@ -58,6 +72,13 @@ class CustodyErrorCode(str, enum.Enum):
 _STATUS = {
     CustodyErrorCode.withdrawals_halted: 503,
     CustodyErrorCode.invalid_destination: 422,
+    CustodyErrorCode.destination_zero_address: 422,
+    CustodyErrorCode.destination_burn_address: 422,
+    CustodyErrorCode.destination_precompile: 422,
+    CustodyErrorCode.destination_token_contract: 422,
+    CustodyErrorCode.destination_internal: 422,
+    CustodyErrorCode.destination_contract_not_allowlisted: 422,
+    CustodyErrorCode.destination_would_revert: 422,
     CustodyErrorCode.asset_not_withdrawable: 422,
     CustodyErrorCode.withdrawal_not_found: 404,
     CustodyErrorCode.withdrawal_rejected: 422,

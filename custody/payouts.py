@@ -39,6 +39,7 @@ from chain_adapters.base import ChainAdapter, TxState
 from chain_adapters.errors import ChainError
 from custody.addresses import derive_btc_address, derive_eth_address
 from custody.controls import DRAIN, audit, emit, flag, kill_switch, open_incident, set_flag
+from custody.destinations import HOT_RECEIVE_INDEX, DestinationGuard, eth_payout_call
 from custody.errors import CustodyError, CustodyErrorCode
 from custody.states import advance, advance_many
 from custody.wallets import Wallets
@@ -47,12 +48,9 @@ from ledger.model import PostResult, Transfer
 from ledger.service import Ledger
 from signer.bitcoin_tx import address_to_script, dust_threshold, estimate_vsize, fee_for, select_coins
 from signer.errors import SignerError, SignerErrorCode
-from signer.ethereum_tx import erc20_transfer_data
 from signer.service import BatchOutput, BtcCoin, Signer, SigningRefused
 
 log = logging.getLogger(__name__)
-HOT_RECEIVE_INDEX = 0
-ETH_GAS_ETHER, ETH_GAS_TOKEN = 21_000, 100_000
 
 
 @dataclass(frozen=True)
@@ -92,6 +90,7 @@ class Payouts:
         self.config = config or PayoutConfig()
         self.refusals: list[tuple[int, str]] = []  # (batch id, refusal code), most recent last
         self.withdrawals = None  # custody.withdrawals.Withdrawals: re-decides approvals that expired unpaid
+        self.destinations = DestinationGuard(engine, wallets, adapters)  # re-checked as each withdrawal is batched
 
     # ---- hot wallet -----------------------------------------------------------------------
 
@@ -228,10 +227,14 @@ class Payouts:
         denied = {a.lower() for a in c.execute(text("SELECT address FROM denylist_address")).scalars()}
         keep = []
         for w in rows:
-            if w.destination.lower() in denied:  # rescreen: dropped without holding up the rest
+            # rescreen, and the destination again (it may have become ours, or a contract, since the
+            # request: custody.destinations): dropped without holding up the rest
+            refused = self.destinations.refusal_at_payout(c, chain, w)
+            reason = "destination_sanctioned" if w.destination.lower() in denied else refused.value if refused else None
+            if reason is not None:
                 self.ledger.release_hold(w.hold_id, owner=HOLD_OWNER, conn=c)
-                advance(c, "withdrawal", w.id, "approved", "rejected", reject_reasons=["destination_sanctioned"])
-                emit(c, "withdrawal.rejected", f"withdrawal.rejected:{w.id}", {"withdrawal_id": w.id, "reason": "destination_sanctioned"})
+                advance(c, "withdrawal", w.id, "approved", "rejected", reject_reasons=[reason])
+                emit(c, "withdrawal.rejected", f"withdrawal.rejected:{w.id}", {"withdrawal_id": w.id, "reason": reason})
             else:
                 keep.append(w)
         return keep
@@ -383,10 +386,8 @@ class Payouts:
 
     def _eth_call(self, c: Connection, w) -> tuple[str, int, bytes, int]:
         """(to, value, data, gas) of the transaction paying withdrawal `w`."""
-        ca = self.wallets.chain_asset(w.asset, conn=c)
-        if ca.contract_address:
-            return ca.contract_address, 0, erc20_transfer_data(w.destination, int(w.amount)), ETH_GAS_TOKEN
-        return w.destination, int(w.amount), b"", ETH_GAS_ETHER
+        call = eth_payout_call(self.wallets.chain_asset(w.asset, conn=c).contract_address, w.destination, int(w.amount))
+        return call.to, call.value, call.data, call.gas  # the same call custody.destinations simulates
 
     def _sign_ethereum(self, batch_id: int) -> str | None:
         adapter = self.adapters["ethereum"]

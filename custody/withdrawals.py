@@ -9,6 +9,11 @@ requester, only while the decision is live) or `rejected` (hold released, reason
 
 The kill switch refuses new requests at the door (`withdrawals_halted`); batching and signing check
 it again, so a switch engaged after approval still stops the money.
+
+Only customer accounts are withdrawn from (`kind_not_permitted` otherwise); the quarantine account
+only through `Deposits.return_quarantined`. Before anything is written the destination is checked
+(custody.destinations): never one of the service's own addresses, never a reserved or token
+contract address on ethereum, a contract only when allowlisted and when the payout would not revert.
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ from typing import Callable
 from sqlalchemy import Connection, Engine, text
 
 from custody.controls import audit, emit, kill_switch
+from custody.destinations import DestinationGuard
 from custody.errors import CustodyError, CustodyErrorCode
 from custody.policy_config import PolicyProvider
 from custody.states import advance
@@ -74,12 +80,14 @@ def validate_destination(chain: str, network: str, destination: str) -> tuple[st
 
 class Withdrawals:
     def __init__(self, engine: Engine, ledger: Ledger, wallets: Wallets, policies: PolicyProvider,
-                 *, networks: dict[str, str], clock: Callable[[], dt.datetime] | None = None) -> None:
+                 *, networks: dict[str, str], clock: Callable[[], dt.datetime] | None = None,
+                 destinations: DestinationGuard | None = None) -> None:
         self.engine = engine
         self.ledger = ledger
         self.wallets = wallets
         self.policies = policies
         self.networks = networks  # chain -> network name
+        self.destinations = destinations or DestinationGuard(engine, wallets, {})  # without a node: ethereum fails closed
         self.clock = clock or (lambda: dt.datetime.now(dt.timezone.utc))
 
     # ---- request --------------------------------------------------------------------------
@@ -95,12 +103,16 @@ class Withdrawals:
         account = self.ledger.get_account(account_id)
         allowed = (AccountKind.quarantine,) if _from_quarantine else (AccountKind.customer,)
         if account.kind not in allowed:  # the quarantine account only through Deposits.return_quarantined
-            raise LedgerError(ErrorCode.invalid_request, "withdrawals are made from customer accounts")
+            raise CustodyError(CustodyErrorCode.kind_not_permitted, "withdrawals are made from customer accounts only",
+                               account_id=account_id, kind=account.kind.value)
         try:
             ca = self.wallets.chain_asset(account.asset)
         except LedgerError:
             raise CustodyError(CustodyErrorCode.asset_not_withdrawable, f"{account.asset} cannot be withdrawn") from None
+        self.destinations.check_reserved(ca.chain, destination)
         destination, script = validate_destination(ca.chain, self.networks.get(ca.chain, "regtest"), destination)
+        if not self._requested(account_id, client_withdrawal_id):  # a replay answers the original below
+            self.destinations.check_request(ca, account_id, destination, amount)
         fee = ca.withdrawal_fee_fast if priority == "fast" else ca.withdrawal_fee
         digest = hashlib.sha256(json.dumps([account_id, str(amount), destination, priority]).encode()).hexdigest()
 
@@ -125,6 +137,11 @@ class Withdrawals:
             raise CustodyError(CustodyErrorCode.withdrawal_rejected, "the withdrawal was rejected by policy: "
                                + ", ".join(view.reject_reasons), withdrawal_id=view.id, reasons=list(view.reject_reasons))
         return view
+
+    def _requested(self, account_id: int, client_withdrawal_id: str) -> bool:
+        with self.engine.connect() as c:
+            return c.execute(text("SELECT 1 FROM withdrawal_request WHERE account_id = :a AND client_withdrawal_id = :cw"),
+                             {"a": account_id, "cw": client_withdrawal_id}).first() is not None
 
     def _hold_and_decide(self, c: Connection, wid: int, account_id: int, amount: int, fee: int, requested_by: str) -> WithdrawalView:
         hold = self.ledger.place_hold(f"withdrawal:{wid}:hold", account_id, amount + fee, owner=HOLD_OWNER,
