@@ -107,21 +107,32 @@ class CompiledContract:
 
 def compile_token(tools: Tools) -> CompiledContract:
     """Compile contracts/TestToken.sol with solc-js (cached by source hash)."""
-    source = TOKEN_SOURCE.read_bytes()
+    return compile_contract(tools, TOKEN_SOURCE, "TestToken")
+
+
+def compile_contract(tools: Tools, source_path: Path, name: str) -> CompiledContract:
+    """Compile contract `name` of a file under contracts/ with solc-js (cached by source hash)."""
+    source = source_path.read_bytes()
     out = cache_root() / f"solc-{hashlib.sha256(source + str(tools.solcjs).encode()).hexdigest()[:16]}"
-    abi_file = out / "TestToken.abi"
-    bin_file = out / "TestToken.bin"
+    abi_file = out / f"{name}.abi"
+    bin_file = out / f"{name}.bin"
     if not bin_file.is_file():
         tmp = Path(tempfile.mkdtemp(prefix="solc-"))
         try:
             subprocess.run([str(tools.solcjs), "--bin", "--abi", "--optimize", "--base-path", str(REPO_ROOT),
-                            "-o", str(tmp), str(TOKEN_SOURCE)], check=True, capture_output=True)
+                            "-o", str(tmp), str(source_path)], check=True, capture_output=True)
             out.mkdir(parents=True, exist_ok=True)
-            shutil.copy(next(tmp.glob("*TestToken.abi")), abi_file)
-            shutil.copy(next(tmp.glob("*TestToken.bin")), bin_file)
+            shutil.copy(next(tmp.glob(f"*{name}.abi")), abi_file)
+            shutil.copy(next(tmp.glob(f"*{name}.bin")), bin_file)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return CompiledContract(json.loads(abi_file.read_text()), "0x" + bin_file.read_text().strip())
+
+
+def deploy_contract(w3: Web3, compiled: CompiledContract, *args) -> str:
+    """Deploy from the faucet account; returns the contract's checksummed address once mined."""
+    tx = w3.eth.contract(abi=compiled.abi, bytecode=compiled.bytecode).constructor(*args).transact({"from": FAUCET_ADDRESS})
+    return Web3.to_checksum_address(w3.eth.wait_for_transaction_receipt(tx, timeout=30)["contractAddress"])
 
 
 class TestToken:

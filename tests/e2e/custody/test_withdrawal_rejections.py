@@ -60,10 +60,13 @@ def test_rejections_have_clear_codes(custody, customer, api, engine, ledger, bit
         log.info("%s to %s... -> %d %s", amount, dest[:12], r.status_code, r.json().get("error", {}).get("code"))
         assert_equal((r.status_code, r.json()["error"]["code"]), (status, code))
     assert_equal(ledger.balance(acct).held, 0)
-    quarantine = custody.wallets.firm_account("quarantine", "BTC")
-    r = post(api, quarantine, "0.01")
-    log.info("the firm's quarantine account cannot be withdrawn from over the API -> %s", r.json()["error"]["code"])
-    assert_equal((r.status_code, r.json()["error"]["code"]), (422, "invalid_request"))
+    log.info("only customer accounts are withdrawn from: every firm account is refused (issue 11)")
+    firm = {role: custody.wallets.firm_account(role, "BTC") for role in ("quarantine", "equity", "fees", "in_flight", "suspense")}
+    firm["hot location"] = custody.wallets.location_account("bitcoin", "hot", "BTC")
+    for role, account in firm.items():
+        r = post(api, account, "0.01")
+        log.info("from the %s account -> %d %s", role, r.status_code, r.json()["error"]["code"])
+        assert_equal((r.status_code, r.json()["error"]["code"]), (403, "kind_not_permitted"))
 
     log.info("a denylisted destination is rejected by policy, its hold released, the reason returned")
     denied = bitcoind.wallet("getnewaddress", "", "bech32")
