@@ -207,8 +207,16 @@ WHERE chain = :chain
 ORDER BY tier
 """)
 
-_BATCH_IDS_SQL = text("""
-SELECT id, chain
+_BITCOIN_BATCH_IDS_SQL = text("""
+SELECT id
+FROM withdrawal_batch
+WHERE chain = 'bitcoin'
+ORDER BY id
+""")
+
+_BATCH_COUNTS_SQL = text("""
+SELECT count(*) FILTER (WHERE chain = 'bitcoin') AS bitcoin_batches,
+       coalesce(max(id), 0) AS last_id
 FROM withdrawal_batch
 """)
 
@@ -247,6 +255,7 @@ class DestinationGuard:
         self.wallets = wallets
         ethereum = adapters.get("ethereum")
         self.ethereum = ethereum if isinstance(ethereum, EthereumAdapter) else None
+        self._derived: dict[str, tuple[tuple, frozenset[str]]] = {}  # chain -> (what it was derived from, the set)
 
     @staticmethod
     def check_reserved(chain: str, destination: str) -> None:
@@ -262,7 +271,7 @@ class DestinationGuard:
         if code is not None:
             raise CustodyError(code, f"{destination} may not be paid: {detail}", destination=destination)
 
-    def refusal_at_payout(self, c: Connection, chain: str, w) -> CustodyErrorCode | None:
+    def refusal_at_payout(self, c: Connection, w) -> CustodyErrorCode | None:
         """The refusal code for approved withdrawal row `w` (asset, account_id, destination, amount)
         as it is about to be batched, or None to pay it."""
         ca = self.wallets.chain_asset(w.asset, conn=c)
@@ -274,16 +283,26 @@ class DestinationGuard:
         keys = wallet_keys(c, chain)
         source = own_address_source(c, chain, address)
         if source is None:
-            batches = c.execute(_BATCH_IDS_SQL).all()
-            derived = derived_addresses(keys, bitcoin_batch_ids=[b.id for b in batches if b.chain == "bitcoin"],
-                                        next_batch_id=max((b.id for b in batches), default=0) + 1)
-            source = "derived" if address in derived else None
+            source = "derived" if address in self._derived_addresses(c, chain, keys) else None
         facts = DestinationFacts(internal=source is not None)
         detail = f"it is the service's own address ({source})" if source else ""
         if chain == "ethereum" and refusal(chain, address, facts) is None:
             facts, detail = self._ethereum_facts(c, ca, account_id, destination, amount, keys, facts)
         code = refusal(chain, address, facts)
         return code, detail or (code.value if code else "")
+
+    def _derived_addresses(self, c: Connection, chain: str, keys: list[WalletKey]) -> frozenset[str]:
+        """`derived_addresses` for the wallets and batches as they are now, derived again only when a
+        wallet moved on or a batch appeared (batching asks once per approved withdrawal). Batches are
+        never deleted, so their count and the last id tell whether the set is still the same."""
+        counts = c.execute(_BATCH_COUNTS_SQL).one()
+        inputs = (tuple(keys), int(counts.bitcoin_batches), int(counts.last_id))
+        cached = self._derived.get(chain)
+        if cached is None or cached[0] != inputs:
+            bitcoin_batch_ids = c.execute(_BITCOIN_BATCH_IDS_SQL).scalars().all() if chain == "bitcoin" else []
+            cached = (inputs, derived_addresses(keys, bitcoin_batch_ids=bitcoin_batch_ids, next_batch_id=int(counts.last_id) + 1))
+            self._derived[chain] = cached
+        return cached[1]
 
     def _ethereum_facts(self, c: Connection, ca: ChainAsset, account_id: int, destination: str, amount: int,
                         keys: list[WalletKey], facts: DestinationFacts) -> tuple[DestinationFacts, str]:

@@ -229,7 +229,7 @@ class Payouts:
         for w in rows:
             # rescreen, and the destination again (it may have become ours, or a contract, since the
             # request: custody.destinations): dropped without holding up the rest
-            refused = self.destinations.refusal_at_payout(c, chain, w)
+            refused = self.destinations.refusal_at_payout(c, w)
             reason = "destination_sanctioned" if w.destination.lower() in denied else refused.value if refused else None
             if reason is not None:
                 self.ledger.release_hold(w.hold_id, owner=HOLD_OWNER, conn=c)
