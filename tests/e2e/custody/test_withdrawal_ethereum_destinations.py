@@ -4,8 +4,9 @@ the token contract, are refused at once, each with its own code; ether to a cont
 ether (contracts/RejectsEther.sol, deployed on anvil) is refused while the contract is not on the
 account's allowlist and, once it is, because the simulated payout reverts; nothing is held or written
 and no gas is spent. USDT to that allowlisted contract is paid (a token transfer runs no code of the
-destination). An ether withdrawal to a plain address that gains code after it was approved is
-rejected when batched, its hold released. The books verify and the ethereum lines reconcile to zero."""
+destination). Ether withdrawals to plain addresses that gain reverting code after approval are
+rejected when batched (one not allowlisted; one allowlisted whose payout would now revert), holds
+released. The books verify and the ethereum lines reconcile to zero."""
 from __future__ import annotations
 
 import uuid
@@ -107,16 +108,20 @@ def test_ethereum_destinations_that_swallow_value_are_refused(custody, customer,
     assert_equal((r.status_code, r.json()["state"]), (201, "approved"))
     paid = r.json()["id"]
 
-    log.info("an ether withdrawal to a plain address is approved; the address gains code before it is batched")
-    plain = txbuild.eth_new_address(f"grows-code-{owner}")
-    r = withdraw(api, eth_acct, "0.02", plain)
-    assert_equal((r.status_code, r.json()["state"]), (201, "approved"))
-    grows = r.json()["id"]
-    anvil.call("anvil_setCode", plain, REVERT_CODE)
+    log.info("ether withdrawals to two plain addresses (one allowlisted) are approved; both gain reverting code")
+    plain, listed = txbuild.eth_new_address(f"grows-code-{owner}"), txbuild.eth_new_address(f"grows-code-listed-{owner}")
+    assert_equal(api.post(f"/v1/accounts/{eth_acct}/allowlist", json={"address": listed}).status_code, 201)
+    grows = []
+    for destination in (plain, listed):
+        r = withdraw(api, eth_acct, "0.02", destination)
+        assert_equal((r.status_code, r.json()["state"]), (201, "approved"))
+        grows.append(r.json()["id"])
+        anvil.call("anvil_setCode", destination, REVERT_CODE)
 
+    log.info("batching checks again: both rejected, holds released; the USDT payout goes on")
     batches = p.batch_ethereum()
-    assert_equal(w.get(grows).state, "rejected")
-    assert_equal(w.get(grows).reject_reasons, ("destination_contract_not_allowlisted",))
+    assert_equal([(w.get(i).state, w.get(i).reject_reasons) for i in grows],
+                 [("rejected", ("destination_contract_not_allowlisted",)), ("rejected", ("destination_would_revert",))])
     assert_equal(ledger.balance(eth_acct).held, 0)
     assert_equal(w.get(paid).state, "batched")
     assert w.get(paid).batch_id in batches
@@ -128,7 +133,7 @@ def test_ethereum_destinations_that_swallow_value_are_refused(custody, customer,
     p.track()
     assert_equal(w.get(paid).state, "final")
     assert_equal(usdt.balance_of(rejecter), token_amt)
-    assert_equal(anvil.w3.eth.get_balance(plain), 0)
+    assert_equal((anvil.w3.eth.get_balance(plain), anvil.w3.eth.get_balance(listed)), (0, 0))
 
     log.info("the books close: customer balances, and every ethereum line reconciles to zero")
     assert_equal(ledger.balance(usdt_acct).posted, 5_000 * 10**6 - token_amt - 10**6)
