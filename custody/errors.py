@@ -17,6 +17,9 @@
 | funding_not_final | 409 | a hot-wallet funding has fewer confirmations than its asset's finality depth |
 | funding_not_to_hot | 422 | the transaction pays nothing to the hot address (no ether, no configured token) |
 | funding_own_transaction | 422 | the transaction is the hot wallet's own (sent by it, or a payout): booked by its own flow |
+| allowlist_change_not_found | 404 | no allowlist change with that id |
+| incident_not_found | 404 | no incident with that id |
+| incident_decision_invalid | 422 | the resolution's decision does not fit the incident (a held amount needs release or capture; a capture needs a shortfall still booked) |
 """
 from __future__ import annotations
 
@@ -39,6 +42,9 @@ class CustodyErrorCode(str, enum.Enum):
     funding_not_final = "funding_not_final"
     funding_not_to_hot = "funding_not_to_hot"
     funding_own_transaction = "funding_own_transaction"
+    allowlist_change_not_found = "allowlist_change_not_found"
+    incident_not_found = "incident_not_found"
+    incident_decision_invalid = "incident_decision_invalid"
 
     @property
     def http_status(self) -> int:
@@ -61,6 +67,9 @@ _STATUS = {
     CustodyErrorCode.funding_not_final: 409,
     CustodyErrorCode.funding_not_to_hot: 422,
     CustodyErrorCode.funding_own_transaction: 422,
+    CustodyErrorCode.allowlist_change_not_found: 404,
+    CustodyErrorCode.incident_not_found: 404,
+    CustodyErrorCode.incident_decision_invalid: 422,
 }
 
 
