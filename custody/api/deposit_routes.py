@@ -12,6 +12,7 @@ from custody.api.deps import Auditor, Backend, ContainerDep, Operator, Reader
 from custody.api.errors import ApiError
 from custody.auth import Role
 from custody.controls import kill_switch, set_kill_switch
+from custody.incidents import Incidents
 from ledger.amounts import format_amount
 
 router = APIRouter(prefix="/v1", tags=["deposits"])
@@ -49,6 +50,11 @@ class DepositOut(BaseModel):
 
 class ReturnIn(CommentIn):
     destination: str | None = Field(default=None, max_length=200, description="default: the deposit's single sender")
+
+
+class ResolveIn(CommentIn):
+    decision: Literal["release", "capture"] | None = Field(
+        default=None, description="for an incident that holds money: release it to the customer or capture it to suspense")
 
 
 class KillSwitchIn(BaseModel):
@@ -118,9 +124,20 @@ def incidents(c: ContainerDep, _: Auditor, open_only: bool = True) -> list[dict]
     from sqlalchemy import text
 
     with c.engine.connect() as conn:
-        rows = conn.execute(text("SELECT id, kind, severity, detail, opened_at, resolved_at FROM incident "
+        rows = conn.execute(text("SELECT id, kind, severity, detail, opened_at, resolved_at, resolved_by, resolution "
+                                 "FROM incident "
                                  "WHERE NOT :o OR resolved_at IS NULL ORDER BY id DESC LIMIT 500"), {"o": open_only}).all()
     return [dict(r._mapping) for r in rows]
+
+
+@router.post("/incidents/{incident_id}/resolve")
+def resolve_incident(incident_id: int, body: ResolveIn, c: ContainerDep, who: Operator) -> dict:
+    """Operator decision: close an incident with a comment (audited); one that froze a reorged-out
+    credit needs `decision` release or capture. The kill switch stays as it is."""
+    i = Incidents(c.engine, c.ledger).resolve(incident_id, operator=f"api:{who.name}", comment=body.comment,
+                                              decision=body.decision)
+    return {"id": i.id, "kind": i.kind, "severity": i.severity, "detail": i.detail, "opened_at": i.opened_at,
+            "resolved_at": i.resolved_at, "resolved_by": i.resolved_by, "resolution": i.resolution}
 
 
 @router.post("/reconciliation")
