@@ -70,6 +70,7 @@ class WithdrawalView:
     batch_id: int | None
     reject_reasons: tuple[str, ...]
     created: bool = True
+    decision_reasons: tuple[str, ...] = ()  # why the live decision is not a plain approval (what approvers see)
 
 
 @dataclass(frozen=True)
@@ -408,13 +409,15 @@ class Withdrawals:
 
 
 _W_SQL = ("SELECT id, client_withdrawal_id, account_id, asset, chain, amount, fee_quoted, destination, priority, requested_by, "
-          "state, hold_id, decision_id, batch_id, reject_reasons, content_hash FROM withdrawal_request")
+          "state, hold_id, decision_id, batch_id, reject_reasons, content_hash, "
+          "(SELECT d.reasons FROM policy_decision d WHERE d.id = withdrawal_request.decision_id) AS decision_reasons "
+          "FROM withdrawal_request")
 
 
 def _view(row, *, created: bool = True) -> WithdrawalView:
     return WithdrawalView(row.id, row.client_withdrawal_id, row.account_id, row.asset, row.chain, int(row.amount),
                           int(row.fee_quoted), row.destination, row.priority, row.requested_by, row.state, row.hold_id,
-                          row.decision_id, row.batch_id, tuple(row.reject_reasons), created)
+                          row.decision_id, row.batch_id, tuple(row.reject_reasons), created, tuple(row.decision_reasons or ()))
 
 
 # ---- velocity and returns: the decision's inputs -----------------------------------------------

@@ -110,13 +110,15 @@ def release(deposit_id: int, body: CommentIn, c: ContainerDep, who: Operator) ->
 
 @router.post("/deposits/{deposit_id}/return")
 def return_deposit(deposit_id: int, body: ReturnIn, c: ContainerDep, who: Operator) -> dict:
-    """Operator decision: send a quarantined deposit back (a withdrawal from the quarantine account,
-    subject to policy and approvals like any other). Answers the withdrawal id."""
+    """Operator request: send a quarantined deposit back (a withdrawal from the quarantine account,
+    subject to policy; it always waits for operators other than this one, and a destination other
+    than the original sender is flagged in `decision_reasons`). Answers the withdrawal id."""
     if c.withdrawals is None:
         raise ApiError(503, "chains_not_configured", "no chain adapters are configured on this service")
     wid = _deposits(c).return_quarantined(deposit_id, operator=f"api:{who.name}", comment=body.comment,
                                           withdrawals=c.withdrawals, destination=body.destination)
-    return {"deposit_id": deposit_id, "withdrawal_id": wid, "state": c.withdrawals.get(wid).state}
+    w = c.withdrawals.get(wid)
+    return {"deposit_id": deposit_id, "withdrawal_id": wid, "state": w.state, "decision_reasons": list(w.decision_reasons)}
 
 
 @router.get("/incidents")

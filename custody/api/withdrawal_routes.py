@@ -75,6 +75,7 @@ class WithdrawalOut(BaseModel):
     priority: str
     state: str
     reject_reasons: list[str]
+    decision_reasons: list[str] = Field(default_factory=list, description="why the decision needs operators (or rejected)")
     batch_id: int | None
 
 
@@ -88,7 +89,8 @@ def _out(c, w: WithdrawalView) -> WithdrawalOut:
     d = c.ledger.get_asset(w.asset).decimals
     return WithdrawalOut(id=w.id, client_withdrawal_id=w.client_withdrawal_id, account_id=w.account_id, asset=w.asset,
                          amount=format_amount(w.amount, d), fee_quoted=format_amount(w.fee_quoted, d), destination=w.destination,
-                         priority=w.priority, state=w.state, reject_reasons=list(w.reject_reasons), batch_id=w.batch_id)
+                         priority=w.priority, state=w.state, reject_reasons=list(w.reject_reasons),
+                         decision_reasons=list(w.decision_reasons), batch_id=w.batch_id)
 
 
 @router.post("/withdrawals", response_model=WithdrawalOut, status_code=201)
