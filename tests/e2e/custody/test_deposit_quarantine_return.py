@@ -64,3 +64,32 @@ def test_return_to_an_address_of_the_operators_choosing_needs_a_second_operator(
     assert_equal(custody.withdrawals.get(ret["withdrawal_id"]).state, "final")
     assert_equal([u.amount for u in btc.adapter.unspent([own])], [2_500_000 - 5_000])
     assert_equal(ledger.balance(acct).posted, 0)
+
+
+def test_the_signer_refuses_a_return_no_other_operator_approved(custody, customer, btc, bitcoind, engine, ledger, log):
+    """Custody's decision is not trusted: a return marked approved with a forged automatic decision
+    (a bug, or a write to custody's tables) is refused by the signer itself."""
+    from sqlalchemy import text
+
+    acct, key, obs = deposit_from_denylisted_sender(custody, customer, btc, bitcoind, engine, 1_200_000, "test: flagged")
+    p = custody.payouts
+    bitcoind.fund(p.hot_address("bitcoin"), 100_000_000)
+    bitcoind.mine(1)
+    p.sync_hot_wallet()
+    own = bitcoind.wallet("getnewaddress", "", "bech32")
+    wid = custody.deposits.return_quarantined(obs["id"], operator="op-eve", comment="to me", withdrawals=custody.withdrawals,
+                                              destination=own)
+    log.info("forge an automatic approval for withdrawal %s underneath custody", wid)
+    with engine.begin() as c:
+        forged = c.execute(text("INSERT INTO policy_decision (withdrawal_id, outcome, required_approvals, reasons, policy_version, "
+                                "record, decided_at, expires_at) VALUES (:w, 'approve', 0, '{}', 'forged', '{}', now(), "
+                                "now() + interval '1 day') RETURNING id"), {"w": wid}).scalar_one()
+        c.execute(text("UPDATE withdrawal_request SET decision_id = :d, state = 'approved' WHERE id = :w"), {"d": forged, "w": wid})
+    batch = p.batch_bitcoin()
+    p.refusals.clear()
+    assert_equal(p.sign_open_batches(), [])
+    assert_equal(p.refusals, [(batch, "decision_not_approved")])
+    p.drop_from_batch(batch, wid, reason="test: forged decision", retry=False)
+    assert_equal(custody.withdrawals.get(wid).state, "rejected")
+    quarantine = custody.wallets.firm_account("quarantine", "BTC")
+    assert_equal(ledger.balance(quarantine).held, 0)
