@@ -46,3 +46,39 @@ def test_a_second_account_of_one_owner_gets_no_fresh_limit(api, ledger):
     api.reject_all(first, second, third, stranger)
     for acct in (first, second, third, stranger):
         assert_equal(ledger.balance(acct).held, 0)
+
+
+
+def test_simultaneous_requests_from_two_accounts_of_one_owner_pass_the_limit_once(api, ledger):
+    """Two accounts of one owner racing: both requests have placed their holds and reached the
+    decision at the same moment (a barrier in the decision's clock); the owner's decisions are
+    taken one at a time, so only one 0.1 BTC request fits the 0.15 BTC limit."""
+    import threading
+
+    owner = f"cust-{uuid.uuid4().hex[:8]}"
+    accounts = [api.open_customer(owner), api.open_customer(owner)]
+    withdrawals = api.custody.withdrawals
+    real_clock, barrier = withdrawals.clock, threading.Barrier(2, timeout=10)
+    states: list[str] = []
+
+    def clock():
+        barrier.wait()  # both decisions start together
+        return real_clock()
+
+    def one(acct: int) -> None:
+        w = withdrawals.request(client_withdrawal_id=f"race-{owner}-{acct}", account_id=acct, amount=10_000_000,
+                                destination="bcrt1qw508d6qejxtdg4y5r3zarvary0c5xw7kygt080", requested_by="backend")
+        states.append(w.state)
+
+    withdrawals.clock = clock
+    try:
+        threads = [threading.Thread(target=one, args=(acct,)) for acct in accounts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        withdrawals.clock = real_clock
+    log.info("two simultaneous 0.1 BTC requests from two accounts of one owner: %s", sorted(states))
+    assert_equal(sorted(states), ["approved", "pending_approval"])
+    api.reject_all(*accounts)
