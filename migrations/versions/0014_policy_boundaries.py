@@ -3,7 +3,8 @@ quarantine returns are tied to their deposit, velocity is counted per owner, and
 credit is frozen until an operator resolves its incident.
 
 - `allowlist_entry.cooling_off_secs`: the account's cooling-off when the entry was added, so a
-  later loosening never makes an address already added usable sooner (NULL: added before this).
+  later loosening never makes an address already added usable sooner (entries added before this
+  migration get their account's cooling-off now in force).
 - `allowlist_policy.version`: counts the account's allowlist rule changes; decisions name it.
 - `allowlist_change`: a requested loosening (mode, cooling-off, approvals), pending until an
   operator approves or rejects it; a newer request supersedes it. At most one pending per account.
@@ -23,6 +24,9 @@ depends_on = None
 
 SQL = """
 ALTER TABLE allowlist_entry ADD COLUMN cooling_off_secs integer CHECK (cooling_off_secs >= 0);
+UPDATE allowlist_entry e
+SET cooling_off_secs = coalesce((SELECT p.cooling_off_secs FROM allowlist_policy p WHERE p.account_id = e.account_id), 0);
+ALTER TABLE allowlist_entry ALTER COLUMN cooling_off_secs SET NOT NULL;
 ALTER TABLE allowlist_policy ADD COLUMN version integer NOT NULL DEFAULT 1 CHECK (version >= 1);
 
 -- Operational: pending -> approved | rejected | superseded (decided once; the row is then kept).
