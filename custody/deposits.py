@@ -19,6 +19,16 @@ An observation is not a credit. Each step is a job (APScheduler runs them; tests
    deposit opens a critical incident, which trips the kill switch, and moves the shortfall from
    the pool to the suspense account with a compensating transaction; if the transaction is
    re-mined the compensation is reversed (the incident stays for an operator to close).
+   A reorged-out credit is frozen in the same database transaction: a hold owned by custody
+   (`custody:reorg`, no expiry, only custody releases it) on the customer's account for whatever of
+   the credited amount is still available (`reorg_freeze_amount`), recorded in the incident. The
+   customer's withdrawals, transfers and orders see that much less available until an operator
+   resolves the incident (`custody.incidents`): release it to the customer, or capture it to
+   suspense so the books recover the shortfall.
+
+Quarantine returns (`return_quarantined`) are withdrawals from the quarantine account that name
+their deposit: policy requires operators other than the one who asked, whatever the amount; the
+default destination is the deposit's original sender, and any other is flagged to the approvers.
 """
 from __future__ import annotations
 
@@ -36,9 +46,18 @@ from custody.wallets import Wallets
 from ledger.errors import ErrorCode, LedgerError
 from ledger.model import Transfer
 from ledger.service import Ledger
+from policies import normalise_address
 
 log = logging.getLogger(__name__)
 POST_FINAL = ("credited", "quarantined", "dust", "released", "returned")
+REORG_HOLD_OWNER = "custody:reorg"  # a hold freezing a reorged-out credit; no API caller can own it
+CUSTOMER_CREDITED = ("credited", "released")  # the states in which the customer holds the deposit's value
+
+
+def reorg_freeze_amount(credited: int, available: int) -> int:
+    """How much of a reorged-out credit custody can still freeze: what the customer has not moved
+    away yet (never more than the credit, never negative)."""
+    return max(0, min(credited, available))
 
 
 @dataclass(frozen=True)
@@ -185,10 +204,25 @@ class Deposits:
         tx = self.ledger.post(key, [Transfer(suspense, pool, int(row.amount))], kind="deposit_reorg",
                               metadata={"observation_id": row.id, "block_hash": row.block_hash}, conn=c)
         c.execute(text("UPDATE deposit_observation SET reorg_count = reorg_count + 1, updated_at = now() WHERE id = :i"), {"i": row.id})
+        hold = self._freeze_credit(c, row, key, suspense) if row.state in CUSTOMER_CREDITED else None
         open_incident(c, "deposit_reorged_after_finality", f"deposit_reorg:{row.id}:{row.reorg_count}:{row.block_hash}",
                       {"observation_id": row.id, "txid": row.txid, "index": row.output_index, "asset": row.asset,
                        "amount": str(row.amount), "state": row.state, "block_hash": row.block_hash,
-                       "suspense_transaction_id": tx.transaction_id})
+                       "suspense_transaction_id": tx.transaction_id, "hold": hold})
+
+    def _freeze_credit(self, c: Connection, row, key: str, suspense: int) -> dict:
+        """Hold what is still available of the credit on the customer's account (under its balance
+        lock, so the amount read is the amount held). Returns the incident's record of the hold."""
+        headroom = self.ledger.lock_available([row.account_id], conn=c).get(row.account_id)
+        amount = reorg_freeze_amount(int(row.amount), headroom.available if headroom else 0)
+        record = {"id": None, "account_id": row.account_id, "amount": str(amount), "owner": REORG_HOLD_OWNER,
+                  "capture_to": suspense}
+        if amount > 0:
+            record["id"] = self.ledger.place_hold(f"{key}:freeze", row.account_id, amount, owner=REORG_HOLD_OWNER,
+                                                  reference=f"deposit-reorg:{row.id}", conn=c).id
+        log.error("deposit %s reorged out after its credit: %s of %s frozen on account %s", row.id, amount, row.amount,
+                  row.account_id)
+        return record
 
     def _remined_after_deep_reorg(self, c: Connection, row, obs: Observation) -> None:
         key = _reorg_key(row, row.reorg_count - 1)  # the compensation booked before the count went up
@@ -312,10 +346,13 @@ class Deposits:
             return tx.transaction_id
 
     def return_quarantined(self, obs_id: int, *, operator: str, comment: str, withdrawals, destination: str | None = None) -> int:
-        """An operator's decision to send a quarantined deposit back (to its sender by default).
+        """An operator's request to send a quarantined deposit back (to its original sender by default).
         It becomes a withdrawal from the quarantine account for the amount less the quoted network
-        fee, requested by the operator, so it passes policy and needs a second operator wherever
-        the amount tier says so. Returns the withdrawal id; asking again returns the same one."""
+        fee, requested by the operator and naming the deposit, so it passes policy, always needs a
+        quorum of operators other than the one who asked (whatever the amount tier; a destination
+        other than the original sender is flagged to them) and the signer's checks. The comment
+        says why (and, for another destination, why there). Returns the withdrawal id; asking
+        again returns the same one."""
         if not comment.strip():
             raise LedgerError(ErrorCode.invalid_request, "a return needs a comment saying why")
         with self.engine.connect() as c:
@@ -337,14 +374,16 @@ class Deposits:
                 return current.return_withdrawal_id
             if current.state == "quarantined":
                 advance(c, "deposit_observation", obs_id, "quarantined", "returned")
-                audit(c, operator, "deposit.return", f"observation:{obs_id}", {"comment": comment, "destination": destination})
+                audit(c, operator, "deposit.return", f"observation:{obs_id}",
+                      {"comment": comment, "destination": destination, "original_senders": list(row.senders),
+                       "to_original_sender": normalise_address(destination) in {normalise_address(a) for a in row.senders}})
             elif current.state != "returned":
                 raise LedgerError(ErrorCode.invalid_request, f"deposit {obs_id} is {current.state}, not quarantined")
         quarantine = self.wallets.firm_account("quarantine", row.asset)
         fee = self.wallets.chain_asset(row.asset).withdrawal_fee
         w = withdrawals.request(client_withdrawal_id=f"deposit-return:{obs_id}", account_id=quarantine,
                                 amount=int(row.amount) - fee, destination=destination, requested_by=operator,
-                                _from_quarantine=True)
+                                _return_of_deposit=obs_id)
         with self.engine.begin() as c:
             c.execute(text("UPDATE deposit_observation SET return_withdrawal_id = :w, updated_at = now() WHERE id = :i"),
                       {"w": w.id, "i": obs_id})

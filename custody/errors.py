@@ -29,6 +29,9 @@
 | transaction_not_reversible | 409 | a subsystem wrote the transaction, or its reversal would move firm money: use a treasury adjustment |
 | adjustment_not_found | 404 | no treasury adjustment with that id |
 | proposer_cannot_approve | 403 | the operator who proposed a treasury adjustment may not approve it |
+| allowlist_change_not_found | 404 | no allowlist change with that id |
+| incident_not_found | 404 | no incident with that id |
+| incident_decision_invalid | 422 | the resolution's decision does not fit the incident (a held amount needs release or capture; a capture needs a shortfall still booked) |
 """
 from __future__ import annotations
 
@@ -63,6 +66,9 @@ class CustodyErrorCode(str, enum.Enum):
     transaction_not_reversible = "transaction_not_reversible"
     adjustment_not_found = "adjustment_not_found"
     proposer_cannot_approve = "proposer_cannot_approve"
+    allowlist_change_not_found = "allowlist_change_not_found"
+    incident_not_found = "incident_not_found"
+    incident_decision_invalid = "incident_decision_invalid"
 
     @property
     def http_status(self) -> int:
@@ -97,6 +103,9 @@ _STATUS = {
     CustodyErrorCode.transaction_not_reversible: 409,
     CustodyErrorCode.adjustment_not_found: 404,
     CustodyErrorCode.proposer_cannot_approve: 403,
+    CustodyErrorCode.allowlist_change_not_found: 404,
+    CustodyErrorCode.incident_not_found: 404,
+    CustodyErrorCode.incident_decision_invalid: 422,
 }
 
 

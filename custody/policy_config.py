@@ -1,6 +1,8 @@
 """Where the withdrawal policy comes from: a versioned `PolicySet` (data, see policies/rules.py)
-plus two live inputs read from the database at every evaluation: the denylist (`denylist_address`)
-and the kill switch. The version string of the base set is recorded in every decision.
+plus live inputs read from the database at every evaluation: the denylist (`denylist_address`), the
+kill switch and the account's allowlist. The version string of the base set is recorded in every
+decision, with `+allowlist.<account>.v<n>` when the account's allowlist rule (changed n times)
+took part.
 
 `default_policy()` is the development/regtest policy; production configures its own set.
 """
@@ -41,19 +43,28 @@ class PolicyProvider:
         """The base set plus the live denylist, kill switch and (for `account_id`) its allowlist."""
         denied = conn.execute(text("SELECT address FROM denylist_address")).scalars().all()
         allowlists = dict(self.base.allowlists)
+        version = self.base.version
         if account_id is not None:
-            rule = conn.execute(text("SELECT mode, cooling_off_secs, approvals FROM allowlist_policy WHERE account_id = :a"),
+            rule = conn.execute(text("SELECT mode, cooling_off_secs, approvals, version FROM allowlist_policy WHERE account_id = :a"),
                                 {"a": account_id}).first()
             if rule is not None:
-                entries = conn.execute(text("SELECT address, added_at FROM allowlist_entry WHERE account_id = :a"),
+                entries = conn.execute(text("SELECT address, added_at, cooling_off_secs FROM allowlist_entry WHERE account_id = :a"),
                                        {"a": account_id}).all()
                 allowlists[str(account_id)] = Allowlist(
-                    tuple(AllowlistEntry(e.address, e.added_at) for e in entries), AllowlistMode(rule.mode),
-                    dt.timedelta(seconds=rule.cooling_off_secs), rule.approvals)
-        return dataclasses.replace(self.base, denylist=frozenset(self.base.denylist) | frozenset(denied),
+                    tuple(AllowlistEntry(e.address, e.added_at, _seconds(e.cooling_off_secs)) for e in entries),
+                    AllowlistMode(rule.mode), dt.timedelta(seconds=rule.cooling_off_secs), rule.approvals)
+                version = f"{version}+allowlist.{account_id}.v{rule.version}"
+        return dataclasses.replace(self.base, version=version, denylist=frozenset(self.base.denylist) | frozenset(denied),
                                    allowlists=allowlists, kill_switch=self.base.kill_switch or kill_switch(conn).engaged)
 
     def velocity_window(self) -> dt.timedelta:
+        """The longest velocity window of any limit: how far back a decision's history is read."""
         windows = [a.velocity.window for a in self.base.assets.values() if a.velocity]
+        windows += [a.owner_velocity.window for a in self.base.assets.values() if a.owner_velocity]
         windows += [v.window for v in self.base.velocity_overrides.values()]
+        windows += [v.window for v in self.base.owner_velocity_overrides.values()]
         return max(windows, default=dt.timedelta(days=1))
+
+
+def _seconds(secs: int | None) -> dt.timedelta | None:
+    return None if secs is None else dt.timedelta(seconds=secs)

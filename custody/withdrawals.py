@@ -14,6 +14,17 @@ Only customer accounts are withdrawn from (`kind_not_permitted` otherwise); the 
 only through `Deposits.return_quarantined`. Before anything is written the destination is checked
 (custody.destinations): never one of the service's own addresses, never a reserved or token
 contract address on ethereum, a contract only when allowlisted and when the payout would not revert.
+
+Velocity is counted per account and per owner (every account of the ledger account's `owner`, per
+asset); requests of one owner are serialised by a transaction-level advisory lock while the owner's
+history is read, so two accounts of one owner cannot both pass the limit at once. A withdrawal that
+returns a quarantined deposit (`Deposits.return_quarantined`) names the deposit, and policy then
+requires operators other than the requester whatever the amount.
+
+Allowlists: a change that tightens (stricter mode, longer cooling-off, more approvals, an address
+removed) applies at once; one that loosens waits as an `allowlist_change` until an operator approves
+it (`approve_allowlist_change`); a newer change supersedes a pending one. Each entry keeps the
+cooling-off in force when it was added, so a loosening never shortens it.
 """
 from __future__ import annotations
 
@@ -36,7 +47,7 @@ from ledger.errors import ErrorCode, LedgerError
 from ledger.model import AccountKind
 from ledger.service import Ledger
 from policies import Approval, Decision, Outcome, PolicyContext, PriorWithdrawal, ReasonCode, WithdrawalRequest
-from policies import evaluate, quorum_met
+from policies import AllowlistMode, AllowlistRule, QuarantineReturn, evaluate, normalise_address, plan_allowlist_change, quorum_met
 from signer.bitcoin_tx import address_to_script
 from signer.errors import SignerError
 from signer.ethereum_tx import validate_eth_address
@@ -65,6 +76,37 @@ class WithdrawalView:
     batch_id: int | None
     reject_reasons: tuple[str, ...]
     created: bool = True
+    decision_reasons: tuple[str, ...] = ()  # why the live decision is not a plain approval (what approvers see)
+
+
+@dataclass(frozen=True)
+class AllowlistChangeView:
+    """A requested allowlist loosening and what became of it (pending, approved, rejected, superseded)."""
+
+    id: int
+    account_id: int
+    mode: str
+    cooling_off: dt.timedelta
+    approvals: int
+    loosens: tuple[str, ...]
+    requested_by: str
+    requested_at: dt.datetime
+    state: str
+    decided_by: str | None
+    decided_at: dt.datetime | None
+    comment: str | None
+
+
+@dataclass(frozen=True)
+class AllowlistView:
+    """An account's allowlist rule in force now (None: no allowlist) and its pending loosening."""
+
+    account_id: int
+    mode: str | None
+    cooling_off: dt.timedelta
+    approvals: int
+    version: int
+    pending: AllowlistChangeView | None
 
 
 def validate_destination(chain: str, network: str, destination: str) -> tuple[str, bytes | None]:
@@ -93,7 +135,7 @@ class Withdrawals:
     # ---- request --------------------------------------------------------------------------
 
     def request(self, *, client_withdrawal_id: str, account_id: int, amount: int, destination: str,
-                requested_by: str, priority: str = "normal", _from_quarantine: bool = False) -> WithdrawalView:
+                requested_by: str, priority: str = "normal", _return_of_deposit: int | None = None) -> WithdrawalView:
         if kill_switch(self.engine).engaged:
             raise CustodyError(CustodyErrorCode.withdrawals_halted, "withdrawals are halted by the kill switch")
         if priority not in ("normal", "fast"):
@@ -101,7 +143,7 @@ class Withdrawals:
         if not isinstance(client_withdrawal_id, str) or not 1 <= len(client_withdrawal_id) <= 200:
             raise LedgerError(ErrorCode.invalid_request, "client_withdrawal_id must be 1-200 characters")
         account = self.ledger.get_account(account_id)
-        allowed = (AccountKind.quarantine,) if _from_quarantine else (AccountKind.customer,)
+        allowed = (AccountKind.quarantine,) if _return_of_deposit is not None else (AccountKind.customer,)
         if account.kind not in allowed:  # the quarantine account only through Deposits.return_quarantined
             raise CustodyError(CustodyErrorCode.kind_not_permitted, "withdrawals are made from customer accounts only",
                                account_id=account_id, kind=account.kind.value)
@@ -119,11 +161,12 @@ class Withdrawals:
         with self.engine.begin() as c:
             row = c.execute(
                 text("INSERT INTO withdrawal_request (client_withdrawal_id, account_id, asset, chain, amount, fee_quoted, "
-                     "destination, destination_script, priority, requested_by, content_hash, state) VALUES (:cw, :a, :asset, "
-                     ":chain, :amt, :fee, :dest, :script, :prio, :by, :h, 'requested') "
+                     "destination, destination_script, priority, requested_by, content_hash, state, return_of_deposit) "
+                     "VALUES (:cw, :a, :asset, :chain, :amt, :fee, :dest, :script, :prio, :by, :h, 'requested', :ret) "
                      "ON CONFLICT (account_id, client_withdrawal_id) DO NOTHING RETURNING id"),
                 {"cw": client_withdrawal_id, "a": account_id, "asset": account.asset, "chain": ca.chain, "amt": amount,
-                 "fee": fee, "dest": destination, "script": script, "prio": priority, "by": requested_by, "h": digest},
+                 "fee": fee, "dest": destination, "script": script, "prio": priority, "by": requested_by, "h": digest,
+                 "ret": _return_of_deposit},
             ).first()
             if row is None:
                 existing = c.execute(text(f"{_W_SQL} WHERE account_id = :a AND client_withdrawal_id = :cw"),
@@ -163,16 +206,16 @@ class Withdrawals:
         return _view(c.execute(text(f"{_W_SQL} WHERE id = :i"), {"i": wid}).one())
 
     def _evaluate(self, c: Connection, w: WithdrawalView) -> Decision:
+        """Gather the decision's inputs (the account's and its owner's velocity history, the deposit a
+        return pays back) and let the pure engine decide."""
         now = self.clock()
         policy = self.policies.current(c, w.account_id)
-        window = self.policies.velocity_window()
-        prior = c.execute(
-            text("SELECT asset, amount, created_at FROM withdrawal_request WHERE account_id = :a AND id <> :i "
-                 "AND state = ANY(:s) AND created_at > :since"),
-            {"a": w.account_id, "i": w.id, "s": list(COUNTING_STATES), "since": now - window},
-        ).all()
-        request = WithdrawalRequest(str(w.id), str(w.account_id), w.asset, w.amount, w.fee_quoted, w.destination, w.requested_by)
-        context = PolicyContext(now, tuple(PriorWithdrawal(p.asset, int(p.amount), p.created_at) for p in prior))
+        since = now - self.policies.velocity_window()
+        owner = self.ledger.get_account(w.account_id, conn=c).owner
+        owner_history = _owner_history(c, owner, w, since) if owner is not None else ()
+        request = WithdrawalRequest(str(w.id), str(w.account_id), w.asset, w.amount, w.fee_quoted, w.destination, w.requested_by,
+                                    owner=owner, return_of=_quarantine_return(c, w.id))
+        context = PolicyContext(now, _account_history(c, w, since), owner_history)
         return evaluate(request, context, policy)
 
     @staticmethod
@@ -261,29 +304,109 @@ class Withdrawals:
     # ---- destination allowlists -----------------------------------------------------------
 
     def set_allowlist(self, account_id: int, *, mode: str, cooling_off: dt.timedelta = dt.timedelta(0), approvals: int = 1,
-                      by: str) -> None:
+                      by: str) -> AllowlistView:
         """Turn on (or change) an account's allowlist: `enforce` rejects other destinations, `review`
-        sends them to operators; a newly added destination needs `approvals` during `cooling_off`."""
+        sends them to operators; a newly added destination needs `approvals` during `cooling_off`.
+        What tightens applies at once; what loosens becomes a pending change for an operator
+        (`plan_allowlist_change`), superseding any earlier pending change of the account."""
         if mode not in ("enforce", "review") or approvals < 1 or cooling_off < dt.timedelta(0):
             raise LedgerError(ErrorCode.invalid_request, "mode is enforce or review, approvals >= 1, cooling_off >= 0")
+        self._allowlist_account(account_id)
+        requested = AllowlistRule(AllowlistMode(mode), dt.timedelta(seconds=int(cooling_off.total_seconds())), approvals)
         with self.engine.begin() as c:
-            c.execute(text("INSERT INTO allowlist_policy (account_id, mode, cooling_off_secs, approvals) VALUES (:a, :m, :s, :k) "
-                           "ON CONFLICT (account_id) DO UPDATE SET mode = :m, cooling_off_secs = :s, approvals = :k, updated_at = now()"),
-                      {"a": account_id, "m": mode, "s": int(cooling_off.total_seconds()), "k": approvals})
-            audit(c, by, "allowlist.policy", f"account:{account_id}", {"mode": mode, "cooling_off_secs": int(cooling_off.total_seconds()),
-                                                                      "approvals": approvals})
+            current = _allowlist_rule(c, account_id, lock=True)
+            plan = plan_allowlist_change(current, requested)
+            superseded = c.execute(text(_SUPERSEDE_CHANGE_SQL), {"a": account_id, "by": by}).scalars().all()
+            if plan.apply_now != current:
+                _write_allowlist_rule(c, account_id, plan.apply_now)
+            pending_id = None
+            if plan.pending is not None:
+                pending_id = c.execute(text(_INSERT_CHANGE_SQL), {
+                    "a": account_id, "m": plan.pending.mode.value, "s": _secs(plan.pending.cooling_off),
+                    "k": plan.pending.approvals, "l": list(plan.loosened), "by": by}).scalar_one()
+            audit(c, by, "allowlist.policy", f"account:{account_id}", {
+                "requested": _rule_record(requested), "applied": _rule_record(plan.apply_now),
+                "loosens": list(plan.loosened), "pending_change_id": pending_id, "superseded_change_ids": superseded})
+            return _allowlist_view(c, account_id)
+
+    def allowlist(self, account_id: int) -> AllowlistView:
+        self.ledger.get_account(account_id)
+        with self.engine.connect() as c:
+            return _allowlist_view(c, account_id)
 
     def allow_destination(self, account_id: int, destination: str, *, by: str) -> str:
-        """Add a destination to an account's allowlist (validated for the account's chain); idempotent."""
-        account = self.ledger.get_account(account_id)
+        """Add a destination to an account's allowlist (validated for the account's chain); idempotent.
+        The entry keeps the cooling-off in force now, whatever a later loosening says."""
+        account = self._allowlist_account(account_id)
         chain = self.wallets.chain_asset(account.asset).chain
         destination, _ = validate_destination(chain, self.networks.get(chain, "regtest"), destination)
         with self.engine.begin() as c:
-            added = c.execute(text("INSERT INTO allowlist_entry (account_id, address, added_by) VALUES (:a, :d, :b) "
-                                   "ON CONFLICT DO NOTHING RETURNING added_at"), {"a": account_id, "d": destination, "b": by}).first()
+            rule = _allowlist_rule(c, account_id, lock=True)  # no change of rule while the entry is written
+            cooling = _secs(rule.cooling_off) if rule is not None else 0
+            added = c.execute(text("INSERT INTO allowlist_entry (account_id, address, added_by, cooling_off_secs) "
+                                   "VALUES (:a, :d, :b, :s) ON CONFLICT DO NOTHING RETURNING added_at"),
+                              {"a": account_id, "d": destination, "b": by, "s": cooling}).first()
             if added is not None:
-                audit(c, by, "allowlist.add", f"account:{account_id}", {"address": destination})
+                audit(c, by, "allowlist.add", f"account:{account_id}", {"address": destination, "cooling_off_secs": cooling})
         return destination
+
+    def remove_destination(self, account_id: int, destination: str, *, by: str) -> bool:
+        """Take a destination off an account's allowlist (a tightening: at once). Returns whether it
+        was there; adding it again starts a fresh cooling-off."""
+        self._allowlist_account(account_id)
+        wanted = normalise_address(destination)
+        with self.engine.begin() as c:
+            entries = c.execute(text("SELECT address FROM allowlist_entry WHERE account_id = :a FOR UPDATE"),
+                                {"a": account_id}).scalars().all()
+            matching = [e for e in entries if normalise_address(e) == wanted]
+            for address in matching:
+                c.execute(text("DELETE FROM allowlist_entry WHERE account_id = :a AND address = :d"), {"a": account_id, "d": address})
+                audit(c, by, "allowlist.remove", f"account:{account_id}", {"address": address})
+        return bool(matching)
+
+    def allowlist_changes(self, *, state: str | None = "pending", limit: int = 200) -> list[AllowlistChangeView]:
+        with self.engine.connect() as c:
+            rows = c.execute(text(f"{_CHANGE_SQL} WHERE (CAST(:s AS text) IS NULL OR state = :s) ORDER BY id LIMIT :l"),
+                             {"s": state, "l": limit}).all()
+        return [_change_view(r) for r in rows]
+
+    def approve_allowlist_change(self, change_id: int, *, operator: str, comment: str) -> AllowlistChangeView:
+        """An operator lets a pending loosening take effect. Entries already added keep their own
+        cooling-off. The requester (a backend key) may not approve its own change."""
+        return self._decide_allowlist_change(change_id, operator, comment, "approved")
+
+    def reject_allowlist_change(self, change_id: int, *, operator: str, comment: str) -> AllowlistChangeView:
+        return self._decide_allowlist_change(change_id, operator, comment, "rejected")
+
+    def _decide_allowlist_change(self, change_id: int, operator: str, comment: str, outcome: str) -> AllowlistChangeView:
+        if not operator or not comment or not comment.strip():
+            raise LedgerError(ErrorCode.invalid_request, "an operator and a comment are required")
+        with self.engine.begin() as c:
+            row = c.execute(text(f"{_CHANGE_SQL} WHERE id = :i FOR UPDATE"), {"i": change_id}).first()
+            if row is None:
+                raise CustodyError(CustodyErrorCode.allowlist_change_not_found, f"no allowlist change {change_id}")
+            change = _change_view(row)
+            if change.state != "pending":
+                raise CustodyError(CustodyErrorCode.invalid_state, f"allowlist change {change_id} is {change.state}", state=change.state)
+            if outcome == "approved" and operator.strip().casefold() == change.requested_by.strip().casefold():
+                raise CustodyError(CustodyErrorCode.requester_cannot_approve, "the requester may not approve its own allowlist change")
+            if outcome == "approved":
+                _allowlist_rule(c, change.account_id, lock=True)
+                _write_allowlist_rule(c, change.account_id, AllowlistRule(AllowlistMode(change.mode), change.cooling_off,
+                                                                          change.approvals))
+            c.execute(text("UPDATE allowlist_change SET state = :s, decided_by = :o, decided_at = now(), comment = :c WHERE id = :i"),
+                      {"s": outcome, "o": operator, "c": comment, "i": change_id})
+            action = "approve" if outcome == "approved" else "reject"
+            audit(c, operator, f"allowlist.change.{action}", f"account:{change.account_id}",
+                  {"change_id": change_id, "comment": comment, "mode": change.mode, "cooling_off_secs": _secs(change.cooling_off),
+                   "approvals": change.approvals, "loosens": list(change.loosens)})
+            return _change_view(c.execute(text(f"{_CHANGE_SQL} WHERE id = :i"), {"i": change_id}).one())
+
+    def _allowlist_account(self, account_id: int):
+        account = self.ledger.get_account(account_id)
+        if account.kind is not AccountKind.customer:
+            raise LedgerError(ErrorCode.invalid_request, "allowlists belong to customer accounts")
+        return account
 
     # ---- reads ----------------------------------------------------------------------------
 
@@ -303,10 +426,125 @@ class Withdrawals:
 
 
 _W_SQL = ("SELECT id, client_withdrawal_id, account_id, asset, chain, amount, fee_quoted, destination, priority, requested_by, "
-          "state, hold_id, decision_id, batch_id, reject_reasons, content_hash FROM withdrawal_request")
+          "state, hold_id, decision_id, batch_id, reject_reasons, content_hash, "
+          "(SELECT d.reasons FROM policy_decision d WHERE d.id = withdrawal_request.decision_id) AS decision_reasons "
+          "FROM withdrawal_request")
 
 
 def _view(row, *, created: bool = True) -> WithdrawalView:
     return WithdrawalView(row.id, row.client_withdrawal_id, row.account_id, row.asset, row.chain, int(row.amount),
                           int(row.fee_quoted), row.destination, row.priority, row.requested_by, row.state, row.hold_id,
-                          row.decision_id, row.batch_id, tuple(row.reject_reasons), created)
+                          row.decision_id, row.batch_id, tuple(row.reject_reasons), created, tuple(row.decision_reasons or ()))
+
+
+# ---- velocity and returns: the decision's inputs -----------------------------------------------
+
+_ACCOUNT_HISTORY_SQL = """
+SELECT asset, amount, created_at
+FROM withdrawal_request
+WHERE account_id = :a
+  AND id <> :i
+  AND state = ANY(:s)
+  AND created_at > :since
+"""
+
+_OWNER_HISTORY_SQL = """
+SELECT w.asset, w.amount, w.created_at
+FROM withdrawal_request w
+JOIN account a ON a.id = w.account_id
+WHERE a.owner = :o
+  AND w.asset = :asset
+  AND w.id <> :i
+  AND w.state = ANY(:s)
+  AND w.created_at > :since
+"""
+
+# One owner's requests decide one at a time (until commit), whichever of their accounts they use.
+_OWNER_LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"
+
+_RETURN_OF_SQL = """
+SELECT o.id, o.senders
+FROM withdrawal_request w
+JOIN deposit_observation o ON o.id = w.return_of_deposit
+WHERE w.id = :i
+"""
+
+
+def _account_history(c: Connection, w: WithdrawalView, since: dt.datetime) -> tuple[PriorWithdrawal, ...]:
+    rows = c.execute(text(_ACCOUNT_HISTORY_SQL), {"a": w.account_id, "i": w.id, "s": list(COUNTING_STATES), "since": since})
+    return tuple(PriorWithdrawal(r.asset, int(r.amount), r.created_at) for r in rows)
+
+
+def _owner_history(c: Connection, owner: str, w: WithdrawalView, since: dt.datetime) -> tuple[PriorWithdrawal, ...]:
+    """Every counting withdrawal of `w.asset` from any account of `owner` (this account's included)."""
+    c.execute(text(_OWNER_LOCK_SQL), {"k": f"withdrawal-velocity:{owner}:{w.asset}"})
+    rows = c.execute(text(_OWNER_HISTORY_SQL), {"o": owner, "asset": w.asset, "i": w.id, "s": list(COUNTING_STATES),
+                                                "since": since})
+    return tuple(PriorWithdrawal(r.asset, int(r.amount), r.created_at) for r in rows)
+
+
+def _quarantine_return(c: Connection, wid: int) -> QuarantineReturn | None:
+    row = c.execute(text(_RETURN_OF_SQL), {"i": wid}).first()
+    return None if row is None else QuarantineReturn(str(row.id), tuple(row.senders or ()))
+
+
+# ---- allowlists ---------------------------------------------------------------------------------
+
+_CHANGE_SQL = ("SELECT id, account_id, mode, cooling_off_secs, approvals, loosens, requested_by, requested_at, state, "
+               "decided_by, decided_at, comment FROM allowlist_change")
+
+_SUPERSEDE_CHANGE_SQL = """
+UPDATE allowlist_change
+SET state = 'superseded', decided_by = :by, decided_at = now()
+WHERE account_id = :a
+  AND state = 'pending'
+RETURNING id
+"""
+
+_INSERT_CHANGE_SQL = """
+INSERT INTO allowlist_change (account_id, mode, cooling_off_secs, approvals, loosens, requested_by)
+VALUES (:a, :m, :s, :k, :l, :by)
+RETURNING id
+"""
+
+_WRITE_RULE_SQL = """
+INSERT INTO allowlist_policy (account_id, mode, cooling_off_secs, approvals)
+VALUES (:a, :m, :s, :k)
+ON CONFLICT (account_id) DO UPDATE
+SET mode = :m, cooling_off_secs = :s, approvals = :k, version = allowlist_policy.version + 1, updated_at = now()
+"""
+
+
+def _secs(value: dt.timedelta) -> int:
+    return int(value.total_seconds())
+
+
+def _allowlist_rule(c: Connection, account_id: int, *, lock: bool = False) -> AllowlistRule | None:
+    row = c.execute(text("SELECT mode, cooling_off_secs, approvals FROM allowlist_policy WHERE account_id = :a"
+                         + (" FOR UPDATE" if lock else "")), {"a": account_id}).first()
+    if row is None:
+        return None
+    return AllowlistRule(AllowlistMode(row.mode), dt.timedelta(seconds=row.cooling_off_secs), row.approvals)
+
+
+def _write_allowlist_rule(c: Connection, account_id: int, rule: AllowlistRule) -> None:
+    c.execute(text(_WRITE_RULE_SQL), {"a": account_id, "m": rule.mode.value, "s": _secs(rule.cooling_off), "k": rule.approvals})
+
+
+def _rule_record(rule: AllowlistRule) -> dict:
+    return {"mode": rule.mode.value, "cooling_off_secs": _secs(rule.cooling_off), "approvals": rule.approvals}
+
+
+def _change_view(row) -> AllowlistChangeView:
+    return AllowlistChangeView(row.id, row.account_id, row.mode, dt.timedelta(seconds=row.cooling_off_secs), row.approvals,
+                               tuple(row.loosens), row.requested_by, row.requested_at, row.state, row.decided_by,
+                               row.decided_at, row.comment)
+
+
+def _allowlist_view(c: Connection, account_id: int) -> AllowlistView:
+    rule = c.execute(text("SELECT mode, cooling_off_secs, approvals, version FROM allowlist_policy WHERE account_id = :a"),
+                     {"a": account_id}).first()
+    pending = c.execute(text(f"{_CHANGE_SQL} WHERE account_id = :a AND state = 'pending'"), {"a": account_id}).first()
+    return AllowlistView(account_id, rule.mode if rule else None, dt.timedelta(seconds=rule.cooling_off_secs if rule else 0),
+                         rule.approvals if rule else 1, rule.version if rule else 0,
+                         _change_view(pending) if pending else None)

@@ -5,21 +5,25 @@
 - `reasons`: outcomes and reason codes, each with a one-line meaning.
 - `engine.evaluate(request, context, policy) -> Decision`.
 - `quorum.quorum_met(decision, approvals, requester) -> bool`.
+- `rules.plan_allowlist_change(current, requested) -> AllowlistPlan`: tighten now, loosen on approval.
 
 Standard library only; amounts are ints in minor units; time is passed in, never read.
 """
 from policies.engine import evaluate
-from policies.model import Approval, Decision, PolicyContext, PriorWithdrawal, WithdrawalRequest
+from policies.model import Approval, Decision, PolicyContext, PriorWithdrawal, QuarantineReturn, WithdrawalRequest
 from policies.quorum import eligible_approvers, quorum_met
 from policies.reasons import Effect, Outcome, ReasonCode
 from policies.rules import (
     Allowlist,
     AllowlistEntry,
     AllowlistMode,
+    AllowlistPlan,
+    AllowlistRule,
     AmountTier,
     AssetPolicy,
     PolicySet,
     VelocityLimit,
+    plan_allowlist_change,
 )
 from policies._checks import normalise_address
 
@@ -27,6 +31,8 @@ __all__ = [
     "Allowlist",
     "AllowlistEntry",
     "AllowlistMode",
+    "AllowlistPlan",
+    "AllowlistRule",
     "AmountTier",
     "Approval",
     "AssetPolicy",
@@ -36,11 +42,13 @@ __all__ = [
     "PolicyContext",
     "PolicySet",
     "PriorWithdrawal",
+    "QuarantineReturn",
     "ReasonCode",
     "VelocityLimit",
     "WithdrawalRequest",
     "eligible_approvers",
     "evaluate",
     "normalise_address",
+    "plan_allowlist_change",
     "quorum_met",
 ]

@@ -7,7 +7,11 @@ How the outcome is chosen:
   problems at once rather than one per retry;
 - any rejecting reason (the kill switch among them) makes the outcome `reject`;
 - otherwise the required approvals are the largest k asked for by any approval reason, and the
-  outcome is `needs_approval(k)`; with no reasons it is `approve`.
+  outcome is `needs_approval(k)`; with no reasons it is `approve`;
+- velocity is counted twice: the account's own withdrawals, and every withdrawal of the asset from
+  all accounts of the same owner, so opening a second account never brings a fresh limit;
+- a quarantine return always needs operators (`quarantine_return_approvals`); one paying anyone
+  but the deposit's original sender carries its own reason instead, which flags it to them.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ def evaluate(request: WithdrawalRequest, context: PolicyContext, policy: PolicyS
     # code -> approvals it requires (0 for rejecting codes)
     fired: dict[ReasonCode, int] = {}
     window_total: int | None = None
+    owner_total: int | None = None
 
     if policy.kill_switch:
         fired[ReasonCode.KILL_SWITCH_ON] = 0
@@ -54,6 +59,17 @@ def evaluate(request: WithdrawalRequest, context: PolicyContext, policy: PolicyS
         window_total = _window_total(context.recent_withdrawals, request, context.now, velocity)
         if window_total > velocity.max_amount:
             fired[ReasonCode.VELOCITY_LIMIT_EXCEEDED] = velocity.approvals
+    owner_velocity = policy.owner_velocity_for(request.owner, request.asset) if request.owner is not None else None
+    if owner_velocity is not None and request.amount > 0:
+        owner_total = _window_total(context.owner_withdrawals, request, context.now, owner_velocity)
+        if owner_total > owner_velocity.max_amount:
+            fired[ReasonCode.OWNER_VELOCITY_LIMIT_EXCEEDED] = owner_velocity.approvals
+
+    if request.return_of is not None:
+        # One reason or the other, never neither: the second also flags the destination.
+        code = (ReasonCode.QUARANTINE_RETURN_REQUIRES_APPROVAL if request.pays_original_sender()
+                else ReasonCode.RETURN_DESTINATION_NOT_ORIGINAL_SENDER)
+        fired[code] = policy.quarantine_return_approvals
 
     reasons = tuple(code for code in ReasonCode if code in fired)  # precedence order
     if any(code.rejects for code in reasons):
@@ -72,6 +88,7 @@ def evaluate(request: WithdrawalRequest, context: PolicyContext, policy: PolicyS
         velocity_window_total=window_total,
         decided_at=context.now,
         expires_at=context.now + policy.decision_ttl,
+        owner_window_total=owner_total,
     )
 
 
@@ -84,8 +101,9 @@ def _allowlist(request: WithdrawalRequest, now: datetime, policy: PolicySet) -> 
         if allowlist.mode is AllowlistMode.ENFORCE:
             return {ReasonCode.DESTINATION_NOT_ALLOWLISTED: 0}
         return {ReasonCode.DESTINATION_NOT_YET_ALLOWLISTED: allowlist.approvals}
-    # Cooling off ends exactly at added_at + cooling_off.
-    if entry.added_at is not None and now < entry.added_at + allowlist.cooling_off:
+    # Cooling off ends exactly at added_at + the longer of the entry's and the list's cooling-off.
+    usable_from = entry.usable_from(allowlist.cooling_off)
+    if usable_from is not None and now < usable_from:
         return {ReasonCode.DESTINATION_COOLING_OFF: allowlist.approvals}
     return {}
 
@@ -93,7 +111,8 @@ def _allowlist(request: WithdrawalRequest, now: datetime, policy: PolicySet) -> 
 def _window_total(
     history: tuple[PriorWithdrawal, ...], request: WithdrawalRequest, now: datetime, limit: VelocityLimit
 ) -> int:
-    """Sum of this asset's withdrawals in the window (now - window, now], plus this request.
+    """Sum of this asset's withdrawals in `history` in the window (now - window, now], plus this
+    request (which `history` never contains).
 
     A withdrawal exactly `window` old has left the window. One stamped after `now` (clock skew
     between writers) still counts: over-counting can only ask for an approval, under-counting

@@ -18,8 +18,11 @@ approved.
 | fee_above_ceiling | reject | the fee is above the asset's fee ceiling |
 | amount_tier_requires_approval | approval | the amount falls in a tier that needs operator approvals |
 | velocity_limit_exceeded | approval | with this one, the account's withdrawals in the rolling window exceed the limit |
+| owner_velocity_limit_exceeded | approval | with this one, the owner's withdrawals of this asset from all their accounts in the rolling window exceed the limit |
 | destination_not_yet_allowlisted | approval | the account reviews new destinations and this one is not on its allowlist |
 | destination_cooling_off | approval | the destination was added to the allowlist less than the cooling-off period ago |
+| quarantine_return_requires_approval | approval | the withdrawal returns a quarantined deposit to its original sender: operators other than the requester approve it, whatever the amount |
+| return_destination_not_original_sender | approval | the withdrawal returns a quarantined deposit to an address other than its original sender (flagged): operators other than the requester approve it, whatever the amount |
 """
 from __future__ import annotations
 
@@ -51,8 +54,11 @@ class ReasonCode(StrEnum):
     FEE_ABOVE_CEILING = "fee_above_ceiling"
     AMOUNT_TIER_REQUIRES_APPROVAL = "amount_tier_requires_approval"
     VELOCITY_LIMIT_EXCEEDED = "velocity_limit_exceeded"
+    OWNER_VELOCITY_LIMIT_EXCEEDED = "owner_velocity_limit_exceeded"
     DESTINATION_NOT_YET_ALLOWLISTED = "destination_not_yet_allowlisted"
     DESTINATION_COOLING_OFF = "destination_cooling_off"
+    QUARANTINE_RETURN_REQUIRES_APPROVAL = "quarantine_return_requires_approval"
+    RETURN_DESTINATION_NOT_ORIGINAL_SENDER = "return_destination_not_original_sender"
 
     @property
     def meaning(self) -> str:
@@ -89,6 +95,10 @@ _TABLE: dict[ReasonCode, tuple[Effect, str]] = {
         _A,
         "with this one, the account's withdrawals in the rolling window exceed the limit",
     ),
+    ReasonCode.OWNER_VELOCITY_LIMIT_EXCEEDED: (
+        _A,
+        "with this one, the owner's withdrawals of this asset from all their accounts in the rolling window exceed the limit",
+    ),
     ReasonCode.DESTINATION_NOT_YET_ALLOWLISTED: (
         _A,
         "the account reviews new destinations and this one is not on its allowlist",
@@ -96,5 +106,13 @@ _TABLE: dict[ReasonCode, tuple[Effect, str]] = {
     ReasonCode.DESTINATION_COOLING_OFF: (
         _A,
         "the destination was added to the allowlist less than the cooling-off period ago",
+    ),
+    ReasonCode.QUARANTINE_RETURN_REQUIRES_APPROVAL: (
+        _A,
+        "the withdrawal returns a quarantined deposit to its original sender: operators other than the requester approve it, whatever the amount",
+    ),
+    ReasonCode.RETURN_DESTINATION_NOT_ORIGINAL_SENDER: (
+        _A,
+        "the withdrawal returns a quarantined deposit to an address other than its original sender (flagged): operators other than the requester approve it, whatever the amount",
     ),
 }

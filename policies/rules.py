@@ -8,7 +8,12 @@ Guarantees checked at construction:
 - amount tiers are non-empty, strictly ascending, unbounded only in the last tier, and never
   need fewer approvals for a larger amount;
 - every limit, ceiling and approval count is a non-negative int (never a float or a bool);
-- allowlist and denylist addresses are stored normalised (see `normalise_address`).
+- allowlist and denylist addresses are stored normalised (see `normalise_address`);
+- an allowlist entry keeps the cooling-off in force when it was added: a later, shorter cooling-off
+  never shortens it, a longer one applies to it at once (the longer of the two counts).
+
+An account's allowlist settings (`AllowlistRule`) change by `plan_allowlist_change`: a tightening
+applies at once, a loosening waits for an operator.
 """
 from __future__ import annotations
 
@@ -39,7 +44,8 @@ class AmountTier:
 
 @dataclass(frozen=True)
 class VelocityLimit:
-    """At most `max_amount` withdrawn per account within any `window`; beyond it, `approvals`."""
+    """At most `max_amount` withdrawn within any `window` (per account, or per owner across all their
+    accounts of the asset); beyond it, `approvals`."""
 
     window: timedelta
     max_amount: int
@@ -54,12 +60,18 @@ class VelocityLimit:
 
 @dataclass(frozen=True)
 class AssetPolicy:
-    """Rules for one asset: amount tiers, minimum, fee ceiling and the default velocity limit."""
+    """Rules for one asset: amount tiers, minimum, fee ceiling and the default velocity limits.
+
+    `velocity` limits each account; `owner_velocity` limits each owner over all their accounts of
+    the asset (None: the same figures as `velocity`, so a second account of one owner never brings
+    a fresh limit).
+    """
 
     tiers: tuple[AmountTier, ...]
     fee_ceiling: int
     min_amount: int = 1
     velocity: VelocityLimit | None = None
+    owner_velocity: VelocityLimit | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tiers", tuple(self.tiers))
@@ -90,15 +102,29 @@ class AllowlistMode(StrEnum):
 
 @dataclass(frozen=True)
 class AllowlistEntry:
-    """One allowed destination; `added_at` starts its cooling-off (None: predates the rule)."""
+    """One allowed destination; `added_at` starts its cooling-off (None: predates the rule).
+
+    `cooling_off` is the allowlist's cooling-off when the entry was added (None: not recorded). The
+    entry cools off for the longer of it and the allowlist's current one, so loosening the
+    allowlist later never makes an address already added usable sooner.
+    """
 
     address: str
     added_at: datetime | None = None
+    cooling_off: timedelta | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "address", normalise_address(self.address))
         if self.added_at is not None:
             require_aware("AllowlistEntry.added_at", self.added_at)
+        if self.cooling_off is not None and (not isinstance(self.cooling_off, timedelta) or self.cooling_off < timedelta(0)):
+            raise ValueError("AllowlistEntry.cooling_off must be a non-negative timedelta")
+
+    def usable_from(self, current_cooling_off: timedelta) -> datetime | None:
+        """When the entry's cooling-off ends (exactly then it is over); None: no cooling-off."""
+        if self.added_at is None:
+            return None
+        return self.added_at + max(current_cooling_off, self.cooling_off or timedelta(0))
 
 
 @dataclass(frozen=True)
@@ -129,6 +155,74 @@ class Allowlist:
                 return entry
         return None
 
+    @property
+    def rule(self) -> "AllowlistRule":
+        return AllowlistRule(self.mode, self.cooling_off, self.approvals)
+
+
+_MODE_STRICTNESS = {None: 0, AllowlistMode.REVIEW: 1, AllowlistMode.ENFORCE: 2}
+
+
+@dataclass(frozen=True)
+class AllowlistRule:
+    """An allowlist's settings without its entries: what a customer asks to change.
+
+    Strictness, per setting: no allowlist < `review` < `enforce`; a longer cooling-off and more
+    approvals are stricter.
+    """
+
+    mode: AllowlistMode
+    cooling_off: timedelta = timedelta(0)
+    approvals: int = 1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", AllowlistMode(self.mode))
+        if not isinstance(self.cooling_off, timedelta) or self.cooling_off < timedelta(0):
+            raise ValueError("AllowlistRule.cooling_off must be a non-negative timedelta")
+        require_int("AllowlistRule.approvals", self.approvals, minimum=1)
+
+    def loosened_from(self, current: "AllowlistRule | None") -> tuple[str, ...]:
+        """The settings (`mode`, `cooling_off`, `approvals`) in which this rule is less strict than
+        `current` (None: the account has no allowlist, which nothing is looser than)."""
+        if current is None:
+            return ()
+        loosened = []
+        if _MODE_STRICTNESS[self.mode] < _MODE_STRICTNESS[current.mode]:
+            loosened.append("mode")
+        if self.cooling_off < current.cooling_off:
+            loosened.append("cooling_off")
+        if self.approvals < current.approvals:
+            loosened.append("approvals")
+        return tuple(loosened)
+
+
+@dataclass(frozen=True)
+class AllowlistPlan:
+    """What `plan_allowlist_change` decided: `apply_now` takes effect at once; `pending` (None when
+    nothing loosens) is the requested rule, waiting for an operator; `loosened` names the settings
+    that wait."""
+
+    apply_now: AllowlistRule
+    pending: AllowlistRule | None
+    loosened: tuple[str, ...]
+
+
+def plan_allowlist_change(current: AllowlistRule | None, requested: AllowlistRule) -> AllowlistPlan:
+    """Split a requested allowlist change into what tightens (applied at once) and what loosens
+    (held for an operator's approval).
+
+    Each setting at once becomes the stricter of the current and the requested value, so a request
+    that tightens one setting and loosens another tightens immediately and loosens only when
+    approved; a request that loosens nothing needs no one.
+    """
+    loosened = requested.loosened_from(current)
+    if not loosened:
+        return AllowlistPlan(requested, None, ())
+    assert current is not None  # nothing is looser than no allowlist
+    mode = max(current.mode, requested.mode, key=_MODE_STRICTNESS.__getitem__)
+    now = AllowlistRule(mode, max(current.cooling_off, requested.cooling_off), max(current.approvals, requested.approvals))
+    return AllowlistPlan(now, requested, loosened)
+
 
 def _frozen_mapping(value: Mapping) -> Mapping:
     return MappingProxyType(dict(value))
@@ -142,8 +236,11 @@ class PolicySet:
     - `denylist`: sanctioned addresses, rejected for every account.
     - `allowlists`: per account id, optional; accounts without one may send anywhere not denied.
     - `velocity_overrides`: per (account id, asset), replacing the asset's default limit.
+    - `owner_velocity_overrides`: per (owner, asset), replacing the asset's owner limit.
     - `kill_switch`: when on, every withdrawal is rejected.
     - `decision_ttl`: how long a decision (and the approvals gathered for it) stays valid.
+    - `quarantine_return_approvals`: operators (never the requester) a quarantine return needs,
+      whatever its amount (at least one).
     """
 
     version: str
@@ -153,6 +250,8 @@ class PolicySet:
     velocity_overrides: Mapping[tuple[str, str], VelocityLimit] = field(default_factory=dict)
     kill_switch: bool = False
     decision_ttl: timedelta = timedelta(minutes=30)
+    owner_velocity_overrides: Mapping[tuple[str, str], VelocityLimit] = field(default_factory=dict)
+    quarantine_return_approvals: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.version, str) or not self.version.strip():
@@ -164,6 +263,8 @@ class PolicySet:
         object.__setattr__(self, "assets", _frozen_mapping(self.assets))
         object.__setattr__(self, "allowlists", _frozen_mapping(self.allowlists))
         object.__setattr__(self, "velocity_overrides", _frozen_mapping(self.velocity_overrides))
+        object.__setattr__(self, "owner_velocity_overrides", _frozen_mapping(self.owner_velocity_overrides))
+        require_int("PolicySet.quarantine_return_approvals", self.quarantine_return_approvals, minimum=1)
         object.__setattr__(self, "denylist", _normalised_set(self.denylist))
 
     def velocity_for(self, account_id: str, asset: str) -> VelocityLimit | None:
@@ -172,6 +273,17 @@ class PolicySet:
             return override
         asset_policy = self.assets.get(asset)
         return asset_policy.velocity if asset_policy else None
+
+    def owner_velocity_for(self, owner: str, asset: str) -> VelocityLimit | None:
+        """The limit over all of `owner`'s accounts of `asset`: an override, else the asset's owner
+        limit, else the asset's account limit."""
+        override = self.owner_velocity_overrides.get((owner, asset))
+        if override is not None:
+            return override
+        asset_policy = self.assets.get(asset)
+        if asset_policy is None:
+            return None
+        return asset_policy.owner_velocity or asset_policy.velocity
 
     def is_denied(self, address: str) -> bool:
         return normalise_address(address) in self.denylist

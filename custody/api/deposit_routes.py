@@ -12,6 +12,7 @@ from custody.api.deps import Auditor, Backend, ContainerDep, Operator, Reader
 from custody.api.errors import ApiError
 from custody.auth import Role
 from custody.controls import kill_switch, set_kill_switch
+from custody.incidents import Incidents
 from ledger.amounts import format_amount
 
 router = APIRouter(prefix="/v1", tags=["deposits"])
@@ -49,6 +50,11 @@ class DepositOut(BaseModel):
 
 class ReturnIn(CommentIn):
     destination: str | None = Field(default=None, max_length=200, description="default: the deposit's single sender")
+
+
+class ResolveIn(CommentIn):
+    decision: Literal["release", "capture"] | None = Field(
+        default=None, description="for an incident that holds money: release it to the customer or capture it to suspense")
 
 
 class KillSwitchIn(BaseModel):
@@ -104,13 +110,15 @@ def release(deposit_id: int, body: CommentIn, c: ContainerDep, who: Operator) ->
 
 @router.post("/deposits/{deposit_id}/return")
 def return_deposit(deposit_id: int, body: ReturnIn, c: ContainerDep, who: Operator) -> dict:
-    """Operator decision: send a quarantined deposit back (a withdrawal from the quarantine account,
-    subject to policy and approvals like any other). Answers the withdrawal id."""
+    """Operator request: send a quarantined deposit back (a withdrawal from the quarantine account,
+    subject to policy; it always waits for operators other than this one, and a destination other
+    than the original sender is flagged in `decision_reasons`). Answers the withdrawal id."""
     if c.withdrawals is None:
         raise ApiError(503, "chains_not_configured", "no chain adapters are configured on this service")
     wid = _deposits(c).return_quarantined(deposit_id, operator=f"api:{who.name}", comment=body.comment,
                                           withdrawals=c.withdrawals, destination=body.destination)
-    return {"deposit_id": deposit_id, "withdrawal_id": wid, "state": c.withdrawals.get(wid).state}
+    w = c.withdrawals.get(wid)
+    return {"deposit_id": deposit_id, "withdrawal_id": wid, "state": w.state, "decision_reasons": list(w.decision_reasons)}
 
 
 @router.get("/incidents")
@@ -118,9 +126,20 @@ def incidents(c: ContainerDep, _: Auditor, open_only: bool = True) -> list[dict]
     from sqlalchemy import text
 
     with c.engine.connect() as conn:
-        rows = conn.execute(text("SELECT id, kind, severity, detail, opened_at, resolved_at FROM incident "
+        rows = conn.execute(text("SELECT id, kind, severity, detail, opened_at, resolved_at, resolved_by, resolution "
+                                 "FROM incident "
                                  "WHERE NOT :o OR resolved_at IS NULL ORDER BY id DESC LIMIT 500"), {"o": open_only}).all()
     return [dict(r._mapping) for r in rows]
+
+
+@router.post("/incidents/{incident_id}/resolve")
+def resolve_incident(incident_id: int, body: ResolveIn, c: ContainerDep, who: Operator) -> dict:
+    """Operator decision: close an incident with a comment (audited); one that froze a reorged-out
+    credit needs `decision` release or capture. The kill switch stays as it is."""
+    i = Incidents(c.engine, c.ledger).resolve(incident_id, operator=f"api:{who.name}", comment=body.comment,
+                                              decision=body.decision)
+    return {"id": i.id, "kind": i.kind, "severity": i.severity, "detail": i.detail, "opened_at": i.opened_at,
+            "resolved_at": i.resolved_at, "resolved_by": i.resolved_by, "resolution": i.resolution}
 
 
 @router.post("/reconciliation")

@@ -1,6 +1,8 @@
-"""Withdrawal routes under /v1: request (backend), read, the approval queue and operator decisions."""
+"""Withdrawal routes under /v1: request (backend), read, the approval queue and operator decisions;
+destination allowlists (backend) and the operators' queue of allowlist loosenings."""
 from __future__ import annotations
 
+import datetime as dt
 from typing import Literal
 
 from fastapi import APIRouter, Query, Response
@@ -9,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from custody.api.bodies import CommentIn
 from custody.api.deps import Auditor, Backend, ContainerDep, Operator, Reader
 from custody.api.errors import ApiError
-from custody.withdrawals import WithdrawalView
+from custody.withdrawals import AllowlistChangeView, AllowlistView, WithdrawalView
 from ledger.amounts import format_amount, parse_amount
 
 router = APIRouter(prefix="/v1", tags=["withdrawals"])
@@ -36,6 +38,32 @@ class AllowlistEntryIn(BaseModel):
     address: str = Field(min_length=1, max_length=200)
 
 
+class AllowlistChangeOut(BaseModel):
+    id: int
+    account_id: int
+    mode: str
+    cooling_off_seconds: int
+    approvals: int
+    loosens: list[str]
+    requested_by: str
+    requested_at: str
+    state: str
+    decided_by: str | None
+    decided_at: str | None
+    comment: str | None
+
+
+class AllowlistOut(BaseModel):
+    """The rule in force now (mode null: no allowlist) and the loosening waiting for an operator."""
+
+    account_id: int
+    mode: str | None
+    cooling_off_seconds: int
+    approvals: int
+    version: int
+    pending_change: AllowlistChangeOut | None
+
+
 class WithdrawalOut(BaseModel):
     id: int
     client_withdrawal_id: str
@@ -47,6 +75,7 @@ class WithdrawalOut(BaseModel):
     priority: str
     state: str
     reject_reasons: list[str]
+    decision_reasons: list[str] = Field(default_factory=list, description="why the decision needs operators (or rejected)")
     batch_id: int | None
 
 
@@ -60,7 +89,8 @@ def _out(c, w: WithdrawalView) -> WithdrawalOut:
     d = c.ledger.get_asset(w.asset).decimals
     return WithdrawalOut(id=w.id, client_withdrawal_id=w.client_withdrawal_id, account_id=w.account_id, asset=w.asset,
                          amount=format_amount(w.amount, d), fee_quoted=format_amount(w.fee_quoted, d), destination=w.destination,
-                         priority=w.priority, state=w.state, reject_reasons=list(w.reject_reasons), batch_id=w.batch_id)
+                         priority=w.priority, state=w.state, reject_reasons=list(w.reject_reasons),
+                         decision_reasons=list(w.decision_reasons), batch_id=w.batch_id)
 
 
 @router.post("/withdrawals", response_model=WithdrawalOut, status_code=201)
@@ -97,15 +127,58 @@ def reject(withdrawal_id: int, body: CommentIn, c: ContainerDep, who: Operator) 
     return _out(c, _svc(c).reject(withdrawal_id, operator=f"api:{who.name}", comment=body.comment))
 
 
-@router.put("/accounts/{account_id}/allowlist")
-def set_allowlist(account_id: int, body: AllowlistPolicyIn, c: ContainerDep, who: Backend) -> dict:
-    """Turn on or change an account's destination allowlist (the backend relays the customer's choice)."""
-    import datetime as dt
+def _change_out(ch: AllowlistChangeView) -> AllowlistChangeOut:
+    return AllowlistChangeOut(id=ch.id, account_id=ch.account_id, mode=ch.mode, cooling_off_seconds=int(ch.cooling_off.total_seconds()),
+                              approvals=ch.approvals, loosens=list(ch.loosens), requested_by=ch.requested_by,
+                              requested_at=ch.requested_at.isoformat(), state=ch.state, decided_by=ch.decided_by,
+                              decided_at=ch.decided_at.isoformat() if ch.decided_at else None, comment=ch.comment)
 
-    _svc(c).set_allowlist(account_id, mode=body.mode, cooling_off=dt.timedelta(seconds=body.cooling_off_seconds),
-                          approvals=body.approvals, by=f"api:{who.name}")
-    return {"account_id": account_id, "mode": body.mode, "cooling_off_seconds": body.cooling_off_seconds,
-            "approvals": body.approvals}
+
+def _allowlist_out(a: AllowlistView) -> AllowlistOut:
+    return AllowlistOut(account_id=a.account_id, mode=a.mode, cooling_off_seconds=int(a.cooling_off.total_seconds()),
+                        approvals=a.approvals, version=a.version, pending_change=_change_out(a.pending) if a.pending else None)
+
+
+@router.put("/accounts/{account_id}/allowlist", response_model=AllowlistOut)
+def set_allowlist(account_id: int, body: AllowlistPolicyIn, c: ContainerDep, who: Backend, response: Response) -> AllowlistOut:
+    """Turn on or change an account's destination allowlist (the backend relays the customer's choice).
+    What tightens applies at once (200); what loosens waits for an operator (202, `pending_change`)."""
+    view = _svc(c).set_allowlist(account_id, mode=body.mode, cooling_off=dt.timedelta(seconds=body.cooling_off_seconds),
+                                 approvals=body.approvals, by=f"api:{who.name}")
+    if view.pending is not None:
+        response.status_code = 202
+    return _allowlist_out(view)
+
+
+@router.get("/accounts/{account_id}/allowlist", response_model=AllowlistOut)
+def get_allowlist(account_id: int, c: ContainerDep, _: Reader) -> AllowlistOut:
+    return _allowlist_out(_svc(c).allowlist(account_id))
+
+
+@router.delete("/accounts/{account_id}/allowlist/{address}")
+def remove_destination(account_id: int, address: str, c: ContainerDep, who: Backend) -> dict:
+    """Take a destination off the allowlist (a tightening: at once)."""
+    return {"account_id": account_id, "address": address,
+            "removed": _svc(c).remove_destination(account_id, address, by=f"api:{who.name}")}
+
+
+@router.get("/allowlist-changes", response_model=list[AllowlistChangeOut])
+def allowlist_changes(c: ContainerDep, _: Auditor,
+                      state: Literal["pending", "approved", "rejected", "superseded"] = "pending",
+                      limit: int = Query(200, ge=1, le=1000)) -> list[AllowlistChangeOut]:
+    """The operators' queue of allowlist loosenings (pending by default)."""
+    return [_change_out(ch) for ch in _svc(c).allowlist_changes(state=state, limit=limit)]
+
+
+@router.post("/allowlist-changes/{change_id}/approve", response_model=AllowlistChangeOut)
+def approve_allowlist_change(change_id: int, body: CommentIn, c: ContainerDep, who: Operator) -> AllowlistChangeOut:
+    """Operator decision: the loosening takes effect (entries already added keep their cooling-off)."""
+    return _change_out(_svc(c).approve_allowlist_change(change_id, operator=f"api:{who.name}", comment=body.comment))
+
+
+@router.post("/allowlist-changes/{change_id}/reject", response_model=AllowlistChangeOut)
+def reject_allowlist_change(change_id: int, body: CommentIn, c: ContainerDep, who: Operator) -> AllowlistChangeOut:
+    return _change_out(_svc(c).reject_allowlist_change(change_id, operator=f"api:{who.name}", comment=body.comment))
 
 
 @router.post("/accounts/{account_id}/allowlist", status_code=201)

@@ -15,6 +15,7 @@ from policies import (
     Allowlist,
     AllowlistEntry,
     AllowlistMode,
+    AllowlistRule,
     AmountTier,
     Approval,
     AssetPolicy,
@@ -24,11 +25,13 @@ from policies import (
     PolicyContext,
     PolicySet,
     PriorWithdrawal,
+    QuarantineReturn,
     ReasonCode,
     VelocityLimit,
     WithdrawalRequest,
     evaluate,
     normalise_address,
+    plan_allowlist_change,
     quorum_met,
 )
 
@@ -74,10 +77,10 @@ def make_request(**changes: object) -> WithdrawalRequest:
     return dataclasses.replace(base, **changes) if changes else base
 
 
-def decide(request: WithdrawalRequest | None = None, history=(), now=NOW, policy=None) -> Decision:
+def decide(request: WithdrawalRequest | None = None, history=(), now=NOW, policy=None, owner_history=()) -> Decision:
     return evaluate(
         request or make_request(),
-        PolicyContext(now=now, recent_withdrawals=tuple(history)),
+        PolicyContext(now=now, recent_withdrawals=tuple(history), owner_withdrawals=tuple(owner_history)),
         policy or make_policy(),
     )
 
@@ -180,6 +183,18 @@ REASON_CASES: dict[ReasonCode, tuple[dict, dict, list, Outcome, int]] = {
     ),
     ReasonCode.DESTINATION_NOT_YET_ALLOWLISTED: ({}, {"allowlists": _ALLOW_REVIEW}, [], Outcome.NEEDS_APPROVAL, 2),
     ReasonCode.DESTINATION_COOLING_OFF: ({}, {"allowlists": _ALLOW_COOLING}, [], Outcome.NEEDS_APPROVAL, 1),
+    # history as {"owner": [...]}: the owner's other accounts, the account's own history empty
+    ReasonCode.OWNER_VELOCITY_LIMIT_EXCEEDED: (
+        {"amount": 50_000, "owner": "alice"},
+        {},
+        {"owner": [PriorWithdrawal("BTC", 1_990_000, NOW - timedelta(hours=2))]},
+        Outcome.NEEDS_APPROVAL,
+        1,
+    ),
+    ReasonCode.QUARANTINE_RETURN_REQUIRES_APPROVAL: (
+        {"return_of": QuarantineReturn("dep-1", (SAFE.upper(),))}, {}, [], Outcome.NEEDS_APPROVAL, 1),
+    ReasonCode.RETURN_DESTINATION_NOT_ORIGINAL_SENDER: (
+        {"return_of": QuarantineReturn("dep-1", (OTHER,))}, {"quarantine_return_approvals": 2}, [], Outcome.NEEDS_APPROVAL, 2),
 }
 
 
@@ -193,7 +208,9 @@ def test_every_reason_code_has_a_case_and_a_meaning() -> None:
 @pytest.mark.parametrize("code", list(ReasonCode), ids=[c.value for c in ReasonCode])
 def test_each_reason_code_alone(code: ReasonCode) -> None:
     request_changes, policy_changes, history, outcome, k = REASON_CASES[code]
-    decision = decide(make_request(**request_changes), history, policy=make_policy(**policy_changes))
+    history, owner_history = (history, ()) if isinstance(history, list) else ((), history["owner"])
+    decision = decide(make_request(**request_changes), history, policy=make_policy(**policy_changes),
+                      owner_history=owner_history)
     assert decision.reasons == (code,)
     assert decision.outcome is outcome
     assert decision.required_approvals == k
@@ -422,3 +439,116 @@ def test_policies_package_imports_only_the_standard_library() -> None:
             else:
                 continue
             assert roots <= allowed_roots, f"{source.name} imports {roots - allowed_roots}"
+
+
+# --- velocity per owner --------------------------------------------------------------------------
+
+
+def test_a_second_account_of_one_owner_gets_no_fresh_limit() -> None:
+    """Observation 7 of issue 11: the owner's other accounts count against the same limit."""
+    elsewhere = _history(1_990_000, timedelta(hours=2))
+    fresh_account = decide(make_request(owner="alice"), owner_history=elsewhere)
+    assert fresh_account.reasons == (ReasonCode.OWNER_VELOCITY_LIMIT_EXCEEDED,)
+    assert fresh_account.velocity_window_total == 50_000
+    assert fresh_account.owner_window_total == 2_040_000
+    record = fresh_account.to_record()["inputs"]
+    assert record["owner"] == "alice" and record["owner_window_total"] == 2_040_000
+    assert record["owner_withdrawals"][0]["amount"] == 1_990_000
+
+
+def test_owner_velocity_counts_only_the_asset_and_the_window() -> None:
+    other_asset = _history(1_990_000, timedelta(hours=2), asset="ETH")
+    expired = _history(1_990_000, DAY)
+    decision = decide(make_request(owner="alice"), owner_history=other_asset + expired)
+    assert decision.outcome is Outcome.APPROVE and decision.owner_window_total == 50_000
+
+
+def test_owner_velocity_has_its_own_figures_and_overrides() -> None:
+    owner_limit = VelocityLimit(window=DAY, max_amount=100_000, approvals=2)
+    policy = make_policy(assets={"BTC": dataclasses.replace(BTC, owner_velocity=owner_limit), "ETH": ETH})
+    history = _history(60_000, timedelta(hours=1))
+    decision = decide(make_request(owner="alice"), owner_history=history, policy=policy)
+    assert (decision.reasons, decision.required_approvals) == ((ReasonCode.OWNER_VELOCITY_LIMIT_EXCEEDED,), 2)
+    raised = dataclasses.replace(policy, owner_velocity_overrides={("alice", "BTC"): VelocityLimit(DAY, 10**9)})
+    assert decide(make_request(owner="alice"), owner_history=history, policy=raised).outcome is Outcome.APPROVE
+
+
+def test_an_account_without_owner_has_only_its_own_limit() -> None:
+    decision = decide(make_request(owner=None), owner_history=_history(1_990_000, timedelta(hours=2)))
+    assert decision.outcome is Outcome.APPROVE and decision.owner_window_total is None
+
+
+# --- quarantine returns --------------------------------------------------------------------------
+
+
+def test_a_quarantine_return_needs_operators_whatever_the_amount() -> None:
+    """Observation 4 of issue 11: a small return (automatic tier) still needs an operator."""
+    to_sender = decide(make_request(amount=1_000, return_of=QuarantineReturn("dep-9", (SAFE,))))
+    assert (to_sender.outcome, to_sender.required_approvals) == (Outcome.NEEDS_APPROVAL, 1)
+    big = decide(make_request(amount=5_000_000, return_of=QuarantineReturn("dep-9", (SAFE,))))
+    assert big.required_approvals == 2  # the tier's quorum when larger
+    elsewhere = decide(make_request(amount=1_000, return_of=QuarantineReturn("dep-9", (OTHER,))))
+    assert elsewhere.reasons == (ReasonCode.RETURN_DESTINATION_NOT_ORIGINAL_SENDER,)
+    flag = elsewhere.to_record()["inputs"]["quarantine_return"]
+    assert flag == {"deposit_id": "dep-9", "original_senders": [OTHER], "destination_is_original_sender": False}
+    unknown_sender = decide(make_request(return_of=QuarantineReturn("dep-9", ())))
+    assert unknown_sender.reasons == (ReasonCode.RETURN_DESTINATION_NOT_ORIGINAL_SENDER,)
+
+
+def test_quarantine_return_approvals_is_at_least_one() -> None:
+    with pytest.raises(ValueError):
+        make_policy(quarantine_return_approvals=0)
+
+
+# --- allowlist changes ---------------------------------------------------------------------------
+
+REVIEW_1H = AllowlistRule(AllowlistMode.REVIEW, timedelta(hours=1), 2)
+
+
+@pytest.mark.parametrize(
+    ("requested", "loosened"),
+    [
+        (AllowlistRule(AllowlistMode.ENFORCE, timedelta(hours=1), 2), ()),
+        (AllowlistRule(AllowlistMode.REVIEW, timedelta(hours=48), 3), ()),
+        (AllowlistRule(AllowlistMode.REVIEW, timedelta(0), 2), ("cooling_off",)),
+        (AllowlistRule(AllowlistMode.REVIEW, timedelta(hours=1), 1), ("approvals",)),
+        (AllowlistRule(AllowlistMode.REVIEW, timedelta(0), 1), ("cooling_off", "approvals")),
+    ],
+)
+def test_allowlist_change_tightens_at_once_and_holds_loosening(requested: AllowlistRule, loosened: tuple) -> None:
+    plan = plan_allowlist_change(REVIEW_1H, requested)
+    assert plan.loosened == loosened
+    if not loosened:
+        assert (plan.apply_now, plan.pending) == (requested, None)
+    else:
+        assert plan.apply_now == REVIEW_1H and plan.pending == requested
+
+
+def test_allowlist_change_mixed_request_tightens_now_and_loosens_later() -> None:
+    enforce = AllowlistRule(AllowlistMode.ENFORCE, timedelta(hours=1), 2)
+    relaxed = AllowlistRule(AllowlistMode.REVIEW, timedelta(hours=6), 1)
+    plan = plan_allowlist_change(enforce, relaxed)
+    assert plan.loosened == ("mode", "approvals")
+    assert plan.apply_now == AllowlistRule(AllowlistMode.ENFORCE, timedelta(hours=6), 2)
+    assert plan.pending == relaxed
+
+
+def test_turning_an_allowlist_on_is_a_tightening() -> None:
+    plan = plan_allowlist_change(None, AllowlistRule(AllowlistMode.REVIEW))
+    assert (plan.apply_now, plan.pending, plan.loosened) == (AllowlistRule(AllowlistMode.REVIEW), None, ())
+
+
+def test_a_shorter_cooling_off_never_shortens_an_entry_already_added() -> None:
+    """Observation 6 of issue 11: the entry keeps the cooling-off in force when it was added."""
+    entry = AllowlistEntry(SAFE, added_at=NOW - timedelta(hours=1), cooling_off=DAY)
+    loosened = {"acct-1": Allowlist((entry,), AllowlistMode.REVIEW, cooling_off=timedelta(0), approvals=1)}
+    decision = decide(policy=make_policy(allowlists=loosened))
+    assert decision.reasons == (ReasonCode.DESTINATION_COOLING_OFF,)
+    assert entry.usable_from(timedelta(0)) == NOW + timedelta(hours=23)
+    assert decide(now=NOW + timedelta(hours=23), policy=make_policy(allowlists=loosened)).outcome is Outcome.APPROVE
+
+
+def test_a_longer_cooling_off_applies_to_entries_already_added() -> None:
+    entry = AllowlistEntry(SAFE, added_at=NOW - timedelta(hours=1), cooling_off=timedelta(0))
+    tightened = {"acct-1": Allowlist((entry,), AllowlistMode.REVIEW, cooling_off=DAY, approvals=1)}
+    assert decide(policy=make_policy(allowlists=tightened)).reasons == (ReasonCode.DESTINATION_COOLING_OFF,)

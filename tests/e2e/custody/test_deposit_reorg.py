@@ -9,6 +9,7 @@ from sqlalchemy import text
 from custody.errors import CustodyError
 
 from custody.controls import kill_switch, set_kill_switch
+from custody.incidents import Incidents
 from regtest.util import assert_equal
 from tests.e2e.custody.conftest import BTC_FINALITY, ETH_FINALITY
 
@@ -86,7 +87,7 @@ def test_bitcoin_reorg_deeper_than_finality(custody, customer, bitcoind, engine,
         bitcoind.rpc("generateblock", OTHER, [])
     custody.deposits.run_once(["bitcoin"])
     with engine.connect() as c:
-        incident = c.execute(text("SELECT kind, severity, detail FROM incident WHERE detail->>'observation_id' = :i"),
+        incident = c.execute(text("SELECT id, kind, severity, detail FROM incident WHERE detail->>'observation_id' = :i"),
                              {"i": str(only_deposit(custody, acct)["id"])}).one()
     log.info("incident opened: %s (%s)", incident.kind, incident.severity)
     assert_equal((incident.kind, incident.severity), ("deposit_reorged_after_finality", "critical"))
@@ -98,7 +99,7 @@ def test_bitcoin_reorg_deeper_than_finality(custody, customer, bitcoind, engine,
         custody.withdrawals.request(client_withdrawal_id=f"during-incident-{acct}", account_id=acct, amount=1_000_000,
                                     destination=OTHER, requested_by="backend")
     assert_equal(err.value.code.value, "withdrawals_halted")
-    assert_equal(ledger.balance(acct).held, 0)
+    assert_equal(ledger.balance(acct).held, amount)  # custody's freeze; the refused request held nothing
     ledger.assert_verified()
 
     log.info("the transaction is re-mined from the mempool: the suspense booking is reversed")
@@ -106,7 +107,10 @@ def test_bitcoin_reorg_deeper_than_finality(custody, customer, bitcoind, engine,
     custody.deposits.run_once(["bitcoin"])
     assert_equal(ledger.balance(suspense).posted, before)
     assert_equal(ledger.balance(acct).posted, amount)
-    with engine.begin() as c:  # an operator closes the incident and releases the switch
+    log.info("an operator resolves the incident, releasing the freeze; an admin releases the switch")
+    Incidents(engine, ledger).resolve(incident.id, operator="operator-test", comment="re-mined", decision="release")
+    assert_equal(ledger.balance(acct).held, 0)
+    with engine.begin() as c:
         set_kill_switch(c, False, "test: explained", "operator-test")
 
 

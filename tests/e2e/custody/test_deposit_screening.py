@@ -98,12 +98,14 @@ def test_quarantined_deposit_returned_to_sender(custody, customer, btc, bitcoind
     bitcoind.fund(p.hot_address("bitcoin"), 100_000_000)
     bitcoind.mine(1)
     p.sync_hot_wallet()
-    log.info("operator returns the deposit to its sender %s", key.address)
+    log.info("operator returns the deposit to its sender %s; a second operator approves, whatever the amount", key.address)
     wid = custody.deposits.return_quarantined(obs["id"], operator="op-carol", comment="returned per compliance",
                                               withdrawals=custody.withdrawals)
     assert_equal(custody.deposits.return_quarantined(obs["id"], operator="op-carol", comment="again",
                                                      withdrawals=custody.withdrawals), wid)
-    assert_equal(custody.withdrawals.get(wid).state, "approved")
+    w = custody.withdrawals.get(wid)
+    assert_equal((w.state, w.decision_reasons), ("pending_approval", ("quarantine_return_requires_approval",)))
+    assert_equal(custody.withdrawals.approve(wid, operator="op-dave", comment="checked").state, "approved")
     p.batch_bitcoin()
     p.sign_open_batches()
     p.broadcast()

@@ -82,10 +82,10 @@ def test_bitcoin_withdrawals_to_our_own_addresses_are_refused(custody, customer,
     assert_equal(ledger.balance(acct).held, 0)
     assert_equal([x.id for x in w.list(account_id=acct, state=None)], [paid])  # nothing written
 
-    log.info("a quarantine return goes through the same check")
+    log.info("a quarantine return goes through the same check (refused before it names any deposit row)")
     quarantine = custody.wallets.firm_account("quarantine", "BTC")
     assert_raises_code(CustodyErrorCode.destination_internal, w.request, client_withdrawal_id=f"return-to-hot-{acct}",
-                       account_id=quarantine, amount=50_000, destination=hot, requested_by="op-test", _from_quarantine=True)
+                       account_id=quarantine, amount=50_000, destination=hot, requested_by="op-test", _return_of_deposit=987654321)
 
     log.info("an address derived only after the request: refused when the withdrawal is batched")
     with engine.connect() as c:

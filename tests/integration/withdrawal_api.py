@@ -1,0 +1,83 @@
+"""A withdrawal API without chain nodes, for the policy scenarios (allowlists, velocity): a
+container whose withdrawal side is built with no adapters and no signer (requests are decided,
+nothing is paid), BTC configured as on regtest, and an HTTP client per role.
+
+Each scenario works with accounts of its own (random names and owners) on the session database,
+funds them from equity with the ledger, and rejects what it leaves pending or approved, so the
+`ledger` fixture's verify() ends every scenario and no hold is left behind.
+"""
+from __future__ import annotations
+
+import uuid
+
+from fastapi.testclient import TestClient
+from sqlalchemy import text
+
+from custody.api.app import create_app
+from custody.auth import Role, create_api_key
+from custody.container import Container
+from custody.policy_config import PolicyProvider
+from custody.settings import Settings
+from ledger.model import Transfer
+from ledger.service import Ledger
+from policies import PolicySet
+
+DEST = "bcrt1qw508d6qejxtdg4y5r3zarvary0c5xw7kygt080"  # not ours
+
+
+class WithdrawalApi:
+    def __init__(self, engine, policy: PolicySet | None = None) -> None:
+        settings = Settings(environment="test")
+        self.custody = Container(settings=settings, engine=engine, ledger=Ledger(engine)).with_chains({}, policy=policy)
+        self.custody.wallets.configure_asset("BTC", 8, "bitcoin", finality=3, dust_minimum=1_000, min_withdrawal=10_000,
+                                             withdrawal_fee=5_000)
+        self.run = uuid.uuid4().hex[:8]
+        app = create_app(self.custody)
+        self.clients: dict[Role, TestClient] = {}
+        for role in (Role.backend, Role.operator, Role.admin):
+            for n in (1, 2):
+                client = TestClient(app, raise_server_exceptions=False)
+                client.headers["X-API-Key"] = create_api_key(engine, f"{role.value}-{n}-{self.run}", role, settings.api_key_pepper)
+                self.clients[(role, n)] = client
+
+    @property
+    def backend(self) -> TestClient:
+        return self.clients[(Role.backend, 1)]
+
+    def operator(self, n: int = 1) -> TestClient:
+        return self.clients[(Role.operator, n)]
+
+    @property
+    def admin(self) -> TestClient:
+        return self.clients[(Role.admin, 1)]
+
+    def use_policy(self, policy: PolicySet) -> None:
+        self.custody.withdrawals.policies = PolicyProvider(policy)
+
+    def open_customer(self, owner: str) -> int:
+        """A customer account opened by the backend over the API, funded with 10 BTC from equity."""
+        r = self.backend.post("/v1/accounts", json={"asset": "BTC", "kind": "customer", "owner": owner,
+                                                    "name": f"{owner}:{uuid.uuid4().hex[:8]}"})
+        assert r.status_code == 201, r.text
+        acct = r.json()["id"]
+        equity = self.custody.wallets.firm_account("equity", "BTC")
+        self.custody.ledger.post(f"test-fund:{uuid.uuid4().hex}", [Transfer(equity, acct, 1_000_000_000)], kind="treasury_credit")
+        return acct
+
+    def withdraw(self, acct: int, amount: str, destination: str = DEST) -> dict:
+        r = self.backend.post("/v1/withdrawals", json={"client_withdrawal_id": uuid.uuid4().hex, "account_id": acct,
+                                                       "amount": amount, "destination": destination})
+        assert r.status_code in (201, 422), r.text
+        return r.json() if r.status_code == 201 else {"state": "rejected", **r.json()["error"]["detail"]}
+
+    def reasons(self, withdrawal_id: int | str) -> list[str]:
+        with self.custody.engine.connect() as c:
+            return list(c.execute(text("SELECT d.reasons FROM policy_decision d JOIN withdrawal_request w ON w.decision_id = d.id "
+                                       "WHERE w.id = :w"), {"w": int(withdrawal_id)}).scalar_one())
+
+    def reject_all(self, *accounts: int) -> None:
+        """Leave nothing held: reject every withdrawal of `accounts` still pending or approved."""
+        for acct in accounts:
+            for w in self.custody.withdrawals.list(account_id=acct):
+                if w.state in ("pending_approval", "approved"):
+                    self.custody.withdrawals.reject(w.id, operator="op-cleanup", comment="test cleanup")

@@ -1,0 +1,40 @@
+"""Pure decisions behind a reorged-out credit: how much custody freezes, and which resolution an
+incident takes (custody.deposits.reorg_freeze_amount, custody.incidents.resolution_plan)."""
+from __future__ import annotations
+
+import pytest
+
+from custody.deposits import reorg_freeze_amount
+from custody.errors import CustodyError
+from custody.incidents import resolution_plan
+from regtest.util import assert_equal
+
+HOLDING = {"hold": {"id": 7, "account_id": 3, "amount": "500", "owner": "custody:reorg", "capture_to": 9}}
+
+
+@pytest.mark.parametrize(("credited", "available", "frozen"),
+                         [(700, 1_000, 700), (700, 700, 700), (700, 500, 500), (700, 0, 0), (700, -5, 0)])
+def test_freeze_what_is_still_available_never_more_than_the_credit(credited, available, frozen):
+    assert_equal(reorg_freeze_amount(credited, available), frozen)
+
+
+@pytest.mark.parametrize("decision", ["release", "capture"])
+def test_an_incident_holding_money_takes_release_or_capture(decision):
+    assert_equal(resolution_plan(HOLDING, decision, shortfall_reversed=False), decision)
+
+
+@pytest.mark.parametrize(("detail", "decision", "reversed_"), [
+    (HOLDING, None, False),                      # money held: a decision is required
+    (HOLDING, "capture", True),                  # re-mined: nothing to recover
+    ({"hold": {**HOLDING["hold"], "id": None}}, "capture", False),  # nothing was available to hold
+    ({}, "release", False),                      # an incident without a hold takes no decision
+])
+def test_a_decision_that_does_not_fit_is_refused(detail, decision, reversed_):
+    with pytest.raises(CustodyError) as err:
+        resolution_plan(detail, decision, shortfall_reversed=reversed_)
+    assert_equal(err.value.code.value, "incident_decision_invalid")
+
+
+def test_re_mined_incident_may_still_be_released_and_one_without_hold_just_closes():
+    assert_equal(resolution_plan(HOLDING, "release", shortfall_reversed=True), "release")
+    assert_equal(resolution_plan({"kind": "gap"}, None, shortfall_reversed=False), None)
