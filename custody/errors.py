@@ -17,6 +17,8 @@
 | funding_not_final | 409 | a hot-wallet funding has fewer confirmations than its asset's finality depth |
 | funding_not_to_hot | 422 | the transaction pays nothing to the hot address (no ether, no configured token) |
 | funding_own_transaction | 422 | the transaction is the hot wallet's own (sent by it, or a payout): booked by its own flow |
+| retry_unknown | 404 | no withdrawal batch, sweep or rebalance with that id |
+| retry_not_set_aside | 409 | the withdrawal batch, sweep or rebalance is not set aside: there is nothing to retry |
 """
 from __future__ import annotations
 
@@ -39,6 +41,8 @@ class CustodyErrorCode(str, enum.Enum):
     funding_not_final = "funding_not_final"
     funding_not_to_hot = "funding_not_to_hot"
     funding_own_transaction = "funding_own_transaction"
+    retry_unknown = "retry_unknown"
+    retry_not_set_aside = "retry_not_set_aside"
 
     @property
     def http_status(self) -> int:
@@ -61,6 +65,8 @@ _STATUS = {
     CustodyErrorCode.funding_not_final: 409,
     CustodyErrorCode.funding_not_to_hot: 422,
     CustodyErrorCode.funding_own_transaction: 422,
+    CustodyErrorCode.retry_unknown: 404,
+    CustodyErrorCode.retry_not_set_aside: 409,
 }
 
 
