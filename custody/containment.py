@@ -84,9 +84,10 @@ def error_code(exc: BaseException) -> str:
 
 
 def contained(engine: Engine, machine: str, row_id: int, state: str, step: Step, work: Callable[[], T],
-              *, detail: dict | None = None) -> T | None:
+              *, describe: Callable[[], dict] | None = None) -> T | None:
     """Run one row's step; answer its result, or None when it failed. A passing failure is logged;
-    any other sets the row aside with an incident. Never raises for the row's own failure."""
+    any other sets the row aside with an incident (`describe()` adds to its detail: the row's
+    withdrawals, txid...). Never raises for the row's own failure."""
     try:
         return work()
     except Exception as exc:  # noqa: BLE001 - one row must not stop the others; recorded below
@@ -94,7 +95,7 @@ def contained(engine: Engine, machine: str, row_id: int, state: str, step: Step,
             log.warning("%s %d: %s failed (%s); retried next run", machine, row_id, step.value, exc)
             return None
         log.exception("%s %d: %s failed; set aside", machine, row_id, step.value)
-        set_aside(engine, machine, row_id, state=state, step=step, error=exc, detail=detail)
+        set_aside(engine, machine, row_id, state=state, step=step, error=exc, detail=describe() if describe else None)
         return None
 
 

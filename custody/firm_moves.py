@@ -68,7 +68,7 @@ class FirmMoves:
                 log.error("%s %d broadcast refused: %s", self.machine, r.id, exc)
                 continue
             sent += bool(contained(self.engine, self.machine, r.id, "signed", Step.broadcast,
-                                   lambda r=r: self._record_broadcast(r), detail={"txid": r.txid}))
+                                   lambda r=r: self._record_broadcast(r), describe=lambda r=r: {"txid": r.txid}))
         return sent
 
     def _record_broadcast(self, r) -> bool:
@@ -85,7 +85,7 @@ class FirmMoves:
         finals = 0
         for r in rows:
             finals += contained(self.engine, self.machine, r.id, r.state, Step.track, lambda r=r: self._track_one(r, finality),
-                                detail={"txid": r.txid, "amount": int(r.amount), "fee": int(r.fee)}) or 0
+                                describe=lambda r=r: {"txid": r.txid, "amount": int(r.amount), "fee": int(r.fee)}) or 0
         return finals
 
     def _track_one(self, r, finality: int) -> int:

@@ -346,7 +346,7 @@ class Payouts:
         txids = []
         for b in open_batches:
             txid = contained(self.engine, "batch", b.id, "open", Step.sign, lambda b=b: self._sign_one(b.id, b.chain),
-                             detail=self._batch_detail(b.id))
+                             describe=lambda b=b: self._batch_detail(b.id))
             if txid is not None:
                 txids.append(txid)
         return txids
@@ -476,7 +476,7 @@ class Payouts:
         new = []
         for r in rows:
             txid = contained(self.engine, "batch", r.batch_id, "broadcast", Step.bump, lambda r=r: self._bump_one(r),
-                             detail=self._batch_detail(r.batch_id, r.txid))
+                             describe=lambda r=r: self._batch_detail(r.batch_id, r.txid))
             if txid is not None:
                 new.append(txid)
         return new
@@ -570,7 +570,7 @@ class Payouts:
                 continue
             # sent: a failure to record it from here on sets the batch aside as on chain (critical)
             if contained(self.engine, "batch", r.batch_id, "signed", Step.broadcast, lambda r=r: self._record_broadcast(r),
-                         detail=self._batch_detail(r.batch_id, r.txid)):
+                         describe=lambda r=r: self._batch_detail(r.batch_id, r.txid)):
                 sent += 1
                 log.info("broadcast %s (%s)%s", r.txid, r.chain, " already known" if result.already_known else "")
         return sent
@@ -607,7 +607,7 @@ class Payouts:
             if r.batch_id in failed:  # another version of it failed in this run
                 continue
             done = contained(self.engine, "batch", r.batch_id, r.state, Step.track, lambda r=r: self._track_one(r),
-                             detail=self._batch_detail(r.batch_id, r.txid))
+                             describe=lambda r=r: self._batch_detail(r.batch_id, r.txid))
             if done is None:
                 failed.add(r.batch_id)
             finals += done or 0

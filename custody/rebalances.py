@@ -136,7 +136,7 @@ class Rebalances(FirmMoves):
         # a failure to sign or store sets the rebalance aside (nothing was sent: a warning), see custody.containment
         return contained(self.engine, "rebalance", rebalance_id, "open", Step.sign,
                          lambda: self._sign_and_store(rebalance_id, coins, row),
-                         detail={"amount": int(row.amount), "destination": row.destination})
+                         describe=lambda: {"amount": int(row.amount), "destination": row.destination})
 
     def _sign_and_store(self, rebalance_id: int, coins: list[BtcCoin], row) -> str | None:
         change = (self.hot_address, int(row.change_amount)) if int(row.change_amount) else None

@@ -74,7 +74,7 @@ class Sweeps(FirmMoves):
                 "JOIN deposit_address d ON d.id = o.deposit_address_id WHERE o.swept_by = :s ORDER BY o.id"), {"s": sweep_id})]
         # a failure to sign or store sets the sweep aside (nothing was sent: a warning), see custody.containment
         return contained(self.engine, "sweep", sweep_id, "open", Step.sign,
-                         lambda: self._sign_and_store(sweep_id, coins, int(sweep.fee)), detail={"inputs": len(coins)})
+                         lambda: self._sign_and_store(sweep_id, coins, int(sweep.fee)), describe=lambda: {"inputs": len(coins)})
 
     def _sign_and_store(self, sweep_id: int, coins: list[BtcCoin], fee: int) -> str | None:
         try:

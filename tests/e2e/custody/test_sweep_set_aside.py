@@ -74,6 +74,8 @@ def test_refused_sweep_booking_is_set_aside_and_retried_once(custody, customer, 
     run = uuid.uuid4().hex[:8]
     key = create_api_key(engine, f"operator-{run}", "operator", custody.settings.api_key_pepper)
     client = TestClient(create_app(custody), raise_server_exceptions=False)
+    for path, code in ((f"/v1/sweeps/{small.id}/retry", "retry_not_set_aside"), ("/v1/rebalances/999999999/retry", "retry_unknown")):
+        assert_equal(client.post(path, json={"comment": "x"}, headers={"X-API-Key": key}).json()["error"]["code"], code)
     answer = client.post(f"/v1/sweeps/{large.id}/retry", json={"comment": "planted credit reversed"},
                          headers={"X-API-Key": key})
     assert_equal(answer.status_code, 200)
