@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
+import re
 import secrets
 from dataclasses import dataclass
 
@@ -36,9 +37,16 @@ def hash_key(key: str, pepper: str) -> str:
     return hmac.new(pepper.encode(), key.encode(), hashlib.sha256).hexdigest()
 
 
+# Key names build each caller's idempotency namespace `api:<name>:` and hold owner `api:<name>`
+# (custody.money_rules), so they carry no separator.
+KEY_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
 def create_api_key(engine: Engine, name: str, role: Role | str, pepper: str) -> str:
     """Create a key and return it; it cannot be recovered later."""
     role = Role(role)
+    if not KEY_NAME.match(name):
+        raise ValueError("an API key name is 1-64 letters, digits, '.', '_' or '-'")
     key = "csk_" + secrets.token_urlsafe(32)
     with engine.begin() as conn:
         conn.execute(

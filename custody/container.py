@@ -8,6 +8,7 @@ from typing import Any, Mapping
 from sqlalchemy import Engine
 
 from chain_adapters.base import ChainAdapter
+from custody.adjustments import TreasuryAdjustments
 from custody.database import make_engine, migrate, server_url
 from custody.deposits import Deposits, ExternalScreener
 from custody.settings import Settings, get_settings
@@ -30,10 +31,12 @@ class Container:
     sweeps: Any = None  # custody.sweeps.Sweeps (bitcoin, with a signer)
     rebalances: Any = None  # custody.rebalances.Rebalances (bitcoin hot -> cold, with a signer)
     reserves: Any = None  # custody.reserves.Reserves (bitcoin, with a signer)
+    adjustments: TreasuryAdjustments = field(init=False)
 
     def __post_init__(self) -> None:
         if self.wallets is None:
             self.wallets = Wallets(self.engine, self.ledger)
+        self.adjustments = TreasuryAdjustments(self.engine, self.ledger, quorum=self.settings.treasury_adjustment_quorum)
 
     def with_chains(self, adapters: Mapping[str, ChainAdapter], *, external_screener: ExternalScreener | None = None,
                     signer_keys: Any = None, bitcoin_network: str = "regtest", policy: Any = None,

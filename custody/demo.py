@@ -33,13 +33,15 @@ def run_demo(container: Container, base: str, chains=None) -> bool:
     pepper = container.settings.api_key_pepper
     key = create_api_key(container.engine, f"demo-admin-{run}", "admin", pepper)
     operator = create_api_key(container.engine, f"demo-operator-{run}", "operator", pepper)
+    checker = create_api_key(container.engine, f"demo-checker-{run}", "operator", pepper)
     log.info("created admin API key for this demo: %s (send it as X-API-Key)", key)
     try:
-        with httpx.Client(base_url=base, headers={"X-API-Key": key}, timeout=10) as c:
-            _ledger_demo(c, run)
+        with (httpx.Client(base_url=base, headers={"X-API-Key": key}, timeout=10) as c,
+              httpx.Client(base_url=base, headers={"X-API-Key": operator}, timeout=10) as op,
+              httpx.Client(base_url=base, headers={"X-API-Key": checker}, timeout=10) as op2):
+            _ledger_demo(c, op, op2, run)
             if chains is not None:
-                with httpx.Client(base_url=base, headers={"X-API-Key": operator}, timeout=10) as op:
-                    _chain_demo(c, op, container, chains, run)
+                _chain_demo(c, op, op2, container, chains, run)
     except DemoFailed as exc:
         log.error("demo failed: %s", exc)
         return False
@@ -63,7 +65,23 @@ def _wait(what: str, probe, done, timeout: float = 90.0):
         time.sleep(0.5)
 
 
-def _chain_demo(c: httpx.Client, op: httpx.Client, container: Container, chains, run: str) -> None:
+def _adjust(maker: httpx.Client, checker: httpx.Client, key: str, debit: int, credit: int, amount: str, reason: str) -> dict:
+    """A treasury adjustment: one operator proposes, another approves; only then is it posted."""
+    proposal = _call(maker, "POST", "/v1/treasury/adjustments", 201, json={
+        "idempotency_key": key, "reason": reason,
+        "transfers": [{"debit_account_id": debit, "credit_account_id": credit, "amount": amount}]})
+    posted = _call(checker, "POST", f"/v1/treasury/adjustments/{proposal['id']}/approve", 200,
+                   json={"comment": "demo: checked against the ticket"})
+    if posted["state"] != "posted":
+        raise DemoFailed(f"adjustment not posted: {posted}")
+    return posted
+
+
+def _firm_account(c: httpx.Client, name: str, asset: str) -> int:
+    return next(a["id"] for a in _call(c, "GET", "/v1/firm-accounts", 200, params={"asset": asset}) if a["name"] == name)
+
+
+def _chain_demo(c: httpx.Client, op: httpx.Client, op2: httpx.Client, container: Container, chains, run: str) -> None:
     node = chains.cluster.bitcoin
     hot = container.payouts.hot_address("bitcoin")
     node.fund(hot, 10 * 100_000_000)
@@ -105,14 +123,14 @@ def _chain_demo(c: httpx.Client, op: httpx.Client, container: Container, chains,
                  line["on_chain"], line["books"], line["in_transit"], line["difference"])
     if any(line["difference"] != 0 for line in lines):
         raise DemoFailed(f"reconciliation found a difference: {lines}")
-    _matching_demo(c, run, owner)
+    _matching_demo(c, op, op2, run, owner)
     verify = _call(c, "GET", "/v1/verify", 200)
     if not verify["ok"]:
         raise DemoFailed("ledger verification failed")
     log.info("ledger: verify passed after the chain and matching demo")
 
 
-def _matching_demo(c: httpx.Client, run: str, seller: str) -> None:
+def _matching_demo(c: httpx.Client, op: httpx.Client, op2: httpx.Client, run: str, seller: str) -> None:
     """The Bitsten scenario over the API: price improvement must return to the buyer."""
     symbol = f"BTC-USDT-{run}"
     _call(c, "POST", "/v1/markets", 201, json={
@@ -121,9 +139,8 @@ def _matching_demo(c: httpx.Client, run: str, seller: str) -> None:
     buyer = f"demo-alice-{run}"
     usdt = _call(c, "POST", "/v1/accounts", 201, json={"asset": "USDT", "kind": "customer", "name": f"customer:{buyer}:USDT",
                                                        "owner": buyer})["id"]
-    treasury = _call(c, "POST", "/v1/accounts", 201, json={"asset": "USDT", "kind": "equity", "name": f"demo:{run}:usdt-treasury"})["id"]
-    _call(c, "POST", "/v1/transactions", 201, json={"idempotency_key": f"demo:{run}:usdt", "kind": "treasury_credit",
-          "transfers": [{"debit_account_id": treasury, "credit_account_id": usdt, "amount": "40000"}]})
+    _adjust(op, op2, f"demo:{run}:usdt", _firm_account(c, "equity:USDT", "USDT"), usdt, "40000",
+            "demo: alice's USDT opening balance")
     log.info("matching: market %s (lot 0.0001 BTC, tick 0.01 USDT, maker 0.1%% / taker 0.2%%); alice has 40,000 USDT", symbol)
     ask = _call(c, "POST", f"/v1/markets/{symbol}/orders", 201, json={
         "account": seller, "client_order_id": "ask-1", "side": "sell", "qty": "0.2", "price": "59900"})
@@ -141,24 +158,34 @@ def _matching_demo(c: httpx.Client, run: str, seller: str) -> None:
         raise DemoFailed(f"the buyer's price improvement did not come back exactly: {bal}")
 
 
-def _ledger_demo(c: httpx.Client, run: str) -> None:
-    log.info("ledger: creating assets BTC (8 decimals) and USDT (6 decimals)")
+def _ledger_demo(c: httpx.Client, op: httpx.Client, op2: httpx.Client, run: str) -> None:
+    log.info("ledger: creating assets BTC (8 decimals) and USDT (6 decimals); each comes with its firm accounts")
     _call(c, "POST", "/v1/assets", 201, json={"code": "BTC", "decimals": 8})
     _call(c, "POST", "/v1/assets", 201, json={"code": "USDT", "decimals": 6})
     acct = {}
-    for name, kind in [("pool", "asset_location"), ("alice", "customer"), ("carol", "customer"), ("fees", "fee_income")]:
-        acct[name] = _call(c, "POST", "/v1/accounts", 201,
-                           json={"asset": "BTC", "kind": kind, "name": f"demo:{run}:{name}"})["id"]
-    log.info("ledger: opened BTC accounts %s", acct)
+    for name in ("alice", "carol"):
+        owner = f"demo-{name}-{run}"
+        acct[name] = _call(c, "POST", "/v1/accounts", 201, json={
+            "asset": "BTC", "kind": "customer", "name": f"customer:{owner}:BTC", "owner": owner})["id"]
+    acct["fees"] = _firm_account(c, "fees:BTC", "BTC")
+    acct["equity"] = _firm_account(c, "equity:BTC", "BTC")
+    log.info("ledger: opened customer accounts %s; the firm's fee income is fees:BTC (%d)",
+             {k: acct[k] for k in ("alice", "carol")}, acct["fees"])
+    err = _call(c, "POST", "/v1/transactions", 403, json={"idempotency_key": f"demo:{run}:mint", "transfers": [
+        {"debit_account_id": acct["equity"], "credit_account_id": acct["alice"], "amount": "0.5"}]})
+    log.info("ledger: an API key posting from the firm's equity is refused: %s", err["error"]["code"])
 
-    deposit = {"idempotency_key": f"demo:{run}:deposit", "kind": "deposit",
-               "transfers": [{"debit_account_id": acct["pool"], "credit_account_id": acct["alice"], "amount": "0.5"}]}
-    tx = _call(c, "POST", "/v1/transactions", 201, json=deposit)
-    log.info("ledger: credited alice 0.5 BTC from the deposit pool (transaction %s)", tx["transaction_id"])
-    again = _call(c, "POST", "/v1/transactions", 200, json=deposit)
+    posted = _adjust(op, op2, f"demo:{run}:opening", acct["equity"], acct["alice"], "0.5", "demo: alice's opening balance")
+    log.info("ledger: a treasury adjustment (proposed by one operator, approved by another) credited alice 0.5 BTC "
+             "(transaction %s)", posted["transaction_id"])
+    transfer = {"idempotency_key": f"demo:{run}:gift", "kind": "transfer",
+                "transfers": [{"debit_account_id": acct["alice"], "credit_account_id": acct["carol"], "amount": "0.05"}]}
+    tx = _call(c, "POST", "/v1/transactions", 201, json=transfer)
+    log.info("ledger: alice sent carol 0.05 BTC (transaction %s)", tx["transaction_id"])
+    again = _call(c, "POST", "/v1/transactions", 200, json=transfer)
     log.info("ledger: the same key again answers 200 with transaction %s and moves nothing", again["transaction_id"])
-    err = _call(c, "POST", "/v1/transactions", 422, json={**deposit, "idempotency_key": f"demo:{run}:bad",
-                "transfers": [{**deposit["transfers"][0], "amount": "0.123456789"}]})
+    err = _call(c, "POST", "/v1/transactions", 422, json={**transfer, "idempotency_key": f"demo:{run}:bad",
+                "transfers": [{**transfer["transfers"][0], "amount": "0.123456789"}]})
     log.info("ledger: 9 decimals for BTC is refused: %s", err["error"]["code"])
 
     hold = _call(c, "POST", "/v1/holds", 201, json={"idempotency_key": f"demo:{run}:hold", "account_id": acct["alice"],
@@ -173,7 +200,7 @@ def _ledger_demo(c: httpx.Client, run: str) -> None:
     bal = _call(c, "GET", f"/v1/accounts/{acct['alice']}/balance", 200)
     log.info("ledger: captured 0.15 to carol + 0.0001 fee, released the rest: alice posted %s, held %s",
              bal["posted"]["value"], bal["held"]["value"])
-    if bal["posted"]["value"] != "0.34990000" or bal["held"]["value"] != "0.00000000":
+    if bal["posted"]["value"] != "0.29990000" or bal["held"]["value"] != "0.00000000":
         raise DemoFailed(f"unexpected balance {bal}")
     stmt = _call(c, "GET", f"/v1/accounts/{acct['alice']}/statement", 200)
     for line in stmt["lines"]:

@@ -17,6 +17,11 @@
 | funding_not_final | 409 | a hot-wallet funding has fewer confirmations than its asset's finality depth |
 | funding_not_to_hot | 422 | the transaction pays nothing to the hot address (no ether, no configured token) |
 | funding_own_transaction | 422 | the transaction is the hot wallet's own (sent by it, or a payout): booked by its own flow |
+| kind_not_permitted | 403 | the caller's role may not open, debit, credit or hold on an account of that kind (README: who may move money) |
+| account_name_reserved | 422 | an account opened over the API must be named `customer:<owner>:...`; other names belong to the firm |
+| transaction_not_reversible | 409 | a subsystem wrote the transaction, or its reversal would move firm money: use a treasury adjustment |
+| adjustment_not_found | 404 | no treasury adjustment with that id |
+| proposer_cannot_approve | 403 | the operator who proposed a treasury adjustment may not approve it |
 | retry_unknown | 404 | no withdrawal batch, sweep or rebalance with that id |
 | retry_not_set_aside | 409 | the withdrawal batch, sweep or rebalance is not set aside: there is nothing to retry |
 """
@@ -41,6 +46,11 @@ class CustodyErrorCode(str, enum.Enum):
     funding_not_final = "funding_not_final"
     funding_not_to_hot = "funding_not_to_hot"
     funding_own_transaction = "funding_own_transaction"
+    kind_not_permitted = "kind_not_permitted"
+    account_name_reserved = "account_name_reserved"
+    transaction_not_reversible = "transaction_not_reversible"
+    adjustment_not_found = "adjustment_not_found"
+    proposer_cannot_approve = "proposer_cannot_approve"
     retry_unknown = "retry_unknown"
     retry_not_set_aside = "retry_not_set_aside"
 
@@ -65,6 +75,11 @@ _STATUS = {
     CustodyErrorCode.funding_not_final: 409,
     CustodyErrorCode.funding_not_to_hot: 422,
     CustodyErrorCode.funding_own_transaction: 422,
+    CustodyErrorCode.kind_not_permitted: 403,
+    CustodyErrorCode.account_name_reserved: 422,
+    CustodyErrorCode.transaction_not_reversible: 409,
+    CustodyErrorCode.adjustment_not_found: 404,
+    CustodyErrorCode.proposer_cannot_approve: 403,
     CustodyErrorCode.retry_unknown: 404,
     CustodyErrorCode.retry_not_set_aside: 409,
 }

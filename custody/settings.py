@@ -7,6 +7,7 @@
 | `STATE_DIR` | `<repo>/.state` | local state: embedded database, regtest data, demo keys |
 | `API_KEY_PEPPER` | dev value | HMAC key mixed into stored API-key hashes; refused at its default in production |
 | `API_HOST` / `API_PORT` | `127.0.0.1` / `8000` | where `python -m custody serve` listens |
+| `TREASURY_ADJUSTMENT_QUORUM` | `1` | operators other than the proposer who must approve a treasury adjustment |
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -30,6 +31,7 @@ class Settings(BaseSettings):
     api_key_pepper: str = DEV_PEPPER
     api_host: str = "127.0.0.1"
     api_port: int = 8000
+    treasury_adjustment_quorum: int = Field(default=1, ge=1, le=10)
 
     @model_validator(mode="after")
     def _refuse_default_secrets(self) -> "Settings":

@@ -89,6 +89,14 @@ CONTAINMENT_TRANSITIONS: Mapping[str, frozenset[str]] = {
     "set_aside": frozenset({"active"}),  # its signing or booking failed: every job skips it until an operator retries it
 }
 
+# A treasury adjustment (custody.adjustments): posted once a quorum of operators other than its
+# proposer approved it, or rejected by any one of them. Both ends are terminal.
+ADJUSTMENT_TRANSITIONS: Mapping[str, frozenset[str]] = {
+    "proposed": frozenset({"posted", "rejected"}),
+    "posted": frozenset(),
+    "rejected": frozenset(),
+}
+
 MACHINES: Mapping[str, tuple[str, Mapping[str, frozenset[str]]]] = {
     "deposit_observation": ("deposit_observation", DEPOSIT_TRANSITIONS),
     "withdrawal": ("withdrawal_request", WITHDRAWAL_TRANSITIONS),
@@ -96,6 +104,7 @@ MACHINES: Mapping[str, tuple[str, Mapping[str, frozenset[str]]]] = {
     "chain_transaction": ("chain_transaction", CHAIN_TX_TRANSITIONS),
     "sweep": ("sweep", SWEEP_TRANSITIONS),
     "rebalance": ("rebalance", REBALANCE_TRANSITIONS),
+    "adjustment": ("treasury_adjustment", ADJUSTMENT_TRANSITIONS),
     "batch_containment": ("withdrawal_batch", CONTAINMENT_TRANSITIONS),
     "sweep_containment": ("sweep", CONTAINMENT_TRANSITIONS),
     "rebalance_containment": ("rebalance", CONTAINMENT_TRANSITIONS),

@@ -5,9 +5,13 @@ configured for cold storage) and derives deposit addresses from it (`custody.add
 derivation index is persisted with the address in one database transaction under the wallet's
 row lock, so two requests never get the same index and a retried request gets the same address.
 
-Firm accounts are opened on first use, idempotently, under fixed names:
+Firm accounts are opened here and only here (and matching's per-market fee accounts in
+`matching.service`), idempotently, under fixed names outside the customer namespace:
 `location:<chain>:<tier>:<asset>` (asset_location), `quarantine:<asset>`, `dust:<asset>`,
 `suspense:<asset>`, `fees:<asset>`, `in_flight:<asset>`, `network_fees:<asset>`, `equity:<asset>`.
+The per-asset ones are opened when the asset is created (`open_firm_accounts`), the rest on first
+use. No API caller can open an account outside `customer:<owner>:...` (custody.money_rules), and the
+database refuses a firm account named inside it, so these names cannot be squatted.
 """
 from __future__ import annotations
 
@@ -121,6 +125,10 @@ class Wallets:
         return [self.chain_asset(a) for a in assets]
 
     # ---- firm accounts --------------------------------------------------------------------
+
+    def open_firm_accounts(self, asset: str) -> dict[str, int]:
+        """Open every per-asset firm account of `asset` (idempotent): role -> account id."""
+        return {role: self.firm_account(role, asset) for role in FIRM_ACCOUNTS}
 
     def firm_account(self, role: str, asset: str, *, conn: Connection | None = None) -> int:
         return self._open(f"{role}:{asset}", asset, FIRM_ACCOUNTS[role], conn)

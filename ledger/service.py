@@ -236,6 +236,17 @@ class Ledger:
             raise LedgerError(ErrorCode.account_not_found, f"no account named {name!r}")
         return _account(row)
 
+    def list_accounts(self, *, asset: str | None = None, kinds: Sequence[AccountKind] | None = None,
+                      limit: int = 1000, conn: Connection | None = None) -> list[Account]:
+        """Accounts by id, optionally of one asset and of the given kinds."""
+        with self._one(conn) as c:
+            rows = c.execute(
+                text(f"{_ACCOUNT_SQL} WHERE (CAST(:a AS text) IS NULL OR asset = :a) "
+                     "AND (CAST(:k AS text[]) IS NULL OR kind = ANY(CAST(:k AS text[]))) ORDER BY id LIMIT :l"),
+                {"a": asset, "k": None if kinds is None else [AccountKind(k).value for k in kinds], "l": limit},
+            ).all()
+        return [_account(r) for r in rows]
+
     def close_account(self, account_id: int, *, conn: Connection | None = None) -> Account:
         """Close an account with a zero balance and no pending holds. Closing twice is a no-op."""
         with self._tx(conn) as c:
@@ -411,6 +422,15 @@ class Ledger:
                 conn=c,
                 _reverses=transaction_id,
             )
+
+    def transaction_key(self, transaction_id: int, *, conn: Connection | None = None) -> str:
+        """The idempotency key a journal transaction was posted under (it names its writer)."""
+        with self._one(conn) as c:
+            key = c.execute(text("SELECT idempotency_key FROM journal_transaction WHERE id = :t"),
+                            {"t": transaction_id}).scalar()
+        if key is None:
+            raise LedgerError(ErrorCode.transaction_not_found, f"no journal transaction {transaction_id}")
+        return key
 
     def transaction_transfers(self, transaction_id: int, *, conn: Connection | None = None) -> list[Transfer]:
         """Reconstruct the transfers of a posted transaction (pairs of consecutive entries)."""
@@ -631,9 +651,12 @@ class Ledger:
 _ASSET_CODE = re.compile(r"[A-Z0-9][A-Z0-9_.-]{0,31}")
 
 
+MAX_KEY_LENGTH = 300  # a caller's 200 characters behind its namespace (custody.money_rules)
+
+
 def _require_key(key: object) -> None:
-    if not isinstance(key, str) or not 1 <= len(key) <= 200:
-        raise LedgerError(ErrorCode.invalid_request, "an idempotency key of 1-200 characters is required")
+    if not isinstance(key, str) or not 1 <= len(key) <= MAX_KEY_LENGTH:
+        raise LedgerError(ErrorCode.invalid_request, f"an idempotency key of 1-{MAX_KEY_LENGTH} characters is required")
 
 
 def _int_array(values: list[int | None]) -> str:

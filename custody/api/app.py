@@ -6,7 +6,16 @@ from pathlib import Path
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse
 
-from custody.api import containment_routes, deposit_routes, errors, ledger_routes, order_routes, treasury_routes, withdrawal_routes
+from custody.api import (
+    adjustment_routes,
+    containment_routes,
+    deposit_routes,
+    errors,
+    ledger_routes,
+    order_routes,
+    treasury_routes,
+    withdrawal_routes,
+)
 from custody.container import Container
 
 
@@ -23,6 +32,7 @@ def create_app(container: Container) -> FastAPI:
     app.include_router(order_routes.router)
     app.include_router(withdrawal_routes.router)
     app.include_router(treasury_routes.router)
+    app.include_router(adjustment_routes.router)
     app.include_router(containment_routes.router)
 
     console = Path(__file__).resolve().parents[1] / "console" / "index.html"

@@ -124,16 +124,17 @@ def incidents(c: ContainerDep, _: Auditor, open_only: bool = True) -> list[dict]
 
 
 @router.post("/reconciliation")
-def reconcile(c: ContainerDep, _: Auditor) -> list[dict]:
+def reconcile(c: ContainerDep, _: Operator) -> list[dict]:
     """Run a reconciliation pass now (every bitcoin and ethereum location, per asset) and answer its
-    lines; a difference also opens an incident and engages the kill switch."""
+    lines; a difference also opens an incident and engages the kill switch, so it is an operator's
+    action (auditors read the incidents)."""
     if c.reconciliation is None:
         raise ApiError(503, "chains_not_configured", "no chain adapters are configured on this service")
     return [{**line.__dict__, "difference": line.difference} for line in c.reconciliation.run()]
 
 
 @router.post("/reserves/reports", status_code=201)
-def publish_reserves(c: ContainerDep, _: Auditor) -> dict:
+def publish_reserves(c: ContainerDep, _: Operator) -> dict:
     """Publish a proof-of-reserves report for BTC at the current tip (not a proof of solvency)."""
     if c.reserves is None:
         raise ApiError(503, "chains_not_configured", "no bitcoin adapter and signer are configured on this service")

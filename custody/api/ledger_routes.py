@@ -1,10 +1,13 @@
 """Ledger routes under /v1: assets, accounts, balances, statements, linked transfer batches,
-reversals, holds, totals and self-verification. Each route names the roles it admits."""
+reversals, holds, totals and self-verification. Each route names the roles it admits; every
+command that moves money goes through `custody.ledger_access.CallerLedger`, which applies the
+README's "who may move money" table (custody.money_rules) and the caller's key namespace."""
 from __future__ import annotations
 
 from fastapi import APIRouter, Query, Response
 
 from custody.api.deps import Admin, Auditor, Backend, ContainerDep, Reader
+from custody.ledger_access import CallerLedger
 from custody.api.ledger_schemas import (
     AccountIn,
     AccountOut,
@@ -24,7 +27,7 @@ from custody.api.ledger_schemas import (
     VerifyOut,
 )
 from ledger.amounts import parse_amount
-from ledger.model import Account, Hold, Transfer
+from ledger.model import Account, AccountKind, Hold, Transfer
 from ledger.service import Ledger
 
 router = APIRouter(prefix="/v1", tags=["ledger"])
@@ -49,7 +52,9 @@ def _hold_out(ledger: Ledger, h: Hold) -> HoldOut:
 
 @router.post("/assets", response_model=AssetOut, status_code=201)
 def create_asset(body: AssetIn, c: ContainerDep, _: Admin) -> AssetOut:
+    """Create an asset and open its firm accounts (fees, equity, suspense, ...) under reserved names."""
     asset = c.ledger.create_asset(body.code, body.decimals)
+    c.wallets.open_firm_accounts(asset.code)
     return AssetOut(code=asset.code, decimals=asset.decimals)
 
 
@@ -59,8 +64,17 @@ def list_assets(c: ContainerDep, _: Reader) -> list[AssetOut]:
 
 
 @router.post("/accounts", response_model=AccountOut, status_code=201)
-def open_account(body: AccountIn, c: ContainerDep, _: Backend) -> AccountOut:
-    return _account_out(c.ledger.open_account(body.asset, body.kind, body.name, owner=body.owner))
+def open_account(body: AccountIn, c: ContainerDep, who: Backend) -> AccountOut:
+    """Open a customer account named `customer:<owner>:...` (idempotent by name). Firm accounts are
+    the service's own (`GET /v1/firm-accounts`)."""
+    return _account_out(CallerLedger(c.ledger, who).open_account(body.asset, body.kind, body.name, body.owner))
+
+
+@router.get("/firm-accounts", response_model=list[AccountOut])
+def firm_accounts(c: ContainerDep, _: Reader, asset: str | None = Query(default=None, max_length=32)) -> list[AccountOut]:
+    """The firm's own accounts (every kind but customer), e.g. `fees:<asset>` to credit a customer's fee to."""
+    kinds = [k for k in AccountKind if k is not AccountKind.customer]
+    return [_account_out(a) for a in c.ledger.list_accounts(asset=asset, kinds=kinds)]
 
 
 @router.get("/accounts/{account_id}", response_model=AccountOut)
@@ -69,8 +83,9 @@ def get_account(account_id: int, c: ContainerDep, _: Reader) -> AccountOut:
 
 
 @router.post("/accounts/{account_id}/close", response_model=AccountOut)
-def close_account(account_id: int, c: ContainerDep, _: Admin) -> AccountOut:
-    return _account_out(c.ledger.close_account(account_id))
+def close_account(account_id: int, c: ContainerDep, who: Admin) -> AccountOut:
+    """Close an empty customer account; firm accounts are never closed over the API."""
+    return _account_out(CallerLedger(c.ledger, who).close_account(account_id))
 
 
 @router.get("/accounts/{account_id}/balance", response_model=BalanceOut)
@@ -104,23 +119,26 @@ def statement(
 
 
 @router.post("/transactions", response_model=TransactionOut, status_code=201)
-def post_transaction(body: TransactionIn, c: ContainerDep, _: Backend, response: Response) -> TransactionOut:
-    """Post a linked batch: every transfer commits or none does. A replay of the key answers 200."""
+def post_transaction(body: TransactionIn, c: ContainerDep, who: Backend, response: Response) -> TransactionOut:
+    """Post a linked batch: every transfer commits or none does. A replay of the key answers 200.
+    Debits customer accounts only; credits customer or fee-income accounts."""
     decimals: dict[int, int] = {}
     transfers = []
     for t in body.transfers:
         if t.debit_account_id not in decimals:
             decimals[t.debit_account_id] = _decimals(c.ledger, t.debit_account_id)
         transfers.append(Transfer(t.debit_account_id, t.credit_account_id, parse_amount(t.amount, decimals[t.debit_account_id])))
-    result = c.ledger.post(body.idempotency_key, transfers, kind=body.kind, metadata=body.metadata)
+    result = CallerLedger(c.ledger, who).post(body.idempotency_key, transfers, kind=body.kind, metadata=body.metadata)
     if not result.created:
         response.status_code = 200
     return TransactionOut(transaction_id=result.transaction_id, created=result.created)
 
 
 @router.post("/transactions/{transaction_id}/reverse", response_model=TransactionOut, status_code=201)
-def reverse(transaction_id: int, body: ReverseIn, c: ContainerDep, _: Admin, response: Response) -> TransactionOut:
-    result = c.ledger.reverse(transaction_id, body.idempotency_key)
+def reverse(transaction_id: int, body: ReverseIn, c: ContainerDep, who: Admin, response: Response) -> TransactionOut:
+    """Reverse a transaction written over the API whose reversal debits customer accounts only; a
+    subsystem's transaction is corrected by a treasury adjustment (`transaction_not_reversible`)."""
+    result = CallerLedger(c.ledger, who).reverse(transaction_id, body.idempotency_key)
     if not result.created:
         response.status_code = 200
     return TransactionOut(transaction_id=result.transaction_id, created=result.created)
@@ -130,10 +148,8 @@ def reverse(transaction_id: int, body: ReverseIn, c: ContainerDep, _: Admin, res
 def place_hold(body: HoldIn, c: ContainerDep, who: Backend, response: Response) -> HoldOut:
     """Place a hold owned by the calling API key; only that key may capture or release it."""
     amount = parse_amount(body.amount, _decimals(c.ledger, body.account_id))
-    hold = c.ledger.place_hold(
-        body.idempotency_key, body.account_id, amount, owner=f"api:{who.name}", reference=body.reference,
-        expires_at=body.expires_at,
-    )
+    hold = CallerLedger(c.ledger, who).place_hold(body.idempotency_key, body.account_id, amount,
+                                                  reference=body.reference, expires_at=body.expires_at)
     if not hold.created:
         response.status_code = 200
     return _hold_out(c.ledger, hold)
@@ -149,7 +165,7 @@ def capture(hold_id: int, body: CaptureIn, c: ContainerDep, who: Backend, respon
     hold = c.ledger.get_hold(hold_id)
     d = _decimals(c.ledger, hold.account_id)
     legs = [Transfer(hold.account_id, t.credit_account_id, parse_amount(t.amount, d)) for t in body.transfers]
-    result = c.ledger.capture_hold(body.idempotency_key, hold_id, legs, owner=f"api:{who.name}", final=body.final)
+    result = CallerLedger(c.ledger, who).capture(body.idempotency_key, hold_id, legs, final=body.final)
     if not result.created:
         response.status_code = 200
     return TransactionOut(transaction_id=result.transaction_id, created=result.created)
@@ -157,7 +173,7 @@ def capture(hold_id: int, body: CaptureIn, c: ContainerDep, who: Backend, respon
 
 @router.post("/holds/{hold_id}/release", response_model=HoldOut)
 def release(hold_id: int, c: ContainerDep, who: Backend) -> HoldOut:
-    return _hold_out(c.ledger, c.ledger.release_hold(hold_id, owner=f"api:{who.name}"))
+    return _hold_out(c.ledger, CallerLedger(c.ledger, who).release(hold_id))
 
 
 @router.get("/totals", response_model=dict[str, Money])

@@ -1,7 +1,7 @@
 """Containment: a withdrawal batch, sweep or rebalance whose signing or booking failed is set aside.
 
 Revision ID: 0016_containment
-Revises: 0011_rebalances
+Revises: 0012_money_boundaries
 
 Why: one row whose ledger booking failed (a capture refused because its idempotency key was taken,
 a final booking refused because a hold left the in-flight account without available balance) made
@@ -20,7 +20,7 @@ What changes: `withdrawal_batch`, `sweep` and `rebalance` each get
 from alembic import op
 
 revision = "0016_containment"
-down_revision = "0011_rebalances"
+down_revision = "0012_money_boundaries"
 branch_labels = None
 depends_on = None
 

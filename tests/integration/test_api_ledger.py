@@ -37,13 +37,24 @@ def error_code(response) -> str:
     return body["error"]["code"]
 
 
-def open_pair(api, ledger):
+def open_customer(api, run, who):
+    owner = f"{run}-{who}"
+    r = call(api, Role.backend, "POST", "/v1/accounts",
+             json={"asset": "BTC", "kind": "customer", "name": f"customer:{owner}:BTC", "owner": owner})
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+def open_pair(api, ledger, *, fund: int = 0):
+    """Two customer accounts opened over the API; `fund` minor units credited to the first by a
+    subsystem (as custody credits a deposit: the API can never debit a firm account)."""
     run = uuid.uuid4().hex[:8]
     ledger.create_asset("BTC", 8)
-    pool = call(api, Role.backend, "POST", "/v1/accounts", json={"asset": "BTC", "kind": "asset_location", "name": f"api:{run}:pool"})
-    alice = call(api, Role.backend, "POST", "/v1/accounts", json={"asset": "BTC", "kind": "customer", "name": f"api:{run}:alice"})
-    assert pool.status_code == alice.status_code == 201, (pool.text, alice.text)
-    return pool.json()["id"], alice.json()["id"], run
+    alice, bob = open_customer(api, run, "alice"), open_customer(api, run, "bob")
+    if fund:
+        pool = ledger.open_account("BTC", "asset_location", f"test:{run}:pool").id
+        ledger.transfer(f"test:{run}:deposit", pool, alice, fund, kind="deposit")
+    return alice, bob, run
 
 
 def test_missing_or_unknown_key_is_401(api, ledger):
@@ -75,14 +86,14 @@ def test_every_route_checks_its_role(api, ledger, role, method, path, allowed):
 
 
 def test_transfer_in_decimal_strings_and_replay(api, ledger):
-    pool, alice, run = open_pair(api, ledger)
-    body = {"idempotency_key": f"api:{run}:dep", "kind": "deposit",
-            "transfers": [{"debit_account_id": pool, "credit_account_id": alice, "amount": "1.5"}]}
+    alice, bob, run = open_pair(api, ledger, fund=200_000_000)
+    body = {"idempotency_key": f"api:{run}:dep", "kind": "transfer",
+            "transfers": [{"debit_account_id": alice, "credit_account_id": bob, "amount": "1.5"}]}
     first = call(api, Role.backend, "POST", "/v1/transactions", json=body)
     assert first.status_code == 201 and first.json()["created"] is True
     replay = call(api, Role.backend, "POST", "/v1/transactions", json=body)
     assert replay.status_code == 200 and replay.json() == {**first.json(), "created": False}
-    bal = call(api, Role.auditor, "GET", f"/v1/accounts/{alice}/balance").json()
+    bal = call(api, Role.auditor, "GET", f"/v1/accounts/{bob}/balance").json()
     assert bal["posted"] == {"value": "1.50000000", "minor": "150000000"}
     conflict = call(api, Role.backend, "POST", "/v1/transactions",
                     json={**body, "transfers": [{**body["transfers"][0], "amount": "2"}]})
@@ -95,9 +106,9 @@ def test_transfer_in_decimal_strings_and_replay(api, ledger):
      ("0", "invalid_amount"), ("abc", "invalid_amount")],
 )
 def test_bad_amounts_are_4xx_with_a_code(api, ledger, amount, code):
-    pool, alice, run = open_pair(api, ledger)
+    alice, bob, run = open_pair(api, ledger)
     r = call(api, Role.backend, "POST", "/v1/transactions", json={
-        "idempotency_key": f"api:{run}:bad", "transfers": [{"debit_account_id": pool, "credit_account_id": alice, "amount": amount}]})
+        "idempotency_key": f"api:{run}:bad", "transfers": [{"debit_account_id": alice, "credit_account_id": bob, "amount": amount}]})
     assert r.status_code == 422 and error_code(r) == code
 
 
@@ -112,18 +123,16 @@ def test_malformed_requests_are_422_never_500(api, ledger, body):
 
 
 def test_insufficient_funds_and_unknown_account(api, ledger):
-    pool, alice, run = open_pair(api, ledger)
+    alice, bob, run = open_pair(api, ledger)
     r = call(api, Role.backend, "POST", "/v1/transactions", json={
-        "idempotency_key": f"api:{run}:over", "transfers": [{"debit_account_id": alice, "credit_account_id": pool, "amount": "1"}]})
+        "idempotency_key": f"api:{run}:over", "transfers": [{"debit_account_id": alice, "credit_account_id": bob, "amount": "1"}]})
     assert r.status_code == 409 and error_code(r) == "insufficient_funds"
     r = call(api, Role.backend, "GET", "/v1/accounts/999999999/balance")
     assert r.status_code == 404 and error_code(r) == "account_not_found"
 
 
 def test_hold_capture_release_only_by_owner(api, ledger):
-    pool, alice, run = open_pair(api, ledger)
-    call(api, Role.backend, "POST", "/v1/transactions", json={
-        "idempotency_key": f"api:{run}:fund", "transfers": [{"debit_account_id": pool, "credit_account_id": alice, "amount": "1"}]})
+    alice, pool, run = open_pair(api, ledger, fund=100_000_000)
     hold = call(api, Role.backend, "POST", "/v1/holds", json={
         "idempotency_key": f"api:{run}:h", "account_id": alice, "amount": "0.4", "reference": "w1"})
     assert hold.status_code == 201, hold.text
@@ -185,8 +194,8 @@ def test_a_transient_database_failure_is_503_and_the_retry_posts_once(api, ledge
 
     from ledger.service import Ledger
 
-    pool, alice, run = open_pair(api, ledger)
-    body = {"idempotency_key": f"api:{run}:retry", "kind": "deposit",
+    pool, alice, run = open_pair(api, ledger, fund=100_000_000)
+    body = {"idempotency_key": f"api:{run}:retry", "kind": "transfer",
             "transfers": [{"debit_account_id": pool, "credit_account_id": alice, "amount": "0.5"}]}
     original = Ledger.post
 

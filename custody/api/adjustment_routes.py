@@ -1,0 +1,110 @@
+"""Treasury adjustment routes under /v1 (custody.adjustments): maker-checker journal entries.
+
+- `POST /v1/treasury/adjustments` (operator): propose legs (any accounts, amounts as decimal strings
+  in the debit account's asset) with a reason and an idempotency key (in the proposer's namespace);
+  optionally the journal transaction it corrects. Nothing moves yet. A replay answers 200.
+- `POST /v1/treasury/adjustments/{id}/approve` (operator, never the proposer, with a comment): the
+  approval that completes the quorum posts it; a ledger refusal answers the ledger's code and
+  records nothing.
+- `POST /v1/treasury/adjustments/{id}/reject` (operator, with a comment): ends it unposted.
+- `GET /v1/treasury/adjustments[?state=]`, `GET /v1/treasury/adjustments/{id}` (auditor, operator).
+"""
+from __future__ import annotations
+
+import datetime as dt
+from typing import Literal
+
+from fastapi import APIRouter, Query, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from custody.adjustments import AdjustmentView
+from custody.api.bodies import CommentIn
+from custody.api.deps import Auditor, ContainerDep, Operator
+from custody.api.ledger_schemas import Money
+from custody.container import Container
+from custody.money_rules import caller_key
+from ledger.amounts import parse_amount
+from ledger.model import Transfer
+
+router = APIRouter(prefix="/v1/treasury", tags=["treasury"])
+
+
+class AdjustmentLegIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    debit_account_id: int
+    credit_account_id: int
+    amount: str = Field(min_length=1, max_length=100, description='decimal string in the asset\'s units, e.g. "0.5"')
+
+
+class AdjustmentIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    idempotency_key: str = Field(min_length=1, max_length=200)
+    reason: str = Field(min_length=1, max_length=2000)
+    transfers: list[AdjustmentLegIn] = Field(min_length=1, max_length=100)
+    corrects_transaction_id: int | None = None
+
+
+class AdjustmentLegOut(BaseModel):
+    debit_account_id: int
+    credit_account_id: int
+    amount: Money
+
+
+class AdjustmentOut(BaseModel):
+    id: int
+    state: str
+    proposed_by: str
+    reason: str
+    transfers: list[AdjustmentLegOut]
+    corrects_transaction_id: int | None
+    quorum: int
+    approved_by: list[str]
+    rejected_by: str | None
+    transaction_id: int | None
+    created_at: dt.datetime
+
+
+def _out(c: Container, a: AdjustmentView) -> AdjustmentOut:
+    legs = []
+    for t in a.legs:
+        decimals = c.ledger.get_asset(c.ledger.get_account(t.debit_account_id).asset).decimals
+        legs.append(AdjustmentLegOut(debit_account_id=t.debit_account_id, credit_account_id=t.credit_account_id,
+                                     amount=Money.of(t.amount, decimals)))
+    return AdjustmentOut(id=a.id, state=a.state, proposed_by=a.proposed_by, reason=a.reason, transfers=legs,
+                         corrects_transaction_id=a.corrects_transaction_id, quorum=a.quorum,
+                         approved_by=list(a.approved_by), rejected_by=a.rejected_by, transaction_id=a.transaction_id,
+                         created_at=a.created_at)
+
+
+@router.post("/adjustments", response_model=AdjustmentOut, status_code=201)
+def propose(body: AdjustmentIn, c: ContainerDep, who: Operator, response: Response) -> AdjustmentOut:
+    legs = []
+    for t in body.transfers:
+        decimals = c.ledger.get_asset(c.ledger.get_account(t.debit_account_id).asset).decimals
+        legs.append(Transfer(t.debit_account_id, t.credit_account_id, parse_amount(t.amount, decimals)))
+    view = c.adjustments.propose(caller_key(who.name, body.idempotency_key), by=f"api:{who.name}", reason=body.reason,
+                                 legs=legs, corrects_transaction_id=body.corrects_transaction_id)
+    if not view.created:
+        response.status_code = 200
+    return _out(c, view)
+
+
+@router.post("/adjustments/{adjustment_id}/approve", response_model=AdjustmentOut)
+def approve(adjustment_id: int, body: CommentIn, c: ContainerDep, who: Operator) -> AdjustmentOut:
+    return _out(c, c.adjustments.approve(adjustment_id, by=f"api:{who.name}", comment=body.comment))
+
+
+@router.post("/adjustments/{adjustment_id}/reject", response_model=AdjustmentOut)
+def reject(adjustment_id: int, body: CommentIn, c: ContainerDep, who: Operator) -> AdjustmentOut:
+    return _out(c, c.adjustments.reject(adjustment_id, by=f"api:{who.name}", comment=body.comment))
+
+
+@router.get("/adjustments", response_model=list[AdjustmentOut])
+def list_adjustments(c: ContainerDep, _: Auditor,
+                     state: Literal["proposed", "posted", "rejected"] | None = Query(default=None)) -> list[AdjustmentOut]:
+    return [_out(c, a) for a in c.adjustments.list(state=state)]
+
+
+@router.get("/adjustments/{adjustment_id}", response_model=AdjustmentOut)
+def get_adjustment(adjustment_id: int, c: ContainerDep, _: Auditor) -> AdjustmentOut:
+    return _out(c, c.adjustments.get(adjustment_id))
