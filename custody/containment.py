@@ -21,8 +21,9 @@ Guarantees:
   booking is posted under its idempotency key (`batch:<id>:capture`, `batch:<id>:final`,
   `sweep:<id>:final`, `rebalance:<id>:final`).
 - Retry (`reactivate`, an operator through `POST /v1/{withdrawal-batches|sweeps|rebalances}/{id}/retry`,
-  audited with the operator's comment): the row is `active` again and the next run of its job does
-  the step again; it then completes with exactly one booking. A withdrawal batch set aside before
+  audited with the operator's comment): the row is `active` again, its incident is resolved by
+  that operator, and the next run of its job does the step again; it then completes with exactly
+  one booking. The kill switch stays as it is (releasing it is an admin's decision). A withdrawal batch set aside before
   it was signed is handled by custody.payouts (`Payouts.retry_batch`): abandoned and its
   withdrawals batched again under a new id, because the key that blocked it may be taken for good.
   A failure after a retry sets the row aside again with a new incident (`set_aside_count`).
@@ -147,10 +148,14 @@ def lock_set_aside(c: Connection, machine: str, row_id: int) -> Retried:
 
 
 def reactivate(c: Connection, machine: str, row_id: int, *, by: str, comment: str) -> Retried:
-    """An operator retries a set-aside row once its cause is fixed: it is active again (audited)
-    and the next run of its job does the failed step again. In the caller's transaction."""
+    """An operator retries a set-aside row once its cause is fixed: it is active again (audited),
+    the incident that set it aside is resolved by that operator (a new failure opens a new one),
+    and the next run of its job does the failed step again. In the caller's transaction. The kill
+    switch a critical incident engaged stays engaged: releasing it is an admin's own decision."""
     retried = lock_set_aside(c, machine, row_id)
     advance(c, f"{machine}_containment", row_id, "set_aside", "active")
+    c.execute(text("UPDATE incident SET resolved_at = now(), resolved_by = :b WHERE id = :i AND resolved_at IS NULL"),
+              {"b": by, "i": retried.incident_id})
     audit(c, by, f"{machine}.retry", f"{machine}:{row_id}",
           {"state": retried.state, "step": retried.step, "incident_id": retried.incident_id, "comment": comment})
     log.info("%s %d retried by %s (was set aside at %s)", machine, row_id, by, retried.step)

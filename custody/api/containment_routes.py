@@ -11,8 +11,9 @@ Once the cause is fixed, an operator retries it:
   A batch set aside before it was signed is abandoned and its withdrawals are batched again under
   a new id; any other row's failed step runs again on its job's next run, and books exactly once.
   Unknown id: `retry_unknown` (404); not set aside: `retry_not_set_aside` (409).
-Resolving the incident and releasing the kill switch stay separate decisions (the kill switch:
-an admin, `POST /v1/kill-switch`).
+The retry resolves the incident that set the row aside (in the operator's name; a new failure
+opens a new one); releasing the kill switch a critical one engaged stays an admin's decision
+(`POST /v1/kill-switch`).
 """
 from __future__ import annotations
 

@@ -103,6 +103,10 @@ def test_refused_final_booking_is_set_aside_critical_and_retried_once(custody, c
     answer = client.post(path, json={"comment": "planted hold released"}, headers={"X-API-Key": keys["operator"]})
     assert_equal(answer.status_code, 200)
     assert_equal((answer.json()["state"], answer.json()["failed_step"]), ("broadcast", "track"))
+    with engine.connect() as c:  # the operator's retry resolves the incident; the kill switch is the admin's
+        assert_equal(c.execute(text("SELECT resolved_by FROM incident WHERE id = :i"), {"i": incident.id}).scalar_one(),
+                     f"api:operator-{run}")
+    assert kill_switch(engine).engaged
 
     log.info("the next run books it final, exactly once; in-flight is back where it was")
     payouts_once(custody)
