@@ -32,6 +32,8 @@
 | allowlist_change_not_found | 404 | no allowlist change with that id |
 | incident_not_found | 404 | no incident with that id |
 | incident_decision_invalid | 422 | the resolution's decision does not fit the incident (a held amount needs release or capture; a capture needs a shortfall still booked) |
+| retry_unknown | 404 | no withdrawal batch, sweep or rebalance with that id |
+| retry_not_set_aside | 409 | the withdrawal batch, sweep or rebalance is not set aside: there is nothing to retry |
 """
 from __future__ import annotations
 
@@ -69,6 +71,8 @@ class CustodyErrorCode(str, enum.Enum):
     allowlist_change_not_found = "allowlist_change_not_found"
     incident_not_found = "incident_not_found"
     incident_decision_invalid = "incident_decision_invalid"
+    retry_unknown = "retry_unknown"
+    retry_not_set_aside = "retry_not_set_aside"
 
     @property
     def http_status(self) -> int:
@@ -106,6 +110,8 @@ _STATUS = {
     CustodyErrorCode.allowlist_change_not_found: 404,
     CustodyErrorCode.incident_not_found: 404,
     CustodyErrorCode.incident_decision_invalid: 422,
+    CustodyErrorCode.retry_unknown: 404,
+    CustodyErrorCode.retry_not_set_aside: 409,
 }
 
 

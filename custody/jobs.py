@@ -14,7 +14,9 @@ method that tests and the demo call directly, so time is driven deterministicall
 
 Each job runs at most one instance at a time (a slow run is skipped, not stacked) and logs its
 exceptions instead of dying; a failed run is retried on the next tick, which is safe because every
-step is idempotent.
+step is idempotent. Within a job, each step runs even when an earlier one failed (`run_steps`: a
+node error while batching never stops broadcast and tracking), and within a step one batch, sweep
+or rebalance that fails is set aside and the others go on (custody.containment).
 """
 from __future__ import annotations
 
@@ -71,17 +73,20 @@ def verify_books(container: Container) -> list[str]:
     return [c.name for c in failed]
 
 
+def run_steps(name: str, steps: list[Callable[[], object]]) -> None:
+    """Run every step in order; one that raises is logged and the next one still runs."""
+    for step in steps:
+        _guard(f"{name}:{getattr(step, '__name__', 'step')}", step)()
+
+
 def payouts_once(container: Container) -> None:
     p = container.payouts
+    steps: list[Callable[[], object]] = []
     if "bitcoin" in container.adapters:
-        p.sync_hot_wallet()
-        p.batch_bitcoin()
+        steps += [p.sync_hot_wallet, p.batch_bitcoin]
     if "ethereum" in container.adapters:
-        p.batch_ethereum()
-    p.sign_open_batches()
-    p.broadcast()
-    p.track()
-    p.bump_fees()
+        steps.append(p.batch_ethereum)
+    run_steps("payouts", steps + [p.sign_open_batches, p.broadcast, p.track, p.bump_fees])
 
 
 def _guard(name: str, fn: Callable[[], object]) -> Callable[[], None]:
@@ -107,9 +112,13 @@ def build_scheduler(container: Container, *, sink: Callable[[str, dict], None] |
     if container.payouts is not None:
         scheduler.add_job(_guard("payouts", lambda: payouts_once(container)), "interval", seconds=3 * scale, id="payouts")
     if container.sweeps is not None:
-        scheduler.add_job(_guard("sweeps", container.sweeps.run_once), "interval", seconds=30 * scale, id="sweeps")
+        sw = container.sweeps
+        scheduler.add_job(lambda: run_steps("sweeps", [sw.sweep_bitcoin, sw.broadcast, sw.track]), "interval",
+                          seconds=30 * scale, id="sweeps")
     if container.rebalances is not None:
-        scheduler.add_job(_guard("rebalances", container.rebalances.run_once), "interval", seconds=30 * scale, id="rebalances")
+        rb = container.rebalances
+        scheduler.add_job(lambda: run_steps("rebalances", [rb.rebalance_bitcoin, rb.broadcast, rb.track]), "interval",
+                          seconds=30 * scale, id="rebalances")
     scheduler.add_job(_guard("expire-holds", container.ledger.expire_holds), "interval", seconds=10 * scale, id="expire-holds")
     scheduler.add_job(_guard("outbox", dispatcher.dispatch), "interval", seconds=1 * scale, id="outbox")
     scheduler.add_job(_guard("verify", lambda: verify_books(container)), "interval", seconds=60 * scale, id="verify")

@@ -26,6 +26,13 @@ Jobs (APScheduler runs them; tests call them directly, in this order):
   captures are reversed with compensating transactions and the withdrawals are released.
 - `bump_fees()`: a version pending for `stuck_blocks` or more is re-signed at a higher fee (RBF on
   bitcoin with the same coins and outputs; the same nonce on ethereum), linked by `replaces`.
+
+Failures stay contained (custody.containment): each batch's signing, broadcast record, tracking
+and fee bump runs in its own database transaction; a batch whose step fails (its capture or final
+booking refused by the ledger, say) is set aside with an incident (critical once its transaction
+was broadcast) and skipped by every step afterwards, while the other batches go on. An operator
+retries it (`retry_batch`) once the cause is fixed; it then books exactly once. A hot-wallet coin
+whose funding booking fails opens a critical incident and is tried again next run.
 """
 from __future__ import annotations
 
@@ -38,6 +45,7 @@ from sqlalchemy import Connection, Engine, text
 from chain_adapters.base import ChainAdapter, TxState
 from chain_adapters.errors import ChainError
 from custody.addresses import derive_btc_address, derive_eth_address
+from custody.containment import Retried, Step, contained, error_code, is_passing, reactivate
 from custody.controls import DRAIN, audit, emit, flag, kill_switch, open_incident, set_flag
 from custody.destinations import HOT_RECEIVE_INDEX, DestinationGuard, eth_payout_call
 from custody.errors import CustodyError, CustodyErrorCode
@@ -183,19 +191,33 @@ class Payouts:
         paths.update({self.hot_address("bitcoin", 1, b): (1, b) for b in batches})
         added = 0
         for u in adapter.unspent(paths):
-            change, index = paths[u.address]
-            with self.engine.begin() as c:
-                row = c.execute(
-                    text("INSERT INTO wallet_utxo (txid, vout, address, derivation_change, derivation_index, amount) "
-                         "VALUES (:t, :v, :a, :c, :i, :m) ON CONFLICT (txid, vout) DO NOTHING RETURNING txid"),
-                    {"t": u.txid, "v": u.index, "a": u.address, "c": change, "i": index, "m": u.amount}).first()
-                ours = c.execute(text("SELECT 1 FROM chain_transaction WHERE txid = :t UNION ALL "
-                                      "SELECT 1 FROM sweep WHERE txid = :t UNION ALL "
-                                      "SELECT 1 FROM rebalance WHERE txid = :t"), {"t": u.txid}).first()
-                if row is not None and ours is None:
-                    self.book_hot_funding("bitcoin", "BTC", u.amount, f"hot-funding:bitcoin:{u.txid}:{u.index}", conn=c)
-                added += row is not None
+            try:
+                added += self._record_coin(u, *paths[u.address])
+            except Exception as exc:  # noqa: BLE001 - one coin must not stop the others; it is tried again next run
+                if is_passing(exc):
+                    log.warning("hot coin %s:%d not recorded (%s); retried next run", u.txid, u.index, exc)
+                    continue
+                log.exception("hot coin %s:%d not recorded; retried next run", u.txid, u.index)
+                with self.engine.begin() as c:  # on chain and not in the books: reconciliation would differ
+                    open_incident(c, "hot_funding_booking_failed", f"hot_funding_failed:bitcoin:{u.txid}:{u.index}",
+                                  {"txid": u.txid, "vout": u.index, "amount": u.amount, "code": error_code(exc),
+                                   "error": str(exc)[:500]})
         return added
+
+    def _record_coin(self, u, change: int, index: int) -> int:
+        """Record one hot-wallet coin (and book it as funding when it is not ours), in one database
+        transaction; 1 when it was new."""
+        with self.engine.begin() as c:
+            row = c.execute(
+                text("INSERT INTO wallet_utxo (txid, vout, address, derivation_change, derivation_index, amount) "
+                     "VALUES (:t, :v, :a, :c, :i, :m) ON CONFLICT (txid, vout) DO NOTHING RETURNING txid"),
+                {"t": u.txid, "v": u.index, "a": u.address, "c": change, "i": index, "m": u.amount}).first()
+            ours = c.execute(text("SELECT 1 FROM chain_transaction WHERE txid = :t UNION ALL "
+                                  "SELECT 1 FROM sweep WHERE txid = :t UNION ALL "
+                                  "SELECT 1 FROM rebalance WHERE txid = :t"), {"t": u.txid}).first()
+            if row is not None and ours is None:
+                self.book_hot_funding("bitcoin", "BTC", u.amount, f"hot-funding:bitcoin:{u.txid}:{u.index}", conn=c)
+            return int(row is not None)
 
     # ---- batching -------------------------------------------------------------------------
 
@@ -318,17 +340,53 @@ class Payouts:
             audit(c, "custody", "batch.drop_output", f"batch:{batch_id}", {"withdrawal_id": withdrawal_id, "reason": reason})
 
     def sign_open_batches(self) -> list[str]:
-        """Sign every open batch; returns the txids signed. A refusal leaves the batch open."""
+        """Sign every open batch that is not set aside; returns the txids signed. A refusal leaves the
+        batch open; any other failure (its capture refused by the ledger, say) sets it aside with a
+        warning incident (nothing was stored or sent) and the next batch is signed all the same."""
         with self.engine.connect() as c:
-            open_batches = c.execute(text("SELECT id, chain FROM withdrawal_batch WHERE state = 'open' ORDER BY id")).all()
+            open_batches = c.execute(text("SELECT id, chain FROM withdrawal_batch WHERE state = 'open' "
+                                          "AND containment = 'active' ORDER BY id")).all()
         txids = []
         for b in open_batches:
-            try:
-                txids.append(self._sign_bitcoin(b.id) if b.chain == "bitcoin" else self._sign_ethereum(b.id))
-            except SigningRefused as refused:  # the signer audited it; the batch stays open for an operator
-                log.warning("batch %d not signed: %s", b.id, refused)
-                self.refusals.append((b.id, refused.code.value))
+            txid = contained(self.engine, "batch", b.id, "open", Step.sign, lambda b=b: self._sign_one(b.id, b.chain),
+                             describe=lambda b=b: self._batch_detail(b.id))
+            if txid is not None:
+                txids.append(txid)
         return txids
+
+    def _sign_one(self, batch_id: int, chain: str) -> str | None:
+        try:
+            return self._sign_bitcoin(batch_id) if chain == "bitcoin" else self._sign_ethereum(batch_id)
+        except SigningRefused as refused:  # the signer audited it; the batch stays open for an operator
+            log.warning("batch %d not signed: %s", batch_id, refused)
+            self.refusals.append((batch_id, refused.code.value))
+            return None
+
+    def _batch_detail(self, batch_id: int, txid: str | None = None) -> dict:
+        """What an incident about a set-aside batch names: its chain, asset, withdrawals and txid."""
+        with self.engine.connect() as c:
+            b = c.execute(text("SELECT chain, asset FROM withdrawal_batch WHERE id = :b"), {"b": batch_id}).one()
+            ids = self._batch_withdrawal_ids(c, batch_id)
+        return {"batch_id": batch_id, "chain": b.chain, "asset": b.asset, "withdrawals": ids, "txid": txid}
+
+    def retry_batch(self, batch_id: int, *, by: str, comment: str) -> Retried:
+        """An operator retries a set-aside batch once the cause is fixed (custody.containment).
+        Set aside before it was signed (still `open`: nothing stored, nothing on chain, nothing
+        captured), the batch is abandoned, its coins are freed and its withdrawals go back to
+        `approved`, so the next run batches and signs them under a new batch id: the capture key
+        the old one needed may be taken for good. Set aside later (signed, broadcast, confirmed),
+        it is active again and the next run does the failed step (broadcast, track, book) once."""
+        with self.engine.begin() as c:
+            retried = reactivate(c, "batch", batch_id, by=by, comment=comment)
+            if retried.state == "open":
+                advance(c, "batch", batch_id, "open", "abandoned")
+                c.execute(text("UPDATE wallet_utxo SET reserved_by = NULL WHERE reserved_by = :b"), {"b": batch_id})
+                ids = c.execute(text("SELECT id FROM withdrawal_request WHERE batch_id = :b AND state = 'batched' ORDER BY id"),
+                                {"b": batch_id}).scalars().all()
+                c.execute(text("DELETE FROM batch_output WHERE batch_id = :b"), {"b": batch_id})
+                advance_many(c, "withdrawal", ids, "batched", "approved", batch_id=None)
+                audit(c, by, "batch.abandon", f"batch:{batch_id}", {"withdrawals": ids, "reason": "retry after set aside"})
+        return retried
 
     def _batch_outputs(self, c: Connection, batch_id: int) -> list:
         return c.execute(text("SELECT w.id, w.account_id, w.asset, w.amount, w.fee_quoted, w.destination, w.destination_script, w.hold_id "
@@ -412,28 +470,42 @@ class Payouts:
         """Replace every version pending for `stuck_blocks` or more with one paying a higher fee
         (up to the ceiling); returns the new txids, stored as `signed` for the broadcast job."""
         with self.engine.connect() as c:
-            rows = c.execute(text("SELECT id, batch_id, chain, txid, raw, fee_rate, nonce, broadcast_height FROM chain_transaction "
-                                  "WHERE state = 'broadcast' AND NOT EXISTS (SELECT 1 FROM chain_transaction n "
-                                  "WHERE n.replaces_id = chain_transaction.id) ORDER BY id")).all()
+            rows = c.execute(text("SELECT t.id, t.batch_id, t.chain, t.txid, t.raw, t.fee_rate, t.nonce, t.broadcast_height "
+                                  "FROM chain_transaction t JOIN withdrawal_batch b ON b.id = t.batch_id "
+                                  "WHERE t.state = 'broadcast' AND b.containment = 'active' AND NOT EXISTS "
+                                  "(SELECT 1 FROM chain_transaction n WHERE n.replaces_id = t.id) ORDER BY t.id")).all()
         new = []
         for r in rows:
-            adapter = self.adapters[r.chain]
-            if r.broadcast_height is None or adapter.tip().height - r.broadcast_height < self.config.stuck_blocks:
-                continue
-            if adapter.tx_status(r.txid, raw=bytes(r.raw)).state is not TxState.MEMPOOL:
-                continue
-            old_rate = int(r.fee_rate)
-            ceiling = self.config.max_fee_rate_sat_per_kvb if r.chain == "bitcoin" else self.config.max_fee_wei
-            rate = min(old_rate * (100 + self.config.bump_percent) // 100, ceiling)
-            if rate <= old_rate:
-                with self.engine.begin() as c:
-                    open_incident(c, "fee_ceiling_reached", f"fee_ceiling:{r.id}", {"txid": r.txid, "rate": old_rate},
-                                  severity="warning")
-                continue
-            txid = self._replace_bitcoin(r, rate) if r.chain == "bitcoin" else self._replace_ethereum(r, rate)
-            log.info("fee bump: %s replaced by %s at %d", r.txid, txid, rate)
-            new.append(txid)
+            txid = contained(self.engine, "batch", r.batch_id, "broadcast", Step.bump, lambda r=r: self._bump_one(r),
+                             describe=lambda r=r: self._batch_detail(r.batch_id, r.txid))
+            if txid is not None:
+                new.append(txid)
         return new
+
+    def _bump_one(self, r) -> str | None:
+        """Re-sign one stuck version at a higher fee; its new txid, or None when it is not stuck, the
+        ceiling is reached (a warning incident) or the signer refuses."""
+        adapter = self.adapters[r.chain]
+        if r.broadcast_height is None or adapter.tip().height - r.broadcast_height < self.config.stuck_blocks:
+            return None
+        if adapter.tx_status(r.txid, raw=bytes(r.raw)).state is not TxState.MEMPOOL:
+            return None
+        old_rate = int(r.fee_rate)
+        ceiling = self.config.max_fee_rate_sat_per_kvb if r.chain == "bitcoin" else self.config.max_fee_wei
+        rate = min(old_rate * (100 + self.config.bump_percent) // 100, ceiling)
+        if rate <= old_rate:
+            with self.engine.begin() as c:
+                open_incident(c, "fee_ceiling_reached", f"fee_ceiling:{r.id}", {"txid": r.txid, "rate": old_rate},
+                              severity="warning")
+            return None
+        try:
+            txid = self._replace_bitcoin(r, rate) if r.chain == "bitcoin" else self._replace_ethereum(r, rate)
+        except SigningRefused as refused:  # the signer audited it; the version in the mempool stays as it is
+            log.warning("fee bump of %s (batch %d) refused: %s", r.txid, r.batch_id, refused)
+            self.refusals.append((r.batch_id, refused.code.value))
+            return None
+        log.info("fee bump: %s replaced by %s at %d", r.txid, txid, rate)
+        return txid
 
     def _replace_bitcoin(self, r, rate: int) -> str:
         with self.engine.connect() as c:
@@ -486,7 +558,9 @@ class Payouts:
         if kill_switch(self.engine).engaged:
             return 0
         with self.engine.connect() as c:
-            rows = c.execute(text("SELECT id, batch_id, chain, txid, raw FROM chain_transaction WHERE state = 'signed' ORDER BY id")).all()
+            rows = c.execute(text("SELECT t.id, t.batch_id, t.chain, t.txid, t.raw FROM chain_transaction t "
+                                  "JOIN withdrawal_batch b ON b.id = t.batch_id "
+                                  "WHERE t.state = 'signed' AND b.containment = 'active' ORDER BY t.id")).all()
         sent = 0
         for r in rows:
             adapter = self.adapters[r.chain]
@@ -495,17 +569,23 @@ class Payouts:
             except ChainError as exc:
                 log.error("broadcast of %s refused: %s", r.txid, exc)
                 continue
-            height = adapter.tip().height
-            with self.engine.begin() as c:
-                advance(c, "chain_transaction", r.id, "signed", "broadcast", broadcast_height=height)
-                c.execute(text("UPDATE chain_transaction SET broadcast_at = now() WHERE id = :i"), {"i": r.id})
-                batch_state = c.execute(text("SELECT state FROM withdrawal_batch WHERE id = :b FOR UPDATE"), {"b": r.batch_id}).scalar_one()
-                if batch_state == "signed":
-                    advance(c, "batch", r.batch_id, "signed", "broadcast")
-                    advance_many(c, "withdrawal", self._batch_withdrawal_ids(c, r.batch_id), "signed", "broadcast")
-            sent += 1
-            log.info("broadcast %s (%s)%s", r.txid, r.chain, " already known" if result.already_known else "")
+            # sent: a failure to record it from here on sets the batch aside as on chain (critical)
+            if contained(self.engine, "batch", r.batch_id, "signed", Step.broadcast, lambda r=r: self._record_broadcast(r),
+                         describe=lambda r=r: self._batch_detail(r.batch_id, r.txid)):
+                sent += 1
+                log.info("broadcast %s (%s)%s", r.txid, r.chain, " already known" if result.already_known else "")
         return sent
+
+    def _record_broadcast(self, r) -> bool:
+        height = self.adapters[r.chain].tip().height
+        with self.engine.begin() as c:
+            advance(c, "chain_transaction", r.id, "signed", "broadcast", broadcast_height=height)
+            c.execute(text("UPDATE chain_transaction SET broadcast_at = now() WHERE id = :i"), {"i": r.id})
+            batch_state = c.execute(text("SELECT state FROM withdrawal_batch WHERE id = :b FOR UPDATE"), {"b": r.batch_id}).scalar_one()
+            if batch_state == "signed":
+                advance(c, "batch", r.batch_id, "signed", "broadcast")
+                advance_many(c, "withdrawal", self._batch_withdrawal_ids(c, r.batch_id), "signed", "broadcast")
+        return True
 
     @staticmethod
     def _batch_withdrawal_ids(c: Connection, batch_id: int) -> list[int]:
@@ -515,19 +595,23 @@ class Payouts:
     # ---- tracking and finality ------------------------------------------------------------
 
     def track(self) -> int:
-        """Advance every broadcast version; returns how many batches became final."""
+        """Advance every broadcast version of a batch that is not set aside; returns how many batches
+        became final. A batch whose tracking or booking fails (the final booking refused by the
+        ledger, say) is set aside with a critical incident: its transaction is on chain. A node
+        error is retried next run. Either way the other batches go on."""
         with self.engine.connect() as c:
-            rows = c.execute(text("SELECT id, batch_id, chain, txid, raw, state, fee FROM chain_transaction "
-                                  "WHERE state IN ('broadcast', 'confirmed') ORDER BY id")).all()
-        finals = 0
+            rows = c.execute(text("SELECT t.id, t.batch_id, t.chain, t.txid, t.raw, t.state, t.fee FROM chain_transaction t "
+                                  "JOIN withdrawal_batch b ON b.id = t.batch_id "
+                                  "WHERE t.state IN ('broadcast', 'confirmed') AND b.containment = 'active' ORDER BY t.id")).all()
+        finals, failed = 0, set()
         for r in rows:
-            try:
-                finals += self._track_one(r)
-            except Exception:  # noqa: BLE001 - one bad row must not stop the others; it is retried next run
-                log.exception("tracking %s (batch %d) failed; retried next run", r.txid, r.batch_id)
-                with self.engine.begin() as c:
-                    open_incident(c, "payout_tracking_failed", f"track_failed:{r.id}", {"batch_id": r.batch_id, "txid": r.txid},
-                                  severity="warning")
+            if r.batch_id in failed:  # another version of it failed in this run
+                continue
+            done = contained(self.engine, "batch", r.batch_id, r.state, Step.track, lambda r=r: self._track_one(r),
+                             describe=lambda r=r: self._batch_detail(r.batch_id, r.txid))
+            if done is None:
+                failed.add(r.batch_id)
+            finals += done or 0
         return finals
 
     def _track_one(self, r) -> int:

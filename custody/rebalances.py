@@ -42,6 +42,7 @@ from sqlalchemy import Connection, Engine, text
 
 from chain_adapters.base import ChainAdapter
 from custody.addresses import derive_btc_address
+from custody.containment import Step, contained
 from custody.controls import audit, kill_switch
 from custody.firm_moves import FirmMoves
 from custody.payouts import spendable_coins
@@ -120,10 +121,10 @@ class Rebalances(FirmMoves):
                                   "FOR UPDATE")).first()
             if cold is None:
                 return None
-            current = c.execute(text("SELECT id, state FROM rebalance WHERE chain = 'bitcoin' AND asset = 'BTC' "
+            current = c.execute(text("SELECT id, state, containment FROM rebalance WHERE chain = 'bitcoin' AND asset = 'BTC' "
                                      "AND state IN ('open', 'signed', 'broadcast', 'confirmed') ORDER BY id LIMIT 1")).first()
-            if current is not None and current.state != "open":
-                return None  # one is in progress; the next starts once it is final
+            if current is not None and (current.state != "open" or current.containment != "active"):
+                return None  # one is in progress (or set aside); the next starts once it is final
             rebalance_id = current.id if current is not None else self._open(c, cold, threshold, rate)
             if rebalance_id is None:
                 return None
@@ -132,6 +133,12 @@ class Rebalances(FirmMoves):
             coins = [BtcCoin(k.txid, k.vout, int(k.amount), k.derivation_change, k.derivation_index) for k in c.execute(text(
                 "SELECT txid, vout, amount, derivation_change, derivation_index FROM wallet_utxo WHERE rebalance_id = :r "
                 "ORDER BY txid, vout"), {"r": rebalance_id})]
+        # a failure to sign or store sets the rebalance aside (nothing was sent: a warning), see custody.containment
+        return contained(self.engine, "rebalance", rebalance_id, "open", Step.sign,
+                         lambda: self._sign_and_store(rebalance_id, coins, row),
+                         describe=lambda: {"amount": int(row.amount), "destination": row.destination})
+
+    def _sign_and_store(self, rebalance_id: int, coins: list[BtcCoin], row) -> str | None:
         change = (self.hot_address, int(row.change_amount)) if int(row.change_amount) else None
         try:
             signed = self.signer.sign_bitcoin_rebalance(rebalance_id, coins, row.destination, int(row.amount), change)

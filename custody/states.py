@@ -4,6 +4,12 @@ Every state change of a deposit observation, withdrawal, batch, chain transactio
 rebalance goes through `advance()`, which refuses any transition not listed here, so an illegal
 transition is impossible rather than merely untested. The SQL that moves a row also names the
 state it expects to leave (`WHERE state = :from`), so two workers can never both move the same row.
+
+Containment is a second, smaller machine on the same rows (`CONTAINMENT_TRANSITIONS`, column
+`containment`): a withdrawal batch, sweep or rebalance whose signing or booking failed is
+`set_aside`, every job skips it, and only an operator's retry makes it `active` again
+(custody.containment). It is orthogonal to `state`, which keeps saying where the transaction is,
+so reconciliation keeps explaining a set-aside row's money exactly as before.
 """
 from __future__ import annotations
 
@@ -77,6 +83,12 @@ SWEEP_TRANSITIONS: Mapping[str, frozenset[str]] = {
 # The same shape as a sweep, so one piece of code broadcasts and tracks both (custody.firm_moves).
 REBALANCE_TRANSITIONS: Mapping[str, frozenset[str]] = SWEEP_TRANSITIONS
 
+# Whether the jobs work on a batch, sweep or rebalance (column `containment`, beside `state`).
+CONTAINMENT_TRANSITIONS: Mapping[str, frozenset[str]] = {
+    "active": frozenset({"set_aside"}),  # the jobs work on it: sign, broadcast, track, bump, book
+    "set_aside": frozenset({"active"}),  # its signing or booking failed: every job skips it until an operator retries it
+}
+
 # A treasury adjustment (custody.adjustments): posted once a quorum of operators other than its
 # proposer approved it, or rejected by any one of them. Both ends are terminal.
 ADJUSTMENT_TRANSITIONS: Mapping[str, frozenset[str]] = {
@@ -93,7 +105,12 @@ MACHINES: Mapping[str, tuple[str, Mapping[str, frozenset[str]]]] = {
     "sweep": ("sweep", SWEEP_TRANSITIONS),
     "rebalance": ("rebalance", REBALANCE_TRANSITIONS),
     "adjustment": ("treasury_adjustment", ADJUSTMENT_TRANSITIONS),
+    "batch_containment": ("withdrawal_batch", CONTAINMENT_TRANSITIONS),
+    "sweep_containment": ("sweep", CONTAINMENT_TRANSITIONS),
+    "rebalance_containment": ("rebalance", CONTAINMENT_TRANSITIONS),
 }
+# The column a machine moves, where it is not `state`.
+COLUMNS: Mapping[str, str] = {f"{m}_containment": "containment" for m in ("batch", "sweep", "rebalance")}
 
 
 class IllegalTransition(Exception):
@@ -110,9 +127,10 @@ def advance(conn: Connection, machine: str, row_id: int, from_state: str, to_sta
     """Move one row from `from_state` to `to_state`, setting `columns` too, or raise."""
     check(machine, from_state, to_state)
     table, _ = MACHINES[machine]
+    column = COLUMNS.get(machine, "state")
     sets = "".join(f", {name} = :{name}" for name in columns)
     moved = conn.execute(
-        text(f"UPDATE {table} SET state = :to, updated_at = now(){sets} WHERE id = :id AND state = :from"),
+        text(f"UPDATE {table} SET {column} = :to, updated_at = now(){sets} WHERE id = :id AND {column} = :from"),
         {"to": to_state, "from": from_state, "id": row_id, **columns},
     ).rowcount
     if moved != 1:
@@ -126,9 +144,10 @@ def advance_many(conn: Connection, machine: str, row_ids: list[int], from_state:
         return
     check(machine, from_state, to_state)
     table, _ = MACHINES[machine]
+    column = COLUMNS.get(machine, "state")
     sets = "".join(f", {name} = :{name}" for name in columns)
     moved = conn.execute(
-        text(f"UPDATE {table} SET state = :to, updated_at = now(){sets} WHERE id = ANY(:ids) AND state = :from"),
+        text(f"UPDATE {table} SET {column} = :to, updated_at = now(){sets} WHERE id = ANY(:ids) AND {column} = :from"),
         {"to": to_state, "from": from_state, "ids": list(row_ids), **columns},
     ).rowcount
     if moved != len(set(row_ids)):

@@ -20,6 +20,7 @@ import logging
 from sqlalchemy import Engine, text
 
 from chain_adapters.base import ChainAdapter
+from custody.containment import Step, contained
 from custody.controls import audit, kill_switch
 from custody.firm_moves import FirmMoves
 from custody.states import advance
@@ -50,7 +51,8 @@ class Sweeps(FirmMoves):
             return None
         rate = self.bitcoin.estimate_fee().sat_per_kvb
         with self.engine.begin() as c:
-            sweep_id = c.execute(text("SELECT id FROM sweep WHERE chain = 'bitcoin' AND state = 'open' ORDER BY id LIMIT 1")).scalar()
+            sweep_id = c.execute(text("SELECT id FROM sweep WHERE chain = 'bitcoin' AND state = 'open' AND containment = 'active' "
+                                      "ORDER BY id LIMIT 1")).scalar()
             if sweep_id is None:
                 rows = c.execute(text(
                     "SELECT id, amount FROM deposit_observation WHERE chain = 'bitcoin' AND swept_by IS NULL "
@@ -70,8 +72,13 @@ class Sweeps(FirmMoves):
             coins = [BtcCoin(r.txid, r.output_index, int(r.amount), 0, r.derivation_index) for r in c.execute(text(
                 "SELECT o.txid, o.output_index, o.amount, d.derivation_index FROM deposit_observation o "
                 "JOIN deposit_address d ON d.id = o.deposit_address_id WHERE o.swept_by = :s ORDER BY o.id"), {"s": sweep_id})]
+        # a failure to sign or store sets the sweep aside (nothing was sent: a warning), see custody.containment
+        return contained(self.engine, "sweep", sweep_id, "open", Step.sign,
+                         lambda: self._sign_and_store(sweep_id, coins, int(sweep.fee)), describe=lambda: {"inputs": len(coins)})
+
+    def _sign_and_store(self, sweep_id: int, coins: list[BtcCoin], fee: int) -> str | None:
         try:
-            signed = self.signer.sign_bitcoin_sweep(sweep_id, coins, self.hot_address, int(sweep.fee))
+            signed = self.signer.sign_bitcoin_sweep(sweep_id, coins, self.hot_address, fee)
         except SigningRefused as refused:
             log.warning("sweep %d not signed: %s", sweep_id, refused)
             return None

@@ -8,6 +8,7 @@ from fastapi.responses import HTMLResponse
 
 from custody.api import (
     adjustment_routes,
+    containment_routes,
     deposit_routes,
     errors,
     ledger_routes,
@@ -32,6 +33,7 @@ def create_app(container: Container) -> FastAPI:
     app.include_router(withdrawal_routes.router)
     app.include_router(treasury_routes.router)
     app.include_router(adjustment_routes.router)
+    app.include_router(containment_routes.router)
 
     console = Path(__file__).resolve().parents[1] / "console" / "index.html"
 

@@ -13,12 +13,12 @@ credit is frozen until an operator resolves its incident.
 - an index on `account.owner` for the per-owner velocity sum.
 
 Revision ID: 0014_policy_boundaries
-Revises: 0011_rebalances
+Revises: 0013_destination_lookups
 """
 from alembic import op
 
 revision = "0014_policy_boundaries"
-down_revision = "0011_rebalances"
+down_revision = "0013_destination_lookups"
 branch_labels = None
 depends_on = None
 
