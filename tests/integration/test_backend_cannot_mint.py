@@ -47,7 +47,9 @@ class World:
         assert r.status_code == 201, r.text
         self.accounts: dict[str, list[int]] = {a: [] for a in ASSETS}
         for asset in ASSETS:
-            location = self.container.wallets.location_account("bitcoin", "deposit", asset)
+            # Locations of a chain of this test's own: the real chains' books are reconciled by the
+            # e2e suites later in the same session and must not see these postings.
+            location = self.container.wallets.location_account(f"test{self.run}", "deposit", asset)
             for i in range(OWNERS):
                 owner = self.owner(i)
                 account = self.ledger.open_account(asset, AccountKind.customer, f"customer:{owner}:{asset}", owner=owner)
@@ -56,7 +58,7 @@ class World:
                 self.accounts[asset].append(account.id)
             wallets = self.container.wallets
             self.accounts[asset] += [*wallets.open_firm_accounts(asset).values(), location,
-                                     wallets.location_account("bitcoin", "hot", asset),
+                                     wallets.location_account(f"test{self.run}", "hot", asset),
                                      r.json()["fee_account_id"]]
         self.holds: list[int] = []
         self.orders: list[tuple[str, str]] = []

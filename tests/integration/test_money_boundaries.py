@@ -66,8 +66,10 @@ def firm(api: Api, name: str) -> int:
 
 
 def credit_deposit(api: Api, ledger: Ledger, account_id: int, sat: int) -> None:
-    """What custody's deposit crediting does (a subsystem posting from the deposit location)."""
-    location = api.container.wallets.location_account("bitcoin", "deposit", "BTC")
+    """What custody's deposit crediting does (a subsystem posting from the deposit location). The
+    location is of a chain of this test's own: the real chains' books are reconciled by the e2e
+    suites later in the same session."""
+    location = api.container.wallets.location_account(f"test{api.run}", "deposit", "BTC")
     ledger.transfer(f"deposit:btc:{uuid.uuid4().hex}:0", location, account_id, sat, kind="deposit")
 
 
@@ -79,7 +81,7 @@ def test_observation_1_a_backend_key_cannot_mint_customer_money_from_firm_accoun
     alice = api.customer("alice")
     log.info("nor post from any firm account into a customer account; nothing moves")
     sources = {name: firm(api, name) for name in ("equity:BTC", "quarantine:BTC", "fees:BTC", "suspense:BTC")}
-    sources["location:bitcoin:hot:BTC"] = api.container.wallets.location_account("bitcoin", "hot", "BTC")
+    sources["location:<chain>:hot:BTC"] = api.container.wallets.location_account(f"test{api.run}", "hot", "BTC")
     for name, source in sources.items():
         api("backend", "POST", "/v1/transactions", 403, "kind_not_permitted", json={
             "idempotency_key": f"mint-from-{name}", "kind": "treasury_credit",
@@ -207,7 +209,7 @@ def test_an_adjustment_the_ledger_refuses_records_nothing_and_a_rejection_ends_i
 def test_an_adjustment_of_on_chain_books_opens_a_critical_incident(api, ledger):
     from custody.controls import kill_switch
 
-    hot = api.container.wallets.location_account("bitcoin", "hot", "BTC")
+    hot = api.container.wallets.location_account(f"test{api.run}", "hot", "BTC")
     suspense = firm(api, "suspense:BTC")
     a = propose(api, "ann", "hot-correction", [(hot, suspense, "0.00000500")], reason="unexplained hot shortfall")
     api("ben", "POST", f"/v1/treasury/adjustments/{a['id']}/approve", 200, json={"comment": "matches the node"})
