@@ -23,12 +23,13 @@ guarantee, because no outcome is returned before the commit.
 """
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from sqlalchemy import Connection, Engine as DbEngine
 from sqlalchemy.exc import DBAPIError
@@ -78,28 +79,41 @@ class Outcome:
 
 
 class _Runtime:
-    """One market in memory: engine, sequencer, settlement caches and the lock that serialises them."""
+    """One market in memory: engine, sequencer and settlement caches. A rebuild replaces the whole
+    runtime; the market's lock (`Trading._locks`) outlives it. `replayed` counts the journal
+    commands the rebuild that made it applied after its snapshot (`snapshot_seq`, 0 for none)."""
 
     def __init__(self, row: store.MarketRow, engine: Engine, ledger: Ledger,
-                 risk_rejected: dict[tuple[str, str], str]) -> None:
+                 risk_rejected: dict[tuple[str, str], str], snapshot_seq: int = 0,
+                 replayed: int = 0) -> None:
         self.row = row
         self.engine = engine
         self.journal = store.JournalBuffer()
         self.sequencer = Sequencer(engine, self.journal)
         self.settlement = Settlement(ledger, row.market, row.fee_account_id)
         self.risk_rejected = risk_rejected
-        self.lock = threading.Lock()
         self.broken = False
+        self.snapshot_seq = snapshot_seq
+        self.replayed = replayed
 
 
 class Trading:
-    """Markets, order entry and queries. Thread-safe: each market has one lock (single writer)."""
+    """Markets, order entry and queries. Thread-safe: each market has one lock (single writer).
+
+    The lock belongs to the market, not to its runtime, and whoever holds it looks the runtime up
+    again (`_writer`): a rebuild swaps the runtime while requests wait for the lock, and one that
+    ran on the runtime it had looked up before waiting would number its commands from a stale
+    engine (issue 11: racing requests answered 500, duplicate `matching_command` key)."""
 
     def __init__(self, db: DbEngine, ledger: Ledger) -> None:
         self.db = db
         self.ledger = ledger
         self._markets: dict[str, _Runtime] = {}
-        self._lock = threading.Lock()
+        self._locks: dict[str, threading.Lock] = {}  # one per market, never replaced
+        self._lock = threading.Lock()  # guards the two maps
+        # Rebuilds forced by a failed unit of work (not the first load): none is expected, since
+        # no client input may leave a market needing one; counted for tests and monitoring.
+        self.rebuilds = 0
 
     # ---- markets -------------------------------------------------------------------------
 
@@ -123,13 +137,17 @@ class Trading:
         return row
 
     def load(self, symbol: str | None = None) -> None:
-        """(Re)build markets from the database: snapshot + journal replay, then recovery."""
+        """(Re)build markets from the database: snapshot + journal replay, then recovery. Each
+        under its market's lock, so no command runs on a runtime while it is replaced."""
         with self.db.connect() as conn:
             rows = store.load_markets(conn, symbol)
         for row in rows:
-            runtime = self._rebuild(row)
             with self._lock:
-                self._markets[row.market.symbol] = runtime
+                lock = self._locks.setdefault(row.market.symbol, threading.Lock())
+            with lock:
+                runtime = self._rebuild(row)
+                with self._lock:
+                    self._markets[row.market.symbol] = runtime
 
     def markets(self) -> list[store.MarketRow]:
         return [rt.row for rt in self._markets.values()]
@@ -138,21 +156,40 @@ class Trading:
         return self._runtime(symbol).row
 
     def _runtime(self, symbol: str) -> _Runtime:
+        """The market's current runtime, for reading its configuration (not its engine)."""
         rt = self._markets.get(symbol)
         if rt is None:
             raise MatchingError(ErrorCode.market_not_found, f"no market {symbol!r}")
         return rt
 
+    @contextlib.contextmanager
+    def _writer(self, symbol: str) -> Iterator[_Runtime]:
+        """Hold the market's lock and yield its current runtime, rebuilt first if a failed unit of
+        work left it broken. Looked up only once the lock is held (see the class docstring)."""
+        self._runtime(symbol)  # market_not_found
+        with self._locks[symbol]:
+            rt = self._markets[symbol]
+            if rt.broken:
+                rt = self._recover(rt)
+            yield rt
+
+    def rebuild_stats(self, symbol: str) -> tuple[int, int]:
+        """(snapshot seq, journal commands replayed after it) of the market's last rebuild."""
+        with self._writer(symbol) as rt:
+            return rt.snapshot_seq, rt.replayed
+
     def _rebuild(self, row: store.MarketRow) -> _Runtime:
         symbol = row.market.symbol
         last_events: list[Event] = []
+        replayed = 0
         with self.db.connect() as conn:
             snap = store.latest_snapshot(conn, symbol)
             engine = snapshot.restore(snap) if snap else Engine(row.market, row.fees, row.default_stp)
             for seq, command in store.load_commands(conn, symbol, engine.last_seq):
                 last_events = engine.apply(seq, command)
+                replayed += 1
             risk_rejected = store.risk_rejected_keys(conn, symbol)
-        rt = _Runtime(row, engine, self.ledger, risk_rejected)
+        rt = _Runtime(row, engine, self.ledger, risk_rejected, snap.seq if snap else 0, replayed)
         rt.settlement.immediate = True  # replays expected: each ledger command answered at once
         with self.db.begin() as conn:  # idempotent: finish the last command, answer waiting stops
             uow = self._begin(rt, conn)
@@ -187,8 +224,7 @@ class Trading:
         (another writer locked the same balance rows in another order), nothing was committed or
         answered: the market is rebuilt from the journal and the commands run again, up to
         `_ATTEMPTS` runs in all; after that the error reaches the caller."""
-        rt = self._runtime(symbol)
-        with rt.lock:
+        with self._writer(symbol) as rt:
             for attempt in range(1, _ATTEMPTS + 1):
                 if rt.broken:
                     rt = self._recover(rt)
@@ -201,7 +237,13 @@ class Trading:
         raise AssertionError("unreachable")
 
     def _unit(self, rt: _Runtime, commands: Sequence[Command]) -> list[Outcome]:
-        """One unit of work (the caller holds the market's lock)."""
+        """One unit of work (the caller holds the market's lock).
+
+        If it fails, the transaction rolls back. The market needs a rebuild only if a command was
+        sequenced (the engine is then ahead of the database); a failure before that (a ledger
+        refusal while opening an account, say) leaves the engine as the database has it, and only
+        this unit's caches are dropped."""
+        seq_before, rejected_before = rt.engine.last_seq, len(rt.risk_rejected)
         try:
             with self.db.begin() as conn:
                 uow = self._begin(rt, conn)
@@ -215,8 +257,12 @@ class Trading:
                     touched += ids
                 self._finish(rt, conn, uow, touched)
         except BaseException:
-            rt.broken = True  # memory may be ahead of the database: rebuild before next use
             rt.settlement.reset()
+            if rt.engine.last_seq != seq_before or rt.sequencer.halted:
+                rt.broken = True  # memory is ahead of the database: rebuild before next use
+            else:
+                for key in list(rt.risk_rejected)[rejected_before:]:  # rows rolled back
+                    del rt.risk_rejected[key]
             raise
         finally:
             rt.journal.uow = None
@@ -224,8 +270,9 @@ class Trading:
         return outcomes
 
     def _recover(self, rt: _Runtime) -> _Runtime:
+        """Replace a broken runtime by one rebuilt from the database (the caller holds the lock)."""
+        self.rebuilds += 1
         fresh = self._rebuild(rt.row)
-        fresh.lock = rt.lock  # the caller holds it
         with self._lock:
             self._markets[rt.row.market.symbol] = fresh
         return fresh
@@ -341,27 +388,18 @@ class Trading:
 
     def depth(self, symbol: str, levels: int | None = 50) -> tuple[int, list, list]:
         """(sequence number, bids, asks) with [(price ticks, displayed lots)] from the best price."""
-        rt = self._runtime(symbol)
-        with rt.lock:
-            if rt.broken:
-                rt = self._recover(rt)
+        with self._writer(symbol) as rt:
             book = rt.engine.book
             return rt.engine.last_seq, book.bids.depth(levels), book.asks.depth(levels)
 
     def engine(self, symbol: str) -> Engine:
         """The live engine (tests and benchmarks; read it only while no command runs)."""
-        rt = self._runtime(symbol)
-        with rt.lock:
-            if rt.broken:
-                rt = self._recover(rt)
+        with self._writer(symbol) as rt:
             return rt.engine
 
     def take_snapshot(self, symbol: str) -> snapshot.Snapshot:
         """Store a snapshot of the committed state (a derived row: replay starts from it)."""
-        rt = self._runtime(symbol)
-        with rt.lock:
-            if rt.broken:
-                rt = self._recover(rt)
+        with self._writer(symbol) as rt:
             snap = snapshot.take(rt.engine)
             with self.db.begin() as conn:
                 store.save_snapshot(conn, symbol, snap)
