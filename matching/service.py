@@ -93,7 +93,8 @@ class _Runtime:
         self.settlement = Settlement(ledger, row.market, row.fee_account_id)
         self.risk_rejected = risk_rejected
         self.broken = False
-        self.snapshot_seq = snapshot_seq
+        self.snapshot_seq = snapshot_seq  # of the latest snapshot stored (by the rebuild or since)
+        self.snapshot_at = time.monotonic()  # when that was known to be the latest
         self.replayed = replayed
 
 
@@ -114,6 +115,9 @@ class Trading:
         # Rebuilds forced by a failed unit of work (not the first load): none is expected, since
         # no client input may leave a market needing one; counted for tests and monitoring.
         self.rebuilds = 0
+        # When the snapshot job snapshots a market (`snapshot_markets`, `snapshot.due`).
+        self.snapshot_every_commands = snapshot.EVERY_COMMANDS
+        self.snapshot_every_seconds = snapshot.EVERY_SECONDS
 
     # ---- markets -------------------------------------------------------------------------
 
@@ -398,12 +402,28 @@ class Trading:
             return rt.engine
 
     def take_snapshot(self, symbol: str) -> snapshot.Snapshot:
-        """Store a snapshot of the committed state (a derived row: replay starts from it)."""
+        """Store a snapshot of the committed state (a derived row: replay starts from it). The
+        state is read under the market's lock, between units of work, when the engine is exactly
+        what the database has committed; the row is written after the lock is released."""
         with self._writer(symbol) as rt:
             snap = snapshot.take(rt.engine)
-            with self.db.begin() as conn:
-                store.save_snapshot(conn, symbol, snap)
-            return snap
+        with self.db.begin() as conn:
+            store.save_snapshot(conn, symbol, snap)
+        if snap.seq > rt.snapshot_seq:
+            rt.snapshot_seq, rt.snapshot_at = snap.seq, time.monotonic()
+        return snap
+
+    def snapshot_markets(self) -> list[snapshot.Snapshot]:
+        """The snapshot job: snapshot every market that is `snapshot.due`, so a rebuild replays at
+        most about `snapshot_every_commands` commands (or `snapshot_every_seconds` worth of them).
+        Returns the snapshots taken."""
+        taken = []
+        for symbol, rt in list(self._markets.items()):
+            if snapshot.due(rt.engine.last_seq, rt.snapshot_seq, time.monotonic() - rt.snapshot_at,
+                            every_commands=self.snapshot_every_commands,
+                            every_seconds=self.snapshot_every_seconds):
+                taken.append(self.take_snapshot(symbol))
+        return taken
 
 
 def _orders_of(event: Event) -> tuple[str, ...]:
