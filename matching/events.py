@@ -224,3 +224,4 @@ class CloseReason:
     fok_unfillable = "fok_unfillable"          # FOK: the whole quantity was not there
     budget_exhausted = "budget_exhausted"      # market bid: next lot did not fit the budget
     self_trade_prevented = "self_trade_prevented"
+    account_closed = "account_closed"          # `Evict`: a fill could not pay the owner

@@ -1,8 +1,13 @@
 """`Trading`: the matching gateway over PostgreSQL and the ledger, one sequencer per market.
 
 For each command, in ONE database transaction (the unit of work):
-1. gateway: dedupe the client order id, validate, and place the hold (`pending_new`); an order whose
-   hold cannot be placed is recorded `rejected` and never sequenced;
+1. gateway: dedupe the client order id, validate (text PostgreSQL can store included), and place
+   the hold (`pending_new`); an order whose hold cannot be placed is recorded `rejected` and never
+   sequenced. Whatever the ledger could refuse for a fill is refused or decided here, before the
+   engine commits to it, so no client input can fail a unit after matching (issue 11): the
+   account a fill would credit is opened at placement (a name another owner holds refuses the
+   order) and must be open; resting orders the order could meet whose owner cannot be paid are
+   cancelled first by a journaled `Evict`; a closed fee account refuses crossing orders;
 2. sequencer: number the command, append it to the journal (`matching_command`), apply it;
 3. settlement: one journal transaction per fill, exact release at terminal states, holds for
    stops that fired (answered with `ActivateTriggered` / `RejectTriggered` in the same unit);
@@ -44,15 +49,16 @@ from matching.errors import ErrorCode, MatchingError
 from matching.events import Event, Fill, OrderClosed, OrderRejected, RequestRejected
 from matching.fees import FeeSchedule
 from matching.holds import hold_requirement
-from matching.model import (ActivateTriggered, Amend, Cancel, Command, Market, OrderType, Place,
-                            RejectTriggered)
+from matching.model import (ActivateTriggered, Amend, Cancel, Command, Evict, Market, Order,
+                            OrderType, Place, RejectTriggered)
 from matching.sequencer import Sequencer
 from matching.settlement import Settlement, order_row, rejected_row
-from matching.states import TERMINAL
+from matching.states import TERMINAL, OrderState
 from matching.stp import DEFAULT_POLICY, StpPolicy
-from matching.validation import check_shape, validate_place
+from matching.validation import check_shape, unstorable_field, validate_place
 
 _STOPS = (OrderType.stop, OrderType.stop_limit)
+_RESTING = (OrderState.working, OrderState.partially_filled)
 # SQLSTATEs after which the whole unit may simply run again: deadlock victim, serialization failure.
 _RETRYABLE = ("40P01", "40001")
 # A unit aborted for one of those runs again, up to this many runs in all, after a short random
@@ -288,31 +294,76 @@ class Trading:
 
     def _one(self, rt: _Runtime, conn: Connection, uow: store.UnitOfWork,
              command: Command) -> tuple[Outcome, list]:
+        """Gateway checks, then sequence and settle one client command. Anything the ledger could
+        refuse for it is refused (or decided) here, before the engine commits to it."""
+        order_id = getattr(command, "order_id", None)
         try:
             check_shape(command)
         except MatchingError as exc:
-            return Outcome(getattr(command, "order_id", None), None, [], exc.code.value), []
+            return Outcome(order_id, None, [], exc.code.value), []
+        if isinstance(command, (ActivateTriggered, RejectTriggered, Evict)):
+            return Outcome(order_id, None, [], ErrorCode.invalid_request.value), []  # internal
+        if unstorable_field(command) is not None:
+            return Outcome(order_id, None, [], ErrorCode.invalid_request.value), []
+        touched: list = []
         if isinstance(command, Place):
-            refused = self._gateway_place(rt, conn, uow, command)
+            refused = self._gateway_place(rt, conn, uow, command, touched)
             if refused is not None:
-                return refused, []
+                return refused, touched
         elif isinstance(command, Amend):
+            order = rt.engine.live.get(command.order_id)
+            if (order is not None and order.account == command.account and command.price is not None
+                    and order.order_type is OrderType.limit and order.state in _RESTING):
+                qty = (order.remaining if command.qty is None
+                       else command.qty - order.filled - order.decremented)
+                refused = self._clear_reach(rt, conn, uow, order, command.price, qty, None, touched)
+                if refused is not None:
+                    return Outcome(command.order_id, None, [], refused), touched
             need = rt.engine.hold_after_amend(command)
             if need is not None:
                 order = rt.engine.order(command.order_id)
                 if not rt.settlement.ensure_hold(conn, order, need[0], need[1]):
                     return Outcome(command.order_id, None, [],
-                                   LedgerCode.insufficient_funds.value), []
-        elif isinstance(command, (ActivateTriggered, RejectTriggered)):
-            raise MatchingError(ErrorCode.invalid_request, "trigger answers are internal")
+                                   LedgerCode.insufficient_funds.value), touched
         submitted = rt.sequencer.submit(command)
-        touched = self._settle(rt, conn, uow, submitted.events)
+        touched += self._settle(rt, conn, uow, submitted.events)
         return Outcome(command.order_id, submitted.seq, submitted.events,
                        _refusal(command.order_id, submitted.events)), touched
 
+    def _clear_reach(self, rt: _Runtime, conn: Connection, uow: store.UnitOfWork, taker: Order | Place,
+                     price: int | None, qty: int | None, budget: int | None,
+                     touched: list) -> str | None:
+        """Before an order that may trade is sequenced: every account a fill of it could credit
+        must be open, or the ledger would refuse the fill after the engine made it (and the market
+        would need a rebuild). The resting orders it could meet (`Engine.makers_in_reach`) whose
+        owner cannot be paid (the account is closed, or its name is taken) are cancelled first,
+        by a journaled `Evict`; a closed fee account refuses the order (`account_closed`). Events
+        of the evictions are settled and added to `touched`. Returns a refusal code or None."""
+        group = taker.stp_group or taker.account
+        makers = rt.engine.makers_in_reach(taker.side, price, qty, budget, taker.account, group)
+        if not makers:
+            return None
+        s = rt.settlement
+        receive: dict[str, int | None] = {}
+        for maker in makers:
+            try:
+                receive[maker.order_id] = s.receive_account(conn, maker.account, maker.side)
+            except LedgerError:
+                receive[maker.order_id] = None  # the name is another owner's: it cannot be paid
+        s.track(conn, [s.fee_account_id, *(a for a in receive.values() if a is not None)])
+        if s.is_closed(s.fee_account_id):
+            return LedgerCode.account_closed.value
+        for maker in makers:
+            account = receive[maker.order_id]
+            if account is None or s.is_closed(account):
+                touched += self._settle(rt, conn, uow, rt.sequencer.submit(Evict(maker.order_id)).events)
+        return None
+
     def _gateway_place(self, rt: _Runtime, conn: Connection, uow: store.UnitOfWork,
-                       cmd: Place) -> Outcome | None:
-        """Dedupe, validate and hold; an Outcome if the order must not reach the sequencer."""
+                       cmd: Place, touched: list) -> Outcome | None:
+        """Dedupe, validate, check the account a fill would pay (open, and its name the owner's),
+        clear the orders it may meet (`_clear_reach`) and hold; an Outcome if the order must not
+        reach the sequencer."""
         engine, key = rt.engine, (cmd.account, cmd.client_order_id)
         existing = engine.order_by_client_id(*key)
         existing_id = existing.order_id if existing else rt.risk_rejected.get(key)
@@ -323,8 +374,19 @@ class Trading:
         code = validate_place(cmd, rt.row.market, rt.row.fees)
         if code is not None:
             return Outcome(cmd.order_id, None, [], code.value)
+        try:
+            receive = rt.settlement.receive_account(conn, cmd.account, cmd.side)
+        except LedgerError as exc:  # the name is taken by another owner or kind
+            return Outcome(cmd.order_id, None, [], exc.code.value)
+        rt.settlement.track(conn, [receive])  # tracked at the start of the unit already
+        if rt.settlement.is_closed(receive):
+            return Outcome(cmd.order_id, None, [], LedgerCode.account_closed.value)
         if cmd.order_type in _STOPS:
-            return None  # a stop reserves nothing until it fires
+            return None  # a stop reserves nothing until it fires (nor trades)
+        price = cmd.price if cmd.order_type is OrderType.limit else None
+        refused = self._clear_reach(rt, conn, uow, cmd, price, cmd.qty, cmd.budget, touched)
+        if refused is not None:
+            return Outcome(cmd.order_id, None, [], refused)
         asset, amount = hold_requirement(cmd, rt.row.market, rt.row.fees)
         if rt.settlement.place_hold(conn, cmd.order_id, cmd.account, asset, amount) is None:
             uow.order(rejected_row(rt.row.market.symbol, cmd, LedgerCode.insufficient_funds.value))
@@ -346,10 +408,23 @@ class Trading:
         order = rt.engine.awaiting.get(order_id)
         if order is None:
             return []
+        touched: list = []
+        s = rt.settlement
+        try:
+            receive = s.receive_account(conn, order.account, order.side)
+            s.track(conn, [receive])
+            payable = not s.is_closed(receive)
+        except LedgerError:
+            payable = False
+        if payable:  # orders it may meet, whose owners cannot be paid, are evicted first
+            price = order.price if order.order_type is OrderType.limit else None
+            payable = self._clear_reach(rt, conn, uow, order, price, order.remaining, order.budget,
+                                        touched) is None
         asset, amount = hold_requirement(order, rt.row.market, rt.row.fees)
-        held = rt.settlement.place_hold(conn, order_id, order.account, asset, amount) if amount else None
+        held = (s.place_hold(conn, order_id, order.account, asset, amount)
+                if amount and payable else None)
         reply = ActivateTriggered(order_id) if held else RejectTriggered(order_id)
-        return self._settle(rt, conn, uow, rt.sequencer.submit(reply).events)
+        return touched + self._settle(rt, conn, uow, rt.sequencer.submit(reply).events)
 
     def _finish(self, rt: _Runtime, conn: Connection, uow: store.UnitOfWork, touched: list) -> None:
         """Send the queued ledger commands, write the rows of every order the commands touched,

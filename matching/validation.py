@@ -9,8 +9,8 @@ from dataclasses import fields
 
 from matching.errors import ErrorCode, MatchingError
 from matching.fees import FeeSchedule
-from matching.model import (ActivateTriggered, Amend, Cancel, Command, Market, OrderType, Place,
-                            RejectTriggered, Side, TimeInForce)
+from matching.model import (ActivateTriggered, Amend, Cancel, Command, Evict, Market, OrderType,
+                            Place, RejectTriggered, Side, TimeInForce)
 from matching.stp import StpPolicy
 
 _LIMIT_PRICED = (OrderType.limit, OrderType.stop_limit)
@@ -27,7 +27,7 @@ _SHAPE: dict[str, tuple[type, bool]] = {
     "post_only": (bool, False), "qty": (int, True), "price": (int, True),
     "display_qty": (int, True), "stop_price": (int, True), "budget": (int, True),
 }
-_COMMAND_TYPES = (Place, Cancel, Amend, ActivateTriggered, RejectTriggered)
+_COMMAND_TYPES = (Place, Cancel, Amend, ActivateTriggered, RejectTriggered, Evict)
 
 
 _SPECS = {cls: tuple((f.name, *_SHAPE[f.name]) for f in fields(cls)) for cls in _COMMAND_TYPES}
@@ -68,10 +68,31 @@ def _refuse(command: Command) -> None:
             raise MatchingError(ErrorCode.invalid_request, f"{name}={value!r}", field=name)
 
 
-_BY_FREQUENCY = (Amend, Place, Cancel, ActivateTriggered, RejectTriggered)
+_BY_FREQUENCY = (Amend, Place, Cancel, ActivateTriggered, RejectTriggered, Evict)
 check_shape = _compile({cls: _SPECS[cls] for cls in _BY_FREQUENCY})
 check_shape.__doc__ = """Raise `MatchingError(invalid_request)` unless `command` is a command
 whose every field has its declared type."""
+
+
+_TEXT_FIELDS = {cls: tuple(name for name, kind, _ in spec if kind is str)
+                for cls, spec in _SPECS.items()}
+
+
+def unstorable_field(command: Command) -> str | None:
+    """The first text field of a (shape-checked) command that PostgreSQL could not store: a NUL
+    character, or a lone surrogate (not encodable as UTF-8). The gateway refuses such a command
+    before it reaches the ledger or the journal, where it would fail the whole unit of work."""
+    for name in _TEXT_FIELDS[type(command)]:
+        value = getattr(command, name)
+        if value is None or (value.isascii() and "\x00" not in value):
+            continue
+        if "\x00" in value:
+            return name
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return name
+    return None
 
 
 def is_positive_int(value: object) -> bool:
