@@ -337,21 +337,26 @@ class Trading:
         must be open, or the ledger would refuse the fill after the engine made it (and the market
         would need a rebuild). The resting orders it could meet (`Engine.makers_in_reach`) whose
         owner cannot be paid (the account is closed, or its name is taken) are cancelled first,
-        by a journaled `Evict`; a closed fee account refuses the order (`account_closed`). Events
-        of the evictions are settled and added to `touched`. Returns a refusal code or None."""
+        by a journaled `Evict`; a closed fee account, or a closed account of the order's own owner
+        (an amended order rested before it was closed), refuses the order (`account_closed`).
+        Events of the evictions are settled and added to `touched`. Returns a refusal code or None."""
         group = taker.stp_group or taker.account
         makers = rt.engine.makers_in_reach(taker.side, price, qty, budget, taker.account, group)
         if not makers:
             return None
         s = rt.settlement
+        try:
+            own = s.receive_account(conn, taker.account, taker.side)
+        except LedgerError as exc:
+            return exc.code.value
         receive: dict[str, int | None] = {}
         for maker in makers:
             try:
                 receive[maker.order_id] = s.receive_account(conn, maker.account, maker.side)
             except LedgerError:
                 receive[maker.order_id] = None  # the name is another owner's: it cannot be paid
-        s.track(conn, [s.fee_account_id, *(a for a in receive.values() if a is not None)])
-        if s.is_closed(s.fee_account_id):
+        s.track(conn, [s.fee_account_id, own, *(a for a in receive.values() if a is not None)])
+        if s.is_closed(s.fee_account_id) or s.is_closed(own):
             return LedgerCode.account_closed.value
         for maker in makers:
             account = receive[maker.order_id]

@@ -121,3 +121,28 @@ def test_a_closed_fee_account_refuses_crossing_orders(api, market, ledger):
     r = call(api, Role.backend, "POST", url, json=order(run, "buyer", "b2", "buy", price="50000"))
     assert r.status_code == 201 and r.json()["state"] == "working", r.text  # not crossing: rests
     assert trading.rebuilds == rebuilds
+
+
+def test_an_amend_that_would_trade_is_refused_when_its_owner_cannot_be_paid(api, market, ledger):
+    symbol, run = market
+    client, _ = api
+    url = f"/v1/markets/{symbol}/orders"
+    call(api, Role.auditor, "GET", f"/v1/markets/{symbol}/depth")
+    trading = client.app.state.container.trading
+    rebuilds = trading.rebuilds
+    btc = ledger.open_account("BTC", AccountKind.customer, customer_account_name(f"{run}-buyer", "BTC"),
+                              owner=f"{run}-buyer")
+    bid = call(api, Role.backend, "POST", url, json=order(run, "buyer", "b1", "buy", price="50000"))
+    ask = call(api, Role.backend, "POST", url, json=order(run, "seller", "s1", "sell"))
+    assert bid.json()["state"] == ask.json()["state"] == "working"
+
+    log.info("The buyer's BTC account is closed; the bid is amended to cross the ask")
+    assert call(api, Role.admin, "POST", f"/v1/accounts/{btc.id}/close").status_code == 200
+    r = call(api, Role.backend, "POST", f"{url}/{bid.json()['order_id']}/amend",
+             json={"account": f"{run}-buyer", "price": "60000"})
+    assert (r.status_code, code_of(r)) == (409, "account_closed"), r.text
+    r = call(api, Role.backend, "POST", f"{url}/{bid.json()['order_id']}/amend",
+             json={"account": f"{run}-buyer", "price": "51000"})
+    assert r.status_code == 200 and r.json()["price"] == "51000.000000", r.text  # not crossing
+    assert call(api, Role.auditor, "GET", f"/v1/markets/{symbol}/fills").json()["fills"] == []
+    assert trading.rebuilds == rebuilds
