@@ -18,7 +18,7 @@ the order things happened. How the money layer uses them:
 - `Triggered`: a stop fired; place `hold_amount` of `hold_asset`, then sequence
   `ActivateTriggered` (or `RejectTriggered` if the hold fails).
 - `OrderStateChanged`: mirror the state onto the order row (one per actual change).
-- `RequestRejected`: a cancel / amend / activation was refused; the order is unchanged.
+- `RequestRejected`: a cancel / amend / activation / eviction was refused; the order is unchanged.
 - `OrderDecremented`: STP `decrement_both` took `qty` open lots off a resting order that stays
   open; nothing traded, the hold is unchanged (its excess is released at the terminal state).
 

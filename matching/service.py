@@ -393,6 +393,10 @@ class Trading:
         if refused is not None:
             return Outcome(cmd.order_id, None, [], refused)
         asset, amount = hold_requirement(cmd, rt.row.market, rt.row.fees)
+        try:
+            rt.settlement.account_id(conn, cmd.account, asset)  # opened before the hold is queued
+        except LedgerError as exc:  # the name is taken by another owner or kind
+            return Outcome(cmd.order_id, None, [], exc.code.value)
         if rt.settlement.place_hold(conn, cmd.order_id, cmd.account, asset, amount) is None:
             uow.order(rejected_row(rt.row.market.symbol, cmd, LedgerCode.insufficient_funds.value))
             rt.risk_rejected[key] = cmd.order_id

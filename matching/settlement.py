@@ -204,7 +204,10 @@ class Settlement:
             else:
                 continue
             asset = market.base_asset if side is Side.sell else market.quote_asset
-            ids.append(self.account_id(conn, owner, asset))
+            try:
+                ids.append(self.account_id(conn, owner, asset))
+            except LedgerError:
+                continue  # its name is taken: the gateway refuses the order
         return ids
 
     def end_unit(self) -> None:

@@ -9,8 +9,9 @@ the ledger's 4xx) and forced a market rebuild:
   empty BTC account): the resting bid is cancelled first (`account_closed`, its hold released)
   and the crossing ask rests instead of trading;
 - the account a fill would credit is the incoming order's own and closed: refused `account_closed`;
-- that account's name was taken by another owner before the trader's first trade: refused
-  `idempotency_conflict` at placement, not at the fill;
+- that account's name (or the name of the account an order holds from) was taken by another
+  owner before the trader's first trade: refused `idempotency_conflict` at placement, not at the
+  fill, and in a group commit only that order is refused;
 - the market's fee income account was closed: a crossing order is refused `account_closed`.
 Each step checks that no rebuild happened; the ledger fixture verifies the books at the end.
 """
@@ -20,6 +21,8 @@ import logging
 
 from custody.auth import Role
 from ledger.model import AccountKind
+from matching.model import Place, Side
+from matching.service import order_id_for
 from matching.settlement import customer_account_name
 from tests.integration.test_matching_api import api, call, code_of, market  # noqa: F401 - fixtures
 from tests.integration.test_matching_support import USDT, fund
@@ -100,6 +103,16 @@ def test_an_account_name_taken_by_another_owner_refuses_the_order_at_placement(a
     assert (r.status_code, code_of(r)) == (409, "idempotency_conflict"), r.text
     ask = call(api, Role.backend, "POST", url, json=order(run, "seller", "s1", "sell"))
     assert ask.status_code == 201 and ask.json()["state"] == "working", ask.text
+
+    log.info("The same for the account an order holds from, in a group commit of two orders")
+    ledger.open_account("USDT", AccountKind.customer, customer_account_name(f"{run}-fourth", "USDT"),
+                        owner=f"{run}-squatter")
+    def place(who: str, cid: str) -> Place:
+        owner = f"{run}-{who}"
+        return Place(order_id_for(symbol, owner, cid), owner, cid, Side.buy, qty=1_000, price=5_000_000)
+
+    outcomes = trading.submit_batch(symbol, [place("fourth", "f1"), place("buyer", "b1")])
+    assert [o.code for o in outcomes] == ["idempotency_conflict", None]
     assert trading.rebuilds == rebuilds
 
 
