@@ -55,7 +55,8 @@ from matching.sequencer import Sequencer
 from matching.settlement import Settlement, order_row, rejected_row
 from matching.states import TERMINAL, OrderState
 from matching.stp import DEFAULT_POLICY, StpPolicy
-from matching.validation import check_shape, unstorable_field, validate_place
+from matching.validation import (check_shape, market_error, storable, unstorable_field,
+                                 validate_place)
 
 _STOPS = (OrderType.stop, OrderType.stop_limit)
 _RESTING = (OrderState.working, OrderState.partially_filled)
@@ -130,7 +131,12 @@ class Trading:
     def create_market(self, market: Market, fees: FeeSchedule,
                       default_stp: StpPolicy = DEFAULT_POLICY) -> store.MarketRow:
         """Create a market (idempotent for identical content) with its fee income account."""
+        problem = market_error(market, fees)
+        if problem is not None:
+            raise MatchingError(ErrorCode.invalid_request, problem)
         with self.db.begin() as conn:
+            self.ledger.get_asset(market.base_asset, conn=conn)  # asset_not_found
+            self.ledger.get_asset(market.quote_asset, conn=conn)
             # One balance shard: only this market's single writer posts to its fee account, so
             # shards would spread no contention and cost every fill the sharded path.
             fee_account = self.ledger.open_account(
@@ -461,16 +467,24 @@ class Trading:
 
     # ---- queries -------------------------------------------------------------------------
 
+    # Text PostgreSQL cannot store names nothing stored: such a query finds nothing (no query).
+
     def order(self, order_id: str):
+        if not storable(order_id):
+            return None
         with self.db.connect() as conn:
             return store.order_row(conn, order_id)
 
     def order_by_client_id(self, symbol: str, account: str, client_order_id: str):
+        if not all(storable(t) for t in (symbol, account, client_order_id)):
+            return None
         with self.db.connect() as conn:
             return store.order_row_by_client_id(conn, symbol, account, client_order_id)
 
     def fills(self, symbol: str, **filters):
         self._runtime(symbol)
+        if not all(storable(v) for v in filters.values() if isinstance(v, str)):
+            return []
         with self.db.connect() as conn:
             return store.fills(conn, symbol, **filters)
 

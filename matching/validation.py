@@ -76,22 +76,45 @@ whose every field has its declared type."""
 
 _TEXT_FIELDS = {cls: tuple(name for name, kind, _ in spec if kind is str)
                 for cls, spec in _SPECS.items()}
+MAX_UNITS = 10**78 - 1  # the widest integer the tables store (NUMERIC(78,0), as ledger amounts)
+
+
+def storable(text: str) -> bool:
+    """Whether PostgreSQL can store `text`: no NUL character, no lone surrogate (which UTF-8
+    cannot encode)."""
+    if "\x00" in text:
+        return False
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def unstorable_field(command: Command) -> str | None:
-    """The first text field of a (shape-checked) command that PostgreSQL could not store: a NUL
-    character, or a lone surrogate (not encodable as UTF-8). The gateway refuses such a command
-    before it reaches the ledger or the journal, where it would fail the whole unit of work."""
+    """The first text field of a (shape-checked) command that PostgreSQL could not store. The
+    gateway refuses such a command before it reaches the ledger or the journal, where it would
+    fail the whole unit of work."""
     for name in _TEXT_FIELDS[type(command)]:
         value = getattr(command, name)
-        if value is None or (value.isascii() and "\x00" not in value):
-            continue
-        if "\x00" in value:
+        if value is not None and not storable(value):
             return name
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return name
+    return None
+
+
+def market_error(market: Market, fees: FeeSchedule) -> str | None:
+    """Why a market's configuration cannot be stored, or None: text PostgreSQL cannot store, one
+    asset on both sides, a size beyond `MAX_UNITS`, no fee tier."""
+    if not all(storable(t) for t in (market.symbol, market.base_asset, market.quote_asset, *fees.tiers)):
+        return "text with a NUL character or a lone surrogate"
+    if market.base_asset == market.quote_asset:
+        return "base and quote asset must differ"
+    if max(market.lot_size, market.quote_per_tick_lot, market.min_notional) > MAX_UNITS:
+        return "lot_size, quote_per_tick_lot and min_notional must be below 10^78"
+    if not fees.tiers:
+        return "at least one fee tier"
     return None
 
 

@@ -159,3 +159,23 @@ def test_an_amend_that_would_trade_is_refused_when_its_owner_cannot_be_paid(api,
     assert r.status_code == 200 and r.json()["price"] == "51000.000000", r.text  # not crossing
     assert call(api, Role.auditor, "GET", f"/v1/markets/{symbol}/fills").json()["fills"] == []
     assert trading.rebuilds == rebuilds
+
+
+def test_queries_and_market_creation_with_unstorable_input_answer_4xx(api, market):
+    symbol, run = market
+    base = f"/v1/markets/{symbol}"
+    r = call(api, Role.auditor, "GET", f"{base}/orders/x%00y")
+    assert (r.status_code, code_of(r)) == (404, "order_not_found")
+    r = call(api, Role.auditor, "GET", f"{base}/orders", params={"account": "a\x00", "client_order_id": "c"})
+    assert (r.status_code, code_of(r)) == (404, "order_not_found")
+    for params in ({"order_id": "o\x00"}, {"account": "a\x00"}):
+        r = call(api, Role.auditor, "GET", f"{base}/fills", params=params)
+        assert r.status_code == 200 and r.json()["fills"] == [], r.text
+    body = {"symbol": f"X-{run}", "base_asset": "BTC", "quote_asset": "USDT", "lot_size": 1,
+            "quote_per_tick_lot": 1, "fees": {"default": {"maker_ppm": 1, "taker_ppm": 1}}}
+    for change in ({"base_asset": "B\x00"}, {"fees": {"d\x00": {"maker_ppm": 1, "taker_ppm": 1}}},
+                   {"quote_asset": "BTC"}, {"lot_size": 10**80}):
+        r = call(api, Role.admin, "POST", "/v1/markets", json={**body, **change})
+        assert (r.status_code, code_of(r)) == (422, "invalid_request"), (change, r.text)
+    r = call(api, Role.admin, "POST", "/v1/markets", json={**body, "base_asset": "NOPE"})
+    assert (r.status_code, code_of(r)) == (404, "asset_not_found"), r.text
