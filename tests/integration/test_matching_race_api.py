@@ -5,8 +5,8 @@
 Threads place crossing orders on one market at the same moment: two traders trading with each
 other, and one trader bidding against its own asks under caller-chosen STP groups. Each unit of
 work is made to fail once in a while as a deadlock victim would (PostgreSQL aborts it; the service
-rolls back, rebuilds the market and runs it again), so rebuilds happen while other requests wait
-for the market's lock. Before the fix a request that had looked up the market before a rebuild ran
+rolls back, rebuilds the market if a command had been sequenced, and runs the unit again), so
+rebuilds happen while other requests wait for the market's lock. Before the fix a request that had looked up the market before a rebuild ran
 on the stale engine it found: its sequence numbers were already taken (500, duplicate key).
 Afterwards: every answer is 2xx, the journal has each order's command exactly once with
 consecutive numbers, the books rebuilt from the journal equal the live ones, and the ledger verifies.
@@ -57,6 +57,8 @@ def test_racing_requests_on_one_market_never_answer_5xx(api, market, ledger, mon
         return {"account": f"{run}-{who}", "client_order_id": f"t{i}-{j}", "side": side,
                 "qty": "0.01", "price": "60000", **({"stp_group": group} if group else {})}
 
+    trading = client.app.state.container.trading
+    rebuilds = trading.rebuilds
     answers: list[tuple[int, str]] = []
     start = threading.Barrier(THREADS)
 
@@ -76,6 +78,7 @@ def test_racing_requests_on_one_market_never_answer_5xx(api, market, ledger, mon
 
     assert [a for a in answers if a[0] >= 500] == []
     assert len(answers) == THREADS * ORDERS and all(a[0] in (200, 201) for a in answers), answers
+    assert trading.rebuilds > rebuilds, "the injected failures made the market rebuild meanwhile"
 
     log.info("The journal holds each order's command once, numbered without gaps")
     with ledger.engine.connect() as conn:
@@ -88,7 +91,7 @@ def test_racing_requests_on_one_market_never_answer_5xx(api, market, ledger, mon
     assert sorted(placed) == sorted(f"t{i}-{j}" for i in range(THREADS) for j in range(ORDERS))
 
     log.info("A fresh service rebuilt from the journal has the same book as the live one")
-    live = client.app.state.container.trading.engine(symbol)
+    live = trading.engine(symbol)
     fresh = Trading(ledger.engine, ledger)
     fresh.load(symbol)
     assert state_hash(fresh.engine(symbol)) == state_hash(live)
