@@ -11,6 +11,7 @@ method that tests and the demo call directly, so time is driven deterministicall
 | outbox | OutboxDispatcher.dispatch() | 1 s |
 | reconcile | Reconciliation.run() (bitcoin, ethereum: chain holdings = books + in transit, exactly) | 60 s |
 | verify | verify_books(): Ledger.verify(); any failed check opens a critical incident (kill switch) | 60 s |
+| matching-snapshots | Trading.snapshot_markets(): a snapshot of each market 10,000 commands or 300 s after its last, so a rebuild replays only the journal since | 10 s |
 
 Each job runs at most one instance at a time (a slow run is skipped, not stacked) and logs its
 exceptions instead of dying; a failed run is retried on the next tick, which is safe because every
@@ -124,4 +125,7 @@ def build_scheduler(container: Container, *, sink: Callable[[str, dict], None] |
     scheduler.add_job(_guard("verify", lambda: verify_books(container)), "interval", seconds=60 * scale, id="verify")
     if container.reconciliation is not None:
         scheduler.add_job(_guard("reconcile", container.reconciliation.run), "interval", seconds=60 * scale, id="reconcile")
+    if container.trading is not None:
+        scheduler.add_job(_guard("matching-snapshots", container.trading.snapshot_markets), "interval",
+                          seconds=10 * scale, id="matching-snapshots")
     return scheduler

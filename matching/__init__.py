@@ -13,14 +13,14 @@ from matching.engine import Engine
 from matching.errors import ErrorCode, MatchingError
 from matching.fees import FeeSchedule, FeeTier
 from matching.holds import hold_captured, hold_requirement
-from matching.model import (ActivateTriggered, Amend, Cancel, Command, Market, Order, OrderType,
-                            Place, RejectTriggered, Side, TimeInForce)
+from matching.model import (ActivateTriggered, Amend, Cancel, Command, Evict, Market, Order,
+                            OrderType, Place, RejectTriggered, Side, TimeInForce)
 from matching.sequencer import JournalSink, MemoryJournal, Sequencer, Submitted
 from matching.states import OrderState, transition
 from matching.stp import StpPolicy
 
 __all__ = [
-    "ActivateTriggered", "Amend", "Cancel", "Command", "Engine", "ErrorCode", "FeeSchedule",
+    "ActivateTriggered", "Amend", "Cancel", "Command", "Engine", "ErrorCode", "Evict", "FeeSchedule",
     "FeeTier", "JournalSink", "Market", "MatchingError", "MemoryJournal", "Order", "OrderState",
     "OrderType", "Place", "RejectTriggered", "Sequencer", "Side", "StpPolicy", "Submitted",
     "TimeInForce", "hold_captured", "hold_requirement", "transition",

@@ -44,8 +44,8 @@ from matching.events import (CloseReason, Event, Fill, OrderAccepted, OrderAmend
                              RequestRejected, Triggered, make)
 from matching.fees import PPM, FeeSchedule, fee_increment
 from matching.holds import hold_captured, hold_requirement, order_hold
-from matching.model import (ActivateTriggered, Amend, Cancel, Command, Market, Order, OrderType,
-                            Place, RejectTriggered, Side, TimeInForce)
+from matching.model import (ActivateTriggered, Amend, Cancel, Command, Evict, Market, Order,
+                            OrderType, Place, RejectTriggered, Side, TimeInForce)
 from matching.states import OPEN, TERMINAL, OrderState, transition
 from matching.stops import StopBook
 from matching.stp import DEFAULT_POLICY, StpPolicy
@@ -93,7 +93,8 @@ class Engine:
         # (`last_seq`, a new events list) and returns its events.
         self.handlers: dict[type, Callable[[int, Command], list[Event]]] = {
             Place: self._place, Cancel: self._cancel, Amend: self._amend,
-            ActivateTriggered: self._activate, RejectTriggered: self._reject_triggered}
+            ActivateTriggered: self._activate, RejectTriggered: self._reject_triggered,
+            Evict: self._evict}
 
     # -- queries (for the gateway; they change nothing) --------------------------------------
 
@@ -127,6 +128,32 @@ class Engine:
             return order_hold(order, self.market, self.fees)
         finally:
             order.remaining, order.qty, order.price = saved
+
+    def makers_in_reach(self, side: Side, price: int | None, qty: int | None, budget: int | None,
+                        account: str, stp_group: str) -> list[Order]:
+        """Resting orders an incoming order could trade with now: a superset, read-only.
+
+        The levels that cross `price` (None: a market order, every level), from the best, each
+        whole, until the open lots (or, for a budget, the quote value) of the orders it may trade
+        with (not STP-prevented) cover `qty` (or `budget`). Whole levels, because an iceberg's
+        refills can bring the walk back to every order of its level. The money layer checks that
+        a fill could pay each of these before it sequences the order (`Evict`)."""
+        book_side = self.book.asks if side is Side.buy else self.book.bids
+        keys, queues, sign = book_side.keys, book_side.queues, book_side.sign
+        room = qty if qty is not None else budget
+        per_lot = self.market.quote_per_tick_lot
+        reach: list[Order] = []
+        for i in range(len(keys) - 1, -1, -1):
+            level = keys[i] * sign
+            if price is not None and (level > price if side is Side.buy else level < price):
+                break
+            for maker in queues[level].values():
+                reach.append(maker)
+                if maker.account != account and maker.stp_group != stp_group:
+                    room -= maker.remaining if qty is not None else level * maker.remaining * per_lot
+            if room is None or room <= 0:
+                break
+        return reach
 
     # -- the one entry point ------------------------------------------------------------------
 
@@ -192,6 +219,24 @@ class Engine:
         else:
             self.book.remove(order)
         self._close(order, _CANCELLED, CloseReason.cancelled_by_owner)
+        return events
+
+    def _evict(self, seq: int, cmd: Evict) -> list[Event]:
+        """Cancel an open order whose owner a fill could not pay (see `Evict`)."""
+        self.last_seq = seq
+        self._events = events = []
+        order = self.live.get(cmd.order_id)
+        if order is None:
+            self._refuse("evict", cmd.order_id, self._missing_code(cmd.order_id))
+            return events
+        state = order.state
+        if state is _UNTRIGGERED:
+            self.stops.remove(order)
+        elif state is _RECEIVED:
+            del self.awaiting[order.order_id]
+        else:
+            self.book.remove(order)
+        self._close(order, _CANCELLED, CloseReason.account_closed)
         return events
 
     def _activate(self, seq: int, cmd: ActivateTriggered) -> list[Event]:

@@ -18,7 +18,7 @@ the order things happened. How the money layer uses them:
 - `Triggered`: a stop fired; place `hold_amount` of `hold_asset`, then sequence
   `ActivateTriggered` (or `RejectTriggered` if the hold fails).
 - `OrderStateChanged`: mirror the state onto the order row (one per actual change).
-- `RequestRejected`: a cancel / amend / activation was refused; the order is unchanged.
+- `RequestRejected`: a cancel / amend / activation / eviction was refused; the order is unchanged.
 - `OrderDecremented`: STP `decrement_both` took `qty` open lots off a resting order that stays
   open; nothing traded, the hold is unchanged (its excess is released at the terminal state).
 
@@ -224,3 +224,4 @@ class CloseReason:
     fok_unfillable = "fok_unfillable"          # FOK: the whole quantity was not there
     budget_exhausted = "budget_exhausted"      # market bid: next lot did not fit the budget
     self_trade_prevented = "self_trade_prevented"
+    account_closed = "account_closed"          # `Evict`: a fill could not pay the owner

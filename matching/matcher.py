@@ -47,7 +47,7 @@ def plan_match(taker: Order, book: Book, market: Market, fees: FeeSchedule) -> P
     rem = taker.remaining  # None for a market bid, which is limited by budget instead
     policy = effective_policy(taker.stp_policy, rem is not None)
     budget = _Budget(taker, market, fees) if rem is None else None
-    group = taker.stp_group
+    group, account = taker.stp_group, taker.account
     limit = taker.price if taker.order_type is _LIMIT else None
     is_bid = taker.side is _BUY
     side = book.asks if is_bid else book.bids
@@ -66,7 +66,7 @@ def plan_match(taker: Order, book: Book, market: Market, fees: FeeSchedule) -> P
                 m_rem, m_vis = refills[maker]
             else:
                 m_rem, m_vis = maker.remaining, maker.visible
-            if maker.stp_group == group:
+            if maker.stp_group == group or maker.account == account:  # stp.prevented
                 if policy is _CANCEL_NEWEST:
                     plan.stp_kill = True
                     return plan

@@ -155,8 +155,17 @@ class RejectTriggered:
     order_id: str
 
 
-Command = Union[Place, Cancel, Amend, ActivateTriggered, RejectTriggered]
-_COMMANDS = {cls.__name__: cls for cls in (Place, Cancel, Amend, ActivateTriggered, RejectTriggered)}
+@dataclass(frozen=True, slots=True)
+class Evict:
+    """The money layer cannot pay the order's owner for a fill (the account a fill would credit is
+    closed): cancel the open order before a command that could trade with it is sequenced."""
+
+    order_id: str
+
+
+Command = Union[Place, Cancel, Amend, ActivateTriggered, RejectTriggered, Evict]
+_COMMANDS = {cls.__name__: cls
+             for cls in (Place, Cancel, Amend, ActivateTriggered, RejectTriggered, Evict)}
 _ENUM_FIELDS = {"side": Side, "order_type": OrderType, "tif": TimeInForce,
                 "stp_policy": StpPolicy}
 

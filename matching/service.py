@@ -1,8 +1,13 @@
 """`Trading`: the matching gateway over PostgreSQL and the ledger, one sequencer per market.
 
 For each command, in ONE database transaction (the unit of work):
-1. gateway: dedupe the client order id, validate, and place the hold (`pending_new`); an order whose
-   hold cannot be placed is recorded `rejected` and never sequenced;
+1. gateway: dedupe the client order id, validate (text PostgreSQL can store included), and place
+   the hold (`pending_new`); an order whose hold cannot be placed is recorded `rejected` and never
+   sequenced. Whatever the ledger could refuse for a fill is refused or decided here, before the
+   engine commits to it, so no client input can fail a unit after matching (issue 11): the
+   account a fill would credit is opened at placement (a name another owner holds refuses the
+   order) and must be open; resting orders the order could meet whose owner cannot be paid are
+   cancelled first by a journaled `Evict`; a closed fee account refuses crossing orders;
 2. sequencer: number the command, append it to the journal (`matching_command`), apply it;
 3. settlement: one journal transaction per fill, exact release at terminal states, holds for
    stops that fired (answered with `ActivateTriggered` / `RejectTriggered` in the same unit);
@@ -23,12 +28,13 @@ guarantee, because no outcome is returned before the commit.
 """
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from sqlalchemy import Connection, Engine as DbEngine
 from sqlalchemy.exc import DBAPIError
@@ -43,15 +49,17 @@ from matching.errors import ErrorCode, MatchingError
 from matching.events import Event, Fill, OrderClosed, OrderRejected, RequestRejected
 from matching.fees import FeeSchedule
 from matching.holds import hold_requirement
-from matching.model import (ActivateTriggered, Amend, Cancel, Command, Market, OrderType, Place,
-                            RejectTriggered)
+from matching.model import (ActivateTriggered, Amend, Cancel, Command, Evict, Market, Order,
+                            OrderType, Place, RejectTriggered)
 from matching.sequencer import Sequencer
 from matching.settlement import Settlement, order_row, rejected_row
-from matching.states import TERMINAL
+from matching.states import TERMINAL, OrderState
 from matching.stp import DEFAULT_POLICY, StpPolicy
-from matching.validation import check_shape, validate_place
+from matching.validation import (check_shape, market_error, storable, unstorable_field,
+                                 validate_place)
 
 _STOPS = (OrderType.stop, OrderType.stop_limit)
+_RESTING = (OrderState.working, OrderState.partially_filled)
 # SQLSTATEs after which the whole unit may simply run again: deadlock victim, serialization failure.
 _RETRYABLE = ("40P01", "40001")
 # A unit aborted for one of those runs again, up to this many runs in all, after a short random
@@ -78,35 +86,57 @@ class Outcome:
 
 
 class _Runtime:
-    """One market in memory: engine, sequencer, settlement caches and the lock that serialises them."""
+    """One market in memory: engine, sequencer and settlement caches. A rebuild replaces the whole
+    runtime; the market's lock (`Trading._locks`) outlives it. `replayed` counts the journal
+    commands the rebuild that made it applied after its snapshot (`snapshot_seq`, 0 for none)."""
 
     def __init__(self, row: store.MarketRow, engine: Engine, ledger: Ledger,
-                 risk_rejected: dict[tuple[str, str], str]) -> None:
+                 risk_rejected: dict[tuple[str, str], str], snapshot_seq: int = 0,
+                 replayed: int = 0) -> None:
         self.row = row
         self.engine = engine
         self.journal = store.JournalBuffer()
         self.sequencer = Sequencer(engine, self.journal)
         self.settlement = Settlement(ledger, row.market, row.fee_account_id)
         self.risk_rejected = risk_rejected
-        self.lock = threading.Lock()
         self.broken = False
+        self.snapshot_seq = snapshot_seq  # of the latest snapshot stored (by the rebuild or since)
+        self.snapshot_at = time.monotonic()  # when that was known to be the latest
+        self.replayed = replayed
 
 
 class Trading:
-    """Markets, order entry and queries. Thread-safe: each market has one lock (single writer)."""
+    """Markets, order entry and queries. Thread-safe: each market has one lock (single writer).
+
+    The lock belongs to the market, not to its runtime, and whoever holds it looks the runtime up
+    again (`_writer`): a rebuild swaps the runtime while requests wait for the lock, and one that
+    ran on the runtime it had looked up before waiting would number its commands from a stale
+    engine (issue 11: racing requests answered 500, duplicate `matching_command` key)."""
 
     def __init__(self, db: DbEngine, ledger: Ledger) -> None:
         self.db = db
         self.ledger = ledger
         self._markets: dict[str, _Runtime] = {}
-        self._lock = threading.Lock()
+        self._locks: dict[str, threading.Lock] = {}  # one per market, never replaced
+        self._lock = threading.Lock()  # guards the two maps
+        # Rebuilds forced by a failed unit of work (not the first load): none is expected, since
+        # no client input may leave a market needing one; counted for tests and monitoring.
+        self.rebuilds = 0
+        # When the snapshot job snapshots a market (`snapshot_markets`, `snapshot.due`).
+        self.snapshot_every_commands = snapshot.EVERY_COMMANDS
+        self.snapshot_every_seconds = snapshot.EVERY_SECONDS
 
     # ---- markets -------------------------------------------------------------------------
 
     def create_market(self, market: Market, fees: FeeSchedule,
                       default_stp: StpPolicy = DEFAULT_POLICY) -> store.MarketRow:
         """Create a market (idempotent for identical content) with its fee income account."""
+        problem = market_error(market, fees)
+        if problem is not None:
+            raise MatchingError(ErrorCode.invalid_request, problem)
         with self.db.begin() as conn:
+            self.ledger.get_asset(market.base_asset, conn=conn)  # asset_not_found
+            self.ledger.get_asset(market.quote_asset, conn=conn)
             # One balance shard: only this market's single writer posts to its fee account, so
             # shards would spread no contention and cost every fill the sharded path.
             fee_account = self.ledger.open_account(
@@ -123,13 +153,17 @@ class Trading:
         return row
 
     def load(self, symbol: str | None = None) -> None:
-        """(Re)build markets from the database: snapshot + journal replay, then recovery."""
+        """(Re)build markets from the database: snapshot + journal replay, then recovery. Each
+        under its market's lock, so no command runs on a runtime while it is replaced."""
         with self.db.connect() as conn:
             rows = store.load_markets(conn, symbol)
         for row in rows:
-            runtime = self._rebuild(row)
             with self._lock:
-                self._markets[row.market.symbol] = runtime
+                lock = self._locks.setdefault(row.market.symbol, threading.Lock())
+            with lock:
+                runtime = self._rebuild(row)
+                with self._lock:
+                    self._markets[row.market.symbol] = runtime
 
     def markets(self) -> list[store.MarketRow]:
         return [rt.row for rt in self._markets.values()]
@@ -138,21 +172,40 @@ class Trading:
         return self._runtime(symbol).row
 
     def _runtime(self, symbol: str) -> _Runtime:
+        """The market's current runtime, for reading its configuration (not its engine)."""
         rt = self._markets.get(symbol)
         if rt is None:
             raise MatchingError(ErrorCode.market_not_found, f"no market {symbol!r}")
         return rt
 
+    @contextlib.contextmanager
+    def _writer(self, symbol: str) -> Iterator[_Runtime]:
+        """Hold the market's lock and yield its current runtime, rebuilt first if a failed unit of
+        work left it broken. Looked up only once the lock is held (see the class docstring)."""
+        self._runtime(symbol)  # market_not_found
+        with self._locks[symbol]:
+            rt = self._markets[symbol]
+            if rt.broken:
+                rt = self._recover(rt)
+            yield rt
+
+    def rebuild_stats(self, symbol: str) -> tuple[int, int]:
+        """(snapshot seq, journal commands replayed after it) of the market's last rebuild."""
+        with self._writer(symbol) as rt:
+            return rt.snapshot_seq, rt.replayed
+
     def _rebuild(self, row: store.MarketRow) -> _Runtime:
         symbol = row.market.symbol
         last_events: list[Event] = []
+        replayed = 0
         with self.db.connect() as conn:
             snap = store.latest_snapshot(conn, symbol)
             engine = snapshot.restore(snap) if snap else Engine(row.market, row.fees, row.default_stp)
             for seq, command in store.load_commands(conn, symbol, engine.last_seq):
                 last_events = engine.apply(seq, command)
+                replayed += 1
             risk_rejected = store.risk_rejected_keys(conn, symbol)
-        rt = _Runtime(row, engine, self.ledger, risk_rejected)
+        rt = _Runtime(row, engine, self.ledger, risk_rejected, snap.seq if snap else 0, replayed)
         rt.settlement.immediate = True  # replays expected: each ledger command answered at once
         with self.db.begin() as conn:  # idempotent: finish the last command, answer waiting stops
             uow = self._begin(rt, conn)
@@ -187,8 +240,7 @@ class Trading:
         (another writer locked the same balance rows in another order), nothing was committed or
         answered: the market is rebuilt from the journal and the commands run again, up to
         `_ATTEMPTS` runs in all; after that the error reaches the caller."""
-        rt = self._runtime(symbol)
-        with rt.lock:
+        with self._writer(symbol) as rt:
             for attempt in range(1, _ATTEMPTS + 1):
                 if rt.broken:
                     rt = self._recover(rt)
@@ -201,7 +253,13 @@ class Trading:
         raise AssertionError("unreachable")
 
     def _unit(self, rt: _Runtime, commands: Sequence[Command]) -> list[Outcome]:
-        """One unit of work (the caller holds the market's lock)."""
+        """One unit of work (the caller holds the market's lock).
+
+        If it fails, the transaction rolls back. The market needs a rebuild only if a command was
+        sequenced (the engine is then ahead of the database); a failure before that (a ledger
+        refusal while opening an account, say) leaves the engine as the database has it, and only
+        this unit's caches are dropped."""
+        seq_before, rejected_before = rt.engine.last_seq, len(rt.risk_rejected)
         try:
             with self.db.begin() as conn:
                 uow = self._begin(rt, conn)
@@ -215,8 +273,12 @@ class Trading:
                     touched += ids
                 self._finish(rt, conn, uow, touched)
         except BaseException:
-            rt.broken = True  # memory may be ahead of the database: rebuild before next use
             rt.settlement.reset()
+            if rt.engine.last_seq != seq_before or rt.sequencer.halted:
+                rt.broken = True  # memory is ahead of the database: rebuild before next use
+            else:
+                for key in list(rt.risk_rejected)[rejected_before:]:  # rows rolled back
+                    del rt.risk_rejected[key]
             raise
         finally:
             rt.journal.uow = None
@@ -224,8 +286,9 @@ class Trading:
         return outcomes
 
     def _recover(self, rt: _Runtime) -> _Runtime:
+        """Replace a broken runtime by one rebuilt from the database (the caller holds the lock)."""
+        self.rebuilds += 1
         fresh = self._rebuild(rt.row)
-        fresh.lock = rt.lock  # the caller holds it
         with self._lock:
             self._markets[rt.row.market.symbol] = fresh
         return fresh
@@ -237,31 +300,81 @@ class Trading:
 
     def _one(self, rt: _Runtime, conn: Connection, uow: store.UnitOfWork,
              command: Command) -> tuple[Outcome, list]:
+        """Gateway checks, then sequence and settle one client command. Anything the ledger could
+        refuse for it is refused (or decided) here, before the engine commits to it."""
+        order_id = getattr(command, "order_id", None)
         try:
             check_shape(command)
         except MatchingError as exc:
-            return Outcome(getattr(command, "order_id", None), None, [], exc.code.value), []
+            return Outcome(order_id, None, [], exc.code.value), []
+        if isinstance(command, (ActivateTriggered, RejectTriggered, Evict)):
+            return Outcome(order_id, None, [], ErrorCode.invalid_request.value), []  # internal
+        if unstorable_field(command) is not None:
+            return Outcome(order_id, None, [], ErrorCode.invalid_request.value), []
+        touched: list = []
         if isinstance(command, Place):
-            refused = self._gateway_place(rt, conn, uow, command)
+            refused = self._gateway_place(rt, conn, uow, command, touched)
             if refused is not None:
-                return refused, []
+                return refused, touched
         elif isinstance(command, Amend):
+            order = rt.engine.live.get(command.order_id)
+            if (order is not None and order.account == command.account and command.price is not None
+                    and order.order_type is OrderType.limit and order.state in _RESTING):
+                qty = (order.remaining if command.qty is None
+                       else command.qty - order.filled - order.decremented)
+                refused = self._clear_reach(rt, conn, uow, order, command.price, qty, None, touched)
+                if refused is not None:
+                    return Outcome(command.order_id, None, [], refused), touched
             need = rt.engine.hold_after_amend(command)
             if need is not None:
                 order = rt.engine.order(command.order_id)
                 if not rt.settlement.ensure_hold(conn, order, need[0], need[1]):
                     return Outcome(command.order_id, None, [],
-                                   LedgerCode.insufficient_funds.value), []
-        elif isinstance(command, (ActivateTriggered, RejectTriggered)):
-            raise MatchingError(ErrorCode.invalid_request, "trigger answers are internal")
+                                   LedgerCode.insufficient_funds.value), touched
         submitted = rt.sequencer.submit(command)
-        touched = self._settle(rt, conn, uow, submitted.events)
+        touched += self._settle(rt, conn, uow, submitted.events)
         return Outcome(command.order_id, submitted.seq, submitted.events,
                        _refusal(command.order_id, submitted.events)), touched
 
+    def _clear_reach(self, rt: _Runtime, conn: Connection, uow: store.UnitOfWork, taker: Order | Place,
+                     price: int | None, qty: int | None, budget: int | None,
+                     touched: list) -> str | None:
+        """Before an order that may trade is sequenced: every account a fill of it could credit
+        must be open, or the ledger would refuse the fill after the engine made it (and the market
+        would need a rebuild). The resting orders it could meet (`Engine.makers_in_reach`) whose
+        owner cannot be paid (the account is closed, or its name is taken) are cancelled first,
+        by a journaled `Evict`; a closed fee account, or a closed account of the order's own owner
+        (an amended order rested before it was closed), refuses the order (`account_closed`).
+        Events of the evictions are settled and added to `touched`. Returns a refusal code or None."""
+        group = taker.stp_group or taker.account
+        makers = rt.engine.makers_in_reach(taker.side, price, qty, budget, taker.account, group)
+        if not makers:
+            return None
+        s = rt.settlement
+        try:
+            own = s.receive_account(conn, taker.account, taker.side)
+        except LedgerError as exc:
+            return exc.code.value
+        receive: dict[str, int | None] = {}
+        for maker in makers:
+            try:
+                receive[maker.order_id] = s.receive_account(conn, maker.account, maker.side)
+            except LedgerError:
+                receive[maker.order_id] = None  # the name is another owner's: it cannot be paid
+        s.track(conn, [s.fee_account_id, own, *(a for a in receive.values() if a is not None)])
+        if s.is_closed(s.fee_account_id) or s.is_closed(own):
+            return LedgerCode.account_closed.value
+        for maker in makers:
+            account = receive[maker.order_id]
+            if account is None or s.is_closed(account):
+                touched += self._settle(rt, conn, uow, rt.sequencer.submit(Evict(maker.order_id)).events)
+        return None
+
     def _gateway_place(self, rt: _Runtime, conn: Connection, uow: store.UnitOfWork,
-                       cmd: Place) -> Outcome | None:
-        """Dedupe, validate and hold; an Outcome if the order must not reach the sequencer."""
+                       cmd: Place, touched: list) -> Outcome | None:
+        """Dedupe, validate, check the account a fill would pay (open, and its name the owner's),
+        clear the orders it may meet (`_clear_reach`) and hold; an Outcome if the order must not
+        reach the sequencer."""
         engine, key = rt.engine, (cmd.account, cmd.client_order_id)
         existing = engine.order_by_client_id(*key)
         existing_id = existing.order_id if existing else rt.risk_rejected.get(key)
@@ -272,9 +385,24 @@ class Trading:
         code = validate_place(cmd, rt.row.market, rt.row.fees)
         if code is not None:
             return Outcome(cmd.order_id, None, [], code.value)
+        try:
+            receive = rt.settlement.receive_account(conn, cmd.account, cmd.side)
+        except LedgerError as exc:  # the name is taken by another owner or kind
+            return Outcome(cmd.order_id, None, [], exc.code.value)
+        rt.settlement.track(conn, [receive])  # tracked at the start of the unit already
+        if rt.settlement.is_closed(receive):
+            return Outcome(cmd.order_id, None, [], LedgerCode.account_closed.value)
         if cmd.order_type in _STOPS:
-            return None  # a stop reserves nothing until it fires
+            return None  # a stop reserves nothing until it fires (nor trades)
+        price = cmd.price if cmd.order_type is OrderType.limit else None
+        refused = self._clear_reach(rt, conn, uow, cmd, price, cmd.qty, cmd.budget, touched)
+        if refused is not None:
+            return Outcome(cmd.order_id, None, [], refused)
         asset, amount = hold_requirement(cmd, rt.row.market, rt.row.fees)
+        try:
+            rt.settlement.account_id(conn, cmd.account, asset)  # opened before the hold is queued
+        except LedgerError as exc:  # the name is taken by another owner or kind
+            return Outcome(cmd.order_id, None, [], exc.code.value)
         if rt.settlement.place_hold(conn, cmd.order_id, cmd.account, asset, amount) is None:
             uow.order(rejected_row(rt.row.market.symbol, cmd, LedgerCode.insufficient_funds.value))
             rt.risk_rejected[key] = cmd.order_id
@@ -295,10 +423,23 @@ class Trading:
         order = rt.engine.awaiting.get(order_id)
         if order is None:
             return []
+        touched: list = []
+        s = rt.settlement
+        try:
+            receive = s.receive_account(conn, order.account, order.side)
+            s.track(conn, [receive])
+            payable = not s.is_closed(receive)
+        except LedgerError:
+            payable = False
+        if payable:  # orders it may meet, whose owners cannot be paid, are evicted first
+            price = order.price if order.order_type is OrderType.limit else None
+            payable = self._clear_reach(rt, conn, uow, order, price, order.remaining, order.budget,
+                                        touched) is None
         asset, amount = hold_requirement(order, rt.row.market, rt.row.fees)
-        held = rt.settlement.place_hold(conn, order_id, order.account, asset, amount) if amount else None
+        held = (s.place_hold(conn, order_id, order.account, asset, amount)
+                if amount and payable else None)
         reply = ActivateTriggered(order_id) if held else RejectTriggered(order_id)
-        return self._settle(rt, conn, uow, rt.sequencer.submit(reply).events)
+        return touched + self._settle(rt, conn, uow, rt.sequencer.submit(reply).events)
 
     def _finish(self, rt: _Runtime, conn: Connection, uow: store.UnitOfWork, touched: list) -> None:
         """Send the queued ledger commands, write the rows of every order the commands touched,
@@ -326,46 +467,61 @@ class Trading:
 
     # ---- queries -------------------------------------------------------------------------
 
+    # Text PostgreSQL cannot store names nothing stored: such a query finds nothing (no query).
+
     def order(self, order_id: str):
+        if not storable(order_id):
+            return None
         with self.db.connect() as conn:
             return store.order_row(conn, order_id)
 
     def order_by_client_id(self, symbol: str, account: str, client_order_id: str):
+        if not all(storable(t) for t in (symbol, account, client_order_id)):
+            return None
         with self.db.connect() as conn:
             return store.order_row_by_client_id(conn, symbol, account, client_order_id)
 
     def fills(self, symbol: str, **filters):
         self._runtime(symbol)
+        if not all(storable(v) for v in filters.values() if isinstance(v, str)):
+            return []
         with self.db.connect() as conn:
             return store.fills(conn, symbol, **filters)
 
     def depth(self, symbol: str, levels: int | None = 50) -> tuple[int, list, list]:
         """(sequence number, bids, asks) with [(price ticks, displayed lots)] from the best price."""
-        rt = self._runtime(symbol)
-        with rt.lock:
-            if rt.broken:
-                rt = self._recover(rt)
+        with self._writer(symbol) as rt:
             book = rt.engine.book
             return rt.engine.last_seq, book.bids.depth(levels), book.asks.depth(levels)
 
     def engine(self, symbol: str) -> Engine:
         """The live engine (tests and benchmarks; read it only while no command runs)."""
-        rt = self._runtime(symbol)
-        with rt.lock:
-            if rt.broken:
-                rt = self._recover(rt)
+        with self._writer(symbol) as rt:
             return rt.engine
 
     def take_snapshot(self, symbol: str) -> snapshot.Snapshot:
-        """Store a snapshot of the committed state (a derived row: replay starts from it)."""
-        rt = self._runtime(symbol)
-        with rt.lock:
-            if rt.broken:
-                rt = self._recover(rt)
+        """Store a snapshot of the committed state (a derived row: replay starts from it). The
+        state is read under the market's lock, between units of work, when the engine is exactly
+        what the database has committed; the row is written after the lock is released."""
+        with self._writer(symbol) as rt:
             snap = snapshot.take(rt.engine)
-            with self.db.begin() as conn:
-                store.save_snapshot(conn, symbol, snap)
-            return snap
+        with self.db.begin() as conn:
+            store.save_snapshot(conn, symbol, snap)
+        if snap.seq > rt.snapshot_seq:
+            rt.snapshot_seq, rt.snapshot_at = snap.seq, time.monotonic()
+        return snap
+
+    def snapshot_markets(self) -> list[snapshot.Snapshot]:
+        """The snapshot job: snapshot every market that is `snapshot.due`, so a rebuild replays at
+        most about `snapshot_every_commands` commands (or `snapshot_every_seconds` worth of them).
+        Returns the snapshots taken."""
+        taken = []
+        for symbol, rt in list(self._markets.items()):
+            if snapshot.due(rt.engine.last_seq, rt.snapshot_seq, time.monotonic() - rt.snapshot_at,
+                            every_commands=self.snapshot_every_commands,
+                            every_seconds=self.snapshot_every_seconds):
+                taken.append(self.take_snapshot(symbol))
+        return taken
 
 
 def _orders_of(event: Event) -> tuple[str, ...]:

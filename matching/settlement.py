@@ -54,7 +54,7 @@ from matching.engine import Engine
 from matching.errors import ErrorCode, MatchingError
 from matching.events import Event, Fill, OrderClosed, OrderRejected, Triggered
 from matching.model import Amend, Market, Order, OrderType, Place, Side
-from matching.validation import check_shape
+from matching.validation import check_shape, unstorable_field
 from matching.states import OrderState, transition
 from matching.store import UnitOfWork
 
@@ -124,6 +124,15 @@ class Settlement:
             account_id = self._accounts[key] = account.id
         return account_id
 
+    def receive_account(self, conn: Connection, owner: str, side: Side) -> int:
+        """The account a fill credits for an order of `owner` on `side` (a buyer receives base)."""
+        market = self.market
+        return self.account_id(conn, owner, market.base_asset if side is Side.buy else market.quote_asset)
+
+    def is_closed(self, account_id: int) -> bool:
+        """Whether a tracked account (locked in this unit of work) is closed."""
+        return account_id in self._closed
+
     def place_hold(self, conn: Connection, order_id: str, owner: str, asset: str,
                    amount: int) -> OrderHold | None:
         """Hold `amount` for a new (or just triggered) order; None if the owner cannot cover it."""
@@ -165,7 +174,10 @@ class Settlement:
                 self._closed.add(account_id)
 
     def accounts_to_track(self, conn: Connection, engine: Engine, commands: Iterable[object]) -> list[int]:
-        """The accounts `commands` may place holds on: a new order's, an amended order's."""
+        """The accounts `commands` may place holds on (a new order's, an amended order's), and the
+        account a fill of a new order would credit: opened now if need be, so that a fill never
+        has to open one (a name taken by another owner is refused before the order is
+        sequenced), and locked, so the gateway knows whether it is closed."""
         market = self.market
         ids = []
         for command in commands:
@@ -173,11 +185,17 @@ class Settlement:
                 check_shape(command)
             except MatchingError:
                 continue  # refused on its own later; locks and opens nothing
+            if unstorable_field(command) is not None:
+                continue
             kind = type(command)
             if kind is Place:
                 if command.order_type in _STOP_TYPES or engine.order_by_client_id(command.account, command.client_order_id):
                     continue  # a stop holds nothing until it fires; a retry holds nothing again
                 owner, side = command.account, command.side
+                try:
+                    ids.append(self.receive_account(conn, owner, side))
+                except LedgerError:
+                    continue  # its name is taken: the gateway refuses the order
             elif kind is Amend:
                 order = engine.orders.get(command.order_id)
                 if order is None or order.account != command.account:
@@ -186,7 +204,10 @@ class Settlement:
             else:
                 continue
             asset = market.base_asset if side is Side.sell else market.quote_asset
-            ids.append(self.account_id(conn, owner, asset))
+            try:
+                ids.append(self.account_id(conn, owner, asset))
+            except LedgerError:
+                continue  # its name is taken: the gateway refuses the order
         return ids
 
     def end_unit(self) -> None:

@@ -7,6 +7,9 @@ in firing order, and the triggered stops awaiting activation. Queue handles are 
 not state), so a book rebuilt from a snapshot hashes the same as the one it was taken from.
 `state_hash` is the sha256 of that document: two engines with equal hashes have the same book down
 to who stands where in each queue.
+
+A rebuild replays the journal after the latest snapshot only, so snapshots bound its cost: the
+service takes one of each market when `due` says so (a scheduled job, `custody.jobs`).
 """
 from __future__ import annotations
 
@@ -90,6 +93,21 @@ def restore(snapshot: Snapshot) -> Engine:
     if state_hash(engine) != snapshot.hash:
         raise ValueError("restored engine does not reproduce the snapshot hash")
     return engine
+
+
+# Defaults of the snapshot job: a market gets a new snapshot once this many commands were journaled
+# since its last one, or once this many seconds passed since then with at least one new command.
+EVERY_COMMANDS = 10_000
+EVERY_SECONDS = 300.0
+
+
+def due(last_seq: int, snapshot_seq: int, seconds_since: float, *,
+        every_commands: int = EVERY_COMMANDS, every_seconds: float = EVERY_SECONDS) -> bool:
+    """Whether a market at `last_seq`, last snapshotted at `snapshot_seq` (0: never) `seconds_since`
+    seconds ago, needs a new snapshot: `every_commands` commands since, or any command and
+    `every_seconds` elapsed. A market with nothing new never does."""
+    behind = last_seq - snapshot_seq
+    return behind > 0 and (behind >= every_commands or seconds_since >= every_seconds)
 
 
 def replay(snapshot: Snapshot, entries: Iterable[tuple[int, Command]]) -> Engine:

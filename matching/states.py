@@ -12,7 +12,7 @@ Every state change of an order, in the engine and later in the gateway's `order`
 | partially_filled | matcher, on each execution that leaves quantity open | reduced by each capture | 1 Partially Filled |
 | filled | matcher, on the execution that completes the quantity | closed; price-improvement remainder released | 2 Filled |
 | pending_cancel | gateway, on accepting a cancel request | unchanged; fills may still post | 6 Pending Cancel |
-| cancelled | matcher, on applying a cancel (or STP removing a live order) | residual released | 4 Canceled |
+| cancelled | matcher, on applying a cancel (or STP removing a live order, or an `Evict`: a fill could not pay the owner) | residual released | 4 Canceled |
 | expired | matcher, for an IOC / FOK / market remainder (or a future time-in-force clock) | residual released | C Expired |
 | untriggered | trigger evaluator, on accepting a stop or stop-limit | none: a stop reserves nothing | none: FIX carries the trigger in OrdType (40); 7 Stopped means something else |
 

@@ -1,8 +1,15 @@
-"""Self-trade prevention: what happens when an incoming order meets a resting order of its own group.
+"""Self-trade prevention: what happens when an incoming order meets a resting order it must not
+trade with.
 
-Accounts under common control share an `stp_group` (an order without one is in a group of its own
-account, so an account never trades with itself). The check runs while the matcher plans a match,
-before any fill exists, so no trade print ever has to be recalled.
+Who must not trade (`prevented`): two orders of the SAME account never trade, whatever `stp_group`
+each carries; two orders of different accounts do not trade when they carry the same group
+(accounts under common control). A group therefore only WIDENS prevention: a caller cannot choose
+groups that let an account trade with itself (issue 11: such a fill, buyer and seller the same
+ledger account, was refused by the ledger after the engine had matched, and the market had to be
+rebuilt). An order without a group is in the group named by its account. The check runs while
+the matcher plans a match, before any fill exists, so no trade print ever has to be recalled.
+Journals written before the same-account rule replay unchanged: the ledger refused every fill
+between an account and itself, so no committed command ever made one.
 
 Published policies (the incoming order's `stp_policy`, else the engine default):
 
@@ -32,9 +39,10 @@ DEFAULT_POLICY = StpPolicy.cancel_newest
 _CANCEL_NEWEST, _DECREMENT_BOTH = StpPolicy.cancel_newest, StpPolicy.decrement_both
 
 
-def same_group(taker_group: str, maker_group: str) -> bool:
-    """True when the two orders' owners are under common control and must not trade."""
-    return taker_group == maker_group
+def prevented(taker_account: str, taker_group: str, maker_account: str, maker_group: str) -> bool:
+    """True when the two orders must not trade: one account, or owners under common control.
+    (`matcher.plan_match` inlines this test on its hot path.)"""
+    return taker_account == maker_account or taker_group == maker_group
 
 
 def effective_policy(policy: StpPolicy, taker_has_quantity: bool) -> StpPolicy:

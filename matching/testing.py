@@ -4,7 +4,7 @@
 real ledger: it places a hold before a command is sequenced, captures from holds on each `Fill`,
 and on every terminal event releases exactly `hold placed - captured`. It refuses (AssertionError)
 anything the real ledger would refuse: a capture beyond the hold, a negative balance, a terminal
-release that disagrees with the event. Per asset, customer balances plus fee income never change.
+release that disagrees with the event, a fill between an account and itself. Per asset, customer balances plus fee income never change.
 """
 from __future__ import annotations
 
@@ -80,6 +80,8 @@ class MoneyModel:
         assert self.posted[(account, asset)] >= 0, (account, asset, "overdraft")
 
     def _settle(self, fill: Fill) -> None:
+        # the ledger refuses a transfer between one account and itself (accounts_must_be_different)
+        assert fill.buyer_account != fill.seller_account, (fill, "self-trade")
         base, quote = self.market.base_asset, self.market.quote_asset
         self._capture(fill.buyer_order_id, fill.buyer_pays)
         self._capture(fill.seller_order_id, fill.base_amount)

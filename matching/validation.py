@@ -9,8 +9,8 @@ from dataclasses import fields
 
 from matching.errors import ErrorCode, MatchingError
 from matching.fees import FeeSchedule
-from matching.model import (ActivateTriggered, Amend, Cancel, Command, Market, OrderType, Place,
-                            RejectTriggered, Side, TimeInForce)
+from matching.model import (ActivateTriggered, Amend, Cancel, Command, Evict, Market, OrderType,
+                            Place, RejectTriggered, Side, TimeInForce)
 from matching.stp import StpPolicy
 
 _LIMIT_PRICED = (OrderType.limit, OrderType.stop_limit)
@@ -27,7 +27,7 @@ _SHAPE: dict[str, tuple[type, bool]] = {
     "post_only": (bool, False), "qty": (int, True), "price": (int, True),
     "display_qty": (int, True), "stop_price": (int, True), "budget": (int, True),
 }
-_COMMAND_TYPES = (Place, Cancel, Amend, ActivateTriggered, RejectTriggered)
+_COMMAND_TYPES = (Place, Cancel, Amend, ActivateTriggered, RejectTriggered, Evict)
 
 
 _SPECS = {cls: tuple((f.name, *_SHAPE[f.name]) for f in fields(cls)) for cls in _COMMAND_TYPES}
@@ -68,10 +68,54 @@ def _refuse(command: Command) -> None:
             raise MatchingError(ErrorCode.invalid_request, f"{name}={value!r}", field=name)
 
 
-_BY_FREQUENCY = (Amend, Place, Cancel, ActivateTriggered, RejectTriggered)
+_BY_FREQUENCY = (Amend, Place, Cancel, ActivateTriggered, RejectTriggered, Evict)
 check_shape = _compile({cls: _SPECS[cls] for cls in _BY_FREQUENCY})
 check_shape.__doc__ = """Raise `MatchingError(invalid_request)` unless `command` is a command
 whose every field has its declared type."""
+
+
+_TEXT_FIELDS = {cls: tuple(name for name, kind, _ in spec if kind is str)
+                for cls, spec in _SPECS.items()}
+MAX_UNITS = 10**78 - 1  # the widest integer the tables store (NUMERIC(78,0), as ledger amounts)
+
+
+def storable(text: str) -> bool:
+    """Whether PostgreSQL can store `text`: no NUL character, no lone surrogate (which UTF-8
+    cannot encode)."""
+    if "\x00" in text:
+        return False
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def unstorable_field(command: Command) -> str | None:
+    """The first text field of a (shape-checked) command that PostgreSQL could not store. The
+    gateway refuses such a command before it reaches the ledger or the journal, where it would
+    fail the whole unit of work."""
+    for name in _TEXT_FIELDS[type(command)]:
+        value = getattr(command, name)
+        if value is not None and not storable(value):
+            return name
+    return None
+
+
+def market_error(market: Market, fees: FeeSchedule) -> str | None:
+    """Why a market's configuration cannot be stored, or None: text PostgreSQL cannot store, one
+    asset on both sides, a size beyond `MAX_UNITS`, no fee tier."""
+    if not all(storable(t) for t in (market.symbol, market.base_asset, market.quote_asset, *fees.tiers)):
+        return "text with a NUL character or a lone surrogate"
+    if market.base_asset == market.quote_asset:
+        return "base and quote asset must differ"
+    if max(market.lot_size, market.quote_per_tick_lot, market.min_notional) > MAX_UNITS:
+        return "lot_size, quote_per_tick_lot and min_notional must be below 10^78"
+    if not fees.tiers:
+        return "at least one fee tier"
+    return None
 
 
 def is_positive_int(value: object) -> bool:

@@ -188,7 +188,6 @@ def create_market(body: MarketIn, t: TradingDep, _: Admin) -> dict:
                         body.quote_per_tick_lot, body.min_notional)
     except ValueError as exc:
         raise MatchingError(ErrorCode.invalid_request, str(exc)) from None
-    t.ledger.get_asset(body.base_asset), t.ledger.get_asset(body.quote_asset)
     t.create_market(market, fees, body.default_stp)
     return _market_out(t, body.symbol)
 

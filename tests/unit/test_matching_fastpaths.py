@@ -4,7 +4,9 @@ and journal behaving as the dataclasses and list they replaced.
 
 The golden digests were computed with the engine as it was before the performance work (commit
 c389e23), on streams that mix every order type, STP policy, refusal and trigger answer. If a
-change of semantics is intended, recompute them and say so in the commit.
+change of semantics is intended, recompute them and say so in the commit. Recomputed once (issue
+11): an account no longer trades with itself under two caller-chosen STP groups; the old streams
+held 2, 18 and 16 such fills (which the ledger would have refused), the new ones none.
 """
 from __future__ import annotations
 
@@ -27,9 +29,9 @@ from matching.states import OPEN
 FEES = FeeSchedule({"default": FeeTier(1000, 2000), "vip": FeeTier(0, 500),
                     "odd": FeeTier(333_333, 777_777)})
 GOLDEN = {  # (seed, crowded) -> digest of stream_digest(seed, 2500, crowded)
-    (0, False): "2d18cd85e9f930593471ff9efd167fc6632f2acb37e5ebd79f2bd8a30b239e78",
-    (1, True): "0865dc89aebde8ec1e1a39f4aa4d1189938c27c4873842c4c849a0760ceb502e",
-    (2, True): "d2d41b0a70936f32affbf395db88a176f41acf313d8d168d68f02ccf9d272ff2",
+    (0, False): "5499abf2c9313a9d3f7c0e3fb2390644bc1f0ae784c00c3aaea44458a1074587",
+    (1, True): "febf6fc1d0983a4d272d52a396cd41eba71af372e0e02f7ed1d14c82c9d27403",
+    (2, True): "a467735ca6da8ba8cc153bc083fcdae5cf1290b7ccaf45199ca5f0edeb6a0aec",
 }
 
 

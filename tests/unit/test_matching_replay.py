@@ -84,3 +84,13 @@ def test_commands_round_trip_through_the_journal_record():
     for cmd in (Place("o1", "a", "c1", BUY, OrderType.stop, stop_price=5, budget=7),
                 Cancel("o1", "a"), Amend("o1", "a", qty=3)):
         assert command_from_record(command_to_record(cmd)) == cmd
+
+
+def test_a_snapshot_is_due_after_enough_commands_or_enough_time_with_something_new():
+    from matching.snapshot import due
+
+    assert not due(100, 100, 10_000.0, every_commands=10, every_seconds=60)  # nothing new
+    assert not due(105, 100, 59.9, every_commands=10, every_seconds=60)
+    assert due(110, 100, 0.0, every_commands=10, every_seconds=60)
+    assert due(101, 100, 60.0, every_commands=10, every_seconds=60)
+    assert due(1, 0, 0.0, every_commands=1, every_seconds=60)  # never snapshotted

@@ -108,3 +108,51 @@ def test_accounts_without_a_group_never_trade_with_themselves_only():
     h.place("x", SELL, lots("1"), ticks(100))
     assert of_type(h.place("x", BUY, lots("1"), ticks(100)), Fill) == []
     assert len(of_type(h.place("y", BUY, lots("1"), ticks(100)), Fill)) == 1
+
+
+def test_an_account_never_trades_with_itself_whatever_groups_its_orders_carry():
+    # issue 11: a caller-chosen group on each side used to let the engine match an account with
+    # itself; the ledger then refused the fill. A group only widens prevention.
+    for maker_group, taker_group in (("g1", "g2"), ("g1", None), (None, "g2")):
+        h = Harness()
+        h.fund("x")
+        h.place("x", SELL, lots("1"), ticks(100), stp_group=maker_group)
+        events = h.place("x", BUY, lots("1"), ticks(100), stp_group=taker_group)
+        assert of_type(events, Fill) == [], (maker_group, taker_group)
+        assert [r.code for r in of_type(events, OrderRejected)] == [ErrorCode.self_trade_prevented]
+        assert h.engine.order("o1").state is OrderState.working
+
+
+def test_each_policy_applies_to_an_account_meeting_itself_under_another_group():
+    h = Harness()
+    for account in ("x", "y"):
+        h.fund(account)
+    h.place("x", SELL, lots("1"), ticks(100), stp_group="g1")
+    h.place("y", SELL, lots("1"), ticks(100))
+    events = h.place("x", BUY, lots("1"), ticks(100), stp_group="g2",
+                     stp_policy=StpPolicy.cancel_oldest)
+    assert [(f.maker_account, f.taker_account) for f in of_type(events, Fill)] == [("y", "x")]
+    assert h.engine.order("o1").state is OrderState.cancelled
+
+    h = Harness()
+    h.fund("x")
+    h.place("x", SELL, lots("1"), ticks(100), stp_group="g1")
+    events = h.place("x", BUY, lots("0.4"), ticks(100), stp_group="g2",
+                     stp_policy=StpPolicy.decrement_both)
+    assert of_type(events, Fill) == []
+    assert h.engine.order("o1").remaining == lots("0.6")
+
+
+def test_random_streams_with_caller_chosen_groups_never_fill_an_account_against_itself():
+    # The money model refuses a self-trade as the ledger does; any group, any policy, any side.
+    import random
+
+    rng = random.Random(11)
+    h = Harness()
+    for account in ("x", "y", "z"):
+        h.fund(account)
+    for _ in range(600):
+        events = h.place(rng.choice("xyz"), rng.choice([BUY, SELL]), lots("0.1") * rng.randint(1, 5),
+                         ticks(rng.randint(98, 102)), stp_group=rng.choice([None, "g1", "g2", "x"]),
+                         stp_policy=rng.choice([None, *StpPolicy]))
+        assert all(f.maker_account != f.taker_account for f in of_type(events, Fill))
