@@ -17,6 +17,7 @@
 | funding_not_final | 409 | a hot-wallet funding has fewer confirmations than its asset's finality depth |
 | funding_not_to_hot | 422 | the transaction pays nothing to the hot address (no ether, no configured token) |
 | funding_own_transaction | 422 | the transaction is the hot wallet's own (sent by it, or a payout): booked by its own flow |
+| no_customer_accounts | 409 | a proof-of-reserves report needs at least one customer account of the asset to commit to |
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ class CustodyErrorCode(str, enum.Enum):
     funding_not_final = "funding_not_final"
     funding_not_to_hot = "funding_not_to_hot"
     funding_own_transaction = "funding_own_transaction"
+    no_customer_accounts = "no_customer_accounts"
 
     @property
     def http_status(self) -> int:
@@ -61,6 +63,7 @@ _STATUS = {
     CustodyErrorCode.funding_not_final: 409,
     CustodyErrorCode.funding_not_to_hot: 422,
     CustodyErrorCode.funding_own_transaction: 422,
+    CustodyErrorCode.no_customer_accounts: 409,
 }
 
 

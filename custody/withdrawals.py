@@ -249,6 +249,7 @@ class Withdrawals:
         sends them to operators; a newly added destination needs `approvals` during `cooling_off`."""
         if mode not in ("enforce", "review") or approvals < 1 or cooling_off < dt.timedelta(0):
             raise LedgerError(ErrorCode.invalid_request, "mode is enforce or review, approvals >= 1, cooling_off >= 0")
+        self.ledger.get_account(account_id)  # account_not_found (404), not a foreign-key violation
         with self.engine.begin() as c:
             c.execute(text("INSERT INTO allowlist_policy (account_id, mode, cooling_off_secs, approvals) VALUES (:a, :m, :s, :k) "
                            "ON CONFLICT (account_id) DO UPDATE SET mode = :m, cooling_off_secs = :s, approvals = :k, updated_at = now()"),

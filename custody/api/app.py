@@ -7,6 +7,7 @@ from fastapi import FastAPI
 from fastapi.responses import HTMLResponse
 
 from custody.api import deposit_routes, errors, ledger_routes, order_routes, treasury_routes, withdrawal_routes
+from custody.api.text_guard import RefuseUnstorableText
 from custody.container import Container
 
 
@@ -18,6 +19,7 @@ def create_app(container: Container) -> FastAPI:
     )
     app.state.container = container
     errors.install(app)
+    app.add_middleware(RefuseUnstorableText)  # before routing, authentication and any database work
     app.include_router(ledger_routes.router)
     app.include_router(deposit_routes.router)
     app.include_router(order_routes.router)

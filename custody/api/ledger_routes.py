@@ -23,6 +23,7 @@ from custody.api.ledger_schemas import (
     TransactionOut,
     VerifyOut,
 )
+from custody.api.params import MAX_ID, IdPath
 from ledger.amounts import parse_amount
 from ledger.model import Account, Hold, Transfer
 from ledger.service import Ledger
@@ -64,17 +65,17 @@ def open_account(body: AccountIn, c: ContainerDep, _: Backend) -> AccountOut:
 
 
 @router.get("/accounts/{account_id}", response_model=AccountOut)
-def get_account(account_id: int, c: ContainerDep, _: Reader) -> AccountOut:
+def get_account(account_id: IdPath, c: ContainerDep, _: Reader) -> AccountOut:
     return _account_out(c.ledger.get_account(account_id))
 
 
 @router.post("/accounts/{account_id}/close", response_model=AccountOut)
-def close_account(account_id: int, c: ContainerDep, _: Admin) -> AccountOut:
+def close_account(account_id: IdPath, c: ContainerDep, _: Admin) -> AccountOut:
     return _account_out(c.ledger.close_account(account_id))
 
 
 @router.get("/accounts/{account_id}/balance", response_model=BalanceOut)
-def balance(account_id: int, c: ContainerDep, _: Reader) -> BalanceOut:
+def balance(account_id: IdPath, c: ContainerDep, _: Reader) -> BalanceOut:
     b = c.ledger.balance(account_id)
     d = c.ledger.get_asset(b.asset).decimals
     return BalanceOut(
@@ -85,8 +86,8 @@ def balance(account_id: int, c: ContainerDep, _: Reader) -> BalanceOut:
 
 @router.get("/accounts/{account_id}/statement", response_model=StatementOut)
 def statement(
-    account_id: int, c: ContainerDep, _: Reader,
-    after: int | None = Query(default=None, ge=0), limit: int = Query(default=100, ge=1, le=1000),
+    account_id: IdPath, c: ContainerDep, _: Reader,
+    after: int | None = Query(default=None, ge=0, le=MAX_ID), limit: int = Query(default=100, ge=1, le=1000),
 ) -> StatementOut:
     account = c.ledger.get_account(account_id)
     d = c.ledger.get_asset(account.asset).decimals
@@ -119,7 +120,7 @@ def post_transaction(body: TransactionIn, c: ContainerDep, _: Backend, response:
 
 
 @router.post("/transactions/{transaction_id}/reverse", response_model=TransactionOut, status_code=201)
-def reverse(transaction_id: int, body: ReverseIn, c: ContainerDep, _: Admin, response: Response) -> TransactionOut:
+def reverse(transaction_id: IdPath, body: ReverseIn, c: ContainerDep, _: Admin, response: Response) -> TransactionOut:
     result = c.ledger.reverse(transaction_id, body.idempotency_key)
     if not result.created:
         response.status_code = 200
@@ -140,12 +141,12 @@ def place_hold(body: HoldIn, c: ContainerDep, who: Backend, response: Response) 
 
 
 @router.get("/holds/{hold_id}", response_model=HoldOut)
-def get_hold(hold_id: int, c: ContainerDep, _: Reader) -> HoldOut:
+def get_hold(hold_id: IdPath, c: ContainerDep, _: Reader) -> HoldOut:
     return _hold_out(c.ledger, c.ledger.get_hold(hold_id))
 
 
 @router.post("/holds/{hold_id}/capture", response_model=TransactionOut, status_code=201)
-def capture(hold_id: int, body: CaptureIn, c: ContainerDep, who: Backend, response: Response) -> TransactionOut:
+def capture(hold_id: IdPath, body: CaptureIn, c: ContainerDep, who: Backend, response: Response) -> TransactionOut:
     hold = c.ledger.get_hold(hold_id)
     d = _decimals(c.ledger, hold.account_id)
     legs = [Transfer(hold.account_id, t.credit_account_id, parse_amount(t.amount, d)) for t in body.transfers]
@@ -156,7 +157,7 @@ def capture(hold_id: int, body: CaptureIn, c: ContainerDep, who: Backend, respon
 
 
 @router.post("/holds/{hold_id}/release", response_model=HoldOut)
-def release(hold_id: int, c: ContainerDep, who: Backend) -> HoldOut:
+def release(hold_id: IdPath, c: ContainerDep, who: Backend) -> HoldOut:
     return _hold_out(c.ledger, c.ledger.release_hold(hold_id, owner=f"api:{who.name}"))
 
 

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from custody.api.bodies import CommentIn
 from custody.api.deps import Auditor, Backend, ContainerDep, Operator, Reader
 from custody.api.errors import ApiError
+from custody.api.params import Id, IdPath
 from custody.withdrawals import WithdrawalView
 from ledger.amounts import format_amount, parse_amount
 
@@ -18,7 +19,7 @@ router = APIRouter(prefix="/v1", tags=["withdrawals"])
 class WithdrawalIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     client_withdrawal_id: str = Field(min_length=1, max_length=200)
-    account_id: int
+    account_id: Id
     amount: str = Field(description='decimal string in the asset\'s units, e.g. "0.25"')
     destination: str = Field(min_length=1, max_length=200)
     priority: Literal["normal", "fast"] = "normal"
@@ -76,7 +77,7 @@ def request_withdrawal(body: WithdrawalIn, c: ContainerDep, who: Backend, respon
 
 
 @router.get("/withdrawals/{withdrawal_id}", response_model=WithdrawalOut)
-def get_withdrawal(withdrawal_id: int, c: ContainerDep, _: Reader) -> WithdrawalOut:
+def get_withdrawal(withdrawal_id: IdPath, c: ContainerDep, _: Reader) -> WithdrawalOut:
     return _out(c, _svc(c).get(withdrawal_id))
 
 
@@ -88,17 +89,17 @@ def list_withdrawals(c: ContainerDep, _: Auditor, state: str = "pending_approval
 
 
 @router.post("/withdrawals/{withdrawal_id}/approve", response_model=WithdrawalOut)
-def approve(withdrawal_id: int, body: CommentIn, c: ContainerDep, who: Operator) -> WithdrawalOut:
+def approve(withdrawal_id: IdPath, body: CommentIn, c: ContainerDep, who: Operator) -> WithdrawalOut:
     return _out(c, _svc(c).approve(withdrawal_id, operator=f"api:{who.name}", comment=body.comment))
 
 
 @router.post("/withdrawals/{withdrawal_id}/reject", response_model=WithdrawalOut)
-def reject(withdrawal_id: int, body: CommentIn, c: ContainerDep, who: Operator) -> WithdrawalOut:
+def reject(withdrawal_id: IdPath, body: CommentIn, c: ContainerDep, who: Operator) -> WithdrawalOut:
     return _out(c, _svc(c).reject(withdrawal_id, operator=f"api:{who.name}", comment=body.comment))
 
 
 @router.put("/accounts/{account_id}/allowlist")
-def set_allowlist(account_id: int, body: AllowlistPolicyIn, c: ContainerDep, who: Backend) -> dict:
+def set_allowlist(account_id: IdPath, body: AllowlistPolicyIn, c: ContainerDep, who: Backend) -> dict:
     """Turn on or change an account's destination allowlist (the backend relays the customer's choice)."""
     import datetime as dt
 
@@ -109,5 +110,5 @@ def set_allowlist(account_id: int, body: AllowlistPolicyIn, c: ContainerDep, who
 
 
 @router.post("/accounts/{account_id}/allowlist", status_code=201)
-def allow_destination(account_id: int, body: AllowlistEntryIn, c: ContainerDep, who: Backend) -> dict:
+def allow_destination(account_id: IdPath, body: AllowlistEntryIn, c: ContainerDep, who: Backend) -> dict:
     return {"account_id": account_id, "address": _svc(c).allow_destination(account_id, body.address, by=f"api:{who.name}")}
