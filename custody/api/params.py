@@ -1,6 +1,6 @@
 """Typed parameters shared by every router: ids are PostgreSQL bigints.
 
-Every row id in the schema is a `bigint` (identity or serial) starting at 1, so an id outside
+Every row id in the schema is a `bigint` (bigserial) starting at 1, so an id outside
 1..2^63-1 can name nothing. Declaring that once, in the parameter's type, refuses such an id as
 `invalid_request` (422) before any database work, for every route alike; before, 2^64 reached a
 bigint function argument and answered 500, while 0 or -1 answered the resource's 404. One rule:
