@@ -34,6 +34,7 @@
 | incident_decision_invalid | 422 | the resolution's decision does not fit the incident (a held amount needs release or capture; a capture needs a shortfall still booked) |
 | retry_unknown | 404 | no withdrawal batch, sweep or rebalance with that id |
 | retry_not_set_aside | 409 | the withdrawal batch, sweep or rebalance is not set aside: there is nothing to retry |
+| no_customer_accounts | 409 | a proof-of-reserves report needs at least one customer account of the asset to commit to |
 """
 from __future__ import annotations
 
@@ -73,6 +74,7 @@ class CustodyErrorCode(str, enum.Enum):
     incident_decision_invalid = "incident_decision_invalid"
     retry_unknown = "retry_unknown"
     retry_not_set_aside = "retry_not_set_aside"
+    no_customer_accounts = "no_customer_accounts"
 
     @property
     def http_status(self) -> int:
@@ -112,6 +114,7 @@ _STATUS = {
     CustodyErrorCode.incident_decision_invalid: 422,
     CustodyErrorCode.retry_unknown: 404,
     CustodyErrorCode.retry_not_set_aside: 409,
+    CustodyErrorCode.no_customer_accounts: 409,
 }
 
 

@@ -23,6 +23,7 @@ from sqlalchemy import Engine, text
 
 from chain_adapters.base import ChainAdapter
 from custody.addresses import derive_btc_address
+from custody.errors import CustodyError, CustodyErrorCode
 from custody.merkle_sum import MerkleSumTree, Node, Step, leaf
 from ledger.model import AccountKind
 from signer.service import Signer
@@ -50,6 +51,9 @@ class Reserves:
             deposit_paths = {r.address: ("deposit", 0, r.derivation_index) for r in c.execute(
                 text("SELECT address, derivation_index FROM deposit_address WHERE chain = 'bitcoin'"))}
             batches = c.execute(text("SELECT id FROM withdrawal_batch WHERE chain = 'bitcoin'")).scalars().all()
+        if not accounts:  # a Merkle sum tree needs a leaf; an empty commitment would prove nothing
+            raise CustodyError(CustodyErrorCode.no_customer_accounts,
+                               f"no customer account of {asset} exists: a report has no liabilities to commit to")
         salts = {a.id: secrets.token_bytes(16) for a in accounts}
         tree = MerkleSumTree([leaf(a.id, int(a.posted), salts[a.id]) for a in accounts])
         paths = dict(deposit_paths)

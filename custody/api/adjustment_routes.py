@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from custody.adjustments import AdjustmentView
 from custody.api.bodies import CommentIn
+from custody.api.params import Id, IdPath
 from custody.api.deps import Auditor, ContainerDep, Operator
 from custody.api.ledger_schemas import Money
 from custody.container import Container
@@ -31,8 +32,8 @@ router = APIRouter(prefix="/v1/treasury", tags=["treasury"])
 
 class AdjustmentLegIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    debit_account_id: int
-    credit_account_id: int
+    debit_account_id: Id
+    credit_account_id: Id
     amount: str = Field(min_length=1, max_length=100, description='decimal string in the asset\'s units, e.g. "0.5"')
 
 
@@ -41,7 +42,7 @@ class AdjustmentIn(BaseModel):
     idempotency_key: str = Field(min_length=1, max_length=200)
     reason: str = Field(min_length=1, max_length=2000)
     transfers: list[AdjustmentLegIn] = Field(min_length=1, max_length=100)
-    corrects_transaction_id: int | None = None
+    corrects_transaction_id: Id | None = None
 
 
 class AdjustmentLegOut(BaseModel):
@@ -90,12 +91,12 @@ def propose(body: AdjustmentIn, c: ContainerDep, who: Operator, response: Respon
 
 
 @router.post("/adjustments/{adjustment_id}/approve", response_model=AdjustmentOut)
-def approve(adjustment_id: int, body: CommentIn, c: ContainerDep, who: Operator) -> AdjustmentOut:
+def approve(adjustment_id: IdPath, body: CommentIn, c: ContainerDep, who: Operator) -> AdjustmentOut:
     return _out(c, c.adjustments.approve(adjustment_id, by=f"api:{who.name}", comment=body.comment))
 
 
 @router.post("/adjustments/{adjustment_id}/reject", response_model=AdjustmentOut)
-def reject(adjustment_id: int, body: CommentIn, c: ContainerDep, who: Operator) -> AdjustmentOut:
+def reject(adjustment_id: IdPath, body: CommentIn, c: ContainerDep, who: Operator) -> AdjustmentOut:
     return _out(c, c.adjustments.reject(adjustment_id, by=f"api:{who.name}", comment=body.comment))
 
 
@@ -106,5 +107,5 @@ def list_adjustments(c: ContainerDep, _: Auditor,
 
 
 @router.get("/adjustments/{adjustment_id}", response_model=AdjustmentOut)
-def get_adjustment(adjustment_id: int, c: ContainerDep, _: Auditor) -> AdjustmentOut:
+def get_adjustment(adjustment_id: IdPath, c: ContainerDep, _: Auditor) -> AdjustmentOut:
     return _out(c, c.adjustments.get(adjustment_id))

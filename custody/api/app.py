@@ -16,6 +16,7 @@ from custody.api import (
     treasury_routes,
     withdrawal_routes,
 )
+from custody.api.text_guard import RefuseUnstorableText
 from custody.container import Container
 
 
@@ -27,6 +28,7 @@ def create_app(container: Container) -> FastAPI:
     )
     app.state.container = container
     errors.install(app)
+    app.add_middleware(RefuseUnstorableText)  # before routing, authentication and any database work
     app.include_router(ledger_routes.router)
     app.include_router(deposit_routes.router)
     app.include_router(order_routes.router)

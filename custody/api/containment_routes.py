@@ -17,18 +17,16 @@ opens a new one); releasing the kill switch a critical one engaged stays an admi
 """
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Path
+from fastapi import APIRouter
 from pydantic import BaseModel
 
 from custody.api.bodies import CommentIn
 from custody.api.deps import Auditor, ContainerDep, Operator
+from custody.api.params import IdPath
 from custody.api.errors import ApiError
 from custody.containment import Retried, set_aside_rows
 
 router = APIRouter(prefix="/v1", tags=["containment"])
-RowId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 
 
 class RetriedOut(BaseModel):
@@ -67,18 +65,18 @@ def list_set_aside(c: ContainerDep, _: Auditor) -> list[SetAsideOut]:
 
 
 @router.post("/withdrawal-batches/{batch_id}/retry", response_model=RetriedOut)
-def retry_batch(batch_id: RowId, body: CommentIn, c: ContainerDep, who: Operator) -> RetriedOut:
+def retry_batch(batch_id: IdPath, body: CommentIn, c: ContainerDep, who: Operator) -> RetriedOut:
     """Operator decision: the cause of a set-aside withdrawal batch is fixed; work on it again."""
     return _out(_require(c.payouts, "withdrawal batches").retry_batch(batch_id, by=f"api:{who.name}", comment=body.comment))
 
 
 @router.post("/sweeps/{sweep_id}/retry", response_model=RetriedOut)
-def retry_sweep(sweep_id: RowId, body: CommentIn, c: ContainerDep, who: Operator) -> RetriedOut:
+def retry_sweep(sweep_id: IdPath, body: CommentIn, c: ContainerDep, who: Operator) -> RetriedOut:
     """Operator decision: the cause of a set-aside sweep is fixed; work on it again."""
     return _out(_require(c.sweeps, "sweeps").retry(sweep_id, by=f"api:{who.name}", comment=body.comment))
 
 
 @router.post("/rebalances/{rebalance_id}/retry", response_model=RetriedOut)
-def retry_rebalance(rebalance_id: RowId, body: CommentIn, c: ContainerDep, who: Operator) -> RetriedOut:
+def retry_rebalance(rebalance_id: IdPath, body: CommentIn, c: ContainerDep, who: Operator) -> RetriedOut:
     """Operator decision: the cause of a set-aside rebalance is fixed; work on it again."""
     return _out(_require(c.rebalances, "rebalances").retry(rebalance_id, by=f"api:{who.name}", comment=body.comment))

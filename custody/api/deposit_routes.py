@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from custody.api.bodies import CommentIn
 from custody.api.deps import Auditor, Backend, ContainerDep, Operator, Reader
 from custody.api.errors import ApiError
+from custody.api.params import Id, IdPath, IdQuery
 from custody.auth import Role
 from custody.controls import kill_switch, set_kill_switch
 from custody.incidents import Incidents
@@ -21,7 +22,7 @@ router = APIRouter(prefix="/v1", tags=["deposits"])
 class AddressIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     idempotency_key: str = Field(min_length=1, max_length=200)
-    account_id: int
+    account_id: Id
 
 
 class AddressOut(BaseModel):
@@ -87,7 +88,7 @@ def issue_address(body: AddressIn, c: ContainerDep, _: Backend, response: Respon
 
 
 @router.get("/accounts/{account_id}/deposits", response_model=list[DepositOut])
-def account_deposits(account_id: int, c: ContainerDep, _: Reader, limit: int = Query(200, ge=1, le=1000)) -> list[DepositOut]:
+def account_deposits(account_id: IdPath, c: ContainerDep, _: Reader, limit: int = Query(200, ge=1, le=1000)) -> list[DepositOut]:
     c.ledger.get_account(account_id)
     return [_out(c, r) for r in _deposits(c).list(account_id=account_id, limit=limit)]
 
@@ -102,14 +103,14 @@ def deposits_by_state(
 
 
 @router.post("/deposits/{deposit_id}/release", response_model=DepositOut)
-def release(deposit_id: int, body: CommentIn, c: ContainerDep, who: Operator) -> DepositOut:
+def release(deposit_id: IdPath, body: CommentIn, c: ContainerDep, who: Operator) -> DepositOut:
     """Operator decision: credit a quarantined deposit to its customer (recorded in the audit log)."""
     _deposits(c).release_quarantined(deposit_id, operator=f"api:{who.name}", comment=body.comment)
     return _out(c, next(r for r in c.deposits.list(state="released", limit=1000) if r["id"] == deposit_id))
 
 
 @router.post("/deposits/{deposit_id}/return")
-def return_deposit(deposit_id: int, body: ReturnIn, c: ContainerDep, who: Operator) -> dict:
+def return_deposit(deposit_id: IdPath, body: ReturnIn, c: ContainerDep, who: Operator) -> dict:
     """Operator request: send a quarantined deposit back (a withdrawal from the quarantine account,
     subject to policy; it always waits for operators other than this one, and a destination other
     than the original sender is flagged in `decision_reasons`). Answers the withdrawal id."""
@@ -133,7 +134,7 @@ def incidents(c: ContainerDep, _: Auditor, open_only: bool = True) -> list[dict]
 
 
 @router.post("/incidents/{incident_id}/resolve")
-def resolve_incident(incident_id: int, body: ResolveIn, c: ContainerDep, who: Operator) -> dict:
+def resolve_incident(incident_id: IdPath, body: ResolveIn, c: ContainerDep, who: Operator) -> dict:
     """Operator decision: close an incident with a comment (audited); one that froze a reorged-out
     credit needs `decision` release or capture. The kill switch stays as it is."""
     i = Incidents(c.engine, c.ledger).resolve(incident_id, operator=f"api:{who.name}", comment=body.comment,
@@ -161,7 +162,7 @@ def publish_reserves(c: ContainerDep, _: Operator) -> dict:
 
 
 @router.get("/reserves/reports/{report_id}/proof")
-def reserves_proof(report_id: int, account_id: int, c: ContainerDep, _: Reader) -> dict:
+def reserves_proof(report_id: IdPath, account_id: IdQuery, c: ContainerDep, _: Reader) -> dict:
     """A customer's inclusion proof in a report (the backend hands it to that customer only)."""
     if c.reserves is None:
         raise ApiError(503, "chains_not_configured", "no bitcoin adapter and signer are configured on this service")

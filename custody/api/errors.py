@@ -1,11 +1,22 @@
 """Every error leaves the API as `{"error": {"code": ..., "message": ...}}` with a stable code.
 
-Ledger codes map to HTTP statuses through `ErrorCode.http_status`; the API adds its own codes for
-authentication (`unauthorized` 401, `forbidden` 403), unknown routes (`not_found` 404), malformed
-requests (`invalid_request` 422), transient database failures (`temporarily_unavailable` 503: a
-deadlock victim, a serialization failure, a lock or statement timeout, a lost connection; nothing
-was committed, and the same request with the same idempotency key may be sent again) and
-unexpected failures (`internal_error` 500, no stack trace).
+Ledger, custody and matching codes map to HTTP statuses through their `ErrorCode.http_status`. The
+API adds its own codes, listed here in the order a request meets them:
+
+| code | HTTP | meaning |
+| --- | --- | --- |
+| invalid_request | 422 | the request is malformed: a missing or ill-typed field, an id outside 1..2^63-1, a string PostgreSQL cannot store (NUL, a lone surrogate; refused before any database work, `custody.api.text_guard`), or a value the database refused as data (SQLSTATE class 22, e.g. out of range, invalid JSON number) |
+| unauthorized | 401 | no API key, or an unknown or revoked one |
+| forbidden | 403 | the key's role may not do this |
+| not_found | 404 | no such route (or a resource without a code of its own) |
+| method_not_allowed | 405 | the route exists, the method does not |
+| conflict | 409 | the database refused a write that duplicates an existing row (SQLSTATE 23505 unique, 23P01 exclusion), e.g. two racing requests; any other integrity violation (23xxx: foreign key, check, not null) of a request's value is `invalid_request` |
+| chains_not_configured | 503 | the route needs chain adapters (or a signer) that this service was started without |
+| temporarily_unavailable | 503 | a transient database failure: a deadlock victim, a serialization failure, a lock or statement timeout, a lost connection; nothing was committed, and the same request with the same idempotency key may be sent again (`Retry-After`) |
+| internal_error | 500 | anything unexpected, without a stack trace; this includes a refusal by the ledger's own guard triggers (their message starts with `ledger:`), which means a bug in the service, never bad input |
+
+Database refusals mapped to 4xx (classes 22 and 23) are logged at error level with the request's
+method, path and SQLSTATE, so a service bug that surfaces as one is still seen.
 """
 from __future__ import annotations
 
@@ -14,7 +25,7 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from custody.errors import CustodyError
@@ -30,9 +41,29 @@ _TRANSIENT_STATES = {"40P01", "40001", "55P03", "57014"}
 _TRANSIENT_CLASSES = ("08", "57P")
 
 
+# Integrity violations that mean "that row exists already" rather than "that value is wrong".
+_DUPLICATE_STATES = {"23505", "23P01"}
+
+
 def transient(exc: DBAPIError) -> bool:
     state = getattr(exc.orig, "sqlstate", None) or ""
     return exc.connection_invalidated or state in _TRANSIENT_STATES or state.startswith(_TRANSIENT_CLASSES)
+
+
+def refused_input(exc: DBAPIError) -> tuple[int, str] | None:
+    """(status, code) for a database refusal of a request's value (SQLSTATE class 22 data exception,
+    class 23 integrity violation; psycopg's client-side DataError too), or None when it is not one.
+    The ledger's guard triggers also raise class-23 states, but their refusal is an invariant the
+    service itself broke, so it stays a 500."""
+    message = str(getattr(getattr(exc.orig, "diag", None), "message_primary", None) or "")
+    if message.startswith("ledger:"):
+        return None
+    if isinstance(exc, IntegrityError):
+        state = getattr(exc.orig, "sqlstate", None) or ""
+        return (409, "conflict") if state in _DUPLICATE_STATES else (422, "invalid_request")
+    if isinstance(exc, DataError):
+        return 422, "invalid_request"
+    return None
 
 
 class ApiError(Exception):
@@ -75,13 +106,24 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400:  # FastAPI could not parse the body (e.g. not UTF-8): one code, one status
+            return JSONResponse(body("invalid_request", str(exc.detail)), status_code=422)
         code = {401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed"}.get(
             exc.status_code, "http_error"
         )
         return JSONResponse(body(code, str(exc.detail)), status_code=exc.status_code)
 
     @app.exception_handler(DBAPIError)
-    async def database_error(_: Request, exc: DBAPIError) -> JSONResponse:
+    async def database_error(request: Request, exc: DBAPIError) -> JSONResponse:
+        refused = refused_input(exc)
+        if refused is not None:
+            status, code = refused
+            state = getattr(exc.orig, "sqlstate", None)
+            log.error("database refused %s %s (SQLSTATE %s): answered %s %s: %s", request.method, request.url.path,
+                      state, status, code, exc.orig)
+            what = "a row like this exists already" if code == "conflict" else "a value of the request was refused"
+            return JSONResponse(body(code, f"{what} (SQLSTATE {state or 'client-side'})"),
+                                status_code=status)
         if not transient(exc):
             log.exception("unexpected database error")
             return JSONResponse(body("internal_error", "internal error; see the service log"), status_code=500)

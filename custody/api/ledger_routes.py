@@ -26,6 +26,7 @@ from custody.api.ledger_schemas import (
     TransactionOut,
     VerifyOut,
 )
+from custody.api.params import MAX_ID, IdPath
 from ledger.amounts import parse_amount
 from ledger.model import Account, AccountKind, Hold, Transfer
 from ledger.service import Ledger
@@ -78,18 +79,18 @@ def firm_accounts(c: ContainerDep, _: Reader, asset: str | None = Query(default=
 
 
 @router.get("/accounts/{account_id}", response_model=AccountOut)
-def get_account(account_id: int, c: ContainerDep, _: Reader) -> AccountOut:
+def get_account(account_id: IdPath, c: ContainerDep, _: Reader) -> AccountOut:
     return _account_out(c.ledger.get_account(account_id))
 
 
 @router.post("/accounts/{account_id}/close", response_model=AccountOut)
-def close_account(account_id: int, c: ContainerDep, who: Admin) -> AccountOut:
+def close_account(account_id: IdPath, c: ContainerDep, who: Admin) -> AccountOut:
     """Close an empty customer account; firm accounts are never closed over the API."""
     return _account_out(CallerLedger(c.ledger, who).close_account(account_id))
 
 
 @router.get("/accounts/{account_id}/balance", response_model=BalanceOut)
-def balance(account_id: int, c: ContainerDep, _: Reader) -> BalanceOut:
+def balance(account_id: IdPath, c: ContainerDep, _: Reader) -> BalanceOut:
     b = c.ledger.balance(account_id)
     d = c.ledger.get_asset(b.asset).decimals
     return BalanceOut(
@@ -100,8 +101,8 @@ def balance(account_id: int, c: ContainerDep, _: Reader) -> BalanceOut:
 
 @router.get("/accounts/{account_id}/statement", response_model=StatementOut)
 def statement(
-    account_id: int, c: ContainerDep, _: Reader,
-    after: int | None = Query(default=None, ge=0), limit: int = Query(default=100, ge=1, le=1000),
+    account_id: IdPath, c: ContainerDep, _: Reader,
+    after: int | None = Query(default=None, ge=0, le=MAX_ID), limit: int = Query(default=100, ge=1, le=1000),
 ) -> StatementOut:
     account = c.ledger.get_account(account_id)
     d = c.ledger.get_asset(account.asset).decimals
@@ -135,7 +136,7 @@ def post_transaction(body: TransactionIn, c: ContainerDep, who: Backend, respons
 
 
 @router.post("/transactions/{transaction_id}/reverse", response_model=TransactionOut, status_code=201)
-def reverse(transaction_id: int, body: ReverseIn, c: ContainerDep, who: Admin, response: Response) -> TransactionOut:
+def reverse(transaction_id: IdPath, body: ReverseIn, c: ContainerDep, who: Admin, response: Response) -> TransactionOut:
     """Reverse a transaction written over the API whose reversal debits customer accounts only; a
     subsystem's transaction is corrected by a treasury adjustment (`transaction_not_reversible`)."""
     result = CallerLedger(c.ledger, who).reverse(transaction_id, body.idempotency_key)
@@ -156,12 +157,12 @@ def place_hold(body: HoldIn, c: ContainerDep, who: Backend, response: Response) 
 
 
 @router.get("/holds/{hold_id}", response_model=HoldOut)
-def get_hold(hold_id: int, c: ContainerDep, _: Reader) -> HoldOut:
+def get_hold(hold_id: IdPath, c: ContainerDep, _: Reader) -> HoldOut:
     return _hold_out(c.ledger, c.ledger.get_hold(hold_id))
 
 
 @router.post("/holds/{hold_id}/capture", response_model=TransactionOut, status_code=201)
-def capture(hold_id: int, body: CaptureIn, c: ContainerDep, who: Backend, response: Response) -> TransactionOut:
+def capture(hold_id: IdPath, body: CaptureIn, c: ContainerDep, who: Backend, response: Response) -> TransactionOut:
     hold = c.ledger.get_hold(hold_id)
     d = _decimals(c.ledger, hold.account_id)
     legs = [Transfer(hold.account_id, t.credit_account_id, parse_amount(t.amount, d)) for t in body.transfers]
@@ -172,7 +173,7 @@ def capture(hold_id: int, body: CaptureIn, c: ContainerDep, who: Backend, respon
 
 
 @router.post("/holds/{hold_id}/release", response_model=HoldOut)
-def release(hold_id: int, c: ContainerDep, who: Backend) -> HoldOut:
+def release(hold_id: IdPath, c: ContainerDep, who: Backend) -> HoldOut:
     return _hold_out(c.ledger, CallerLedger(c.ledger, who).release(hold_id))
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from custody.api.params import Id
 from ledger.amounts import format_amount
 
 Key = Field(min_length=1, max_length=200, description="idempotency key chosen from business ids")
@@ -45,8 +46,8 @@ class AccountOut(BaseModel):
 
 
 class TransferIn(Strict):
-    debit_account_id: int
-    credit_account_id: int
+    debit_account_id: Id
+    credit_account_id: Id
     amount: str = Field(description='decimal string in the asset\'s units, e.g. "0.5"')
 
 
@@ -68,14 +69,14 @@ class ReverseIn(Strict):
 
 class HoldIn(Strict):
     idempotency_key: str = Key
-    account_id: int
+    account_id: Id
     amount: str
     reference: str = Field(min_length=1, max_length=200)
     expires_at: dt.datetime | None = None
 
 
 class CaptureLegIn(Strict):
-    credit_account_id: int
+    credit_account_id: Id
     amount: str
 
 

@@ -14,6 +14,7 @@ from fastapi import APIRouter, Depends, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from custody.api.deps import Admin, Backend, ContainerDep, Reader
+from custody.api.params import MAX_ID
 from custody.trading import attach
 from ledger.amounts import format_amount, parse_amount
 from ledger.errors import LedgerError
@@ -260,7 +261,7 @@ def get_order_by_client_id(symbol: str, t: TradingDep, _: Reader, account: str =
 
 @router.get("/markets/{symbol}/fills")
 def list_fills(symbol: str, t: TradingDep, _: Reader, order_id: str | None = None,
-               account: str | None = None, after: int = Query(default=0, ge=0),
+               account: str | None = None, after: int = Query(default=0, ge=0, le=MAX_ID),
                limit: int = Query(default=100, ge=1, le=1000)) -> dict:
     u = _Units(t, symbol)
     rows = t.fills(symbol, order_id=order_id, account=account, after=after, limit=limit)

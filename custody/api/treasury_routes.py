@@ -29,6 +29,7 @@ from sqlalchemy import text
 from custody.api.bodies import CommentIn
 from custody.api.deps import Auditor, ContainerDep, Operator
 from custody.api.errors import ApiError
+from custody.api.params import IdPath
 from custody.container import Container
 from custody.states import IllegalTransition
 from ledger.amounts import format_amount
@@ -119,7 +120,7 @@ def run_rebalances(c: ContainerDep, _: Operator) -> list[RebalanceOut]:
 
 
 @router.post("/rebalances/{rebalance_id}/abandon", response_model=RebalanceOut)
-def abandon_rebalance(rebalance_id: int, body: CommentIn, c: ContainerDep, who: Operator) -> RebalanceOut:
+def abandon_rebalance(rebalance_id: IdPath, body: CommentIn, c: ContainerDep, who: Operator) -> RebalanceOut:
     """Operator decision: give up an open rebalance (never signed and stored); its coins are freed."""
     rebalances = _rebalances(c)
     with c.engine.connect() as conn:

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from custody.api.bodies import CommentIn
+from custody.api.params import Id, IdPath
 from custody.api.deps import Auditor, Backend, ContainerDep, Operator, Reader
 from custody.api.errors import ApiError
 from custody.withdrawals import AllowlistChangeView, AllowlistView, WithdrawalView
@@ -20,7 +21,7 @@ router = APIRouter(prefix="/v1", tags=["withdrawals"])
 class WithdrawalIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     client_withdrawal_id: str = Field(min_length=1, max_length=200)
-    account_id: int
+    account_id: Id
     amount: str = Field(description='decimal string in the asset\'s units, e.g. "0.25"')
     destination: str = Field(min_length=1, max_length=200)
     priority: Literal["normal", "fast"] = "normal"
@@ -106,7 +107,7 @@ def request_withdrawal(body: WithdrawalIn, c: ContainerDep, who: Backend, respon
 
 
 @router.get("/withdrawals/{withdrawal_id}", response_model=WithdrawalOut)
-def get_withdrawal(withdrawal_id: int, c: ContainerDep, _: Reader) -> WithdrawalOut:
+def get_withdrawal(withdrawal_id: IdPath, c: ContainerDep, _: Reader) -> WithdrawalOut:
     return _out(c, _svc(c).get(withdrawal_id))
 
 
@@ -118,12 +119,12 @@ def list_withdrawals(c: ContainerDep, _: Auditor, state: str = "pending_approval
 
 
 @router.post("/withdrawals/{withdrawal_id}/approve", response_model=WithdrawalOut)
-def approve(withdrawal_id: int, body: CommentIn, c: ContainerDep, who: Operator) -> WithdrawalOut:
+def approve(withdrawal_id: IdPath, body: CommentIn, c: ContainerDep, who: Operator) -> WithdrawalOut:
     return _out(c, _svc(c).approve(withdrawal_id, operator=f"api:{who.name}", comment=body.comment))
 
 
 @router.post("/withdrawals/{withdrawal_id}/reject", response_model=WithdrawalOut)
-def reject(withdrawal_id: int, body: CommentIn, c: ContainerDep, who: Operator) -> WithdrawalOut:
+def reject(withdrawal_id: IdPath, body: CommentIn, c: ContainerDep, who: Operator) -> WithdrawalOut:
     return _out(c, _svc(c).reject(withdrawal_id, operator=f"api:{who.name}", comment=body.comment))
 
 
@@ -140,7 +141,7 @@ def _allowlist_out(a: AllowlistView) -> AllowlistOut:
 
 
 @router.put("/accounts/{account_id}/allowlist", response_model=AllowlistOut)
-def set_allowlist(account_id: int, body: AllowlistPolicyIn, c: ContainerDep, who: Backend, response: Response) -> AllowlistOut:
+def set_allowlist(account_id: IdPath, body: AllowlistPolicyIn, c: ContainerDep, who: Backend, response: Response) -> AllowlistOut:
     """Turn on or change an account's destination allowlist (the backend relays the customer's choice).
     What tightens applies at once (200); what loosens waits for an operator (202, `pending_change`)."""
     view = _svc(c).set_allowlist(account_id, mode=body.mode, cooling_off=dt.timedelta(seconds=body.cooling_off_seconds),
@@ -151,12 +152,12 @@ def set_allowlist(account_id: int, body: AllowlistPolicyIn, c: ContainerDep, who
 
 
 @router.get("/accounts/{account_id}/allowlist", response_model=AllowlistOut)
-def get_allowlist(account_id: int, c: ContainerDep, _: Reader) -> AllowlistOut:
+def get_allowlist(account_id: IdPath, c: ContainerDep, _: Reader) -> AllowlistOut:
     return _allowlist_out(_svc(c).allowlist(account_id))
 
 
 @router.delete("/accounts/{account_id}/allowlist/{address}")
-def remove_destination(account_id: int, address: str, c: ContainerDep, who: Backend) -> dict:
+def remove_destination(account_id: IdPath, address: str, c: ContainerDep, who: Backend) -> dict:
     """Take a destination off the allowlist (a tightening: at once)."""
     return {"account_id": account_id, "address": address,
             "removed": _svc(c).remove_destination(account_id, address, by=f"api:{who.name}")}
@@ -171,16 +172,16 @@ def allowlist_changes(c: ContainerDep, _: Auditor,
 
 
 @router.post("/allowlist-changes/{change_id}/approve", response_model=AllowlistChangeOut)
-def approve_allowlist_change(change_id: int, body: CommentIn, c: ContainerDep, who: Operator) -> AllowlistChangeOut:
+def approve_allowlist_change(change_id: IdPath, body: CommentIn, c: ContainerDep, who: Operator) -> AllowlistChangeOut:
     """Operator decision: the loosening takes effect (entries already added keep their cooling-off)."""
     return _change_out(_svc(c).approve_allowlist_change(change_id, operator=f"api:{who.name}", comment=body.comment))
 
 
 @router.post("/allowlist-changes/{change_id}/reject", response_model=AllowlistChangeOut)
-def reject_allowlist_change(change_id: int, body: CommentIn, c: ContainerDep, who: Operator) -> AllowlistChangeOut:
+def reject_allowlist_change(change_id: IdPath, body: CommentIn, c: ContainerDep, who: Operator) -> AllowlistChangeOut:
     return _change_out(_svc(c).reject_allowlist_change(change_id, operator=f"api:{who.name}", comment=body.comment))
 
 
 @router.post("/accounts/{account_id}/allowlist", status_code=201)
-def allow_destination(account_id: int, body: AllowlistEntryIn, c: ContainerDep, who: Backend) -> dict:
+def allow_destination(account_id: IdPath, body: AllowlistEntryIn, c: ContainerDep, who: Backend) -> dict:
     return {"account_id": account_id, "address": _svc(c).allow_destination(account_id, body.address, by=f"api:{who.name}")}

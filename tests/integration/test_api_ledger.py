@@ -183,12 +183,15 @@ def test_console_page_is_served_and_uses_the_api(api):
     ("SerializationFailure", 503, "temporarily_unavailable"),
     ("LockNotAvailable", 503, "temporarily_unavailable"),
     ("AdminShutdown", 503, "temporarily_unavailable"),
-    ("UniqueViolation", 500, "internal_error"),
+    ("UniqueViolation", 409, "conflict"),
+    ("NumericValueOutOfRange", 422, "invalid_request"),
+    ("UndefinedTable", 500, "internal_error"),
 ])
 def test_a_transient_database_failure_is_503_and_the_retry_posts_once(api, ledger, monkeypatch, error, status, code):
     """A deadlock victim, serialization failure, lock timeout or lost server rolled the request back:
-    503 with Retry-After, and the same request (same idempotency key) then posts exactly once. Any
-    other database error stays a 500 without details."""
+    503 with Retry-After, and the same request (same idempotency key) then posts exactly once. A
+    duplicate row is 409 `conflict`, a refused value 422 `invalid_request` (custody/api/errors.py);
+    any other database error stays a 500 without details."""
     import psycopg
     from sqlalchemy.exc import DBAPIError
 
