@@ -24,11 +24,21 @@ An observation is not a credit. Each step is a job (APScheduler runs them; tests
    the credited amount is still available (`reorg_freeze_amount`), recorded in the incident. The
    customer's withdrawals, transfers and orders see that much less available until an operator
    resolves the incident (`custody.incidents`): release it to the customer, or capture it to
-   suspense so the books recover the shortfall.
+   suspense so the books recover the shortfall. The part of the credit that another hold on the
+   account hid from the freeze (an order's, a pending transfer's: it could be released and moved
+   away) is the incident's `remainder` (`reorg_remainder`); while it is above zero the account is
+   frozen for API debits, holds, captures and withdrawals until the incident is resolved, and a
+   capture takes what of it is available by then. When the deposit is re-mined, a capture already
+   made is reversed with the shortfall booking, in the same database transaction, audited.
+5. A deposit reorged out after finality and not re-mined (its shortfall booking stands) can be
+   neither released from quarantine nor returned: its coins are gone (`deposit_reorged_out`).
 
 Quarantine returns (`return_quarantined`) are withdrawals from the quarantine account that name
 their deposit: policy requires operators other than the one who asked, whatever the amount; the
 default destination is the deposit's original sender, and any other is flagged to the approvers.
+A return that ends unpaid (rejected by policy or an operator, dropped from a batch, its transaction
+failed) puts the deposit back to `quarantined` in the same database transaction (`reopen_returns`),
+so it can be released or returned again (a new withdrawal, `deposit-return:<id>:<attempt>`).
 """
 from __future__ import annotations
 
@@ -41,6 +51,8 @@ from sqlalchemy import Connection, Engine, text
 from chain_adapters.base import BlockRef, ChainAdapter, Observation, Watch
 from chain_adapters.errors import ReorgTooDeep
 from custody.controls import audit, emit, open_incident
+from custody.errors import CustodyError, CustodyErrorCode
+from custody.incidents import give_back_captures
 from custody.states import advance
 from custody.wallets import Wallets
 from ledger.errors import ErrorCode, LedgerError
@@ -58,6 +70,13 @@ def reorg_freeze_amount(credited: int, available: int) -> int:
     """How much of a reorged-out credit custody can still freeze: what the customer has not moved
     away yet (never more than the credit, never negative)."""
     return max(0, min(credited, available))
+
+
+def reorg_remainder(credited: int, frozen: int, held: int) -> int:
+    """How much of a reorged-out credit escaped the freeze only because other holds on the account
+    covered it: it comes back to `available` when they are released. What left the account before
+    the reorg is not counted (it is gone: the shortfall stays in suspense)."""
+    return max(0, min(credited - frozen, held))
 
 
 @dataclass(frozen=True)
@@ -215,23 +234,28 @@ class Deposits:
         lock, so the amount read is the amount held). Returns the incident's record of the hold."""
         headroom = self.ledger.lock_available([row.account_id], conn=c).get(row.account_id)
         amount = reorg_freeze_amount(int(row.amount), headroom.available if headroom else 0)
+        remainder = reorg_remainder(int(row.amount), amount, self.ledger.balance(row.account_id, conn=c).held)
         record = {"id": None, "account_id": row.account_id, "amount": str(amount), "owner": REORG_HOLD_OWNER,
-                  "capture_to": suspense}
+                  "capture_to": suspense, "remainder": str(remainder)}
         if amount > 0:
             record["id"] = self.ledger.place_hold(f"{key}:freeze", row.account_id, amount, owner=REORG_HOLD_OWNER,
                                                   reference=f"deposit-reorg:{row.id}", conn=c).id
-        log.error("deposit %s reorged out after its credit: %s of %s frozen on account %s", row.id, amount, row.amount,
-                  row.account_id)
+        log.error("deposit %s reorged out after its credit: %s of %s frozen on account %s (remainder %s: account frozen)",
+                  row.id, amount, row.amount, row.account_id, remainder)
         return record
 
     def _remined_after_deep_reorg(self, c: Connection, row, obs: Observation) -> None:
         key = _reorg_key(row, row.reorg_count - 1)  # the compensation booked before the count went up
         compensation = c.execute(text("SELECT id FROM journal_transaction WHERE idempotency_key = :k"), {"k": key}).first()
+        given_back: list[int] = []
         if compensation is not None:
-            self.ledger.reverse(compensation.id, f"deposit-remined:{row.id}:{row.reorg_count}:{obs.block.hash}", conn=c)
+            key = f"deposit-remined:{row.id}:{row.reorg_count}:{obs.block.hash}"
+            self.ledger.reverse(compensation.id, key, conn=c)
+            given_back = give_back_captures(c, self.ledger, compensation.id, key)
         c.execute(text("UPDATE deposit_observation SET block_hash = :h, block_height = :n, updated_at = now() WHERE id = :i"),
                   {"h": obs.block.hash, "n": obs.block.height, "i": row.id})
-        audit(c, "custody", "deposit.remined", f"observation:{row.id}", {"block_hash": obs.block.hash})
+        audit(c, "custody", "deposit.remined", f"observation:{row.id}",
+              {"block_hash": obs.block.hash, "captures_given_back": given_back})
 
     # ---- 2. confirm -----------------------------------------------------------------------
 
@@ -337,6 +361,7 @@ class Deposits:
                 return c.execute(text("SELECT id FROM journal_transaction WHERE idempotency_key = :k"), {"k": key}).scalar_one()
             if row.state != "quarantined":
                 raise LedgerError(ErrorCode.invalid_request, f"deposit {obs_id} is {row.state}, not quarantined")
+            _refuse_reorged_out(c, row)
             quarantine = self.wallets.firm_account("quarantine", row.asset, conn=c)
             tx = self.ledger.post(key, [Transfer(quarantine, row.account_id, int(row.amount))], kind="deposit_release",
                                   metadata={"observation_id": row.id, "operator": operator}, conn=c)
@@ -352,7 +377,8 @@ class Deposits:
         quorum of operators other than the one who asked (whatever the amount tier; a destination
         other than the original sender is flagged to them) and the signer's checks. The comment
         says why (and, for another destination, why there). Returns the withdrawal id; asking
-        again returns the same one."""
+        again returns the same one. A return that ended unpaid put the deposit back to
+        `quarantined` (`reopen_returns`): asking again then requests a new withdrawal."""
         if not comment.strip():
             raise LedgerError(ErrorCode.invalid_request, "a return needs a comment saying why")
         with self.engine.connect() as c:
@@ -366,28 +392,52 @@ class Deposits:
             raise LedgerError(ErrorCode.invalid_request, "the deposit has no single sender: name the destination")
         # First the deposit leaves `quarantined` under its row lock, so a release can no longer
         # happen; then the (idempotent) withdrawal is requested. A crash in between is finished by
-        # asking again: the deposit is `returned` without a withdrawal, and the request is repeated.
+        # asking again: the deposit is `returned` without a withdrawal, and the request is repeated
+        # (or the withdrawal it made is linked). A request that fails puts the deposit back.
         with self.engine.begin() as c:
-            current = c.execute(text("SELECT state, return_withdrawal_id FROM deposit_observation WHERE id = :i FOR UPDATE"),
-                                {"i": obs_id}).one()
-            if current.return_withdrawal_id is not None:
-                return current.return_withdrawal_id
+            current = c.execute(text(f"{_OBS_SQL} WHERE id = :i FOR UPDATE"), {"i": obs_id}).one()
+            linked = c.execute(text("SELECT return_withdrawal_id FROM deposit_observation WHERE id = :i"), {"i": obs_id}).scalar()
+            if linked is not None:
+                return linked
+            if current.state not in ("quarantined", "returned"):
+                raise LedgerError(ErrorCode.invalid_request, f"deposit {obs_id} is {current.state}, not quarantined")
+            _refuse_reorged_out(c, current)
+            live = c.execute(text(_LIVE_RETURN_SQL), {"o": obs_id, "ended": list(UNPAID_ENDS)}).scalar()
+            if live is not None and current.state == "returned":  # requested before a crash: link it
+                c.execute(text(_LINK_RETURN_SQL), {"w": live, "i": obs_id})
+                return live
             if current.state == "quarantined":
                 advance(c, "deposit_observation", obs_id, "quarantined", "returned")
                 audit(c, operator, "deposit.return", f"observation:{obs_id}",
                       {"comment": comment, "destination": destination, "original_senders": list(row.senders),
                        "to_original_sender": normalise_address(destination) in {normalise_address(a) for a in row.senders}})
-            elif current.state != "returned":
-                raise LedgerError(ErrorCode.invalid_request, f"deposit {obs_id} is {current.state}, not quarantined")
+            attempts = c.execute(text(_RETURN_ATTEMPTS_SQL), {"o": obs_id}).scalar_one()
         quarantine = self.wallets.firm_account("quarantine", row.asset)
         fee = self.wallets.chain_asset(row.asset).withdrawal_fee
-        w = withdrawals.request(client_withdrawal_id=f"deposit-return:{obs_id}", account_id=quarantine,
-                                amount=int(row.amount) - fee, destination=destination, requested_by=operator,
-                                _return_of_deposit=obs_id)
+        client_id = f"deposit-return:{obs_id}" if attempts == 0 else f"deposit-return:{obs_id}:{attempts + 1}"
+        try:
+            w = withdrawals.request(client_withdrawal_id=client_id, account_id=quarantine,
+                                    amount=int(row.amount) - fee, destination=destination, requested_by=operator,
+                                    _return_of_deposit=obs_id)
+        except Exception as exc:
+            self._undo_return(obs_id, operator, exc)
+            raise
         with self.engine.begin() as c:
-            c.execute(text("UPDATE deposit_observation SET return_withdrawal_id = :w, updated_at = now() WHERE id = :i"),
-                      {"w": w.id, "i": obs_id})
+            c.execute(text(_LINK_RETURN_SQL), {"w": w.id, "i": obs_id})
         return w.id
+
+    def _undo_return(self, obs_id: int, operator: str, error: Exception) -> None:
+        """The return's withdrawal could not be requested (nothing was written, or policy rejected
+        it): the deposit goes back to `quarantined` unless a live withdrawal returns it."""
+        with self.engine.begin() as c:
+            current = c.execute(text("SELECT state, return_withdrawal_id FROM deposit_observation WHERE id = :i FOR UPDATE"),
+                                {"i": obs_id}).one()
+            if current.state != "returned" or current.return_withdrawal_id is not None:
+                return
+            if c.execute(text(_LIVE_RETURN_SQL), {"o": obs_id, "ended": list(UNPAID_ENDS)}).first() is not None:
+                return
+            advance(c, "deposit_observation", obs_id, "returned", "quarantined")
+            audit(c, operator, "deposit.return_failed", f"observation:{obs_id}", {"error": str(error)[:500]})
 
     def list(self, *, account_id: int | None = None, state: str | None = None, limit: int = 200) -> list[dict]:
         with self.engine.connect() as c:
@@ -413,6 +463,74 @@ class Deposits:
 
 _OBS_SQL = ("SELECT id, chain, asset, txid, output_index, address, senders, amount, block_hash, block_height, confirmations, "
             "state, deposit_address_id, account_id, journal_transaction_id, reorg_count FROM deposit_observation")
+
+
+# Withdrawal states in which a withdrawal ended without paying anything.
+UNPAID_ENDS = ("rejected", "cancelled", "released", "failed")
+
+_LIVE_RETURN_SQL = """
+SELECT id
+FROM withdrawal_request
+WHERE return_of_deposit = :o
+  AND state <> ALL(:ended)
+ORDER BY id DESC
+LIMIT 1
+"""
+
+_RETURN_ATTEMPTS_SQL = "SELECT count(*) FROM withdrawal_request WHERE return_of_deposit = :o"
+
+# Linked only while the deposit is still `returned` (a return rejected in the meantime reopened it).
+_LINK_RETURN_SQL = """
+UPDATE deposit_observation
+SET return_withdrawal_id = :w, updated_at = now()
+WHERE id = :i
+  AND state = 'returned'
+"""
+
+_RETURNS_OF_SQL = """
+SELECT o.id AS deposit_id, w.id AS withdrawal_id, w.state
+FROM withdrawal_request w
+JOIN deposit_observation o ON o.id = w.return_of_deposit
+WHERE w.id = ANY(:w)
+  AND o.state = 'returned'
+  AND (o.return_withdrawal_id IS NULL OR o.return_withdrawal_id = w.id)
+ORDER BY o.id
+FOR UPDATE OF o
+"""
+
+# The shortfall booking of a deposit's latest reorg, if it still stands (not reversed by a re-mine).
+_STANDING_SHORTFALL_SQL = """
+SELECT t.id
+FROM journal_transaction t
+WHERE t.idempotency_key = :k
+  AND NOT EXISTS (SELECT 1 FROM journal_transaction r WHERE r.reverses_id = t.id)
+"""
+
+
+def reopen_returns(c: Connection, withdrawal_ids: Iterable[int], *, by: str, reason: str) -> list[int]:
+    """Withdrawals that ended unpaid (rejected, cancelled, released, failed): every deposit one of
+    them was returning goes back from `returned` to `quarantined`, its link cleared, in the
+    caller's database transaction (the one that ends the withdrawal), audited, so it can be
+    released or returned again. Returns the deposits reopened."""
+    rows = c.execute(text(_RETURNS_OF_SQL), {"w": sorted(set(withdrawal_ids))}).all()
+    for r in rows:
+        advance(c, "deposit_observation", r.deposit_id, "returned", "quarantined", return_withdrawal_id=None)
+        audit(c, by, "deposit.return_ended", f"observation:{r.deposit_id}",
+              {"withdrawal_id": r.withdrawal_id, "withdrawal_state": r.state, "reason": reason})
+        log.warning("deposit %s: its return (withdrawal %s) ended %s (%s); quarantined again", r.deposit_id,
+                    r.withdrawal_id, r.state, reason)
+    return [r.deposit_id for r in rows]
+
+
+def _refuse_reorged_out(c: Connection, row) -> None:
+    """Raise deposit_reorged_out while the deposit's transaction is out of the chain after finality
+    (its latest reorg's shortfall booking stands: not re-mined)."""
+    if row.reorg_count == 0:
+        return
+    if c.execute(text(_STANDING_SHORTFALL_SQL), {"k": _reorg_key(row, row.reorg_count - 1)}).first() is not None:
+        raise CustodyError(CustodyErrorCode.deposit_reorged_out,
+                           f"deposit {row.id} was reorged out after finality and is not re-mined: its coins are gone",
+                           deposit_id=row.id)
 
 
 def _deposit_key(row) -> str:

@@ -26,12 +26,14 @@
 | funding_own_transaction | 422 | the transaction is the hot wallet's own (sent by it, or a payout): booked by its own flow |
 | kind_not_permitted | 403 | the caller's role may not open, debit, credit or hold on an account of that kind (README: who may move money) |
 | account_name_reserved | 422 | an account opened over the API must be named `customer:<owner>:...`; other names belong to the firm |
+| account_frozen | 409 | a credit of this account was reorged out after finality and custody could not hold all of it: nothing may be debited or held on the account until an operator resolves the incident |
 | transaction_not_reversible | 409 | a subsystem wrote the transaction, or its reversal would move firm money: use a treasury adjustment |
 | adjustment_not_found | 404 | no treasury adjustment with that id |
 | proposer_cannot_approve | 403 | the operator who proposed a treasury adjustment may not approve it |
 | allowlist_change_not_found | 404 | no allowlist change with that id |
 | incident_not_found | 404 | no incident with that id |
 | incident_decision_invalid | 422 | the resolution's decision does not fit the incident (a held amount needs release or capture; a capture needs a shortfall still booked) |
+| deposit_reorged_out | 409 | the deposit's transaction left the chain after finality and was not re-mined: its coins cannot be released or returned |
 | retry_unknown | 404 | no withdrawal batch, sweep or rebalance with that id |
 | retry_not_set_aside | 409 | the withdrawal batch, sweep or rebalance is not set aside: there is nothing to retry |
 | no_customer_accounts | 409 | a proof-of-reserves report needs at least one customer account of the asset to commit to |
@@ -66,12 +68,14 @@ class CustodyErrorCode(str, enum.Enum):
     funding_own_transaction = "funding_own_transaction"
     kind_not_permitted = "kind_not_permitted"
     account_name_reserved = "account_name_reserved"
+    account_frozen = "account_frozen"
     transaction_not_reversible = "transaction_not_reversible"
     adjustment_not_found = "adjustment_not_found"
     proposer_cannot_approve = "proposer_cannot_approve"
     allowlist_change_not_found = "allowlist_change_not_found"
     incident_not_found = "incident_not_found"
     incident_decision_invalid = "incident_decision_invalid"
+    deposit_reorged_out = "deposit_reorged_out"
     retry_unknown = "retry_unknown"
     retry_not_set_aside = "retry_not_set_aside"
     no_customer_accounts = "no_customer_accounts"
@@ -106,12 +110,14 @@ _STATUS = {
     CustodyErrorCode.funding_own_transaction: 422,
     CustodyErrorCode.kind_not_permitted: 403,
     CustodyErrorCode.account_name_reserved: 422,
+    CustodyErrorCode.account_frozen: 409,
     CustodyErrorCode.transaction_not_reversible: 409,
     CustodyErrorCode.adjustment_not_found: 404,
     CustodyErrorCode.proposer_cannot_approve: 403,
     CustodyErrorCode.allowlist_change_not_found: 404,
     CustodyErrorCode.incident_not_found: 404,
     CustodyErrorCode.incident_decision_invalid: 422,
+    CustodyErrorCode.deposit_reorged_out: 409,
     CustodyErrorCode.retry_unknown: 404,
     CustodyErrorCode.retry_not_set_aside: 409,
     CustodyErrorCode.no_customer_accounts: 409,

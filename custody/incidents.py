@@ -4,12 +4,19 @@ Guarantees:
 - an incident is resolved exactly once (`resolved_at`, `resolved_by`, `resolution`); a second
   resolution is refused with `invalid_state`;
 - an incident that froze money (a hold recorded in its detail, e.g. the reorged-out credit of
-  `custody.deposits`) needs a decision: `release` gives the held amount back to the customer,
-  `capture` moves it to the account the incident names (suspense), so the books recover the
-  shortfall; the ledger effect commits with the resolution, or neither does;
+  `custody.deposits`), or that names a remainder of the credit custody could not hold, needs a
+  decision: `release` gives the held amount back to the customer, `capture` moves it to the account
+  the incident names (suspense), and with it as much of the remainder as the account has available
+  by then, so the books recover the shortfall; the ledger effect commits with the resolution, or
+  neither does;
+- while such an incident is unresolved and its remainder is above zero, the account is frozen:
+  no API posting debits it, no API hold is placed or captured on it, no withdrawal is requested
+  from it (`account_frozen`, `refuse_frozen`), so the part of the credit that an earlier hold hid
+  from the freeze cannot be released and moved away; the deposit re-mined lifts this;
 - `capture` is refused when the shortfall is no longer booked (the deposit was re-mined and its
   compensation reversed): custody never takes a customer's money for a loss that did not happen;
-- an incident without a hold takes no decision;
+  a capture made before the deposit is re-mined is given back when it is (`give_back_captures`);
+- an incident without a hold or a remainder takes no decision;
 - resolving does not release the kill switch: that stays an admin's separate act.
 
 Which decision applies is decided by `resolution_plan`, a pure function of the incident's record.
@@ -18,6 +25,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,7 +56,7 @@ def resolution_plan(detail: dict[str, Any], decision: str | None, *, shortfall_r
     """The ledger action a resolution takes (`release`, `capture` or None), or raise
     incident_decision_invalid when `decision` does not fit the incident."""
     hold = detail.get("hold") or {}
-    if hold.get("id") is None:
+    if hold.get("id") is None and _remainder(detail) == 0:
         if decision is not None:
             raise CustodyError(CustodyErrorCode.incident_decision_invalid, "this incident holds nothing: resolve it without a decision")
         return None
@@ -87,19 +95,95 @@ class Incidents:
 
     def _apply(self, c: Connection, incident: IncidentView, action: str) -> dict[str, Any]:
         hold_record = incident.detail["hold"]
-        hold = self.ledger.get_hold(int(hold_record["id"]), conn=c)
+        hold = self.ledger.get_hold(int(hold_record["id"]), conn=c) if hold_record.get("id") is not None else None
         if action == "release":
-            self.ledger.release_hold(hold.id, owner=hold_record["owner"], conn=c)
-            return {"released": str(hold.remaining)}
-        remaining = hold.remaining
-        tx = self.ledger.capture_hold(f"incident:{incident.id}:capture", hold.id,
-                                      [Transfer(hold.account_id, int(hold_record["capture_to"]), remaining)],
-                                      owner=hold_record["owner"], final=True, kind="incident_recovery",
-                                      metadata={"incident_id": incident.id}, conn=c)
-        return {"captured": str(remaining), "transaction_id": tx.transaction_id}
+            if hold is not None:
+                self.ledger.release_hold(hold.id, owner=hold_record["owner"], conn=c)
+            return {"released": str(hold.remaining if hold is not None else 0)}
+        effect: dict[str, Any] = {"captured": "0", "transaction_id": None}
+        if hold is not None:
+            tx = self.ledger.capture_hold(f"incident:{incident.id}:capture", hold.id,
+                                          [Transfer(hold.account_id, int(hold_record["capture_to"]), hold.remaining)],
+                                          owner=hold_record["owner"], final=True, kind="incident_recovery",
+                                          metadata={"incident_id": incident.id}, conn=c)
+            effect = {"captured": str(hold.remaining), "transaction_id": tx.transaction_id}
+        remainder = _remainder(incident.detail)
+        if remainder > 0:  # what an earlier hold hid from the freeze, as far as it is available now
+            account = int(hold_record["account_id"])
+            headroom = self.ledger.lock_available([account], conn=c).get(account)
+            amount = max(0, min(remainder, headroom.available if headroom else 0))
+            effect["captured_remainder"] = str(amount)
+            if amount > 0:
+                tx = self.ledger.post(f"incident:{incident.id}:capture-remainder",
+                                      [Transfer(account, int(hold_record["capture_to"]), amount)], kind="incident_recovery",
+                                      metadata={"incident_id": incident.id, "remainder": True}, conn=c)
+                effect["remainder_transaction_id"] = tx.transaction_id
+        return effect
+
+
+def refuse_frozen(conn: Connection | Engine, account_ids: Iterable[int]) -> None:
+    """Raise account_frozen if any of `account_ids` is frozen by an unresolved reorg incident with a
+    remainder (see the guarantees above). Called before an API debit, hold, capture or withdrawal."""
+    ids = sorted({int(a) for a in account_ids})
+    if not ids:
+        return
+    if isinstance(conn, Engine):
+        with conn.connect() as c:
+            return refuse_frozen(c, ids)
+    frozen = conn.execute(text(_FROZEN_SQL), {"a": ids}).first()
+    if frozen is not None:
+        raise CustodyError(CustodyErrorCode.account_frozen,
+                           f"account {frozen.account_id} is frozen: a credit of it was reorged out after finality "
+                           f"(incident {frozen.incident_id}); an operator must resolve the incident first",
+                           account_id=frozen.account_id, incident_id=frozen.incident_id)
+
+
+def give_back_captures(c: Connection, ledger: Ledger, suspense_transaction_id: int, key: str) -> list[int]:
+    """The deposit whose shortfall `suspense_transaction_id` booked is on chain again: reverse what
+    the resolution of its incident captured from the customer (to suspense), so the customer does
+    not pay for a loss that did not happen. Returns the reversals' transaction ids (none when
+    nothing was captured); each reversal is posted once (`key` names it)."""
+    incident = c.execute(text(_INCIDENT_OF_SHORTFALL_SQL), {"t": suspense_transaction_id}).first()
+    if incident is None:
+        return []
+    given = []
+    for suffix in ("capture", "capture-remainder"):
+        captured = c.execute(text(_CAPTURE_SQL), {"k": f"incident:{incident.id}:{suffix}"}).first()
+        if captured is not None and not captured.reversed:
+            given.append(ledger.reverse(captured.id, f"{key}:{suffix}", conn=c).transaction_id)
+    return given
 
 
 _INCIDENT_SQL = "SELECT id, kind, severity, detail, opened_at, resolved_at, resolved_by, resolution FROM incident"
+
+# An unresolved reorg incident with a remainder freezes its account, until the deposit is re-mined
+# (its shortfall booking reversed).
+_FROZEN_SQL = """
+SELECT i.id AS incident_id,
+       (i.detail->'hold'->>'account_id')::bigint AS account_id
+FROM incident i
+WHERE i.kind = 'deposit_reorged_after_finality'
+  AND i.resolved_at IS NULL
+  AND (i.detail->'hold'->>'account_id')::bigint = ANY(:a)
+  AND coalesce((i.detail->'hold'->>'remainder')::numeric, 0) > 0
+  AND NOT EXISTS (SELECT 1 FROM journal_transaction t WHERE t.reverses_id = (i.detail->>'suspense_transaction_id')::bigint)
+ORDER BY i.id
+LIMIT 1
+"""
+
+_INCIDENT_OF_SHORTFALL_SQL = """
+SELECT id
+FROM incident
+WHERE kind = 'deposit_reorged_after_finality'
+  AND (detail->>'suspense_transaction_id')::bigint = :t
+"""
+
+_CAPTURE_SQL = """
+SELECT t.id,
+       EXISTS (SELECT 1 FROM journal_transaction r WHERE r.reverses_id = t.id) AS reversed
+FROM journal_transaction t
+WHERE t.idempotency_key = :k
+"""
 
 
 def _reversed(c: Connection, detail: dict[str, Any]) -> bool:
@@ -108,6 +192,11 @@ def _reversed(c: Connection, detail: dict[str, Any]) -> bool:
     if booked is None:
         return False
     return c.execute(text("SELECT 1 FROM journal_transaction WHERE reverses_id = :t"), {"t": int(booked)}).first() is not None
+
+
+def _remainder(detail: dict[str, Any]) -> int:
+    """The part of a reorged-out credit that custody could not hold (hidden by an earlier hold)."""
+    return int((detail.get("hold") or {}).get("remainder") or 0)
 
 
 def _view(row) -> IncidentView:

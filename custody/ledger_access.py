@@ -11,6 +11,8 @@ authenticated caller and call it. It:
 - reverses only transactions written over the API whose reversal obeys the same table
   (`transaction_not_reversible`, 409): a subsystem's transaction is corrected by a treasury
   adjustment instead.
+- refuses a debit, a hold or a capture on an account frozen by a reorged-out credit that custody
+  could not hold in full (`account_frozen`, 409; `custody.incidents.refuse_frozen`).
 
 Account kinds never change after an account is opened, so checking them before the ledger's own
 locked checks leaves no window: the ledger then checks balances and limits under its locks.
@@ -23,6 +25,7 @@ from typing import Any
 
 from custody.auth import Principal
 from custody.errors import CustodyError, CustodyErrorCode
+from custody.incidents import refuse_frozen
 from custody.money_rules import (
     OWNER_PATTERN,
     MoneyAction,
@@ -107,11 +110,13 @@ class CallerLedger:
     def post(self, key: str, transfers: Sequence[Transfer], *, kind: str, metadata: dict[str, Any]) -> PostResult:
         self._require(MoneyAction.debit, (t.debit_account_id for t in transfers))
         self._require(MoneyAction.credit, (t.credit_account_id for t in transfers))
+        refuse_frozen(self.ledger.engine, (t.debit_account_id for t in transfers))  # a reorged-out credit
         return self.ledger.post(self.key(key), transfers, kind=kind, metadata=metadata)
 
     def place_hold(self, key: str, account_id: int, amount: int, *, reference: str,
                    expires_at: dt.datetime | None) -> Hold:
         self._require(MoneyAction.hold, [account_id])
+        refuse_frozen(self.ledger.engine, [account_id])
         return self.ledger.place_hold(self.key(key), account_id, amount, owner=self.hold_owner,
                                       reference=reference, expires_at=expires_at)
 
@@ -119,6 +124,7 @@ class CallerLedger:
         # The hold's owner check (only this caller's holds) is the ledger's, under its locks; a
         # hold is only ever placed on an account this caller may hold on.
         self._require(MoneyAction.credit, (t.credit_account_id for t in legs))
+        refuse_frozen(self.ledger.engine, [self.ledger.get_hold(hold_id).account_id])
         return self.ledger.capture_hold(self.key(key), hold_id, legs, owner=self.hold_owner, final=final)
 
     def release(self, hold_id: int) -> Hold:

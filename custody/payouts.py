@@ -47,6 +47,7 @@ from chain_adapters.errors import ChainError
 from custody.addresses import derive_btc_address, derive_eth_address
 from custody.containment import Retried, Step, contained, error_code, is_passing, reactivate
 from custody.controls import DRAIN, audit, emit, flag, kill_switch, open_incident, set_flag
+from custody.deposits import reopen_returns
 from custody.destinations import HOT_RECEIVE_INDEX, DestinationGuard, eth_payout_call
 from custody.errors import CustodyError, CustodyErrorCode
 from custody.states import advance, advance_many
@@ -256,6 +257,7 @@ class Payouts:
             if reason is not None:
                 self.ledger.release_hold(w.hold_id, owner=HOLD_OWNER, conn=c)
                 advance(c, "withdrawal", w.id, "approved", "rejected", reject_reasons=[reason])
+                reopen_returns(c, [w.id], by="custody", reason=reason)
                 emit(c, "withdrawal.rejected", f"withdrawal.rejected:{w.id}", {"withdrawal_id": w.id, "reason": reason})
             else:
                 keep.append(w)
@@ -334,6 +336,7 @@ class Payouts:
                 if hold.state.value == "pending":
                     self.ledger.release_hold(w.hold_id, owner=HOLD_OWNER, conn=c)
                 advance(c, "withdrawal", withdrawal_id, "batched", "rejected", batch_id=None, reject_reasons=[reason])
+                reopen_returns(c, [withdrawal_id], by="custody", reason=reason)
             if not self._batch_withdrawal_ids(c, batch_id):
                 advance(c, "batch", batch_id, "open", "abandoned")
                 c.execute(text("UPDATE wallet_utxo SET reserved_by = NULL WHERE reserved_by = :b"), {"b": batch_id})
@@ -729,6 +732,7 @@ class Payouts:
             for state, members in by_state.items():
                 advance_many(c, "withdrawal", members, state, "failed")
             advance_many(c, "withdrawal", ids, "failed", "released")
+            reopen_returns(c, ids, by="custody", reason="transaction_failed")
             for wid in ids:
                 emit(c, "withdrawal.released", f"withdrawal.released:{wid}", {"withdrawal_id": wid, "reason": "transaction_failed"})
             if status.reverted:  # ethereum: mined but failed; the value stayed, the gas did not

@@ -25,7 +25,7 @@ DEPOSIT_TRANSITIONS: Mapping[str, frozenset[str]] = {
     "quarantined": frozenset({"released", "returned"}),
     "credited": frozenset(),
     "released": frozenset(),
-    "returned": frozenset(),
+    "returned": frozenset({"quarantined"}),  # its return withdrawal ended unpaid (custody.deposits.reopen_returns)
     "dust": frozenset(),
 }
 

@@ -38,8 +38,10 @@ from typing import Callable
 from sqlalchemy import Connection, Engine, text
 
 from custody.controls import audit, emit, kill_switch
+from custody.deposits import reopen_returns
 from custody.destinations import DestinationGuard
 from custody.errors import CustodyError, CustodyErrorCode
+from custody.incidents import refuse_frozen
 from custody.policy_config import PolicyProvider
 from custody.states import advance
 from custody.wallets import Wallets
@@ -154,6 +156,7 @@ class Withdrawals:
         self.destinations.check_reserved(ca.chain, destination)
         destination, script = validate_destination(ca.chain, self.networks.get(ca.chain, "regtest"), destination)
         if not self._requested(account_id, client_withdrawal_id):  # a replay answers the original below
+            refuse_frozen(self.engine, [account_id])  # a reorged-out credit custody could not hold all of
             self.destinations.check_request(ca, account_id, destination, amount)
         fee = ca.withdrawal_fee_fast if priority == "fast" else ca.withdrawal_fee
         digest = hashlib.sha256(json.dumps([account_id, str(amount), destination, priority]).encode()).hexdigest()
@@ -201,6 +204,7 @@ class Withdrawals:
             reasons = [r.value for r in decision.reasons]
             self.ledger.release_hold(hold.id, owner=HOLD_OWNER, conn=c)
             advance(c, "withdrawal", wid, "held", "rejected", decision_id=decision_id, reject_reasons=reasons)
+            reopen_returns(c, [wid], by="policy", reason=",".join(reasons))
         emit(c, "withdrawal.requested", f"withdrawal.requested:{wid}",
              {"withdrawal_id": wid, "account_id": account_id, "outcome": decision.outcome.value})
         return _view(c.execute(text(f"{_W_SQL} WHERE id = :i"), {"i": wid}).one())
@@ -244,6 +248,7 @@ class Withdrawals:
         self.ledger.release_hold(w.hold_id, owner=HOLD_OWNER, conn=c)
         advance(c, "withdrawal", wid, "approved", "rejected", decision_id=decision_id,
                 reject_reasons=[r.value for r in decision.reasons])
+        reopen_returns(c, [wid], by="policy", reason=",".join(r.value for r in decision.reasons))
         emit(c, "withdrawal.rejected", f"withdrawal.rejected:{wid}:{decision_id}", {"withdrawal_id": wid})
         return "rejected"
 
@@ -284,6 +289,7 @@ class Withdrawals:
             if action == "reject":
                 self.ledger.release_hold(w.hold_id, owner=HOLD_OWNER, conn=c)
                 advance(c, "withdrawal", wid, w.state, "rejected", reject_reasons=["operator_rejected"])
+                reopen_returns(c, [wid], by=operator, reason="operator_rejected")
                 emit(c, "withdrawal.rejected", f"withdrawal.rejected:{wid}", {"withdrawal_id": wid, "by": operator})
             else:
                 approvals = c.execute(text("SELECT operator, at FROM approval WHERE decision_id = :d AND action = 'approve'"),

@@ -1,0 +1,219 @@
+"""Adversarial review of issue 11 (observations 4 and 10): what the reorg freeze and quarantine
+returns still let through, on the database without a node.
+
+Each scenario books a deposit the way the pipeline does (an observation made final, then
+`Deposits.credit`) on a chain of the test's own (so the e2e suites' reconciliation later in the same
+session never sees its location), then drives the pipeline's own reorg, re-mine and return steps.
+A reorg opens a critical incident, which engages the kill switch: each scenario resolves what it
+opened and releases the switch, so the session's other tests are not halted.
+
+- a reorged-out credit that the customer's own releasable hold (an API hold, an order) covered at
+  the moment of the reorg is not frozen: the hold is released and the money moved away;
+- a freeze captured to suspense stays in suspense when the deposit is re-mined: the customer pays
+  for a loss that did not happen;
+- a quarantine return that is rejected (by any operator, or by policy) strands the deposit in
+  `returned`: it can be neither released nor returned again.
+"""
+from __future__ import annotations
+
+import logging
+import uuid
+
+import pytest
+from sqlalchemy import text
+
+from chain_adapters.base import BlockRef, Observation
+from custody.controls import set_kill_switch
+from custody.incidents import Incidents
+from regtest.util import assert_equal
+from signer.keys import Secret, SignerKeys, seed_from_text
+from tests.integration.withdrawal_api import DEST, WithdrawalApi
+
+log = logging.getLogger(__name__)
+SENDER = "bcrt1qk8tdfzpr0f5gknhjq97e96mjufr8a93au6auez"  # the depositor's address (not ours)
+
+
+@pytest.fixture(scope="module")
+def api(engine) -> WithdrawalApi:
+    api = WithdrawalApi(engine)
+    keys = SignerKeys(seed_from_text(Secret("abandon " * 11 + "about")), "regtest")
+    api.custody.wallets.register_wallet("bitcoin", "deposit", "regtest", keys.account_xpub("bitcoin", "deposit"))
+    return api
+
+
+class Chain:
+    """Deposits on a chain of the test's own, booked by the pipeline's own steps."""
+
+    def __init__(self, api: WithdrawalApi) -> None:
+        self.api = api
+        self.name = f"test{uuid.uuid4().hex[:8]}"
+        self.deposits = api.custody.deposits
+
+    def deposit(self, account_id: int, amount: int, *, block: str = "b1") -> Observation:
+        """A final observation of `amount` to a deposit address of `account_id`, credited (or
+        quarantined, when its sender is denylisted) by `Deposits.credit`."""
+        address = self.api.custody.wallets.issue_address(uuid.uuid4().hex, account_id)
+        obs = Observation("BTC", uuid.uuid4().hex, 0, address.address, amount, BlockRef(100, f"{block}-{self.name}"), (SENDER,))
+        with self.api.custody.engine.begin() as c:
+            c.execute(text("INSERT INTO deposit_observation (chain, asset, txid, output_index, address, senders, amount, "
+                           "block_hash, block_height, confirmations, state, deposit_address_id, account_id) "
+                           "VALUES (:ch, 'BTC', :t, 0, :a, :s, :amt, :h, 100, 6, 'final', :d, :acc)"),
+                      {"ch": self.name, "t": obs.txid, "a": obs.address, "s": [SENDER], "amt": amount,
+                       "h": obs.block.hash, "d": address.id, "acc": account_id})
+        self.deposits.credit(self.name)
+        return obs
+
+    def reorg_out(self, obs: Observation) -> None:
+        with self.api.custody.engine.begin() as c:
+            assert_equal(self.deposits._orphan(c, self.name, obs), "incident")
+
+    def remine(self, obs: Observation, block: str) -> None:
+        with self.api.custody.engine.begin() as c:
+            row = c.execute(text("SELECT * FROM deposit_observation WHERE chain = :c AND txid = :t"),
+                            {"c": self.name, "t": obs.txid}).one()
+            self.deposits._remined_after_deep_reorg(c, row, Observation(
+                obs.asset, obs.txid, obs.index, obs.address, obs.amount, BlockRef(101, f"{block}-{self.name}"), obs.senders))
+
+    def observation_id(self, obs: Observation) -> int:
+        with self.api.custody.engine.connect() as c:
+            return c.execute(text("SELECT id FROM deposit_observation WHERE chain = :c AND txid = :t"),
+                             {"c": self.name, "t": obs.txid}).scalar_one()
+
+    def incident(self, obs: Observation) -> int:
+        with self.api.custody.engine.connect() as c:
+            return c.execute(text("SELECT id FROM incident WHERE kind = 'deposit_reorged_after_finality' "
+                                  "AND (detail->>'observation_id')::bigint = :o ORDER BY id DESC LIMIT 1"),
+                             {"o": self.observation_id(obs)}).scalar_one()
+
+    def settle(self, obs: Observation, decision: str | None) -> None:
+        """Resolve the reorg's incident (if still open) and release the kill switch it engaged."""
+        incidents = Incidents(self.api.custody.engine, self.api.custody.ledger)
+        incident = incidents.resolve(self.incident(obs), operator="review-cleanup", comment="test cleanup", decision=decision) \
+            if not self._resolved(obs) else None
+        with self.api.custody.engine.begin() as c:
+            set_kill_switch(c, False, "review test cleanup", "review-cleanup")
+        return incident
+
+    def _resolved(self, obs: Observation) -> bool:
+        with self.api.custody.engine.connect() as c:
+            return c.execute(text("SELECT resolved_at IS NOT NULL FROM incident WHERE id = :i"),
+                             {"i": self.incident(obs)}).scalar_one()
+
+
+def customer(api: WithdrawalApi, who: str) -> int:
+    owner = f"{who}-{uuid.uuid4().hex[:8]}"
+    r = api.backend.post("/v1/accounts", json={"asset": "BTC", "kind": "customer", "owner": owner,
+                                               "name": f"customer:{owner}:BTC"})
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+def test_a_reorged_out_credit_covered_by_a_releasable_hold_is_not_frozen(api, ledger):
+    """The freeze holds min(credit, available): a hold the backend placed before the reorg (an
+    order's, a pending transfer's) makes `available` 0, so nothing is frozen; the backend then
+    releases its own hold and moves the whole credit to another customer."""
+    chain = Chain(api)
+    mallory, accomplice = customer(api, "mallory"), customer(api, "accomplice")
+    obs = chain.deposit(mallory, 50_000_000)
+    assert_equal(ledger.balance(mallory).available, 50_000_000)
+    log.info("the backend holds the whole credit (an open order, say); then the deposit is reorged out")
+    hold = api.backend.post("/v1/holds", json={"idempotency_key": f"order-{obs.txid}", "account_id": mallory,
+                                               "amount": "0.5", "reference": "order"}).json()
+    chain.reorg_out(obs)
+    frozen = ledger.balance(mallory).held - 50_000_000
+    log.info("custody froze %d of the reorged-out 0.5 BTC", frozen)
+    log.info("the attack: release the backend's own hold and move the credit to another customer")
+    assert_equal(api.backend.post(f"/v1/holds/{hold['id']}/release").status_code, 200)
+    r = api.backend.post("/v1/transactions", json={"idempotency_key": f"away-{obs.txid}", "transfers": [
+        {"debit_account_id": mallory, "credit_account_id": accomplice, "amount": "0.5"}]})
+    log.info("-> %d %s", r.status_code, r.text[:120])
+    moved = ledger.balance(accomplice).posted
+    log.info("nor hold it again, nor (the kill switch released by an admin, the incident still open) withdraw it")
+    again = api.backend.post("/v1/holds", json={"idempotency_key": f"again-{obs.txid}", "account_id": mallory,
+                                                "amount": "0.5", "reference": "order"})
+    with api.custody.engine.begin() as c:
+        set_kill_switch(c, False, "review test: switch released before the incident is resolved", "review-admin")
+    out = api.backend.post("/v1/withdrawals", json={"client_withdrawal_id": f"out-{obs.txid}", "account_id": mallory,
+                                                    "amount": "0.4", "destination": DEST})
+    log.info("the operator captures the remainder to suspense: the books recover the whole credit")
+    suspense = api.custody.wallets.firm_account("suspense", "BTC")
+    suspense_before = ledger.balance(suspense).posted
+    resolution = chain.settle(obs, "capture").resolution
+    recovered = ledger.balance(suspense).posted - suspense_before
+    # the reorged-out credit stays frozen until resolved, and the capture takes it back
+    assert_equal((r.status_code, r.json()["error"]["code"], moved), (409, "account_frozen", 0))
+    assert_equal([again.json()["error"]["code"], out.json()["error"]["code"]], ["account_frozen", "account_frozen"])
+    assert_equal((frozen, resolution["captured_remainder"], recovered, ledger.balance(mallory).posted), (0, "50000000", 50_000_000, 0))
+
+
+def test_a_freeze_captured_to_suspense_is_given_back_when_the_deposit_is_re_mined(api, ledger):
+    """An operator captures a reorged-out credit to suspense; later the same transaction is re-mined
+    and custody reverses its shortfall booking. The customer's captured amount stays in suspense:
+    the deposit is on chain again, the pool location matches the chain, and only the customer is
+    short (reconciliation sees nothing: suspense holds the difference)."""
+    chain = Chain(api)
+    alice = customer(api, "alice")
+    obs = chain.deposit(alice, 30_000_000)
+    suspense = api.custody.wallets.firm_account("suspense", "BTC")
+    suspense_before = ledger.balance(suspense).posted
+    chain.reorg_out(obs)
+    log.info("an operator captures the frozen credit to suspense (the deposit looks lost)")
+    chain.settle(obs, "capture")
+    assert_equal(ledger.balance(alice).posted, 0)
+    log.info("the deposit's transaction is re-mined in another block: the shortfall booking is reversed")
+    chain.remine(obs, "b2")
+    log.info("customer %d, suspense moved by %d", ledger.balance(alice).posted, ledger.balance(suspense).posted - suspense_before)
+    assert_equal((ledger.balance(alice).posted, ledger.balance(suspense).posted - suspense_before), (30_000_000, 0))
+
+
+def test_a_rejected_quarantine_return_leaves_the_deposit_releasable(api, ledger):
+    """Operator A asks to return a quarantined deposit; operator B disagrees and rejects the return
+    withdrawal. The deposit was moved to `returned` before the withdrawal was requested, and nothing
+    moves it back: it can no longer be released to the customer nor returned again (a return that
+    policy rejects, e.g. below the minimum withdrawal after the fee, strands it the same way)."""
+    chain = Chain(api)
+    bob = customer(api, "bob")
+    with api.custody.engine.begin() as c:
+        c.execute(text("INSERT INTO denylist_address (address, reason) VALUES (:a, 'review test') ON CONFLICT DO NOTHING"),
+                  {"a": SENDER})
+    try:
+        obs = chain.deposit(bob, 20_000_000)
+    finally:
+        with api.custody.engine.begin() as c:
+            c.execute(text("DELETE FROM denylist_address WHERE address = :a"), {"a": SENDER})
+    deposit_id = chain.observation_id(obs)
+    r = api.operator(1).post(f"/v1/deposits/{deposit_id}/return", json={"comment": "send it back", "destination": DEST})
+    assert r.status_code == 200, r.text
+    wid = r.json()["withdrawal_id"]
+    log.info("return withdrawal %s is %s; a second operator rejects it", wid, r.json()["state"])
+    assert_equal(api.operator(2).post(f"/v1/withdrawals/{wid}/reject", json={"comment": "release it instead"}).status_code, 200)
+    log.info("the operators now release the deposit to its customer")
+    r = api.operator(2).post(f"/v1/deposits/{deposit_id}/release", json={"comment": "cleared"})
+    log.info("-> %d %s", r.status_code, r.text[:160])
+    assert_equal(r.status_code, 200)
+    assert_equal(ledger.balance(bob).posted, 20_000_000)
+
+
+def test_a_quarantined_deposit_reorged_out_can_no_longer_be_released(api, ledger):
+    """A quarantined deposit is reorged out after finality: custody books the shortfall to suspense
+    and opens the critical incident, but the observation stays `quarantined` and nothing else
+    changes. An operator then releases it (or returns it to its sender) as if the coins were there:
+    the customer is credited from quarantine with money that is no longer on chain (the same
+    shortfall the freeze protects against for a credited deposit)."""
+    chain = Chain(api)
+    carol = customer(api, "carol")
+    with api.custody.engine.begin() as c:
+        c.execute(text("INSERT INTO denylist_address (address, reason) VALUES (:a, 'review test') ON CONFLICT DO NOTHING"),
+                  {"a": SENDER})
+    try:
+        obs = chain.deposit(carol, 40_000_000)
+    finally:
+        with api.custody.engine.begin() as c:
+            c.execute(text("DELETE FROM denylist_address WHERE address = :a"), {"a": SENDER})
+    log.info("the quarantined deposit is reorged out after finality")
+    chain.reorg_out(obs)
+    chain.settle(obs, None)  # the incident holds nothing: resolved without a decision; the switch released
+    log.info("an operator releases the quarantined deposit to its customer")
+    r = api.operator(1).post(f"/v1/deposits/{chain.observation_id(obs)}/release", json={"comment": "cleared by compliance"})
+    log.info("-> %d %s; customer balance %d", r.status_code, r.text[:120], ledger.balance(carol).posted)
+    assert_equal((r.status_code >= 400, ledger.balance(carol).posted), (True, 0))
