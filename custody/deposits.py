@@ -411,10 +411,11 @@ class Deposits:
                 audit(c, operator, "deposit.return", f"observation:{obs_id}",
                       {"comment": comment, "destination": destination, "original_senders": list(row.senders),
                        "to_original_sender": normalise_address(destination) in {normalise_address(a) for a in row.senders}})
-            attempts = c.execute(text(_RETURN_ATTEMPTS_SQL), {"o": obs_id}).scalar_one()
-        quarantine = self.wallets.firm_account("quarantine", row.asset)
+            quarantine = self.wallets.firm_account("quarantine", row.asset, conn=c)
+            base = f"deposit-return:{obs_id}"
+            attempts = c.execute(text(_RETURN_ATTEMPTS_SQL), {"q": quarantine, "base": base, "more": f"{base}:%"}).scalar_one()
         fee = self.wallets.chain_asset(row.asset).withdrawal_fee
-        client_id = f"deposit-return:{obs_id}" if attempts == 0 else f"deposit-return:{obs_id}:{attempts + 1}"
+        client_id = base if attempts == 0 else f"{base}:{attempts + 1}"
         try:
             w = withdrawals.request(client_withdrawal_id=client_id, account_id=quarantine,
                                     amount=int(row.amount) - fee, destination=destination, requested_by=operator,
@@ -477,7 +478,21 @@ ORDER BY id DESC
 LIMIT 1
 """
 
-_RETURN_ATTEMPTS_SQL = "SELECT count(*) FROM withdrawal_request WHERE return_of_deposit = :o"
+# Every return withdrawal a deposit had (an ended one no longer names its deposit: see reopen_returns).
+_RETURN_ATTEMPTS_SQL = """
+SELECT count(*)
+FROM withdrawal_request
+WHERE account_id = :q
+  AND (client_withdrawal_id = :base OR client_withdrawal_id LIKE :more)
+"""
+
+# An ended return lets go of its deposit: one withdrawal at most names a deposit (a unique column),
+# and the next return needs it. The link stays in its policy decision's record and the audit event.
+_RELEASE_RETURN_OF_SQL = """
+UPDATE withdrawal_request
+SET return_of_deposit = NULL, updated_at = now()
+WHERE id = :w
+"""
 
 # Linked only while the deposit is still `returned` (a return rejected in the meantime reopened it).
 _LINK_RETURN_SQL = """
@@ -511,10 +526,12 @@ def reopen_returns(c: Connection, withdrawal_ids: Iterable[int], *, by: str, rea
     """Withdrawals that ended unpaid (rejected, cancelled, released, failed): every deposit one of
     them was returning goes back from `returned` to `quarantined`, its link cleared, in the
     caller's database transaction (the one that ends the withdrawal), audited, so it can be
-    released or returned again. Returns the deposits reopened."""
+    released or returned again (the ended withdrawal no longer names it: the audit event and its
+    policy decision's record do). Returns the deposits reopened."""
     rows = c.execute(text(_RETURNS_OF_SQL), {"w": sorted(set(withdrawal_ids))}).all()
     for r in rows:
         advance(c, "deposit_observation", r.deposit_id, "returned", "quarantined", return_withdrawal_id=None)
+        c.execute(text(_RELEASE_RETURN_OF_SQL), {"w": r.withdrawal_id})
         audit(c, by, "deposit.return_ended", f"observation:{r.deposit_id}",
               {"withdrawal_id": r.withdrawal_id, "withdrawal_state": r.state, "reason": reason})
         log.warning("deposit %s: its return (withdrawal %s) ended %s (%s); quarantined again", r.deposit_id,

@@ -217,3 +217,110 @@ def test_a_quarantined_deposit_reorged_out_can_no_longer_be_released(api, ledger
     r = api.operator(1).post(f"/v1/deposits/{chain.observation_id(obs)}/release", json={"comment": "cleared by compliance"})
     log.info("-> %d %s; customer balance %d", r.status_code, r.text[:120], ledger.balance(carol).posted)
     assert_equal((r.status_code >= 400, ledger.balance(carol).posted), (True, 0))
+
+
+# ---- the fixes' edges (branch deposits2) ------------------------------------------------------------------------------
+
+def quarantined(api: WithdrawalApi, chain: Chain, account_id: int, amount: int) -> Observation:
+    """A deposit from a denylisted sender: booked to quarantine."""
+    with api.custody.engine.begin() as c:
+        c.execute(text("INSERT INTO denylist_address (address, reason) VALUES (:a, 'review test') ON CONFLICT DO NOTHING"),
+                  {"a": SENDER})
+    try:
+        return chain.deposit(account_id, amount)
+    finally:
+        with api.custody.engine.begin() as c:
+            c.execute(text("DELETE FROM denylist_address WHERE address = :a"), {"a": SENDER})
+
+
+def error_code(r) -> tuple[int, str]:
+    return r.status_code, r.json()["error"]["code"]
+
+
+def test_a_return_policy_rejects_leaves_the_deposit_quarantined(api, ledger):
+    """A return whose amount after the network fee is below the minimum withdrawal is rejected by
+    policy inside the request: the deposit goes back to `quarantined` in that same transaction."""
+    chain = Chain(api)
+    dave = customer(api, "dave")
+    obs = quarantined(api, chain, dave, 12_000)  # 12,000 - 5,000 fee is below the 10,000 minimum
+    deposit_id = chain.observation_id(obs)
+    r = api.operator(1).post(f"/v1/deposits/{deposit_id}/return", json={"comment": "send it back"})
+    log.info("-> %d %s", r.status_code, r.text[:160])
+    assert_equal(error_code(r), (422, "withdrawal_rejected"))
+    assert_equal(api.custody.deposits.list(account_id=dave)[0]["state"], "quarantined")
+    with api.custody.engine.connect() as c:
+        ended = c.execute(text("SELECT detail->>'reason' FROM audit_event WHERE action = 'deposit.return_ended' AND subject = :s"),
+                          {"s": f"observation:{deposit_id}"}).scalars().all()
+    assert_equal(["amount_below_minimum" in reason.split(",") for reason in ended], [True])
+    assert_equal(api.operator(2).post(f"/v1/deposits/{deposit_id}/release", json={"comment": "cleared"}).status_code, 200)
+    assert_equal(ledger.balance(dave).posted, 12_000)
+
+
+def test_a_rejected_return_can_be_asked_again_as_a_new_withdrawal(api, ledger):
+    """After a rejected return the deposit is `quarantined`; a second return is a new withdrawal
+    (its own client withdrawal id), not a replay of the rejected one."""
+    chain = Chain(api)
+    erin = customer(api, "erin")
+    deposit_id = chain.observation_id(quarantined(api, chain, erin, 20_000_000))
+    first = api.operator(1).post(f"/v1/deposits/{deposit_id}/return", json={"comment": "back", "destination": DEST}).json()
+    assert_equal(api.operator(2).post(f"/v1/withdrawals/{first['withdrawal_id']}/reject", json={"comment": "no"}).status_code, 200)
+    r = api.operator(1).post(f"/v1/deposits/{deposit_id}/return", json={"comment": "back, to the sender this time"})
+    assert r.status_code == 200, r.text
+    second = api.custody.withdrawals.get(int(r.json()["withdrawal_id"]))
+    log.info("second return: withdrawal %s %s (%s)", second.id, second.state, second.client_withdrawal_id)
+    assert_equal((second.id != int(first["withdrawal_id"]), second.state, second.client_withdrawal_id),
+                 (True, "pending_approval", f"deposit-return:{deposit_id}:2"))
+    assert_equal(api.custody.deposits.list(account_id=erin)[0]["state"], "returned")
+    api.custody.withdrawals.reject(second.id, operator="op-cleanup", comment="test cleanup")
+    assert_equal(api.custody.deposits.list(account_id=erin)[0]["state"], "quarantined")
+
+
+def test_a_reorged_out_quarantined_deposit_is_not_returned_and_is_releasable_once_re_mined(api, ledger):
+    chain = Chain(api)
+    frank = customer(api, "frank")
+    obs = quarantined(api, chain, frank, 40_000_000)
+    deposit_id = chain.observation_id(obs)
+    chain.reorg_out(obs)
+    chain.settle(obs, None)
+    r = api.operator(1).post(f"/v1/deposits/{deposit_id}/return", json={"comment": "send it back", "destination": DEST})
+    assert_equal(error_code(r), (409, "deposit_reorged_out"))
+    assert_equal(api.custody.deposits.list(account_id=frank)[0]["state"], "quarantined")
+    log.info("re-mined: the coins are there again, and the operators may release it")
+    chain.remine(obs, "b2")
+    assert_equal(api.operator(1).post(f"/v1/deposits/{deposit_id}/release", json={"comment": "cleared"}).status_code, 200)
+    assert_equal(ledger.balance(frank).posted, 40_000_000)
+
+
+def test_a_re_mined_deposit_unfreezes_the_account_and_gives_back_a_captured_remainder(api, ledger):
+    """Two deposits of one customer, each hidden from the freeze by the backend's hold: the first is
+    re-mined before the incident is resolved (the account is usable again at once); the second is
+    captured to suspense (the remainder too) and then re-mined (every capture is given back)."""
+    chain = Chain(api)
+    grace, other = customer(api, "grace"), customer(api, "other")
+    suspense = api.custody.wallets.firm_account("suspense", "BTC")
+    suspense_before = ledger.balance(suspense).posted
+    first = chain.deposit(grace, 10_000_000)
+    hold = api.backend.post("/v1/holds", json={"idempotency_key": f"order-{first.txid}", "account_id": grace,
+                                               "amount": "0.1", "reference": "order"}).json()
+    chain.reorg_out(first)
+    assert_equal(api.backend.post(f"/v1/holds/{hold['id']}/release").status_code, 200)
+    move = {"idempotency_key": f"move-{first.txid}", "transfers": [
+        {"debit_account_id": grace, "credit_account_id": other, "amount": "0.01"}]}
+    assert_equal(error_code(api.backend.post("/v1/transactions", json=move)), (409, "account_frozen"))
+    chain.remine(first, "b2")
+    assert_equal(api.backend.post("/v1/transactions", json=move).status_code, 201)
+    chain.settle(first, "release")
+
+    second = chain.deposit(grace, 30_000_000, block="b3")
+    hold = api.backend.post("/v1/holds", json={"idempotency_key": f"order-{second.txid}", "account_id": grace,
+                                               "amount": "0.35", "reference": "order"}).json()
+    chain.reorg_out(second)
+    assert_equal(api.backend.post(f"/v1/holds/{hold['id']}/release").status_code, 200)
+    resolution = chain.settle(second, "capture").resolution
+    log.info("captured %s (remainder %s); grace has %d", resolution["captured"], resolution["captured_remainder"],
+             ledger.balance(grace).posted)
+    # 39M posted, 35M held by the backend: 4M frozen, 26M hidden behind the backend's hold
+    assert_equal((resolution["captured"], resolution["captured_remainder"]), ("4000000", "26000000"))
+    chain.remine(second, "b4")
+    assert_equal((ledger.balance(grace).posted, ledger.balance(other).posted), (39_000_000, 1_000_000))
+    assert_equal(ledger.balance(suspense).posted, suspense_before)
