@@ -31,7 +31,9 @@ An observation is not a credit. Each step is a job (APScheduler runs them; tests
    capture takes what of it is available by then. When the deposit is re-mined, a capture already
    made is reversed with the shortfall booking, in the same database transaction, audited.
 5. A deposit reorged out after finality and not re-mined (its shortfall booking stands) can be
-   neither released from quarantine nor returned: its coins are gone (`deposit_reorged_out`).
+   neither released from quarantine nor returned: its coins are gone (`deposit_reorged_out`). A
+   return already requested is not approved, and one already approved is rejected at batching
+   (`return_reorged_out`), which puts the deposit back to `quarantined`.
 
 Quarantine returns (`return_quarantined`) are withdrawals from the quarantine account that name
 their deposit: policy requires operators other than the one who asked, whatever the amount; the
@@ -522,6 +524,9 @@ WHERE t.idempotency_key = :k
 """
 
 
+_RETURNED_DEPOSIT_SQL = f"{_OBS_SQL} WHERE id = (SELECT return_of_deposit FROM withdrawal_request WHERE id = :w)"
+
+
 def reopen_returns(c: Connection, withdrawal_ids: Iterable[int], *, by: str, reason: str) -> list[int]:
     """Withdrawals that ended unpaid (rejected, cancelled, released, failed): every deposit one of
     them was returning goes back from `returned` to `quarantined`, its link cleared, in the
@@ -539,12 +544,23 @@ def reopen_returns(c: Connection, withdrawal_ids: Iterable[int], *, by: str, rea
     return [r.deposit_id for r in rows]
 
 
-def _refuse_reorged_out(c: Connection, row) -> None:
-    """Raise deposit_reorged_out while the deposit's transaction is out of the chain after finality
-    (its latest reorg's shortfall booking stands: not re-mined)."""
+def return_reorged_out(c: Connection, withdrawal_id: int) -> bool:
+    """Does the withdrawal return a deposit that was reorged out after finality (and not re-mined)?
+    Such a return would pay out coins the firm no longer has: it is not approved nor paid."""
+    row = c.execute(text(_RETURNED_DEPOSIT_SQL), {"w": withdrawal_id}).first()
+    return row is not None and _reorged_out(c, row)
+
+
+def _reorged_out(c: Connection, row) -> bool:
+    """Is the deposit's transaction out of the chain after finality (its latest reorg's shortfall
+    booking stands: not re-mined)?"""
     if row.reorg_count == 0:
-        return
-    if c.execute(text(_STANDING_SHORTFALL_SQL), {"k": _reorg_key(row, row.reorg_count - 1)}).first() is not None:
+        return False
+    return c.execute(text(_STANDING_SHORTFALL_SQL), {"k": _reorg_key(row, row.reorg_count - 1)}).first() is not None
+
+
+def _refuse_reorged_out(c: Connection, row) -> None:
+    if _reorged_out(c, row):
         raise CustodyError(CustodyErrorCode.deposit_reorged_out,
                            f"deposit {row.id} was reorged out after finality and is not re-mined: its coins are gone",
                            deposit_id=row.id)

@@ -47,7 +47,7 @@ from chain_adapters.errors import ChainError
 from custody.addresses import derive_btc_address, derive_eth_address
 from custody.containment import Retried, Step, contained, error_code, is_passing, reactivate
 from custody.controls import DRAIN, audit, emit, flag, kill_switch, open_incident, set_flag
-from custody.deposits import reopen_returns
+from custody.deposits import reopen_returns, return_reorged_out
 from custody.destinations import HOT_RECEIVE_INDEX, DestinationGuard, eth_payout_call
 from custody.errors import CustodyError, CustodyErrorCode
 from custody.states import advance, advance_many
@@ -254,6 +254,8 @@ class Payouts:
             # request: custody.destinations): dropped without holding up the rest
             refused = self.destinations.refusal_at_payout(c, w)
             reason = "destination_sanctioned" if w.destination.lower() in denied else refused.value if refused else None
+            if reason is None and return_reorged_out(c, w.id):
+                reason = "deposit_reorged_out"  # a quarantine return whose coins left the chain
             if reason is not None:
                 self.ledger.release_hold(w.hold_id, owner=HOLD_OWNER, conn=c)
                 advance(c, "withdrawal", w.id, "approved", "rejected", reject_reasons=[reason])

@@ -38,7 +38,7 @@ from typing import Callable
 from sqlalchemy import Connection, Engine, text
 
 from custody.controls import audit, emit, kill_switch
-from custody.deposits import reopen_returns
+from custody.deposits import reopen_returns, return_reorged_out
 from custody.destinations import DestinationGuard
 from custody.errors import CustodyError, CustodyErrorCode
 from custody.incidents import refuse_frozen
@@ -278,6 +278,9 @@ class Withdrawals:
                     raise CustodyError(CustodyErrorCode.requester_cannot_approve, "the requester may not approve their own withdrawal")
                 if not decision.is_live(now):
                     raise CustodyError(CustodyErrorCode.decision_expired, f"the decision expired at {decision.expires_at.isoformat()}")
+                if return_reorged_out(c, wid):
+                    raise CustodyError(CustodyErrorCode.deposit_reorged_out,
+                                       "the deposit this withdrawal returns was reorged out after finality: reject it")
             inserted = c.execute(
                 text("INSERT INTO approval (withdrawal_id, decision_id, operator, action, comment, at) VALUES (:w, :d, :o, :a, :c, :t) "
                      "ON CONFLICT (decision_id, operator) DO NOTHING RETURNING id"),

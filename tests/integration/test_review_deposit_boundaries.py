@@ -338,3 +338,23 @@ def test_a_re_mined_deposit_unfreezes_the_account_and_gives_back_a_captured_rema
     chain.remine(second, "b4")
     assert_equal((ledger.balance(grace).posted, ledger.balance(other).posted), (39_000_000, 1_000_000))
     assert_equal(ledger.balance(suspense).posted, suspense_before)
+
+
+def test_a_pending_return_of_a_deposit_reorged_out_is_not_approved(api, ledger):
+    """The deposit leaves the chain while its return waits for approvers: approving it would pay out
+    coins the firm no longer has. It is refused; rejecting it quarantines the deposit again, which
+    stays refused for release."""
+    chain = Chain(api)
+    heidi = customer(api, "heidi")
+    obs = quarantined(api, chain, heidi, 25_000_000)
+    deposit_id = chain.observation_id(obs)
+    wid = api.operator(1).post(f"/v1/deposits/{deposit_id}/return", json={"comment": "back", "destination": DEST}).json()["withdrawal_id"]
+    chain.reorg_out(obs)
+    chain.settle(obs, None)
+    r = api.operator(2).post(f"/v1/withdrawals/{wid}/approve", json={"comment": "looks right"})
+    log.info("approve -> %d %s", r.status_code, r.text[:160])
+    assert_equal(error_code(r), (409, "deposit_reorged_out"))
+    assert_equal(api.operator(2).post(f"/v1/withdrawals/{wid}/reject", json={"comment": "coins gone"}).status_code, 200)
+    assert_equal(api.custody.deposits.list(account_id=heidi)[0]["state"], "quarantined")
+    r = api.operator(2).post(f"/v1/deposits/{deposit_id}/release", json={"comment": "cleared"})
+    assert_equal((error_code(r), ledger.balance(heidi).posted), ((409, "deposit_reorged_out"), 0))
