@@ -25,7 +25,7 @@
 | funding_not_to_hot | 422 | the transaction pays nothing to the hot address (no ether, no configured token) |
 | funding_own_transaction | 422 | the transaction is the hot wallet's own (sent by it, or a payout): booked by its own flow |
 | kind_not_permitted | 403 | the caller's role may not open, debit, credit or hold on an account of that kind (README: who may move money) |
-| account_name_reserved | 422 | an account opened over the API must be named `customer:<owner>:...`; other names belong to the firm |
+| account_name_reserved | 422 | an account opened over the API must be named `customer:<owner>:<asset>[:<suffix>]`; other names are reserved |
 | account_frozen | 409 | a credit of this account was reorged out after finality and custody could not hold all of it: nothing may be debited or held on the account until an operator resolves the incident |
 | transaction_not_reversible | 409 | a subsystem wrote the transaction, or its reversal would move firm money: use a treasury adjustment |
 | adjustment_not_found | 404 | no treasury adjustment with that id |

@@ -91,10 +91,10 @@ class CallerLedger:
         if owner is None or not OWNER_PATTERN.match(owner):
             raise LedgerError(ErrorCode.invalid_request,
                               "a customer account needs an owner of 1-100 letters, digits or . _ @ + -")
-        if not customer_name_ok(name, owner):
+        if not customer_name_ok(name, owner, asset):
             raise CustodyError(CustodyErrorCode.account_name_reserved,
-                               f"a customer account's name must start with 'customer:{owner}:'; other names are "
-                               "reserved for the firm's accounts")
+                               f"a customer account's name must be 'customer:{owner}:{asset}' or start with "
+                               f"'customer:{owner}:{asset}:'; other names are reserved")
         return self.ledger.open_account(asset, account_kind, name, owner=owner)
 
     def close_account(self, account_id: int) -> Account:

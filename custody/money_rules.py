@@ -3,7 +3,8 @@
 Guarantees (enforced by `custody.ledger_access.CallerLedger`, the only way routes reach the ledger's
 commands, and, where cheap, by the database):
 - the exchange backend opens customer accounts only, in the customer namespace
-  (`customer:<owner>:...`); every other account name is reserved for the firm's subsystems, so a
+  (`customer:<owner>:<asset>[:<suffix>]`, so a name custody or matching opens for an owner and
+  asset can only ever hold exactly that owner's account in that asset); every other account name is reserved for the firm's subsystems, so a
   caller can never squat the name of a firm account (migration 0012 also refuses, in the database,
   any firm account named in the customer namespace);
 - a caller debits (directly, or by placing a hold and capturing it) customer accounts only; it may
@@ -85,6 +86,11 @@ def written_over_api(idempotency_key: str) -> bool:
     return idempotency_key.startswith(API_KEY_NAMESPACE)
 
 
-def customer_name_ok(name: str, owner: str) -> bool:
-    """A customer account opened over the API is named in its owner's namespace."""
-    return name.startswith(f"{CUSTOMER_NAMESPACE}{owner}:") and len(name) > len(CUSTOMER_NAMESPACE) + len(owner) + 1
+def customer_name_ok(name: str, owner: str, asset: str) -> bool:
+    """A customer account opened over the API is named `customer:<owner>:<asset>` (the name custody
+    and matching open for that owner and asset, so opening it first changes nothing for them) or
+    `customer:<owner>:<asset>:<suffix>` for further accounts of the owner in that asset. A name that
+    custody or matching would open for another asset can therefore never be taken by an account in
+    this one."""
+    base = f"{CUSTOMER_NAMESPACE}{owner}:{asset}"
+    return name == base or (name.startswith(base + ":") and len(name) > len(base) + 1)

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from custody.adjustments import AdjustmentView
 from custody.api.bodies import CommentIn
 from custody.api.params import Id, IdPath
-from custody.api.deps import Auditor, ContainerDep, Operator
+from custody.api.deps import Auditor, ContainerDep, OperatorOnly
 from custody.api.ledger_schemas import Money
 from custody.container import Container
 from custody.money_rules import caller_key
@@ -78,7 +78,7 @@ def _out(c: Container, a: AdjustmentView) -> AdjustmentOut:
 
 
 @router.post("/adjustments", response_model=AdjustmentOut, status_code=201)
-def propose(body: AdjustmentIn, c: ContainerDep, who: Operator, response: Response) -> AdjustmentOut:
+def propose(body: AdjustmentIn, c: ContainerDep, who: OperatorOnly, response: Response) -> AdjustmentOut:
     legs = []
     for t in body.transfers:
         decimals = c.ledger.get_asset(c.ledger.get_account(t.debit_account_id).asset).decimals
@@ -91,12 +91,12 @@ def propose(body: AdjustmentIn, c: ContainerDep, who: Operator, response: Respon
 
 
 @router.post("/adjustments/{adjustment_id}/approve", response_model=AdjustmentOut)
-def approve(adjustment_id: IdPath, body: CommentIn, c: ContainerDep, who: Operator) -> AdjustmentOut:
+def approve(adjustment_id: IdPath, body: CommentIn, c: ContainerDep, who: OperatorOnly) -> AdjustmentOut:
     return _out(c, c.adjustments.approve(adjustment_id, by=f"api:{who.name}", comment=body.comment))
 
 
 @router.post("/adjustments/{adjustment_id}/reject", response_model=AdjustmentOut)
-def reject(adjustment_id: IdPath, body: CommentIn, c: ContainerDep, who: Operator) -> AdjustmentOut:
+def reject(adjustment_id: IdPath, body: CommentIn, c: ContainerDep, who: OperatorOnly) -> AdjustmentOut:
     return _out(c, c.adjustments.reject(adjustment_id, by=f"api:{who.name}", comment=body.comment))
 
 

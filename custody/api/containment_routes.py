@@ -21,7 +21,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel
 
 from custody.api.bodies import CommentIn
-from custody.api.deps import Auditor, ContainerDep, Operator
+from custody.api.deps import Auditor, ContainerDep, OperatorOnly
 from custody.api.params import IdPath
 from custody.api.errors import ApiError
 from custody.containment import Retried, set_aside_rows
@@ -65,18 +65,18 @@ def list_set_aside(c: ContainerDep, _: Auditor) -> list[SetAsideOut]:
 
 
 @router.post("/withdrawal-batches/{batch_id}/retry", response_model=RetriedOut)
-def retry_batch(batch_id: IdPath, body: CommentIn, c: ContainerDep, who: Operator) -> RetriedOut:
+def retry_batch(batch_id: IdPath, body: CommentIn, c: ContainerDep, who: OperatorOnly) -> RetriedOut:
     """Operator decision: the cause of a set-aside withdrawal batch is fixed; work on it again."""
     return _out(_require(c.payouts, "withdrawal batches").retry_batch(batch_id, by=f"api:{who.name}", comment=body.comment))
 
 
 @router.post("/sweeps/{sweep_id}/retry", response_model=RetriedOut)
-def retry_sweep(sweep_id: IdPath, body: CommentIn, c: ContainerDep, who: Operator) -> RetriedOut:
+def retry_sweep(sweep_id: IdPath, body: CommentIn, c: ContainerDep, who: OperatorOnly) -> RetriedOut:
     """Operator decision: the cause of a set-aside sweep is fixed; work on it again."""
     return _out(_require(c.sweeps, "sweeps").retry(sweep_id, by=f"api:{who.name}", comment=body.comment))
 
 
 @router.post("/rebalances/{rebalance_id}/retry", response_model=RetriedOut)
-def retry_rebalance(rebalance_id: IdPath, body: CommentIn, c: ContainerDep, who: Operator) -> RetriedOut:
+def retry_rebalance(rebalance_id: IdPath, body: CommentIn, c: ContainerDep, who: OperatorOnly) -> RetriedOut:
     """Operator decision: the cause of a set-aside rebalance is fixed; work on it again."""
     return _out(_require(c.rebalances, "rebalances").retry(rebalance_id, by=f"api:{who.name}", comment=body.comment))

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from custody.api.bodies import CommentIn
-from custody.api.deps import Auditor, Backend, ContainerDep, Operator, Reader
+from custody.api.deps import Auditor, Backend, ContainerDep, Operator, OperatorOnly, Reader
 from custody.api.errors import ApiError
 from custody.api.params import Id, IdPath, IdQuery
 from custody.auth import Role
@@ -103,14 +103,14 @@ def deposits_by_state(
 
 
 @router.post("/deposits/{deposit_id}/release", response_model=DepositOut)
-def release(deposit_id: IdPath, body: CommentIn, c: ContainerDep, who: Operator) -> DepositOut:
+def release(deposit_id: IdPath, body: CommentIn, c: ContainerDep, who: OperatorOnly) -> DepositOut:
     """Operator decision: credit a quarantined deposit to its customer (recorded in the audit log)."""
     _deposits(c).release_quarantined(deposit_id, operator=f"api:{who.name}", comment=body.comment)
     return _out(c, next(r for r in c.deposits.list(state="released", limit=1000) if r["id"] == deposit_id))
 
 
 @router.post("/deposits/{deposit_id}/return")
-def return_deposit(deposit_id: IdPath, body: ReturnIn, c: ContainerDep, who: Operator) -> dict:
+def return_deposit(deposit_id: IdPath, body: ReturnIn, c: ContainerDep, who: OperatorOnly) -> dict:
     """Operator request: send a quarantined deposit back (a withdrawal from the quarantine account,
     subject to policy; it always waits for operators other than this one, and a destination other
     than the original sender is flagged in `decision_reasons`). Answers the withdrawal id."""
@@ -134,7 +134,7 @@ def incidents(c: ContainerDep, _: Auditor, open_only: bool = True) -> list[dict]
 
 
 @router.post("/incidents/{incident_id}/resolve")
-def resolve_incident(incident_id: IdPath, body: ResolveIn, c: ContainerDep, who: Operator) -> dict:
+def resolve_incident(incident_id: IdPath, body: ResolveIn, c: ContainerDep, who: OperatorOnly) -> dict:
     """Operator decision: close an incident with a comment (audited); one that froze a reorged-out
     credit needs `decision` release or capture. The kill switch stays as it is."""
     i = Incidents(c.engine, c.ledger).resolve(incident_id, operator=f"api:{who.name}", comment=body.comment,

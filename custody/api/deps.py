@@ -38,8 +38,22 @@ def require(*roles: Role) -> Callable[..., Principal]:
     return check
 
 
+def require_exactly(role: Role) -> Callable[..., Principal]:
+    """A dependency admitting callers of exactly `role`, not admin: for decisions that count as a
+    person's approval of a money movement (maker-checker), which configuring the service is not."""
+
+    def check(principal: Annotated[Principal, Depends(_principal)]) -> Principal:
+        if principal.role is not role:
+            raise ApiError(403, "forbidden", f"role {principal.role.value} may not do this (needs {role.value}; "
+                                             "admins configure, operators decide)")
+        return principal
+
+    return check
+
+
 Backend = Annotated[Principal, Depends(require(Role.backend))]
 Reader = Annotated[Principal, Depends(require(Role.backend, Role.operator, Role.auditor))]
 Auditor = Annotated[Principal, Depends(require(Role.auditor, Role.operator))]
 Operator = Annotated[Principal, Depends(require(Role.operator))]
+OperatorOnly = Annotated[Principal, Depends(require_exactly(Role.operator))]
 Admin = Annotated[Principal, Depends(require())]

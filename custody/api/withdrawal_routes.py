@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from custody.api.bodies import CommentIn
 from custody.api.params import Id, IdPath
-from custody.api.deps import Auditor, Backend, ContainerDep, Operator, Reader
+from custody.api.deps import Auditor, Backend, ContainerDep, OperatorOnly, Reader
 from custody.api.errors import ApiError
 from custody.withdrawals import AllowlistChangeView, AllowlistView, WithdrawalView
 from ledger.amounts import format_amount, parse_amount
@@ -119,12 +119,12 @@ def list_withdrawals(c: ContainerDep, _: Auditor, state: str = "pending_approval
 
 
 @router.post("/withdrawals/{withdrawal_id}/approve", response_model=WithdrawalOut)
-def approve(withdrawal_id: IdPath, body: CommentIn, c: ContainerDep, who: Operator) -> WithdrawalOut:
+def approve(withdrawal_id: IdPath, body: CommentIn, c: ContainerDep, who: OperatorOnly) -> WithdrawalOut:
     return _out(c, _svc(c).approve(withdrawal_id, operator=f"api:{who.name}", comment=body.comment))
 
 
 @router.post("/withdrawals/{withdrawal_id}/reject", response_model=WithdrawalOut)
-def reject(withdrawal_id: IdPath, body: CommentIn, c: ContainerDep, who: Operator) -> WithdrawalOut:
+def reject(withdrawal_id: IdPath, body: CommentIn, c: ContainerDep, who: OperatorOnly) -> WithdrawalOut:
     return _out(c, _svc(c).reject(withdrawal_id, operator=f"api:{who.name}", comment=body.comment))
 
 
@@ -172,13 +172,13 @@ def allowlist_changes(c: ContainerDep, _: Auditor,
 
 
 @router.post("/allowlist-changes/{change_id}/approve", response_model=AllowlistChangeOut)
-def approve_allowlist_change(change_id: IdPath, body: CommentIn, c: ContainerDep, who: Operator) -> AllowlistChangeOut:
+def approve_allowlist_change(change_id: IdPath, body: CommentIn, c: ContainerDep, who: OperatorOnly) -> AllowlistChangeOut:
     """Operator decision: the loosening takes effect (entries already added keep their cooling-off)."""
     return _change_out(_svc(c).approve_allowlist_change(change_id, operator=f"api:{who.name}", comment=body.comment))
 
 
 @router.post("/allowlist-changes/{change_id}/reject", response_model=AllowlistChangeOut)
-def reject_allowlist_change(change_id: IdPath, body: CommentIn, c: ContainerDep, who: Operator) -> AllowlistChangeOut:
+def reject_allowlist_change(change_id: IdPath, body: CommentIn, c: ContainerDep, who: OperatorOnly) -> AllowlistChangeOut:
     return _change_out(_svc(c).reject_allowlist_change(change_id, operator=f"api:{who.name}", comment=body.comment))
 
 

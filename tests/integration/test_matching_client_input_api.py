@@ -167,13 +167,15 @@ def test_an_amend_that_would_trade_is_refused_when_its_owner_cannot_be_paid(api,
 def test_queries_and_market_creation_with_unstorable_input_answer_4xx(api, market):
     symbol, run = market
     base = f"/v1/markets/{symbol}"
+    # Text PostgreSQL cannot store is refused at the door (custody/api/text_guard.py) before the
+    # matching service sees it; matching's own checks answer the same way behind it.
     r = call(api, Role.auditor, "GET", f"{base}/orders/x%00y")
-    assert (r.status_code, code_of(r)) == (404, "order_not_found")
+    assert (r.status_code, code_of(r)) == (422, "invalid_request")
     r = call(api, Role.auditor, "GET", f"{base}/orders", params={"account": "a\x00", "client_order_id": "c"})
-    assert (r.status_code, code_of(r)) == (404, "order_not_found")
+    assert (r.status_code, code_of(r)) == (422, "invalid_request")
     for params in ({"order_id": "o\x00"}, {"account": "a\x00"}):
         r = call(api, Role.auditor, "GET", f"{base}/fills", params=params)
-        assert r.status_code == 200 and r.json()["fills"] == [], r.text
+        assert (r.status_code, code_of(r)) == (422, "invalid_request"), r.text
     body = {"symbol": f"X-{run}", "base_asset": "BTC", "quote_asset": "USDT", "lot_size": 1,
             "quote_per_tick_lot": 1, "fees": {"default": {"maker_ppm": 1, "taker_ppm": 1}}}
     for change in ({"base_asset": "B\x00"}, {"fees": {"d\x00": {"maker_ppm": 1, "taker_ppm": 1}}},

@@ -57,7 +57,7 @@ class WithdrawalApi:
     def open_customer(self, owner: str) -> int:
         """A customer account opened by the backend over the API, funded with 10 BTC from equity."""
         r = self.backend.post("/v1/accounts", json={"asset": "BTC", "kind": "customer", "owner": owner,
-                                                    "name": f"customer:{owner}:{uuid.uuid4().hex[:8]}"})
+                                                    "name": f"customer:{owner}:BTC:{uuid.uuid4().hex[:8]}"})
         assert r.status_code == 201, r.text
         acct = r.json()["id"]
         equity = self.custody.wallets.firm_account("equity", "BTC")
