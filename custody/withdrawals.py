@@ -19,7 +19,11 @@ Velocity is counted per account and per owner (every account of the ledger accou
 asset); requests of one owner are serialised by a transaction-level advisory lock while the owner's
 history is read, so two accounts of one owner cannot both pass the limit at once. A withdrawal that
 returns a quarantined deposit (`Deposits.return_quarantined`) names the deposit, and policy then
-requires operators other than the requester whatever the amount.
+requires operators other than the requester whatever the amount; it is not approved while that
+deposit is reorged out after finality (`deposit_reorged_out`), and ending it unpaid (rejected here,
+by policy or at payout, or released after a failed transaction) puts the deposit back to
+`quarantined` in the same database transaction (`custody.deposits.reopen_returns`). An account
+frozen by a reorged-out credit custody could not hold in full requests nothing (`account_frozen`).
 
 Allowlists: a change that tightens (stricter mode, longer cooling-off, more approvals, an address
 removed) applies at once; one that loosens waits as an `allowlist_change` until an operator approves
