@@ -15,6 +15,9 @@ every batch: the customer's payout is on chain at our address and in no book, a 
 critical incident, the kill switch, every customer's withdrawals halted (observation 3 again),
 for the price of one minimum withdrawal, repeatable at will. (`Payouts.sync_hot_wallet` also
 records the coin as spendable without booking it: `_record_coin` matches "ours" by txid alone.)
+(Fixed: change addresses are refused `CHANGE_LOOKAHEAD` batch ids ahead; one further ahead, paid
+anyway, is booked as hot funding with a warning when its batch exists, never taken as our change:
+tests/e2e/custody/test_withdrawal_future_change_address.py.)
 The deposit wallet is open the same way: pay the first deposit index not derived ahead, then ask
 for deposit addresses until it is issued; the scanner never saw the payment (its block was scanned
 before the address was watched) and `Reconciliation._deposit_addresses` counts it.
@@ -28,7 +31,7 @@ import pytest
 from sqlalchemy import text
 
 from custody.addresses import derive_btc_address
-from custody.destinations import LOOKAHEAD
+from custody.destinations import CHANGE_LOOKAHEAD, LOOKAHEAD
 from regtest.util import assert_equal
 from signer.keys import Secret, SignerKeys, seed_from_text
 from tests.integration.withdrawal_api import WithdrawalApi
@@ -51,13 +54,16 @@ def test_a_hot_change_address_beyond_the_lookahead_is_refused_as_internal(api, l
         hot_xpub = c.execute(text("SELECT xpub FROM wallet WHERE chain = 'bitcoin' AND tier = 'hot'")).scalar_one()
     within = derive_btc_address(hot_xpub, "regtest", 1, last_batch + LOOKAHEAD)
     beyond = derive_btc_address(hot_xpub, "regtest", 1, last_batch + LOOKAHEAD + 1)
+    far = derive_btc_address(hot_xpub, "regtest", 1, last_batch + CHANGE_LOOKAHEAD)
     acct = api.open_customer(f"cust-{uuid.uuid4().hex[:8]}")
     answers = {}
-    for name, address in (("change of batch last+20", within), ("change of batch last+21", beyond)):
+    for name, address in (("change of batch last+20", within), ("change of batch last+21", beyond),
+                          ("change of batch last+CHANGE_LOOKAHEAD", far)):
         r = api.backend.post("/v1/withdrawals", json={"client_withdrawal_id": uuid.uuid4().hex, "account_id": acct,
                                                        "amount": "0.0001", "destination": address})
         answers[name] = (r.status_code, r.json().get("error", {}).get("code") or r.json()["state"])
         log.info("%s %s -> %s", name, address, answers[name])
     api.reject_all(acct)
     assert_equal(answers, {"change of batch last+20": (422, "destination_internal"),
-                           "change of batch last+21": (422, "destination_internal")})
+                           "change of batch last+21": (422, "destination_internal"),
+                           "change of batch last+CHANGE_LOOKAHEAD": (422, "destination_internal")})
