@@ -15,9 +15,17 @@ Guarantees:
   (one per bitcoin batch, `1/<batch id>`), cold addresses derived for rebalances, addresses coins
   of ours were recorded at (`wallet_utxo`), sweep and rebalance destinations and the hot wallet's
   sending address on ethereum (one named query, `OWN_ADDRESS_SQL`), and the addresses the
-  registered wallets will derive next (`derived_addresses`: the next `LOOKAHEAD` batch ids' change
-  addresses, the next deposit and cold indices), so an address derived after the request is
-  usually refused at once, and always before payment.
+  registered wallets will derive next (`derived_addresses`: the next `CHANGE_LOOKAHEAD` batch ids'
+  change addresses, counted from the batch id sequence itself so ids burned by rolled-back batching
+  runs do not open a gap; the next `LOOKAHEAD` deposit and cold indices), so an address derived
+  after the request is usually refused at once, and always before payment. At batching the window
+  starts at the id the new batch is about to take, so the change address of THIS batch and of
+  every existing one is refused.
+- A change address further ahead than the window is not refused (no window is infinite, and
+  anyone with the hot xpub, which every database copy holds, can derive one). Paid anyway, it
+  harms no one else: when that batch exists, the coin is not taken as our change (only the exact
+  change output of our own transaction is, custody.payouts `hot_coin_origin`) but booked as hot
+  funding with a warning incident, and reconciliation reports a surplus as a warning only.
 - The request refuses (nothing held, nothing written) and the payout jobs refuse again when a
   withdrawal is batched (`DestinationGuard.refusal_at_payout`: a destination can become internal,
   or grow contract code, after the request); such a withdrawal is rejected with its hold released,
@@ -62,7 +70,8 @@ BURN_ADDRESSES = frozenset({
     "0xdead000000000000000042069420694206942069",
 })
 PRECOMPILE_LIMIT = 2**16  # 0x01..0x11 today, 0x100 (P-256); everything below 2**16 is kept free for more
-LOOKAHEAD = 20  # derived-but-unused addresses refused ahead: batch ids, cold and hot indices
+LOOKAHEAD = 20  # derived-but-unused addresses refused ahead: cold, hot receive and deposit indices
+CHANGE_LOOKAHEAD = 1_000  # bitcoin hot change addresses 1/<batch id> refused ahead of the next batch id
 ETH_GAS_ETHER, ETH_GAS_TOKEN = 21_000, 100_000  # gas limits of an ether and an ERC-20 payout
 HOT_RECEIVE_INDEX = 0  # the hot wallet's receive address (bitcoin 0/0) and ethereum sending account
 _BECH32_PREFIXES = ("bc1", "tb1", "bcrt1")
@@ -161,12 +170,12 @@ def _derive(chain: str, xpub: str, network: str, change: int, index: int) -> str
 
 
 def derived_addresses(keys: Iterable[WalletKey], *, bitcoin_batch_ids: Sequence[int], next_batch_id: int,
-                      lookahead: int = LOOKAHEAD) -> frozenset[str]:
+                      lookahead: int = LOOKAHEAD, change_lookahead: int = CHANGE_LOOKAHEAD) -> frozenset[str]:
     """Normalised addresses the registered wallets derived or will derive next, beyond what the
     tables record: hot receive 0/0..0/lookahead-1; bitcoin hot change 1/<id> for every bitcoin
-    batch and the next `lookahead` batch ids (ids are shared by both chains); cold 0/0 up to
-    `lookahead` past its next index; deposit addresses not yet issued, up to the gap limit (the
-    issued ones are in deposit_address)."""
+    batch and the next `change_lookahead` batch ids from `next_batch_id` (ids are shared by both
+    chains); cold 0/0 up to `lookahead` past its next index; deposit addresses not yet issued, up
+    to the gap limit (the issued ones are in deposit_address)."""
     out: set[str] = set()
     for k in keys:
         if k.tier == "deposit":
@@ -174,7 +183,7 @@ def derived_addresses(keys: Iterable[WalletKey], *, bitcoin_batch_ids: Sequence[
         elif k.tier == "hot":
             paths = [(0, i) for i in range(HOT_RECEIVE_INDEX, HOT_RECEIVE_INDEX + lookahead)]
             if k.chain == "bitcoin":
-                upcoming = range(next_batch_id, next_batch_id + lookahead)
+                upcoming = range(next_batch_id, next_batch_id + change_lookahead)
                 paths += [(1, b) for b in sorted({*bitcoin_batch_ids, *upcoming})]
         else:  # warm, cold: receive addresses handed out by rebalances
             paths = [(0, i) for i in range(0, k.next_index + lookahead)]
@@ -214,9 +223,11 @@ WHERE chain = 'bitcoin'
 ORDER BY id
 """)
 
+# next_id: the id the next batch takes (the sequence's, not max(id) + 1: a batching run that rolls
+# back has consumed its id all the same)
 _BATCH_COUNTS_SQL = text("""
 SELECT count(*) FILTER (WHERE chain = 'bitcoin') AS bitcoin_batches,
-       coalesce(max(id), 0) AS last_id
+       (SELECT CASE WHEN s.is_called THEN s.last_value + 1 ELSE s.last_value END FROM withdrawal_batch_id_seq s) AS next_id
 FROM withdrawal_batch
 """)
 
@@ -293,14 +304,14 @@ class DestinationGuard:
 
     def _derived_addresses(self, c: Connection, chain: str, keys: list[WalletKey]) -> frozenset[str]:
         """`derived_addresses` for the wallets and batches as they are now, derived again only when a
-        wallet moved on or a batch appeared (batching asks once per approved withdrawal). Batches are
-        never deleted, so their count and the last id tell whether the set is still the same."""
+        wallet moved on or a batch id was taken (batching asks once per approved withdrawal). Batches
+        are never deleted, so their count and the next id tell whether the set is still the same."""
         counts = c.execute(_BATCH_COUNTS_SQL).one()
-        inputs = (tuple(keys), int(counts.bitcoin_batches), int(counts.last_id))
+        inputs = (tuple(keys), int(counts.bitcoin_batches), int(counts.next_id))
         cached = self._derived.get(chain)
         if cached is None or cached[0] != inputs:
             bitcoin_batch_ids = c.execute(_BITCOIN_BATCH_IDS_SQL).scalars().all() if chain == "bitcoin" else []
-            cached = (inputs, derived_addresses(keys, bitcoin_batch_ids=bitcoin_batch_ids, next_batch_id=int(counts.last_id) + 1))
+            cached = (inputs, derived_addresses(keys, bitcoin_batch_ids=bitcoin_batch_ids, next_batch_id=int(counts.next_id)))
             self._derived[chain] = cached
         return cached[1]
 

@@ -1,9 +1,15 @@
 """Paying approved withdrawals: batch -> sign -> broadcast -> confirm -> final, and fee bumps.
 
 Jobs (APScheduler runs them; tests call them directly, in this order):
-- `sync_hot_wallet()`: record the bitcoin hot wallet's confirmed coins; coins that are not change
-  of our own transactions (payouts, sweeps, rebalances) are treasury funding and are booked
-  equity -> hot location.
+- `sync_hot_wallet()`: record the bitcoin hot wallet's confirmed coins; coins that are not ours
+  (`hot_coin_origin`) are treasury funding and are booked equity -> hot location. Ours is the exact
+  change output of a payout (recorded when it was signed) or an output of our sweeps and
+  rebalances (which pay no one else). Any other output of a payout that lands on a hot address is
+  a withdrawal that paid the firm's own address (a change address derived further ahead than
+  custody.destinations refuses): it is booked as funding too, so the books hold what the chain
+  holds and the coin is spendable like any other, and a warning incident names it, for an
+  operator to settle with the customer. Never silently ours: the payout already took it out of the
+  books, so taken as change it would be spendable and unbooked, a difference on every pass.
 - `book_ethereum_funding(txid, by=)` (an operator action, `POST /v1/treasury/hot-funding`; ethereum
   has no hot-wallet sync): books what one final treasury transaction paid the ethereum hot address,
   from the chain's own figures (its ether value; each configured token's `Transfer` log to the hot
@@ -60,6 +66,29 @@ from signer.errors import SignerError, SignerErrorCode
 from signer.service import BatchOutput, BtcCoin, Signer, SigningRefused
 
 log = logging.getLogger(__name__)
+
+# Which of our transactions is `:t`: a payout version, a sweep, a rebalance; no row for anyone else's.
+_TX_KIND_SQL = text("""
+SELECT 'payout' FROM chain_transaction WHERE txid = :t
+UNION ALL
+SELECT 'sweep' FROM sweep WHERE txid = :t
+UNION ALL
+SELECT 'rebalance' FROM rebalance WHERE txid = :t
+LIMIT 1
+""")
+
+
+def hot_coin_origin(*, known: bool, tx_kind: str | None) -> str:
+    """What a confirmed coin at a hot address is, from whether (txid, vout) is recorded already
+    (`known`) and which of our transactions made it (`tx_kind`: payout, sweep, rebalance, or None):
+    `known` (our payout change, recorded when signed; or seen before), `ours` (sweep or rebalance
+    output: booked by its own finality), `misdirected` (another output of our payout: a withdrawal
+    paid our address), `funding` (anyone else's transaction)."""
+    if known:
+        return "known"
+    if tx_kind in ("sweep", "rebalance"):
+        return "ours"
+    return "misdirected" if tx_kind == "payout" else "funding"
 
 
 @dataclass(frozen=True)
@@ -183,8 +212,8 @@ class Payouts:
         return out
 
     def sync_hot_wallet(self) -> int:
-        """Record confirmed bitcoin hot-wallet coins we do not know yet; returns how many. A coin that
-        is neither change of our payouts or rebalances nor the output of our sweeps is treasury funding."""
+        """Record confirmed bitcoin hot-wallet coins we do not know yet; returns how many. What each
+        is, and whether it is booked as funding, is `hot_coin_origin`'s decision."""
         adapter = self.adapters["bitcoin"]
         with self.engine.connect() as c:
             batches = c.execute(text("SELECT id FROM withdrawal_batch WHERE chain = 'bitcoin'")).scalars().all()
@@ -213,11 +242,14 @@ class Payouts:
                 text("INSERT INTO wallet_utxo (txid, vout, address, derivation_change, derivation_index, amount) "
                      "VALUES (:t, :v, :a, :c, :i, :m) ON CONFLICT (txid, vout) DO NOTHING RETURNING txid"),
                 {"t": u.txid, "v": u.index, "a": u.address, "c": change, "i": index, "m": u.amount}).first()
-            ours = c.execute(text("SELECT 1 FROM chain_transaction WHERE txid = :t UNION ALL "
-                                  "SELECT 1 FROM sweep WHERE txid = :t UNION ALL "
-                                  "SELECT 1 FROM rebalance WHERE txid = :t"), {"t": u.txid}).first()
-            if row is not None and ours is None:
+            tx_kind = c.execute(_TX_KIND_SQL, {"t": u.txid}).scalar()
+            origin = hot_coin_origin(known=row is None, tx_kind=tx_kind)
+            if origin in ("funding", "misdirected"):
                 self.book_hot_funding("bitcoin", "BTC", u.amount, f"hot-funding:bitcoin:{u.txid}:{u.index}", conn=c)
+            if origin == "misdirected":
+                open_incident(c, "withdrawal_paid_own_address", f"withdrawal_paid_own_address:bitcoin:{u.txid}:{u.index}",
+                              {"txid": u.txid, "vout": u.index, "address": u.address, "amount": u.amount,
+                               "derivation": f"{change}/{index}"}, severity="warning")
             return int(row is not None)
 
     # ---- batching -------------------------------------------------------------------------

@@ -34,10 +34,20 @@ block number, never at "latest"):
   only its gas, booked when the payout tracker fails the batch (- gas on the ETH line until then).
   Every signed version of an unbooked batch is asked (a bump's earlier version may be the one
   mined; one nonce, so at most one is). Treasury funding of the hot address is booked by
-  `Payouts.book_hot_funding`; funding mined and not booked is a difference, on purpose.
+  `Payouts.book_hot_funding`; funding mined and not booked is a difference (a surplus, so a
+  warning), on purpose.
 No ethereum cold addresses exist (rebalances and sweeps are bitcoin only), so there is no cold line.
 
-Any other difference opens a critical incident (which halts withdrawals) with the figures.
+Any other difference opens an incident with the figures (`line_severity` decides which):
+- a SHORTFALL (the chain holds less than books + in transit: someone's money is missing) is
+  critical, which engages the kill switch and halts every withdrawal;
+- a SURPLUS (the chain holds more: nobody's money is missing) is a `warning`, opened once per line
+  and amount, and does not halt anything. A surplus is inducible by anyone at will: one wei sent to
+  the public ethereum hot address, or to a deposit address through a contract's internal call (the
+  scanner sees top-level transfers only), third-party coins sent to a bitcoin cold address or a hot
+  change address. Halting on it would hand the kill switch to anyone, repeatably. It still needs an
+  explanation (unbooked treasury funding, a scanner that missed a deposit, an outgoing move booked
+  that the chain does not have): it is logged as a warning on every pass until it is booked.
 
 Each chain is read at one height of its own: the node's tip must not move while that chain's lines
 are read (they are read again otherwise, up to `attempts` times, then skipped); the deposit lines
@@ -81,6 +91,24 @@ class Line:
     @property
     def difference(self) -> int:
         return self.on_chain - self.books - self.in_transit
+
+
+def line_severity(line: Line) -> str | None:
+    """The incident a line's difference opens: None when it reconciles, `warning` for a surplus
+    (chain > books + in transit: attacker-inducible, loses no one's money), `critical` for a
+    shortfall (halts withdrawals)."""
+    if line.difference == 0:
+        return None
+    return "warning" if line.difference > 0 else "critical"
+
+
+def incident_key(line: Line, tip: BlockRef) -> str:
+    """A shortfall is opened again at each new tip; a surplus once per line and amount (it is
+    reported on every pass anyway, and a new incident per block would flood the queue)."""
+    where = f"recon:{line.chain}:{line.tier}:{line.asset}"
+    if line_severity(line) == "warning":
+        return f"{where}:surplus:{line.difference}"
+    return f"{where}:{tip.hash}:{line.difference}"
 
 
 @dataclass(frozen=True)
@@ -138,13 +166,14 @@ class Reconciliation:
             log.info("reconciliation of %s skipped: the chain kept moving", chain)
             return []
         for line in lines:
-            if line.difference != 0:
+            severity = line_severity(line)
+            if severity is not None:
                 with self.engine.begin() as c:
-                    open_incident(c, "reconciliation_difference",
-                                  f"recon:{line.chain}:{line.tier}:{line.asset}:{tip.hash}:{line.difference}",
-                                  {**line.__dict__, "difference": line.difference, "height": tip.height})
-            log.info("reconciliation %s/%s %s at %d: chain %d = books %d + in transit %d, difference %d", line.chain,
-                     line.tier, line.asset, tip.height, line.on_chain, line.books, line.in_transit, line.difference)
+                    open_incident(c, "reconciliation_difference", incident_key(line, tip),
+                                  {**line.__dict__, "difference": line.difference, "height": tip.height}, severity=severity)
+            log.log(logging.WARNING if severity else logging.INFO,
+                    "reconciliation %s/%s %s at %d: chain %d = books %d + in transit %d, difference %d", line.chain,
+                    line.tier, line.asset, tip.height, line.on_chain, line.books, line.in_transit, line.difference)
         return lines
 
     # ---- shared ---------------------------------------------------------------------------

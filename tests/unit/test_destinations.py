@@ -15,8 +15,10 @@ from chain_adapters.ethereum import CallResult
 from custody import errors as custody_errors
 from custody.addresses import derive_btc_address, derive_eth_address
 from custody.destinations import (
+    CHANGE_LOOKAHEAD,
     ETH_GAS_ETHER,
     ETH_GAS_TOKEN,
+    LOOKAHEAD,
     PRECOMPILE_LIMIT,
     DestinationFacts,
     WalletKey,
@@ -101,7 +103,7 @@ def test_an_allowlisted_contract_is_paid_unless_the_funded_payout_reverts(simula
 def test_derived_addresses_are_hot_receive_and_change_cold_and_unissued_deposit():
     keys = [wallet("bitcoin", "hot"), wallet("bitcoin", "deposit", next_index=3, gap_limit=5),
             wallet("bitcoin", "cold", next_index=2), wallet("ethereum", "hot"), wallet("ethereum", "deposit", next_index=1)]
-    derived = derived_addresses(keys, bitcoin_batch_ids=[4, 7], next_batch_id=9, lookahead=3)
+    derived = derived_addresses(keys, bitcoin_batch_ids=[4, 7], next_batch_id=9, lookahead=3, change_lookahead=3)
 
     def btc(tier, change, index):
         return derive_btc_address(KEYS.account_xpub("bitcoin", tier), "regtest", change, index)
@@ -117,6 +119,17 @@ def test_derived_addresses_are_hot_receive_and_change_cold_and_unissued_deposit(
     assert derived == expected
     assert btc("deposit", 0, 0) not in derived  # issued: deposit_address answers for it
     assert btc("hot", 1, 8) not in derived  # batch 8 is an ethereum batch: no bitcoin change there
+
+
+def test_change_addresses_are_refused_much_further_ahead_than_receive_addresses():
+    """Anyone with the hot xpub can derive 1/<last batch + n>: the change window is CHANGE_LOOKAHEAD
+    batch ids, not LOOKAHEAD."""
+    derived = derived_addresses([wallet("bitcoin", "hot")], bitcoin_batch_ids=[], next_batch_id=5)
+    change = KEYS.account_xpub("bitcoin", "hot")
+    assert derive_btc_address(change, "regtest", 1, 5 + LOOKAHEAD) in derived
+    assert derive_btc_address(change, "regtest", 1, 4 + CHANGE_LOOKAHEAD) in derived
+    assert derive_btc_address(change, "regtest", 1, 5 + CHANGE_LOOKAHEAD) not in derived
+    assert derive_btc_address(change, "regtest", 0, LOOKAHEAD) not in derived
 
 
 def test_the_simulated_call_is_the_signed_call():
