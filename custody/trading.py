@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import threading
 
+from sqlalchemy import Engine
+
 from custody.container import Container
+from custody.incidents import refuse_frozen
+from ledger.errors import LedgerError
 from matching.service import Trading
+from matching.settlement import customer_account_name
 
 _attach_lock = threading.Lock()
 
@@ -19,3 +24,17 @@ def attach(container: Container) -> Trading:
             trading.load()
             container.trading = trading
         return container.trading
+
+
+def refuse_frozen_trader(trading: Trading, engine: Engine, symbol: str, owner: str) -> None:
+    """A new or amended order holds from its owner's accounts in the market's two assets, through
+    matching's own ledger commands (not `CallerLedger`): refuse it while a reorged-out credit freezes
+    either account (`account_frozen`, custody.incidents), as an API debit or hold would be refused."""
+    market = trading.market(symbol).market
+    ids = []
+    for asset in (market.base_asset, market.quote_asset):
+        try:
+            ids.append(trading.ledger.account_by_name(customer_account_name(owner, asset)).id)
+        except LedgerError:
+            continue  # not opened yet: nothing of it can be frozen
+    refuse_frozen(engine, ids)

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from custody.api.deps import Admin, Backend, ContainerDep, Reader
 from custody.api.params import MAX_ID
-from custody.trading import attach
+from custody.trading import attach, refuse_frozen_trader
 from ledger.amounts import format_amount, parse_amount
 from ledger.errors import LedgerError
 from ledger.errors import ErrorCode as LedgerCode
@@ -214,6 +214,7 @@ def place_order(symbol: str, body: OrderIn, t: TradingDep, _: Backend, response:
     An order refused for funds, post-only crossing or self-trade prevention is answered 201 in
     state `rejected` with its `reject_code` (its client order id is used up)."""
     u = _Units(t, symbol)
+    refuse_frozen_trader(t, t.db, symbol, body.account)
     outcome = t.place(
         symbol, body.account, body.client_order_id, body.side, order_type=body.type,
         qty=u.lots(body.qty), price=u.ticks(body.price), budget=u.quote(body.budget),
@@ -235,6 +236,7 @@ def cancel_order(symbol: str, order_id: str, body: CancelIn, t: TradingDep, _: B
 @router.post("/markets/{symbol}/orders/{order_id}/amend")
 def amend_order(symbol: str, order_id: str, body: AmendIn, t: TradingDep, _: Backend) -> dict:
     u = _Units(t, symbol)
+    refuse_frozen_trader(t, t.db, symbol, body.account)
     outcome = t.amend(symbol, body.account, order_id, qty=u.lots(body.qty), price=u.ticks(body.price),
                       stop_price=u.ticks(body.stop_price, "stop_price"))
     return _answer(t, u, outcome, refuse=True)

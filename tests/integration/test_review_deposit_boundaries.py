@@ -358,3 +358,31 @@ def test_a_pending_return_of_a_deposit_reorged_out_is_not_approved(api, ledger):
     assert_equal(api.custody.deposits.list(account_id=heidi)[0]["state"], "quarantined")
     r = api.operator(2).post(f"/v1/deposits/{deposit_id}/release", json={"comment": "cleared"})
     assert_equal((error_code(r), ledger.balance(heidi).posted), ((409, "deposit_reorged_out"), 0))
+
+
+def test_a_frozen_account_cannot_trade_the_credit_away(api, ledger):
+    """The same dodge through the order book: matching holds from the customer's account with its
+    own ledger commands, not through the API's ledger access, so an order is refused at the door
+    while a reorged-out credit freezes either of the owner's accounts in the market."""
+    chain = Chain(api)
+    mallory = customer(api, "mallory")
+    owner = ledger.get_account(mallory).owner
+    ledger.create_asset("USDT", 6)
+    symbol = f"BTC-USDT-{uuid.uuid4().hex[:8]}"
+    r = api.admin.post("/v1/markets", json={"symbol": symbol, "base_asset": "BTC", "quote_asset": "USDT",
+                                            "lot_size": 10_000, "quote_per_tick_lot": 1,
+                                            "fees": {"default": {"maker_ppm": 0, "taker_ppm": 0}}})
+    assert r.status_code == 201, r.text
+    obs = chain.deposit(mallory, 50_000_000)
+    hold = api.backend.post("/v1/holds", json={"idempotency_key": f"order-{obs.txid}", "account_id": mallory,
+                                               "amount": "0.5", "reference": "order"}).json()
+    chain.reorg_out(obs)
+    assert_equal(api.backend.post(f"/v1/holds/{hold['id']}/release").status_code, 200)
+    log.info("the attack: sell the released credit on the book")
+    r = api.backend.post(f"/v1/markets/{symbol}/orders", json={
+        "account": owner, "client_order_id": "dump", "side": "sell", "qty": "0.5", "price": "1"})
+    log.info("-> %d %s", r.status_code, r.text[:120])
+    held_by_orders = ledger.balance(mallory).held
+    chain.settle(obs, "capture")
+    assert_equal((r.status_code, refusal(r), held_by_orders), (409, "account_frozen", 0))
+    assert_equal(ledger.balance(mallory).posted, 0)
