@@ -27,7 +27,7 @@ from custody.settings import Settings
 from ledger.service import Ledger
 from signer.keys import Secret, SignerKeys, seed_from_text
 from tests.integration.own_database import own_database
-from tests.integration.test_api_fuzz import CALLERS, EXAMPLES, server_errors
+from tests.integration.test_api_fuzz import CALLERS, server_errors
 
 pytestmark = pytest.mark.fuzz
 log = logging.getLogger(__name__)

@@ -13,16 +13,13 @@ import uuid
 from pathlib import Path
 
 import pytest
-from fastapi.testclient import TestClient
 from sqlalchemy import text
 
-from custody.api.app import create_app
-from custody.auth import create_api_key
-from ledger.model import Transfer
 from regtest.anvil_node import compile_contract, deploy_contract
 from regtest.install import find_tools
 from regtest.util import assert_equal
 from tests.e2e import txbuild
+from tests.e2e.custody.api_helpers import backend_client, credit, refused, withdraw
 from tests.e2e.custody.conftest import ETH_FINALITY
 
 REJECTS_ETHER = Path(__file__).resolve().parents[3] / "contracts" / "RejectsEther.sol"
@@ -35,26 +32,7 @@ REVERT_CODE = "0x60006000fd"  # PUSH1 0 PUSH1 0 REVERT: any call reverts
 
 @pytest.fixture
 def api(custody):
-    key = create_api_key(custody.engine, f"backend-dest-{uuid.uuid4().hex[:8]}", "backend", custody.settings.api_key_pepper)
-    client = TestClient(create_app(custody), raise_server_exceptions=False)
-    client.headers["X-API-Key"] = key
-    return client
-
-
-def credit(custody, acct: int, asset: str, amount: int) -> None:
-    """A treasury credit from equity: the customer has a balance without touching any on-chain line."""
-    equity = custody.wallets.firm_account("equity", asset)
-    custody.ledger.post(f"test-credit:{uuid.uuid4().hex}", [Transfer(equity, acct, amount)], kind="treasury_credit")
-
-
-def withdraw(api, acct: int, amount: str, destination: str):
-    return api.post("/v1/withdrawals", json={"client_withdrawal_id": uuid.uuid4().hex, "account_id": acct, "amount": amount,
-                                             "destination": destination})
-
-
-def refused(r) -> tuple[int, str | None]:
-    """(status, error code); the code is None when the request was accepted."""
-    return r.status_code, r.json().get("error", {}).get("code")
+    return backend_client(custody, "backend-dest")
 
 
 def test_ethereum_destinations_that_swallow_value_are_refused(custody, customer, api, anvil, usdt, engine, ledger, log):

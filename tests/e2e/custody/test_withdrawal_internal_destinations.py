@@ -12,41 +12,19 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from fastapi.testclient import TestClient
 from sqlalchemy import text
 
 from custody.addresses import derive_btc_address
-from custody.api.app import create_app
-from custody.auth import create_api_key
 from custody.destinations import LOOKAHEAD
 from custody.errors import CustodyErrorCode
-from ledger.model import Transfer
 from regtest.util import assert_equal, assert_raises_code
+from tests.e2e.custody.api_helpers import backend_client, credit, refused, withdraw
 from tests.e2e.custody.conftest import BTC_FINALITY
 
 
 @pytest.fixture
 def api(custody):
-    key = create_api_key(custody.engine, f"backend-int-{uuid.uuid4().hex[:8]}", "backend", custody.settings.api_key_pepper)
-    client = TestClient(create_app(custody), raise_server_exceptions=False)
-    client.headers["X-API-Key"] = key
-    return client
-
-
-def credit(custody, acct: int, asset: str, amount: int) -> None:
-    """A treasury credit from equity: the customer has a balance without touching any on-chain line."""
-    equity = custody.wallets.firm_account("equity", asset)
-    custody.ledger.post(f"test-credit:{uuid.uuid4().hex}", [Transfer(equity, acct, amount)], kind="treasury_credit")
-
-
-def withdraw(api, acct: int, amount: str, destination: str):
-    return api.post("/v1/withdrawals", json={"client_withdrawal_id": uuid.uuid4().hex, "account_id": acct, "amount": amount,
-                                             "destination": destination})
-
-
-def refused(r) -> tuple[int, str | None]:
-    """(status, error code); the code is None when the request was accepted."""
-    return r.status_code, r.json().get("error", {}).get("code")
+    return backend_client(custody, "backend-int")
 
 
 def test_bitcoin_withdrawals_to_our_own_addresses_are_refused(custody, customer, api, bitcoind, engine, ledger, log):
