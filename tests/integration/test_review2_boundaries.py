@@ -1,0 +1,71 @@
+"""Second adversarial review of issue 11: paths the first review did not attack, on the database
+without a node (deposits booked on a chain of the test's own, as in test_review_deposit_boundaries).
+
+- a reorged-out credit hidden from the freeze by a RESTING order (placed before the reorg) is sold
+  on the book afterwards: the freeze refuses new and amended orders of the frozen owner, but the
+  fill that takes the frozen owner's resting order is the counterparty's, so the credit leaves the
+  frozen account all the same.
+"""
+from __future__ import annotations
+
+import logging
+import uuid
+
+from custody.incidents import Incidents
+from regtest.util import assert_equal
+from tests.integration.test_review_deposit_boundaries import Chain, api, customer, refusal  # noqa: F401 - fixture
+
+log = logging.getLogger(__name__)
+
+
+def test_a_resting_order_placed_before_the_reorg_still_sells_the_frozen_credit(api, ledger):
+    """Mallory deposits 0.5 BTC and rests a sell order of it at the lowest price; the deposit is
+    reorged out after finality (the order's hold hides the whole credit from the freeze: all of it
+    is the incident's remainder, the account frozen). Her accomplice then buys across the resting
+    order: matching settles the fill from Mallory's frozen account, and the BTC is the accomplice's,
+    free to withdraw. Expected: the fill is refused (or the resting order cancelled by the freeze)
+    and the operator's capture recovers the whole credit."""
+    chain = Chain(api)
+    mallory = customer(api, "mallory")
+    owner = ledger.get_account(mallory).owner
+    ledger.create_asset("USDT", 6)
+    symbol = f"BTC-USDT-{uuid.uuid4().hex[:8]}"
+    r = api.admin.post("/v1/markets", json={"symbol": symbol, "base_asset": "BTC", "quote_asset": "USDT",
+                                            "lot_size": 10_000, "quote_per_tick_lot": 1,
+                                            "fees": {"default": {"maker_ppm": 0, "taker_ppm": 0}}})
+    assert r.status_code == 201, r.text
+    accomplice = f"accomplice-{uuid.uuid4().hex[:8]}"
+    api.backend.post("/v1/accounts", json={"asset": "USDT", "kind": "customer", "owner": accomplice,
+                                           "name": f"customer:{accomplice}:USDT"}).raise_for_status()
+    usdt = ledger.account_by_name(f"customer:{accomplice}:USDT").id
+    equity = api.custody.wallets.firm_account("equity", "USDT")
+    ledger.transfer(f"review2-fund-{accomplice}", equity, usdt, 1_000_000_000)
+
+    obs = chain.deposit(mallory, 50_000_000)
+    log.info("Mallory rests a sell of the whole credit at the lowest price before the reorg")
+    ask = api.backend.post(f"/v1/markets/{symbol}/orders", json={
+        "account": owner, "client_order_id": "rest", "side": "sell", "qty": "0.5", "price": "1"})
+    assert ask.status_code == 201 and ask.json()["state"] == "working", ask.text
+    chain.reorg_out(obs)
+    with api.custody.engine.connect() as c:
+        from sqlalchemy import text
+        held = c.execute(text("SELECT detail->'hold' FROM incident WHERE id = :i"), {"i": chain.incident(obs)}).scalar_one()
+    log.info("the freeze: %s", held)
+
+    log.info("the attack: the accomplice buys across Mallory's resting order")
+    bid = api.backend.post(f"/v1/markets/{symbol}/orders", json={
+        "account": accomplice, "client_order_id": "take", "side": "buy", "qty": "0.5", "price": "1"})
+    log.info("-> %d %s", bid.status_code, bid.text[:200])
+    btc = ledger.account_by_name(f"customer:{accomplice}:BTC").id if bid.status_code == 201 else None
+    taken = ledger.balance(btc).posted if btc else 0
+    log.info("the accomplice now holds %d sat of Mallory's reorged-out credit", taken)
+
+    suspense = api.custody.wallets.firm_account("suspense", "BTC")
+    before = ledger.balance(suspense).posted
+    decision = "capture" if held.get("id") or int(held.get("remainder") or 0) else None
+    resolution = chain.settle(obs, decision).resolution
+    recovered = ledger.balance(suspense).posted - before
+    log.info("resolution %s; suspense recovered %d", resolution, recovered)
+    if btc and taken:  # give the stolen credit back so the session's books stay clean, then fail
+        ledger.transfer(f"review2-cleanup-{accomplice}", btc, suspense, taken)
+    assert_equal((taken, recovered), (0, 50_000_000))
