@@ -4,14 +4,19 @@ without a node (deposits booked on a chain of the test's own, as in test_review_
 - a reorged-out credit hidden from the freeze by a RESTING order (placed before the reorg) is sold
   on the book afterwards: the freeze refuses new and amended orders of the frozen owner, but the
   fill that takes the frozen owner's resting order is the counterparty's, so the credit leaves the
-  frozen account all the same.
+  frozen account all the same;
+- a reorged-out credit hidden from the freeze by the customer's own WITHDRAWAL (requested before
+  the reorg) is paid out: the freeze refuses new withdrawals, but the one already holding the credit
+  is approved by operators and taken by the batcher, neither of which asks `refuse_frozen`.
 """
 from __future__ import annotations
 
 import logging
 import uuid
 
-from custody.incidents import Incidents
+from sqlalchemy import text
+
+from custody.payouts import Payouts
 from regtest.util import assert_equal
 from tests.integration.test_review_deposit_boundaries import Chain, api, customer, refusal  # noqa: F401 - fixture
 
@@ -48,7 +53,6 @@ def test_a_resting_order_placed_before_the_reorg_still_sells_the_frozen_credit(a
     assert ask.status_code == 201 and ask.json()["state"] == "working", ask.text
     chain.reorg_out(obs)
     with api.custody.engine.connect() as c:
-        from sqlalchemy import text
         held = c.execute(text("SELECT detail->'hold' FROM incident WHERE id = :i"), {"i": chain.incident(obs)}).scalar_one()
     log.info("the freeze: %s", held)
 
@@ -69,3 +73,34 @@ def test_a_resting_order_placed_before_the_reorg_still_sells_the_frozen_credit(a
     if btc and taken:  # give the stolen credit back so the session's books stay clean, then fail
         ledger.transfer(f"review2-cleanup-{accomplice}", btc, suspense, taken)
     assert_equal((taken, recovered), (0, 50_000_000))
+
+
+def test_a_withdrawal_requested_before_the_reorg_still_pays_out_the_frozen_credit(api, ledger):
+    """Mallory deposits 0.5 BTC and at once asks to withdraw 0.49 of it (small: approved by policy,
+    waiting for the batcher; its hold is custody's own). The deposit is then reorged out after
+    finality: the withdrawal's hold hides the credit from the freeze (remainder 0.49 + fee). The
+    operator does everything right: resolves the incident with `capture`, and an admin lifts the
+    kill switch. The capture takes only what was available (the remainder sits behind the
+    withdrawal's hold), the account is no longer frozen, and the batcher takes the withdrawal: the
+    firm pays out 0.49 BTC it no longer has. Expected: the reorg (or the capture) rejects the
+    withdrawal and releases its hold, so the capture recovers the whole credit; at the least the
+    batcher refuses a withdrawal from a frozen account."""
+    chain = Chain(api)
+    mallory = customer(api, "mallory")
+    obs = chain.deposit(mallory, 50_000_000)
+    w = api.withdraw(mallory, "0.49")
+    log.info("withdrawal %s is %s; now the deposit is reorged out", w["id"], w["state"])
+    assert_equal(w["state"], "approved")
+    chain.reorg_out(obs)
+    suspense = api.custody.wallets.firm_account("suspense", "BTC")
+    before = ledger.balance(suspense).posted
+    resolution = chain.settle(obs, "capture").resolution  # the operator's capture, the admin's switch
+    recovered = ledger.balance(suspense).posted - before
+    log.info("resolution %s: suspense recovered %d", resolution, recovered)
+    payouts = Payouts(api.custody.engine, api.custody.ledger, api.custody.wallets, {}, signer=None)
+    with api.custody.engine.connect() as c, c.begin() as t:
+        taken = [row.id for row in payouts._take_approved(c, "bitcoin", 100)]
+        t.rollback()  # look only: nothing is batched here
+    log.info("the batcher pays %s", taken)
+    api.reject_all(mallory)
+    assert_equal((recovered, taken), (50_000_000, []))
