@@ -104,3 +104,31 @@ def test_a_withdrawal_requested_before_the_reorg_still_pays_out_the_frozen_credi
     log.info("the batcher pays %s", taken)
     api.reject_all(mallory)
     assert_equal((recovered, taken), (50_000_000, []))
+
+
+def test_a_credit_hidden_behind_a_hold_kept_until_the_resolution_escapes_the_capture(api, ledger):
+    """The freeze's remainder is captured at resolution only "as far as it is available by then".
+    The backend simply keeps its hold (an order's, say) in place until the operator has resolved
+    the incident with `capture`: nothing is available, the capture takes nothing of the remainder,
+    the resolved incident no longer freezes the account, and the backend releases its hold and
+    moves the whole credit to an accomplice. Expected: a capture that cannot take the whole
+    remainder leaves the account frozen (or is refused until the remainder is available)."""
+    chain = Chain(api)
+    mallory, accomplice = customer(api, "mallory"), customer(api, "accomplice")
+    obs = chain.deposit(mallory, 50_000_000)
+    hold = api.backend.post("/v1/holds", json={"idempotency_key": f"order-{obs.txid}", "account_id": mallory,
+                                               "amount": "0.5", "reference": "order"}).json()
+    chain.reorg_out(obs)
+    suspense = api.custody.wallets.firm_account("suspense", "BTC")
+    before = ledger.balance(suspense).posted
+    log.info("the operator resolves with capture while the backend's hold still hides the credit")
+    resolution = chain.settle(obs, "capture").resolution
+    log.info("resolution %s", resolution)
+    log.info("the attack: release the hold and move the credit away")
+    assert_equal(api.backend.post(f"/v1/holds/{hold['id']}/release").status_code, 200)
+    r = api.backend.post("/v1/transactions", json={"idempotency_key": f"away-{obs.txid}", "transfers": [
+        {"debit_account_id": mallory, "credit_account_id": accomplice, "amount": "0.5"}]})
+    log.info("-> %d %s", r.status_code, r.text[:160])
+    moved = ledger.balance(accomplice).posted
+    recovered = ledger.balance(suspense).posted - before
+    assert_equal((moved, recovered), (0, 50_000_000))
