@@ -132,3 +132,32 @@ def test_a_credit_hidden_behind_a_hold_kept_until_the_resolution_escapes_the_cap
     moved = ledger.balance(accomplice).posted
     recovered = ledger.balance(suspense).posted - before
     assert_equal((moved, recovered), (0, 50_000_000))
+
+
+def test_a_deposit_re_mined_in_its_original_block_is_not_seen_as_re_mined(api, ledger):
+    """A reorg battle: block X holding Alice's credited deposit is reorged out (the shortfall is
+    booked to suspense, her credit frozen), then the original branch wins back and block X, with
+    the very same transaction, is the main chain again (bitcoind: invalidateblock X, then
+    reconsiderblock X). The scanner reports the observation in block X; `Deposits._record` answers
+    "seen before in this very block" (the observation still names X, as `_deep_reorg` left it) and
+    stops before its re-mine branch. The coins are on chain, yet the shortfall stays booked, the
+    credit stays frozen and may be captured to suspense: the customer pays for a loss that did not
+    happen (and reconciliation of the deposit location sees a surplus: a warning). Expected: the
+    same handling as a re-mine in another block (compensation reversed, account usable)."""
+    chain = Chain(api)
+    alice = customer(api, "alice")
+    obs = chain.deposit(alice, 20_000_000)
+    suspense = api.custody.wallets.firm_account("suspense", "BTC")
+    before = ledger.balance(suspense).posted
+    chain.reorg_out(obs)
+    log.info("the original branch wins back: the same transaction in the same block %s", obs.block.hash)
+    with api.custody.engine.connect() as c:
+        address_id = c.execute(text("SELECT id FROM deposit_address WHERE address = :a"), {"a": obs.address}).scalar_one()
+    owner = ledger.get_account(alice).owner
+    with api.custody.engine.begin() as c:
+        recorded = api.custody.deposits._record(c, chain.name, obs, {obs.address: (address_id, alice, owner)})
+    after_remine = ledger.balance(suspense).posted - before
+    frozen = ledger.balance(alice).held
+    log.info("recorded %d; suspense still short by %d; %d of alice's credit held", recorded, after_remine, frozen)
+    chain.settle(obs, "release")
+    assert_equal((after_remine, frozen), (0, 0))
