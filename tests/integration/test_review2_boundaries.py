@@ -16,6 +16,7 @@ import uuid
 
 from sqlalchemy import text
 
+from custody.incidents import Incidents
 from custody.payouts import Payouts
 from regtest.util import assert_equal
 from tests.integration.test_review_deposit_boundaries import Chain, api, customer, refusal  # noqa: F401 - fixture
@@ -161,3 +162,37 @@ def test_a_deposit_re_mined_in_its_original_block_is_not_seen_as_re_mined(api, l
     log.info("recorded %d; suspense still short by %d; %d of alice's credit held", recorded, after_remine, frozen)
     chain.settle(obs, "release")
     assert_equal((after_remine, frozen), (0, 0))
+
+
+def test_a_deposit_reorged_out_of_the_same_block_twice_is_compensated_twice(api, ledger):
+    """The follow-on of the reorg battle: block X comes back (unnoticed, above) and is reorged out
+    once more. `_orphan` finds the observation still credited in X and books a second shortfall
+    and a second freeze for the one deposit: suspense shows twice the loss and the customer's
+    other money is frozen too. (With no other coins in the pool, the second shortfall booking is
+    refused by the location's limit instead, and the scanner's whole transaction with it: the
+    chain's deposit scan is stuck.) Expected: one shortfall for one deposit."""
+    chain = Chain(api)
+    bob, carol = customer(api, "bob"), customer(api, "carol")
+    chain.deposit(carol, 50_000_000, block="b0")  # the pool holds other customers' coins too
+    obs = chain.deposit(bob, 20_000_000)
+    api.custody.ledger.post(f"review2-more-{obs.txid}", [  # bob has other money too
+        __import__("ledger.model", fromlist=["Transfer"]).Transfer(
+            api.custody.wallets.firm_account("equity", "BTC"), bob, 30_000_000)], kind="treasury_credit")
+    suspense = api.custody.wallets.firm_account("suspense", "BTC")
+    before = ledger.balance(suspense).posted
+    chain.reorg_out(obs)
+    with api.custody.engine.connect() as c:
+        address_id = c.execute(text("SELECT id FROM deposit_address WHERE address = :a"), {"a": obs.address}).scalar_one()
+    with api.custody.engine.begin() as c:  # X is back: the same observation in the same block
+        api.custody.deposits._record(c, chain.name, obs, {obs.address: (address_id, bob, ledger.get_account(bob).owner)})
+    with api.custody.engine.begin() as c:  # and X is out again
+        outcome = api.custody.deposits._orphan(c, chain.name, obs)
+    short, held = before - ledger.balance(suspense).posted, ledger.balance(bob).held
+    log.info("second orphaning -> %s; suspense short by %d; %d of bob's money held", outcome, short, held)
+    with api.custody.engine.connect() as c:
+        incidents = c.execute(text("SELECT id FROM incident WHERE kind = 'deposit_reorged_after_finality' AND resolved_at IS NULL "
+                                   "AND (detail->>'observation_id')::bigint = :o"), {"o": chain.observation_id(obs)}).scalars().all()
+    for incident in incidents:
+        Incidents(api.custody.engine, ledger).resolve(incident, operator="review2-cleanup", comment="cleanup", decision="release")
+    chain.settle(obs, None)
+    assert_equal((short, held), (20_000_000, 20_000_000))
