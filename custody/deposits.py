@@ -190,8 +190,8 @@ class Deposits:
             return 1
         existing = c.execute(text(f"{_OBS_SQL} WHERE chain = :c AND asset = :a AND txid = :t AND output_index = :i FOR UPDATE"),
                              {"c": chain, "a": obs.asset, "t": obs.txid, "i": obs.index}).one()
-        if existing.block_hash == obs.block.hash:
-            return 0  # seen before in this very block (a rescan after a crash)
+        if existing.block_hash == obs.block.hash and not (existing.state in POST_FINAL and _reorged_out(c, existing)):
+            return 0  # seen before in this very block (a rescan after a crash); not a block that came back
         if existing.state == "orphaned":
             advance(c, "deposit_observation", existing.id, "orphaned", "seen", block_hash=obs.block.hash,
                     block_height=obs.block.height, confirmations=0)
@@ -213,6 +213,8 @@ class Deposits:
             advance(c, "deposit_observation", row.id, row.state, "orphaned", reorg_count=row.reorg_count + 1)
             return "orphaned"
         if row.state in POST_FINAL:
+            if _reorged_out(c, row):
+                return "ignored"  # its shortfall is booked already and stands: one per reorg
             self._deep_reorg(c, row)
             return "incident"
         return "ignored"
