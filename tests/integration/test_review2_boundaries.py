@@ -16,9 +16,10 @@ import uuid
 
 from sqlalchemy import text
 
+from custody.errors import CustodyErrorCode
 from custody.incidents import Incidents
 from custody.payouts import Payouts
-from regtest.util import assert_equal
+from regtest.util import assert_equal, assert_raises_code
 from tests.integration.test_review_deposit_boundaries import Chain, api, customer, refusal  # noqa: F401 - fixture
 
 log = logging.getLogger(__name__)
@@ -108,12 +109,14 @@ def test_a_withdrawal_requested_before_the_reorg_still_pays_out_the_frozen_credi
 
 
 def test_a_credit_hidden_behind_a_hold_kept_until_the_resolution_escapes_the_capture(api, ledger):
-    """The freeze's remainder is captured at resolution only "as far as it is available by then".
+    """The freeze's remainder was captured at resolution only "as far as it is available by then".
     The backend simply keeps its hold (an order's, say) in place until the operator has resolved
     the incident with `capture`: nothing is available, the capture takes nothing of the remainder,
     the resolved incident no longer freezes the account, and the backend releases its hold and
-    moves the whole credit to an accomplice. Expected: a capture that cannot take the whole
-    remainder leaves the account frozen (or is refused until the remainder is available)."""
+    moves the whole credit to an accomplice. Now a capture that cannot take the whole remainder is
+    refused (`incident_remainder_held`, naming the backend's hold) and the incident stays open: the
+    account stays frozen, the move is refused once the hold is released, and the operator's capture
+    then takes the whole credit."""
     chain = Chain(api)
     mallory, accomplice = customer(api, "mallory"), customer(api, "accomplice")
     obs = chain.deposit(mallory, 50_000_000)
@@ -123,13 +126,17 @@ def test_a_credit_hidden_behind_a_hold_kept_until_the_resolution_escapes_the_cap
     suspense = api.custody.wallets.firm_account("suspense", "BTC")
     before = ledger.balance(suspense).posted
     log.info("the operator resolves with capture while the backend's hold still hides the credit")
-    resolution = chain.settle(obs, "capture").resolution
-    log.info("resolution %s", resolution)
+    refused = assert_raises_code(CustodyErrorCode.incident_remainder_held, chain.settle, obs, "capture")
+    log.info("refused: %s", refused)
+    assert_equal([h["id"] for h in refused.detail["holds"]], [hold["id"]])
     log.info("the attack: release the hold and move the credit away")
     assert_equal(api.backend.post(f"/v1/holds/{hold['id']}/release").status_code, 200)
     r = api.backend.post("/v1/transactions", json={"idempotency_key": f"away-{obs.txid}", "transfers": [
         {"debit_account_id": mallory, "credit_account_id": accomplice, "amount": "0.5"}]})
     log.info("-> %d %s", r.status_code, r.text[:160])
+    assert_equal(refusal(r), "account_frozen")
+    resolution = chain.settle(obs, "capture").resolution
+    log.info("the operator captures again: %s", resolution)
     moved = ledger.balance(accomplice).posted
     recovered = ledger.balance(suspense).posted - before
     assert_equal((moved, recovered), (0, 50_000_000))
