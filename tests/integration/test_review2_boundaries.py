@@ -7,7 +7,18 @@ without a node (deposits booked on a chain of the test's own, as in test_review_
   frozen account all the same;
 - a reorged-out credit hidden from the freeze by the customer's own WITHDRAWAL (requested before
   the reorg) is paid out: the freeze refuses new withdrawals, but the one already holding the credit
-  is approved by operators and taken by the batcher, neither of which asks `refuse_frozen`.
+  is approved by operators and taken by the batcher, neither of which asks `refuse_frozen`;
+- a credit hidden behind the backend's hold KEPT until the operator resolves with `capture` is
+  captured "as far as available" (nothing), the resolution ends the freeze, and the backend then
+  releases its hold and moves the credit away.
+
+Each now holds: matching evicts a resting order that would debit a frozen account before anything
+trades with it (walking the reach again after each eviction) and rejects a fired stop of one
+(`Trading.blocked_accounts`, wired by custody.trading); the freeze rejects the account's
+withdrawals not batched yet before it reads what is available, and approving or batching one of a
+frozen account is refused; a `capture` that cannot take the whole remainder is refused
+(`incident_remainder_held`, naming the holds), so the account stays frozen until it can. The last
+scenarios (below the line) pin the fixes' edges.
 """
 from __future__ import annotations
 
@@ -16,7 +27,7 @@ import uuid
 
 from sqlalchemy import text
 
-from custody.errors import CustodyErrorCode
+from custody.errors import CustodyError, CustodyErrorCode
 from custody.incidents import Incidents
 from custody.payouts import Payouts
 from regtest.util import assert_equal, assert_raises_code
@@ -205,3 +216,99 @@ def test_a_deposit_reorged_out_of_the_same_block_twice_is_compensated_twice(api,
         Incidents(api.custody.engine, ledger).resolve(incident, operator="review2-cleanup", comment="cleanup", decision="release")
     chain.settle(obs, None)
     assert_equal(short, 20_000_000)
+
+
+# ---- the fixes' edges -------------------------------------------------------------------------
+
+
+def market_with_accomplice(api, ledger, quote: int = 1_000_000_000) -> tuple[str, str]:
+    """A BTC-USDT market without fees, and an accomplice funded with USDT. Returns (symbol, owner)."""
+    ledger.create_asset("USDT", 6)
+    symbol = f"BTC-USDT-{uuid.uuid4().hex[:8]}"
+    r = api.admin.post("/v1/markets", json={"symbol": symbol, "base_asset": "BTC", "quote_asset": "USDT",
+                                            "lot_size": 10_000, "quote_per_tick_lot": 1,
+                                            "fees": {"default": {"maker_ppm": 0, "taker_ppm": 0}}})
+    assert r.status_code == 201, r.text
+    accomplice = f"accomplice-{uuid.uuid4().hex[:8]}"
+    api.backend.post("/v1/accounts", json={"asset": "USDT", "kind": "customer", "owner": accomplice,
+                                           "name": f"customer:{accomplice}:USDT"}).raise_for_status()
+    usdt = ledger.account_by_name(f"customer:{accomplice}:USDT").id
+    ledger.transfer(f"review2-fund-{accomplice}", api.custody.wallets.firm_account("equity", "USDT"), usdt, quote)
+    return symbol, accomplice
+
+
+def order(api, symbol: str, owner: str, client_order_id: str, side: str, qty: str, price: str | None = None, **more):
+    r = api.backend.post(f"/v1/markets/{symbol}/orders", json={
+        "account": owner, "client_order_id": client_order_id, "side": side, "qty": qty,
+        **({"price": price} if price is not None else {}), **more})
+    log.info("%s %s %s @ %s -> %d %s", owner, side, qty, price, r.status_code, r.text[:160])
+    return r
+
+
+def btc_of(ledger, owner: str) -> int:
+    try:
+        return ledger.balance(ledger.account_by_name(f"customer:{owner}:BTC").id).posted
+    except Exception:  # noqa: BLE001 - never opened: nothing received
+        return 0
+
+
+def recover(api, ledger, chain: Chain, obs, thief: str, taken: int) -> int:
+    """Give back what `thief` took (so the session's books stay clean), then resolve the incident
+    with `capture` (or, if that is refused because part of the credit is still hidden, with
+    `release`, so the session is not left frozen and halted). Returns what suspense recovered."""
+    suspense = api.custody.wallets.firm_account("suspense", "BTC")
+    if taken:
+        ledger.transfer(f"review2-cleanup-{thief}", ledger.account_by_name(f"customer:{thief}:BTC").id, suspense, taken)
+    before = ledger.balance(suspense).posted
+    try:
+        chain.settle(obs, "capture")
+    except CustodyError as exc:
+        log.info("capture refused: %s", exc)
+        chain.settle(obs, "release")
+    return ledger.balance(suspense).posted - before
+
+
+def test_a_frozen_sellers_deeper_resting_orders_are_evicted_too(api, ledger):
+    """Mallory rests her credit in two sells at two prices before the reorg. The accomplice's buy
+    reaches only the first level at first sight; once that order is evicted it reaches the second:
+    matching walks the reach again after an eviction, so the deeper order is evicted as well and
+    the accomplice's buy takes nothing of the frozen credit."""
+    chain = Chain(api)
+    mallory = customer(api, "mallory")
+    owner = ledger.get_account(mallory).owner
+    symbol, accomplice = market_with_accomplice(api, ledger)
+    obs = chain.deposit(mallory, 50_000_000)
+    assert_equal(order(api, symbol, owner, "low", "sell", "0.25", "1").json()["state"], "working")
+    assert_equal(order(api, symbol, owner, "high", "sell", "0.25", "2").json()["state"], "working")
+    chain.reorg_out(obs)
+    order(api, symbol, accomplice, "take", "buy", "0.25", "2")
+    taken = btc_of(ledger, accomplice)
+    log.info("the accomplice took %d of mallory's credit", taken)
+    assert_equal((taken, recover(api, ledger, chain, obs, accomplice, taken)), (0, 50_000_000))
+
+
+def test_a_stop_placed_before_the_reorg_is_not_activated_on_a_frozen_account(api, ledger):
+    """Mallory places a stop sell of her credit before the reorg (a stop holds nothing until it
+    fires) and the backend hides the credit behind its own hold; after the reorg the backend
+    releases that hold (allowed: the account stays frozen) and an unrelated trade fires the stop.
+    Its hold would be placed by matching's own ledger command and the sell would trade the credit
+    to the accomplice's resting bid: the stop of a frozen account is rejected instead."""
+    chain = Chain(api)
+    mallory, carol = customer(api, "mallory"), customer(api, "carol")
+    owner, carol_owner = ledger.get_account(mallory).owner, ledger.get_account(carol).owner
+    symbol, accomplice = market_with_accomplice(api, ledger)
+    chain.deposit(carol, 1_000_000, block="b0")
+    obs = chain.deposit(mallory, 50_000_000)
+    stop = order(api, symbol, owner, "stop", "sell", "0.5", None, type="stop", stop_price="1")
+    assert_equal(stop.status_code, 201)
+    hold = api.backend.post("/v1/holds", json={"idempotency_key": f"order-{obs.txid}", "account_id": mallory,
+                                               "amount": "0.5", "reference": "order"}).json()
+    chain.reorg_out(obs)
+    assert_equal(api.backend.post(f"/v1/holds/{hold['id']}/release").status_code, 200)
+    log.info("the accomplice bids for the credit; carol's small sale fires the stop")
+    order(api, symbol, accomplice, "bid", "buy", "0.51", "1")
+    order(api, symbol, carol_owner, "fire", "sell", "0.01", "1")
+    state = api.backend.get(f"/v1/markets/{symbol}/orders/{stop.json()['order_id']}", params={"account": owner}).json().get("state")
+    taken = btc_of(ledger, accomplice) - 1_000_000
+    log.info("the stop is %s; the accomplice took %d of mallory's credit", state, taken)
+    assert_equal((taken, recover(api, ledger, chain, obs, accomplice, taken)), (0, 50_000_000))
