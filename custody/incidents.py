@@ -29,7 +29,8 @@ Guarantees:
 - an incident without a hold or a remainder takes no decision;
 - resolving does not release the kill switch: that stays an admin's separate act.
 
-Which decision applies is decided by `resolution_plan`, a pure function of the incident's record.
+Which decision applies is decided by `resolution_plan`, a pure function of the incident's record;
+whether a capture may take the remainder now by `hidden_remainder`.
 """
 from __future__ import annotations
 
@@ -79,6 +80,13 @@ def resolution_plan(detail: dict[str, Any], decision: str | None, *, shortfall_r
     return decision
 
 
+def hidden_remainder(remainder: int, available: int) -> int:
+    """How much of an incident's remainder a capture could not take now (still behind other holds
+    on the account). A capture takes the whole remainder or is refused while this is above zero: a
+    partial capture would end the freeze with the rest still hidden (see the guarantees above)."""
+    return max(0, remainder - max(0, available))
+
+
 class Incidents:
     def __init__(self, engine: Engine, ledger: Ledger) -> None:
         self.engine = engine
@@ -122,7 +130,7 @@ class Incidents:
             account = int(hold_record["account_id"])
             headroom = self.ledger.lock_available([account], conn=c).get(account)
             available = headroom.available if headroom else 0
-            if available < remainder:
+            if hidden_remainder(remainder, available) > 0:
                 holds = [{"id": h.id, "owner": h.owner, "reference": h.reference, "remaining": str(h.remaining)}
                          for h in c.execute(text(_OTHER_HOLDS_SQL), {"a": account, "o": hold_record["owner"]})]
                 raise CustodyError(CustodyErrorCode.incident_remainder_held,
@@ -146,7 +154,7 @@ def refuse_frozen(conn: Connection | Engine, account_ids: Iterable[int]) -> None
     if isinstance(conn, Engine):
         with conn.connect() as c:
             return refuse_frozen(c, ids)
-    frozen = conn.execute(text(_FROZEN_SQL), {"a": ids}).first()  # (the first, for the message)
+    frozen = conn.execute(text(_FROZEN_SQL), {"a": ids}).first()  # the oldest incident, for the message
     if frozen is not None:
         raise CustodyError(CustodyErrorCode.account_frozen,
                            f"account {frozen.account_id} is frozen: a credit of it was reorged out after finality "
@@ -160,7 +168,7 @@ def frozen_accounts(conn: Connection, account_ids: Sequence[int]) -> set[int]:
     ids = sorted({int(a) for a in account_ids})
     if not ids:
         return set()
-    return {row.account_id for row in conn.execute(text(_FROZEN_SQL.replace("LIMIT 1", "")), {"a": ids})}
+    return {row.account_id for row in conn.execute(text(_FROZEN_SQL), {"a": ids})}
 
 
 def give_back_captures(c: Connection, ledger: Ledger, suspense_transaction_id: int, key: str) -> list[int]:
@@ -193,7 +201,6 @@ WHERE i.kind = 'deposit_reorged_after_finality'
   AND coalesce((i.detail->'hold'->>'remainder')::numeric, 0) > 0
   AND NOT EXISTS (SELECT 1 FROM journal_transaction t WHERE t.reverses_id = (i.detail->>'suspense_transaction_id')::bigint)
 ORDER BY i.id
-LIMIT 1
 """
 
 # The holds on an account other than custody's own freeze (what hides a remainder from a capture).
