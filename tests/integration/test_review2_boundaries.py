@@ -28,6 +28,7 @@ import uuid
 from sqlalchemy import text
 
 from custody.errors import CustodyError, CustodyErrorCode
+from custody.controls import set_kill_switch
 from custody.incidents import Incidents
 from custody.payouts import Payouts
 from regtest.util import assert_equal, assert_raises_code
@@ -312,3 +313,35 @@ def test_a_stop_placed_before_the_reorg_is_not_activated_on_a_frozen_account(api
     taken = btc_of(ledger, accomplice) - 1_000_000
     log.info("the stop is %s; the accomplice took %d of mallory's credit", state, taken)
     assert_equal((taken, recover(api, ledger, chain, obs, accomplice, taken)), (0, 50_000_000))
+
+
+def test_a_withdrawal_that_raced_the_freeze_is_rejected_by_the_batcher(api, ledger, monkeypatch):
+    """A request that read "not frozen" just before the freeze committed holds its amount just after
+    it (the freeze rejected only the withdrawals it found). Simulated here: the backend's hold hid
+    part of the credit, the backend releases it, an admin has lifted the kill switch, and the
+    request's door check is bypassed. The policy approves it; the batcher must not take it: it is
+    rejected (`account_frozen`), its hold released, and the capture recovers the whole credit."""
+    chain = Chain(api)
+    mallory = customer(api, "mallory")
+    obs = chain.deposit(mallory, 50_000_000)
+    hold = api.backend.post("/v1/holds", json={"idempotency_key": f"order-{obs.txid}", "account_id": mallory,
+                                               "amount": "0.3", "reference": "order"}).json()
+    chain.reorg_out(obs)
+    assert_equal(api.backend.post(f"/v1/holds/{hold['id']}/release").status_code, 200)
+    with api.custody.engine.begin() as c:
+        set_kill_switch(c, False, "an admin lifts the switch", "review2-admin")
+    monkeypatch.setattr("custody.withdrawals.refuse_frozen", lambda conn, ids: None)  # the race: read before the freeze
+    w = api.withdraw(mallory, "0.29")
+    monkeypatch.undo()
+    log.info("withdrawal %s is %s on the frozen account", w["id"], w["state"])
+    assert_equal(w["state"], "approved")
+    payouts = Payouts(api.custody.engine, api.custody.ledger, api.custody.wallets, {}, signer=None)
+    with api.custody.engine.begin() as c:
+        taken = [row.id for row in payouts._take_approved(c, "bitcoin", 100) if row.account_id == mallory]
+    state = api.custody.withdrawals.get(int(w["id"])).state
+    log.info("the batcher takes %s; the withdrawal is %s", taken, state)
+    api.reject_all(mallory)
+    suspense = api.custody.wallets.firm_account("suspense", "BTC")
+    before = ledger.balance(suspense).posted
+    chain.settle(obs, "capture")
+    assert_equal((taken, state, ledger.balance(suspense).posted - before), ([], "rejected", 50_000_000))
