@@ -190,8 +190,8 @@ class Deposits:
             return 1
         existing = c.execute(text(f"{_OBS_SQL} WHERE chain = :c AND asset = :a AND txid = :t AND output_index = :i FOR UPDATE"),
                              {"c": chain, "a": obs.asset, "t": obs.txid, "i": obs.index}).one()
-        if existing.block_hash == obs.block.hash:
-            return 0  # seen before in this very block (a rescan after a crash)
+        if existing.block_hash == obs.block.hash and not (existing.state in POST_FINAL and _reorged_out(c, existing)):
+            return 0  # seen before in this very block (a rescan after a crash); not a block that came back
         if existing.state == "orphaned":
             advance(c, "deposit_observation", existing.id, "orphaned", "seen", block_hash=obs.block.hash,
                     block_height=obs.block.height, confirmations=0)
@@ -213,6 +213,8 @@ class Deposits:
             advance(c, "deposit_observation", row.id, row.state, "orphaned", reorg_count=row.reorg_count + 1)
             return "orphaned"
         if row.state in POST_FINAL:
+            if _reorged_out(c, row):
+                return "ignored"  # its shortfall is booked already and stands: one per reorg
             self._deep_reorg(c, row)
             return "incident"
         return "ignored"
@@ -233,12 +235,16 @@ class Deposits:
 
     def _freeze_credit(self, c: Connection, row, key: str, suspense: int) -> dict:
         """Hold what is still available of the credit on the customer's account (under its balance
-        lock, so the amount read is the amount held). Returns the incident's record of the hold."""
+        lock, so the amount read is the amount held), after rejecting the account's withdrawals not
+        batched yet: their holds (custody's own) would otherwise hide the credit from the freeze
+        while the batcher pays it out. Returns the incident's record of the hold."""
+        from custody.withdrawals import reject_for_reorg  # (custody.withdrawals imports this module)
+        rejected = reject_for_reorg(c, self.ledger, row.account_id, by="custody:reorg")
         headroom = self.ledger.lock_available([row.account_id], conn=c).get(row.account_id)
         amount = reorg_freeze_amount(int(row.amount), headroom.available if headroom else 0)
         remainder = reorg_remainder(int(row.amount), amount, self.ledger.balance(row.account_id, conn=c).held)
         record = {"id": None, "account_id": row.account_id, "amount": str(amount), "owner": REORG_HOLD_OWNER,
-                  "capture_to": suspense, "remainder": str(remainder)}
+                  "capture_to": suspense, "remainder": str(remainder), "withdrawals_rejected": rejected}
         if amount > 0:
             record["id"] = self.ledger.place_hold(f"{key}:freeze", row.account_id, amount, owner=REORG_HOLD_OWNER,
                                                   reference=f"deposit-reorg:{row.id}", conn=c).id

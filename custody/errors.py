@@ -33,6 +33,7 @@
 | allowlist_change_not_found | 404 | no allowlist change with that id |
 | incident_not_found | 404 | no incident with that id |
 | incident_decision_invalid | 422 | the resolution's decision does not fit the incident (a held amount needs release or capture; a capture needs a shortfall still booked) |
+| incident_remainder_held | 409 | a capture cannot take the whole reorged-out credit yet: part of it is still behind other holds on the account (named in the detail); the account stays frozen until they are released |
 | deposit_reorged_out | 409 | the deposit's transaction left the chain after finality and was not re-mined: its coins cannot be released or returned |
 | retry_unknown | 404 | no withdrawal batch, sweep or rebalance with that id |
 | retry_not_set_aside | 409 | the withdrawal batch, sweep or rebalance is not set aside: there is nothing to retry |
@@ -75,6 +76,7 @@ class CustodyErrorCode(str, enum.Enum):
     allowlist_change_not_found = "allowlist_change_not_found"
     incident_not_found = "incident_not_found"
     incident_decision_invalid = "incident_decision_invalid"
+    incident_remainder_held = "incident_remainder_held"
     deposit_reorged_out = "deposit_reorged_out"
     retry_unknown = "retry_unknown"
     retry_not_set_aside = "retry_not_set_aside"
@@ -117,6 +119,7 @@ _STATUS = {
     CustodyErrorCode.allowlist_change_not_found: 404,
     CustodyErrorCode.incident_not_found: 404,
     CustodyErrorCode.incident_decision_invalid: 422,
+    CustodyErrorCode.incident_remainder_held: 409,
     CustodyErrorCode.deposit_reorged_out: 409,
     CustodyErrorCode.retry_unknown: 404,
     CustodyErrorCode.retry_not_set_aside: 409,

@@ -6,26 +6,37 @@ Guarantees:
 - an incident that froze money (a hold recorded in its detail, e.g. the reorged-out credit of
   `custody.deposits`), or that names a remainder of the credit custody could not hold, needs a
   decision: `release` gives the held amount back to the customer, `capture` moves it to the account
-  the incident names (suspense), and with it as much of the remainder as the account has available
-  by then, so the books recover the shortfall; the ledger effect commits with the resolution, or
-  neither does;
-- while such an incident is unresolved and its remainder is above zero, the account is frozen:
-  no API posting debits it, no API hold is placed or captured on it, no withdrawal is requested
-  from it (`account_frozen`, `refuse_frozen`), so the part of the credit that an earlier hold hid
-  from the freeze cannot be released and moved away; the deposit re-mined lifts this;
+  the incident names (suspense), and with it the whole remainder, so the books recover the
+  shortfall; the ledger effect commits with the resolution, or neither does;
+- a `capture` that cannot take the whole remainder (part of it is still behind holds other than
+  custody's: the backend's, a resting order's) is refused (`incident_remainder_held`, the holds
+  named in the detail) and the incident stays unresolved, so the account stays frozen until those
+  holds are released and the operator captures again. This is the simplest airtight rule: a
+  capture "as far as available" would end the freeze with part of the credit still hidden, and the
+  backend, keeping its hold until then, would release it and move the credit away;
+- while such an incident is unresolved and its remainder is above zero, the account is frozen
+  (`frozen_accounts`): no API posting debits it, no API hold is placed or captured on it, no
+  withdrawal is requested, approved or batched from it, no order of its owner is placed or
+  amended (`account_frozen`, `refuse_frozen`), and matching evicts a resting order that would
+  debit it before anything trades with it, and does not activate a stop of it that fires
+  (`matching.service.Trading.blocked_accounts`), so the part of the credit that an earlier hold
+  hid from the freeze cannot be released and moved away; the deposit re-mined lifts this. The
+  freeze itself rejects the account's withdrawals not batched yet before it reads what is
+  available (`custody.withdrawals.reject_for_reorg`), so their holds hide nothing;
 - `capture` is refused when the shortfall is no longer booked (the deposit was re-mined and its
   compensation reversed): custody never takes a customer's money for a loss that did not happen;
   a capture made before the deposit is re-mined is given back when it is (`give_back_captures`);
 - an incident without a hold or a remainder takes no decision;
 - resolving does not release the kill switch: that stays an admin's separate act.
 
-Which decision applies is decided by `resolution_plan`, a pure function of the incident's record.
+Which decision applies is decided by `resolution_plan`, a pure function of the incident's record;
+whether a capture may take the remainder now by `hidden_remainder`.
 """
 from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,6 +80,13 @@ def resolution_plan(detail: dict[str, Any], decision: str | None, *, shortfall_r
     return decision
 
 
+def hidden_remainder(remainder: int, available: int) -> int:
+    """How much of an incident's remainder a capture could not take now (still behind other holds
+    on the account). A capture takes the whole remainder or is refused while this is above zero: a
+    partial capture would end the freeze with the rest still hidden (see the guarantees above)."""
+    return max(0, remainder - max(0, available))
+
+
 class Incidents:
     def __init__(self, engine: Engine, ledger: Ledger) -> None:
         self.engine = engine
@@ -108,16 +126,22 @@ class Incidents:
                                           metadata={"incident_id": incident.id}, conn=c)
             effect = {"captured": str(hold.remaining), "transaction_id": tx.transaction_id}
         remainder = _remainder(incident.detail)
-        if remainder > 0:  # what an earlier hold hid from the freeze, as far as it is available now
+        if remainder > 0:  # what an earlier hold hid from the freeze: all of it, or nothing yet
             account = int(hold_record["account_id"])
             headroom = self.ledger.lock_available([account], conn=c).get(account)
-            amount = max(0, min(remainder, headroom.available if headroom else 0))
-            effect["captured_remainder"] = str(amount)
-            if amount > 0:
-                tx = self.ledger.post(f"incident:{incident.id}:capture-remainder",
-                                      [Transfer(account, int(hold_record["capture_to"]), amount)], kind="incident_recovery",
-                                      metadata={"incident_id": incident.id, "remainder": True}, conn=c)
-                effect["remainder_transaction_id"] = tx.transaction_id
+            available = headroom.available if headroom else 0
+            if hidden_remainder(remainder, available) > 0:
+                holds = [{"id": h.id, "owner": h.owner, "reference": h.reference, "remaining": str(h.remaining)}
+                         for h in c.execute(text(_OTHER_HOLDS_SQL), {"a": account, "o": hold_record["owner"]})]
+                raise CustodyError(CustodyErrorCode.incident_remainder_held,
+                                   f"only {available} of the remainder {remainder} is available on account {account}: "
+                                   "the rest is behind other holds; the account stays frozen until they are released",
+                                   account_id=account, remainder=str(remainder), available=str(available), holds=holds)
+            effect["captured_remainder"] = str(remainder)
+            tx = self.ledger.post(f"incident:{incident.id}:capture-remainder",
+                                  [Transfer(account, int(hold_record["capture_to"]), remainder)], kind="incident_recovery",
+                                  metadata={"incident_id": incident.id, "remainder": True}, conn=c)
+            effect["remainder_transaction_id"] = tx.transaction_id
         return effect
 
 
@@ -130,12 +154,21 @@ def refuse_frozen(conn: Connection | Engine, account_ids: Iterable[int]) -> None
     if isinstance(conn, Engine):
         with conn.connect() as c:
             return refuse_frozen(c, ids)
-    frozen = conn.execute(text(_FROZEN_SQL), {"a": ids}).first()
+    frozen = conn.execute(text(_FROZEN_SQL), {"a": ids}).first()  # the oldest incident, for the message
     if frozen is not None:
         raise CustodyError(CustodyErrorCode.account_frozen,
                            f"account {frozen.account_id} is frozen: a credit of it was reorged out after finality "
                            f"(incident {frozen.incident_id}); an operator must resolve the incident first",
                            account_id=frozen.account_id, incident_id=frozen.incident_id)
+
+
+def frozen_accounts(conn: Connection, account_ids: Sequence[int]) -> set[int]:
+    """Which of `account_ids` are frozen (see `refuse_frozen`): for the paths that do not raise but
+    skip or evict (matching's `blocked_accounts`, the batcher)."""
+    ids = sorted({int(a) for a in account_ids})
+    if not ids:
+        return set()
+    return {row.account_id for row in conn.execute(text(_FROZEN_SQL), {"a": ids})}
 
 
 def give_back_captures(c: Connection, ledger: Ledger, suspense_transaction_id: int, key: str) -> list[int]:
@@ -168,7 +201,16 @@ WHERE i.kind = 'deposit_reorged_after_finality'
   AND coalesce((i.detail->'hold'->>'remainder')::numeric, 0) > 0
   AND NOT EXISTS (SELECT 1 FROM journal_transaction t WHERE t.reverses_id = (i.detail->>'suspense_transaction_id')::bigint)
 ORDER BY i.id
-LIMIT 1
+"""
+
+# The holds on an account other than custody's own freeze (what hides a remainder from a capture).
+_OTHER_HOLDS_SQL = """
+SELECT id, owner, reference, amount - captured - released AS remaining
+FROM hold
+WHERE account_id = :a
+  AND state = 'pending'
+  AND owner <> :o
+ORDER BY id
 """
 
 _INCIDENT_OF_SHORTFALL_SQL = """

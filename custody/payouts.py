@@ -56,6 +56,7 @@ from custody.controls import DRAIN, audit, emit, flag, kill_switch, open_inciden
 from custody.deposits import reopen_returns, return_reorged_out
 from custody.destinations import HOT_RECEIVE_INDEX, DestinationGuard, eth_payout_call
 from custody.errors import CustodyError, CustodyErrorCode
+from custody.incidents import frozen_accounts
 from custody.states import advance, advance_many
 from custody.wallets import Wallets
 from custody.withdrawals import HOLD_OWNER
@@ -280,6 +281,7 @@ class Payouts:
                 set_flag(c, DRAIN, False, "backlog drained", "custody")
                 log.info("outage drain finished")
         denied = {a.lower() for a in c.execute(text("SELECT address FROM denylist_address")).scalars()}
+        frozen = frozen_accounts(c, [w.account_id for w in rows])
         keep = []
         for w in rows:
             # rescreen, and the destination again (it may have become ours, or a contract, since the
@@ -288,6 +290,8 @@ class Payouts:
             reason = "destination_sanctioned" if w.destination.lower() in denied else refused.value if refused else None
             if reason is None and return_reorged_out(c, w.id):
                 reason = "deposit_reorged_out"  # a quarantine return whose coins left the chain
+            if reason is None and w.account_id in frozen:
+                reason = "account_frozen"  # a reorged-out credit of the account: custody.incidents
             if reason is not None:
                 self.ledger.release_hold(w.hold_id, owner=HOLD_OWNER, conn=c)
                 advance(c, "withdrawal", w.id, "approved", "rejected", reject_reasons=[reason])

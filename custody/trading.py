@@ -1,5 +1,7 @@
 """Wiring of the matching service into the container: `attach(container)` builds `Trading` from the
-container's database engine and ledger, rebuilds every configured market from its journal
+container's database engine and ledger (a reorg freeze, `custody.incidents.frozen_accounts`, blocks
+the accounts it freezes: matching evicts their resting orders before anything trades with them),
+rebuilds every configured market from its journal
 (snapshot + replay), and sets `container.trading`. With no market configured it is simply empty."""
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import threading
 from sqlalchemy import Engine
 
 from custody.container import Container
-from custody.incidents import refuse_frozen
+from custody.incidents import frozen_accounts, refuse_frozen
 from ledger.errors import LedgerError
 from matching.service import Trading
 from matching.settlement import customer_account_name
@@ -20,7 +22,7 @@ def attach(container: Container) -> Trading:
     """Build (once) and return the container's trading service."""
     with _attach_lock:
         if container.trading is None:
-            trading = Trading(container.engine, container.ledger)
+            trading = Trading(container.engine, container.ledger, blocked_accounts=frozen_accounts)
             trading.load()
             container.trading = trading
         return container.trading

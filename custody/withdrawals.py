@@ -23,7 +23,9 @@ requires operators other than the requester whatever the amount; it is not appro
 deposit is reorged out after finality (`deposit_reorged_out`), and ending it unpaid (rejected here,
 by policy or at payout, or released after a failed transaction) puts the deposit back to
 `quarantined` in the same database transaction (`custody.deposits.reopen_returns`). An account
-frozen by a reorged-out credit custody could not hold in full requests nothing (`account_frozen`).
+frozen by a reorged-out credit custody could not hold in full requests nothing (`account_frozen`),
+and nothing of it is approved or batched; the freeze itself rejects the account's withdrawals not
+batched yet (`reject_for_reorg`), so their holds no longer hide the credit from it.
 
 Allowlists: a change that tightens (stricter mode, longer cooling-off, more approvals, an address
 removed) applies at once; one that loosens waits as an `allowlist_change` until an operator approves
@@ -285,6 +287,7 @@ class Withdrawals:
                 if return_reorged_out(c, wid):
                     raise CustodyError(CustodyErrorCode.deposit_reorged_out,
                                        "the deposit this withdrawal returns was reorged out after finality: reject it")
+                refuse_frozen(c, [w.account_id])  # the freeze rejected it, or will: nothing to approve
             inserted = c.execute(
                 text("INSERT INTO approval (withdrawal_id, decision_id, operator, action, comment, at) VALUES (:w, :d, :o, :a, :c, :t) "
                      "ON CONFLICT (decision_id, operator) DO NOTHING RETURNING id"),
@@ -561,3 +564,28 @@ def _allowlist_view(c: Connection, account_id: int) -> AllowlistView:
     return AllowlistView(account_id, rule.mode if rule else None, dt.timedelta(seconds=rule.cooling_off_secs if rule else 0),
                          rule.approvals if rule else 1, rule.version if rule else 0,
                          _change_view(pending) if pending else None)
+
+
+def reject_for_reorg(c: Connection, ledger: Ledger, account_id: int, *, by: str) -> list[int]:
+    """A credit of `account_id` was reorged out after finality (`custody.deposits`, in the freeze's
+    transaction, before it reads what is available): reject the account's withdrawals not batched
+    yet (held, pending approval, approved) and release their holds, so the credit their holds hid
+    is frozen instead of paid out. Rows a batcher is taking are waited for (then batched: gone
+    before the freeze, like any earlier debit). Returns the rejected withdrawals' ids."""
+    rows = c.execute(text(_UNBATCHED_OF_ACCOUNT_SQL), {"a": account_id}).all()
+    for w in rows:
+        ledger.release_hold(w.hold_id, owner=HOLD_OWNER, conn=c)
+        advance(c, "withdrawal", w.id, w.state, "rejected", reject_reasons=["deposit_reorged_out"])
+        reopen_returns(c, [w.id], by=by, reason="deposit_reorged_out")
+        emit(c, "withdrawal.rejected", f"withdrawal.rejected:{w.id}", {"withdrawal_id": w.id, "reason": "deposit_reorged_out"})
+    return [w.id for w in rows]
+
+
+_UNBATCHED_OF_ACCOUNT_SQL = """
+SELECT id, state, hold_id
+FROM withdrawal_request
+WHERE account_id = :a
+  AND state IN ('held', 'pending_approval', 'approved')
+ORDER BY id
+FOR UPDATE
+"""

@@ -158,7 +158,8 @@ class RejectTriggered:
 @dataclass(frozen=True, slots=True)
 class Evict:
     """The money layer cannot pay the order's owner for a fill (the account a fill would credit is
-    closed): cancel the open order before a command that could trade with it is sequenced."""
+    closed), or may not debit the account a fill would take from (blocked: custody's reorg freeze):
+    cancel the open order before a command that could trade with it is sequenced."""
 
     order_id: str
 

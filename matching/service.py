@@ -6,7 +6,8 @@ For each command, in ONE database transaction (the unit of work):
    sequenced. Whatever the ledger could refuse for a fill is refused or decided here, before the
    engine commits to it, so no client input can fail a unit after matching (issue 11): the
    account a fill would credit is opened at placement (a name another owner holds refuses the
-   order) and must be open; resting orders the order could meet whose owner cannot be paid are
+   order) and must be open; resting orders the order could meet whose owner cannot be paid, or
+   whose account a fill would debit is blocked (`blocked_accounts`: custody's reorg freeze), are
    cancelled first by a journaled `Evict`; a closed fee account refuses crossing orders;
 2. sequencer: number the command, append it to the journal (`matching_command`), apply it;
 3. settlement: one journal transaction per fill, exact release at terminal states, holds for
@@ -34,7 +35,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from sqlalchemy import Connection, Engine as DbEngine
 from sqlalchemy.exc import DBAPIError
@@ -66,6 +67,15 @@ _RETRYABLE = ("40P01", "40001")
 # pause that grows with each attempt (so the writers that collided do not collide again in step).
 _ATTEMPTS = 4
 _ORDER_NS = uuid.UUID("5d0c1c52-9d8e-4f4e-9a57-6a7c1f0d4b11")
+
+# Which of the given ledger accounts may not be debited by a fill or held for a fired stop (read in
+# the unit of work, after their balance rows are locked). Matching knows no reason for a block:
+# the money layer injects it (custody: an account frozen by a reorged-out credit).
+BlockedAccounts = Callable[[Connection, Sequence[int]], set[int]]
+
+
+def no_blocked_accounts(conn: Connection, account_ids: Sequence[int]) -> set[int]:
+    return set()
 
 
 def order_id_for(symbol: str, account: str, client_order_id: str) -> str:
@@ -113,9 +123,13 @@ class Trading:
     ran on the runtime it had looked up before waiting would number its commands from a stale
     engine (issue 11: racing requests answered 500, duplicate `matching_command` key)."""
 
-    def __init__(self, db: DbEngine, ledger: Ledger) -> None:
+    def __init__(self, db: DbEngine, ledger: Ledger, blocked_accounts: BlockedAccounts = no_blocked_accounts) -> None:
         self.db = db
         self.ledger = ledger
+        # Resting orders debiting a blocked account are evicted before anything trades with them,
+        # and a stop of one is not activated when it fires. Only the live path asks: an eviction is
+        # journaled, so a replay needs no answer of it (determinism).
+        self.blocked_accounts = blocked_accounts
         self._markets: dict[str, _Runtime] = {}
         self._locks: dict[str, threading.Lock] = {}  # one per market, never replaced
         self._lock = threading.Lock()  # guards the two maps
@@ -342,33 +356,43 @@ class Trading:
         """Before an order that may trade is sequenced: every account a fill of it could credit
         must be open, or the ledger would refuse the fill after the engine made it (and the market
         would need a rebuild). The resting orders it could meet (`Engine.makers_in_reach`) whose
-        owner cannot be paid (the account is closed, or its name is taken) are cancelled first,
-        by a journaled `Evict`; a closed fee account, or a closed account of the order's own owner
-        (an amended order rested before it was closed), refuses the order (`account_closed`).
-        Events of the evictions are settled and added to `touched`. Returns a refusal code or None."""
+        owner cannot be paid (the account is closed, or its name is taken), or whose account a
+        fill would debit is blocked (`blocked_accounts`: a frozen seller must not be sold from by
+        a counterparty's order), are cancelled first, by a journaled `Evict`; the reach is then
+        walked again, since the order now reaches deeper. A closed fee account, or a closed account
+        of the order's own owner (an amended order rested before it was closed), refuses the order
+        (`account_closed`). Events of the evictions are settled and added to `touched`. Returns a
+        refusal code or None."""
         group = taker.stp_group or taker.account
-        makers = rt.engine.makers_in_reach(taker.side, price, qty, budget, taker.account, group)
-        if not makers:
-            return None
-        s = rt.settlement
-        try:
-            own = s.receive_account(conn, taker.account, taker.side)
-        except LedgerError as exc:
-            return exc.code.value
-        receive: dict[str, int | None] = {}
-        for maker in makers:
+        while True:
+            makers = rt.engine.makers_in_reach(taker.side, price, qty, budget, taker.account, group)
+            if not makers:
+                return None
+            s = rt.settlement
             try:
-                receive[maker.order_id] = s.receive_account(conn, maker.account, maker.side)
-            except LedgerError:
-                receive[maker.order_id] = None  # the name is another owner's: it cannot be paid
-        s.track(conn, [s.fee_account_id, own, *(a for a in receive.values() if a is not None)])
-        if s.is_closed(s.fee_account_id) or s.is_closed(own):
-            return LedgerCode.account_closed.value
-        for maker in makers:
-            account = receive[maker.order_id]
-            if account is None or s.is_closed(account):
-                touched += self._settle(rt, conn, uow, rt.sequencer.submit(Evict(maker.order_id)).events)
-        return None
+                own = s.receive_account(conn, taker.account, taker.side)
+            except LedgerError as exc:
+                return exc.code.value
+            receive: dict[str, int | None] = {}
+            for maker in makers:
+                try:
+                    receive[maker.order_id] = s.receive_account(conn, maker.account, maker.side)
+                except LedgerError:
+                    receive[maker.order_id] = None  # the name is another owner's: it cannot be paid
+            pay = {maker.order_id: s.pay_account(conn, maker.account, maker.side) for maker in makers}
+            # locked before the block is read: a freeze committed meanwhile is seen (it locks them too)
+            s.track(conn, [s.fee_account_id, own, *(a for a in receive.values() if a is not None), *pay.values()])
+            if s.is_closed(s.fee_account_id) or s.is_closed(own):
+                return LedgerCode.account_closed.value
+            blocked = self.blocked_accounts(conn, sorted(set(pay.values())))
+            evicted = False
+            for maker in makers:
+                account = receive[maker.order_id]
+                if account is None or s.is_closed(account) or pay[maker.order_id] in blocked:
+                    touched += self._settle(rt, conn, uow, rt.sequencer.submit(Evict(maker.order_id)).events)
+                    evicted = True
+            if not evicted:
+                return None
 
     def _gateway_place(self, rt: _Runtime, conn: Connection, uow: store.UnitOfWork,
                        cmd: Place, touched: list) -> Outcome | None:
@@ -427,10 +451,11 @@ class Trading:
         s = rt.settlement
         try:
             receive = s.receive_account(conn, order.account, order.side)
-            s.track(conn, [receive])
-            payable = not s.is_closed(receive)
+            pay = s.pay_account(conn, order.account, order.side)
+            s.track(conn, [receive, pay])
+            payable = not s.is_closed(receive) and pay not in self.blocked_accounts(conn, [pay])
         except LedgerError:
-            payable = False
+            payable = False  # (a stop of a blocked account is rejected, not activated)
         if payable:  # orders it may meet, whose owners cannot be paid, are evicted first
             price = order.price if order.order_type is OrderType.limit else None
             payable = self._clear_reach(rt, conn, uow, order, price, order.remaining, order.budget,

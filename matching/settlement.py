@@ -129,6 +129,11 @@ class Settlement:
         market = self.market
         return self.account_id(conn, owner, market.base_asset if side is Side.buy else market.quote_asset)
 
+    def pay_account(self, conn: Connection, owner: str, side: Side) -> int:
+        """The account an order of `owner` on `side` holds from and a fill debits (a seller pays base)."""
+        market = self.market
+        return self.account_id(conn, owner, market.base_asset if side is Side.sell else market.quote_asset)
+
     def is_closed(self, account_id: int) -> bool:
         """Whether a tracked account (locked in this unit of work) is closed."""
         return account_id in self._closed

@@ -7,8 +7,9 @@ database (read-only):
   amount, and every withdrawal of the batch has an output;
 - each withdrawal is `batched` in this batch, its policy decision is not a rejection, is unexpired,
   and (when it needed approvals) has a quorum of distinct eligible operators (`policies.quorum_met`);
-  one from an account that is not a customer's (a quarantine return) has at least one eligible
-  operator's approval whatever its decision says;
+  one from an account that is not a customer's must be a quarantine return (the quarantine
+  account, naming its deposit) and has at least one eligible operator's approval whatever its
+  decision says;
 - each withdrawal's ledger hold is pending (live) and covers amount + quoted fee;
 - every input is an unspent coin of our hot wallet reserved for this batch.
 Then it signs with the hot wallet keys (which never leave this package and are never logged) and
@@ -23,7 +24,7 @@ Refusal codes (`RefusalCode`), in the order they are checked:
 | output_mismatch | an output does not match exactly one withdrawal of the batch (address or amount) |
 | withdrawal_not_batched | a withdrawal is not in state `batched` in this batch |
 | no_decision | a withdrawal has no policy decision |
-| decision_not_approved | the decision rejects, or lacks its operator quorum (a withdrawal from a non-customer account always needs one operator other than the requester) |
+| decision_not_approved | the decision rejects, or lacks its operator quorum (a withdrawal from a non-customer account is a quarantine return naming its deposit, or is refused, and always needs one operator other than the requester) |
 | decision_expired | the decision is past its expiry |
 | hold_not_live | the hold is not pending, or does not cover amount + fee |
 | unknown_input | an input is not an unspent hot-wallet coin reserved for this batch |
@@ -378,7 +379,7 @@ class Signer:
             raise SigningRefused(RefusalCode.empty_batch, f"batch {batch_id} has no outputs")
         rows = c.execute(
             text("SELECT w.id, w.account_id, w.asset, w.amount, w.fee_quoted, w.destination, w.destination_script, "
-                 "w.requested_by, w.state, w.batch_id, w.decision_id, h.state AS hold_state, h.amount - h.captured - h.released AS hold_remaining, "
+                 "w.requested_by, w.state, w.batch_id, w.decision_id, w.return_of_deposit, h.state AS hold_state, h.amount - h.captured - h.released AS hold_remaining, "
                  "d.id AS d_id, d.outcome, d.required_approvals, d.reasons, d.policy_version, d.decided_at, d.expires_at, "
                  "a.kind AS account_kind "
                  "FROM batch_output b JOIN withdrawal_request w ON w.id = b.withdrawal_id "
@@ -419,6 +420,10 @@ class Signer:
                             w.policy_version, request, PolicyContext(w.decided_at), None, w.decided_at, w.expires_at)
         if not quorum_met(decision, approvals, w.requested_by):
             raise SigningRefused(RefusalCode.decision_not_approved, f"withdrawal {w.id}: decision {w.outcome} without quorum")
+        if w.account_kind != "customer" and (w.account_kind != "quarantine" or w.return_of_deposit is None):
+            raise SigningRefused(RefusalCode.decision_not_approved,
+                                 f"withdrawal {w.id} from a {w.account_kind} account: only customer withdrawals and "
+                                 "quarantine returns are paid")
         if w.account_kind != "customer" and not eligible_approvers(decision, approvals, w.requested_by):
             raise SigningRefused(RefusalCode.decision_not_approved,
                                  f"withdrawal {w.id} from a {w.account_kind} account has no operator's approval but the requester's")

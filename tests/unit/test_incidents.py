@@ -1,13 +1,14 @@
 """Pure decisions behind a reorged-out credit: how much custody freezes, how much of it other holds
-hid (the remainder that freezes the account), and which resolution an incident takes
-(custody.deposits.reorg_freeze_amount, reorg_remainder, custody.incidents.resolution_plan)."""
+hid (the remainder that freezes the account), which resolution an incident takes, and whether a
+capture may take the remainder now (custody.deposits.reorg_freeze_amount, reorg_remainder,
+custody.incidents.resolution_plan, hidden_remainder)."""
 from __future__ import annotations
 
 import pytest
 
 from custody.deposits import reorg_freeze_amount, reorg_remainder
 from custody.errors import CustodyError
-from custody.incidents import resolution_plan
+from custody.incidents import hidden_remainder, resolution_plan
 from regtest.util import assert_equal
 
 HOLDING = {"hold": {"id": 7, "account_id": 3, "amount": "500", "owner": "custody:reorg", "capture_to": 9}}
@@ -54,3 +55,15 @@ def test_a_decision_that_does_not_fit_is_refused(detail, decision, reversed_):
 def test_re_mined_incident_may_still_be_released_and_one_without_hold_just_closes():
     assert_equal(resolution_plan(HOLDING, "release", shortfall_reversed=True), "release")
     assert_equal(resolution_plan({"kind": "gap"}, None, shortfall_reversed=False), None)
+
+
+@pytest.mark.parametrize(("remainder", "available", "hidden"), [
+    (700, 1_000, 0),   # all of it available again: the capture takes the whole remainder
+    (700, 700, 0),
+    (700, 0, 700),     # still behind the backend's hold: the capture is refused, the account stays frozen
+    (700, 300, 400),   # partly released: refused too, never a partial capture that ends the freeze
+    (700, -5, 700),
+    (0, 0, 0),
+])
+def test_a_capture_takes_the_whole_remainder_or_waits(remainder, available, hidden):
+    assert_equal(hidden_remainder(remainder, available), hidden)
