@@ -188,6 +188,15 @@ WHERE e.account_id = :account
 AND t.kind <> ALL(:tracked)
 """)
 
+# the chain's previous deposit pass (every deposit line of a chain is saved by the same pass)
+_DEPOSIT_PASS_SQL = text("""
+SELECT observation_mark, height
+FROM reconciliation_line
+WHERE chain = :chain AND tier = 'deposit'
+ORDER BY asset
+LIMIT 1
+""")
+
 _OBSERVATION_MARK_SQL = text("""
 SELECT coalesce(max(id), 0)
 FROM deposit_observation
@@ -306,8 +315,7 @@ class Reconciliation:
         line's snapshot; the previous pass is the one of the chain's first deposit line (every
         deposit line of a chain is saved by the same pass)."""
         mark = int(c.execute(_OBSERVATION_MARK_SQL).scalar_one())
-        row = c.execute(text("SELECT observation_mark, height FROM reconciliation_line WHERE chain = :c AND tier = 'deposit' "
-                             "ORDER BY asset LIMIT 1"), {"c": chain}).first()
+        row = c.execute(_DEPOSIT_PASS_SQL, {"chain": chain}).first()
         if row is None:
             return {}, mark
         late = c.execute(_OBSERVED_LATE_SQL, {"chain": chain, "mark": int(row.observation_mark), "height": int(row.height)}).all()
