@@ -41,6 +41,26 @@ No ethereum cold addresses exist (rebalances and sweeps are bitcoin only), so th
 Any other difference opens an incident with the figures (`line_severity` decides which):
 - a SHORTFALL (the chain holds less than books + in transit: someone's money is missing) is
   critical, which engages the kill switch and halts every withdrawal;
+- so is a SURPLUS THAT SHRANK unexplained (`shortfall_since`): a line's difference that fell since
+  the line's previous pass by more than what explains a fall. Without this, an unexplained surplus
+  masks a theft: +1 ETH of treasury funding not yet booked, then 0.4 ETH leaving the hot address
+  unbooked, nets to a +0.6 ETH "surplus". What explains a fall: entries booked to the line's
+  location account since the previous pass that follow no chain movement (`booked_off_chain`: every
+  journal kind but those in `CHAIN_TRACKED_KINDS`, which custody posts for movements the line
+  already counts on chain or in transit; e.g. `hot_funding`, `treasury_adjustment`), and, on deposit
+  lines, deposits recorded since the previous pass in blocks that pass had already read (a scanner
+  that missed a block and rescanned it: `observed_late`). Each line's previous pass is kept in
+  `reconciliation_line` (difference, the running off-chain total, the highest observation id and
+  the block read), written in the same transaction as the incident. A fall is reported once, as
+  critical; the kill switch stays engaged until an operator releases it, and the next pass compares
+  with the smaller figure. A line's first pass has nothing to compare with and is judged on its sign.
+  Limits: figures are aggregates, so within one interval an off-chain booking that came with a real
+  arrival (the bitcoin hot wallet sync books treasury funding as it arrives) can offset an equal
+  theft (the firm holds no less than before); an off-chain booking with no coins behind it (forged
+  funding) explains a fall as well as a true one does, so it masks a theft up to the surplus it
+  consumes (such bookings are audited: `hot_funding` is read from the chain, adjustments need a
+  quorum); a late-committing observation or booking with a
+  lower id than the previous pass saw is not counted as an explanation, which errs towards halting;
 - a SURPLUS (the chain holds more: nobody's money is missing) is a `warning`, opened once per line
   and amount, and does not halt anything. A surplus is inducible by anyone at will: one wei sent to
   the public ethereum hot address, or to a deposit address through a contract's internal call (the
@@ -77,6 +97,11 @@ from ledger.service import Ledger
 
 log = logging.getLogger(__name__)
 UNBOOKED_DEPOSITS = ("seen", "confirming", "final")
+# Journal kinds custody posts for a chain movement the line counts itself (on chain or in transit):
+# they never explain a change of the difference. Every other kind booked to a location account
+# (hot_funding, treasury_adjustment, a reversal, ...) is an off-chain booking and can.
+CHAIN_TRACKED_KINDS = ("deposit", "deposit_quarantine", "deposit_dust", "deposit_reorg", "deposit_release",
+                       "withdrawal_capture", "withdrawal_final", "network_fee", "sweep", "rebalance")
 
 
 @dataclass(frozen=True)
@@ -87,28 +112,106 @@ class Line:
     on_chain: int
     books: int
     in_transit: int
+    booked_off_chain: int = 0  # running total booked to the location account by off-chain entries (books' sign)
+    observed_late: int = 0  # deposits recorded since the previous pass in blocks it had read (deposit lines)
+    observation_mark: int = 0  # the highest deposit_observation id this pass's snapshot saw
 
     @property
     def difference(self) -> int:
         return self.on_chain - self.books - self.in_transit
 
 
-def line_severity(line: Line) -> str | None:
-    """The incident a line's difference opens: None when it reconciles, `warning` for a surplus
-    (chain > books + in transit: attacker-inducible, loses no one's money), `critical` for a
-    shortfall (halts withdrawals)."""
-    if line.difference == 0:
-        return None
-    return "warning" if line.difference > 0 else "critical"
+@dataclass(frozen=True)
+class PreviousPass:
+    """What a line's previous pass left in `reconciliation_line`."""
+
+    difference: int
+    booked_off_chain: int
+    observation_mark: int
+    height: int
 
 
-def incident_key(line: Line, tip: BlockRef) -> str:
-    """A shortfall is opened again at each new tip; a surplus once per line and amount (it is
-    reported on every pass anyway, and a new incident per block would flood the queue)."""
+def shortfall_since(previous: PreviousPass | None, line: Line) -> int:
+    """How much the line's difference fell since `previous` beyond what explains a fall (>= 0): the
+    off-chain bookings in between (which raise the books with no coin moving) and deposits recorded
+    late. Positive means money left that nothing explains, whatever the difference's sign now."""
+    if previous is None:
+        return 0
+    fell = previous.difference - line.difference
+    explained = (line.booked_off_chain - previous.booked_off_chain) + line.observed_late
+    return max(0, fell - explained)
+
+
+def line_severity(line: Line, previous: PreviousPass | None = None) -> str | None:
+    """The incident a line's difference opens: `critical` for a shortfall (chain < books + in
+    transit) or a fall since the previous pass that nothing explains (`shortfall_since`; halts
+    withdrawals); `warning` for a surplus (chain > books + in transit: attacker-inducible, loses no
+    one's money); None when it reconciles and nothing fell."""
+    if line.difference < 0 or shortfall_since(previous, line) > 0:
+        return "critical"
+    return "warning" if line.difference > 0 else None
+
+
+def incident_key(line: Line, tip: BlockRef, severity: str | None = None) -> str:
+    """A shortfall (or an unexplained fall) is opened again at each new tip; a surplus once per line
+    and amount (it is reported on every pass anyway, and a new incident per block would flood the
+    queue). `severity` defaults to the line's on its own."""
     where = f"recon:{line.chain}:{line.tier}:{line.asset}"
-    if line_severity(line) == "warning":
+    if (severity or line_severity(line)) == "warning":
         return f"{where}:surplus:{line.difference}"
     return f"{where}:{tip.hash}:{line.difference}"
+
+
+# ---- named queries -------------------------------------------------------------------------------
+
+_PREVIOUS_PASS_SQL = text("""
+SELECT difference, booked_off_chain, observation_mark, height
+FROM reconciliation_line
+WHERE chain = :chain AND tier = :tier AND asset = :asset
+FOR UPDATE
+""")
+
+_SAVE_PASS_SQL = text("""
+INSERT INTO reconciliation_line (chain, tier, asset, difference, booked_off_chain, observation_mark, height)
+VALUES (:chain, :tier, :asset, :difference, :booked_off_chain, :observation_mark, :height)
+ON CONFLICT (chain, tier, asset) DO UPDATE
+SET difference = EXCLUDED.difference, booked_off_chain = EXCLUDED.booked_off_chain,
+    observation_mark = EXCLUDED.observation_mark, height = EXCLUDED.height, updated_at = now()
+""")
+
+# books' sign: the location account runs negative, so an entry of -x raises the books by x
+_BOOKED_OFF_CHAIN_SQL = text("""
+SELECT coalesce(-sum(e.amount), 0)
+FROM journal_entry e
+JOIN journal_transaction t ON t.id = e.transaction_id
+WHERE e.account_id = :account
+AND t.kind <> ALL(:tracked)
+""")
+
+# the chain's previous deposit pass (every deposit line of a chain is saved by the same pass)
+_DEPOSIT_PASS_SQL = text("""
+SELECT observation_mark, height
+FROM reconciliation_line
+WHERE chain = :chain AND tier = 'deposit'
+ORDER BY asset
+LIMIT 1
+""")
+
+_OBSERVATION_MARK_SQL = text("""
+SELECT coalesce(max(id), 0)
+FROM deposit_observation
+""")
+
+# deposits recorded after the previous pass's snapshot for blocks that pass had already read
+_OBSERVED_LATE_SQL = text("""
+SELECT asset, sum(amount)
+FROM deposit_observation
+WHERE chain = :chain
+AND id > :mark
+AND block_height <= :height
+AND state <> 'orphaned'
+GROUP BY asset
+""")
 
 
 @dataclass(frozen=True)
@@ -166,11 +269,17 @@ class Reconciliation:
             log.info("reconciliation of %s skipped: the chain kept moving", chain)
             return []
         for line in lines:
-            severity = line_severity(line)
-            if severity is not None:
-                with self.engine.begin() as c:
-                    open_incident(c, "reconciliation_difference", incident_key(line, tip),
-                                  {**line.__dict__, "difference": line.difference, "height": tip.height}, severity=severity)
+            with self.engine.begin() as c:
+                previous = self._previous(c, line)
+                severity = line_severity(line, previous)
+                fell = shortfall_since(previous, line)
+                c.execute(_SAVE_PASS_SQL, {"chain": line.chain, "tier": line.tier, "asset": line.asset,
+                                           "difference": line.difference, "booked_off_chain": line.booked_off_chain,
+                                           "observation_mark": line.observation_mark, "height": tip.height})
+                if severity is not None:
+                    detail = {**line.__dict__, "difference": line.difference, "height": tip.height,
+                              "previous_difference": previous.difference if previous else None, "unexplained_fall": fell}
+                    open_incident(c, "reconciliation_difference", incident_key(line, tip, severity), detail, severity=severity)
             log.log(logging.WARNING if severity else logging.INFO,
                     "reconciliation %s/%s %s at %d: chain %d = books %d + in transit %d, difference %d", line.chain,
                     line.tier, line.asset, tip.height, line.on_chain, line.books, line.in_transit, line.difference)
@@ -186,6 +295,31 @@ class Reconciliation:
 
     def _books(self, chain: str, tier: str, asset: str, conn: Connection) -> int:
         return -self.ledger.balance(self._accounts[(chain, tier, asset)], conn=conn).posted
+
+    def _booked_off_chain(self, chain: str, tier: str, asset: str, conn: Connection) -> int:
+        """The running total booked to the line by entries that follow no chain movement (read in
+        the line's snapshot, beside its books)."""
+        return int(conn.execute(_BOOKED_OFF_CHAIN_SQL, {"account": self._accounts[(chain, tier, asset)],
+                                                        "tracked": list(CHAIN_TRACKED_KINDS)}).scalar_one())
+
+    @staticmethod
+    def _previous(c: Connection, line: Line) -> PreviousPass | None:
+        row = c.execute(_PREVIOUS_PASS_SQL, {"chain": line.chain, "tier": line.tier, "asset": line.asset}).first()
+        return PreviousPass(int(row.difference), int(row.booked_off_chain), int(row.observation_mark), int(row.height)) \
+            if row else None
+
+    @staticmethod
+    def _observed_late(c: Connection, chain: str) -> tuple[dict[str, int], int]:
+        """Per asset, deposits recorded since the deposit line's previous pass in blocks that pass
+        had read (the scanner missed them then), and this snapshot's observation mark. Read in the
+        line's snapshot; the previous pass is the one of the chain's first deposit line (every
+        deposit line of a chain is saved by the same pass)."""
+        mark = int(c.execute(_OBSERVATION_MARK_SQL).scalar_one())
+        row = c.execute(_DEPOSIT_PASS_SQL, {"chain": chain}).first()
+        if row is None:
+            return {}, mark
+        late = c.execute(_OBSERVED_LATE_SQL, {"chain": chain, "mark": int(row.observation_mark), "height": int(row.height)}).all()
+        return {asset: int(amount) for asset, amount in late}, mark
 
     def _snapshot(self):
         """One REPEATABLE READ snapshot for every database figure of a line, so a job committing
@@ -220,10 +354,12 @@ class Reconciliation:
             arrived = c.execute(text("SELECT coalesce(sum(amount), 0) FROM deposit_observation WHERE chain = 'bitcoin' "
                                      "AND state = ANY(:s)"), {"s": list(UNBOOKED_DEPOSITS)}).scalar_one()
             books = self._books("bitcoin", "deposit", "BTC", c)
+            off_chain = self._booked_off_chain("bitcoin", "deposit", "BTC", c)
+            late, mark = self._observed_late(c, "bitcoin")
             sweeps = unbooked(c, "sweep")
         on_chain = sum(u.amount for u in self.adapters["bitcoin"].unspent(addresses)) if addresses else 0
         swept = sum(int(sw.amount) for sw in sweeps if self._mined(sw.txid, sw.raw))
-        return Line("bitcoin", "BTC", "deposit", on_chain, books, int(arrived) - swept)
+        return Line("bitcoin", "BTC", "deposit", on_chain, books, int(arrived) - swept, off_chain, late.get("BTC", 0), mark)
 
     def _mined(self, txid: str, raw) -> bool:
         return self.adapters["bitcoin"].tx_status(txid, raw=bytes(raw)).state.value == "confirmed"
@@ -236,6 +372,7 @@ class Reconciliation:
                 "SELECT t.txid, t.raw, t.fee, (SELECT coalesce(sum(o.amount), 0) FROM batch_output o WHERE o.batch_id = t.batch_id) "
                 "AS paid FROM chain_transaction t WHERE t.chain = 'bitcoin' AND t.state IN ('signed', 'broadcast', 'confirmed')")).all()
             books = self._books("bitcoin", "hot", "BTC", c)
+            off_chain = self._booked_off_chain("bitcoin", "hot", "BTC", c)
             sweeps = unbooked(c, "sweep")
             rebalances = unbooked(c, "rebalance")
         # Mined but not yet booked final: gone from the wallet on chain, still in flight in the books.
@@ -244,17 +381,18 @@ class Reconciliation:
         arriving = sum(int(sw.amount) - int(sw.fee) for sw in sweeps if self._mined(sw.txid, sw.raw))
         addresses = [derive_btc_address(xpub, self.network, 0, 0)] + [derive_btc_address(xpub, self.network, 1, b) for b in batches]
         on_chain = sum(u.amount for u in self.adapters["bitcoin"].unspent(addresses))
-        return Line("bitcoin", "BTC", "hot", on_chain, books, arriving - leaving)
+        return Line("bitcoin", "BTC", "hot", on_chain, books, arriving - leaving, off_chain)
 
     def _cold_wallet(self) -> Line:
         with self._snapshot() as c, c.begin():
             cold = c.execute(text("SELECT xpub, next_index FROM wallet WHERE chain = 'bitcoin' AND tier = 'cold'")).one()
             books = self._books("bitcoin", "cold", "BTC", c)
+            off_chain = self._booked_off_chain("bitcoin", "cold", "BTC", c)
             rebalances = unbooked(c, "rebalance")
         arriving = sum(int(rb.amount) for rb in rebalances if self._mined(rb.txid, rb.raw))
         addresses = [derive_btc_address(cold.xpub, self.network, 0, i) for i in range(cold.next_index)]
         on_chain = sum(u.amount for u in self.adapters["bitcoin"].unspent(addresses)) if addresses else 0
-        return Line("bitcoin", "BTC", "cold", on_chain, books, arriving)
+        return Line("bitcoin", "BTC", "cold", on_chain, books, arriving, off_chain)
 
     # ---- ethereum -------------------------------------------------------------------------
 
@@ -277,8 +415,10 @@ class Reconciliation:
             arrived = dict(c.execute(text("SELECT asset, sum(amount) FROM deposit_observation WHERE chain = 'ethereum' "
                                           "AND state = ANY(:s) GROUP BY asset"), {"s": list(UNBOOKED_DEPOSITS)}).all())
             books = {a.asset: self._books("ethereum", "deposit", a.asset, c) for a in assets}
+            off_chain = {a.asset: self._booked_off_chain("ethereum", "deposit", a.asset, c) for a in assets}
+            late, mark = self._observed_late(c, "ethereum")
         return [Line("ethereum", a.asset, "deposit", self._eth_holdings(a, addresses, tip.height), books[a.asset],
-                     int(arrived.get(a.asset, 0))) for a in assets]
+                     int(arrived.get(a.asset, 0)), off_chain[a.asset], late.get(a.asset, 0), mark) for a in assets]
 
     def _eth_hot_address(self, tip: BlockRef, assets: list[ChainAsset]) -> list[Line]:
         with self._snapshot() as c, c.begin():
@@ -290,6 +430,7 @@ class Reconciliation:
                 "FROM chain_transaction t JOIN withdrawal_batch b ON b.id = t.batch_id WHERE t.chain = 'ethereum' "
                 "AND t.state IN ('signed', 'broadcast', 'confirmed', 'replaced') AND b.state NOT IN ('final', 'failed')")).all()
             books = {a.asset: self._books("ethereum", "hot", a.asset, c) for a in assets}
+            off_chain = {a.asset: self._booked_off_chain("ethereum", "hot", a.asset, c) for a in assets}
         unsettled = []
         for v in versions:
             mined = self.adapters["ethereum"].mined(v.txid)
@@ -297,4 +438,5 @@ class Reconciliation:
                 unsettled.append(Unsettled(v.asset, int(v.paid), mined.fee, mined.reverted))
         hot = derive_eth_address(xpub, HOT_RECEIVE_INDEX)
         return [Line("ethereum", a.asset, "hot", self._eth_holdings(a, [hot], tip.height), books[a.asset],
-                     hot_in_transit(unsettled, a.asset, native=self.adapters["ethereum"].native_asset)) for a in assets]
+                     hot_in_transit(unsettled, a.asset, native=self.adapters["ethereum"].native_asset), off_chain[a.asset])
+                for a in assets]

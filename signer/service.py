@@ -10,7 +10,12 @@ database (read-only):
   one from an account that is not a customer's must be a quarantine return (the quarantine
   account, naming its deposit) and has at least one eligible operator's approval whatever its
   decision says;
-- each withdrawal's ledger hold is pending (live) and covers amount + quoted fee;
+- no output pays an address the signer derives from its own keys (signer.own_addresses: a forged
+  row naming the hot wallet would send the coins back to the firm while the customer's balance is
+  gone);
+- each withdrawal's ledger hold is pending (live), covers amount + quoted fee, is on the
+  withdrawal's own account and is owned by custody's withdrawals (`withdrawals`): a forged row
+  pointing at another account's live hold would otherwise pass;
 - every input is an unspent coin of our hot wallet reserved for this batch.
 Then it signs with the hot wallet keys (which never leave this package and are never logged) and
 writes its own audit record of what it signed or refused. In deployment the signer runs as its own
@@ -26,9 +31,10 @@ Refusal codes (`RefusalCode`), in the order they are checked:
 | no_decision | a withdrawal has no policy decision |
 | decision_not_approved | the decision rejects, or lacks its operator quorum (a withdrawal from a non-customer account is a quarantine return naming its deposit, or is refused, and always needs one operator other than the requester) |
 | decision_expired | the decision is past its expiry |
-| hold_not_live | the hold is not pending, or does not cover amount + fee |
+| hold_not_live | the hold is not pending, does not cover amount + fee, is on another account or is not custody's withdrawal hold |
 | unknown_input | an input is not an unspent hot-wallet coin reserved for this batch |
 | destination_denied | a destination is on the denylist now (checked again at signing) |
+| destination_internal | an output pays an address the signer derives from its own keys (hot receive and sender, hot change around the batch id, deposit and warm windows; signer.own_addresses), checked right after the denylist |
 | fee_above_ceiling | the fee is above the ceiling rate for the transaction's size (bitcoin) or gas x max fee above the cap (ethereum) |
 | rebalance_not_open | a rebalance is unknown, of another chain, or not in state `open` |
 | destination_not_cold | a rebalance pays an address that is not derived from the registered cold wallet's public key at its index |
@@ -53,8 +59,11 @@ from policies import Approval, Decision, Outcome, PolicyContext, ReasonCode, Wit
 from signer.bitcoin_tx import PayOutput, SignedTx, SpendInput, address_to_script, estimate_vsize, fee_for, sign_batch
 from signer.ethereum_tx import sign_eip1559
 from signer.keys import SignerKeys
+from signer.own_addresses import (CHANGE_WINDOW, DEPOSIT_WINDOW, RECEIVE_WINDOW, bitcoin_change_scripts, bitcoin_own_scripts,
+                                  ethereum_own_addresses, pays_own_address)
 
 log = logging.getLogger(__name__)
+WITHDRAWAL_HOLD_OWNER = "withdrawals"  # custody.withdrawals.HOLD_OWNER: the only owner of a withdrawal's hold
 
 
 class RefusalCode(str, enum.Enum):
@@ -69,6 +78,7 @@ class RefusalCode(str, enum.Enum):
     unknown_input = "unknown_input"
     fee_above_ceiling = "fee_above_ceiling"
     destination_denied = "destination_denied"
+    destination_internal = "destination_internal"
     rebalance_not_open = "rebalance_not_open"
     destination_not_cold = "destination_not_cold"
 
@@ -105,7 +115,11 @@ class BatchOutput:
 class Signer:
     def __init__(self, engine: Engine, keys: SignerKeys, *, bitcoin_network: str,
                  clock: Callable[[], dt.datetime] | None = None, max_fee_rate_sat_per_kvb: int = 500_000,
-                 max_eth_fee_wei: int = 10**17) -> None:
+                 max_eth_fee_wei: int = 10**17, deposit_window: int = DEPOSIT_WINDOW,
+                 receive_window: int = RECEIVE_WINDOW, change_window: int = CHANGE_WINDOW) -> None:
+        self.deposit_window = deposit_window  # deposit indexes 0..n-1 refused as destinations (signer.own_addresses)
+        self.receive_window = receive_window
+        self.change_window = change_window
         self.max_fee_rate_sat_per_kvb = max_fee_rate_sat_per_kvb  # no bitcoin transaction pays more per vB
         self.max_eth_fee_wei = max_eth_fee_wei  # no ethereum transaction may spend more gas money
         self.engine = engine
@@ -204,11 +218,13 @@ class Signer:
         rows = c.execute(text("SELECT w.id, w.destination, w.destination_script, w.amount, w.state, w.batch_id, "
                               "h.state AS hold_state FROM batch_output b "
                               "JOIN withdrawal_request w ON w.id = b.withdrawal_id JOIN hold h ON h.id = w.hold_id "
-                              "WHERE b.batch_id = :b"), {"b": batch_id}).all()
+                              "AND h.account_id = w.account_id AND h.owner = :hold_owner "
+                              "WHERE b.batch_id = :b"), {"b": batch_id, "hold_owner": WITHDRAWAL_HOLD_OWNER}).all()
         scripts = {r.id: bytes(r.destination_script or b"") for r in rows}
         if sorted((o.withdrawal_id, o.address, o.amount) for o in outputs) != sorted((r.id, r.destination, int(r.amount)) for r in rows) \
                 or any(o.script and o.script != scripts[o.withdrawal_id] for o in outputs):
             raise SigningRefused(RefusalCode.output_mismatch, "a replacement must pay exactly the batch's withdrawals")
+        self._check_not_own(batch_id, outputs)
         for r in rows:
             if r.state not in ("signed", "broadcast") or r.batch_id != batch_id:
                 raise SigningRefused(RefusalCode.withdrawal_not_batched, f"withdrawal {r.id} is {r.state}")
@@ -384,9 +400,9 @@ class Signer:
                  "a.kind AS account_kind "
                  "FROM batch_output b JOIN withdrawal_request w ON w.id = b.withdrawal_id "
                  "JOIN account a ON a.id = w.account_id "
-                 "LEFT JOIN hold h ON h.id = w.hold_id "
+                 "LEFT JOIN hold h ON h.id = w.hold_id AND h.account_id = w.account_id AND h.owner = :hold_owner "
                  "LEFT JOIN policy_decision d ON d.id = w.decision_id AND d.withdrawal_id = w.id "
-                 "WHERE b.batch_id = :b"), {"b": batch_id}).all()
+                 "WHERE b.batch_id = :b"), {"b": batch_id, "hold_owner": WITHDRAWAL_HOLD_OWNER}).all()
         by_id = {r.id: r for r in rows}
         if sorted(o.withdrawal_id for o in outputs) != sorted(by_id):
             raise SigningRefused(RefusalCode.output_mismatch, "outputs and the batch's withdrawals differ")
@@ -394,6 +410,7 @@ class Signer:
                                               {"d": [r.destination.lower() for r in rows]}).scalars()}
         if denied:
             raise SigningRefused(RefusalCode.destination_denied, f"denylisted destination(s): {sorted(denied)}")
+        self._check_not_own(batch_id, outputs)
         approvals: dict[int, list[Approval]] = {}
         for a in c.execute(text("SELECT decision_id, operator, at FROM approval WHERE decision_id = ANY(:d) AND action = 'approve'"),
                            {"d": [r.decision_id for r in rows if r.decision_id is not None]}):
@@ -409,6 +426,21 @@ class Signer:
             self._check_decision(w, approvals.get(w.decision_id, []), now)
             if w.hold_state != "pending" or int(w.hold_remaining) < int(w.amount) + int(w.fee_quoted):
                 raise SigningRefused(RefusalCode.hold_not_live, f"withdrawal {w.id}: the hold is {w.hold_state}")
+
+    def _check_not_own(self, batch_id: int, outputs: Sequence[BatchOutput]) -> None:
+        """Refuse an output paying an address derived from the signer's own keys (module table of
+        signer.own_addresses); the change output is not among `outputs` and is checked on its own."""
+        tiers = ("deposit", "hot", "warm")
+        btc = bitcoin_own_scripts({t: self._keys.account_xpub("bitcoin", t) for t in tiers}, self.bitcoin_network,
+                                  receive_window=self.receive_window, deposit_window=self.deposit_window)
+        btc |= bitcoin_change_scripts(self._keys.account_xpub("bitcoin", "hot"), self.bitcoin_network, batch_id,
+                                      self.change_window)
+        eth = ethereum_own_addresses({t: self._keys.account_xpub("ethereum", t) for t in tiers},
+                                     receive_window=self.receive_window, deposit_window=self.deposit_window)
+        for o in outputs:
+            if pays_own_address(o.address, o.script, bitcoin_scripts=btc, ethereum_addresses=eth, network=self.bitcoin_network):
+                raise SigningRefused(RefusalCode.destination_internal,
+                                     f"output for withdrawal {o.withdrawal_id} pays {o.address}, an address of the signer's own keys")
 
     @staticmethod
     def _check_decision(w, approvals: list[Approval], now: dt.datetime) -> None:

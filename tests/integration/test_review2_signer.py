@@ -93,3 +93,71 @@ def test_the_signer_signs_a_withdrawal_from_equity_with_one_approval(api, ledger
     log.info("signer -> %s", code)
     api.reject_all(acct)
     assert code is not None, "the signer would sign a withdrawal from an equity account"
+
+
+def forged_refusal(api: WithdrawalApi, forge) -> str | None:
+    """Batch one approved withdrawal, apply `forge(c, wid, acct)` in the same uncommitted
+    transaction, ask the signer's batch checks, roll back; the refusal code or None."""
+    with api.custody.engine.begin() as c:
+        set_kill_switch(c, False, "review2: start clean", "review2")
+    signer = Signer(api.custody.engine, KEYS, bitcoin_network="regtest")
+    with api.custody.engine.connect() as c, c.begin() as t:
+        batch_id, wid, acct, _ = batched(api, c)
+        forge(c, signer, batch_id, wid, acct)
+        code = signer_check(signer, c, batch_id, wid)
+        t.rollback()
+    log.info("signer -> %s", code)
+    api.reject_all(acct)
+    return code
+
+
+def pay_to(address: str):
+    def forge(c, signer, batch_id, wid, acct):
+        log.info("forged: withdrawal %d now pays %s", wid, address)
+        c.execute(text("UPDATE withdrawal_request SET destination = :d, destination_script = :s WHERE id = :w"),
+                  {"d": address, "s": address_to_script(address, "regtest"), "w": wid})
+    return forge
+
+
+def test_the_signer_refuses_its_own_change_and_deposit_addresses(api, ledger):
+    """Not only 0/0: a change address of a batch near this one (custody refuses 1,000 ids ahead) and
+    a deposit address of the signer's own deposit branch, both derived by the signer itself."""
+    def nearby_change(c, signer, batch_id, wid, acct):
+        pay_to(signer._hot_address(1, batch_id + 3))(c, signer, batch_id, wid, acct)
+
+    def deposit(c, signer, batch_id, wid, acct):
+        pay_to(signer._derive_address(KEYS.account_xpub("bitcoin", "deposit"), 0, 777))(c, signer, batch_id, wid, acct)
+
+    assert forged_refusal(api, nearby_change) == "destination_internal"
+    assert forged_refusal(api, deposit) == "destination_internal"
+
+
+def test_the_signer_refuses_a_withdrawal_pointing_at_another_accounts_hold(api, ledger):
+    """A forged row whose hold_id names another customer's live withdrawal hold (pending, large
+    enough) is refused: the hold must be on the withdrawal's own account."""
+    other = api.open_customer(f"signer-other-{uuid.uuid4().hex[:8]}")
+    theirs = api.withdraw(other, "0.5")
+    assert theirs["state"] == "approved", theirs
+
+    def borrow_hold(c, signer, batch_id, wid, acct):
+        log.info("forged: withdrawal %d now points at account %d's hold", wid, other)
+        c.execute(text("UPDATE withdrawal_request SET hold_id = (SELECT hold_id FROM withdrawal_request WHERE id = :t) "
+                       "WHERE id = :w"), {"t": int(theirs["id"]), "w": wid})
+
+    try:
+        assert forged_refusal(api, borrow_hold) == "hold_not_live"
+    finally:
+        api.reject_all(other)
+
+
+def test_the_signer_refuses_a_hold_custody_does_not_own(api, ledger):
+    """A live hold on the right account, large enough, but placed by someone else than custody's
+    withdrawals (owner `withdrawals`): its owner could release it while the coins leave."""
+    def foreign_hold(c, signer, batch_id, wid, acct):
+        hold = c.execute(text("INSERT INTO hold (idempotency_key, content_hash, account_id, amount, owner, reference) "
+                              "VALUES (:k, 'forged', :a, 1000000000, 'api:backend', 'forged') RETURNING id"),
+                         {"k": f"forged:{uuid.uuid4().hex}", "a": acct}).scalar_one()
+        log.info("forged: withdrawal %d now points at hold %d owned by api:backend", wid, hold)
+        c.execute(text("UPDATE withdrawal_request SET hold_id = :h WHERE id = :w"), {"h": hold, "w": wid})
+
+    assert forged_refusal(api, foreign_hold) == "hold_not_live"

@@ -1,7 +1,9 @@
 """withdrawal_future_change_address (adversarial review of issue 11, observation 3): a customer who
 knows the hot wallet's xpub (every database copy holds it) withdraws to the change address of a
 batch that does not exist yet, further ahead than custody.destinations refuses (`CHANGE_LOOKAHEAD`
-batch ids past the next one). The request is accepted and paid: no window is infinite. Later that
+batch ids past the next one) and further than the signer refuses on its own (`signer.own_addresses
+.CHANGE_WINDOW` batch ids either side of the batch it signs; within it the signer refuses with
+`destination_internal`). The request is accepted and paid: no window is infinite. Later that
 batch exists, its change goes to the same address, and the hot-wallet sync finds the customer's
 coin there. It is an output of our own payout transaction but not the change output we built, so
 it is not taken as our change (spendable and in no book, a reconciliation difference that once
@@ -16,6 +18,7 @@ from sqlalchemy import text
 from custody.controls import kill_switch
 from custody.destinations import CHANGE_LOOKAHEAD
 from custody.payouts import spendable_coins
+from signer.own_addresses import CHANGE_WINDOW
 from ledger.model import Transfer
 from regtest.util import assert_equal
 from tests.e2e.custody.conftest import BTC_FINALITY
@@ -60,7 +63,8 @@ def test_a_payout_to_our_future_change_address_is_booked_not_taken_as_change(cus
     p.sync_hot_wallet()
 
     first = next_batch_id(engine)
-    target = first + CHANGE_LOOKAHEAD  # the first batch id the destination check does not look at
+    # the first batch id neither custody's destination check nor the signer's own window looks at
+    target = first + max(CHANGE_LOOKAHEAD, CHANGE_WINDOW) + 1
     future_change = p.hot_address("bitcoin", 1, target)
     log.info("a withdrawal to %s, the change address of batch %d (next batch: %d), is accepted and paid",
              future_change, target, first)
