@@ -146,4 +146,5 @@ class CallerLedger:
                                f"reversing transaction {transaction_id} would move money on {kind.value} account "
                                f"{account_id}; correct it with a treasury adjustment",
                                transaction_id=transaction_id, account_id=account_id, kind=kind.value)
+        refuse_frozen(self.ledger.engine, (t.credit_account_id for t in transfers))  # what the reversal debits
         return self.ledger.reverse(transaction_id, self.key(key))

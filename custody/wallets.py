@@ -151,8 +151,8 @@ class Wallets:
 
     def issue_address(self, key: str, account_id: int) -> DepositAddress:
         """The next deposit address for a customer account, idempotent per request `key`."""
-        if not isinstance(key, str) or not 1 <= len(key) <= 200:
-            raise LedgerError(ErrorCode.invalid_request, "an idempotency key of 1-200 characters is required")
+        if not isinstance(key, str) or not 1 <= len(key) <= 300:  # a caller's 200 behind its namespace
+            raise LedgerError(ErrorCode.invalid_request, "an idempotency key of 1-300 characters is required")
         account = self.ledger.get_account(account_id)
         if account.kind is not AccountKind.customer:
             raise LedgerError(ErrorCode.invalid_request, "deposit addresses are issued for customer accounts only")

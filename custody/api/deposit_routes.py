@@ -13,6 +13,7 @@ from custody.api.errors import ApiError
 from custody.api.params import Id, IdPath, IdQuery
 from custody.auth import Role
 from custody.controls import kill_switch, set_kill_switch
+from custody.money_rules import caller_key
 from custody.incidents import Incidents
 from ledger.amounts import format_amount
 
@@ -79,9 +80,10 @@ def _out(c, row: dict) -> DepositOut:
 
 
 @router.post("/deposit-addresses", response_model=AddressOut, status_code=201)
-def issue_address(body: AddressIn, c: ContainerDep, _: Backend, response: Response) -> AddressOut:
-    """The next deposit address for a customer account; the same key returns the same address."""
-    a = c.wallets.issue_address(body.idempotency_key, body.account_id)
+def issue_address(body: AddressIn, c: ContainerDep, who: Backend, response: Response) -> AddressOut:
+    """The next deposit address for a customer account; the same key (in the caller's namespace,
+    like every idempotency key sent over the API) returns the same address."""
+    a = c.wallets.issue_address(caller_key(who.name, body.idempotency_key), body.account_id)
     if not a.created:
         response.status_code = 200
     return AddressOut(id=a.id, chain=a.chain, address=a.address, derivation_index=a.derivation_index, account_id=a.account_id)

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from custody.api.deps import Admin, Backend, ContainerDep, Reader
 from custody.api.params import MAX_ID
+from custody.money_rules import OWNER_PATTERN
 from custody.trading import attach, refuse_frozen_trader
 from ledger.amounts import format_amount, parse_amount
 from ledger.errors import LedgerError
@@ -55,8 +56,14 @@ class MarketIn(Strict):
     default_stp: StpPolicy = StpPolicy.cancel_newest
 
 
+# An order's `account` is its owner: matching opens `customer:<owner>:<asset>`, so the owner obeys
+# the same rule as one named over POST /v1/accounts (custody.money_rules.OWNER_PATTERN): no ':'.
+Owner = Field(min_length=1, max_length=100, pattern=OWNER_PATTERN.pattern,
+              description="the customer (owner) the order is for: letters, digits, . _ @ + -")
+
+
 class OrderIn(Strict):
-    account: str = Field(min_length=1, max_length=120)
+    account: str = Owner
     client_order_id: str = Field(min_length=1, max_length=64)
     side: Side
     type: OrderType = OrderType.limit
@@ -73,11 +80,11 @@ class OrderIn(Strict):
 
 
 class CancelIn(Strict):
-    account: str
+    account: str = Owner
 
 
 class AmendIn(Strict):
-    account: str
+    account: str = Owner
     qty: str | None = None
     price: str | None = None
     stop_price: str | None = None

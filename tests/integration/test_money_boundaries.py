@@ -19,7 +19,8 @@ from custody.auth import create_api_key
 from custody.container import Container
 from custody.settings import Settings
 from custody.wallets import Wallets
-from ledger.model import AccountKind, Transfer
+from ledger.errors import LedgerError
+from ledger.model import AccountKind
 from ledger.service import Ledger
 
 log = logging.getLogger(__name__)
@@ -217,3 +218,33 @@ def test_an_adjustment_of_on_chain_books_opens_a_critical_incident(api, ledger):
     assert any(i["kind"] == "treasury_adjustment_on_chain_books" and i["severity"] == "critical" for i in incidents)
     assert kill_switch(api.container.engine).engaged
     api("admin", "POST", "/v1/kill-switch", 200, json={"engaged": False, "reason": "adjustment reviewed"})
+
+
+def test_deposit_address_keys_are_per_caller_and_order_owners_cannot_reach_into_another_namespace(api, ledger):
+    """Two backend keys choosing the same idempotency key for a deposit address each get their own
+    address (the second was `idempotency_conflict`: keys were global); an order's owner obeys the
+    owner rule, so matching never opens `customer:x:BTC:USDT` for an owner `x:BTC`."""
+    from signer.keys import Secret, SignerKeys, seed_from_text
+
+    keys = SignerKeys(seed_from_text(Secret("abandon " * 11 + "about")), "regtest")
+    wallets = api.container.wallets
+    wallets.register_wallet("bitcoin", "deposit", "regtest", keys.account_xpub("bitcoin", "deposit"))
+    wallets.configure_asset("BTC", 8, "bitcoin", finality=3)
+    api.keys["backend2"] = create_api_key(api.container.engine, f"backend2-{api.run}", "backend",
+                                          api.container.settings.api_key_pepper)
+    alice, bob = api.customer("alice"), api.customer("bob")
+    first = api("backend", "POST", "/v1/deposit-addresses", 201, json={"idempotency_key": "addr-1", "account_id": alice})
+    second = api("backend2", "POST", "/v1/deposit-addresses", 201, json={"idempotency_key": "addr-1", "account_id": bob})
+    assert first["address"] != second["address"] and second["account_id"] == bob
+    assert api("backend", "POST", "/v1/deposit-addresses", 200,
+               json={"idempotency_key": "addr-1", "account_id": alice})["address"] == first["address"]
+
+    ledger.create_asset("USDT", 6)
+    symbol = f"BTC-USDT-{api.run}"
+    api("admin", "POST", "/v1/markets", 201, json={"symbol": symbol, "base_asset": "BTC", "quote_asset": "USDT",
+                                                    "lot_size": 10_000, "quote_per_tick_lot": 1,
+                                                    "fees": {"default": {"maker_ppm": 0, "taker_ppm": 0}}})
+    api("backend", "POST", f"/v1/markets/{symbol}/orders", 422, "invalid_request", json={
+        "account": f"x{api.run}:BTC", "client_order_id": "c1", "side": "buy", "qty": "0.01", "price": "1"})
+    with pytest.raises(LedgerError):
+        ledger.account_by_name(f"customer:x{api.run}:BTC:USDT")
