@@ -330,6 +330,9 @@ class Withdrawals:
         self._allowlist_account(account_id)
         requested = AllowlistRule(AllowlistMode(mode), dt.timedelta(seconds=int(cooling_off.total_seconds())), approvals)
         with self.engine.begin() as c:
+            # The rule's row may not exist yet (an account's first rule): FOR UPDATE would lock
+            # nothing, so two first PUTs could both read "no rule". Serialise on the account.
+            c.execute(text(_OWNER_LOCK_SQL), {"k": f"allowlist-rule:{account_id}"})
             current = _allowlist_rule(c, account_id, lock=True)
             plan = plan_allowlist_change(current, requested)
             superseded = c.execute(text(_SUPERSEDE_CHANGE_SQL), {"a": account_id, "by": by}).scalars().all()

@@ -6,11 +6,14 @@ tightening (stricter mode, longer cooling-off, more approvals, an address remove
 from __future__ import annotations
 
 import logging
+import threading
+import time
 import uuid
 
 import pytest
 from sqlalchemy import text
 
+import custody.withdrawals as withdrawals
 from regtest.util import assert_equal
 from tests.integration.withdrawal_api import WithdrawalApi
 
@@ -103,3 +106,43 @@ def test_a_mixed_change_tightens_now_and_a_rejected_loosening_changes_nothing(ap
                  (403, "forbidden"))
     assert_equal(error(api.operator().post("/v1/allowlist-changes/999999999/approve", json={"comment": "x"})),
                  (404, "allowlist_change_not_found"))
+
+
+def test_two_first_rules_at_once_never_end_on_the_looser(api, ledger, monkeypatch):
+    """An account's first rule has no row to lock: two PUTs at once both read "no rule", each took
+    itself for a tightening, and the later write won, so the looser rule applied with no operator.
+    Both requests now pause right after reading the rule; the second must see the first's rule."""
+    acct = api.open_customer(f"cust-{uuid.uuid4().hex[:8]}")
+    allowlist = f"/v1/accounts/{acct}/allowlist"
+    both_read = threading.Barrier(2, timeout=2)
+    read = withdrawals._allowlist_rule
+
+    def read_then_wait(c, account_id, *, lock=False):
+        rule = read(c, account_id, lock=lock)
+        if account_id == acct and lock:
+            try:
+                both_read.wait()
+            except threading.BrokenBarrierError:
+                pass  # the other request waits for this one's lock: it never reaches here meanwhile
+        return rule
+
+    monkeypatch.setattr(withdrawals, "_allowlist_rule", read_then_wait)
+    strict = {"mode": "enforce", "cooling_off_seconds": 86400, "approvals": 2}
+    loose = {"mode": "review", "cooling_off_seconds": 0, "approvals": 1}
+    answers = {}
+
+    def put(name, body):
+        answers[name] = api.backend.put(allowlist, json=body).status_code
+
+    threads = [threading.Thread(target=put, args=("strict", strict))]
+    threads.append(threading.Thread(target=put, args=("loose", loose)))
+    threads[0].start()
+    time.sleep(0.2)  # the strict request reads first
+    threads[1].start()
+    for t in threads:
+        t.join()
+    now = api.backend.get(allowlist).json()
+    log.info("answers %s; rule in force %s", answers, {k: now[k] for k in ("mode", "cooling_off_seconds", "approvals")})
+    assert_equal((now["mode"], now["cooling_off_seconds"], now["approvals"]), ("enforce", 86400, 2))
+    assert_equal(answers, {"strict": 200, "loose": 202})
+    api.operator().post(f"/v1/allowlist-changes/{now['pending_change']['id']}/reject", json={"comment": "test cleanup"})
