@@ -1,0 +1,52 @@
+"""Third adversarial review of issue 11: the reconciliation's "surplus that shrank" rule
+(`shortfall_since`), on the database without a node.
+
+- the re-mine of a deposit reorged out after finality reverses its `deposit_reorg` booking with the
+  ledger's generic `reversal` kind, which is not in `CHAIN_TRACKED_KINDS`: the reversal raises the
+  deposit line's books because the coins came back ON CHAIN, yet it is counted as an off-chain
+  booking (`booked_off_chain`) and so "explains" a fall of the same size that never happened. A
+  theft of that size from the deposit addresses in the same interval, while the line shows any
+  surplus, nets to a smaller surplus: a warning, the kill switch never engages.
+"""
+from __future__ import annotations
+
+import uuid
+
+from custody.reconciliation import Line, PreviousPass, Reconciliation, line_severity
+from custody.wallets import Wallets
+from ledger.model import Transfer
+
+
+def test_a_remine_reversal_is_no_off_chain_booking_and_explains_no_fall(engine, ledger):
+    """A credited 0.5 BTC deposit is reorged out after finality (deposit_reorg: suspense -> pool),
+    then re-mined: custody reverses that booking. The coins are on chain again and the books again
+    count them: nothing moved off chain. Meanwhile 0.5 BTC is stolen from the deposit addresses
+    while the line had a 1 BTC unexplained surplus. Expected: the pass is critical (a 0.5 BTC fall
+    nothing explains). Before: the reversal counts as 0.5 BTC booked off chain and explains the
+    theft; the pass is a surplus warning."""
+    asset = f"R3{uuid.uuid4().hex[:6].upper()}"
+    ledger.create_asset(asset, 8)
+    wallets = Wallets(engine, ledger)
+    pool = wallets.location_account("bitcoin", "deposit", asset)
+    suspense = wallets.firm_account("suspense", asset)
+    recon = Reconciliation(engine, ledger, wallets, {}, network="regtest")
+    recon._accounts[("bitcoin", "deposit", asset)] = pool
+    x = 50_000_000
+
+    def off_chain() -> int:
+        with engine.connect() as c:
+            return recon._booked_off_chain("bitcoin", "deposit", asset, c)
+
+    equity = wallets.firm_account("equity", asset)
+    ledger.post(f"r3-deposit-{asset}", [Transfer(pool, equity, x)], kind="deposit")  # booked when credited
+    reorg = ledger.post(f"r3-reorg-{asset}", [Transfer(suspense, pool, x)], kind="deposit_reorg")
+    before = off_chain()
+    # previous pass: 1 BTC surplus (unbooked treasury funding), the deposit out of the chain and the books
+    previous = PreviousPass(difference=100_000_000, booked_off_chain=before, observation_mark=0, height=100)
+    ledger.reverse(reorg.transaction_id, f"r3-remined-{asset}")  # the deposit is re-mined
+    after = off_chain()
+    # this pass: the deposit back on chain (+x) and in the books (+x); x stolen from the addresses (-x)
+    line = Line("bitcoin", asset, "deposit", on_chain=100_000_000 + x - x, books=x, in_transit=0,
+                booked_off_chain=after)
+    assert after == before, f"a re-mine's reversal counted as {after - before} booked off chain"
+    assert line_severity(line, previous) == "critical"
