@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import uuid
 
+from sqlalchemy import text
+
 from custody.reconciliation import Line, PreviousPass, Reconciliation, line_severity
 from custody.wallets import Wallets
 from ledger.model import Transfer
+from tests.integration.test_review_deposit_boundaries import api  # noqa: F401 - fixture
 
 
 def test_a_remine_reversal_is_no_off_chain_booking_and_explains_no_fall(engine, ledger):
@@ -50,3 +53,24 @@ def test_a_remine_reversal_is_no_off_chain_booking_and_explains_no_fall(engine, 
                 booked_off_chain=after)
     assert after == before, f"a re-mine's reversal counted as {after - before} booked off chain"
     assert line_severity(line, previous) == "critical"
+
+
+def test_a_small_reorged_credit_rejects_no_withdrawal_the_balance_still_covers(api, ledger):
+    """Alice holds 2 BTC and asks to withdraw 0.49 (approved, waiting for the batcher). A later
+    0.01 BTC deposit of hers is reorged out after finality: 1.5 BTC is still available, so the
+    freeze can hold the whole 0.01 and nothing is hidden. Expected: her withdrawal stands. Before:
+    `reject_for_reorg` rejects every unbatched withdrawal of the account before reading what is
+    available, whatever the balance (a legit payout refused by any dust reorg)."""
+    from tests.integration.test_review_deposit_boundaries import Chain, customer
+    chain = Chain(api)
+    alice = customer(api, "alice")
+    chain.deposit(alice, 200_000_000, block="b0")
+    w = api.withdraw(alice, "0.49")
+    assert w["state"] == "approved", w
+    obs = chain.deposit(alice, 1_000_000)
+    chain.reorg_out(obs)
+    with api.custody.engine.connect() as c:
+        state = c.execute(text("SELECT state FROM withdrawal_request WHERE id = :i"), {"i": w["id"]}).scalar_one()
+    chain.settle(obs, "capture")
+    api.reject_all(alice)
+    assert state == "approved", f"withdrawal {w['id']} is {state}"
