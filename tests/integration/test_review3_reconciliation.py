@@ -14,6 +14,7 @@ import uuid
 
 from sqlalchemy import text
 
+from custody.errors import CustodyError, CustodyErrorCode
 from custody.reconciliation import Line, PreviousPass, Reconciliation, line_severity
 from custody.wallets import Wallets
 from ledger.model import Transfer
@@ -74,3 +75,43 @@ def test_a_small_reorged_credit_rejects_no_withdrawal_the_balance_still_covers(a
     chain.settle(obs, "capture")
     api.reject_all(alice)
     assert state == "approved", f"withdrawal {w['id']} is {state}"
+
+
+def test_the_backend_alone_cannot_keep_a_frozen_credit_out_of_the_operators_reach(api, ledger):
+    """Mallory's 0.5 BTC credit is hidden behind a hold the backend placed before the reorg, with
+    no expiry. The operator's `capture` is refused while the hold stands (`incident_remainder_held`)
+    and only the hold's owner may release it: the backend, by doing nothing, keeps the account
+    frozen for ever and the firm's loss unrecovered; the operator's only other decision, `release`,
+    hands the credit back (the second review's attack). Expected: the operator recovers the credit
+    without the backend, by the capture itself or by releasing the listed holds as an admin."""
+    from tests.integration.test_review_deposit_boundaries import Chain, customer
+    chain = Chain(api)
+    mallory = customer(api, "mallory")
+    obs = chain.deposit(mallory, 50_000_000)
+    hold = api.backend.post("/v1/holds", json={"idempotency_key": f"r3-order-{obs.txid}", "account_id": mallory,
+                                               "amount": "0.5", "reference": "order"}).json()
+    chain.reorg_out(obs)
+    suspense = api.custody.wallets.firm_account("suspense", "BTC")
+    before = ledger.balance(suspense).posted
+    try:
+        chain.settle(obs, "capture")
+    except CustodyError as refused:
+        assert refused.code is CustodyErrorCode.incident_remainder_held, refused
+        for h in refused.detail["holds"]:
+            for who in (api.admin, api.operator()):
+                r = who.post(f"/v1/holds/{h['id']}/release")
+                if r.status_code == 200:
+                    break
+        try:
+            chain.settle(obs, "capture")
+        except CustodyError as again:
+            log_refusal = again
+        else:
+            log_refusal = None
+    else:
+        log_refusal = None
+    recovered = ledger.balance(suspense).posted - before
+    api.backend.post(f"/v1/holds/{hold['id']}/release")  # clean up: the backend lets go at last
+    if recovered == 0:
+        chain.settle(obs, "capture")
+    assert recovered == 50_000_000, f"the operator recovered {recovered} without the backend ({log_refusal})"
