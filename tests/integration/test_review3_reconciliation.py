@@ -6,7 +6,13 @@
   deposit line's books because the coins came back ON CHAIN, yet it is counted as an off-chain
   booking (`booked_off_chain`) and so "explains" a fall of the same size that never happened. A
   theft of that size from the deposit addresses in the same interval, while the line shows any
-  surplus, nets to a smaller surplus: a warning, the kill switch never engages.
+  surplus, nets to a smaller surplus: a warning, the kill switch never engages;
+- the reorg freeze rejects every unbatched withdrawal of the account (`reject_for_reorg`) before
+  it reads what is available, so a dust-sized reorged credit that the balance covers in full (no
+  remainder, the account not frozen) still rejects a legit approved payout;
+- a credit hidden behind a backend hold with no expiry: the capture is refused while the hold
+  stands and only its owner may release it, so the backend alone keeps the account frozen and the
+  loss unrecovered (the operator's other decision, `release`, is the second review's attack).
 """
 from __future__ import annotations
 
