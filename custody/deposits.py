@@ -235,11 +235,12 @@ class Deposits:
 
     def _freeze_credit(self, c: Connection, row, key: str, suspense: int) -> dict:
         """Hold what is still available of the credit on the customer's account (under its balance
-        lock, so the amount read is the amount held), after rejecting the account's withdrawals not
-        batched yet: their holds (custody's own) would otherwise hide the credit from the freeze
-        while the batcher pays it out. Returns the incident's record of the hold."""
+        lock, so the amount read is the amount held), after rejecting as many of the account's
+        withdrawals not batched yet as the credit needs: their holds (custody's own) would otherwise
+        hide the credit from the freeze while the batcher pays it out. Returns the incident's record
+        of the hold."""
         from custody.withdrawals import reject_for_reorg  # (custody.withdrawals imports this module)
-        rejected = reject_for_reorg(c, self.ledger, row.account_id, by="custody:reorg")
+        rejected = reject_for_reorg(c, self.ledger, row.account_id, int(row.amount), by="custody:reorg")
         headroom = self.ledger.lock_available([row.account_id], conn=c).get(row.account_id)
         amount = reorg_freeze_amount(int(row.amount), headroom.available if headroom else 0)
         remainder = reorg_remainder(int(row.amount), amount, self.ledger.balance(row.account_id, conn=c).held)

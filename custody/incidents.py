@@ -8,12 +8,16 @@ Guarantees:
   decision: `release` gives the held amount back to the customer, `capture` moves it to the account
   the incident names (suspense), and with it the whole remainder, so the books recover the
   shortfall; the ledger effect commits with the resolution, or neither does;
-- a `capture` that cannot take the whole remainder (part of it is still behind holds other than
-  custody's: the backend's, a resting order's) is refused (`incident_remainder_held`, the holds
-  named in the detail) and the incident stays unresolved, so the account stays frozen until those
-  holds are released and the operator captures again. This is the simplest airtight rule: a
-  capture "as far as available" would end the freeze with part of the credit still hidden, and the
-  backend, keeping its hold until then, would release it and move the credit away;
+- a `capture` takes the whole remainder or nothing: first it ends what hides the remainder — the
+  resting orders of the account's owner are cancelled (through matching, before the resolution's
+  transaction, each audited) and the API callers' pending holds on the account are released (in
+  the resolution's transaction, listed in `released_holds`): an API caller could otherwise keep
+  the credit out of the operator's reach forever just by never releasing its hold; if the
+  remainder is still not available (a hold of another subsystem), the capture is refused
+  (`incident_remainder_held`, the holds named in the detail) and the incident stays unresolved, so
+  the account stays frozen. A capture "as far as available" would end the freeze with part of the
+  credit still hidden, and the backend, keeping its hold until then, would release it and move the
+  credit away;
 - while such an incident is unresolved and its remainder is above zero, the account is frozen
   (`frozen_accounts`): no API posting debits it, no API hold is placed or captured on it, no
   withdrawal is requested, approved or batched from it, no order of its owner is placed or
@@ -36,7 +40,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,9 +96,36 @@ class Incidents:
         self.engine = engine
         self.ledger = ledger
 
-    def resolve(self, incident_id: int, *, operator: str, comment: str, decision: str | None = None) -> IncidentView:
+    def _cancel_hiding_orders(self, incident_id: int, operator: str, cancel_order: Callable[[str, str, str], object]) -> None:
+        """Cancel the resting orders (holds owned by `matching:<symbol>`, referenced by order id) on
+        the account an unresolved freeze names, each in matching's own transaction, audited. Done
+        before the resolution: cancelling a frozen owner's orders is harmless if it then fails."""
+        with self.engine.connect() as c:
+            row = c.execute(text(f"{_INCIDENT_SQL} WHERE id = :i"), {"i": incident_id}).first()
+            if row is None or row.resolved_at is not None:
+                return  # resolve() answers not found / already resolved
+            hold_record = _view(row).detail.get("hold") or {}
+            if not hold_record.get("account_id") or _remainder(_view(row).detail) <= 0:
+                return
+            account = int(hold_record["account_id"])
+            orders = [h for h in c.execute(text(_OTHER_HOLDS_SQL), {"a": account, "o": hold_record.get("owner", "")})
+                      if h.owner.startswith(MATCHING_HOLD_OWNER_PREFIX)]
+        owner = self.ledger.get_account(account).owner or ""
+        for h in orders:
+            symbol = h.owner[len(MATCHING_HOLD_OWNER_PREFIX):]
+            cancel_order(symbol, owner, h.reference)
+            with self.engine.begin() as c:
+                audit(c, operator, "incident.cancel_order", f"incident:{incident_id}",
+                      {"symbol": symbol, "order_id": h.reference, "hold_id": h.id})
+
+    def resolve(self, incident_id: int, *, operator: str, comment: str, decision: str | None = None,
+                cancel_order: Callable[[str, str, str], object] | None = None) -> IncidentView:
+        """Resolve an incident. `cancel_order(symbol, owner, order_id)` (the matching service's
+        cancel) lets a capture end the resting orders whose holds hide the remainder."""
         if not operator or not comment or not comment.strip():
             raise LedgerError(ErrorCode.invalid_request, "an operator and a comment are required")
+        if decision == "capture" and cancel_order is not None:
+            self._cancel_hiding_orders(incident_id, operator, cancel_order)
         with self.engine.begin() as c:
             row = c.execute(text(f"{_INCIDENT_SQL} WHERE id = :i FOR UPDATE"), {"i": incident_id}).first()
             if row is None:
@@ -128,6 +159,12 @@ class Incidents:
         remainder = _remainder(incident.detail)
         if remainder > 0:  # what an earlier hold hid from the freeze: all of it, or nothing yet
             account = int(hold_record["account_id"])
+            released = []
+            for h in c.execute(text(_OTHER_HOLDS_SQL), {"a": account, "o": hold_record["owner"]}).all():
+                if h.owner.startswith(API_HOLD_OWNER_PREFIX):  # an API caller's: it may never release it
+                    self.ledger.release_hold(h.id, owner=h.owner, conn=c)
+                    released.append({"id": h.id, "owner": h.owner, "reference": h.reference, "remaining": str(h.remaining)})
+            effect["released_holds"] = released
             headroom = self.ledger.lock_available([account], conn=c).get(account)
             available = headroom.available if headroom else 0
             if hidden_remainder(remainder, available) > 0:
@@ -204,6 +241,9 @@ ORDER BY i.id
 """
 
 # The holds on an account other than custody's own freeze (what hides a remainder from a capture).
+API_HOLD_OWNER_PREFIX = "api:"  # custody.ledger_access: holds placed over the API
+MATCHING_HOLD_OWNER_PREFIX = "matching:"  # matching's order holds: `matching:<symbol>`, reference = order id
+
 _OTHER_HOLDS_SQL = """
 SELECT id, owner, reference, amount - captured - released AS remaining
 FROM hold

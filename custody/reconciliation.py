@@ -100,6 +100,8 @@ UNBOOKED_DEPOSITS = ("seen", "confirming", "final")
 # Journal kinds custody posts for a chain movement the line counts itself (on chain or in transit):
 # they never explain a change of the difference. Every other kind booked to a location account
 # (hot_funding, treasury_adjustment, a reversal, ...) is an off-chain booking and can.
+# A reversal (`Ledger.reverse`, e.g. a re-mined deposit's compensation given back) is tracked
+# exactly when the transaction it reverses is: its coins came back on chain too.
 CHAIN_TRACKED_KINDS = ("deposit", "deposit_quarantine", "deposit_dust", "deposit_reorg", "deposit_release",
                        "withdrawal_capture", "withdrawal_final", "network_fee", "sweep", "rebalance")
 
@@ -184,8 +186,10 @@ _BOOKED_OFF_CHAIN_SQL = text("""
 SELECT coalesce(-sum(e.amount), 0)
 FROM journal_entry e
 JOIN journal_transaction t ON t.id = e.transaction_id
+LEFT JOIN journal_transaction o ON o.id = t.reverses_id
 WHERE e.account_id = :account
 AND t.kind <> ALL(:tracked)
+AND NOT (t.kind = 'reversal' AND o.kind = ANY(:tracked))  -- a reversal follows the chain as what it reverses
 """)
 
 # the chain's previous deposit pass (every deposit line of a chain is saved by the same pass)

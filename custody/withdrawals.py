@@ -569,19 +569,27 @@ def _allowlist_view(c: Connection, account_id: int) -> AllowlistView:
                          _change_view(pending) if pending else None)
 
 
-def reject_for_reorg(c: Connection, ledger: Ledger, account_id: int, *, by: str) -> list[int]:
-    """A credit of `account_id` was reorged out after finality (`custody.deposits`, in the freeze's
-    transaction, before it reads what is available): reject the account's withdrawals not batched
-    yet (held, pending approval, approved) and release their holds, so the credit their holds hid
-    is frozen instead of paid out. Rows a batcher is taking are waited for (then batched: gone
-    before the freeze, like any earlier debit). Returns the rejected withdrawals' ids."""
-    rows = c.execute(text(_UNBATCHED_OF_ACCOUNT_SQL), {"a": account_id}).all()
-    for w in rows:
-        ledger.release_hold(w.hold_id, owner=HOLD_OWNER, conn=c)
+def reject_for_reorg(c: Connection, ledger: Ledger, account_id: int, credit: int, *, by: str) -> list[int]:
+    """A credit of `credit` on `account_id` was reorged out after finality (`custody.deposits`, in
+    the freeze's transaction, under the account's balance lock, before it reads what is available):
+    while what is available does not cover the credit, reject the account's withdrawals not batched
+    yet (held, pending approval, approved), newest first, and release their holds, so the credit
+    their holds hid is frozen instead of paid out. A withdrawal the balance still covers besides the
+    credit is left alone. Rows a batcher is taking are waited for (then batched: gone before the
+    freeze, like any earlier debit). Returns the rejected withdrawals' ids."""
+    headroom = ledger.lock_available([account_id], conn=c).get(account_id)
+    available = headroom.available if headroom else 0
+    rejected: list[int] = []
+    for w in c.execute(text(_UNBATCHED_OF_ACCOUNT_SQL), {"a": account_id}).all():
+        if available >= credit:
+            break
+        released = ledger.release_hold(w.hold_id, owner=HOLD_OWNER, conn=c)
+        available += released.released
         advance(c, "withdrawal", w.id, w.state, "rejected", reject_reasons=["deposit_reorged_out"])
         reopen_returns(c, [w.id], by=by, reason="deposit_reorged_out")
         emit(c, "withdrawal.rejected", f"withdrawal.rejected:{w.id}", {"withdrawal_id": w.id, "reason": "deposit_reorged_out"})
-    return [w.id for w in rows]
+        rejected.append(w.id)
+    return rejected
 
 
 _UNBATCHED_OF_ACCOUNT_SQL = """
@@ -589,6 +597,6 @@ SELECT id, state, hold_id
 FROM withdrawal_request
 WHERE account_id = :a
   AND state IN ('held', 'pending_approval', 'approved')
-ORDER BY id
+ORDER BY id DESC
 FOR UPDATE
 """

@@ -14,6 +14,7 @@ from custody.api.params import Id, IdPath, IdQuery
 from custody.auth import Role
 from custody.controls import kill_switch, set_kill_switch
 from custody.money_rules import caller_key
+from custody.trading import attach
 from custody.incidents import Incidents
 from ledger.amounts import format_amount
 
@@ -139,8 +140,10 @@ def incidents(c: ContainerDep, _: Auditor, open_only: bool = True) -> list[dict]
 def resolve_incident(incident_id: IdPath, body: ResolveIn, c: ContainerDep, who: OperatorOnly) -> dict:
     """Operator decision: close an incident with a comment (audited); one that froze a reorged-out
     credit needs `decision` release or capture. The kill switch stays as it is."""
+    trading = attach(c)
     i = Incidents(c.engine, c.ledger).resolve(incident_id, operator=f"api:{who.name}", comment=body.comment,
-                                              decision=body.decision)
+                                              decision=body.decision,
+                                              cancel_order=lambda symbol, owner, order_id: trading.cancel(symbol, owner, order_id))
     return {"id": i.id, "kind": i.kind, "severity": i.severity, "detail": i.detail, "opened_at": i.opened_at,
             "resolved_at": i.resolved_at, "resolved_by": i.resolved_by, "resolution": i.resolution}
 

@@ -27,11 +27,11 @@ import uuid
 
 from sqlalchemy import text
 
-from custody.errors import CustodyError, CustodyErrorCode
+from custody.errors import CustodyError
 from custody.controls import set_kill_switch
 from custody.incidents import Incidents
 from custody.payouts import Payouts
-from regtest.util import assert_equal, assert_raises_code
+from regtest.util import assert_equal
 from tests.integration.test_review_deposit_boundaries import Chain, api, customer, refusal  # noqa: F401 - fixture
 
 log = logging.getLogger(__name__)
@@ -125,10 +125,9 @@ def test_a_credit_hidden_behind_a_hold_kept_until_the_resolution_escapes_the_cap
     The backend simply keeps its hold (an order's, say) in place until the operator has resolved
     the incident with `capture`: nothing is available, the capture takes nothing of the remainder,
     the resolved incident no longer freezes the account, and the backend releases its hold and
-    moves the whole credit to an accomplice. Now a capture that cannot take the whole remainder is
-    refused (`incident_remainder_held`, naming the backend's hold) and the incident stays open: the
-    account stays frozen, the move is refused once the hold is released, and the operator's capture
-    then takes the whole credit."""
+    moves the whole credit to an accomplice. Then (review 3) the fix let the backend keep the
+    credit out of reach forever by never releasing its hold. Now the capture first releases the API
+    callers' holds on the frozen account (audited in the resolution) and takes the whole credit."""
     chain = Chain(api)
     mallory, accomplice = customer(api, "mallory"), customer(api, "accomplice")
     obs = chain.deposit(mallory, 50_000_000)
@@ -138,17 +137,15 @@ def test_a_credit_hidden_behind_a_hold_kept_until_the_resolution_escapes_the_cap
     suspense = api.custody.wallets.firm_account("suspense", "BTC")
     before = ledger.balance(suspense).posted
     log.info("the operator resolves with capture while the backend's hold still hides the credit")
-    refused = assert_raises_code(CustodyErrorCode.incident_remainder_held, chain.settle, obs, "capture")
-    log.info("refused: %s", refused)
-    assert_equal([h["id"] for h in refused.detail["holds"]], [hold["id"]])
-    log.info("the attack: release the hold and move the credit away")
-    assert_equal(api.backend.post(f"/v1/holds/{hold['id']}/release").status_code, 200)
+    resolution = chain.settle(obs, "capture").resolution
+    log.info("resolution: %s", resolution)
+    assert_equal([h["id"] for h in resolution["released_holds"]], [hold["id"]])
+    log.info("the attack, too late: release the hold and move the credit away")
+    assert_equal(api.backend.post(f"/v1/holds/{hold['id']}/release").status_code, 200)  # a released hold: a retry
     r = api.backend.post("/v1/transactions", json={"idempotency_key": f"away-{obs.txid}", "transfers": [
         {"debit_account_id": mallory, "credit_account_id": accomplice, "amount": "0.5"}]})
     log.info("-> %d %s", r.status_code, r.text[:160])
-    assert_equal(refusal(r), "account_frozen")
-    resolution = chain.settle(obs, "capture").resolution
-    log.info("the operator captures again: %s", resolution)
+    assert_equal(refusal(r), "insufficient_funds")
     moved = ledger.balance(accomplice).posted
     recovered = ledger.balance(suspense).posted - before
     assert_equal((moved, recovered), (0, 50_000_000))
@@ -345,3 +342,35 @@ def test_a_withdrawal_that_raced_the_freeze_is_rejected_by_the_batcher(api, ledg
     before = ledger.balance(suspense).posted
     chain.settle(obs, "capture")
     assert_equal((taken, state, ledger.balance(suspense).posted - before), ([], "rejected", 50_000_000))
+
+
+def test_an_idle_resting_order_does_not_keep_the_credit_out_of_the_operators_reach(api, ledger):
+    """Review 3: a resting sell order of the whole credit, placed before the reorg and never traded
+    against, hid the remainder behind matching's hold; the backend, by never cancelling it, kept the
+    account frozen and the loss unrecovered (`incident_remainder_held` on every capture). Now the
+    operator's capture over the API cancels the owner's resting orders first (audited), then takes
+    the whole credit."""
+    chain = Chain(api)
+    mallory = customer(api, "mallory")
+    owner = ledger.get_account(mallory).owner
+    ledger.create_asset("USDT", 6)
+    symbol = f"BTC-USDT-{uuid.uuid4().hex[:8]}"
+    api.admin.post("/v1/markets", json={"symbol": symbol, "base_asset": "BTC", "quote_asset": "USDT", "lot_size": 10_000,
+                                        "quote_per_tick_lot": 1, "fees": {"default": {"maker_ppm": 0, "taker_ppm": 0}}}
+                   ).raise_for_status()
+    obs = chain.deposit(mallory, 50_000_000)
+    ask = api.backend.post(f"/v1/markets/{symbol}/orders", json={
+        "account": owner, "client_order_id": "idle", "side": "sell", "qty": "0.5", "price": "100000"})
+    assert ask.status_code == 201 and ask.json()["state"] == "working", ask.text
+    chain.reorg_out(obs)
+    suspense = api.custody.wallets.firm_account("suspense", "BTC")
+    before = ledger.balance(suspense).posted
+    log.info("an operator captures over the API: the idle order is cancelled first")
+    r = api.operator().post(f"/v1/incidents/{chain.incident(obs)}/resolve",
+                            json={"comment": "reorged-out credit recovered", "decision": "capture"})
+    log.info("-> %d %s", r.status_code, r.text[:200])
+    with api.custody.engine.begin() as c:
+        set_kill_switch(c, False, "review test cleanup", "review-cleanup")
+    order = api.backend.get(f"/v1/markets/{symbol}/orders/{ask.json()['order_id']}").json()
+    assert_equal((r.status_code, order["state"]), (200, "cancelled"))
+    assert_equal((ledger.balance(suspense).posted - before, ledger.balance(mallory).posted), (50_000_000, 0))
