@@ -87,3 +87,25 @@ def test_a_capture_the_balance_covers_leaves_orders_and_api_holds_alone(api, led
     order = api.backend.get(f"/v1/markets/{symbol}/orders/{order_id}").json()
     _cleanup(api)
     assert_equal((r.status_code, order["state"]), (200, "working"))
+
+
+def test_a_capture_the_balance_covers_leaves_the_backends_hold_alone(api, ledger):
+    """The backend held the whole credit (0.5, a pending payment of the customer's) when it was
+    reorged out; the customer has since received another 1.0, which covers the remainder. The
+    capture takes the remainder from what is available; the backend's hold hides nothing that is
+    needed. Yet the capture releases it (`released_holds`), so the backend's own capture of its
+    pending payment then fails."""
+    chain = Chain(api)
+    alice = customer(api, "alice")
+    obs = chain.deposit(alice, 50_000_000)
+    hold = api.backend.post("/v1/holds", json={"idempotency_key": f"payment-{obs.txid}", "account_id": alice,
+                                               "amount": "0.5", "reference": "payment"}).json()
+    chain.reorg_out(obs)
+    chain.deposit(alice, 100_000_000, block="b3")
+    assert ledger.balance(alice).available >= 50_000_000
+    r = api.operator().post(f"/v1/incidents/{chain.incident(obs)}/resolve",
+                            json={"comment": "recovered", "decision": "capture"})
+    log.info("-> %d %s", r.status_code, r.text[:300])
+    _cleanup(api)
+    released = [h["id"] for h in r.json()["resolution"].get("released_holds", [])] if r.status_code == 200 else None
+    assert_equal((r.status_code, released, ledger.get_hold(hold["id"]).state.value), (200, [], "pending"))
