@@ -97,23 +97,38 @@ class Incidents:
         self.ledger = ledger
 
     def _cancel_hiding_orders(self, incident_id: int, operator: str, cancel_order: Callable[[str, str, str], object]) -> None:
-        """Cancel the resting orders (holds owned by `matching:<symbol>`, referenced by order id) on
-        the account an unresolved freeze names, each in matching's own transaction, audited. Done
-        before the resolution: cancelling a frozen owner's orders is harmless if it then fails."""
+        """Cancel resting orders (holds owned by `matching:<symbol>`, referenced by order id) on the
+        account an unresolved freeze names, newest first and only while the remainder is still
+        hidden (the balance may cover it by now), each in matching's own transaction, audited.
+        Nothing is cancelled unless a capture is valid now (the account frozen, the shortfall still
+        booked). Done before the resolution: cancelling a frozen owner's orders is harmless if the
+        capture then fails for another reason."""
         with self.engine.connect() as c:
             row = c.execute(text(f"{_INCIDENT_SQL} WHERE id = :i"), {"i": incident_id}).first()
             if row is None or row.resolved_at is not None:
                 return  # resolve() answers not found / already resolved
-            hold_record = _view(row).detail.get("hold") or {}
-            if not hold_record.get("account_id") or _remainder(_view(row).detail) <= 0:
+            detail = _view(row).detail
+            hold_record = detail.get("hold") or {}
+            remainder = _remainder(detail)
+            if not hold_record.get("account_id") or remainder <= 0:
                 return
             account = int(hold_record["account_id"])
+            try:
+                resolution_plan(detail, "capture", shortfall_reversed=_reversed(c, detail))
+            except CustodyError:
+                return  # resolve() refuses the capture: cancel nothing
+            if account not in frozen_accounts(c, [account]):
+                return
+            available = self.ledger.balance(account, conn=c).available
             orders = [h for h in c.execute(text(_OTHER_HOLDS_SQL), {"a": account, "o": hold_record.get("owner", "")})
                       if h.owner.startswith(MATCHING_HOLD_OWNER_PREFIX)]
         owner = self.ledger.get_account(account).owner or ""
-        for h in orders:
+        for h in reversed(orders):  # newest first
+            if hidden_remainder(remainder, available) == 0:
+                break
             symbol = h.owner[len(MATCHING_HOLD_OWNER_PREFIX):]
             cancel_order(symbol, owner, h.reference)
+            available = self.ledger.balance(account).available
             with self.engine.begin() as c:
                 audit(c, operator, "incident.cancel_order", f"incident:{incident_id}",
                       {"symbol": symbol, "order_id": h.reference, "hold_id": h.id})
@@ -159,14 +174,17 @@ class Incidents:
         remainder = _remainder(incident.detail)
         if remainder > 0:  # what an earlier hold hid from the freeze: all of it, or nothing yet
             account = int(hold_record["account_id"])
-            released = []
-            for h in c.execute(text(_OTHER_HOLDS_SQL), {"a": account, "o": hold_record["owner"]}).all():
-                if h.owner.startswith(API_HOLD_OWNER_PREFIX):  # an API caller's: it may never release it
-                    self.ledger.release_hold(h.id, owner=h.owner, conn=c)
-                    released.append({"id": h.id, "owner": h.owner, "reference": h.reference, "remaining": str(h.remaining)})
-            effect["released_holds"] = released
             headroom = self.ledger.lock_available([account], conn=c).get(account)
             available = headroom.available if headroom else 0
+            released = []
+            for h in reversed(c.execute(text(_OTHER_HOLDS_SQL), {"a": account, "o": hold_record["owner"]}).all()):
+                if hidden_remainder(remainder, available) == 0:
+                    break  # newest first, and only what the remainder needs
+                if h.owner.startswith(API_HOLD_OWNER_PREFIX):  # an API caller's: it may never release it
+                    self.ledger.release_hold(h.id, owner=h.owner, conn=c)
+                    available += int(h.remaining)
+                    released.append({"id": h.id, "owner": h.owner, "reference": h.reference, "remaining": str(h.remaining)})
+            effect["released_holds"] = released
             if hidden_remainder(remainder, available) > 0:
                 holds = [{"id": h.id, "owner": h.owner, "reference": h.reference, "remaining": str(h.remaining)}
                          for h in c.execute(text(_OTHER_HOLDS_SQL), {"a": account, "o": hold_record["owner"]})]

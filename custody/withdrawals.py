@@ -577,10 +577,12 @@ def reject_for_reorg(c: Connection, ledger: Ledger, account_id: int, credit: int
     their holds hid is frozen instead of paid out. A withdrawal the balance still covers besides the
     credit is left alone. Rows a batcher is taking are waited for (then batched: gone before the
     freeze, like any earlier debit). Returns the rejected withdrawals' ids."""
+    # Rows first, then the balance: the order every other rejection path locks them in.
+    rows = c.execute(text(_UNBATCHED_OF_ACCOUNT_SQL), {"a": account_id}).all()
     headroom = ledger.lock_available([account_id], conn=c).get(account_id)
     available = headroom.available if headroom else 0
     rejected: list[int] = []
-    for w in c.execute(text(_UNBATCHED_OF_ACCOUNT_SQL), {"a": account_id}).all():
+    for w in rows:
         if available >= credit:
             break
         released = ledger.release_hold(w.hold_id, owner=HOLD_OWNER, conn=c)

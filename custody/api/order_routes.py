@@ -79,12 +79,17 @@ class OrderIn(Strict):
     fee_tier: str = "default"
 
 
+# Cancel and amend name an existing order's owner: any owner matching accepted before the owner
+# rule must still be able to cancel (matching checks the order belongs to it).
+AnyOwner = Field(min_length=1, max_length=120)
+
+
 class CancelIn(Strict):
-    account: str = Owner
+    account: str = AnyOwner
 
 
 class AmendIn(Strict):
-    account: str = Owner
+    account: str = AnyOwner
     qty: str | None = None
     price: str | None = None
     stop_price: str | None = None
