@@ -401,6 +401,12 @@ class Withdrawals:
         if not operator or not comment or not comment.strip():
             raise LedgerError(ErrorCode.invalid_request, "an operator and a comment are required")
         with self.engine.begin() as c:
+            # The account's allowlist lock first, as a rule change takes it (set_allowlist): the
+            # change row and the rule row are then locked in one order by both, never a deadlock.
+            # A change's account never changes, so reading it unlocked is safe.
+            account_id = c.execute(text("SELECT account_id FROM allowlist_change WHERE id = :i"), {"i": change_id}).scalar()
+            if account_id is not None:
+                c.execute(text(_OWNER_LOCK_SQL), {"k": f"allowlist-rule:{account_id}"})
             row = c.execute(text(f"{_CHANGE_SQL} WHERE id = :i FOR UPDATE"), {"i": change_id}).first()
             if row is None:
                 raise CustodyError(CustodyErrorCode.allowlist_change_not_found, f"no allowlist change {change_id}")
