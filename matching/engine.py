@@ -211,13 +211,7 @@ class Engine:
         if order is None or order.account != cmd.account:
             self._refuse_closed(cmd, "cancel")
             return events
-        state = order.state
-        if state is _UNTRIGGERED:
-            self.stops.remove(order)
-        elif state is _RECEIVED:
-            del self.awaiting[order.order_id]
-        else:
-            self.book.remove(order)
+        self._take_out(order)
         self._close(order, _CANCELLED, CloseReason.cancelled_by_owner)
         return events
 
@@ -229,6 +223,12 @@ class Engine:
         if order is None:
             self._refuse("evict", cmd.order_id, self._missing_code(cmd.order_id))
             return events
+        self._take_out(order)
+        self._close(order, _CANCELLED, CloseReason.account_closed)
+        return events
+
+    def _take_out(self, order: Order) -> None:
+        """Remove an open order from wherever it waits: the stops, the awaiting queue or the book."""
         state = order.state
         if state is _UNTRIGGERED:
             self.stops.remove(order)
@@ -236,8 +236,6 @@ class Engine:
             del self.awaiting[order.order_id]
         else:
             self.book.remove(order)
-        self._close(order, _CANCELLED, CloseReason.account_closed)
-        return events
 
     def _activate(self, seq: int, cmd: ActivateTriggered) -> list[Event]:
         self.last_seq = seq
