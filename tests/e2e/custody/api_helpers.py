@@ -1,5 +1,6 @@
 """Helpers the withdrawal scenarios share: a backend API client on the session's custody service,
-a customer balance credited without touching any on-chain line, a withdrawal request, its answer."""
+a customer balance credited without touching any on-chain line, customers and hot coins funded on
+chain, a withdrawal request, its answer."""
 from __future__ import annotations
 
 import uuid
@@ -10,6 +11,7 @@ from custody.api.app import create_app
 from custody.auth import create_api_key
 from custody.container import Container
 from ledger.model import Transfer
+from tests.e2e.custody.conftest import BTC_FINALITY
 
 
 def backend_client(custody: Container, name: str) -> TestClient:
@@ -33,3 +35,16 @@ def withdraw(api: TestClient, acct: int, amount: str, destination: str):
 def refused(r) -> tuple[int, str | None]:
     """(status, error code); the code is None when the request was accepted."""
     return r.status_code, r.json().get("error", {}).get("code")
+
+
+def fund(custody: Container, customer, bitcoind, n: int) -> list[int]:
+    """`n` customers credited 1 BTC each through the real deposit pipeline, and two hot coins of
+    5 BTC (each batch reserves its own)."""
+    accounts = [customer("BTC") for _ in range(n)]
+    bitcoind.wallet("sendmany", "", {custody.wallets.issue_address(f"addr:{a}", a).address: "1" for a in accounts})
+    for _ in range(2):
+        bitcoind.fund(custody.payouts.hot_address("bitcoin"), 5 * 100_000_000)
+    bitcoind.mine(BTC_FINALITY)
+    custody.deposits.run_once(["bitcoin"])
+    custody.payouts.sync_hot_wallet()
+    return accounts

@@ -20,20 +20,10 @@ from custody.controls import kill_switch
 from custody.jobs import payouts_once
 from ledger.model import Transfer
 from regtest.util import assert_equal
+from tests.e2e.custody.api_helpers import fund
 from tests.e2e.custody.conftest import BTC_FINALITY
 
 FEE = 5_000  # quoted per withdrawal (normal priority)
-
-
-def fund(custody, customer, bitcoind, n: int) -> list[int]:
-    accounts = [customer("BTC") for _ in range(n)]
-    bitcoind.wallet("sendmany", "", {custody.wallets.issue_address(f"addr:{a}", a).address: "1" for a in accounts})
-    for _ in range(2):  # two hot coins: each batch reserves its own
-        bitcoind.fund(custody.payouts.hot_address("bitcoin"), 5 * 100_000_000)
-    bitcoind.mine(BTC_FINALITY)
-    custody.deposits.run_once(["bitcoin"])
-    custody.payouts.sync_hot_wallet()
-    return accounts
 
 
 def captures_of(engine, withdrawal_id: int) -> int:

@@ -18,20 +18,10 @@ from custody.auth import create_api_key
 from custody.controls import kill_switch, set_kill_switch
 from custody.jobs import payouts_once
 from regtest.util import assert_equal
+from tests.e2e.custody.api_helpers import fund
 from tests.e2e.custody.conftest import BTC_FINALITY
 
 GOOD, BAD = 1_000_000, 2_000_000
-
-
-def fund(custody, customer, bitcoind, n: int) -> list[int]:
-    accounts = [customer("BTC") for _ in range(n)]
-    bitcoind.wallet("sendmany", "", {custody.wallets.issue_address(f"addr:{a}", a).address: "1" for a in accounts})
-    for _ in range(2):  # two hot coins: each batch reserves its own
-        bitcoind.fund(custody.payouts.hot_address("bitcoin"), 5 * 100_000_000)
-    bitcoind.mine(BTC_FINALITY)
-    custody.deposits.run_once(["bitcoin"])
-    custody.payouts.sync_hot_wallet()
-    return accounts
 
 
 def finals_of(engine, batch_id: int) -> int:
