@@ -32,7 +32,7 @@ from custody.controls import set_kill_switch
 from custody.incidents import Incidents
 from custody.payouts import Payouts
 from regtest.util import assert_equal
-from tests.integration.test_review_deposit_boundaries import Chain, api, customer, refusal  # noqa: F401 - fixture
+from tests.integration.test_review_deposit_boundaries import Chain, api, btc_usdt_market, customer, refusal  # noqa: F401 - fixture
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +47,7 @@ def test_a_resting_order_placed_before_the_reorg_still_sells_the_frozen_credit(a
     chain = Chain(api)
     mallory = customer(api, "mallory")
     owner = ledger.get_account(mallory).owner
-    ledger.create_asset("USDT", 6)
-    symbol = f"BTC-USDT-{uuid.uuid4().hex[:8]}"
-    r = api.admin.post("/v1/markets", json={"symbol": symbol, "base_asset": "BTC", "quote_asset": "USDT",
-                                            "lot_size": 10_000, "quote_per_tick_lot": 1,
-                                            "fees": {"default": {"maker_ppm": 0, "taker_ppm": 0}}})
-    assert r.status_code == 201, r.text
+    symbol = btc_usdt_market(api, ledger)
     accomplice = f"accomplice-{uuid.uuid4().hex[:8]}"
     api.backend.post("/v1/accounts", json={"asset": "USDT", "kind": "customer", "owner": accomplice,
                                            "name": f"customer:{accomplice}:USDT"}).raise_for_status()
@@ -221,12 +216,7 @@ def test_a_deposit_reorged_out_of_the_same_block_twice_is_compensated_twice(api,
 
 def market_with_accomplice(api, ledger, quote: int = 1_000_000_000) -> tuple[str, str]:
     """A BTC-USDT market without fees, and an accomplice funded with USDT. Returns (symbol, owner)."""
-    ledger.create_asset("USDT", 6)
-    symbol = f"BTC-USDT-{uuid.uuid4().hex[:8]}"
-    r = api.admin.post("/v1/markets", json={"symbol": symbol, "base_asset": "BTC", "quote_asset": "USDT",
-                                            "lot_size": 10_000, "quote_per_tick_lot": 1,
-                                            "fees": {"default": {"maker_ppm": 0, "taker_ppm": 0}}})
-    assert r.status_code == 201, r.text
+    symbol = btc_usdt_market(api, ledger)
     accomplice = f"accomplice-{uuid.uuid4().hex[:8]}"
     api.backend.post("/v1/accounts", json={"asset": "USDT", "kind": "customer", "owner": accomplice,
                                            "name": f"customer:{accomplice}:USDT"}).raise_for_status()
@@ -353,11 +343,7 @@ def test_an_idle_resting_order_does_not_keep_the_credit_out_of_the_operators_rea
     chain = Chain(api)
     mallory = customer(api, "mallory")
     owner = ledger.get_account(mallory).owner
-    ledger.create_asset("USDT", 6)
-    symbol = f"BTC-USDT-{uuid.uuid4().hex[:8]}"
-    api.admin.post("/v1/markets", json={"symbol": symbol, "base_asset": "BTC", "quote_asset": "USDT", "lot_size": 10_000,
-                                        "quote_per_tick_lot": 1, "fees": {"default": {"maker_ppm": 0, "taker_ppm": 0}}}
-                   ).raise_for_status()
+    symbol = btc_usdt_market(api, ledger)
     obs = chain.deposit(mallory, 50_000_000)
     ask = api.backend.post(f"/v1/markets/{symbol}/orders", json={
         "account": owner, "client_order_id": "idle", "side": "sell", "qty": "0.5", "price": "100000"})

@@ -116,6 +116,17 @@ def customer(api: WithdrawalApi, who: str) -> int:
     return r.json()["id"]
 
 
+def btc_usdt_market(api: WithdrawalApi, ledger) -> str:
+    """A BTC-USDT market of the test's own (no fees), created by an admin; its symbol."""
+    ledger.create_asset("USDT", 6)
+    symbol = f"BTC-USDT-{uuid.uuid4().hex[:8]}"
+    r = api.admin.post("/v1/markets", json={"symbol": symbol, "base_asset": "BTC", "quote_asset": "USDT",
+                                            "lot_size": 10_000, "quote_per_tick_lot": 1,
+                                            "fees": {"default": {"maker_ppm": 0, "taker_ppm": 0}}})
+    assert r.status_code == 201, r.text
+    return symbol
+
+
 def refusal(r) -> str | None:
     return r.json().get("error", {}).get("code") if r.status_code >= 400 else None
 
@@ -367,12 +378,7 @@ def test_a_frozen_account_cannot_trade_the_credit_away(api, ledger):
     chain = Chain(api)
     mallory = customer(api, "mallory")
     owner = ledger.get_account(mallory).owner
-    ledger.create_asset("USDT", 6)
-    symbol = f"BTC-USDT-{uuid.uuid4().hex[:8]}"
-    r = api.admin.post("/v1/markets", json={"symbol": symbol, "base_asset": "BTC", "quote_asset": "USDT",
-                                            "lot_size": 10_000, "quote_per_tick_lot": 1,
-                                            "fees": {"default": {"maker_ppm": 0, "taker_ppm": 0}}})
-    assert r.status_code == 201, r.text
+    symbol = btc_usdt_market(api, ledger)
     obs = chain.deposit(mallory, 50_000_000)
     hold = api.backend.post("/v1/holds", json={"idempotency_key": f"order-{obs.txid}", "account_id": mallory,
                                                "amount": "0.5", "reference": "order"}).json()
