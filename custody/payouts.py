@@ -64,7 +64,7 @@ from ledger.model import PostResult, Transfer
 from ledger.service import Ledger
 from signer.bitcoin_tx import address_to_script, dust_threshold, estimate_vsize, fee_for, select_coins
 from signer.errors import SignerError, SignerErrorCode
-from signer.service import BatchOutput, BtcCoin, Signer, SigningRefused
+from signer.protocol import BatchOutput, BtcCoin, SignerPort, SigningRefused
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ def spendable_coins(c: Connection) -> list[BtcCoin]:
 
 class Payouts:
     def __init__(self, engine: Engine, ledger: Ledger, wallets: Wallets, adapters: Mapping[str, ChainAdapter],
-                 signer: Signer, config: PayoutConfig | None = None) -> None:
+                 signer: SignerPort, config: PayoutConfig | None = None) -> None:
         self.engine = engine
         self.ledger = ledger
         self.wallets = wallets

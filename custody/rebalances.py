@@ -52,7 +52,7 @@ from ledger.model import Transfer
 from ledger.service import Ledger
 from signer.bitcoin_tx import address_to_script, dust_threshold, select_coins
 from signer.errors import SignerError, SignerErrorCode
-from signer.service import BtcCoin, Signer, SigningRefused
+from signer.protocol import BtcCoin, SignerPort, SigningRefused
 
 log = logging.getLogger(__name__)
 SAT_PER_BTC = 100_000_000
@@ -95,7 +95,7 @@ class RebalanceConfig:
 class Rebalances(FirmMoves):
     machine = "rebalance"
 
-    def __init__(self, engine: Engine, ledger: Ledger, wallets: Wallets, bitcoin: ChainAdapter, signer: Signer,
+    def __init__(self, engine: Engine, ledger: Ledger, wallets: Wallets, bitcoin: ChainAdapter, signer: SignerPort,
                  *, hot_address: str, config: RebalanceConfig | None = None) -> None:
         super().__init__(engine, ledger, wallets, bitcoin)
         self.signer = signer

@@ -26,14 +26,14 @@ from custody.addresses import derive_btc_address
 from custody.errors import CustodyError, CustodyErrorCode
 from custody.merkle_sum import MerkleSumTree, Node, Step, leaf
 from ledger.model import AccountKind
-from signer.service import Signer
+from signer.protocol import RESERVES_PREFIX, SignerPort
 
 DISCLAIMER = ("This is a proof of reserves, not a proof of solvency: it shows the listed holdings and a commitment to "
               "customer liabilities at one block height, and nothing about other obligations or later changes.")
 
 
 class Reserves:
-    def __init__(self, engine: Engine, bitcoin: ChainAdapter, signer: Signer, *, network: str) -> None:
+    def __init__(self, engine: Engine, bitcoin: ChainAdapter, signer: SignerPort, *, network: str) -> None:
         self.engine = engine
         self.bitcoin = bitcoin
         self.signer = signer
@@ -67,7 +67,7 @@ class Reserves:
             report_id = c.execute(text("SELECT nextval(pg_get_serial_sequence('reserve_report', 'id'))")).scalar_one()
             addresses = []
             for address, amount in sorted(held.items()):
-                message = (f"{Signer.RESERVES_PREFIX} report {report_id} asset {asset} address {address} "
+                message = (f"{RESERVES_PREFIX} report {report_id} asset {asset} address {address} "
                            f"height {tip.height} block {tip.hash}")
                 pub, sig = self.signer.sign_reserves_message(*paths[address], message)
                 addresses.append({"address": address, "amount": str(amount), "message": message,

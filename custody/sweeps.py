@@ -28,7 +28,7 @@ from custody.wallets import Wallets
 from ledger.model import Transfer
 from ledger.service import Ledger
 from signer.bitcoin_tx import address_to_script, dust_threshold, estimate_vsize, fee_for
-from signer.service import BtcCoin, Signer, SigningRefused
+from signer.protocol import BtcCoin, SignerPort, SigningRefused
 
 log = logging.getLogger(__name__)
 BOOKED = ("credited", "quarantined", "released", "returned", "dust")
@@ -37,7 +37,7 @@ BOOKED = ("credited", "quarantined", "released", "returned", "dust")
 class Sweeps(FirmMoves):
     machine = "sweep"
 
-    def __init__(self, engine: Engine, ledger: Ledger, wallets: Wallets, bitcoin: ChainAdapter, signer: Signer,
+    def __init__(self, engine: Engine, ledger: Ledger, wallets: Wallets, bitcoin: ChainAdapter, signer: SignerPort,
                  *, hot_address: str, network: str, max_inputs: int = 200) -> None:
         super().__init__(engine, ledger, wallets, bitcoin)
         self.signer = signer

@@ -47,10 +47,8 @@ hot receive address, and the fee ceiling.
 from __future__ import annotations
 
 import datetime as dt
-import enum
 import json
 import logging
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from sqlalchemy import Connection, Engine, text
@@ -59,57 +57,12 @@ from policies import Approval, Decision, Outcome, PolicyContext, ReasonCode, Wit
 from signer.bitcoin_tx import PayOutput, SignedTx, SpendInput, address_to_script, estimate_vsize, fee_for, sign_batch
 from signer.ethereum_tx import sign_eip1559
 from signer.keys import SignerKeys
+from signer.protocol import RESERVES_PREFIX, BatchOutput, BtcCoin, RefusalCode, SigningRefused
 from signer.own_addresses import (CHANGE_WINDOW, DEPOSIT_WINDOW, RECEIVE_WINDOW, bitcoin_change_scripts, bitcoin_own_scripts,
                                   ethereum_own_addresses, pays_own_address)
 
 log = logging.getLogger(__name__)
 WITHDRAWAL_HOLD_OWNER = "withdrawals"  # custody.withdrawals.HOLD_OWNER: the only owner of a withdrawal's hold
-
-
-class RefusalCode(str, enum.Enum):
-    kill_switch_on = "kill_switch_on"
-    empty_batch = "empty_batch"
-    output_mismatch = "output_mismatch"
-    withdrawal_not_batched = "withdrawal_not_batched"
-    no_decision = "no_decision"
-    decision_not_approved = "decision_not_approved"
-    decision_expired = "decision_expired"
-    hold_not_live = "hold_not_live"
-    unknown_input = "unknown_input"
-    fee_above_ceiling = "fee_above_ceiling"
-    destination_denied = "destination_denied"
-    destination_internal = "destination_internal"
-    rebalance_not_open = "rebalance_not_open"
-    destination_not_cold = "destination_not_cold"
-
-
-class SigningRefused(Exception):
-    def __init__(self, code: RefusalCode, message: str) -> None:
-        self.code = code
-        self.message = message
-        super().__init__(f"{code.value}: {message}")
-
-
-@dataclass(frozen=True)
-class BtcCoin:
-    """A hot-wallet coin to spend: where it is and which key (BIP84 change/index) controls it."""
-
-    txid: str
-    vout: int
-    amount: int
-    change: int
-    index: int
-
-
-@dataclass(frozen=True)
-class BatchOutput:
-    """One payment of a batch. `script` (bitcoin) is the output script resolved from the address
-    when the withdrawal was validated; the signer checks it equals the withdrawal's stored one."""
-
-    withdrawal_id: int
-    address: str
-    amount: int
-    script: bytes = b""
 
 
 class Signer:
@@ -325,7 +278,7 @@ class Signer:
 
     # ---- proof of reserves ----------------------------------------------------------------
 
-    RESERVES_PREFIX = "custody proof of reserves:"
+    RESERVES_PREFIX = RESERVES_PREFIX
 
     def sign_reserves_message(self, tier: str, change: int, index: int, message: str) -> tuple[bytes, bytes]:
         """Sign a proof-of-reserves statement with a bitcoin key: (compressed public key, DER

@@ -1,0 +1,86 @@
+"""What custody and the signer say to each other, without any key code.
+
+Custody processes (api, worker) import this module, never `signer.service` or `signer.keys`: the
+data a signing request carries (`BtcCoin`, `BatchOutput`), the refusal the signer answers
+(`SigningRefused` with a `RefusalCode`), and `SignerPort`, the narrow set of calls a signer offers
+whether it runs in this process (`signer.service.Signer`, in tests) or behind its socket
+(`signer.client.SignerClient`, in deployment). The refusal codes are tabled in signer.service.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from signer.bitcoin_tx import SignedTx
+from signer.ethereum_tx import SignedEthTx
+
+RESERVES_PREFIX = "custody proof of reserves:"  # the only messages the signer signs that are not transactions
+
+
+class RefusalCode(str, enum.Enum):
+    kill_switch_on = "kill_switch_on"
+    empty_batch = "empty_batch"
+    output_mismatch = "output_mismatch"
+    withdrawal_not_batched = "withdrawal_not_batched"
+    no_decision = "no_decision"
+    decision_not_approved = "decision_not_approved"
+    decision_expired = "decision_expired"
+    hold_not_live = "hold_not_live"
+    unknown_input = "unknown_input"
+    fee_above_ceiling = "fee_above_ceiling"
+    destination_denied = "destination_denied"
+    destination_internal = "destination_internal"
+    rebalance_not_open = "rebalance_not_open"
+    destination_not_cold = "destination_not_cold"
+
+
+class SigningRefused(Exception):
+    def __init__(self, code: RefusalCode, message: str) -> None:
+        self.code = code
+        self.message = message
+        super().__init__(f"{code.value}: {message}")
+
+
+@dataclass(frozen=True)
+class BtcCoin:
+    """A hot-wallet coin to spend: where it is and which key (BIP84 change/index) controls it."""
+
+    txid: str
+    vout: int
+    amount: int
+    change: int
+    index: int
+
+
+@dataclass(frozen=True)
+class BatchOutput:
+    """One payment of a batch. `script` (bitcoin) is the output script resolved from the address
+    when the withdrawal was validated; the signer checks it equals the withdrawal's stored one."""
+
+    withdrawal_id: int
+    address: str
+    amount: int
+    script: bytes = b""
+
+
+class SignerPort(Protocol):
+    """The calls custody may make of a signer; each re-checks everything against the database
+    itself and answers a signed transaction or raises SigningRefused."""
+
+    def sign_bitcoin_batch(self, batch_id: int, coins: Sequence[BtcCoin], outputs: Sequence[BatchOutput],
+                           change: tuple[str, int] | None) -> SignedTx: ...
+
+    def sign_bitcoin_replacement(self, batch_id: int, replaces_txid: str, coins: Sequence[BtcCoin],
+                                 outputs: Sequence[BatchOutput], change: tuple[str, int] | None) -> SignedTx: ...
+
+    def sign_bitcoin_sweep(self, sweep_id: int, coins: Sequence[BtcCoin], destination: str, fee: int) -> SignedTx: ...
+
+    def sign_bitcoin_rebalance(self, rebalance_id: int, coins: Sequence[BtcCoin], destination: str, amount: int,
+                               change: tuple[str, int] | None) -> SignedTx: ...
+
+    def sign_reserves_message(self, tier: str, change: int, index: int, message: str) -> tuple[bytes, bytes]: ...
+
+    def sign_ethereum_payment(self, batch_id: int, output: BatchOutput, *, hot_index: int, chain_id: int, nonce: int,
+                              to: str, value: int, data: bytes, gas: int, max_fee_wei: int, priority_fee_wei: int,
+                              replaces_txid: str | None = None) -> SignedEthTx: ...
