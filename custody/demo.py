@@ -1,18 +1,19 @@
 """The end-to-end demo that `scripts/run` performs against the running API, narrated step by step.
 
-It uses only the public HTTP API with a freshly created admin key, so what it shows is what the
-exchange backend sees. Each run uses its own account names, so it can be repeated on one database.
+It uses only the public HTTP API with API keys made for it (custody.launch creates them), so what
+it shows is what the exchange backend sees; operators approve by signing the withdrawal's payload
+with their own Ed25519 keys, as `python -m custody approve --key FILE ID` does. Each run uses its own account names, so it can be repeated on one database.
 """
 from __future__ import annotations
 
 import logging
 import time
 import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
 
 import httpx
-
-from custody.auth import create_api_key
-from custody.container import Container
 
 log = logging.getLogger("demo")
 
@@ -28,20 +29,31 @@ def _call(client: httpx.Client, method: str, path: str, expect: int, **kw) -> di
     return r.json()
 
 
-def run_demo(container: Container, base: str, chains=None) -> bool:
+@dataclass
+class DemoWorld:
+    """What the demo needs besides the API: API keys made for it (admin, and two operators who are
+    also the scripted approvers, with their Ed25519 key files) and, for the chain part, the
+    outside world: a faucet paying a bitcoin address, a fresh address outside the service, and
+    the hot wallet's receive address (derived from the hot xpub the signer exported)."""
+
+    admin_key: str
+    operator_keys: tuple[str, str]
+    approver_key_files: tuple[Path, Path] = ()
+    fund_btc: Callable[[str, int], str] | None = None
+    external_btc_address: Callable[[], str] | None = None
+    hot_btc_address: str | None = None
+
+
+def run_demo(base: str, world: DemoWorld) -> bool:
     run = uuid.uuid4().hex[:8]
-    pepper = container.settings.api_key_pepper
-    key = create_api_key(container.engine, f"demo-admin-{run}", "admin", pepper)
-    operator = create_api_key(container.engine, f"demo-operator-{run}", "operator", pepper)
-    checker = create_api_key(container.engine, f"demo-checker-{run}", "operator", pepper)
-    log.info("created admin API key for this demo: %s (send it as X-API-Key)", key)
+    log.info("admin API key for this demo: %s (send it as X-API-Key)", world.admin_key)
     try:
-        with (httpx.Client(base_url=base, headers={"X-API-Key": key}, timeout=10) as c,
-              httpx.Client(base_url=base, headers={"X-API-Key": operator}, timeout=10) as op,
-              httpx.Client(base_url=base, headers={"X-API-Key": checker}, timeout=10) as op2):
+        with (httpx.Client(base_url=base, headers={"X-API-Key": world.admin_key}, timeout=10) as c,
+              httpx.Client(base_url=base, headers={"X-API-Key": world.operator_keys[0]}, timeout=10) as op,
+              httpx.Client(base_url=base, headers={"X-API-Key": world.operator_keys[1]}, timeout=10) as op2):
             _ledger_demo(c, op, op2, run)
-            if chains is not None:
-                _chain_demo(c, op, op2, container, chains, run)
+            if world.fund_btc is not None:
+                _chain_demo(c, (op, op2), world, run)
     except DemoFailed as exc:
         log.error("demo failed: %s", exc)
         return False
@@ -81,41 +93,42 @@ def _firm_account(c: httpx.Client, name: str, asset: str) -> int:
     return next(a["id"] for a in _call(c, "GET", "/v1/firm-accounts", 200, params={"asset": asset}) if a["name"] == name)
 
 
-def _chain_demo(c: httpx.Client, op: httpx.Client, op2: httpx.Client, container: Container, chains, run: str) -> None:
-    node = chains.cluster.bitcoin
-    hot = container.payouts.hot_address("bitcoin")
-    node.fund(hot, 10 * 100_000_000)
+def _chain_demo(c: httpx.Client, ops: tuple[httpx.Client, httpx.Client], world: DemoWorld, run: str) -> None:
+    from custody.approve_cli import approve_over_http
+
+    hot = world.hot_btc_address
+    world.fund_btc(hot, 10 * 100_000_000)
     log.info("treasury: 10 BTC into the hot wallet %s (booked equity -> hot location once confirmed)", hot)
     owner = f"demo-bob-{run}"
     acct = _call(c, "POST", "/v1/accounts", 201, json={"asset": "BTC", "kind": "customer", "name": f"customer:{owner}:BTC",
                                                        "owner": owner})["id"]
     addr = _call(c, "POST", "/v1/deposit-addresses", 201, json={"idempotency_key": f"demo:{run}:addr", "account_id": acct})
     log.info("deposits: issued %s (BIP84 index %d) to customer account %d", addr["address"], addr["derivation_index"], acct)
-    txid = node.fund(addr["address"], 200_000_000)
-    log.info("deposits: the regtest faucet paid 2 BTC in %s; a block is mined every second or so", txid)
+    txid = world.fund_btc(addr["address"], 500_000_000)
+    log.info("deposits: the regtest faucet paid 5 BTC in %s; a block is mined every 2 s", txid)
     _wait("deposit", lambda: [(d["state"], d["confirmations"]) for d in _call(c, "GET", f"/v1/accounts/{acct}/deposits", 200)],
           lambda v: v and v[0][0] == "credited")
     bal = _call(c, "GET", f"/v1/accounts/{acct}/balance", 200)
     log.info("deposits: credited once at finality (3 confirmations): available %s BTC", bal["available"]["value"])
 
-    dest = node.wallet("getnewaddress", "", "bech32")
+    dest = world.external_btc_address()
     small = _call(c, "POST", "/v1/withdrawals", 201, json={"client_withdrawal_id": f"demo-{run}-1", "account_id": acct,
                                                          "amount": "0.1", "destination": dest})
     log.info("withdrawals: 0.1 BTC to %s -> %s by policy", dest, small["state"])
     big = _call(c, "POST", "/v1/withdrawals", 201, json={"client_withdrawal_id": f"demo-{run}-2", "account_id": acct,
-                                                       "amount": "0.8", "destination": dest})
-    log.info("withdrawals: 0.8 BTC -> %s (above the auto-approval tier)", big["state"])
-    queue = _call(op, "GET", "/v1/withdrawals", 200)
-    log.info("operators: approval queue holds %s", [(w["id"], w["amount"]) for w in queue])
-    approved = _call(op, "POST", f"/v1/withdrawals/{big['id']}/approve", 200, json={"comment": "demo: verified by phone"})
-    log.info("operators: approved by a second person -> %s", approved["state"])
+                                                       "amount": "2.5", "destination": dest})
+    log.info("withdrawals: 2.5 BTC -> %s (the two-approver tier)", big["state"])
+    for n, (client, key_file) in enumerate(zip(ops, world.approver_key_files), 1):
+        approved = approve_over_http(client, big["id"], key_file, comment=f"demo: approver {n} verified by phone")
+        log.info("operators: approver %d signed the payload (withdrawal %s, 2.5 BTC to %s) with its own key -> %s",
+                 n, big["id"], dest, approved["state"])
     for w in (small, big):
         _wait(f"withdrawal {w['id']}", lambda w=w: _call(c, "GET", f"/v1/withdrawals/{w['id']}", 200)["state"],
               lambda s: s == "final")
     bal = _call(c, "GET", f"/v1/accounts/{acct}/balance", 200)
-    log.info("withdrawals: both final after batching, signing, broadcast and 3 confirmations; bob has %s BTC "
-             "(2 - 0.1 - 0.8 - 2 x 0.00005 quoted fee)", bal["posted"]["value"])
-    if bal["posted"]["value"] != "1.09990000":
+    log.info("withdrawals: both final after batching, signing by the signer process, broadcast and 3 confirmations; "
+             "bob has %s BTC (5 - 0.1 - 2.5 - 2 x 0.00005 quoted fee)", bal["posted"]["value"])
+    if bal["posted"]["value"] != "2.39990000":
         raise DemoFailed(f"unexpected balance {bal}")
     lines = _call(c, "POST", "/v1/reconciliation", 200)
     for line in lines:
@@ -123,7 +136,7 @@ def _chain_demo(c: httpx.Client, op: httpx.Client, op2: httpx.Client, container:
                  line["on_chain"], line["books"], line["in_transit"], line["difference"])
     if any(line["difference"] != 0 for line in lines):
         raise DemoFailed(f"reconciliation found a difference: {lines}")
-    _matching_demo(c, op, op2, run, owner)
+    _matching_demo(c, ops[0], ops[1], run, owner)
     verify = _call(c, "GET", "/v1/verify", 200)
     if not verify["ok"]:
         raise DemoFailed("ledger verification failed")

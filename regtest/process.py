@@ -25,10 +25,10 @@ def _die_with_parent() -> None:
         pass
 
 
-def spawn(cmd: list[str], log_path: Path, *, detached: bool = False) -> subprocess.Popen:
+def spawn(cmd: list[str], log_path: Path, *, detached: bool = False, env: dict[str, str] | None = None) -> subprocess.Popen:
     log = open(log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
     proc = subprocess.Popen(
-        cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
         preexec_fn=None if detached else _die_with_parent, start_new_session=detached)
     log.close()
     if not detached:

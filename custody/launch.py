@@ -1,0 +1,236 @@
+"""Deploy the three processes against nodes and a database that already run, wired only by
+configuration files; and `python -m custody demo`, which first starts those nodes and the embedded
+PostgreSQL itself.
+
+`deploy()` is what the demo and the e2e suite share. Given a PostgreSQL owner URL (migrations, the
+first API keys) and the nodes' RPC endpoints, it:
+1. migrates the database (the migrations create the roles custody_api, custody_worker,
+   custody_signer);
+2. writes a development seed (0600) and the signer's authentication key (0600) under `root`, plus
+   one Ed25519 approver key per scripted approver;
+3. writes `signer.toml` (connects as custody_signer) and starts `python -m signer serve`;
+4. asks the signer for its xpubs over its socket (custody never derives from a seed) and writes
+   `custody-worker.toml` / `custody-api.toml` (the same settings; each connects as its own role);
+5. starts `python -m custody worker` and `python -m custody api` and waits for `/health`.
+
+Every process logs to `root/logs/<name>.log`; `Deployment.stop()` stops them in reverse order.
+"""
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import secrets
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import tomli_w
+from sqlalchemy import make_url
+
+from custody.topology import Processes
+
+log = logging.getLogger(__name__)
+BTC_FINALITY, ETH_FINALITY = 3, 12
+
+# Regtest reference data (the same as the in-process suites': custody.devchains.configure_regtest).
+REGTEST_ASSETS = {
+    "BTC": {"chain": "bitcoin", "decimals": 8, "finality": BTC_FINALITY, "dust_minimum": 1_000,
+            "min_withdrawal": 10_000, "withdrawal_fee": 5_000, "withdrawal_fee_fast": 20_000},
+    "ETH": {"chain": "ethereum", "decimals": 18, "finality": ETH_FINALITY, "dust_minimum": 10**9,
+            "min_withdrawal": 10**15, "withdrawal_fee": 10**15},
+    "USDT": {"chain": "ethereum", "decimals": 6, "finality": ETH_FINALITY, "dust_minimum": 10_000,
+             "min_withdrawal": 10**6, "withdrawal_fee": 10**6},
+}
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """Where the chains are: bitcoind's RPC URL (user:password in it, as regtest's nodes give it),
+    anvil's RPC URL and chain id, and the test ERC-20's address."""
+
+    bitcoin_rpc_url: str
+    ethereum_rpc_url: str
+    token_address: str
+    ethereum_chain_id: int = 31337
+    network: str = "regtest"
+
+
+@dataclass
+class Deployment:
+    root: Path
+    owner_url: str
+    processes: Processes
+    api_base: str
+    xpubs: dict
+    approver_keys: dict[str, Path] = field(default_factory=dict)  # operator name -> Ed25519 private key file
+
+    def stop(self) -> None:
+        self.processes.stop_all()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def role_url(owner_url: str, role: str) -> str:
+    """The owner's URL with the user replaced by one of the service's database roles."""
+    return make_url(owner_url).set(username=role, password=None).render_as_string(hide_password=False)
+
+
+def _secret_file(path: Path, data: bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+    return path
+
+
+def _write_toml(path: Path, data: dict) -> Path:
+    path.write_text(tomli_w.dumps(data))
+    return path
+
+
+def deploy(root: Path, *, owner_url: str, nodes: Nodes, approvers: tuple[str, ...] = ("approver-1", "approver-2"),
+           api_port: int | None = None, job_scale: float = 0.5, seed_file: Path | None = None,
+           pepper: str | None = None) -> Deployment:
+    from custody.approve_cli import new_approver_key
+    from custody.database import migrate
+    from custody.devchains import dev_seed_file
+
+    root.mkdir(parents=True, exist_ok=True)
+    migrate(owner_url)
+    seed = seed_file or dev_seed_file(root)
+    auth_key = _secret_file(root / "signer-auth.key", secrets.token_hex(32).encode())
+    approver_keys, approver_entries = {}, []
+    for name in approvers:
+        key_file = root / "approvers" / f"{name}.pem"
+        entry = new_approver_key(key_file, operator=name) if not key_file.exists() else None
+        if entry is None:
+            from custody.approve_cli import approver_entry
+            entry = approver_entry(key_file, operator=name)
+        approver_keys[name] = key_file
+        approver_entries.append(entry)
+    socket_path = root / "signer.sock"
+    signer_cfg = _write_toml(root / "signer.toml", {
+        "network": nodes.network, "seed_file": str(seed), "database_url": role_url(owner_url, "custody_signer"),
+        "listen": f"unix:{socket_path}", "auth_key_file": str(auth_key), "approvers": approver_entries})
+    processes = Processes(root, signer_config=signer_cfg, custody_config=root / "custody.toml",
+                          env={"PYTHONUNBUFFERED": "1", **({"API_KEY_PEPPER": pepper} if pepper else {})})
+    from signer.client import SignerClient
+
+    client = SignerClient(f"unix:{socket_path}", auth_key.read_bytes())
+    try:
+        processes.start("custody-signer", ready=lambda: client.ping() is not None)
+        xpubs = client.xpubs()
+    except BaseException:
+        processes.stop_all()
+        raise
+    port = api_port or free_port()
+    base = f"http://127.0.0.1:{port}"
+    custody_cfg = {
+        "database": {"url": role_url(owner_url, "custody_api")},
+        "api": {"host": "127.0.0.1", "port": port},
+        "bitcoin": {"rpc_url": nodes.bitcoin_rpc_url, "network": nodes.network},
+        "ethereum": {"rpc_url": nodes.ethereum_rpc_url, "chain_id": nodes.ethereum_chain_id,
+                     "tokens": {"USDT": nodes.token_address}},
+        "assets": REGTEST_ASSETS,
+        "wallets": {chain: {tier: xpubs[chain][tier] for tier in ("deposit", "hot")} for chain in ("bitcoin", "ethereum")},
+        "signer": {"endpoint": f"unix:{socket_path}", "auth_key_file": str(auth_key)},
+        "approvers": approver_entries,
+        "jobs": {"scale": job_scale},
+    }
+    _write_toml(root / "custody.toml", custody_cfg)
+    processes.env["CUSTODY_WORKER_DATABASE_URL"] = role_url(owner_url, "custody_worker")
+    try:
+        processes.start("custody-worker")
+        processes.start("custody-api", ready=lambda: httpx.get(f"{base}/health", timeout=1).status_code == 200)
+    except BaseException:
+        processes.stop_all()
+        raise
+    return Deployment(root, owner_url, processes, base, xpubs, approver_keys)
+
+
+def sign_and_approve(client: httpx.Client, withdrawal_id: int, key_file: Path, comment: str) -> dict:
+    """What a scripted approver does: fetch the payload, sign it with its own key, submit."""
+    from custody.approve_cli import approve_over_http
+
+    return approve_over_http(client, withdrawal_id, key_file, comment=comment)
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def run_demo_topology(*, state_dir: Path, api_port: int | None = None, exit_after_demo: bool = False,
+                      mine_every: float = 2.0, pepper: str | None = None) -> int:
+    """`python -m custody demo`: the embedded PostgreSQL, fresh regtest nodes, the three processes,
+    then the narrated demo over HTTP. Ctrl-C (or the end of the demo with `exit_after_demo`) stops
+    everything it started."""
+    import shutil
+    import threading
+
+    from custody.addresses import derive_btc_address
+    from custody.auth import create_api_key
+    from custody.database import drop_database, embedded_server_url, ensure_database, make_engine, with_database
+    from custody.demo import DemoWorld, run_demo
+    from custody.settings import get_settings
+    from regtest.cluster import start_cluster
+
+    root = state_dir / "demo"
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    owner_url = with_database(embedded_server_url(state_dir), "custody_demo")
+    drop_database(owner_url)  # the demo runs on fresh chains, so on a fresh database too
+    ensure_database(owner_url)
+    log.info("starting bitcoind -regtest and anvil under %s", root / "chains")
+    cluster = start_cluster(root / "chains")
+    stop_mining = threading.Event()
+    deployment = None
+    try:
+        nodes = Nodes(cluster.bitcoin.rpc_url, cluster.anvil.rpc_url, cluster.token.address)
+        pepper = pepper or get_settings().api_key_pepper
+        deployment = deploy(root, owner_url=owner_url, nodes=nodes, api_port=api_port, pepper=pepper)
+
+        def mine() -> None:
+            while not stop_mining.wait(mine_every):
+                try:
+                    cluster.bitcoin.mine(1)
+                    cluster.anvil.mine(1)
+                except Exception:  # noqa: BLE001 - the nodes are stopping
+                    return
+
+        threading.Thread(target=mine, name="regtest-miner", daemon=True).start()
+        engine = make_engine(owner_url, pool_size=1)
+        try:
+            admin = create_api_key(engine, "demo-admin", "admin", pepper)
+            ops = tuple(create_api_key(engine, name, "operator", pepper) for name in deployment.approver_keys)
+        finally:
+            engine.dispose()
+        log.info("processes: %s", ", ".join(f"{n} pid {deployment.processes.pid(n)} (log {deployment.processes.log_path(n)})"
+                                          for n in deployment.processes.procs))
+        world = DemoWorld(admin, ops, tuple(deployment.approver_keys.values()),
+                          fund_btc=cluster.bitcoin.fund,
+                          external_btc_address=lambda: cluster.bitcoin.wallet("getnewaddress", "", "bech32"),
+                          hot_btc_address=derive_btc_address(deployment.xpubs["bitcoin"]["hot"], "regtest", 0, 0))
+        ok = run_demo(deployment.api_base, world)
+        if exit_after_demo:
+            return 0 if ok else 1
+        log.info("demo %s; still serving on %s (OpenAPI at %s/docs); Ctrl-C stops every process started",
+                 "passed" if ok else "FAILED", deployment.api_base, deployment.api_base)
+        try:
+            while all(p.poll() is None for p in deployment.processes.procs.values()):
+                stop_mining.wait(1)
+            log.error("a process exited: %s", {n: p.returncode for n, p in deployment.processes.procs.items()})
+            return 1
+        except KeyboardInterrupt:
+            return 0 if ok else 1
+    finally:
+        stop_mining.set()
+        if deployment is not None:
+            deployment.stop()
+        cluster.stop()
