@@ -63,16 +63,20 @@ class Processes:
         return self.root / "logs" / f"{name}.log"
 
     def start(self, name: str, *, ready: Callable[[], bool] | None = None, timeout: float = 60.0,
-              env: dict[str, str] | None = None) -> subprocess.Popen:
+              env: dict[str, str] | None = None, instance: str | None = None) -> subprocess.Popen:
+        """Start process `name` (a key of PROCESS_COMMANDS) as `instance` (default: the name; a
+        second worker is e.g. `custody-worker-2`). PGAPPNAME is the instance name, so the
+        database shows which process holds a connection or a job's advisory lock."""
+        instance = instance or name
         (self.root / "logs").mkdir(parents=True, exist_ok=True)
         argv = command(name, python=self.python, signer_config=str(self.signer_config),
                        custody_config=str(self.custody_config))
-        env = {**os.environ, **self.env, **(env or {})}
-        proc = spawn(argv, self.log_path(name), env=env)
-        self.procs[name] = proc
-        log.info("started %s (pid %d): %s; log %s", name, proc.pid, " ".join(argv[1:]), self.log_path(name))
+        env = {**os.environ, **self.env, "PGAPPNAME": instance, **(env or {})}
+        proc = spawn(argv, self.log_path(instance), env=env)
+        self.procs[instance] = proc
+        log.info("started %s (pid %d): %s; log %s", instance, proc.pid, " ".join(argv[1:]), self.log_path(instance))
         if ready is not None:
-            self.wait(name, ready, timeout)
+            self.wait(instance, ready, timeout)
         return proc
 
     def wait(self, name: str, ready: Callable[[], bool], timeout: float = 60.0) -> None:

@@ -1,0 +1,303 @@
+"""The deployed topology, end to end: nodes started by `python -m regtest up` (not by the service),
+config files written, `signer serve`, `custody worker` and `custody api` as separate OS processes.
+
+- the money path: deposit -> credit -> a withdrawal needing two approvals, each signed with its
+  approver's own key -> batch -> signed by the signer process -> broadcast -> final;
+  reconciliation zero, the ledger verified;
+- the boundary: the api and worker processes never loaded the signer's key code nor the seed;
+  the signer's database role is refused the writes it must not make;
+- forgery through the database: approval rows written in SQL (and the withdrawal pushed to
+  `approved`) are refused by the signer process; nothing is broadcast;
+- faults: the signer SIGKILLed while a batch waits on it, then restarted: exactly one payment; the
+  worker holding the payout job SIGKILLed while a second worker runs: the second takes over, one
+  batch; bitcoind restarted while the workers run: a new deposit is credited without anyone acting.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import create_engine, text
+
+from custody.launch import Deployment, Nodes, deploy, role_url
+from regtest.cluster import cluster_from_state
+from regtest.install import find_tools
+
+ROOT = Path(__file__).resolve().parents[2]
+BTC = 100_000_000
+
+
+def _until(what: str, probe, timeout: float = 120.0, every: float = 0.5):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+
+
+@pytest.fixture(scope="module")
+def nodes_up(tmp_path_factory):
+    """bitcoind and anvil started by the regtest CLI, as an operator would, in a state dir of ours."""
+    state = tmp_path_factory.mktemp("regtest-cli")
+    env = {**os.environ, "REGTEST_STATE_DIR": str(state)}
+    up = subprocess.run([sys.executable, "-m", "regtest", "up"], cwd=ROOT, env=env, capture_output=True, text=True,
+                        timeout=300)
+    assert up.returncode == 0, up.stderr[-3000:]
+    described = json.loads((state / "state.json").read_text())
+    cluster = cluster_from_state(described, find_tools())
+    try:
+        yield cluster, Nodes(cluster.bitcoin.rpc_url, cluster.anvil.rpc_url, described["token"]["address"])
+    finally:
+        subprocess.run([sys.executable, "-m", "regtest", "down"], cwd=ROOT, env=env, capture_output=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def owner_url(database_url):
+    """A database of its own on the suite's server (the processes migrate it themselves)."""
+    from custody.database import drop_database, ensure_database, with_database
+
+    url = with_database(database_url, f"custody_topology_{uuid.uuid4().hex[:8]}")
+    ensure_database(url)
+    yield url
+    drop_database(url)
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory, nodes_up, owner_url) -> Deployment:
+    _, nodes = nodes_up
+    dep = deploy(tmp_path_factory.mktemp("topology"), owner_url=owner_url, nodes=nodes, job_scale=0.2)
+    yield dep
+    dep.stop()
+
+
+@pytest.fixture(scope="module")
+def keys(deployment, owner_url):
+    from custody.auth import create_api_key
+    from custody.settings import get_settings
+
+    engine = create_engine(owner_url)
+    try:
+        pepper = get_settings().api_key_pepper
+        made = {"backend": create_api_key(engine, "exchange-backend", "backend", pepper),
+                "admin": create_api_key(engine, "topology-admin", "admin", pepper)}
+        for name in deployment.approver_keys:
+            made[name] = create_api_key(engine, name, "operator", pepper)
+    finally:
+        engine.dispose()
+    return made
+
+
+@pytest.fixture(scope="module")
+def clients(deployment, keys):
+    made = {name: httpx.Client(base_url=deployment.api_base, headers={"X-API-Key": k}, timeout=30) for name, k in keys.items()}
+    yield made
+    for c in made.values():
+        c.close()
+
+
+@pytest.fixture(scope="module")
+def owner(owner_url):
+    engine = create_engine(owner_url)
+    yield engine
+    engine.dispose()
+
+
+def _ok(r: httpx.Response, status: int = 200) -> dict:
+    assert r.status_code == status, f"{r.request.method} {r.request.url}: {r.status_code} {r.text}"
+    return r.json()
+
+
+def _funded_customer(clients, cluster, sat: int) -> int:
+    backend = clients["backend"]
+    owner_name = f"cust-{uuid.uuid4().hex[:8]}"
+    acct = _ok(backend.post("/v1/accounts", json={"asset": "BTC", "kind": "customer", "name": f"customer:{owner_name}:BTC",
+                                                   "owner": owner_name}), 201)["id"]
+    addr = _ok(backend.post("/v1/deposit-addresses", json={"idempotency_key": f"addr-{acct}", "account_id": acct}), 201)
+    cluster.bitcoin.fund(addr["address"], sat)
+
+    def credited():
+        cluster.bitcoin.mine(1)
+        return any(d["state"] == "credited" for d in _ok(backend.get(f"/v1/accounts/{acct}/deposits")))
+    _until("deposit credited", credited, every=1.0)
+    return acct
+
+
+def _withdraw(clients, acct: int, amount: str, dest: str) -> dict:
+    return _ok(clients["backend"].post("/v1/withdrawals", json={
+        "client_withdrawal_id": f"w-{uuid.uuid4().hex[:10]}", "account_id": acct, "amount": amount, "destination": dest}), 201)
+
+
+def _state(clients, wid: int) -> str:
+    return _ok(clients["admin"].get(f"/v1/withdrawals/{wid}"))["state"]
+
+
+def _until_final(clients, cluster, wid: int, timeout: float = 180.0) -> None:
+    def final():
+        state = _state(clients, wid)
+        if state in ("broadcast", "confirmed"):
+            cluster.bitcoin.mine(1)
+        return state == "final"
+    _until(f"withdrawal {wid} final", final, timeout=timeout, every=1.0)
+
+
+def _payments_to(cluster, dest: str) -> int:
+    """How many confirmed outputs on the chain pay `dest` (the node's own index, not our books)."""
+    received = cluster.bitcoin.wallet("listreceivedbyaddress", 0, True, True, dest)
+    return sum(len(r["txids"]) for r in received)
+
+
+def test_money_path_on_three_processes(deployment, nodes_up, clients, owner):
+    from custody.launch import sign_and_approve
+
+    cluster, _ = nodes_up
+    acct = _funded_customer(clients, cluster, 5 * BTC)
+    dest = cluster.bitcoin.wallet("getnewaddress", "", "bech32")
+    from custody.addresses import derive_btc_address
+
+    hot = derive_btc_address(deployment.xpubs["bitcoin"]["hot"], "regtest", 0, 0)
+    cluster.bitcoin.fund(hot, 10 * BTC)
+    w = _withdraw(clients, acct, "2.5", dest)
+    assert w["state"] == "pending_approval", w
+    names = list(deployment.approver_keys)
+    first = sign_and_approve(clients[names[0]], w["id"], deployment.approver_keys[names[0]], "checked with the customer")
+    assert first["state"] == "pending_approval", first
+    second = sign_and_approve(clients[names[1]], w["id"], deployment.approver_keys[names[1]], "second pair of eyes")
+    assert second["state"] == "approved", second
+    _until_final(clients, cluster, w["id"])
+    with owner.connect() as c:
+        signed = c.execute(text("SELECT count(*) FROM signer_audit WHERE outcome = 'signed' AND batch_id = "
+                                "(SELECT batch_id FROM withdrawal_request WHERE id = :w)"), {"w": w["id"]}).scalar()
+    assert signed >= 1
+    assert _payments_to(cluster, dest) == 1
+    balance = _ok(clients["admin"].get(f"/v1/accounts/{acct}/balance"))
+    assert balance["posted"]["value"] == "2.49995000", balance
+    lines = _ok(clients["admin"].post("/v1/reconciliation"))
+    assert lines and all(line["difference"] == 0 for line in lines), lines
+    assert _ok(clients["admin"].get("/v1/verify"))["ok"]
+
+
+def test_api_and_worker_never_load_key_code_or_the_seed(deployment):
+    seed = (deployment.root / "dev-seed.txt").resolve()
+    for name in ("custody-api", "custody-worker"):
+        pid = deployment.processes.pid(name)
+        dump = deployment.root / f"modules-{name}-{pid}.txt"
+        dump.unlink(missing_ok=True)
+        os.kill(pid, signal.SIGUSR1)
+        modules = set(_until(f"{name} module list", lambda: dump.exists() and dump.read_text().split()))
+        assert "custody" in modules and "sqlalchemy" in modules, sorted(modules)[:20]  # the dump is real
+        assert not {"signer.keys", "signer.service", "signer.server"} & modules, name
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert not [e for e in environ if e.startswith((b"CUSTODY_SIGNER_SEED", b"SIGNER_SEED"))], name
+        open_files = {os.path.realpath(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+        assert str(seed) not in open_files
+        assert str(seed) not in Path(f"/proc/{pid}/cmdline").read_text()
+    signer_pid = deployment.processes.pid("custody-signer")
+    assert "signer" in Path(f"/proc/{signer_pid}/cmdline").read_text()
+
+
+def test_signer_role_cannot_write_what_it_checks(owner_url):
+    from sqlalchemy.exc import ProgrammingError
+
+    engine = create_engine(role_url(owner_url, "custody_signer"))
+    try:
+        for statement in ("UPDATE withdrawal_request SET amount = amount + 1",
+                          "UPDATE policy_decision SET required_approvals = 0",
+                          "INSERT INTO approval (withdrawal_id, decision_id, operator, action, comment) VALUES (1, 1, 'x', 'approve', 'x')",
+                          "UPDATE control_flag SET engaged = false"):
+            with engine.connect() as c:
+                with pytest.raises(ProgrammingError, match="permission denied"):
+                    c.execute(text(statement))
+    finally:
+        engine.dispose()
+
+
+def test_approvals_forged_in_the_database_are_refused_by_the_signer_process(deployment, nodes_up, clients, owner):
+    cluster, _ = nodes_up
+    acct = _funded_customer(clients, cluster, 4 * BTC)
+    dest = cluster.bitcoin.wallet("getnewaddress", "", "bech32")
+    w = _withdraw(clients, acct, "2.5", dest)
+    assert w["state"] == "pending_approval"
+    with owner.begin() as c:  # a database writer approves it twice and moves it on
+        decision = c.execute(text("SELECT decision_id FROM withdrawal_request WHERE id = :w"), {"w": w["id"]}).scalar()
+        for op in deployment.approver_keys:
+            c.execute(text("INSERT INTO approval (withdrawal_id, decision_id, operator, action, comment) "
+                           "VALUES (:w, :d, :o, 'approve', 'looks fine')"), {"w": w["id"], "d": decision, "o": f"api:{op}"})
+        c.execute(text("UPDATE withdrawal_request SET state = 'approved' WHERE id = :w"), {"w": w["id"]})
+
+    def refused():
+        with owner.connect() as c:
+            return c.execute(text("SELECT code FROM signer_audit WHERE outcome = 'refused' AND batch_id = "
+                                  "(SELECT batch_id FROM withdrawal_request WHERE id = :w)"), {"w": w["id"]}).scalar()
+    assert _until("the signer's refusal", refused) == "approval_unsigned"
+    cluster.bitcoin.mine(2)
+    assert _payments_to(cluster, dest) == 0
+    with owner.connect() as c:
+        assert c.execute(text("SELECT count(*) FROM chain_transaction t JOIN withdrawal_request w ON w.batch_id = t.batch_id "
+                              "WHERE w.id = :w"), {"w": w["id"]}).scalar() == 0
+
+
+def test_signer_killed_mid_batch_pays_exactly_once(deployment, nodes_up, clients, owner):
+    cluster, _ = nodes_up
+    acct = _funded_customer(clients, cluster, 2 * BTC)
+    dest = cluster.bitcoin.wallet("getnewaddress", "", "bech32")
+    procs = deployment.processes
+    procs.kill("custody-signer", signal.SIGSTOP)  # the worker's signing call will hang on it
+    w = _withdraw(clients, acct, "0.3", dest)
+    _until("batched", lambda: _state(clients, w["id"]) == "batched")
+    time.sleep(1.0)  # the worker is now waiting on the stopped signer
+    procs.kill("custody-signer", signal.SIGKILL)
+    procs.start("custody-signer")
+    _until_final(clients, cluster, w["id"])
+    assert _payments_to(cluster, dest) == 1
+    with owner.connect() as c:
+        assert c.execute(text("SELECT count(DISTINCT batch_id) FROM batch_output WHERE withdrawal_id = :w"),
+                         {"w": w["id"]}).scalar() == 1
+
+
+def test_second_worker_takes_over_the_payout_job(deployment, nodes_up, clients, owner):
+    cluster, _ = nodes_up
+    procs = deployment.processes
+    procs.start("custody-worker", instance="custody-worker-2")
+    acct = _funded_customer(clients, cluster, 2 * BTC)
+
+    def holder():
+        with owner.connect() as c:
+            return c.execute(text("SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                                  "WHERE l.locktype = 'advisory' AND l.granted AND a.application_name LIKE 'custody-worker%' "
+                                  "LIMIT 1")).scalar()
+    victim = _until("a worker holding a job lock", holder, every=0.05)
+    procs.kill(victim, signal.SIGKILL)
+    survivor = "custody-worker-2" if victim == "custody-worker" else "custody-worker"
+    dests = [cluster.bitcoin.wallet("getnewaddress", "", "bech32") for _ in range(3)]
+    ws = [_withdraw(clients, acct, "0.2", d) for d in dests]
+    for w in ws:
+        _until_final(clients, cluster, w["id"])
+    assert [_payments_to(cluster, d) for d in dests] == [1, 1, 1]
+    with owner.connect() as c:
+        per_withdrawal = c.execute(text("SELECT count(DISTINCT batch_id) FROM batch_output WHERE withdrawal_id = ANY(:w) "
+                                        "GROUP BY withdrawal_id"), {"w": [w["id"] for w in ws]}).scalars().all()
+    assert per_withdrawal == [1, 1, 1]
+    assert procs.procs[survivor].poll() is None
+
+
+def test_bitcoind_restart_needs_no_operator(deployment, nodes_up, clients):
+    cluster, _ = nodes_up
+    cluster.bitcoin.stop()
+    time.sleep(3)  # the workers' jobs fail against the stopped node meanwhile
+    cluster.bitcoin.start(detached=True)
+    acct = _funded_customer(clients, cluster, 1 * BTC)
+    assert _ok(clients["admin"].get(f"/v1/accounts/{acct}/balance"))["posted"]["value"] == "1.00000000"
+    assert _ok(clients["admin"].get("/v1/verify"))["ok"]
+    alive = [name for name, proc in deployment.processes.procs.items() if proc.poll() is None]
+    assert {"custody-signer", "custody-api"} <= set(alive) and any(n.startswith("custody-worker") for n in alive), alive
