@@ -13,7 +13,7 @@
 """
 from __future__ import annotations
 
-import os
+import logging
 import signal
 import subprocess
 import sys
@@ -35,8 +35,10 @@ from ledger.model import AccountKind, Transfer
 from ledger.service import Ledger
 from signer.ethereum_tx import SignedEthTx
 from signer.keys import Secret, SignerKeys, seed_from_text
+from regtest.util import assert_equal, wait_until
 from tests.integration.own_database import own_database
 
+log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[2]
 KEYS = SignerKeys(seed_from_text(Secret("abandon " * 11 + "about")), "regtest")
 
@@ -87,16 +89,20 @@ def test_two_schedulers_never_run_a_job_at_once(engine):
 
     workers = {w: (BackgroundScheduler(job_defaults={"max_instances": 1, "coalesce": True}), JobLocks(engine)) for w in "AB"}
     try:
+        # jitter: without it the ticks phase-lock and one worker wins every time (correct, but then
+        # "both ran it" would show nothing about the other one)
+        log.info("two workers schedule the same 0.25 s job every 0.1 s (+ up to 0.1 s jitter)")
         for w, (scheduler, locks) in workers.items():
-            scheduler.add_job(exclusive_job(name, lambda w=w: work(w), locks), "interval", seconds=0.1, id=name, name=name)
+            scheduler.add_job(exclusive_job(name, lambda w=w: work(w), locks), "interval", seconds=0.1, jitter=0.1,
+                              id=name, name=name)
             scheduler.start()
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            time.sleep(0.5)
+
+        def each_ran_three_times() -> bool:
             with engine.connect() as c:
                 counts = dict(c.execute(text(f"SELECT worker, count(*) FROM {table} WHERE ended IS NOT NULL GROUP BY worker")).all())
-            if counts.get("A", 0) >= 3 and counts.get("B", 0) >= 3:
-                break
+            return counts.get("A", 0) >= 3 and counts.get("B", 0) >= 3
+
+        wait_until(each_ran_three_times, timeout=20, interval=0.5, what="both workers running the job")
     finally:
         for scheduler, locks in workers.values():
             scheduler.shutdown(wait=True)
@@ -104,10 +110,10 @@ def test_two_schedulers_never_run_a_job_at_once(engine):
     with engine.begin() as c:
         runs = c.execute(text(f"SELECT worker, started, ended FROM {table} ORDER BY started")).all()
         c.execute(text(f"DROP TABLE {table}"))
+    log.info("%d runs: %s", len(runs), "".join(r.worker for r in runs))
     assert all(r.ended is not None for r in runs)
-    overlaps = [(a, b) for a, b in zip(runs, runs[1:]) if b.started < a.ended]
-    assert overlaps == []
-    assert {r.worker for r in runs} == {"A", "B"}, "both workers ran the job over time"
+    assert_equal([(a, b) for a, b in zip(runs, runs[1:]) if b.started < a.ended], [])  # no two runs overlap
+    assert_equal({r.worker for r in runs}, {"A", "B"})
 
 
 def test_a_sigkilled_holder_releases_the_payout_job(database_url, engine):
@@ -122,18 +128,18 @@ def test_a_sigkilled_holder_releases_the_payout_job(database_url, engine):
     locks = JobLocks(engine)
     ran: list[float] = []
     try:
-        assert proc.stdout.readline().strip() == "held"
+        assert_equal(proc.stdout.readline().strip(), "held")
+        log.info("process %d holds the payout job's lock; the guard here skips", proc.pid)
         job = exclusive_job("payouts", lambda: ran.append(time.monotonic()), locks)
-        assert job() is False
-        assert ran == []
+        assert_equal(job(), False)
+        assert_equal(ran, [])
+        log.info("SIGKILL it mid-run")
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
         killed = time.monotonic()
-        while not ran and time.monotonic() - killed < 5:
-            job()
-            time.sleep(0.05)
-        assert ran, "the payout job did not run within 5 s of its holder's death"
-        assert ran[0] - killed < 5
+        wait_until(lambda: job() is True, timeout=5, what="the payout job to run after its holder died")
+        log.info("the job ran %.2f s after the kill", ran[0] - killed)
+        assert_equal(len(ran), 1)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -224,6 +230,7 @@ def test_two_workers_racing_the_payouts_job_batch_and_sign_each_withdrawal_once(
             finally:
                 locks.dispose()
 
+        log.info("four approved ether withdrawals; two workers run the payouts job at once, again and again")
         threads = [threading.Thread(target=worker, args=(n,)) for n in "AB"]
         for t in threads:
             t.start()
@@ -241,11 +248,12 @@ def test_two_workers_racing_the_payouts_job_batch_and_sign_each_withdrawal_once(
         spans = sorted((s, e) for _, s, e in signer.calls)
         ledger.assert_verified()
 
+    log.info("worker A: %s; worker B: %s; signer asked for batches %s", results["A"], results["B"], asked)
     assert True in results["A"] and True in results["B"], results  # both workers ran it over time
-    assert [tuple(r) for r in batched] == [(w, 1) for w in sorted(ids)]  # each withdrawal batched once
-    assert len(batches) == len(ids)  # ethereum: one batch per withdrawal, none made twice
-    assert asked == batches  # the signer was asked once per batch, never again
-    assert [b for (_, e), (b, _) in zip(spans, spans[1:]) if b < e] == []  # never two requests at once
-    assert [tuple(r) for r in signed_rows] == [(b, 1) for b in batches]
-    assert states == ["signed"]
-    assert (captures, holds) == (len(batches), ["captured"])  # one capture per batch, every hold captured once
+    assert_equal([tuple(r) for r in batched], [(w, 1) for w in sorted(ids)])  # each withdrawal batched once
+    assert_equal(len(batches), len(ids))  # ethereum: one batch per withdrawal, none made twice
+    assert_equal(asked, batches)  # the signer was asked once per batch, never again (twice each without the lock)
+    assert_equal([b for (_, e), (b, _) in zip(spans, spans[1:]) if b < e], [])  # never two requests at once
+    assert_equal([tuple(r) for r in signed_rows], [(b, 1) for b in batches])
+    assert_equal(states, ["signed"])
+    assert_equal((captures, holds), (len(batches), ["captured"]))  # one capture per batch, every hold captured once
