@@ -21,9 +21,9 @@ RUN CUSTODY_CACHE_DIR=/build/cache python -c "from regtest.install import build_
     && mkdir /out && cp /build/cache/bitcoind-*/bin/bitcoind /build/cache/bitcoind-*/bin/bitcoin-cli /out/
 
 FROM python:3.11-slim-bookworm AS service
-# bitcoind's shared libraries (boost is header-only).
+# bitcoind's and bitcoin-cli's shared libraries (`ldd`; boost is header-only).
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends libevent-2.1-7 libevent-pthreads-2.1-7 libsqlite3-0 libstdc++6 \
+    && apt-get install -y --no-install-recommends libevent-core-2.1-7 libevent-extra-2.1-7 libevent-pthreads-2.1-7 libsqlite3-0 libstdc++6 \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=bitcoind /out/ /usr/local/bin/
 # One unprivileged user for every process; the directories compose mounts volumes on are its own so
