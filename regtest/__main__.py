@@ -6,17 +6,17 @@ import json
 import shutil
 import sys
 
-from regtest.cluster import STATE_DIR, STATE_FILE, alive, cluster_from_state, read_state, start_cluster, write_state
+from regtest.cluster import alive, cluster_from_state, read_state, start_cluster, state_dir, state_file, write_state
 from regtest.install import InstallError, find_tools, install
 
 
 def _up() -> int:
     state = read_state()
     if state and any(alive(state).values()):
-        print(f"already up (see {STATE_FILE}); `python -m regtest down` first", file=sys.stderr)
+        print(f"already up (see {state_file()}); `python -m regtest down` first", file=sys.stderr)
         print(json.dumps(state, indent=2))
         return 0
-    root = STATE_DIR / "data"
+    root = state_dir() / "data"
     shutil.rmtree(root, ignore_errors=True)
     cluster = start_cluster(root, detached=True)
     write_state(cluster)
@@ -30,7 +30,7 @@ def _down() -> int:
         print("nothing is running (no state file)")
         return 0
     cluster_from_state(state, find_tools()).stop()
-    STATE_FILE.unlink(missing_ok=True)
+    state_file().unlink(missing_ok=True)
     print("stopped bitcoind pid %s and anvil pid %s" % (state["bitcoind"]["pid"], state["anvil"]["pid"]))
     return 0
 
@@ -41,7 +41,9 @@ def _status() -> int:
         print("down")
         return 1
     up = alive(state)
-    cluster = cluster_from_state(state, find_tools())
+    print(f"state: {state_file()}")
+    # The tools (and the token's ABI) are needed only to ask a running node for its height.
+    cluster = cluster_from_state(state, find_tools()) if any(up.values()) else None
     for name, ok in up.items():
         line = f"{name}: pid {state[name]['pid']} {'running' if ok else 'NOT RUNNING'} {state[name]['rpc_url']}"
         if ok and name == "bitcoind":
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m regtest", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("install", help="find or build bitcoind, install anvil and solc (idempotent)")
-    sub.add_parser("up", help="start both nodes in .state/regtest/data (detached)")
+    sub.add_parser("up", help="start both nodes in <state dir>/data (detached)")
     sub.add_parser("down", help="stop the nodes started by `up`")
     sub.add_parser("status", help="show the running nodes")
     mine = sub.add_parser("mine", help="mine N blocks")

@@ -1,7 +1,17 @@
 """Both regtest nodes together: start (fresh data directory), describe, stop; and the CLI state file.
 
 `start_cluster()` is what the e2e fixtures, the CLI and the bench share. The CLI records running
-nodes in `.state/regtest/state.json` (repo root, gitignored; `REGTEST_STATE_DIR` moves it) so `down`/`status`/`mine` find them.
+nodes in `state.json` of its state directory so `down`/`status`/`mine` find them; that directory is
+read from the environment at each call (not at import), first match wins:
+
+| variable | state directory |
+| --- | --- |
+| `REGTEST_STATE_DIR` | that directory |
+| `STATE_DIR` | `$STATE_DIR/regtest` (the service's state directory, custody/settings.py) |
+| neither | `<repo>/.state/regtest` (gitignored) |
+
+The test suite exports both for its own temporary directory (tests/conftest.py), so a test run never
+reads or stops the nodes of a developer's `python -m regtest up`.
 """
 from __future__ import annotations
 
@@ -16,8 +26,19 @@ from regtest.install import Tools, find_tools, log
 from regtest.process import pid_alive
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-STATE_DIR = Path(os.environ.get("REGTEST_STATE_DIR") or REPO_ROOT / ".state" / "regtest")
-STATE_FILE = STATE_DIR / "state.json"
+
+
+def state_dir() -> Path:
+    """Where the CLI keeps its state file and node data (see the table above)."""
+    if os.environ.get("REGTEST_STATE_DIR"):
+        return Path(os.environ["REGTEST_STATE_DIR"])
+    if os.environ.get("STATE_DIR"):
+        return Path(os.environ["STATE_DIR"]) / "regtest"
+    return REPO_ROOT / ".state" / "regtest"
+
+
+def state_file() -> Path:
+    return state_dir() / "state.json"
 
 
 @dataclass
@@ -63,14 +84,15 @@ def start_cluster(root: Path, *, tools: Tools | None = None, detached: bool = Fa
 
 
 def write_state(cluster: Cluster) -> None:
-    STATE_DIR.mkdir(parents=True, exist_ok=True)
-    STATE_FILE.write_text(json.dumps(cluster.describe(), indent=2) + "\n")
+    state_dir().mkdir(parents=True, exist_ok=True)
+    state_file().write_text(json.dumps(cluster.describe(), indent=2) + "\n")
 
 
 def read_state() -> dict | None:
-    if not STATE_FILE.is_file():
+    path = state_file()
+    if not path.is_file():
         return None
-    return json.loads(STATE_FILE.read_text())
+    return json.loads(path.read_text())
 
 
 def cluster_from_state(state: dict, tools: Tools) -> Cluster:

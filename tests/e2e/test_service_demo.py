@@ -1,6 +1,10 @@
 """service_demo: the README's run command, end to end: `python -m custody serve --demo` starts its
 own regtest chains, serves the API, and the demo (ledger, deposit -> credit, withdrawals with an
-operator approval -> final) passes; nothing is left running afterwards."""
+operator approval -> final) passes; nothing is left running afterwards.
+
+It runs in the test session's own STATE_DIR (tests/conftest.py), never a developer's `.state`: its
+`custody_demo` database is on the session's embedded PostgreSQL (DATABASE_URL is removed from its
+environment, as in the README's run command), its chains under `$STATE_DIR/demo-chains`."""
 from __future__ import annotations
 
 import os
@@ -19,7 +23,9 @@ def free_port() -> int:
 
 
 def test_serve_demo_passes(tmp_path, log):
-    env = {**os.environ, "API_PORT": str(free_port())}
+    state_dir = Path(os.environ["STATE_DIR"])
+    assert state_dir.resolve() != (ROOT / ".state").resolve()
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"} | {"API_PORT": str(free_port())}
     proc = subprocess.run([sys.executable, "-m", "custody", "serve", "--demo", "--exit-after-demo"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     output = proc.stdout + proc.stderr
@@ -30,5 +36,5 @@ def test_serve_demo_passes(tmp_path, log):
     assert proc.returncode == 0, output[-4000:]
     assert "demo finished" in output
     assert "Traceback" not in output, output[-4000:]
-    leftover = subprocess.run(["pgrep", "-f", str(ROOT / ".state" / "demo-chains")], capture_output=True, text=True)
+    leftover = subprocess.run(["pgrep", "-f", str(state_dir / "demo-chains")], capture_output=True, text=True)
     assert leftover.stdout.strip() == "", f"nodes left running: {leftover.stdout}"
