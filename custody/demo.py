@@ -11,6 +11,7 @@ import uuid
 
 import httpx
 
+from custody.approve_cli import ApiRefused, approve_over_http
 from custody.auth import create_api_key
 from custody.container import Container
 
@@ -107,8 +108,15 @@ def _chain_demo(c: httpx.Client, op: httpx.Client, op2: httpx.Client, container:
     log.info("withdrawals: 0.8 BTC -> %s (above the auto-approval tier)", big["state"])
     queue = _call(op, "GET", "/v1/withdrawals", 200)
     log.info("operators: approval queue holds %s", [(w["id"], w["amount"]) for w in queue])
-    approved = _call(op, "POST", f"/v1/withdrawals/{big['id']}/approve", 200, json={"comment": "demo: verified by phone"})
-    log.info("operators: approved by a second person -> %s", approved["state"])
+    approver = create_api_key(container.engine, chains.approver_name, "operator", container.settings.api_key_pepper)
+    with httpx.Client(base_url=c.base_url, headers={"X-API-Key": approver}, timeout=10) as signer_op:
+        try:
+            approved = approve_over_http(signer_op, big["id"], chains.approver_key, comment="demo: verified by phone",
+                                         show=lambda line: log.info("operators: %s", line))
+        except ApiRefused as exc:
+            raise DemoFailed(f"approval refused: {exc}") from None
+    log.info("operators: %s signed the payload with its own Ed25519 key and approved -> %s", chains.approver_name,
+             approved["state"])
     for w in (small, big):
         _wait(f"withdrawal {w['id']}", lambda w=w: _call(c, "GET", f"/v1/withdrawals/{w['id']}", 200)["state"],
               lambda s: s == "final")
