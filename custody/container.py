@@ -15,6 +15,7 @@ from custody.destinations import DestinationGuard
 from custody.settings import Settings, get_settings
 from custody.wallets import Wallets
 from ledger.service import Ledger
+from signer.approvals import ApproverRegistry, QuorumTable, quorum_table_from_policy
 
 
 @dataclass
@@ -32,6 +33,7 @@ class Container:
     sweeps: Any = None  # custody.sweeps.Sweeps (bitcoin, with a signer)
     rebalances: Any = None  # custody.rebalances.Rebalances (bitcoin hot -> cold, with a signer)
     reserves: Any = None  # custody.reserves.Reserves (bitcoin, with a signer)
+    approvers: ApproverRegistry | None = None  # approver public keys withdrawals' approvals must verify against
     adjustments: TreasuryAdjustments = field(init=False)
 
     def __post_init__(self) -> None:
@@ -41,22 +43,30 @@ class Container:
 
     def with_chains(self, adapters: Mapping[str, ChainAdapter], *, external_screener: ExternalScreener | None = None,
                     signer_keys: Any = None, bitcoin_network: str = "regtest", policy: Any = None,
-                    payout_config: Any = None, rebalance_config: Any = None) -> "Container":
+                    payout_config: Any = None, rebalance_config: Any = None, approvers: ApproverRegistry | None = None,
+                    quorum: QuorumTable | None = None) -> "Container":
         """Attach chain adapters and build the pipelines that need them. With `signer_keys` (a
         signer.keys.SignerKeys) the withdrawal side is built too: request/approval, the signer, payouts,
-        sweeps and rebalances (thresholds: `rebalance_config`, a custody.rebalances.RebalanceConfig)."""
+        sweeps and rebalances (thresholds: `rebalance_config`, a custody.rebalances.RebalanceConfig).
+        `approvers` (kept as `self.approvers` when given) are the approver keys custody verifies an
+        approval against and, in this in-process wiring, the signer too; `quorum` is the signer's own
+        quorum table (default: the amount tiers of `policy`, or of the default policy)."""
         from custody.payouts import PayoutConfig, Payouts
-        from custody.policy_config import PolicyProvider
+        from custody.policy_config import PolicyProvider, default_policy
         from custody.withdrawals import Withdrawals
         from signer.service import Signer
 
         self.adapters = dict(adapters)
+        if approvers is not None:
+            self.approvers = approvers
         self.deposits = Deposits(self.engine, self.ledger, self.wallets, self.adapters, external_screener=external_screener)
         networks = {"bitcoin": bitcoin_network, "ethereum": bitcoin_network}
         self.withdrawals = Withdrawals(self.engine, self.ledger, self.wallets, PolicyProvider(policy), networks=networks,
-                                       destinations=DestinationGuard(self.engine, self.wallets, self.adapters))
+                                       destinations=DestinationGuard(self.engine, self.wallets, self.adapters),
+                                       approvers=self.approvers)
         if signer_keys is not None:
-            signer = Signer(self.engine, signer_keys, bitcoin_network=bitcoin_network)
+            signer = Signer(self.engine, signer_keys, bitcoin_network=bitcoin_network, approvers=self.approvers,
+                            quorum=quorum or quorum_table_from_policy(policy or default_policy()))
             config = payout_config or PayoutConfig(bitcoin_network=bitcoin_network)
             self.payouts = Payouts(self.engine, self.ledger, self.wallets, self.adapters, signer, config)
             self.payouts.withdrawals = self.withdrawals

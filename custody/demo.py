@@ -15,6 +15,8 @@ from typing import Callable
 
 import httpx
 
+from custody.approve_cli import ApiRefused, approve_over_http, load_private_key
+
 log = logging.getLogger("demo")
 
 
@@ -94,8 +96,6 @@ def _firm_account(c: httpx.Client, name: str, asset: str) -> int:
 
 
 def _chain_demo(c: httpx.Client, ops: tuple[httpx.Client, httpx.Client], world: DemoWorld, run: str) -> None:
-    from custody.approve_cli import approve_over_http
-
     hot = world.hot_btc_address
     world.fund_btc(hot, 10 * 100_000_000)
     log.info("treasury: 10 BTC into the hot wallet %s (booked equity -> hot location once confirmed)", hot)
@@ -119,9 +119,13 @@ def _chain_demo(c: httpx.Client, ops: tuple[httpx.Client, httpx.Client], world: 
                                                        "amount": "2.5", "destination": dest})
     log.info("withdrawals: 2.5 BTC -> %s (the two-approver tier)", big["state"])
     for n, (client, key_file) in enumerate(zip(ops, world.approver_key_files), 1):
-        approved = approve_over_http(client, big["id"], key_file, comment=f"demo: approver {n} verified by phone")
-        log.info("operators: approver %d signed the payload (withdrawal %s, 2.5 BTC to %s) with its own key -> %s",
-                 n, big["id"], dest, approved["state"])
+        try:
+            approved = approve_over_http(client, big["id"], load_private_key(key_file),
+                                         comment=f"demo: approver {n} verified by phone",
+                                         show=lambda line: log.info("operators: %s", line))
+        except ApiRefused as exc:
+            raise DemoFailed(f"approval refused: {exc}") from None
+        log.info("operators: approver %d signed that payload with its own Ed25519 key -> %s", n, approved["state"])
     for w in (small, big):
         _wait(f"withdrawal {w['id']}", lambda w=w: _call(c, "GET", f"/v1/withdrawals/{w['id']}", 200)["state"],
               lambda s: s == "final")

@@ -1,23 +1,30 @@
 """Local regtest chains for `python -m custody serve --demo`: start bitcoind and anvil (with the
 test ERC-20) under STATE_DIR, derive the wallets from a development seed, and wire the chain side
 of the container. Development only: the seed is generated once into STATE_DIR/dev-seed.txt
-(owner-only permissions) and never used outside regtest.
+(owner-only permissions) and never used outside regtest. The demo's scripted approver gets a fresh
+Ed25519 key per run (`DevChains.approver_key`, in memory only), registered as the one approver
+custody and its in-process signer trust, under the operator name `approver_name`.
 """
 from __future__ import annotations
 
 import logging
 import os
+import secrets
 import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from bip_utils import Bip39MnemonicGenerator, Bip39WordsNum
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from chain_adapters.bitcoin import BitcoinAdapter
 from chain_adapters.ethereum import EthereumAdapter
+from custody.approve_cli import key_id_of
 from custody.container import Container
 from regtest.cluster import Cluster, start_cluster
+from signer.approvals import ApproverKey, ApproverRegistry
 from signer.keys import SignerKeys
 
 log = logging.getLogger(__name__)
@@ -29,6 +36,8 @@ class DevChains:
     cluster: Cluster
     keys: SignerKeys
     miner: threading.Event
+    approver_name: str  # the demo approver's operator (and API key) name
+    approver_key: Ed25519PrivateKey
 
     def stop(self) -> None:
         self.miner.set()
@@ -75,7 +84,10 @@ def start_dev_chains(container: Container, *, mine_every: float = 2.0) -> DevCha
     keys = SignerKeys.load("regtest", path=dev_seed_file(container.settings.state_dir))
     btc = BitcoinAdapter(cluster.bitcoin.rpc_url, network="regtest")
     eth = EthereumAdapter(cluster.anvil.rpc_url, network="regtest", tokens={cluster.token.address: "USDT"})
-    container.with_chains({"bitcoin": btc, "ethereum": eth}, signer_keys=keys)
+    approver_name, approver_key = f"demo-approver-{secrets.token_hex(4)}", Ed25519PrivateKey.generate()
+    public = approver_key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    approvers = ApproverRegistry([ApproverKey(key_id_of(approver_key), approver_name, "ed25519", public)])
+    container.with_chains({"bitcoin": btc, "ethereum": eth}, signer_keys=keys, approvers=approvers)
     configure_regtest(container, keys, cluster.token.address)
     stop = threading.Event()
 
@@ -88,4 +100,4 @@ def start_dev_chains(container: Container, *, mine_every: float = 2.0) -> DevCha
                 return
 
     threading.Thread(target=mine, name="regtest-miner", daemon=True).start()
-    return DevChains(cluster, keys, stop)
+    return DevChains(cluster, keys, stop, approver_name, approver_key)

@@ -15,6 +15,12 @@
 | withdrawal_not_found | 404 | no withdrawal with that id |
 | withdrawal_rejected | 422 | the policy engine rejected the withdrawal (reasons in the detail); its hold was released |
 | requester_cannot_approve | 403 | the operator who requested a withdrawal may not approve it |
+| approval_signature_required | 422 | an approval must carry the approver's signature over the withdrawal's approval payload (`GET /v1/withdrawals/{id}/approval-payload`) |
+| approval_signature_malformed | 422 | the signature, authenticator data or client data is not valid base64 |
+| approver_unknown | 403 | the signature's key id is not among the approver keys custody is configured with |
+| approval_scheme_mismatch | 403 | the signature names another scheme than the key's registered one (ed25519, webauthn) |
+| approval_signature_invalid | 403 | the signature does not verify over this withdrawal's current approval payload (another amount, destination, decision or withdrawal; or a failed WebAuthn assertion) |
+| approver_not_caller | 403 | the key belongs to another operator than the caller: an operator approves with their own key only |
 | already_acted | 409 | this operator already approved or rejected this decision |
 | decision_expired | 409 | the policy decision expired; approvals no longer count |
 | invalid_state | 409 | the withdrawal is not in a state that allows this action |
@@ -58,6 +64,12 @@ class CustodyErrorCode(str, enum.Enum):
     withdrawal_not_found = "withdrawal_not_found"
     withdrawal_rejected = "withdrawal_rejected"
     requester_cannot_approve = "requester_cannot_approve"
+    approval_signature_required = "approval_signature_required"
+    approval_signature_malformed = "approval_signature_malformed"
+    approver_unknown = "approver_unknown"
+    approval_scheme_mismatch = "approval_scheme_mismatch"
+    approval_signature_invalid = "approval_signature_invalid"
+    approver_not_caller = "approver_not_caller"
     already_acted = "already_acted"
     decision_expired = "decision_expired"
     invalid_state = "invalid_state"
@@ -101,6 +113,12 @@ _STATUS = {
     CustodyErrorCode.withdrawal_not_found: 404,
     CustodyErrorCode.withdrawal_rejected: 422,
     CustodyErrorCode.requester_cannot_approve: 403,
+    CustodyErrorCode.approval_signature_required: 422,
+    CustodyErrorCode.approval_signature_malformed: 422,
+    CustodyErrorCode.approver_unknown: 403,
+    CustodyErrorCode.approval_scheme_mismatch: 403,
+    CustodyErrorCode.approval_signature_invalid: 403,
+    CustodyErrorCode.approver_not_caller: 403,
     CustodyErrorCode.already_acted: 409,
     CustodyErrorCode.decision_expired: 409,
     CustodyErrorCode.invalid_state: 409,

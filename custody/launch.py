@@ -98,7 +98,7 @@ def _write_toml(path: Path, data: dict) -> Path:
 def deploy(root: Path, *, owner_url: str, nodes: Nodes, approvers: tuple[str, ...] = ("approver-1", "approver-2"),
            api_port: int | None = None, job_scale: float = 0.5, seed_file: Path | None = None,
            pepper: str | None = None) -> Deployment:
-    from custody.approve_cli import new_approver_key
+    from custody.approve_cli import approver_entry, load_private_key, new_key_file
     from custody.database import migrate
     from custody.devchains import dev_seed_file
 
@@ -109,12 +109,10 @@ def deploy(root: Path, *, owner_url: str, nodes: Nodes, approvers: tuple[str, ..
     approver_keys, approver_entries = {}, []
     for name in approvers:
         key_file = root / "approvers" / f"{name}.pem"
-        entry = new_approver_key(key_file, operator=name) if not key_file.exists() else None
-        if entry is None:
-            from custody.approve_cli import approver_entry
-            entry = approver_entry(key_file, operator=name)
+        key_file.parent.mkdir(parents=True, exist_ok=True)
+        key = load_private_key(key_file) if key_file.exists() else new_key_file(key_file)
         approver_keys[name] = key_file
-        approver_entries.append(entry)
+        approver_entries.append(approver_entry(key, name))
     socket_path = root / "signer.sock"
     signer_cfg = _write_toml(root / "signer.toml", {
         "network": nodes.network, "seed_file": str(seed), "database_url": role_url(owner_url, "custody_signer"),
@@ -157,9 +155,9 @@ def deploy(root: Path, *, owner_url: str, nodes: Nodes, approvers: tuple[str, ..
 
 def sign_and_approve(client: httpx.Client, withdrawal_id: int, key_file: Path, comment: str) -> dict:
     """What a scripted approver does: fetch the payload, sign it with its own key, submit."""
-    from custody.approve_cli import approve_over_http
+    from custody.approve_cli import approve_over_http, load_private_key
 
-    return approve_over_http(client, withdrawal_id, key_file, comment=comment)
+    return approve_over_http(client, withdrawal_id, load_private_key(key_file), comment=comment, show=log.info)
 
 
 def b64(data: bytes) -> str:

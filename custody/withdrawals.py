@@ -7,6 +7,13 @@ is written), evaluates the versioned policy (`policies.evaluate`) and stores the
 The outcome moves the row to `approved`, `pending_approval` (k distinct operators, never the
 requester, only while the decision is live) or `rejected` (hold released, reasons returned).
 
+An approval is a signature (signer.approvals): the operator signs the withdrawal's approval payload
+(`approval_payload`: id, chain, asset, amount, destination, decision id, policy version, expiry) with
+their own Ed25519 or WebAuthn key; `approve` verifies it against the approver keys custody is given
+(`approvers`), requires the key to be the caller's own, and stores the signature with the exact
+bytes signed. The signer verifies the stored signatures again against its own keys; custody's
+check is the early, friendly refusal, not the one money depends on.
+
 The kill switch refuses new requests at the door (`withdrawals_halted`); batching and signing check
 it again, so a switch engaged after approval still stops the money.
 
@@ -56,6 +63,8 @@ from ledger.model import AccountKind
 from ledger.service import Ledger
 from policies import Approval, Decision, Outcome, PolicyContext, PriorWithdrawal, ReasonCode, WithdrawalRequest
 from policies import AllowlistMode, AllowlistRule, QuarantineReturn, evaluate, normalise_address, plan_allowlist_change, quorum_met
+from signer.approvals import (ApprovalInvalid, ApprovalSignature, ApproverRegistry, approval_payload, operator_identity,
+                              verify_approval)
 from signer.bitcoin_tx import address_to_script
 from signer.errors import SignerError
 from signer.ethereum_tx import validate_eth_address
@@ -85,6 +94,22 @@ class WithdrawalView:
     reject_reasons: tuple[str, ...]
     created: bool = True
     decision_reasons: tuple[str, ...] = ()  # why the live decision is not a plain approval (what approvers see)
+
+
+@dataclass(frozen=True)
+class ApprovalPayloadView:
+    """The approval payload of a withdrawal under its current decision, with the fields it states."""
+
+    withdrawal_id: int
+    decision_id: int
+    chain: str
+    asset: str
+    amount: int
+    destination: str
+    policy_version: str
+    expires_at: dt.datetime
+    state: str
+    payload: bytes
 
 
 @dataclass(frozen=True)
@@ -131,8 +156,9 @@ def validate_destination(chain: str, network: str, destination: str) -> tuple[st
 class Withdrawals:
     def __init__(self, engine: Engine, ledger: Ledger, wallets: Wallets, policies: PolicyProvider,
                  *, networks: dict[str, str], clock: Callable[[], dt.datetime] | None = None,
-                 destinations: DestinationGuard | None = None) -> None:
+                 destinations: DestinationGuard | None = None, approvers: ApproverRegistry | None = None) -> None:
         self.engine = engine
+        self.approvers = approvers  # the approver keys an approval must verify against (None: no approval is valid)
         self.ledger = ledger
         self.wallets = wallets
         self.policies = policies
@@ -260,13 +286,48 @@ class Withdrawals:
 
     # ---- operator decisions ---------------------------------------------------------------
 
-    def approve(self, withdrawal_id: int, *, operator: str, comment: str) -> WithdrawalView:
-        return self._act(withdrawal_id, operator, comment, "approve")
+    def approval_payload(self, withdrawal_id: int) -> ApprovalPayloadView:
+        """What an approver signs for this withdrawal under its current decision (signer.approvals)."""
+        with self.engine.connect() as c:
+            row = c.execute(text(f"{_W_SQL} WHERE id = :i"), {"i": withdrawal_id}).first()
+            if row is None:
+                raise CustodyError(CustodyErrorCode.withdrawal_not_found, f"no withdrawal {withdrawal_id}")
+            w = _view(row)
+            if w.decision_id is None:
+                raise CustodyError(CustodyErrorCode.invalid_state, f"withdrawal {withdrawal_id} has no decision yet", state=w.state)
+            decision = self._load_decision(c, w)
+        return ApprovalPayloadView(w.id, w.decision_id, w.chain, w.asset, w.amount, w.destination, decision.policy_version,
+                                   decision.expires_at, w.state, _payload(w, decision))
+
+    def approve(self, withdrawal_id: int, *, operator: str, comment: str,
+                signature: ApprovalSignature | None = None) -> WithdrawalView:
+        """An operator's approval: `signature` is theirs over `approval_payload(withdrawal_id)`,
+        verified here against `approvers` before anything is written; the key must be the
+        operator's own (`approver_not_caller`). Codes in the order checked: withdrawal_not_found,
+        invalid_state, requester_cannot_approve, approval_signature_required, approver_unknown,
+        approval_scheme_mismatch, approval_signature_invalid, approver_not_caller, decision_expired,
+        deposit_reorged_out, account_frozen, already_acted."""
+        return self._act(withdrawal_id, operator, comment, "approve", signature)
 
     def reject(self, withdrawal_id: int, *, operator: str, comment: str) -> WithdrawalView:
+        """No signature: a rejection only releases the hold; it can never pay anyone."""
         return self._act(withdrawal_id, operator, comment, "reject")
 
-    def _act(self, wid: int, operator: str, comment: str, action: str) -> WithdrawalView:
+    def _verify_signature(self, operator: str, payload: bytes, signature: ApprovalSignature | None) -> None:
+        if signature is None:
+            raise CustodyError(CustodyErrorCode.approval_signature_required,
+                               "an approval must be signed with the approver's key over the approval payload")
+        try:
+            key = verify_approval(self.approvers, signature.key_id, signature.scheme, payload, signature.signature,
+                                  signature.authenticator_data, signature.client_data_json)
+        except ApprovalInvalid as exc:
+            raise CustodyError(CustodyErrorCode(exc.code), exc.message, key_id=signature.key_id) from None
+        if operator_identity(key.operator) != operator_identity(operator):
+            raise CustodyError(CustodyErrorCode.approver_not_caller, f"key {key.key_id!r} is not the caller's own",
+                               key_id=key.key_id)
+
+    def _act(self, wid: int, operator: str, comment: str, action: str,
+             signature: ApprovalSignature | None = None) -> WithdrawalView:
         if not operator or not comment or not comment.strip():
             raise LedgerError(ErrorCode.invalid_request, "an operator and a comment are required")
         now = self.clock()
@@ -279,23 +340,29 @@ class Withdrawals:
             if w.state not in allowed:
                 raise CustodyError(CustodyErrorCode.invalid_state, f"withdrawal {wid} is {w.state}", state=w.state)
             decision = self._load_decision(c, w)
+            signed: tuple[ApprovalSignature, bytes] | None = None
             if action == "approve":
                 if operator.strip().casefold() == w.requested_by.strip().casefold():
                     raise CustodyError(CustodyErrorCode.requester_cannot_approve, "the requester may not approve their own withdrawal")
+                payload = _payload(w, decision)
+                self._verify_signature(operator, payload, signature)
+                signed = (signature, payload)
                 if not decision.is_live(now):
                     raise CustodyError(CustodyErrorCode.decision_expired, f"the decision expired at {decision.expires_at.isoformat()}")
                 if return_reorged_out(c, wid):
                     raise CustodyError(CustodyErrorCode.deposit_reorged_out,
                                        "the deposit this withdrawal returns was reorged out after finality: reject it")
                 refuse_frozen(c, [w.account_id])  # the freeze rejected it, or will: nothing to approve
-            inserted = c.execute(
-                text("INSERT INTO approval (withdrawal_id, decision_id, operator, action, comment, at) VALUES (:w, :d, :o, :a, :c, :t) "
-                     "ON CONFLICT (decision_id, operator) DO NOTHING RETURNING id"),
-                {"w": wid, "d": w.decision_id, "o": operator, "a": action, "c": comment, "t": now},
-            ).first()
+            sig, payload = signed if signed is not None else (None, None)
+            inserted = c.execute(text(_INSERT_APPROVAL_SQL), {
+                "w": wid, "d": w.decision_id, "o": operator, "a": action, "c": comment, "t": now,
+                "k": sig.key_id if sig else None, "s": sig.scheme if sig else None, "p": payload,
+                "sig": sig.signature if sig else None, "ad": sig.authenticator_data if sig else None,
+                "cd": sig.client_data_json if sig else None}).first()
             if inserted is None:
                 raise CustodyError(CustodyErrorCode.already_acted, f"{operator} already acted on this decision")
-            audit(c, operator, f"withdrawal.{action}", f"withdrawal:{wid}", {"comment": comment, "decision_id": w.decision_id})
+            audit(c, operator, f"withdrawal.{action}", f"withdrawal:{wid}",
+                  {"comment": comment, "decision_id": w.decision_id, **({"key_id": sig.key_id} if sig else {})})
             if action == "reject":
                 self.ledger.release_hold(w.hold_id, owner=HOLD_OWNER, conn=c)
                 advance(c, "withdrawal", wid, w.state, "rejected", reject_reasons=["operator_rejected"])
@@ -448,6 +515,20 @@ class Withdrawals:
                 text(f"{_W_SQL} WHERE (CAST(:s AS text) IS NULL OR state = :s) AND (CAST(:a AS bigint) IS NULL OR account_id = :a) "
                      "ORDER BY id LIMIT :l"), {"s": state, "a": account_id, "l": limit}).all()
         return [_view(r) for r in rows]
+
+
+_INSERT_APPROVAL_SQL = """
+INSERT INTO approval (withdrawal_id, decision_id, operator, action, comment, at,
+                      key_id, scheme, signed_payload, signature, authenticator_data, client_data_json)
+VALUES (:w, :d, :o, :a, :c, :t, :k, :s, :p, :sig, :ad, :cd)
+ON CONFLICT (decision_id, operator) DO NOTHING
+RETURNING id
+"""
+
+
+def _payload(w: WithdrawalView, decision: Decision) -> bytes:
+    return approval_payload(withdrawal_id=w.id, chain=w.chain, asset=w.asset, amount=w.amount, destination=w.destination,
+                            decision_id=w.decision_id, policy_version=decision.policy_version, expires_at=decision.expires_at)
 
 
 _W_SQL = ("SELECT id, client_withdrawal_id, account_id, asset, chain, amount, fee_quoted, destination, priority, requested_by, "

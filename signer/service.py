@@ -5,11 +5,19 @@ database (read-only):
 - the kill switch (`control_flag.withdrawals_halted`) is off;
 - every output pays exactly one withdrawal of this batch, to that withdrawal's destination and
   amount, and every withdrawal of the batch has an output;
-- each withdrawal is `batched` in this batch, its policy decision is not a rejection, is unexpired,
-  and (when it needed approvals) has a quorum of distinct eligible operators (`policies.quorum_met`);
-  one from an account that is not a customer's must be a quarantine return (the quarantine
-  account, naming its deposit) and has at least one eligible operator's approval whatever its
-  decision says;
+- each withdrawal is `batched` in this batch, its policy decision is not a rejection and is
+  unexpired, and it carries enough approvals, where an approval is a SIGNATURE, not a row
+  (signer.approvals): the signer rebuilds the approval payload itself from the withdrawal and
+  decision rows, and every approval row of the decision must carry a signature by a key of the
+  signer's OWN registry (`approvers`, never a table custody can write) that verifies over the
+  stored payload, and that payload must be the rebuilt one. It then counts the distinct operators
+  of those keys (from its registry, not the row's `operator` column), never the requester, and
+  requires the larger of the decision's own quorum and its OWN quorum table's
+  (`quorum.required(asset, amount)`), so a decision row forged to "approve" with no approvals
+  still needs the operators the amount needs. No quorum table: every withdrawal needs one
+  approval; no registry: no approval counts. One from an account that is not a customer's must be
+  a quarantine return (the quarantine account, naming its deposit) and has at least one eligible
+  operator's approval whatever its decision says;
 - no output pays an address the signer derives from its own keys (signer.own_addresses: a forged
   row naming the hot wallet would send the coins back to the firm while the customer's balance is
   gone);
@@ -29,7 +37,12 @@ Refusal codes (`RefusalCode`), in the order they are checked:
 | output_mismatch | an output does not match exactly one withdrawal of the batch (address or amount) |
 | withdrawal_not_batched | a withdrawal is not in state `batched` in this batch |
 | no_decision | a withdrawal has no policy decision |
-| decision_not_approved | the decision rejects, or lacks its operator quorum (a withdrawal from a non-customer account is a quarantine return naming its deposit, or is refused, and always needs one operator other than the requester) |
+| approval_unsigned | an approval row of the decision carries no signature (inserted underneath custody, or written before approvals were signed) |
+| approver_unknown | an approval is signed by a key the signer is not configured with |
+| approval_signature_invalid | an approval's signature does not verify over its stored payload (a payload altered after signing; a scheme other than the key's; a failed WebAuthn assertion) |
+| approval_replayed | a valid signature whose payload names another withdrawal |
+| approval_payload_mismatch | a valid signature for this withdrawal over a payload that differs from the one the signer rebuilds (another amount, destination, chain, asset, decision, policy version or expiry) |
+| decision_not_approved | the decision rejects, or the distinct operators of valid approvals (never the requester) are fewer than the larger of the decision's quorum and the signer's own quorum table's (an asset or amount the table does not cover is refused); a withdrawal from a non-customer account is a quarantine return naming its deposit, or is refused, and always needs one operator other than the requester |
 | decision_expired | the decision is past its expiry |
 | hold_not_live | the hold is not pending, does not cover amount + fee, is on another account or is not custody's withdrawal hold |
 | unknown_input | an input is not an unspent hot-wallet coin reserved for this batch |
@@ -53,7 +66,8 @@ from typing import Callable, Sequence
 
 from sqlalchemy import Connection, Engine, text
 
-from policies import Approval, Decision, Outcome, PolicyContext, ReasonCode, WithdrawalRequest, eligible_approvers, quorum_met
+from signer.approvals import (ApprovalInvalid, ApproverKey, ApproverRegistry, QuorumTable, approval_payload, operator_identity,
+                              parse_payload, verify_approval)
 from signer.bitcoin_tx import PayOutput, SignedTx, SpendInput, address_to_script, estimate_vsize, fee_for, sign_batch
 from signer.ethereum_tx import sign_eip1559
 from signer.keys import SignerKeys
@@ -62,6 +76,13 @@ from signer.own_addresses import (CHANGE_WINDOW, DEPOSIT_WINDOW, RECEIVE_WINDOW,
                                   ethereum_own_addresses, pays_own_address)
 
 log = logging.getLogger(__name__)
+_APPROVALS_SQL = """
+SELECT id, decision_id, operator, key_id, scheme, signed_payload, signature, authenticator_data, client_data_json
+FROM approval
+WHERE decision_id = ANY(:d)
+  AND action = 'approve'
+ORDER BY id
+"""
 WITHDRAWAL_HOLD_OWNER = "withdrawals"  # custody.withdrawals.HOLD_OWNER: the only owner of a withdrawal's hold
 
 
@@ -69,7 +90,10 @@ class Signer:
     def __init__(self, engine: Engine, keys: SignerKeys, *, bitcoin_network: str,
                  clock: Callable[[], dt.datetime] | None = None, max_fee_rate_sat_per_kvb: int = 500_000,
                  max_eth_fee_wei: int = 10**17, deposit_window: int = DEPOSIT_WINDOW,
-                 receive_window: int = RECEIVE_WINDOW, change_window: int = CHANGE_WINDOW) -> None:
+                 receive_window: int = RECEIVE_WINDOW, change_window: int = CHANGE_WINDOW,
+                 approvers: ApproverRegistry | None = None, quorum: QuorumTable | None = None) -> None:
+        self.approvers = approvers  # the only approver keys whose signatures count (None: none do)
+        self.quorum = quorum  # the signer's own approvals per asset and amount (None: one for every withdrawal)
         self.deposit_window = deposit_window  # deposit indexes 0..n-1 refused as destinations (signer.own_addresses)
         self.receive_window = receive_window
         self.change_window = change_window
@@ -347,7 +371,7 @@ class Signer:
         if not outputs:
             raise SigningRefused(RefusalCode.empty_batch, f"batch {batch_id} has no outputs")
         rows = c.execute(
-            text("SELECT w.id, w.account_id, w.asset, w.amount, w.fee_quoted, w.destination, w.destination_script, "
+            text("SELECT w.id, w.account_id, w.chain, w.asset, w.amount, w.fee_quoted, w.destination, w.destination_script, "
                  "w.requested_by, w.state, w.batch_id, w.decision_id, w.return_of_deposit, h.state AS hold_state, h.amount - h.captured - h.released AS hold_remaining, "
                  "d.id AS d_id, d.outcome, d.required_approvals, d.reasons, d.policy_version, d.decided_at, d.expires_at, "
                  "a.kind AS account_kind "
@@ -364,10 +388,9 @@ class Signer:
         if denied:
             raise SigningRefused(RefusalCode.destination_denied, f"denylisted destination(s): {sorted(denied)}")
         self._check_not_own(batch_id, outputs)
-        approvals: dict[int, list[Approval]] = {}
-        for a in c.execute(text("SELECT decision_id, operator, at FROM approval WHERE decision_id = ANY(:d) AND action = 'approve'"),
-                           {"d": [r.decision_id for r in rows if r.decision_id is not None]}):
-            approvals.setdefault(a.decision_id, []).append(Approval(a.operator, a.at))
+        approvals: dict[int, list] = {}
+        for a in c.execute(text(_APPROVALS_SQL), {"d": [r.decision_id for r in rows if r.decision_id is not None]}):
+            approvals.setdefault(a.decision_id, []).append(a)
         now = self.clock()
         for o in outputs:
             w = by_id[o.withdrawal_id]
@@ -395,25 +418,57 @@ class Signer:
                 raise SigningRefused(RefusalCode.destination_internal,
                                      f"output for withdrawal {o.withdrawal_id} pays {o.address}, an address of the signer's own keys")
 
-    @staticmethod
-    def _check_decision(w, approvals: list[Approval], now: dt.datetime) -> None:
+    def _check_decision(self, w, approvals: list, now: dt.datetime) -> None:
+        """The decision and its approvals, as the module table orders them: every approval row must
+        be a valid signature of a known key over the payload rebuilt here; quorum from the signer's
+        own table and registry."""
         if w.decision_id is None or w.d_id is None:
             raise SigningRefused(RefusalCode.no_decision, f"withdrawal {w.id} has no policy decision")
-        request = WithdrawalRequest(str(w.id), str(w.account_id), w.asset, int(w.amount), int(w.fee_quoted), w.destination,
-                                    w.requested_by)
-        decision = Decision(Outcome(w.outcome), w.required_approvals, tuple(ReasonCode(r) for r in w.reasons),
-                            w.policy_version, request, PolicyContext(w.decided_at), None, w.decided_at, w.expires_at)
-        if not quorum_met(decision, approvals, w.requested_by):
-            raise SigningRefused(RefusalCode.decision_not_approved, f"withdrawal {w.id}: decision {w.outcome} without quorum")
+        expected = approval_payload(withdrawal_id=w.id, chain=w.chain, asset=w.asset, amount=int(w.amount),
+                                    destination=w.destination, decision_id=w.d_id, policy_version=w.policy_version,
+                                    expires_at=w.expires_at)
+        operators = {operator_identity(self._approver(w.id, a, expected).operator) for a in approvals}
+        eligible = operators - {operator_identity(w.requested_by)}
+        if w.outcome not in ("approve", "needs_approval"):
+            raise SigningRefused(RefusalCode.decision_not_approved, f"withdrawal {w.id}: the decision is {w.outcome}")
+        required = w.required_approvals if w.outcome == "needs_approval" else 0
+        try:
+            required = max(required, self.quorum.required(w.asset, int(w.amount)) if self.quorum is not None else 1)
+        except ApprovalInvalid as exc:
+            raise SigningRefused(RefusalCode.decision_not_approved, f"withdrawal {w.id}: {exc.message}") from None
         if w.account_kind != "customer" and (w.account_kind != "quarantine" or w.return_of_deposit is None):
             raise SigningRefused(RefusalCode.decision_not_approved,
                                  f"withdrawal {w.id} from a {w.account_kind} account: only customer withdrawals and "
                                  "quarantine returns are paid")
-        if w.account_kind != "customer" and not eligible_approvers(decision, approvals, w.requested_by):
+        if w.account_kind != "customer":
+            required = max(required, 1)
+        if len(eligible) < required:
             raise SigningRefused(RefusalCode.decision_not_approved,
-                                 f"withdrawal {w.id} from a {w.account_kind} account has no operator's approval but the requester's")
+                                 f"withdrawal {w.id}: {len(eligible)} valid approval(s) of operators other than the "
+                                 f"requester, {required} required")
         if now >= w.expires_at:
             raise SigningRefused(RefusalCode.decision_expired, f"withdrawal {w.id}: decision expired {w.expires_at.isoformat()}")
+
+    def _approver(self, wid: int, a, expected: bytes) -> ApproverKey:
+        """The registry key whose signature approval row `a` carries, or the refusal (module table)."""
+        if a.signature is None or a.signed_payload is None or a.key_id is None:
+            raise SigningRefused(RefusalCode.approval_unsigned, f"withdrawal {wid}: approval {a.id} ({a.operator!r}) is not signed")
+        payload = bytes(a.signed_payload)
+        try:
+            key = verify_approval(self.approvers, a.key_id, a.scheme, payload, bytes(a.signature),
+                                  None if a.authenticator_data is None else bytes(a.authenticator_data),
+                                  None if a.client_data_json is None else bytes(a.client_data_json))
+        except ApprovalInvalid as exc:
+            code = RefusalCode.approver_unknown if exc.code == "approver_unknown" else RefusalCode.approval_signature_invalid
+            raise SigningRefused(code, f"withdrawal {wid}: approval {a.id}: {exc.message}") from None
+        if payload != expected:
+            named = (parse_payload(payload) or {}).get("withdrawal_id", wid)
+            if named != wid:
+                raise SigningRefused(RefusalCode.approval_replayed,
+                                     f"withdrawal {wid}: approval {a.id} is {key.key_id!r}'s signature for withdrawal {named}")
+            raise SigningRefused(RefusalCode.approval_payload_mismatch,
+                                 f"withdrawal {wid}: approval {a.id} by {key.key_id!r} signs another payload than the signer rebuilds")
+        return key
 
     @staticmethod
     def _check_coins(c: Connection, batch_id: int, coins: Sequence[BtcCoin]) -> None:

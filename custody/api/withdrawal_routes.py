@@ -1,7 +1,14 @@
 """Withdrawal routes under /v1: request (backend), read, the approval queue and operator decisions;
-destination allowlists (backend) and the operators' queue of allowlist loosenings."""
+destination allowlists (backend) and the operators' queue of allowlist loosenings.
+
+An approval is signed: the approver reads `GET /v1/withdrawals/{id}/approval-payload` (the exact
+bytes, their base64 and the WebAuthn challenge), signs them with their own key and sends the
+signature with `POST /v1/withdrawals/{id}/approve` (codes in custody/errors.py, signer/approvals.py).
+"""
 from __future__ import annotations
 
+import base64
+import binascii
 import datetime as dt
 from typing import Literal
 
@@ -12,7 +19,9 @@ from custody.api.bodies import CommentIn
 from custody.api.params import Id, IdPath
 from custody.api.deps import Auditor, Backend, ContainerDep, OperatorOnly, Reader
 from custody.api.errors import ApiError
-from custody.withdrawals import AllowlistChangeView, AllowlistView, WithdrawalView
+from custody.errors import CustodyError, CustodyErrorCode
+from custody.withdrawals import AllowlistChangeView, AllowlistView, ApprovalPayloadView, WithdrawalView
+from signer.approvals import ApprovalSignature, b64url, format_expiry, webauthn_challenge
 from ledger.amounts import format_amount, parse_amount
 
 router = APIRouter(prefix="/v1", tags=["withdrawals"])
@@ -80,6 +89,65 @@ class WithdrawalOut(BaseModel):
     batch_id: int | None
 
 
+class ApprovalSignatureIn(BaseModel):
+    """The approver's signature over the approval payload: Ed25519 over the payload bytes, or a
+    WebAuthn assertion whose challenge is SHA-256 of them (with its authenticator data and client
+    data JSON). Binary fields are standard base64."""
+
+    model_config = ConfigDict(extra="forbid")
+    key_id: str = Field(min_length=1, max_length=200)
+    scheme: Literal["ed25519", "webauthn"]
+    signature: str = Field(min_length=1, max_length=4096)
+    authenticator_data: str | None = Field(default=None, max_length=4096)
+    client_data_json: str | None = Field(default=None, max_length=16384)
+
+
+class ApproveIn(BaseModel):
+    """An operator's approval: the comment for the audit log and their signature (required; a
+    missing one is `approval_signature_required`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    comment: str = Field(min_length=1, max_length=1000)
+    signature: ApprovalSignatureIn | None = None
+
+
+class ApprovalPayloadOut(BaseModel):
+    """What an approver signs. `payload` is the exact text (UTF-8), `payload_base64` its bytes,
+    `challenge` the WebAuthn challenge (base64url of SHA-256 of the bytes); the other fields are
+    what the payload states, for a person to read before signing."""
+
+    withdrawal_id: int
+    decision_id: int
+    state: str
+    chain: str
+    asset: str
+    amount: str = Field(description="decimal string in the asset's units (the payload states minor units)")
+    amount_minor: str
+    destination: str
+    policy_version: str
+    expires_at: str
+    payload: str
+    payload_base64: str
+    challenge: str
+
+
+def _bytes(value: str | None, what: str) -> bytes | None:
+    if value is None:
+        return None
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise CustodyError(CustodyErrorCode.approval_signature_malformed, f"{what} is not valid base64") from None
+
+
+def _signature(body: ApproveIn) -> ApprovalSignature | None:
+    s = body.signature
+    if s is None:
+        return None
+    return ApprovalSignature(s.key_id, s.scheme, _bytes(s.signature, "signature") or b"",
+                             _bytes(s.authenticator_data, "authenticator_data"), _bytes(s.client_data_json, "client_data_json"))
+
+
 def _svc(c):
     if c.withdrawals is None:
         raise ApiError(503, "chains_not_configured", "withdrawals need chain adapters, which are not configured")
@@ -118,9 +186,23 @@ def list_withdrawals(c: ContainerDep, _: Auditor, state: str = "pending_approval
     return [_out(c, w) for w in _svc(c).list(state=state, limit=limit)]
 
 
+@router.get("/withdrawals/{withdrawal_id}/approval-payload", response_model=ApprovalPayloadOut)
+def approval_payload(withdrawal_id: IdPath, c: ContainerDep, _: Auditor) -> ApprovalPayloadOut:
+    """The canonical payload an approver signs for this withdrawal under its current decision."""
+    p: ApprovalPayloadView = _svc(c).approval_payload(withdrawal_id)
+    return ApprovalPayloadOut(
+        withdrawal_id=p.withdrawal_id, decision_id=p.decision_id, state=p.state, chain=p.chain, asset=p.asset,
+        amount=format_amount(p.amount, c.ledger.get_asset(p.asset).decimals), amount_minor=str(p.amount),
+        destination=p.destination, policy_version=p.policy_version, expires_at=format_expiry(p.expires_at),
+        payload=p.payload.decode("utf-8"), payload_base64=base64.b64encode(p.payload).decode("ascii"),
+        challenge=b64url(webauthn_challenge(p.payload)))
+
+
 @router.post("/withdrawals/{withdrawal_id}/approve", response_model=WithdrawalOut)
-def approve(withdrawal_id: IdPath, body: CommentIn, c: ContainerDep, who: OperatorOnly) -> WithdrawalOut:
-    return _out(c, _svc(c).approve(withdrawal_id, operator=f"api:{who.name}", comment=body.comment))
+def approve(withdrawal_id: IdPath, body: ApproveIn, c: ContainerDep, who: OperatorOnly) -> WithdrawalOut:
+    """Approve with the operator's own signature over `GET .../approval-payload` (see ApproveIn)."""
+    return _out(c, _svc(c).approve(withdrawal_id, operator=f"api:{who.name}", comment=body.comment,
+                                   signature=_signature(body)))
 
 
 @router.post("/withdrawals/{withdrawal_id}/reject", response_model=WithdrawalOut)

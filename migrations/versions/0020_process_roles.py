@@ -44,7 +44,7 @@ server, and migrations must always run as the same owner role (default privilege
 from alembic import op
 
 revision = "0020_process_roles"
-down_revision = "0018_reconciliation_lines"
+down_revision = "0019_signed_approvals"
 branch_labels = None
 depends_on = None
 

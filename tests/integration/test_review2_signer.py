@@ -25,6 +25,9 @@ from custody.states import advance_many
 from signer.bitcoin_tx import address_to_script
 from signer.keys import Secret, SignerKeys, seed_from_text
 from signer.service import BatchOutput, Signer, SigningRefused
+from custody.policy_config import default_policy
+from signer.approvals import quorum_table_from_policy
+from tests.approvers import registry
 from tests.integration.withdrawal_api import WithdrawalApi
 
 log = logging.getLogger(__name__)
@@ -34,6 +37,12 @@ KEYS = SignerKeys(seed_from_text(Secret("abandon " * 11 + "about")), "regtest")
 @pytest.fixture(scope="module")
 def api(engine) -> WithdrawalApi:
     return WithdrawalApi(engine)
+
+
+def make_signer(api: WithdrawalApi) -> Signer:
+    """A signer with its own approver registry and the default policy's quorum table, as deployed."""
+    return Signer(api.custody.engine, KEYS, bitcoin_network="regtest", approvers=registry(),
+                  quorum=quorum_table_from_policy(default_policy()))
 
 
 def batched(api: WithdrawalApi, c, amount: str = "0.1"):
@@ -63,7 +72,7 @@ def signer_check(signer: Signer, c, batch_id: int, wid: int) -> str | None:
 def test_the_signer_signs_a_payment_to_its_own_hot_address(api, ledger):
     with api.custody.engine.begin() as c:
         set_kill_switch(c, False, "review2: start clean", "review2")
-    signer = Signer(api.custody.engine, KEYS, bitcoin_network="regtest")
+    signer = make_signer(api)
     hot = signer._hot_address(0, 0)
     with api.custody.engine.connect() as c, c.begin() as t:
         batch_id, wid, acct, _ = batched(api, c)
@@ -80,7 +89,7 @@ def test_the_signer_signs_a_payment_to_its_own_hot_address(api, ledger):
 def test_the_signer_signs_a_withdrawal_from_equity_with_one_approval(api, ledger):
     with api.custody.engine.begin() as c:
         set_kill_switch(c, False, "review2: start clean", "review2")
-    signer = Signer(api.custody.engine, KEYS, bitcoin_network="regtest")
+    signer = make_signer(api)
     equity = api.custody.wallets.firm_account("equity", "BTC")
     with api.custody.engine.connect() as c, c.begin() as t:
         batch_id, wid, acct, _ = batched(api, c)
@@ -100,7 +109,7 @@ def forged_refusal(api: WithdrawalApi, forge) -> str | None:
     transaction, ask the signer's batch checks, roll back; the refusal code or None."""
     with api.custody.engine.begin() as c:
         set_kill_switch(c, False, "review2: start clean", "review2")
-    signer = Signer(api.custody.engine, KEYS, bitcoin_network="regtest")
+    signer = make_signer(api)
     with api.custody.engine.connect() as c, c.begin() as t:
         batch_id, wid, acct, _ = batched(api, c)
         forge(c, signer, batch_id, wid, acct)

@@ -362,7 +362,7 @@ def test_a_pending_return_of_a_deposit_reorged_out_is_not_approved(api, ledger):
     wid = api.operator(1).post(f"/v1/deposits/{deposit_id}/return", json={"comment": "back", "destination": DEST}).json()["withdrawal_id"]
     chain.reorg_out(obs)
     chain.settle(obs, None)
-    r = api.operator(2).post(f"/v1/withdrawals/{wid}/approve", json={"comment": "looks right"})
+    r = api.approve(2, wid, "looks right")
     log.info("approve -> %d %s", r.status_code, r.text[:160])
     assert_equal(error_code(r), (409, "deposit_reorged_out"))
     assert_equal(api.operator(2).post(f"/v1/withdrawals/{wid}/reject", json={"comment": "coins gone"}).status_code, 200)

@@ -1,6 +1,8 @@
 """A withdrawal API without chain nodes, for the policy scenarios (allowlists, velocity): a
 container whose withdrawal side is built with no adapters and no signer (requests are decided,
-nothing is paid), BTC configured as on regtest, and an HTTP client per role.
+nothing is paid), BTC configured as on regtest, and an HTTP client per role. Its approver registry
+(tests/approvers.py) holds the test keys of its two operator clients (`operator_name(n)`) and of the
+fixed TEST_OPERATORS; `approve(n, wid)` signs and sends operator n's approval.
 
 Each scenario works with accounts of its own (random names and owners) on the session database,
 funds them from equity with the ledger, and rejects what it leaves pending or approved, so the
@@ -21,17 +23,20 @@ from custody.settings import Settings
 from ledger.model import Transfer
 from ledger.service import Ledger
 from policies import PolicySet
+from tests.approvers import TEST_OPERATORS, approve_over_api, registry
 
 DEST = "bcrt1qw508d6qejxtdg4y5r3zarvary0c5xw7kygt080"  # not ours
 
 
 class WithdrawalApi:
-    def __init__(self, engine, policy: PolicySet | None = None) -> None:
+    def __init__(self, engine, policy: PolicySet | None = None, extra_approvers: tuple[dict, ...] = ()) -> None:
         settings = Settings(environment="test")
-        self.custody = Container(settings=settings, engine=engine, ledger=Ledger(engine)).with_chains({}, policy=policy)
+        self.run = uuid.uuid4().hex[:8]
+        approvers = registry(self.operator_name(1), self.operator_name(2), *TEST_OPERATORS, extra=extra_approvers)
+        self.custody = Container(settings=settings, engine=engine, ledger=Ledger(engine)).with_chains(
+            {}, policy=policy, approvers=approvers)
         self.custody.wallets.configure_asset("BTC", 8, "bitcoin", finality=3, dust_minimum=1_000, min_withdrawal=10_000,
                                              withdrawal_fee=5_000)
-        self.run = uuid.uuid4().hex[:8]
         app = create_app(self.custody)
         self.clients: dict[Role, TestClient] = {}
         for role in (Role.backend, Role.operator, Role.admin):
@@ -46,6 +51,14 @@ class WithdrawalApi:
 
     def operator(self, n: int = 1) -> TestClient:
         return self.clients[(Role.operator, n)]
+
+    def operator_name(self, n: int = 1) -> str:
+        """Operator client n's API key name, which is also its approver key's operator."""
+        return f"{Role.operator.value}-{n}-{self.run}"
+
+    def approve(self, n: int, withdrawal_id: int | str, comment: str = "checked"):
+        """Operator n approves, signing the withdrawal's approval payload with its own test key."""
+        return approve_over_api(self.operator(n), withdrawal_id, self.operator_name(n), comment)
 
     @property
     def admin(self) -> TestClient:

@@ -3,7 +3,9 @@
 - `signer_keys`  SignerKeys from the BIP84 test mnemonic (regtest only; never a real seed)
 - `custody`      a Container on the session database with both chain adapters, deposit wallets
                  registered from the signer's xpubs, BTC (finality 3), ETH and USDT (finality 12)
-                 configured, and each chain's cursor started at the node's tip
+                 configured, each chain's cursor started at the node's tip, and the approver keys of
+                 tests/approvers.py TEST_OPERATORS (op-alice, op-bob, ...) trusted by custody and
+                 the in-process signer
 - `customer`     (function) a factory: customer(asset) -> a new customer account id
 - `settle`       (function) run the deposit jobs for a chain until nothing moves
 - `pay_out`      (function) run the payout jobs once: batch, sign, broadcast, track
@@ -19,6 +21,7 @@ from custody.devchains import BTC_FINALITY, ETH_FINALITY, configure_regtest
 from custody.settings import Settings
 from ledger.service import Ledger
 from signer.keys import Secret, SignerKeys, seed_from_text
+from tests.approvers import registry
 
 TEST_MNEMONIC = "abandon " * 11 + "about"
 __all__ = ["BTC_FINALITY", "ETH_FINALITY", "TEST_MNEMONIC"]
@@ -32,7 +35,7 @@ def signer_keys() -> SignerKeys:
 @pytest.fixture(scope="session")
 def custody(engine, btc_adapter, eth_adapter, usdt, signer_keys) -> Container:
     container = Container(settings=Settings(environment="test"), engine=engine, ledger=Ledger(engine))
-    container.with_chains({"bitcoin": btc_adapter, "ethereum": eth_adapter}, signer_keys=signer_keys)
+    container.with_chains({"bitcoin": btc_adapter, "ethereum": eth_adapter}, signer_keys=signer_keys, approvers=registry())
     configure_regtest(container, signer_keys, usdt.address)
     return container
 

@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 from custody.api.app import create_app
 from custody.auth import create_api_key
 from regtest.util import assert_equal
+from tests.approvers import approve_over_api, operator_client
 from tests.e2e.custody.conftest import BTC_FINALITY
 from tests.e2e.custody.test_deposit_screening import deposit_from_denylisted_sender
 
@@ -22,11 +23,9 @@ def operators(custody):
     run = uuid.uuid4().hex[:8]
     app = create_app(custody)
     out = []
-    for name in ("mallory", "trent"):
-        client = TestClient(app, raise_server_exceptions=False)
-        client.headers["X-API-Key"] = create_api_key(custody.engine, f"op-{name}-{run}", "operator", custody.settings.api_key_pepper)
-        out.append(client)
-    return out
+    mallory = TestClient(app, raise_server_exceptions=False)
+    mallory.headers["X-API-Key"] = create_api_key(custody.engine, f"op-mallory-{run}", "operator", custody.settings.api_key_pepper)
+    return [mallory, operator_client(custody, "op-trent")]  # trent approves with his registered key
 
 
 def test_return_to_an_address_of_the_operators_choosing_needs_a_second_operator(
@@ -54,7 +53,7 @@ def test_return_to_an_address_of_the_operators_choosing_needs_a_second_operator(
     assert_equal((r.status_code, r.json()["error"]["code"]), (403, "requester_cannot_approve"))
     [queued] = [w for w in trent.get("/v1/withdrawals").json() if w["id"] == ret["withdrawal_id"]]
     assert_equal(queued["decision_reasons"], ["return_destination_not_original_sender"])
-    r = trent.post(f"/v1/withdrawals/{ret['withdrawal_id']}/approve", json={"comment": "sender's new address confirmed by phone"})
+    r = approve_over_api(trent, ret["withdrawal_id"], "op-trent", "sender's new address confirmed by phone")
     assert_equal((r.status_code, r.json()["state"]), (200, "approved"))
 
     log.info("paid through the batch and the signer's checks")

@@ -8,6 +8,7 @@ from sqlalchemy import text
 from custody.deposits import ScreenResult
 from ledger.errors import LedgerError
 from regtest.util import assert_equal
+from tests.approvers import approve
 from tests.e2e.custody.conftest import BTC_FINALITY
 
 
@@ -105,7 +106,7 @@ def test_quarantined_deposit_returned_to_sender(custody, customer, btc, bitcoind
                                                      withdrawals=custody.withdrawals), wid)
     w = custody.withdrawals.get(wid)
     assert_equal((w.state, w.decision_reasons), ("pending_approval", ("quarantine_return_requires_approval",)))
-    assert_equal(custody.withdrawals.approve(wid, operator="op-dave", comment="checked").state, "approved")
+    assert_equal(approve(custody.withdrawals, wid, "op-dave", "checked").state, "approved")
     p.batch_bitcoin()
     p.sign_open_batches()
     p.broadcast()

@@ -8,6 +8,7 @@ from decimal import Decimal
 import pytest
 from custody.errors import CustodyError
 from regtest.util import assert_equal
+from tests.approvers import approve
 from tests.e2e.custody.conftest import BTC_FINALITY
 
 DEPOSIT = 300_000_000  # 3 BTC per customer
@@ -62,12 +63,12 @@ def test_batch_of_twenty_with_approvals(custody, funded_customers, hot_funded, b
         w.approve(big[0].id, operator="backend", comment="mine")
     assert_equal(err.value.code.value, "requester_cannot_approve")
     for r in big:
-        assert_equal(w.approve(r.id, operator="op-alice", comment="ok, known customer").state, "pending_approval")
+        assert_equal(approve(w, r.id, "op-alice", "ok, known customer").state, "pending_approval")
     with pytest.raises(CustodyError) as err:
-        w.approve(big[0].id, operator="op-alice", comment="again")
+        approve(w, big[0].id, "op-alice", "again")
     assert_equal(err.value.code.value, "already_acted")
     for r in big:
-        assert_equal(w.approve(r.id, operator="op-bob", comment="second pair of eyes").state, "approved")
+        assert_equal(approve(w, r.id, "op-bob", "second pair of eyes").state, "approved")
 
     log.info("batch, sign: holds captured into in-flight and fee income")
     in_flight = custody.wallets.firm_account("in_flight", "BTC")

@@ -1,0 +1,187 @@
+"""Scripted approvers: approve a withdrawal with your own Ed25519 key, over the HTTP API only.
+
+    custody approve --key FILE WITHDRAWAL_ID [--api URL] [--api-key-file F] [--comment TEXT] [--key-id ID]
+        GET the withdrawal's approval payload, show what it pays (asset, amount, destination,
+        decision, expiry), sign the exact bytes with the private key in FILE and POST the approval.
+        The operator API key comes from --api-key-file or the CUSTODY_API_KEY environment variable;
+        custody refuses a key that is not the caller's own (`approver_not_caller`).
+    custody approver-key new FILE --operator NAME [--key-id ID]
+        Write a new Ed25519 private key to FILE (PEM, PKCS#8, mode 0600; never overwritten) and
+        print the approver entry to add, as TOML, to the approver lists of custody AND the signer:
+        key_id, operator (the operator's API key name), scheme, public_key (base64).
+
+The private key never leaves this process: only the signature is sent. A key file readable or
+writable by group or others is refused, as the signer refuses such a seed file. The key id defaults
+to `ed25519:` + the first 16 hex digits of SHA-256 of the public key, so `approve` finds it from the
+key file alone.
+
+Exit status: 0 done; 1 the API refused (its code and message are printed); 2 a usage, file or
+connection problem. `main(argv)` is what `python -m custody` delegates the two subcommands to.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import os
+import stat
+import sys
+from pathlib import Path
+
+import httpx
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import (Encoding, NoEncryption, PrivateFormat, PublicFormat,
+                                                          load_pem_private_key)
+
+COMMANDS = ("approve", "approver-key")  # the subcommands of `python -m custody` that main() serves
+DEFAULT_API = "http://127.0.0.1:8000"
+
+
+class CliError(Exception):
+    """A problem with the command's input (exit 2)."""
+
+
+def key_id_of(key: Ed25519PrivateKey) -> str:
+    raw = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    return "ed25519:" + hashlib.sha256(raw).hexdigest()[:16]
+
+
+def load_private_key(path: Path) -> Ed25519PrivateKey:
+    try:
+        mode = path.stat().st_mode
+        data = path.read_bytes()
+    except OSError as exc:
+        raise CliError(f"cannot read the key file {path}: {exc.strerror}") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise CliError(f"the key file {path} is readable or writable by others (mode {stat.S_IMODE(mode):o}): chmod 600 it")
+    try:
+        key = load_pem_private_key(data, password=None)
+    except (ValueError, TypeError):
+        raise CliError(f"{path} is not an unencrypted PEM private key") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise CliError(f"{path} holds a {type(key).__name__}, not an Ed25519 key")
+    return key
+
+
+def new_key_file(path: Path) -> Ed25519PrivateKey:
+    key = Ed25519PrivateKey.generate()
+    pem = key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption())
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise CliError(f"{path} exists; a key file is never overwritten") from None
+    except OSError as exc:
+        raise CliError(f"cannot create {path}: {exc.strerror}") from None
+    with os.fdopen(fd, "wb") as f:
+        f.write(pem)
+    return key
+
+
+def approver_entry(key: Ed25519PrivateKey, operator: str, key_id: str | None = None) -> dict[str, str]:
+    """The key's entry in an `approvers` list (signer and custody configs): its public half only."""
+    raw = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    return {"key_id": key_id or key_id_of(key), "operator": operator, "scheme": "ed25519",
+            "public_key": base64.b64encode(raw).decode()}
+
+
+def toml_entry(key: Ed25519PrivateKey, operator: str, key_id: str | None = None) -> str:
+    entry = approver_entry(key, operator, key_id)
+    return "\n".join(["[[approvers]]", *(f'{k} = "{v}"' for k, v in entry.items()), ""])
+
+
+def _answer(r: httpx.Response) -> dict:
+    try:
+        body = r.json()
+    except ValueError:
+        body = {}
+    if r.status_code >= 400:
+        err = body.get("error", {}) if isinstance(body, dict) else {}
+        raise ApiRefused(r.status_code, err.get("code", "http_error"), err.get("message", r.text[:200]))
+    return body
+
+
+class ApiRefused(Exception):
+    """The API answered 4xx/5xx (exit 1)."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        self.status, self.code, self.message = status, code, message
+        super().__init__(f"{status} {code}: {message}")
+
+
+def approve_over_http(client: httpx.Client, withdrawal_id: int, key: Ed25519PrivateKey, *, comment: str,
+                      key_id: str | None = None, show=print) -> dict:
+    """GET the payload, `show` what it pays, sign its exact bytes, POST the approval; the withdrawal."""
+    p = _answer(client.get(f"/v1/withdrawals/{withdrawal_id}/approval-payload"))
+    payload = base64.b64decode(p["payload_base64"])
+    show(f"withdrawal {p['withdrawal_id']} ({p['state']}): pay {p['amount']} {p['asset']} on {p['chain']} to {p['destination']}")
+    show(f"decision {p['decision_id']} under policy {p['policy_version']}, valid until {p['expires_at']}")
+    signature = {"key_id": key_id or key_id_of(key), "scheme": "ed25519", "signature": base64.b64encode(key.sign(payload)).decode()}
+    return _answer(client.post(f"/v1/withdrawals/{withdrawal_id}/approve", json={"comment": comment, "signature": signature}))
+
+
+def _api_key(args) -> str:
+    if args.api_key_file:
+        try:
+            value = Path(args.api_key_file).read_text().strip()
+        except OSError as exc:
+            raise CliError(f"cannot read the API key file {args.api_key_file}: {exc.strerror}") from None
+    else:
+        value = os.environ.get("CUSTODY_API_KEY", "").strip()
+    if not value:
+        raise CliError("no operator API key: pass --api-key-file or set CUSTODY_API_KEY")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m custody", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    approve = sub.add_parser("approve", help="sign and send an approval of a withdrawal")
+    approve.add_argument("--key", required=True, type=Path, help="the approver's Ed25519 private key (PEM)")
+    approve.add_argument("withdrawal_id", type=int)
+    approve.add_argument("--api", default=os.environ.get("CUSTODY_API", DEFAULT_API), help="the custody API's base URL")
+    approve.add_argument("--api-key-file", help="file holding the operator's API key (else env CUSTODY_API_KEY)")
+    approve.add_argument("--comment", default="approved with custody approve", help="recorded in the audit log")
+    approve.add_argument("--key-id", help="the key id registered for the key (default: derived from the key)")
+    keys = sub.add_parser("approver-key", help="manage approver keys")
+    keys_sub = keys.add_subparsers(dest="action", required=True)
+    new = keys_sub.add_parser("new", help="write a new Ed25519 key and print its approver entry")
+    new.add_argument("file", type=Path)
+    new.add_argument("--operator", required=True, help="the operator's API key name")
+    new.add_argument("--key-id", help="the key id to register (default: derived from the key)")
+    return parser
+
+
+def main(argv: list[str] | None = None, *, http: httpx.Client | None = None) -> int:
+    """Run one command; `http` replaces the client built from --api (tests pass the app's client)."""
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "approver-key":
+            key = new_key_file(args.file)
+            print(f"# wrote {args.file} (mode 600); add this entry to custody's and the signer's approver lists:",
+                  file=sys.stderr)
+            print(toml_entry(key, args.operator, args.key_id), end="")
+            return 0
+        key = load_private_key(args.key)
+        headers = {"X-API-Key": _api_key(args)}
+        if http is not None:
+            http.headers.update(headers)
+            answer = approve_over_http(http, args.withdrawal_id, key, comment=args.comment, key_id=args.key_id)
+        else:
+            with httpx.Client(base_url=args.api, headers=headers, timeout=30) as client:
+                answer = approve_over_http(client, args.withdrawal_id, key, comment=args.comment, key_id=args.key_id)
+        print(f"approved: withdrawal {answer['id']} is {answer['state']}")
+        return 0
+    except CliError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ApiRefused as exc:
+        print(f"refused: {exc}", file=sys.stderr)
+        return 1
+    except httpx.HTTPError as exc:
+        print(f"error: cannot reach the API at {args.api}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,311 @@
+"""Operator approvals as signatures: the canonical payload an approver signs, and its verification.
+
+An approval is not a row: it is a signature, by a key only the approver holds, over exactly what is
+paid. Custody builds the payload for an operator to sign (`approval_payload`), verifies the
+signature at the door and stores the signed bytes beside it; the signer rebuilds the payload itself
+from the withdrawal and its decision and verifies every stored signature against the approver keys
+IT is configured with (`ApproverRegistry`), never against keys read from a table a custody process
+can write. This module holds no key material and no I/O: custody and the signer both import it.
+
+The payload (`approval_payload`) is JSON with sorted keys, no whitespace (`,` and `:` separators),
+UTF-8 without escaping non-ASCII characters, and these fields:
+`v` = 1, `kind` = "withdrawal-approval", `withdrawal_id` (number), `chain`, `asset`, `amount` (a
+decimal STRING of integer minor units: "250000000", never a float), `destination` (as stored),
+`decision_id` (number), `policy_version`, `expires_at` (the decision's expiry, ISO-8601 UTC with
+microseconds and a `Z`: "2026-11-29T12:00:00.000000Z").
+
+Schemes (`ApproverKey.scheme`):
+- `ed25519`, for scripted approvers (`custody approve --key FILE`): the signature is Ed25519 over
+  the payload bytes; `public_key` is the raw 32-byte key.
+- `webauthn`, for security keys and passkeys (the operator console): the signature is a WebAuthn
+  assertion whose challenge is SHA-256 of the payload bytes, checked by the `webauthn` package's
+  `verify_authentication_response` against the key's `rp_id` and `origin`, user presence required;
+  `public_key` is the credential's COSE key as registration returned it. The authenticator's sign
+  count is NOT tracked (passed as 0): a cloned authenticator is not detected by its counter. What
+  stops a replayed assertion is the payload itself, which names one withdrawal, one decision and
+  an expiry.
+
+Codes (`ApprovalInvalid.code`), in the order `verify_approval` checks them:
+| code | meaning |
+| --- | --- |
+| approver_unknown | the key id is not in the registry (or there is no registry: nobody's approval is valid) |
+| approval_scheme_mismatch | the scheme named with the signature is not the key's registered scheme |
+| approval_signature_invalid | the signature does not verify over the payload with the key (ed25519), or the WebAuthn assertion fails (missing authenticator data or client data, challenge, origin, rp id, user presence, signature) |
+
+`QuorumTable.required(asset, amount)` raises, in this order:
+| code | meaning |
+| --- | --- |
+| quorum_asset_unknown | the table has no tiers for the asset: no amount of it may be paid |
+| quorum_amount_above_table | the amount is above every tier of the asset: it may not be paid at all |
+
+Configuration errors (a registry entry or a quorum table that cannot be right) raise ValueError when
+the registry or table is built, so a process fails at start, never at the first approval.
+"""
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Mapping, Sequence
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+if TYPE_CHECKING:
+    from policies import PolicySet
+
+PAYLOAD_VERSION = 1
+PAYLOAD_KIND = "withdrawal-approval"
+SCHEMES = ("ed25519", "webauthn")
+Scheme = Literal["ed25519", "webauthn"]
+
+
+class ApprovalInvalid(Exception):
+    """An approval that does not count, or a quorum that cannot be computed (codes in the module table)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        self.code = code
+        self.message = message
+        super().__init__(f"{code}: {message}")
+
+
+# ---- the payload --------------------------------------------------------------------------------
+
+def format_expiry(expires_at: dt.datetime) -> str:
+    """ISO-8601 UTC with microseconds and `Z`; a naive datetime is refused (it has no zone to convert)."""
+    if expires_at.tzinfo is None or expires_at.utcoffset() is None:
+        raise ValueError("expires_at must be timezone-aware")
+    return expires_at.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def approval_payload(*, withdrawal_id: int, chain: str, asset: str, amount: int, destination: str, decision_id: int,
+                     policy_version: str, expires_at: dt.datetime) -> bytes:
+    """The canonical bytes an approver signs for one withdrawal under one decision (module docstring)."""
+    for name, value in (("withdrawal_id", withdrawal_id), ("decision_id", decision_id), ("amount", amount)):
+        if type(value) is not int or value < 0:
+            raise ValueError(f"{name} must be a non-negative int")
+    fields = {"v": PAYLOAD_VERSION, "kind": PAYLOAD_KIND, "withdrawal_id": withdrawal_id, "chain": chain, "asset": asset,
+              "amount": str(amount), "destination": destination, "decision_id": decision_id,
+              "policy_version": policy_version, "expires_at": format_expiry(expires_at)}
+    return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def parse_payload(payload: bytes) -> dict | None:
+    """The fields of a stored payload, or None when it is not a JSON object (what the signer uses to
+    tell a replay, which names another withdrawal, from a payload that differs in another field)."""
+    try:
+        fields = json.loads(payload.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return fields if isinstance(fields, dict) else None
+
+
+def webauthn_challenge(payload: bytes) -> bytes:
+    """The WebAuthn challenge for a payload: its SHA-256 (the browser signs over it, base64url-encoded)."""
+    return hashlib.sha256(payload).digest()
+
+
+def b64url(data: bytes) -> str:
+    """base64url without padding, as WebAuthn writes challenges and credential ids."""
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def operator_identity(name: str) -> str:
+    """One operator across the forms custody writes: `api:<key name>` (approval rows, requesters)
+    and the bare name (approver keys), trimmed and case-folded as policies.quorum compares ids."""
+    name = name.strip().casefold()
+    return name[4:].strip() if name.startswith("api:") else name
+
+
+# ---- approver keys ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ApproverKey:
+    """One approver's public key. `operator` is the person it belongs to (for custody's API, their API
+    key name); quorum counts distinct operators, so two keys of one operator count once."""
+
+    key_id: str
+    operator: str
+    scheme: Scheme
+    public_key: bytes
+    rp_id: str | None = None  # webauthn: the relying party id the credential is scoped to
+    origin: str | None = None  # webauthn: the console origin the assertion must come from
+
+
+@dataclass(frozen=True)
+class ApprovalSignature:
+    """What an approver sends with an approval: which key, which scheme, the signature, and for
+    WebAuthn the authenticator data and client data JSON the signature covers."""
+
+    key_id: str
+    scheme: str
+    signature: bytes
+    authenticator_data: bytes | None = None
+    client_data_json: bytes | None = None
+
+
+class ApproverRegistry:
+    """The approver keys a process trusts, by key id. Built once from configuration; immutable."""
+
+    def __init__(self, keys: Sequence[ApproverKey]) -> None:
+        by_id: dict[str, ApproverKey] = {}
+        for key in keys:
+            if key.key_id in by_id:
+                raise ValueError(f"approver key id {key.key_id!r} is listed twice")
+            _check_key(key)
+            by_id[key.key_id] = key
+        self._keys: Mapping[str, ApproverKey] = by_id
+
+    @classmethod
+    def from_entries(cls, entries: Sequence[Mapping]) -> "ApproverRegistry":
+        """Entries as written in TOML: {key_id, operator, scheme, public_key (base64), rp_id?, origin?}."""
+        keys = []
+        for n, entry in enumerate(entries):
+            where = f"approver entry {n} ({entry.get('key_id', '?')!r})" if isinstance(entry, Mapping) else f"approver entry {n}"
+            if not isinstance(entry, Mapping):
+                raise ValueError(f"{where}: not a table")
+            unknown = set(entry) - {"key_id", "operator", "scheme", "public_key", "rp_id", "origin"}
+            if unknown:
+                raise ValueError(f"{where}: unknown setting(s) {sorted(unknown)}")
+            for field in ("key_id", "operator", "scheme", "public_key"):
+                if not isinstance(entry.get(field), str) or not entry[field].strip():
+                    raise ValueError(f"{where}: {field} is required (a non-empty string)")
+            try:
+                public_key = base64.b64decode(entry["public_key"], validate=True)
+            except ValueError:
+                raise ValueError(f"{where}: public_key is not base64") from None
+            keys.append(ApproverKey(entry["key_id"], entry["operator"].strip(), entry["scheme"], public_key,
+                                    entry.get("rp_id"), entry.get("origin")))
+        return cls(keys)
+
+    def get(self, key_id: str) -> ApproverKey | None:
+        return self._keys.get(key_id)
+
+    def keys(self) -> tuple[ApproverKey, ...]:
+        return tuple(self._keys.values())
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
+def _check_key(key: ApproverKey) -> None:
+    where = f"approver key {key.key_id!r}"
+    if key.scheme not in SCHEMES:
+        raise ValueError(f"{where}: scheme must be one of {SCHEMES}, not {key.scheme!r}")
+    if not key.operator or not key.operator.strip():
+        raise ValueError(f"{where}: operator is required")
+    if key.scheme == "ed25519":
+        if len(key.public_key) != 32:
+            raise ValueError(f"{where}: an ed25519 public key is 32 bytes, not {len(key.public_key)}")
+        Ed25519PublicKey.from_public_bytes(key.public_key)
+        if key.rp_id or key.origin:
+            raise ValueError(f"{where}: rp_id and origin belong to webauthn keys only")
+        return
+    if not key.rp_id or not key.origin:
+        raise ValueError(f"{where}: a webauthn key needs rp_id and origin")
+    from webauthn.helpers import decode_credential_public_key, decoded_public_key_to_cryptography
+
+    try:
+        decoded_public_key_to_cryptography(decode_credential_public_key(key.public_key))
+    except Exception as exc:  # noqa: BLE001 - any failure to read the COSE key is a configuration error
+        raise ValueError(f"{where}: public_key is not a COSE credential public key ({exc.__class__.__name__})") from None
+
+
+# ---- verification -------------------------------------------------------------------------------
+
+def verify_approval(registry: ApproverRegistry | None, key_id: str, scheme: str, signed_payload: bytes, signature: bytes,
+                    authenticator_data: bytes | None, client_data_json: bytes | None) -> ApproverKey:
+    """The key that signed `signed_payload`, or ApprovalInvalid (codes in the module table). Every
+    failure of attacker-supplied bytes is an ApprovalInvalid, never another exception."""
+    key = registry.get(key_id) if registry is not None and isinstance(key_id, str) else None
+    if key is None:
+        raise ApprovalInvalid("approver_unknown", f"approver key {key_id!r} is not configured")
+    if scheme != key.scheme:
+        raise ApprovalInvalid("approval_scheme_mismatch", f"key {key_id!r} is a {key.scheme} key, not {scheme!r}")
+    if key.scheme == "ed25519":
+        try:
+            Ed25519PublicKey.from_public_bytes(key.public_key).verify(bytes(signature), bytes(signed_payload))
+        except (InvalidSignature, ValueError, TypeError):
+            raise ApprovalInvalid("approval_signature_invalid", f"the ed25519 signature of {key_id!r} does not verify") from None
+        return key
+    _verify_webauthn(key, signed_payload, signature, authenticator_data, client_data_json)
+    return key
+
+
+def _verify_webauthn(key: ApproverKey, payload: bytes, signature: bytes, authenticator_data: bytes | None,
+                     client_data_json: bytes | None) -> None:
+    from webauthn import verify_authentication_response
+    from webauthn.helpers.structs import AuthenticationCredential, AuthenticatorAssertionResponse
+
+    if not authenticator_data or not client_data_json:
+        raise ApprovalInvalid("approval_signature_invalid", "a webauthn approval needs authenticator_data and client_data_json")
+    raw_id = key.key_id.encode("utf-8")
+    credential = AuthenticationCredential(id=b64url(raw_id), raw_id=raw_id, response=AuthenticatorAssertionResponse(
+        client_data_json=bytes(client_data_json), authenticator_data=bytes(authenticator_data), signature=bytes(signature)))
+    try:
+        verify_authentication_response(credential=credential, expected_challenge=webauthn_challenge(bytes(payload)),
+                                       expected_rp_id=key.rp_id, expected_origin=key.origin,
+                                       credential_public_key=key.public_key, credential_current_sign_count=0)
+    except Exception as exc:  # noqa: BLE001 - malformed client data or signatures raise several types: all refusals
+        raise ApprovalInvalid("approval_signature_invalid",
+                              f"the webauthn assertion of {key.key_id!r} does not verify: {str(exc)[:160]}") from None
+
+
+# ---- quorum -------------------------------------------------------------------------------------
+
+UNBOUNDED = "unbounded"  # how TOML writes a last tier without a limit (TOML has no null)
+
+
+@dataclass(frozen=True)
+class QuorumTable:
+    """Approvals required per asset by amount: `tiers[asset]` is ((limit, approvals), ...), limits
+    strictly ascending (None: unbounded, last only), approvals never fewer for a larger amount. An
+    amount needs the approvals of the first tier whose limit is >= the amount."""
+
+    tiers: Mapping[str, tuple[tuple[int | None, int], ...]]
+
+    def __post_init__(self) -> None:
+        clean: dict[str, tuple[tuple[int | None, int], ...]] = {}
+        for asset, rows in dict(self.tiers).items():
+            rows = tuple((None if limit is None or limit == UNBOUNDED else limit, approvals) for limit, approvals in rows)
+            if not rows:
+                raise ValueError(f"quorum table: {asset} has no tiers")
+            for limit, approvals in rows:
+                if limit is not None and (type(limit) is not int or limit < 1):
+                    raise ValueError(f"quorum table: {asset} limit {limit!r} must be a positive integer (minor units)")
+                if type(approvals) is not int or approvals < 0:
+                    raise ValueError(f"quorum table: {asset} approvals {approvals!r} must be a non-negative integer")
+            for (lower, k_lower), (upper, k_upper) in zip(rows, rows[1:]):
+                if lower is None or (upper is not None and upper <= lower):
+                    raise ValueError(f"quorum table: {asset} limits must be strictly ascending, unbounded only last")
+                if k_upper < k_lower:
+                    raise ValueError(f"quorum table: {asset}: a larger amount may not need fewer approvals")
+            clean[asset] = rows
+        object.__setattr__(self, "tiers", clean)
+
+    @classmethod
+    def from_entries(cls, entries: Mapping[str, Sequence[Sequence]]) -> "QuorumTable":
+        """TOML form: {"BTC": [[50000000, 0], [200000000, 1], ["unbounded", 2]], ...}."""
+        rows = {}
+        for asset, tiers in entries.items():
+            if not all(isinstance(t, (list, tuple)) and len(t) == 2 for t in tiers):
+                raise ValueError(f"quorum table: {asset} tiers are [limit, approvals] pairs")
+            rows[asset] = tuple((t[0], t[1]) for t in tiers)
+        return cls(rows)
+
+    def required(self, asset: str, amount: int) -> int:
+        rows = self.tiers.get(asset)
+        if rows is None:
+            raise ApprovalInvalid("quorum_asset_unknown", f"the quorum table has no tiers for {asset}")
+        for limit, approvals in rows:
+            if limit is None or amount <= limit:
+                return approvals
+        raise ApprovalInvalid("quorum_amount_above_table", f"{amount} {asset} is above every tier of the quorum table")
+
+
+def quorum_table_from_policy(policy: "PolicySet") -> QuorumTable:
+    """The amount tiers of a policy version as a quorum table (velocity, allowlists and the other
+    rules that can only ask for approvals are custody's decision and not part of it)."""
+    return QuorumTable({asset: tuple((t.up_to, t.approvals) for t in p.tiers) for asset, p in policy.assets.items()})
