@@ -86,7 +86,7 @@ def check(cfg: SignerConfig) -> int:
     print(f"master fingerprint: {keys.master_fingerprint}")
     print(f"listen: {cfg.endpoint}")
     print(f"database: {shown} as {role}; kill switch {'ENGAGED' if halted else 'off'}")
-    print(f"approvers: {len(cfg.approvers)}; quorum: {'configured' if cfg.quorum is not None else 'from the regtest policy'}")
+    print(f"approvers: {len(cfg.approvers)}; quorum for: {', '.join(sorted(cfg.quorum))}")
     if can_forge:
         print(f"warning: role {role} can UPDATE withdrawal_request; deploy the signer as custody_signer", file=sys.stderr)
     print("ok")

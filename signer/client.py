@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from typing import Any, Sequence
 
 from signer.bitcoin_tx import SignedTx
@@ -120,8 +121,7 @@ class SignerClient:
         family = socket.AF_UNIX if ep.kind == "unix" else (socket.AF_INET6 if ":" in ep.host else socket.AF_INET)
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
-            sock.settimeout(self.connect_timeout)
-            sock.connect(ep.path if ep.kind == "unix" else (ep.host, ep.port))
+            _connect(sock, ep.path if ep.kind == "unix" else (ep.host, ep.port), self.connect_timeout)
             sock.settimeout(self.timeout)
             sock.sendall(line)
             answer = _read_line(sock)
@@ -133,6 +133,20 @@ class SignerClient:
             return parse_line(answer)
         except Malformed as exc:
             raise WireError(WireErrorCode.bad_response, str(exc)) from None
+
+
+def _connect(sock: socket.socket, address: Any, timeout: float) -> None:
+    """Connect, retrying while a unix listener's backlog is full (EAGAIN): nothing was sent yet."""
+    deadline = time.monotonic() + timeout
+    while True:
+        sock.settimeout(max(deadline - time.monotonic(), 0.001))
+        try:
+            sock.connect(address)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
 
 
 def _read_line(sock: socket.socket) -> bytes:

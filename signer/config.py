@@ -13,14 +13,15 @@ are relative to the TOML file's directory. `build_signer(cfg)` makes the databas
 | listen | `unix:/abs/path` or `tcp:127.0.0.1:PORT` | required | the socket custody's worker calls; non-loopback TCP is refused |
 | auth_key_file | path | required | hex of a 32+ byte secret shared with custody's worker, mode 0600 (signer.wire.read_auth_key) |
 | approvers | array of tables | [] | {key_id, operator, scheme = "ed25519" or "webauthn", public_key (base64), rp_id?, origin?}: the only keys whose approval signatures count; none means no approval is valid |
-| quorum | table | (see below) | {ASSET = [[limit, approvals], ...]} in minor units: approvals an amount up to `limit` needs |
+| quorum | table | required | {ASSET = [[limit, approvals], ...]} in minor units: approvals an amount up to `limit` needs (`quorum_entries(policy)` writes it from a PolicySet) |
 | max_fee_rate_sat_per_kvb | int | 500000 | no bitcoin transaction is signed at a higher fee rate |
 | max_eth_fee_wei | int | 10**17 | no ethereum transaction may spend more than gas x max fee |
 | deposit_window, receive_window, change_window | int | 10000, 20, 1000 | how many of its own addresses the signer refuses as destinations (signer.own_addresses) |
 
-Without `quorum`, the regtest signer takes the quorum from the development policy
-(`custody.policy_config.default_policy`); on testnet, signet and mainnet `quorum` is required.
-Environment: `SIGNER_<KEY>` overrides the file's key (`approvers` and `quorum` as JSON).
+`quorum` is required on every network: the signer computes each withdrawal's quorum itself and
+never takes it from custody (and the signer imports nothing from custody, whose development
+policy lives in `custody.policy_config`); whoever writes the file for regtest writes
+`quorum_entries(default_policy())`. Environment: `SIGNER_<KEY>` overrides the file's key (`approvers` and `quorum` as JSON).
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ from signer.wire import Endpoint, parse_endpoint, read_auth_key
 if TYPE_CHECKING:
     from sqlalchemy import Engine
 
+    from policies import PolicySet
     from signer.keys import SignerKeys
     from signer.service import Signer
 
@@ -99,7 +101,7 @@ class SignerConfig(BaseSettings):
     listen: str
     auth_key_file: Path
     approvers: list[ApproverEntry] = []
-    quorum: dict[str, list[tuple[Int, Int]]] | None = None
+    quorum: dict[str, list[tuple[Int, Int]]]
     max_fee_rate_sat_per_kvb: Int = Field(default=500_000, gt=0)
     max_eth_fee_wei: Int = Field(default=10**17, gt=0)
     deposit_window: Int = Field(default=DEPOSIT_WINDOW, ge=1, le=1_000_000)
@@ -134,8 +136,10 @@ class SignerConfig(BaseSettings):
 
     @field_validator("quorum")
     @classmethod
-    def _tiers(cls, v: dict[str, list[tuple[int, int]]] | None) -> dict[str, list[tuple[int, int]]] | None:
-        for asset, tiers in (v or {}).items():
+    def _tiers(cls, v: dict[str, list[tuple[int, int]]]) -> dict[str, list[tuple[int, int]]]:
+        if not v:
+            raise ValueError("at least one asset: {ASSET = [[limit, approvals], ...]}")
+        for asset, tiers in v.items():
             if not tiers:
                 raise ValueError(f"{asset}: at least one [limit, approvals] tier")
             limits = [limit for limit, _ in tiers]
@@ -144,12 +148,6 @@ class SignerConfig(BaseSettings):
             if any(n < 0 for _, n in tiers):
                 raise ValueError(f"{asset}: approvals must be >= 0")
         return v
-
-    @model_validator(mode="after")
-    def _quorum_outside_regtest(self) -> SignerConfig:
-        if self.quorum is None and self.network != "regtest":
-            raise ValueError(f"quorum must be configured on {self.network}: the built-in policy is for regtest only")
-        return self
 
     @property
     def endpoint(self) -> Endpoint:
@@ -226,17 +224,24 @@ def approval_arguments(cfg: SignerConfig) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 - reported as the config key it came from
         raise ConfigError(f"approvers: {exc}") from None
     try:
-        if cfg.quorum is not None:
-            quorum = approvals.QuorumTable.from_entries({k: [list(t) for t in v] for k, v in cfg.quorum.items()})
-        else:
-            from custody.policy_config import default_policy  # regtest only (checked by SignerConfig)
-
-            quorum = approvals.quorum_table_from_policy(default_policy())
+        quorum = approvals.QuorumTable.from_entries({k: [list(t) for t in v] for k, v in cfg.quorum.items()})
     except Exception as exc:  # noqa: BLE001 - reported as the config key it came from
         raise ConfigError(f"quorum: {exc}") from None
     if not cfg.approvers:
         log.warning("no approvers configured: only withdrawals that need no approval can be signed")
     return {"approvers": registry, "quorum": quorum}
+
+
+def quorum_entries(policy: PolicySet) -> dict[str, list[list[int]]]:
+    """The `quorum` table of a PolicySet's amount tiers, as the TOML writes it (for whoever writes
+    the signer's file from custody's policy). ValueError for an unbounded tier: TOML has no way to
+    write an unbounded limit, so every limit is named."""
+    out: dict[str, list[list[int]]] = {}
+    for asset, rules in sorted(policy.assets.items()):
+        if any(t.up_to is None for t in rules.tiers):
+            raise ValueError(f"{asset}: an unbounded amount tier cannot be written as a signer quorum limit")
+        out[asset] = [[int(t.up_to), int(t.approvals)] for t in rules.tiers]  # type: ignore[arg-type]
+    return out
 
 
 def build_signer(cfg: SignerConfig, *, keys: SignerKeys | None = None, engine: Engine | None = None) -> Signer:

@@ -141,6 +141,7 @@ def _peer(sock: socket.socket, address: Any) -> str:
 
 class _Server(socketserver.ThreadingMixIn):
     daemon_threads = False
+    request_queue_size = 128  # the listen backlog; a full unix backlog refuses connects with EAGAIN
     block_on_close = True  # server_close() waits for the requests in flight
     service: SignerService
     endpoint: Endpoint

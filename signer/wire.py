@@ -207,7 +207,10 @@ def compute_mac(key: bytes, direction: str, message: Mapping[str, Any]) -> str:
 
 def _mac_ok(key: bytes, direction: str, message: Mapping[str, Any]) -> bool:
     mac = message.get("mac")
-    return isinstance(mac, str) and hmac.compare_digest(mac, compute_mac(key, direction, message))
+    try:
+        return isinstance(mac, str) and hmac.compare_digest(mac, compute_mac(key, direction, message))
+    except (ValueError, TypeError):  # not canonicalisable, or a non-ASCII mac string
+        return False
 
 
 def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -223,12 +226,39 @@ def _no_constant(name: str) -> Any:
     raise Malformed(f"{name} is not a JSON number")
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise Malformed(f"{text[:20]} is out of range")
+    return value  # parsed so the MAC can be checked; refused later wherever a value is decoded
+
+
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_BRACKET = re.compile(r"[\[\]{}]")
+MAX_DEPTH = 16  # our messages nest 4 deep; json's C decoder recurses per level (and eth_account's
+#                 py_ecc raises the recursion limit to 100,000, so a deep line would crash the process)
+
+
+def _check_depth(text: str) -> None:
+    depth = 0
+    for m in _BRACKET.finditer(_STRING.sub('""', text)):
+        depth += 1 if m.group() in "[{" else -1
+        if depth > MAX_DEPTH:
+            raise Malformed(f"nested more than {MAX_DEPTH} deep")
+
+
 def parse_line(line: bytes) -> dict[str, Any]:
-    """One JSON object from one line; Malformed for anything else (duplicate keys, NaN, not UTF-8)."""
+    """One JSON object from one line; Malformed for anything else (duplicate keys, NaN, not UTF-8,
+    nested more than MAX_DEPTH deep)."""
     try:
-        obj = json.loads(line.decode("utf-8"), object_pairs_hook=_refuse_duplicates, parse_constant=_no_constant)
+        text = line.decode("utf-8")
+        _check_depth(text)
+        obj = json.loads(text, object_pairs_hook=_refuse_duplicates, parse_constant=_no_constant,
+                         parse_float=_finite_float)
     except Malformed:
         raise
+    except RecursionError:
+        raise Malformed("nested too deeply") from None
     except (UnicodeDecodeError, ValueError) as exc:
         raise Malformed(f"not a JSON line: {exc}") from None
     if not isinstance(obj, dict):

@@ -29,8 +29,10 @@ from sqlalchemy import text
 
 from chain_adapters.errors import NodeUnavailable
 from custody.controls import kill_switch
+from custody.policy_config import default_policy
 from regtest.util import assert_equal, assert_raises_code, free_port
 from signer.client import SignerClient
+from signer.config import quorum_entries
 from signer.keys import Chain, Secret, SignerKeys, Tier, seed_from_text
 from signer.protocol import BatchOutput, RefusalCode
 from signer.wire import SignerInfo, SignerUnavailable, WireErrorCode, write_auth_key
@@ -76,7 +78,8 @@ def write_config(directory: Path, database_url: str, listen: str, **extra: str) 
     values = {"network": "regtest", "seed_file": str(seed), "database_url": database_url, "listen": listen,
               "auth_key_file": str(key_file), **extra}
     config = directory / "signer.toml"
-    config.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items()))
+    quorum = "".join(f"{asset} = {json.dumps(tiers)}\n" for asset, tiers in quorum_entries(default_policy()).items())
+    config.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items()) + "[quorum]\n" + quorum)
     return config, key
 
 
@@ -235,7 +238,7 @@ def test_the_check_command_reaches_the_database_and_names_each_problem(database_
     assert_equal(done.returncode, 1)
     assert "database_url" in done.stderr, done.stderr
 
-    config.write_text(config.read_text() + 'max_fee_rate = 1000\n')
+    config.write_text('max_fee_rate = 1000\n' + config.read_text())
     done = run_cli("check", "--config", str(config))
     assert_equal(done.returncode, 1)
     assert "max_fee_rate: unknown key" in done.stderr, done.stderr

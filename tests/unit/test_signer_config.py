@@ -1,6 +1,6 @@
 """The signer's configuration (signer.config): a typo, a float, a non-loopback socket or a missing
-quorum off regtest fails at load with a message naming the key; env overrides the file; relative
-paths are the file's; build_signer hands the configured approvers and quorum to the Signer."""
+quorum fails at load with a message naming the key; env overrides the file; relative paths are the
+file's; build_signer hands the configured approvers and quorum to the Signer."""
 from __future__ import annotations
 
 import base64
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from regtest.util import assert_equal
-from signer.config import ConfigError, approval_arguments, load_config
+from signer.config import ConfigError, approval_arguments, load_config, quorum_entries
 from signer.wire import write_auth_key
 
 ED25519_PUB = base64.b64encode(bytes(32)).decode()
@@ -20,6 +20,10 @@ seed_file = "seed.txt"
 database_url = "postgresql://custody_signer@127.0.0.1:5432/custody"
 listen = "unix:/run/custody/signer.sock"
 auth_key_file = "auth.key"
+"""
+QUORUM = """
+[quorum]
+BTC = [[50000000, 0], [200000000, 1], [100000000000, 2]]
 """
 APPROVERS = f"""
 [[approvers]]
@@ -35,9 +39,6 @@ scheme = "webauthn"
 public_key = "{ED25519_PUB}"
 rp_id = "custody.example"
 origin = "https://custody.example"
-
-[quorum]
-BTC = [[50000000, 0], [200000000, 1], [100000000000, 2]]
 """
 
 
@@ -48,7 +49,7 @@ def write(tmp_path: Path, text: str) -> Path:
 
 
 def test_a_complete_file_loads_with_paths_relative_to_it(tmp_path: Path):
-    cfg = load_config(write(tmp_path, BASE + APPROVERS))
+    cfg = load_config(write(tmp_path, BASE + APPROVERS + QUORUM))
     assert_equal(cfg.seed_file, tmp_path / "seed.txt")
     assert_equal(cfg.auth_key_file, tmp_path / "auth.key")
     assert_equal(cfg.endpoint.path, "/run/custody/signer.sock")
@@ -72,47 +73,62 @@ def test_a_complete_file_loads_with_paths_relative_to_it(tmp_path: Path):
 ])
 def test_a_bad_key_fails_at_load_naming_it(tmp_path: Path, extra: str, key: str, why: str):
     with pytest.raises(ConfigError, match=why) as info:
-        load_config(write(tmp_path, BASE + extra))
+        load_config(write(tmp_path, BASE + extra + ("" if "[quorum]" in extra else QUORUM)))
     assert f"{key}:" in str(info.value), str(info.value)
 
 
 @pytest.mark.parametrize("listen", ["tcp:0.0.0.0:7100", "tcp:192.168.1.4:7100", "tcp:localhost:7100"])
 def test_a_non_loopback_listen_address_is_refused(tmp_path: Path, listen: str):
     with pytest.raises(ConfigError, match="listen"):
-        load_config(write(tmp_path, BASE.replace('"unix:/run/custody/signer.sock"', f'"{listen}"')))
+        load_config(write(tmp_path, BASE.replace('"unix:/run/custody/signer.sock"', f'"{listen}"') + QUORUM))
 
 
-@pytest.mark.parametrize("network", ["testnet", "signet", "mainnet"])
-def test_off_regtest_the_quorum_must_be_configured(tmp_path: Path, network: str):
-    with pytest.raises(ConfigError, match="quorum must be configured"):
+@pytest.mark.parametrize("network", ["regtest", "testnet", "signet", "mainnet"])
+def test_the_quorum_is_required_on_every_network(tmp_path: Path, network: str):
+    with pytest.raises(ConfigError, match="quorum: Field required"):
         load_config(write(tmp_path, BASE.replace('"regtest"', f'"{network}"')))
-    cfg = load_config(write(tmp_path, BASE.replace('"regtest"', f'"{network}"') + APPROVERS))
-    assert_equal(cfg.bitcoin_network, "mainnet" if network == "mainnet" else "testnet")
+    with pytest.raises(ConfigError, match="quorum: at least one asset"):
+        load_config(write(tmp_path, BASE.replace('"regtest"', f'"{network}"') + "[quorum]\n"))
+    cfg = load_config(write(tmp_path, BASE.replace('"regtest"', f'"{network}"') + APPROVERS + QUORUM))
+    assert_equal(cfg.bitcoin_network, {"signet": "testnet"}.get(network, network))
+
+
+def test_the_quorum_table_is_written_from_a_policy_set(tmp_path: Path):
+    from custody.policy_config import default_policy  # the test may import custody; signer.config does not
+
+    entries = quorum_entries(default_policy())
+    assert_equal(entries["BTC"], [[50_000_000, 0], [200_000_000, 1], [100_000_000_000, 2]])
+    assert_equal(sorted(entries), ["BTC", "ETH", "USDT"])
+    toml = "[quorum]\n" + "".join(f"{asset} = {tiers}\n" for asset, tiers in entries.items())
+    cfg = load_config(write(tmp_path, BASE + toml))
+    assert_equal(cfg.quorum["ETH"][2], (10_000 * 10**18, 2))
 
 
 def test_missing_keys_and_bad_files_are_config_errors(tmp_path: Path):
     with pytest.raises(ConfigError, match="listen: Field required"):
-        load_config(write(tmp_path, BASE.replace('listen = "unix:/run/custody/signer.sock"', "")))
+        load_config(write(tmp_path, BASE.replace('listen = "unix:/run/custody/signer.sock"', "") + QUORUM))
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(write(tmp_path, "network = \n"))
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(tmp_path / "absent.toml")
     with pytest.raises(ConfigError, match="database_url: .*PostgreSQL"):
-        load_config(write(tmp_path, BASE.replace("postgresql://", "mysql://")))
+        load_config(write(tmp_path, BASE.replace("postgresql://", "mysql://") + QUORUM))
 
 
 def test_the_environment_overrides_the_file(tmp_path: Path, monkeypatch):
     monkeypatch.setenv("SIGNER_LISTEN", "tcp:127.0.0.1:7444")
     monkeypatch.setenv("SIGNER_MAX_ETH_FEE_WEI", "5000")
-    cfg = load_config(write(tmp_path, BASE))
+    cfg = load_config(write(tmp_path, BASE + QUORUM))
     assert_equal((str(cfg.endpoint), cfg.max_eth_fee_wei), ("tcp:127.0.0.1:7444", 5000))
+    monkeypatch.setenv("SIGNER_QUORUM", '{"BTC": [[1000, 2]]}')
+    assert_equal(load_config(write(tmp_path, BASE + QUORUM)).quorum, {"BTC": [(1000, 2)]})
     monkeypatch.setenv("SIGNER_LISTEN", "tcp:10.1.1.1:7444")
     with pytest.raises(ConfigError, match="loopback"):
-        load_config(write(tmp_path, BASE))
+        load_config(write(tmp_path, BASE + QUORUM))
 
 
 def test_the_auth_key_is_read_from_its_owner_only_file(tmp_path: Path):
-    cfg = load_config(write(tmp_path, BASE))
+    cfg = load_config(write(tmp_path, BASE + QUORUM))
     with pytest.raises(ConfigError, match="auth_key_file"):
         cfg.auth_key()
     key = write_auth_key(tmp_path / "auth.key")
@@ -128,15 +144,14 @@ HAS_APPROVALS = importlib.util.find_spec("signer.approvals") is not None
 @pytest.mark.skipif(HAS_APPROVALS, reason="signer.approvals is merged: the fallback must be gone")
 def test_without_signer_approvals_the_signer_gets_no_approval_arguments(tmp_path: Path):
     """MERGE(issue-12): this branch predates signer.approvals; delete this test with the fallback."""
-    assert_equal(approval_arguments(load_config(write(tmp_path, BASE + APPROVERS))), {})
+    assert_equal(approval_arguments(load_config(write(tmp_path, BASE + APPROVERS + QUORUM))), {})
 
 
 @pytest.mark.skipif(not HAS_APPROVALS, reason="signer.approvals (helper A) is not on this branch yet")
 def test_the_configured_approvers_and_quorum_reach_the_signer(tmp_path: Path):
-    args = approval_arguments(load_config(write(tmp_path, BASE + APPROVERS)))
+    args = approval_arguments(load_config(write(tmp_path, BASE + APPROVERS + QUORUM)))
     assert_equal(args["approvers"].get("alice-1").operator, "alice")
     assert_equal(args["approvers"].get("bob-yubikey").scheme, "webauthn")
     assert_equal(args["quorum"].required("BTC", 200_000_000), 1)
     assert_equal(args["quorum"].required("BTC", 200_000_001), 2)
-    default = approval_arguments(load_config(write(tmp_path, BASE)))
-    assert_equal(default["quorum"].required("BTC", 50_000_000), 0)  # custody.policy_config.default_policy
+    assert_equal(args["quorum"].required("BTC", 50_000_000), 0)

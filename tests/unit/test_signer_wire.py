@@ -170,6 +170,19 @@ def test_an_answer_changed_on_the_way_or_for_another_request_is_refused_by_the_c
     assert_equal(check_answer(KEY, answer, request)[0], "result")
 
 
+@pytest.mark.parametrize("line", [b"[" * 100_000 + b"\n", b'{"ts": 1e400}\n', b'{"ts": NaN}\n', b"\xff\n", b"[1]\n",
+                                  b'{"mac": "\\u00e9", "ts": 1}\n'])
+def test_hostile_lines_are_bad_requests_never_internal_errors(line, caplog):
+    answer = parse_line(service(FakeSigner()).handle(line))
+    assert answer["error"]["code"] in ("bad_request", "unauthenticated"), answer
+    assert "Traceback" not in caplog.text
+
+
+def test_brackets_inside_strings_do_not_count_as_nesting():
+    text = json.dumps({"address": "[[[[" * 10 + '\\"' + "{{{{" * 10, "n": [[[1]]]})
+    assert_equal(parse_line(text.encode() + b"\n")["n"], [[[1]]])
+
+
 # ---- the values ----------------------------------------------------------------------------------
 
 
@@ -383,3 +396,18 @@ def test_time_is_unix_seconds_as_an_integer():
     assert re.fullmatch(r"[0-9a-f]{32}", request["nonce"])
     answer = new_answer(KEY, request["id"], request["nonce"], "result", {})
     assert_equal(check_answer(KEY, answer, request), ("result", {}))
+
+
+def test_the_client_and_the_config_import_no_key_code():
+    """Custody processes import signer.client (and may read signer.config); neither pulls in
+    signer.keys or signer.service."""
+    import subprocess
+    import sys
+
+    code = ("import sys, signer.client, signer.config, signer.wire; "
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith('signer'))))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2], capture_output=True,
+                          text=True, check=True)
+    loaded = set(done.stdout.split())
+    assert {"signer.client", "signer.wire"} <= loaded
+    assert_equal(loaded & {"signer.keys", "signer.service", "signer.server"}, set())
