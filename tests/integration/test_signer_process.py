@@ -126,14 +126,35 @@ def short_dir():
     shutil.rmtree(d, ignore_errors=True)
 
 
+@pytest.fixture
+def launch(database_url):
+    """start_signer for one test; whatever it started is stopped at teardown, even on a failure."""
+    started: list[SignerProcess] = []
+
+    def start(directory: Path, listen: str) -> SignerProcess:
+        started.append(start_signer(directory, database_url, listen))
+        return started[-1]
+
+    yield start
+    for sp in started:
+        if sp.proc.poll() is None:
+            sp.proc.kill()
+            sp.proc.wait(timeout=10)
+
+
 @pytest.fixture(scope="module", params=["unix", "tcp"])
 def running(request, database_url):
     directory = Path(tempfile.mkdtemp(prefix="sg-", dir="/tmp"))
     sp = start_signer(directory, database_url, listen_address(request.param, directory))
     log.info("signer started on %s (pid %d)", sp.listen, sp.proc.pid)
-    yield sp
-    assert_equal(sp.stop(), 0)
-    shutil.rmtree(directory, ignore_errors=True)
+    try:
+        yield sp
+        assert_equal(sp.stop(), 0)
+    finally:
+        if sp.proc.poll() is None:
+            sp.proc.kill()
+            sp.proc.wait(timeout=10)
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def test_ping_answers_the_network_and_the_master_fingerprint(running):
@@ -183,8 +204,8 @@ def test_a_second_signer_on_the_same_address_refuses_to_start(running, database_
 
 
 @pytest.mark.parametrize("kind", ["unix", "tcp"])
-def test_sigterm_stops_the_signer_removes_its_socket_and_it_is_then_unavailable(kind, database_url, short_dir):
-    sp = start_signer(short_dir, database_url, listen_address(kind, short_dir))
+def test_sigterm_stops_the_signer_removes_its_socket_and_it_is_then_unavailable(kind, launch, short_dir):
+    sp = launch(short_dir, listen_address(kind, short_dir))
     client = sp.client
     if kind == "unix":
         assert_equal(oct((short_dir / "signer.sock").stat().st_mode & 0o777), "0o600")
@@ -198,15 +219,15 @@ def test_sigterm_stops_the_signer_removes_its_socket_and_it_is_then_unavailable(
     assert isinstance(info.value, NodeUnavailable)
 
 
-def test_a_stale_socket_file_left_by_a_killed_signer_is_replaced(database_url, short_dir):
+def test_a_stale_socket_file_left_by_a_killed_signer_is_replaced(launch, short_dir):
     listen = listen_address("unix", short_dir)
-    first = start_signer(short_dir, database_url, listen)
+    first = launch(short_dir, listen)
     first.proc.kill()
     first.proc.wait(timeout=10)
     assert (short_dir / "signer.sock").exists()
     with pytest.raises(SignerUnavailable):
         first.client.ping()
-    second = start_signer(short_dir, database_url, listen)
+    second = launch(short_dir, listen)
     assert_equal(second.client.ping().master_fingerprint, KEYS.master_fingerprint)
     assert_equal(second.stop(), 0)
 
