@@ -6,4 +6,9 @@
   `SignerKeys.account_xpub`, and releases raw private keys only to signing code in this package
   via `SignerKeys.private_key_for` (never for the watch-only cold tier).
 - `signer.errors`: the signer's refusal codes.
+- `signer.service`: `Signer`, the checks that run before anything is signed.
+- The process (`python -m signer serve|xpubs|check`, signer/__main__.py): `signer.config` (TOML +
+  `SIGNER_*` env, `build_signer`), `signer.server` (the socket server, the only process holding
+  the seed), `signer.wire` (the authenticated protocol and its tables) and `signer.client`
+  (`SignerClient`, what custody imports: no key code).
 """

@@ -1,0 +1,245 @@
+"""The signer process's configuration: a TOML file given by path, overridden by `SIGNER_*` env.
+
+`load_config(path)` reads and validates it; any unknown key (a typo), missing key or bad value is
+a `ConfigError` naming the key, raised at start and never later. Relative file paths in the TOML
+are relative to the TOML file's directory. `build_signer(cfg)` makes the database engine and the
+`signer.service.Signer`; `load_keys(cfg)` loads the seed (the only place the process does).
+
+| key | type | default | meaning |
+| --- | --- | --- | --- |
+| network | regtest, testnet, signet, mainnet | required | the bitcoin network (signet uses testnet's keys and addresses: coin 1, `tb`) |
+| seed_file | path | required | the BIP39 mnemonic (or hex seed); refused if group or others can access it (signer.keys) |
+| database_url | PostgreSQL URL | required | read as the signer's own role (`custody_signer` in deployment): reads what it checks, writes `signer_audit` |
+| listen | `unix:/abs/path` or `tcp:127.0.0.1:PORT` | required | the socket custody's worker calls; non-loopback TCP is refused |
+| auth_key_file | path | required | hex of a 32+ byte secret shared with custody's worker, mode 0600 (signer.wire.read_auth_key) |
+| approvers | array of tables | [] | {key_id, operator, scheme = "ed25519" or "webauthn", public_key (base64), rp_id?, origin?}: the only keys whose approval signatures count; none means no approval is valid |
+| quorum | table | required | {ASSET = [[limit, approvals], ...]} in minor units: approvals an amount up to `limit` needs (`quorum_entries(policy)` writes it from a PolicySet) |
+| max_fee_rate_sat_per_kvb | int | 500000 | no bitcoin transaction is signed at a higher fee rate |
+| max_eth_fee_wei | int | 10**17 | no ethereum transaction may spend more than gas x max fee |
+| deposit_window, receive_window, change_window | int | 10000, 20, 1000 | how many of its own addresses the signer refuses as destinations (signer.own_addresses) |
+
+`quorum` is required on every network: the signer computes each withdrawal's quorum itself and
+never takes it from custody (and the signer imports nothing from custody, whose development
+policy lives in `custody.policy_config`); whoever writes the file for regtest writes
+`quorum_entries(default_policy())`. Environment: `SIGNER_<KEY>` overrides the file's key (`approvers` and `quorum` as JSON).
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+import tomllib
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from signer.own_addresses import CHANGE_WINDOW, DEPOSIT_WINDOW, RECEIVE_WINDOW
+from signer.wire import Endpoint, parse_endpoint, read_auth_key
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+    from policies import PolicySet
+    from signer.keys import SignerKeys
+    from signer.service import Signer
+
+log = logging.getLogger(__name__)
+KEYS_NETWORK = {"regtest": "regtest", "testnet": "testnet", "signet": "testnet", "mainnet": "mainnet"}
+
+
+class ConfigError(Exception):
+    """The signer's configuration is unusable; the message names the key and why (never a secret)."""
+
+
+def _no_float(v: Any) -> Any:
+    if isinstance(v, float):
+        raise ValueError("must be an integer (never a float)")
+    return v
+
+
+Int = Annotated[int, BeforeValidator(_no_float)]
+
+
+class ApproverEntry(BaseModel):
+    """One approver public key as the TOML writes it (handed to signer.approvals.ApproverRegistry)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key_id: str = Field(min_length=1)
+    operator: str = Field(min_length=1)
+    scheme: Literal["ed25519", "webauthn"]
+    public_key: str
+    rp_id: str | None = None
+    origin: str | None = None
+
+    @field_validator("public_key")
+    @classmethod
+    def _base64(cls, v: str) -> str:
+        try:
+            base64.b64decode(v, validate=True)
+        except (binascii.Error, ValueError):
+            raise ValueError("public_key must be base64") from None
+        return v
+
+    @model_validator(mode="after")
+    def _webauthn_needs_origin(self) -> ApproverEntry:
+        if self.scheme == "webauthn" and not (self.rp_id and self.origin):
+            raise ValueError(f"approver {self.key_id}: a webauthn key needs rp_id and origin")
+        return self
+
+
+class SignerConfig(BaseSettings):
+    """The module table, validated. Construct with `load_config(path)`."""
+
+    model_config = SettingsConfigDict(env_prefix="SIGNER_", case_sensitive=False, extra="forbid", frozen=True)
+
+    network: Literal["regtest", "testnet", "signet", "mainnet"]
+    seed_file: Path
+    database_url: str
+    listen: str
+    auth_key_file: Path
+    approvers: list[ApproverEntry] = []
+    quorum: dict[str, list[tuple[Int, Int]]]
+    max_fee_rate_sat_per_kvb: Int = Field(default=500_000, gt=0)
+    max_eth_fee_wei: Int = Field(default=10**17, gt=0)
+    deposit_window: Int = Field(default=DEPOSIT_WINDOW, ge=1, le=1_000_000)
+    receive_window: Int = Field(default=RECEIVE_WINDOW, ge=1, le=1_000_000)
+    change_window: Int = Field(default=CHANGE_WINDOW, ge=1, le=1_000_000)
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: Any, init_settings: Any, env_settings: Any,
+                                   dotenv_settings: Any, file_secret_settings: Any) -> tuple[Any, ...]:
+        return (env_settings, init_settings)  # the environment overrides the file (passed as init values)
+
+    @field_validator("database_url")
+    @classmethod
+    def _postgres(cls, v: str) -> str:
+        if not v.startswith(("postgresql://", "postgres://", "postgresql+psycopg://")):
+            raise ValueError("must be a PostgreSQL URL (postgresql://ROLE@HOST:PORT/DB)")
+        return v
+
+    @field_validator("listen")
+    @classmethod
+    def _endpoint(cls, v: str) -> str:
+        parse_endpoint(v)
+        return v
+
+    @field_validator("approvers")
+    @classmethod
+    def _distinct_keys(cls, v: list[ApproverEntry]) -> list[ApproverEntry]:
+        ids = [a.key_id for a in v]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"approver key_id values must be distinct: {sorted(i for i in set(ids) if ids.count(i) > 1)}")
+        return v
+
+    @field_validator("quorum")
+    @classmethod
+    def _tiers(cls, v: dict[str, list[tuple[int, int]]]) -> dict[str, list[tuple[int, int]]]:
+        if not v:
+            raise ValueError("at least one asset: {ASSET = [[limit, approvals], ...]}")
+        for asset, tiers in v.items():
+            if not tiers:
+                raise ValueError(f"{asset}: at least one [limit, approvals] tier")
+            limits = [limit for limit, _ in tiers]
+            if any(limit <= 0 for limit in limits) or limits != sorted(set(limits)):
+                raise ValueError(f"{asset}: limits must be positive and strictly increasing")
+            if any(n < 0 for _, n in tiers):
+                raise ValueError(f"{asset}: approvals must be >= 0")
+        return v
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return parse_endpoint(self.listen)
+
+    @property
+    def bitcoin_network(self) -> str:
+        """The network name signer.keys and signer.bitcoin_tx know (signet signs as testnet)."""
+        return KEYS_NETWORK[self.network]
+
+    @property
+    def sqlalchemy_url(self) -> str:
+        scheme, rest = self.database_url.split("://", 1)
+        return "postgresql+psycopg://" + rest
+
+    def auth_key(self) -> bytes:
+        """The shared auth key (ConfigError if the file is missing, too open, not hex or short)."""
+        try:
+            return read_auth_key(self.auth_key_file)
+        except ValueError as exc:
+            raise ConfigError(f"auth_key_file: {exc}") from None
+
+
+def load_config(path: str | Path) -> SignerConfig:
+    """Read and validate the TOML at `path` (plus SIGNER_* env); ConfigError naming each bad key."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the config file ({exc.strerror or type(exc).__name__})") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    for key in ("seed_file", "auth_key_file"):
+        if isinstance(data.get(key), str) and not Path(data[key]).is_absolute():
+            data[key] = str(path.parent / data[key])
+    try:
+        return SignerConfig(**data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(file)'}: "
+                             f"{'unknown key (a typo?)' if e['type'] == 'extra_forbidden' else e['msg'].removeprefix('Value error, ')}"
+                             for e in exc.errors())
+        raise ConfigError(f"{path}: {problems}") from None
+
+
+def load_keys(cfg: SignerConfig) -> SignerKeys:
+    """Load the seed from `cfg.seed_file` (signer.keys refuses a file group or others can access)."""
+    from signer.keys import SignerKeys
+
+    return SignerKeys.load(cfg.bitcoin_network, path=cfg.seed_file)
+
+
+def make_engine(cfg: SignerConfig) -> Engine:
+    """A small pool: requests are few and each holds one connection while it checks."""
+    from sqlalchemy import create_engine
+
+    return create_engine(cfg.sqlalchemy_url, pool_size=4, max_overflow=4, pool_pre_ping=True, pool_recycle=1800)
+
+
+def approval_arguments(cfg: SignerConfig) -> dict[str, Any]:
+    """`approvers=` and `quorum=` for the Signer, from the config (signer.approvals)."""
+    import signer.approvals as approvals
+
+    try:
+        registry = approvals.ApproverRegistry.from_entries([a.model_dump(exclude_none=True) for a in cfg.approvers])
+    except Exception as exc:  # noqa: BLE001 - reported as the config key it came from
+        raise ConfigError(f"approvers: {exc}") from None
+    try:
+        quorum = approvals.QuorumTable.from_entries({k: [list(t) for t in v] for k, v in cfg.quorum.items()})
+    except Exception as exc:  # noqa: BLE001 - reported as the config key it came from
+        raise ConfigError(f"quorum: {exc}") from None
+    if not cfg.approvers:
+        log.warning("no approvers configured: only withdrawals that need no approval can be signed")
+    return {"approvers": registry, "quorum": quorum}
+
+
+def quorum_entries(policy: PolicySet) -> dict[str, list[list[int]]]:
+    """The `quorum` table of a PolicySet's amount tiers, as the TOML writes it (for whoever writes
+    the signer's file from custody's policy). ValueError for an unbounded tier: TOML has no way to
+    write an unbounded limit, so every limit is named."""
+    out: dict[str, list[list[int]]] = {}
+    for asset, rules in sorted(policy.assets.items()):
+        if any(t.up_to is None for t in rules.tiers):
+            raise ValueError(f"{asset}: an unbounded amount tier cannot be written as a signer quorum limit")
+        out[asset] = [[int(t.up_to), int(t.approvals)] for t in rules.tiers]  # type: ignore[arg-type]
+    return out
+
+
+def build_signer(cfg: SignerConfig, *, keys: SignerKeys | None = None, engine: Engine | None = None) -> Signer:
+    """The Signer the process serves: its keys (loaded here unless given), its engine, its limits."""
+    from signer.service import Signer
+
+    return Signer(engine or make_engine(cfg), keys or load_keys(cfg), bitcoin_network=cfg.bitcoin_network,
+                  max_fee_rate_sat_per_kvb=cfg.max_fee_rate_sat_per_kvb, max_eth_fee_wei=cfg.max_eth_fee_wei,
+                  deposit_window=cfg.deposit_window, receive_window=cfg.receive_window,
+                  change_window=cfg.change_window, **approval_arguments(cfg))

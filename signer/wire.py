@@ -1,0 +1,511 @@
+"""The signer's socket protocol: one authenticated JSON request, one authenticated JSON answer.
+
+Custody's worker (`signer.client.SignerClient`) and the signer process (`signer.server`) both use
+this module; it holds no key code (no `signer.keys`, no `signer.service`), only the envelope, the
+MACs, the method table and the codecs between Python values and JSON.
+
+Framing: one connection carries one request line and one answer line, each a UTF-8 JSON object
+ended by `\\n` (at most MAX_LINE bytes), then the server closes the connection.
+
+| envelope | fields |
+| --- | --- |
+| request | `id` (str, chosen by the client), `method` (str), `params` (object), `ts` (int, unix seconds), `nonce` (32 hex digits, random), `mac` |
+| answer | `id` and `nonce` of the request, exactly one of `result`, `refused` {code, message}, `error` {code, message}; `mac` |
+
+`mac` is hex HMAC-SHA256 under the shared auth key (AUTH_KEY_MIN_BYTES+ bytes, a 0600 file of hex,
+`read_auth_key`) over a direction label ("signer-wire/1 request\\n" or "... answer\\n") followed by
+the canonical JSON (sorted keys, no spaces, ASCII) of every other field. The server refuses a bad
+MAC, a `ts` more than MAX_SKEW_SECONDS from its clock and a nonce already seen within that window;
+the client refuses an answer whose MAC fails or that names another request's id or nonce, so
+nobody on the socket can forge or replay a signed transaction answer.
+
+Values: bytes as lowercase hex, amounts and ids as JSON integers (a float, even 1.0, is refused
+with `bad_request`; so are booleans), tuples as arrays, absent optionals as null. Unknown and
+missing keys are refused.
+
+Methods (and nothing else):
+| method | params | result |
+| --- | --- | --- |
+| ping | {} | {network, master_fingerprint} |
+| xpubs | {} | {network, master_fingerprint, accounts: {chain: {tier: account xpub}}} (public keys only; cold included) |
+| sign_bitcoin_batch | batch_id, coins, outputs, change | signed bitcoin tx {raw, txid, vsize, fee, change_vout, weight} |
+| sign_bitcoin_replacement | batch_id, replaces_txid, coins, outputs, change | signed bitcoin tx |
+| sign_bitcoin_sweep | sweep_id, coins, destination, fee | signed bitcoin tx |
+| sign_bitcoin_rebalance | rebalance_id, coins, destination, amount, change | signed bitcoin tx |
+| sign_reserves_message | tier, change, index, message | {public_key, signature} |
+| sign_ethereum_payment | batch_id, output, hot_index, chain_id, nonce, to, value, data, gas, max_fee_wei, priority_fee_wei, replaces_txid | signed ethereum tx {raw, txid, sender, nonce} |
+
+coins: [{txid, vout, amount, change, index}]; outputs / output: {withdrawal_id, address, amount,
+script}; change: null or [address, amount]. The signing methods are `signer.protocol.SignerPort`'s.
+
+Answers that are not a result:
+| answer | client raises | meaning |
+| --- | --- | --- |
+| refused {code} | `signer.protocol.SigningRefused(RefusalCode(code))` | the signer's checks refused; it wrote its audit row |
+| error {code: a `SignerErrorCode`} | `signer.errors.SignerError` | the signing code refused the values (bad address, index...) |
+| error unauthenticated | `WireError` | bad MAC, `ts` more than 30 s away, or a replayed nonce (logged by the server) |
+| error bad_request | `WireError` | not JSON, a missing or unknown field, a float or bool where an integer belongs, bad hex |
+| error unknown_method | `WireError` | a method not in the table above |
+| error unavailable | `SignerUnavailable` | the signer cannot reach its database; retried next tick |
+| error internal | `WireError` | anything else; the traceback is in the signer's log only |
+| (none: refused, reset, timeout) | `SignerUnavailable` | the signer is not running or died mid-call; retried next tick |
+| (client-side) bad_response | `WireError` | the answer failed its MAC, or is malformed, or answers another request |
+
+`SignerUnavailable` subclasses `chain_adapters.errors.NodeUnavailable`, which custody's jobs and
+containment already treat as "retry next run".
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import json
+import os
+import re
+import stat
+import time
+import threading
+from dataclasses import dataclass, fields
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Callable, Generic, Mapping, TypeVar
+
+from chain_adapters.errors import NodeUnavailable
+from signer.bitcoin_tx import SignedTx
+from signer.ethereum_tx import SignedEthTx
+from signer.protocol import BatchOutput, BtcCoin
+
+T = TypeVar("T")
+
+MAX_LINE = 4 * 1024 * 1024  # bytes per request or answer line; a 500-output batch is ~100 KB
+MAX_SKEW_SECONDS = 30
+AUTH_KEY_MIN_BYTES = 32
+_NONCE = re.compile(r"[0-9a-f]{32}")
+_REQUEST_KEYS = frozenset({"id", "method", "params", "ts", "nonce", "mac"})
+_LABELS = {"request": b"signer-wire/1 request\n", "answer": b"signer-wire/1 answer\n"}
+
+
+class WireErrorCode(StrEnum):
+    """Protocol-level failures (module table); the signer's own refusals are RefusalCode and SignerErrorCode."""
+
+    unauthenticated = "unauthenticated"
+    bad_request = "bad_request"
+    unknown_method = "unknown_method"
+    unavailable = "unavailable"
+    internal = "internal"
+    bad_response = "bad_response"
+
+
+class WireError(Exception):
+    """A protocol failure with a `WireErrorCode` (not a refusal of the signer's checks)."""
+
+    def __init__(self, code: WireErrorCode, message: str = "") -> None:
+        self.code = code
+        self.message = message
+        super().__init__(f"{code.value}: {message}" if message else code.value)
+
+
+class SignerUnavailable(NodeUnavailable):
+    """The signer process could not be reached or did not answer (refused, reset, timeout, no database)."""
+
+
+class Malformed(ValueError):
+    """A value that does not decode; `bad_request` on the server, `bad_response` on the client."""
+
+
+# ---- endpoints and the auth key ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where the signer listens: `unix:/abs/path.sock` or `tcp:127.0.0.1:PORT` / `tcp:[::1]:PORT`."""
+
+    kind: str  # "unix" | "tcp"
+    path: str = ""
+    host: str = ""
+    port: int = 0
+
+    def __str__(self) -> str:
+        if self.kind == "unix":
+            return f"unix:{self.path}"
+        return f"tcp:[{self.host}]:{self.port}" if ":" in self.host else f"tcp:{self.host}:{self.port}"
+
+
+def parse_endpoint(text: str) -> Endpoint:
+    """Parse an endpoint; ValueError (with the reason) for anything but an absolute unix socket
+    path or a loopback IP literal with a port in 1..65535. Non-loopback TCP is refused: the
+    protocol authenticates but does not encrypt."""
+    if not isinstance(text, str):
+        raise ValueError("an endpoint is a string: unix:/path/to.sock or tcp:127.0.0.1:PORT")
+    if text.startswith("unix:"):
+        path = text[len("unix:"):]
+        if not path.startswith("/"):
+            raise ValueError(f"{text!r}: a unix socket path must be absolute")
+        if len(path.encode()) > 100:  # sun_path is 108 bytes on Linux, 104 on the BSDs
+            raise ValueError(f"{text!r}: a unix socket path must be at most 100 bytes")
+        return Endpoint("unix", path=path)
+    if text.startswith("tcp:"):
+        rest = text[len("tcp:"):]
+        m = re.fullmatch(r"\[([0-9a-fA-F:.]+)\]:(\d{1,5})", rest) or re.fullmatch(r"([0-9.]+):(\d{1,5})", rest)
+        if not m:
+            raise ValueError(f"{text!r}: write tcp:127.0.0.1:PORT or tcp:[::1]:PORT (an IP literal, not a name)")
+        try:
+            host = ipaddress.ip_address(m.group(1))
+        except ValueError:
+            raise ValueError(f"{text!r}: {m.group(1)!r} is not an IP address") from None
+        if not host.is_loopback:
+            raise ValueError(f"{text!r}: the signer listens on loopback only (127.0.0.0/8 or ::1); "
+                             "the protocol authenticates but does not encrypt")
+        port = int(m.group(2))
+        if not 1 <= port <= 65535:
+            raise ValueError(f"{text!r}: port must be in 1..65535")
+        return Endpoint("tcp", host=str(host), port=port)
+    raise ValueError(f"{text!r}: an endpoint starts with unix: or tcp:")
+
+
+def read_auth_key(path: str | os.PathLike[str]) -> bytes:
+    """The shared auth key from a file of hex (AUTH_KEY_MIN_BYTES+ bytes, surrounding whitespace
+    ignored) that group and others cannot access. ValueError with the reason; never the key."""
+    p = Path(path)
+    try:
+        mode = p.stat().st_mode
+        raw = p.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"auth key file {p}: cannot read it ({getattr(exc, 'strerror', None) or type(exc).__name__})") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ValueError(f"auth key file {p} has mode {stat.S_IMODE(mode):o}; chmod 600 it")
+    try:
+        key = bytes.fromhex(raw)
+    except ValueError:
+        raise ValueError(f"auth key file {p}: the key must be written as hex (e.g. `openssl rand -hex 32`)") from None
+    if len(key) < AUTH_KEY_MIN_BYTES:
+        raise ValueError(f"auth key file {p}: the key is {len(key)} bytes; at least {AUTH_KEY_MIN_BYTES} are required")
+    return key
+
+
+def write_auth_key(path: str | os.PathLike[str], nbytes: int = AUTH_KEY_MIN_BYTES) -> bytes:
+    """Create a new random auth key file (mode 0600, refusing to overwrite one); return the key."""
+    key = os.urandom(nbytes)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as f:
+        f.write(key.hex() + "\n")
+    return key
+
+
+# ---- envelope and MACs -------------------------------------------------------------------------
+
+
+def canonical(obj: Any) -> bytes:
+    """The bytes a MAC covers: sorted keys, no whitespace, ASCII, no NaN/Infinity."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode("ascii")
+
+
+def compute_mac(key: bytes, direction: str, message: Mapping[str, Any]) -> str:
+    body = {k: v for k, v in message.items() if k != "mac"}
+    return hmac.new(key, _LABELS[direction] + canonical(body), hashlib.sha256).hexdigest()
+
+
+def _mac_ok(key: bytes, direction: str, message: Mapping[str, Any]) -> bool:
+    mac = message.get("mac")
+    try:
+        return isinstance(mac, str) and hmac.compare_digest(mac, compute_mac(key, direction, message))
+    except (ValueError, TypeError):  # not canonicalisable, or a non-ASCII mac string
+        return False
+
+
+def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise Malformed(f"duplicate key {k!r}")
+        out[k] = v
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise Malformed(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise Malformed(f"{text[:20]} is out of range")
+    return value  # parsed so the MAC can be checked; refused later wherever a value is decoded
+
+
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_BRACKET = re.compile(r"[\[\]{}]")
+MAX_DEPTH = 16  # our messages nest 4 deep; json's C decoder recurses per level (and eth_account's
+#                 py_ecc raises the recursion limit to 100,000, so a deep line would crash the process)
+
+
+def _check_depth(text: str) -> None:
+    depth = 0
+    for m in _BRACKET.finditer(_STRING.sub('""', text)):
+        depth += 1 if m.group() in "[{" else -1
+        if depth > MAX_DEPTH:
+            raise Malformed(f"nested more than {MAX_DEPTH} deep")
+
+
+def parse_line(line: bytes) -> dict[str, Any]:
+    """One JSON object from one line; Malformed for anything else (duplicate keys, NaN, not UTF-8,
+    nested more than MAX_DEPTH deep)."""
+    try:
+        text = line.decode("utf-8")
+        _check_depth(text)
+        obj = json.loads(text, object_pairs_hook=_refuse_duplicates, parse_constant=_no_constant,
+                         parse_float=_finite_float)
+    except Malformed:
+        raise
+    except RecursionError:
+        raise Malformed("nested too deeply") from None
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise Malformed(f"not a JSON line: {exc}") from None
+    if not isinstance(obj, dict):
+        raise Malformed("a message is a JSON object")
+    return obj
+
+
+def encode_line(message: Mapping[str, Any]) -> bytes:
+    return canonical(message) + b"\n"
+
+
+def new_request(key: bytes, method: str, params: Mapping[str, Any], *, request_id: str | None = None,
+                now: float | None = None) -> dict[str, Any]:
+    """A signed request envelope (a fresh random nonce; `id` random unless given)."""
+    msg = {"id": request_id or os.urandom(8).hex(), "method": method, "params": dict(params),
+           "ts": int(time.time() if now is None else now), "nonce": os.urandom(16).hex()}
+    msg["mac"] = compute_mac(key, "request", msg)
+    return msg
+
+
+def new_answer(key: bytes, request_id: Any, nonce: Any, outcome: str, body: Any) -> dict[str, Any]:
+    """A signed answer: `outcome` is "result", "refused" or "error"."""
+    msg = {"id": request_id, "nonce": nonce, outcome: body}
+    msg["mac"] = compute_mac(key, "answer", msg)
+    return msg
+
+
+class RequestAuthenticator:
+    """The server's check of a request envelope: MAC, clock skew, nonce replay (thread-safe).
+
+    A nonce is remembered while its `ts` is still acceptable (MAX_SKEW_SECONDS either side), so
+    the cache holds at most the nonces of the last minute of authenticated requests; only a
+    holder of the key can add to it."""
+
+    def __init__(self, key: bytes, *, clock: Callable[[], float] = time.time, max_skew: int = MAX_SKEW_SECONDS) -> None:
+        if len(key) < AUTH_KEY_MIN_BYTES:
+            raise ValueError(f"the auth key must be at least {AUTH_KEY_MIN_BYTES} bytes")
+        self._key = key
+        self._clock = clock
+        self._max_skew = max_skew
+        self._seen: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def check(self, msg: Mapping[str, Any]) -> None:
+        """Raise WireError(unauthenticated, reason) unless the request is authentic, fresh and new;
+        then WireError(bad_request) for a malformed envelope."""
+        if not _mac_ok(self._key, "request", msg):
+            raise WireError(WireErrorCode.unauthenticated, "bad mac")
+        ts, nonce = msg.get("ts"), msg.get("nonce")
+        if type(ts) is not int:
+            raise WireError(WireErrorCode.bad_request, "ts must be an integer (unix seconds)")
+        if not isinstance(nonce, str) or not _NONCE.fullmatch(nonce):
+            raise WireError(WireErrorCode.bad_request, "nonce must be 32 lowercase hex digits")
+        now = self._clock()
+        if abs(now - ts) > self._max_skew:
+            raise WireError(WireErrorCode.unauthenticated, f"stale ts: {ts - int(now):+d} s from the signer's clock")
+        with self._lock:
+            horizon = now - self._max_skew
+            if len(self._seen) > 1024:
+                self._seen = {n: t for n, t in self._seen.items() if t >= horizon}
+            if nonce in self._seen:
+                raise WireError(WireErrorCode.unauthenticated, "replayed nonce")
+            self._seen[nonce] = ts
+        if set(msg) != _REQUEST_KEYS:
+            raise WireError(WireErrorCode.bad_request, f"a request has exactly the keys {sorted(_REQUEST_KEYS)}")
+        if not isinstance(msg["id"], str) or not 1 <= len(msg["id"]) <= 64:
+            raise WireError(WireErrorCode.bad_request, "id must be a string of 1..64 characters")
+        if not isinstance(msg["method"], str) or not isinstance(msg["params"], dict):
+            raise WireError(WireErrorCode.bad_request, "method must be a string and params an object")
+
+
+def check_answer(key: bytes, answer: Mapping[str, Any], request: Mapping[str, Any]) -> tuple[str, Any]:
+    """The client's check of an answer: (outcome, body) or WireError. An `unauthenticated` error
+    whose own MAC fails (the keys differ, so it cannot verify) is still reported as such."""
+    outcomes = [k for k in ("result", "refused", "error") if k in answer]
+    if not _mac_ok(key, "answer", answer):
+        err = answer.get("error")
+        if isinstance(err, dict) and err.get("code") == WireErrorCode.unauthenticated.value:
+            raise WireError(WireErrorCode.unauthenticated,
+                            "the signer refused the request as unauthenticated and its answer does not verify "
+                            "under our key: the auth keys differ")
+        raise WireError(WireErrorCode.bad_response, "the answer failed its MAC check")
+    if answer.get("id") != request["id"] or answer.get("nonce") != request["nonce"]:
+        raise WireError(WireErrorCode.bad_response, "the answer is for another request")
+    if len(outcomes) != 1 or set(answer) != {"id", "nonce", "mac", outcomes[0]}:
+        raise WireError(WireErrorCode.bad_response, "an answer has exactly one of result, refused, error")
+    return outcomes[0], answer[outcomes[0]]
+
+
+# ---- codecs: Python values <-> JSON --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Codec(Generic[T]):
+    """`encode` a Python value to JSON; `decode(json, where)` back, raising Malformed."""
+
+    encode: Callable[[T], Any]
+    decode: Callable[[Any, str], T]
+
+
+def _dec_int(v: Any, where: str) -> int:
+    if type(v) is not int:  # bool is a subclass of int and float is not: both refused
+        raise Malformed(f"{where} must be an integer (minor units; never a float), got {type(v).__name__}")
+    return v
+
+
+def _enc_int(v: int) -> int:
+    if type(v) is not int:
+        raise TypeError(f"an integer is required (never a float), got {type(v).__name__}")
+    return v
+
+
+def _dec_str(v: Any, where: str) -> str:
+    if not isinstance(v, str):
+        raise Malformed(f"{where} must be a string, got {type(v).__name__}")
+    return v
+
+
+def _enc_str(v: str) -> str:
+    if not isinstance(v, str):
+        raise TypeError(f"a string is required, got {type(v).__name__}")
+    return v
+
+
+def _dec_hex(v: Any, where: str) -> bytes:
+    s = _dec_str(v, where)
+    if not re.fullmatch(r"(?:[0-9a-f]{2})*", s):
+        raise Malformed(f"{where} must be lowercase hex of whole bytes")
+    return bytes.fromhex(s)
+
+
+INT: Codec[int] = Codec(_enc_int, _dec_int)
+STR: Codec[str] = Codec(_enc_str, _dec_str)
+HEX: Codec[bytes] = Codec(lambda b: bytes(b).hex(), _dec_hex)
+
+
+def optional(codec: Codec[T]) -> Codec[T | None]:
+    return Codec(lambda v: None if v is None else codec.encode(v),
+                 lambda v, where: None if v is None else codec.decode(v, where))
+
+
+def list_of(codec: Codec[T]) -> Codec[list[T]]:
+    def dec(v: Any, where: str) -> list[T]:
+        if not isinstance(v, list):
+            raise Malformed(f"{where} must be an array")
+        return [codec.decode(x, f"{where}[{i}]") for i, x in enumerate(v)]
+    return Codec(lambda vs: [codec.encode(v) for v in vs], dec)
+
+
+def _decode_object(v: Any, where: str, spec: Mapping[str, Codec[Any]]) -> dict[str, Any]:
+    if not isinstance(v, dict):
+        raise Malformed(f"{where} must be an object")
+    if set(v) != set(spec):
+        missing, unknown = sorted(set(spec) - set(v)), sorted(set(v) - set(spec))
+        raise Malformed(f"{where}: " + "; ".join(filter(None, [missing and f"missing {missing}",
+                                                             unknown and f"unknown {unknown}"])))
+    return {k: c.decode(v[k], f"{where}.{k}" if where else k) for k, c in spec.items()}
+
+
+def record(cls: type[T], **spec: Codec[Any]) -> Codec[T]:
+    """A frozen dataclass as a JSON object with exactly its fields."""
+    assert {f.name for f in fields(cls)} == set(spec), cls  # type: ignore[arg-type]
+    return Codec(lambda obj: {k: c.encode(getattr(obj, k)) for k, c in spec.items()},
+                 lambda v, where: cls(**_decode_object(v, where, spec)))
+
+
+def _pair_dec(v: Any, where: str) -> tuple[str, int]:
+    if not isinstance(v, list) or len(v) != 2:
+        raise Malformed(f"{where} must be [address, amount]")
+    return _dec_str(v[0], f"{where}[0]"), _dec_int(v[1], f"{where}[1]")
+
+
+COIN = record(BtcCoin, txid=STR, vout=INT, amount=INT, change=INT, index=INT)
+OUTPUT = record(BatchOutput, withdrawal_id=INT, address=STR, amount=INT, script=HEX)
+CHANGE: Codec[tuple[str, int] | None] = optional(Codec(lambda p: [_enc_str(p[0]), _enc_int(p[1])], _pair_dec))
+SIGNED_TX = record(SignedTx, raw=HEX, txid=STR, vsize=INT, fee=INT, change_vout=optional(INT), weight=INT)
+SIGNED_ETH_TX = record(SignedEthTx, raw=HEX, txid=STR, sender=STR, nonce=INT)
+RESERVES_SIGNATURE: Codec[tuple[bytes, bytes]] = Codec(
+    lambda t: {"public_key": bytes(t[0]).hex(), "signature": bytes(t[1]).hex()},
+    lambda v, where: tuple(_decode_object(v, where, {"public_key": HEX, "signature": HEX}).values()))  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class SignerInfo:
+    """What `ping` answers: public facts to check custody talks to the signer it expects."""
+
+    network: str
+    master_fingerprint: str
+
+
+@dataclass(frozen=True)
+class Xpubs:
+    """Account-level extended PUBLIC keys per chain and tier (cold included), as `xpubs` answers
+    and `python -m signer xpubs` prints; custody's wallet configuration is filled from these."""
+
+    network: str
+    master_fingerprint: str
+    accounts: dict[str, dict[str, str]]
+
+    def get(self, chain: str, tier: str) -> str:
+        return self.accounts[chain][tier]
+
+
+def _dec_accounts(v: Any, where: str) -> dict[str, dict[str, str]]:
+    if not isinstance(v, dict):
+        raise Malformed(f"{where} must be an object")
+    out: dict[str, dict[str, str]] = {}
+    for chain, tiers in v.items():
+        if not isinstance(tiers, dict):
+            raise Malformed(f"{where}.{chain} must be an object")
+        out[chain] = {t: _dec_str(x, f"{where}.{chain}.{t}") for t, x in tiers.items()}
+    return out
+
+
+INFO = record(SignerInfo, network=STR, master_fingerprint=STR)
+XPUBS = record(Xpubs, network=STR, master_fingerprint=STR, accounts=Codec(lambda a: a, _dec_accounts))
+
+
+@dataclass(frozen=True)
+class Method:
+    """A method's params (name -> codec, in SignerPort's argument names) and its result codec."""
+
+    params: Mapping[str, Codec[Any]]
+    result: Codec[Any]
+
+    def encode_params(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        if set(values) != set(self.params):
+            raise TypeError(f"params {sorted(values)} differ from {sorted(self.params)}")
+        return {k: c.encode(values[k]) for k, c in self.params.items()}
+
+    def decode_params(self, params: Any) -> dict[str, Any]:
+        return _decode_object(params, "params", self.params)
+
+
+METHODS: dict[str, Method] = {
+    "ping": Method({}, INFO),
+    "xpubs": Method({}, XPUBS),
+    "sign_bitcoin_batch": Method({"batch_id": INT, "coins": list_of(COIN), "outputs": list_of(OUTPUT), "change": CHANGE},
+                                 SIGNED_TX),
+    "sign_bitcoin_replacement": Method({"batch_id": INT, "replaces_txid": STR, "coins": list_of(COIN),
+                                        "outputs": list_of(OUTPUT), "change": CHANGE}, SIGNED_TX),
+    "sign_bitcoin_sweep": Method({"sweep_id": INT, "coins": list_of(COIN), "destination": STR, "fee": INT}, SIGNED_TX),
+    "sign_bitcoin_rebalance": Method({"rebalance_id": INT, "coins": list_of(COIN), "destination": STR, "amount": INT,
+                                      "change": CHANGE}, SIGNED_TX),
+    "sign_reserves_message": Method({"tier": STR, "change": INT, "index": INT, "message": STR}, RESERVES_SIGNATURE),
+    "sign_ethereum_payment": Method({"batch_id": INT, "output": OUTPUT, "hot_index": INT, "chain_id": INT, "nonce": INT,
+                                     "to": STR, "value": INT, "data": HEX, "gas": INT, "max_fee_wei": INT,
+                                     "priority_fee_wei": INT, "replaces_txid": optional(STR)}, SIGNED_ETH_TX),
+}
+SIGNING_METHODS = frozenset(METHODS) - {"ping", "xpubs"}
