@@ -4,7 +4,6 @@ file's; build_signer hands the configured approvers and quorum to the Signer."""
 from __future__ import annotations
 
 import base64
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ import pytest
 from regtest.util import assert_equal
 from signer.config import ConfigError, approval_arguments, load_config, quorum_entries
 from signer.wire import write_auth_key
+from tests.approvers import SoftAuthenticator
 
 ED25519_PUB = base64.b64encode(bytes(32)).decode()
 BASE = """
@@ -25,6 +25,7 @@ QUORUM = """
 [quorum]
 BTC = [[50000000, 0], [200000000, 1], [100000000000, 2]]
 """
+WEBAUTHN_PUB = base64.b64encode(SoftAuthenticator("bob", rp_id="custody.example").public_key_cose).decode()
 APPROVERS = f"""
 [[approvers]]
 key_id = "alice-1"
@@ -36,7 +37,7 @@ public_key = "{ED25519_PUB}"
 key_id = "bob-yubikey"
 operator = "bob"
 scheme = "webauthn"
-public_key = "{ED25519_PUB}"
+public_key = "{WEBAUTHN_PUB}"
 rp_id = "custody.example"
 origin = "https://custody.example"
 """
