@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import base64
 import logging
-import os
-import secrets
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,15 +79,6 @@ def role_url(owner_url: str, role: str) -> str:
     return make_url(owner_url).set(username=role, password=None).render_as_string(hide_password=False)
 
 
-def _secret_file(path: Path, data: bytes) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists():
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-    return path
-
-
 def _write_toml(path: Path, data: dict) -> Path:
     path.write_text(tomli_w.dumps(data))
     return path
@@ -100,12 +89,17 @@ def deploy(root: Path, *, owner_url: str, nodes: Nodes, approvers: tuple[str, ..
            pepper: str | None = None) -> Deployment:
     from custody.approve_cli import approver_entry, load_private_key, new_key_file
     from custody.database import migrate
+    from custody.policy_config import default_policy
+    from signer.config import quorum_entries
+    from signer.wire import write_auth_key
     from custody.devchains import dev_seed_file
 
     root.mkdir(parents=True, exist_ok=True)
     migrate(owner_url)
     seed = seed_file or dev_seed_file(root)
-    auth_key = _secret_file(root / "signer-auth.key", secrets.token_hex(32).encode())
+    auth_key = root / "signer-auth.key"
+    if not auth_key.exists():
+        write_auth_key(auth_key)
     approver_keys, approver_entries = {}, []
     for name in approvers:
         key_file = root / "approvers" / f"{name}.pem"
@@ -116,15 +110,16 @@ def deploy(root: Path, *, owner_url: str, nodes: Nodes, approvers: tuple[str, ..
     socket_path = root / "signer.sock"
     signer_cfg = _write_toml(root / "signer.toml", {
         "network": nodes.network, "seed_file": str(seed), "database_url": role_url(owner_url, "custody_signer"),
-        "listen": f"unix:{socket_path}", "auth_key_file": str(auth_key), "approvers": approver_entries})
+        "listen": f"unix:{socket_path}", "auth_key_file": str(auth_key), "approvers": approver_entries,
+        "quorum": quorum_entries(default_policy())})
     processes = Processes(root, signer_config=signer_cfg, custody_config=root / "custody.toml",
                           env={"PYTHONUNBUFFERED": "1", **({"API_KEY_PEPPER": pepper} if pepper else {})})
     from signer.client import SignerClient
 
-    client = SignerClient(f"unix:{socket_path}", auth_key.read_bytes())
+    client = SignerClient.from_key_file(f"unix:{socket_path}", auth_key)
     try:
         processes.start("custody-signer", ready=lambda: client.ping() is not None)
-        xpubs = client.xpubs()
+        xpubs = client.xpubs().accounts
     except BaseException:
         processes.stop_all()
         raise
