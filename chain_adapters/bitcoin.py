@@ -1,7 +1,12 @@
 """Bitcoin adapter over bitcoind's JSON-RPC (no wallet RPCs: custody owns keys and coins).
 
     adapter = BitcoinAdapter("http://user:pass@127.0.0.1:18443", network="regtest")
+    adapter = BitcoinAdapter("http://127.0.0.1:8332", network="mainnet", cookie_file="/var/lib/bitcoind/.cookie")
+    adapter = BitcoinAdapter("http://127.0.0.1:38332", network="signet", rpc_user="u", rpc_password="p")
     result = adapter.scan(cursor, Watch(frozenset(deposit_addresses)))
+
+Authentication: credentials in the URL, `rpc_user` + `rpc_password`, or `cookie_file` (read when a
+connection opens and again after a 401, so a node restart's new cookie is picked up); one of them.
 
 Node requirements: `-txindex=1` so `tx_status` can find confirmed transactions that are not ours
 to index; everything else works on a stock node. Amounts arrive as JSON decimals, are parsed as
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from decimal import Decimal
+from pathlib import Path
 
 from bitcoin.core import CTransaction, b2lx
 
@@ -85,13 +91,17 @@ class BitcoinAdapter(BlockWalker):
     native_asset = "BTC"
 
     def __init__(self, rpc_url: str, *, network: str, fallback_fee_sat_per_kvb: int = 10_000,
-                 timeout: float = 60.0) -> None:
+                 timeout: float = 60.0, cookie_file: str | Path | None = None, rpc_user: str | None = None,
+                 rpc_password: str | None = None) -> None:
         super().__init__()
         if network not in NETWORKS:
             raise ValueError(f"unknown bitcoin network {network!r}")
+        if (rpc_user is None) != (rpc_password is None):
+            raise ValueError("rpc_user and rpc_password go together")
         self.network = network
         self.fallback_fee_sat_per_kvb = fallback_fee_sat_per_kvb
-        self.rpc = JsonRpcClient(rpc_url, timeout=timeout)
+        auth = (rpc_user, rpc_password) if rpc_user is not None and rpc_password is not None else None
+        self.rpc = JsonRpcClient(rpc_url, timeout=timeout, auth=auth, cookie_file=cookie_file)
 
     def close(self) -> None:
         self.rpc.close()

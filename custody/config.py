@@ -1,0 +1,611 @@
+"""The deployment configuration of the custody processes (`custody api`, `custody worker`): one TOML
+file plus environment overrides, validated completely at start so that a typo or an inconsistency
+stops the process before it touches a node or the database, naming the key and the file.
+
+    config = DeploymentConfig.load("custody.toml")     # or CUSTODY_CONFIG=custody.toml
+    config.settings          # custody.settings.Settings (API_KEY_PEPPER, STATE_DIR, ...) with the
+                             # database URL and API address of this file
+    config.assets["BTC"].withdrawal_fee                # int, minor units
+
+Guarantees:
+- Unknown keys are refused everywhere: in the file (`extra="forbid"` on every section) and in the
+  environment (a `CUSTODY_*` variable that names no setting is refused, `CUSTODY_CONFIG` aside).
+- Every amount is an `int` of the asset's minor unit. A float (`0.5`), a string with a decimal
+  point or exponent (`"0.5"`, `"1e8"`) or a boolean is refused; a string of digits is accepted
+  (TOML integers stop at 2^63 - 1; larger wei amounts are written `"1000000000000000000000"`).
+- Custody never holds key material: a private extended key (xprv, tprv, zprv, vprv, ...) given
+  as a wallet is refused without echoing it.
+- The file is read once; the bitcoind cookie named here is read at connect time (bitcoind writes
+  a new one at each start), and the signer's auth key file when the signer client is built.
+
+Environment overrides: `CUSTODY_<SECTION>__<KEY>` (double underscore between levels) wins over
+the file, e.g. `CUSTODY_DATABASE__URL`, `CUSTODY_BITCOIN__RPC_PASSWORD`,
+`CUSTODY_ASSETS__BTC__WITHDRAWAL_FEE`. Keep secrets there rather than in the file. The service's
+own settings (`ENVIRONMENT`, `API_KEY_PEPPER`, `STATE_DIR`, `TREASURY_ADJUSTMENT_QUORUM`, and
+`DATABASE_URL` / `API_HOST` / `API_PORT` when the file leaves them out) stay in
+`custody.settings.Settings`, read from the environment as before.
+
+| section | key | default | meaning |
+| --- | --- | --- | --- |
+| database | url | `DATABASE_URL` | PostgreSQL URL, with this process's own role (custody_api / custody_worker) |
+| api | host, port | `API_HOST` / `API_PORT` | where `custody api` listens |
+| bitcoin | rpc_url | required | bitcoind JSON-RPC URL, without credentials |
+| bitcoin | network | required | regtest, signet, testnet or mainnet: must be the node's chain |
+| bitcoin | cookie_file | - | bitcoind's `.cookie`; or rpc_user + rpc_password (exactly one scheme) |
+| ethereum | rpc_url, chain_id | required | node URL; its `eth_chainId` (1, 11155111, 17000 or 31337) |
+| ethereum.tokens | SYMBOL | - | ERC-20 contract address of each ethereum asset other than ETH |
+| assets.SYMBOL | chain, decimals, finality | required | bitcoin/ethereum; 0..36; confirmations before a credit |
+| assets.SYMBOL | dust_minimum, min_withdrawal, withdrawal_fee | required | minor units |
+| assets.SYMBOL | withdrawal_fee_fast | withdrawal_fee | minor units, fast priority |
+| wallets.CHAIN | deposit, hot | required | account xpubs from `python -m signer xpubs` |
+| wallets.CHAIN | cold | - | watch-only cold account xpub (rebalances need it) |
+| signer | endpoint | required | `unix:/abs/path.sock` or `tcp:127.0.0.1:PORT` (loopback only) |
+| signer | auth_key_file | required | the shared key authenticating custody to the signer |
+| approvers | (list) | [] | the signer's approver keys, for early feedback at the API only |
+| jobs | scale | 1.0 | multiplies every job interval (custody.jobs) |
+
+Errors: `ConfigError`, whose message has one line per problem, `<file>: <key path>: <what>`.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from custody.settings import Settings
+
+ENV_PREFIX = "CUSTODY_"
+CONFIG_ENV = "CUSTODY_CONFIG"
+BitcoinNetwork = Literal["regtest", "signet", "testnet", "mainnet"]
+Chain = Literal["bitcoin", "ethereum"]
+NATIVE_ASSET: dict[str, str] = {"bitcoin": "BTC", "ethereum": "ETH"}
+# the ethereum adapter's networks by chain id (chain_adapters.ethereum.NETWORKS)
+ETHEREUM_CHAIN_IDS: dict[int, str] = {1: "mainnet", 11155111: "sepolia", 17000: "holesky", 31337: "regtest"}
+# bitcoind's `getblockchaininfo.chain` for each network
+BITCOIN_CHAIN_NAMES: dict[str, str] = {"mainnet": "main", "testnet": "test", "signet": "signet", "regtest": "regtest"}
+_ASSET_CODE = re.compile(r"[A-Z0-9_.\-]{1,32}")
+_DIGITS = re.compile(r"[0-9]+(?:_[0-9]+)*")
+
+# SLIP-132 version bytes of extended keys. Private ones are recognised only to refuse them.
+_PRIVATE_VERSIONS = {bytes.fromhex(h): name for h, name in (
+    ("0488ade4", "xprv"), ("049d7878", "yprv"), ("04b2430c", "zprv"), ("0295b005", "Yprv"), ("02aa7a99", "Zprv"),
+    ("04358394", "tprv"), ("044a4e28", "uprv"), ("045f18bc", "vprv"), ("024285b5", "Uprv"), ("02575048", "Vprv"))}
+_MAINNET_PUBLIC = {bytes.fromhex("0488b21e"): "xpub", bytes.fromhex("04b24746"): "zpub"}
+_TESTNET_PUBLIC = {bytes.fromhex("043587cf"): "tpub", bytes.fromhex("045f1cf6"): "vpub"}
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; `problems` holds one `<file>: <key>: <what>` line each."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+def _integer(value: Any, why: str) -> Any:
+    """Integers only: an int, or a string of digits (for values past TOML's 64-bit integers)."""
+    if isinstance(value, bool):
+        raise ValueError(f"must be an integer{why}, not a boolean")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and _DIGITS.fullmatch(value.strip()):
+        return int(value.strip().replace("_", ""))
+    if isinstance(value, float):
+        raise ValueError(f"must be an integer{why}; {value!r} is a float")
+    if isinstance(value, str):
+        raise ValueError(f"must be an integer{why}; {value!r} is not a whole number")
+    raise ValueError(f"must be an integer{why}, got {type(value).__name__}")
+
+
+_AMOUNT_WHY = " of minor units (satoshi, wei, token base units: no decimal point)"
+Whole = Annotated[int, BeforeValidator(lambda v: _integer(v, ""))]
+Amount = Annotated[int, BeforeValidator(lambda v: _integer(v, _AMOUNT_WHY)), Field(ge=0)]
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DatabaseSection(Section):
+    url: str | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _postgres(cls, url: str | None) -> str | None:
+        if url is not None and not url.startswith(("postgresql://", "postgresql+psycopg://", "postgres://")):
+            raise ValueError("must be a PostgreSQL URL (postgresql://role@host:port/database)")
+        return url
+
+
+class ApiSection(Section):
+    host: str | None = None
+    port: Annotated[Whole, Field(ge=1, le=65535)] | None = None
+
+
+def _http_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("must be an http:// or https:// URL with a host")
+    if parts.username or parts.password:
+        raise ValueError("must not carry credentials (use cookie_file, or rpc_user and rpc_password)")
+    return url
+
+
+class BitcoinSection(Section):
+    rpc_url: str
+    network: BitcoinNetwork
+    cookie_file: Path | None = None
+    rpc_user: str | None = None
+    rpc_password: SecretStr | None = None
+
+    @field_validator("rpc_url")
+    @classmethod
+    def _url(cls, url: str) -> str:
+        return _http_url(url)
+
+    @model_validator(mode="after")
+    def _one_auth(self) -> "BitcoinSection":
+        userpass = self.rpc_user is not None or self.rpc_password is not None
+        if self.cookie_file is not None and userpass:
+            raise ValueError("give cookie_file or rpc_user + rpc_password, not both")
+        if self.cookie_file is None and not userpass:
+            raise ValueError("bitcoind needs authentication: cookie_file, or rpc_user + rpc_password")
+        if userpass and (self.rpc_user is None or self.rpc_password is None):
+            raise ValueError("rpc_user and rpc_password go together")
+        return self
+
+    @property
+    def address_network(self) -> str:
+        """The network custody derives and checks addresses for (custody.addresses, signer.bitcoin_tx):
+        signet shares testnet's key versions and `tb` addresses."""
+        return "testnet" if self.network == "signet" else self.network
+
+
+class EthereumSection(Section):
+    rpc_url: str
+    chain_id: Annotated[Whole, Field(gt=0)]
+    tokens: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("rpc_url")
+    @classmethod
+    def _url(cls, url: str) -> str:
+        return _http_url(url)
+
+    @field_validator("chain_id")
+    @classmethod
+    def _known_chain(cls, chain_id: int) -> int:
+        if chain_id not in ETHEREUM_CHAIN_IDS:
+            known = ", ".join(f"{i} ({n})" for i, n in ETHEREUM_CHAIN_IDS.items())
+            raise ValueError(f"chain id {chain_id} is not one the ethereum adapter knows: {known}")
+        return chain_id
+
+    @field_validator("tokens")
+    @classmethod
+    def _addresses(cls, tokens: dict[str, str]) -> dict[str, str]:
+        from eth_utils import is_checksum_address, to_checksum_address
+
+        out = {}
+        for symbol, address in tokens.items():
+            if not isinstance(address, str) or not re.fullmatch(r"0x[0-9a-fA-F]{40}", address):
+                raise ValueError(f"{symbol}: a contract address is 0x and 40 hex digits")
+            if address[2:] not in (address[2:].lower(), address[2:].upper()) and not is_checksum_address(address):
+                raise ValueError(f"{symbol}: {address} fails its EIP-55 checksum (a typo?)")
+            out[symbol] = to_checksum_address(address)
+        return out
+
+    @property
+    def network(self) -> str:
+        """The adapter's network name for this chain id (chain_adapters.ethereum.NETWORKS)."""
+        return ETHEREUM_CHAIN_IDS[self.chain_id]
+
+
+class AssetSection(Section):
+    chain: Chain
+    decimals: Annotated[Whole, Field(ge=0, le=36)]
+    finality: Annotated[Whole, Field(ge=1)]
+    dust_minimum: Amount
+    min_withdrawal: Annotated[Amount, Field(ge=1)]
+    withdrawal_fee: Amount
+    withdrawal_fee_fast: Amount | None = None
+
+
+class WalletSection(Section):
+    deposit: str
+    hot: str
+    cold: str | None = None
+
+    def tiers(self) -> dict[str, str]:
+        return {t: x for t, x in (("deposit", self.deposit), ("hot", self.hot), ("cold", self.cold)) if x is not None}
+
+
+class SignerSection(Section):
+    endpoint: str
+    auth_key_file: Path
+
+    @field_validator("endpoint")
+    @classmethod
+    def _local(cls, endpoint: str) -> str:
+        kind, _, rest = endpoint.partition(":")
+        if kind == "unix":
+            if not rest.startswith("/"):
+                raise ValueError("a unix endpoint is unix:/absolute/path.sock")
+            return endpoint
+        if kind == "tcp":
+            host, _, port = rest.rpartition(":")
+            if host.strip("[]") not in ("127.0.0.1", "::1", "localhost"):
+                raise ValueError("the signer listens on loopback only: tcp:127.0.0.1:PORT")
+            if not port.isdigit() or not 1 <= int(port) <= 65535:
+                raise ValueError("a tcp endpoint is tcp:127.0.0.1:PORT with PORT 1..65535")
+            return endpoint
+        raise ValueError("must be unix:/path/to.sock or tcp:127.0.0.1:PORT")
+
+    def auth_key(self) -> bytes:
+        """The shared authentication key: the file holds it as hex (`openssl rand -hex 32`), the
+        same file format as the signer's (signer.wire.read_auth_key)."""
+        problem = auth_key_problem(self.auth_key_file)
+        if problem:
+            raise ValueError(f"auth_key_file: {problem}")
+        return bytes.fromhex(self.auth_key_file.read_text(encoding="ascii").strip())
+
+
+AUTH_KEY_MIN_BYTES = 32
+
+
+def auth_key_problem(path: Path) -> str | None:
+    """Why the signer auth key file is unusable (never its content), or None."""
+    try:
+        mode = path.stat().st_mode
+        raw = path.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"{path}: cannot read it ({getattr(exc, 'strerror', None) or type(exc).__name__})"
+    if mode & 0o077:
+        return f"{path} has mode {mode & 0o777:o}; only its owner may read it (chmod 600)"
+    try:
+        key = bytes.fromhex(raw)
+    except ValueError:
+        return f"{path}: the key is written as hex (e.g. `openssl rand -hex 32`)"
+    if len(key) < AUTH_KEY_MIN_BYTES:
+        return f"{path}: the key is {len(key)} bytes; at least {AUTH_KEY_MIN_BYTES} are required"
+    return None
+
+
+class ApproverEntry(Section):
+    """One approver key, as in the signer's own configuration (signer.approvals.ApproverRegistry)."""
+
+    key_id: Annotated[str, Field(min_length=1, max_length=200)]
+    operator: Annotated[str, Field(min_length=1, max_length=200)]
+    scheme: Literal["ed25519", "webauthn"]
+    public_key: str
+    rp_id: str | None = None
+    origin: str | None = None
+
+    @field_validator("public_key")
+    @classmethod
+    def _base64(cls, value: str) -> str:
+        try:
+            base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            raise ValueError("must be base64") from None
+        return value
+
+    @model_validator(mode="after")
+    def _scheme_fields(self) -> "ApproverEntry":
+        raw = base64.b64decode(self.public_key)
+        if self.scheme == "ed25519" and len(raw) != 32:
+            raise ValueError(f"an ed25519 public key is 32 bytes, this one {len(raw)}")
+        if self.scheme == "webauthn" and (not self.rp_id or not self.origin):
+            raise ValueError("a webauthn key needs rp_id and origin")
+        return self
+
+
+class JobsSection(Section):
+    scale: Annotated[float, Field(gt=0, le=100)] = 1.0
+
+
+class DeploymentConfig(BaseSettings):
+    """The whole file (see the module docstring); build it with `load()`."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid",
+                                      case_sensitive=False, frozen=True)
+
+    database: DatabaseSection = Field(default_factory=DatabaseSection)
+    api: ApiSection = Field(default_factory=ApiSection)
+    bitcoin: BitcoinSection | None = None
+    ethereum: EthereumSection | None = None
+    assets: dict[str, AssetSection] = Field(default_factory=dict)
+    wallets: dict[Chain, WalletSection] = Field(default_factory=dict)
+    signer: SignerSection
+    approvers: list[ApproverEntry] = Field(default_factory=list)
+    jobs: JobsSection = Field(default_factory=JobsSection)
+
+    _source: Path | None = PrivateAttr(default=None)
+    _settings: Settings | None = PrivateAttr(default=None)
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
+                                   file_secret_settings):
+        return (env_settings, init_settings)  # the environment overrides the file; nothing else is read
+
+    @model_validator(mode="before")
+    @classmethod
+    def _merge_symbols(cls, data: Any) -> Any:
+        """Environment variables arrive lower-cased (`CUSTODY_ASSETS__BTC__...` -> `btc`): fold them
+        onto the file's upper-case symbols, the environment winning."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        data["assets"] = _fold_upper(data.get("assets"))
+        if isinstance(data.get("ethereum"), dict) and "tokens" in data["ethereum"]:
+            data["ethereum"] = {**data["ethereum"], "tokens": _fold_upper(data["ethereum"]["tokens"])}
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "DeploymentConfig":
+        problems = self.inconsistencies()
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+    def inconsistencies(self) -> list[str]:
+        """Cross-section checks, one `<key>: <what>` line each (empty: consistent)."""
+        problems: list[str] = []
+        chains = {c for c in ("bitcoin", "ethereum") if getattr(self, c) is not None}
+        if not chains:
+            problems.append("bitcoin, ethereum: configure at least one chain")
+        tokens = self.ethereum.tokens if self.ethereum else {}
+        for symbol, asset in self.assets.items():
+            where = f"assets.{symbol}"
+            if not _ASSET_CODE.fullmatch(symbol):
+                problems.append(f"{where}: an asset symbol is 1-32 of A-Z, 0-9, '_', '.', '-'")
+            if asset.chain not in chains:
+                problems.append(f"{where}.chain: {asset.chain} has no [{asset.chain}] section")
+            elif asset.chain == "bitcoin" and symbol != "BTC":
+                problems.append(f"{where}: the bitcoin chain carries BTC only")
+            elif asset.chain == "ethereum" and symbol != "ETH" and symbol not in tokens:
+                problems.append(f"{where}: an ethereum asset other than ETH needs its contract in [ethereum.tokens] {symbol}")
+            elif asset.chain == "ethereum" and symbol == "ETH" and "ETH" in tokens:
+                problems.append("ethereum.tokens.ETH: ETH is the chain's native asset, not a token")
+            if symbol in NATIVE_ASSET.values() and asset.chain != next(c for c, a in NATIVE_ASSET.items() if a == symbol):
+                problems.append(f"{where}.chain: {symbol} is the native asset of another chain")
+        for symbol in tokens:
+            if symbol not in self.assets:
+                problems.append(f"ethereum.tokens.{symbol}: no [assets.{symbol}] describes this token")
+            elif self.assets[symbol].chain != "ethereum":
+                problems.append(f"ethereum.tokens.{symbol}: [assets.{symbol}] is on {self.assets[symbol].chain}")
+        for chain in sorted(chains):
+            native = self.assets.get(NATIVE_ASSET[chain])
+            if native is None or native.chain != chain:
+                problems.append(f"assets.{NATIVE_ASSET[chain]}: the {chain} chain needs its native asset (network fees)")
+            if chain not in self.wallets:
+                problems.append(f"wallets.{chain}: the {chain} chain needs its wallets (deposit and hot xpubs)")
+        for chain, wallet in self.wallets.items():
+            if chain not in chains:
+                problems.append(f"wallets.{chain}: there is no [{chain}] section")
+                continue
+            seen: dict[str, str] = {}
+            for tier, key in wallet.tiers().items():
+                where = f"wallets.{chain}.{tier}"
+                problem = _key_problem(key, chain, self.bitcoin.network if self.bitcoin and chain == "bitcoin" else None)
+                if problem:
+                    problems.append(f"{where}: {problem}")
+                    continue
+                canonical = _canonical(key, chain, self.bitcoin.address_network if self.bitcoin and chain == "bitcoin" else "")
+                if canonical in seen:
+                    problems.append(f"{where}: the same key as wallets.{chain}.{seen[canonical]}; each tier has its own account")
+                seen[canonical] = tier
+        ids = [a.key_id for a in self.approvers]
+        for key_id in sorted({i for i in ids if ids.count(i) > 1}):
+            problems.append(f"approvers: key_id {key_id!r} appears more than once")
+        return problems
+
+    # ---- loading --------------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> "DeploymentConfig":
+        """Read `path` (default: $CUSTODY_CONFIG) and the environment; ConfigError on any problem."""
+        raw_path = path if path is not None else os.environ.get(CONFIG_ENV)
+        if not raw_path:
+            raise ConfigError([f"no configuration file: pass --config FILE or set {CONFIG_ENV}"])
+        source = Path(raw_path)
+        try:
+            data = tomllib.loads(source.read_text())
+        except FileNotFoundError:
+            raise ConfigError([f"{source}: no such file"]) from None
+        except OSError as exc:
+            raise ConfigError([f"{source}: cannot read: {exc.strerror or exc}"]) from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError([f"{source}: not valid TOML: {exc}"]) from None
+        problems = [f"{source}: {p}" for p in _lowercase_symbols(data) + unknown_environment(os.environ)]
+        if problems:
+            raise ConfigError(problems)
+        _resolve_paths(data, source.parent)
+        try:
+            config = cls(**data)
+        except ValidationError as exc:
+            raise ConfigError([f"{source}: {line}" for line in _describe(exc)]) from None
+        config._source = source
+        problems = [f"{source}: {p}" for p in config._files()]
+        overrides: dict[str, Any] = {}
+        if config.database.url:
+            overrides["database_url"] = config.database.url
+        if config.api.host is not None:
+            overrides["api_host"] = config.api.host
+        if config.api.port is not None:
+            overrides["api_port"] = config.api.port
+        try:
+            config._settings = Settings(**overrides)
+        except ValidationError as exc:
+            problems += [f"{source}: service settings: {line}" for line in _describe(exc)]
+        if config._settings is not None and not config._settings.database_url:
+            problems.append(f"{source}: database.url: required (or DATABASE_URL): the process's own database role")
+        if problems:
+            raise ConfigError(problems)
+        return config
+
+    def _files(self) -> list[str]:
+        problem = auth_key_problem(self.signer.auth_key_file)
+        return [f"signer.auth_key_file: {problem}"] if problem else []
+
+    @property
+    def source(self) -> Path | None:
+        return self._source
+
+    @property
+    def settings(self) -> Settings:
+        """custody.settings.Settings with this file's database URL and API address applied."""
+        if self._settings is None:
+            raise RuntimeError("settings exist on a loaded configuration only (DeploymentConfig.load)")
+        return self._settings
+
+    @property
+    def database_url(self) -> str:
+        url = self.settings.database_url
+        assert url  # load() refuses a configuration without one
+        return url
+
+    @property
+    def chains(self) -> list[str]:
+        return [c for c in ("bitcoin", "ethereum") if getattr(self, c) is not None]
+
+    def approver_registry(self) -> Any:
+        """The approvers as a signer.approvals.ApproverRegistry (imported here: no key material)."""
+        from signer.approvals import ApproverRegistry
+
+        return ApproverRegistry.from_entries([a.model_dump(exclude_none=True) for a in self.approvers])
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+
+def _resolve_paths(data: dict, base: Path) -> None:
+    """Relative file paths in the file are relative to the file (not to the working directory)."""
+    for section, key in (("signer", "auth_key_file"), ("bitcoin", "cookie_file")):
+        table = data.get(section)
+        if isinstance(table, dict) and isinstance(table.get(key), str) and not Path(table[key]).is_absolute():
+            table[key] = str(base / table[key])
+
+
+def _fold_upper(table: Any) -> Any:
+    if not isinstance(table, dict):
+        return table
+    out: dict[str, Any] = {k: v for k, v in table.items() if k == k.upper()}
+    for key, value in table.items():
+        if key == key.upper():
+            continue
+        upper = key.upper()
+        if isinstance(value, dict) and isinstance(out.get(upper), dict):
+            out[upper] = {**out[upper], **value}
+        else:
+            out[upper] = value
+    return out
+
+
+def _lowercase_symbols(data: dict) -> list[str]:
+    out = [f"assets.{s}: write asset symbols in capitals ({s.upper()})" for s in (data.get("assets") or {})
+           if s != s.upper()]
+    tokens = (data.get("ethereum") or {}).get("tokens") or {} if isinstance(data.get("ethereum"), dict) else {}
+    out += [f"ethereum.tokens.{s}: write token symbols in capitals ({s.upper()})" for s in tokens if s != s.upper()]
+    return out
+
+
+def _model_at(model: Any, parts: list[str]) -> str | None:
+    """Follow `parts` (lower-case) through the config's fields; the first unknown part, or None."""
+    from typing import get_args, get_origin
+
+    annotation: Any = model
+    for i, part in enumerate(parts):
+        while get_origin(annotation) not in (None, dict, list, Literal):  # Annotated[...], X | None
+            annotation = next(a for a in get_args(annotation) if a is not type(None))
+        if get_origin(annotation) is dict:
+            annotation = get_args(annotation)[1]
+            continue  # any key (a symbol or a chain name)
+        fields = getattr(annotation, "model_fields", None)
+        if fields is None:
+            return "__".join(parts[i:])  # a scalar has no sub-keys
+        if part not in fields:
+            return part
+        annotation = fields[part].annotation
+    return None
+
+
+def unknown_environment(environ: Mapping[str, str]) -> list[str]:
+    """`CUSTODY_*` variables that name no setting (a typo would otherwise be silently ignored)."""
+    out = []
+    for name in sorted(environ):
+        if not name.upper().startswith(ENV_PREFIX) or name.upper() == CONFIG_ENV:
+            continue
+        parts = name[len(ENV_PREFIX):].lower().split("__")
+        bad = _model_at(DeploymentConfig, parts) if all(parts) else name
+        if bad is not None:
+            out.append(f"environment {name}: no such setting ({bad!r} is unknown)")
+    return out
+
+
+def _describe(exc: ValidationError) -> list[str]:
+    """One line per error: the key path and pydantic's reason, never the offending value (a
+    secret or a private key must not reach a log)."""
+    lines = []
+    for err in exc.errors(include_input=False, include_url=False):
+        where = ".".join(str(p) for p in err["loc"])
+        message = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            message = "unknown setting (a typo? see deploy/custody.example.toml)"
+        elif err["type"] == "missing":
+            message = "required"
+        for line in message.splitlines():
+            lines.append(f"{where}: {line}" if where else line)
+    return lines
+
+
+def _decode(key: str) -> bytes | None:
+    from bip_utils import Base58Decoder
+
+    try:
+        payload = Base58Decoder.CheckDecode(key.strip())
+    except Exception:  # noqa: BLE001 - any decoding failure means "not an extended key"
+        return None
+    return payload if len(payload) == 78 else None
+
+
+def _key_problem(key: str, chain: str, bitcoin_network: str | None) -> str | None:
+    """Why `key` cannot be this chain's account xpub, without echoing it (it may be private)."""
+    payload = _decode(key)
+    prefix = key.strip()[:4]
+    version = payload[:4] if payload else b""
+    if version in _PRIVATE_VERSIONS or (payload is None and prefix.lower().endswith("prv")):
+        name = _PRIVATE_VERSIONS.get(version, prefix)
+        return (f"a private extended key ({name}...) was given: custody never holds key material; configure the "
+                "account xpub the signer exports (python -m signer xpubs)")
+    if payload is None:
+        return "not an extended public key (base58check, 78 bytes)"
+    if payload[4] != 3:
+        return f"an account-level key (depth 3: m/purpose'/coin'/account') is needed, this one has depth {payload[4]}"
+    if chain == "ethereum":
+        if version not in _MAINNET_PUBLIC or _MAINNET_PUBLIC[version] != "xpub":
+            return "an ethereum account key is an xpub (BIP44, coin 60)"
+        return None
+    expected = _MAINNET_PUBLIC if bitcoin_network == "mainnet" else _TESTNET_PUBLIC
+    if version not in expected:
+        other = _MAINNET_PUBLIC.get(version) or _TESTNET_PUBLIC.get(version) or version.hex()
+        return (f"a {other} key does not belong to bitcoin {bitcoin_network} "
+                f"(expected {' or '.join(expected.values())})")
+    return None
+
+
+def _canonical(key: str, chain: str, address_network: str) -> str:
+    if chain == "bitcoin":
+        from custody.addresses import canonical_btc_account_key
+
+        return canonical_btc_account_key(key, address_network)
+    return key.strip()
+
+
+__all__ = ["ConfigError", "DeploymentConfig", "unknown_environment"]

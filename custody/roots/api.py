@@ -1,0 +1,58 @@
+"""The `custody api` process: the HTTP API and the operator console, and nothing scheduled.
+
+`build_api_root(config)` wires `ApiRoot` (custody.roots.common's services plus the matching
+sequencer, `trading`, rebuilt from its journal at start); `serve_api(root)` runs uvicorn on the
+configured address until SIGTERM/SIGINT. The API is the matching engine's single writer: no other
+process runs a `Trading` (the worker snapshots the journal without one).
+
+The API keeps a signer *client* because three operator routes reach the signer through the
+pipelines it shares with the worker (`POST /v1/reserves` signs its control messages,
+`POST /v1/rebalances/run` and the set-aside retries run a step now); the signer re-checks every
+request against the database and its own approver keys, so the client grants nothing by itself.
+This module and everything it imports never load `signer.keys` or `signer.service`
+(tests/unit/test_roots_imports.py).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Mapping
+
+import uvicorn
+from sqlalchemy import Engine
+
+from chain_adapters.base import ChainAdapter
+from custody.config import DeploymentConfig
+from custody.roots.common import CustodyServices, build_services, install_module_dump
+from matching.service import Trading
+from signer.protocol import SignerPort
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ApiRoot(CustodyServices):
+    trading: Trading | None = None  # the sequencer; custody.trading.attach() builds it
+
+
+def build_api_root(config: DeploymentConfig, *, adapters: Mapping[str, ChainAdapter] | None = None,
+                   signer: SignerPort | None = None, engine: Engine | None = None) -> ApiRoot:
+    from custody.trading import attach
+
+    services = build_services(config, adapters=adapters, signer=signer, engine=engine)
+    root = ApiRoot(**{f: getattr(services, f) for f in services.__dataclass_fields__})
+    attach(root)  # type: ignore[arg-type]  # duck-typed: engine, ledger, trading
+    return root
+
+
+def serve_api(root: ApiRoot) -> int:
+    """Run the HTTP API until SIGTERM/SIGINT (uvicorn's own handlers); SIGUSR1 dumps the modules."""
+    from custody.api.app import create_app
+
+    install_module_dump("api", root.settings.state_dir)
+    host, port = root.settings.api_host, root.settings.api_port
+    server = uvicorn.Server(uvicorn.Config(create_app(root), host=host, port=port, log_level="warning"))  # type: ignore[arg-type]
+    log.info("custody api serving on http://%s:%d (OpenAPI at /docs); config %s", host, port, root.config.source)
+    server.run()
+    log.info("custody api stopped")
+    return 0
