@@ -1,0 +1,99 @@
+"""`python -m custody api` and `python -m custody worker` as separate OS processes, wired only by a
+config file, against the real regtest nodes and the session database:
+
+- the api answers /health on the configured port; the worker runs its jobs;
+- on SIGUSR1 each writes its loaded modules to `<STATE_DIR>/modules-<process>-<pid>.txt`: neither
+  has loaded signer.keys or signer.service (custody holds no key material);
+- SIGTERM stops each cleanly (exit 0; the worker after its running jobs);
+- an invalid file, or a database whose schema is behind, stops a process at start (exit 2) with
+  the reason, before it serves anything.
+
+Needs the signer client in this build (the roots build one; no signer process has to listen).
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import make_url
+
+from custody.database import drop_database, ensure_database, with_database
+from regtest.util import free_port, wait_until
+from tests.e2e.deployment import REPO, clean_env, custody, custody_config
+
+log = logging.getLogger(__name__)
+KEY_MODULES = {"signer.keys", "signer.service"}
+
+
+def start(process: str, config: Path, state: Path, logs: Path) -> subprocess.Popen:
+    out = open(logs / f"{process}.log", "w")
+    return subprocess.Popen([sys.executable, "-m", "custody", process, "--config", str(config)], cwd=REPO,
+                            env=clean_env(STATE_DIR=str(state)), stdout=out, stderr=subprocess.STDOUT)
+
+
+def modules_of(proc: subprocess.Popen, process: str, state: Path) -> set[str]:
+    path = state / f"modules-{process}-{proc.pid}.txt"
+    proc.send_signal(signal.SIGUSR1)
+    wait_until(path.exists, timeout=30, what=f"{path}")
+    return set(path.read_text().split())
+
+
+def test_api_and_worker_run_as_processes_without_key_code(tmp_path, cluster, database_url):
+    pytest.importorskip("signer.client", reason="the roots need the signer client (signer.client)")
+    port = free_port()
+    config = custody_config(tmp_path, cluster, database_url, extra=f"\n[api]\nhost = \"127.0.0.1\"\nport = {port}\n"
+                                                                     "\n[jobs]\nscale = 0.5\n")
+    state = tmp_path / "state"
+    procs = {name: start(name, config, state, tmp_path) for name in ("worker", "api")}
+    try:
+        def api_up() -> bool:
+            assert procs["api"].poll() is None, (tmp_path / "api.log").read_text()
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(api_up, timeout=90, what="the api's /health")
+        wait_until(lambda: "custody worker running" in (tmp_path / "worker.log").read_text(), timeout=90,
+                   what="the worker's jobs")
+        for name, proc in procs.items():
+            loaded = modules_of(proc, name, state)
+            log.info("%s (pid %d): %d modules loaded", name, proc.pid, len(loaded))
+            assert f"custody.roots.{name}" in loaded and "signer.client" in loaded
+            assert loaded & KEY_MODULES == set(), f"{name} loaded {loaded & KEY_MODULES}"
+        assert "uvicorn" in modules_of(procs["api"], "api", state)
+        assert "apscheduler" in modules_of(procs["worker"], "worker", state)
+
+        for name, proc in procs.items():
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 0, (tmp_path / f"{name}.log").read_text()
+        assert "custody worker stopped" in (tmp_path / "worker.log").read_text()
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_a_process_refuses_to_start_on_a_bad_file_or_an_old_schema(tmp_path, cluster, database_url):
+    config = custody_config(tmp_path, cluster, database_url, extra="\n[jobs]\nscael = 2\n")
+    run = custody("worker", "--config", str(config))
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines()[-2:] == [
+        "custody worker: invalid configuration:",
+        f"  {config}: jobs.scael: unknown setting (a typo? see deploy/custody.example.toml)"]
+
+    empty = with_database(database_url, f"{make_url(database_url).database}_behind")
+    ensure_database(empty)
+    try:
+        config = custody_config(tmp_path, cluster, empty)
+        run = custody("api", "--config", str(config))
+    finally:
+        drop_database(empty)
+    assert run.returncode == 2
+    assert "custody api: cannot start: database: the schema is at no revision, this code needs" in run.stderr

@@ -1,0 +1,139 @@
+"""The api and worker composition roots built from a config file only, against the real regtest
+nodes and the session database:
+
+- reference data from the file lands once (wallets, assets, cursors) and a restart writes nothing;
+  a file whose wallet key differs from the registered one stops the start, naming the key;
+- the HTTP app (`create_app`) serves the api root: a deposit address comes from the configured
+  deposit xpub;
+- the scheduler (`build_scheduler`) takes the worker root with every job, the matching snapshot job
+  on the journal (no second sequencer), sweeps and rebalances paying the configured hot address;
+- a BTC deposit to that address is credited by the worker root's deposit pipeline at finality.
+
+No signer process runs here (the worker's signing path has its own suite); the roots get the real
+signer client when this build has it, else an object that fails the test if anything signs.
+"""
+from __future__ import annotations
+
+import logging
+import uuid
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import text
+
+from custody.addresses import derive_btc_address
+from custody.api.app import create_app
+from custody.auth import Role, create_api_key
+from custody.config import DeploymentConfig
+from custody.jobs import build_scheduler
+from custody.roots.api import ApiRoot, build_api_root
+from custody.roots.common import StartupError, apply_reference_data
+from custody.roots.worker import JournalSnapshots, WorkerRoot, build_worker_root
+from tests.e2e.deployment import custody_config, regtest_keys
+
+log = logging.getLogger(__name__)
+
+
+class NoSigning:
+    """Stands in for the signer client: any call fails the test."""
+
+    def __getattr__(self, name: str):
+        raise AssertionError(f"nothing in this test signs, yet {name} was called")
+
+
+def _signer(config: DeploymentConfig):
+    try:
+        from custody.roots.common import signer_client
+
+        return signer_client(config)
+    except StartupError:
+        return NoSigning()
+
+
+@pytest.fixture
+def config(tmp_path, cluster, database_url) -> DeploymentConfig:
+    return DeploymentConfig.load(custody_config(tmp_path, cluster, database_url))
+
+
+@pytest.fixture
+def api_root(config) -> ApiRoot:
+    root = build_api_root(config, signer=_signer(config))
+    yield root
+    root.close()
+
+
+@pytest.fixture
+def worker_root(config) -> WorkerRoot:
+    root = build_worker_root(config, signer=_signer(config))
+    yield root
+    root.close()
+
+
+def test_reference_data_is_applied_once_and_a_changed_key_stops_the_start(api_root, worker_root, config, tmp_path,
+                                                                            cluster, database_url):
+    with api_root.engine.connect() as c:
+        wallets = {(r.chain, r.tier): r.xpub for r in c.execute(text("SELECT chain, tier, xpub FROM wallet"))}
+        cursors = set(c.execute(text("SELECT chain FROM chain_cursor")).scalars())
+    keys = regtest_keys()
+    assert wallets[("bitcoin", "hot")] == keys.account_xpub("bitcoin", "hot")
+    assert wallets[("bitcoin", "cold")] == keys.account_xpub("bitcoin", "cold")
+    assert wallets[("ethereum", "deposit")] == keys.account_xpub("ethereum", "deposit")
+    assert cursors >= {"bitcoin", "ethereum"}
+    usdt = api_root.wallets.chain_asset("USDT")
+    assert (usdt.chain, usdt.contract_address.lower(), usdt.finality_confirmations) == \
+        ("ethereum", cluster.token.address.lower(), 12)
+    assert api_root.wallets.chain_asset("BTC").withdrawal_fee_fast == 20_000
+
+    log.info("A restart with the same file writes nothing")
+    assert apply_reference_data(config, worker_root.wallets, worker_root.deposits) == []
+
+    log.info("A file with another hot key is refused at start, naming the key")
+    other = tmp_path / "other"
+    other.mkdir()
+    path = custody_config(other, cluster, database_url)
+    path.write_text(path.read_text().replace(keys.account_xpub("bitcoin", "hot"), keys.account_xpub("bitcoin", "deposit"), 1)
+                    .replace(f'deposit = "{keys.account_xpub("bitcoin", "deposit")}"',
+                             f'deposit = "{keys.account_xpub("bitcoin", "hot")}"', 1))
+    swapped = DeploymentConfig.load(path)
+    with pytest.raises(StartupError, match=r"wallets\.bitcoin\.deposit: the database has another key"):
+        build_worker_root(swapped, signer=NoSigning())
+    with api_root.engine.connect() as c:
+        assert c.execute(text("SELECT xpub FROM wallet WHERE chain = 'bitcoin' AND tier = 'hot'")).scalar_one() == \
+            keys.account_xpub("bitcoin", "hot")
+
+
+def test_the_http_app_serves_the_api_root(api_root, config):
+    run = uuid.uuid4().hex[:8]
+    backend = create_api_key(api_root.engine, f"roots-{run}", Role.backend, api_root.settings.api_key_pepper)
+    client = TestClient(create_app(api_root), raise_server_exceptions=False)  # type: ignore[arg-type]
+    assert client.get("/health").json() == {"status": "ok"}
+    account = client.post("/v1/accounts", headers={"X-API-Key": backend},
+                          json={"asset": "BTC", "kind": "customer", "name": f"customer:roots-{run}:BTC", "owner": f"roots-{run}"})
+    assert account.status_code == 201, account.text
+    address = client.post("/v1/deposit-addresses", headers={"X-API-Key": backend},
+                          json={"account_id": account.json()["id"], "idempotency_key": f"roots-{run}"})
+    assert address.status_code == 201, address.text
+    body = address.json()
+    assert body["address"] == derive_btc_address(config.wallets["bitcoin"].deposit, "regtest", 0, body["derivation_index"])
+    assert api_root.trading is not None  # the sequencer lives in the api
+
+
+def test_the_scheduler_takes_the_worker_root_and_a_deposit_is_credited(worker_root, config, cluster):
+    jobs = {j.id for j in build_scheduler(worker_root).get_jobs()}  # type: ignore[arg-type]
+    assert jobs >= {"deposits:bitcoin", "deposits:ethereum", "payouts", "sweeps", "rebalances", "expire-holds", "outbox",
+                    "verify", "reconcile", "matching-snapshots"}
+    assert isinstance(worker_root.trading, JournalSnapshots)
+    hot = derive_btc_address(config.wallets["bitcoin"].hot, "regtest", 0, 0)
+    assert worker_root.sweeps.hot_address == hot and worker_root.rebalances.hot_address == hot
+
+    log.info("A BTC deposit to an address of the configured deposit wallet, credited at finality")
+    owner = f"roots-{uuid.uuid4().hex[:8]}"
+    account = worker_root.wallets.customer_account(owner, "BTC")
+    address = worker_root.wallets.issue_address(f"roots:{owner}", account).address
+    cluster.bitcoin.fund(address, 123_456)
+    cluster.bitcoin.mine(config.assets["BTC"].finality)
+    for _ in range(5):
+        worker_root.deposits.run_once(["bitcoin"])
+    balance = worker_root.ledger.balance(account)
+    assert balance.posted == 123_456
+    worker_root.ledger.assert_verified()
