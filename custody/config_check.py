@@ -21,6 +21,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from chain_adapters.errors import ChainError
 from custody.config import BITCOIN_CHAIN_NAMES, ConfigError, DeploymentConfig
 
 DECIMALS_SELECTOR = "0x313ce567"  # ERC-20 decimals()
@@ -66,7 +67,7 @@ def run_checks(path: str | None) -> list[Check]:
 def _run(name: str, check: Callable[[], str]) -> Check:
     try:
         return Check(name, True, check())
-    except CheckFailed as exc:
+    except (CheckFailed, ChainError) as exc:  # a chain error's text starts with its code (node_unavailable: ...)
         return Check(name, False, str(exc))
     except Exception as exc:  # noqa: BLE001 - any failure is this check's answer, with its reason
         return Check(name, False, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}")

@@ -15,6 +15,7 @@ This module and everything it imports never load `signer.keys` or `signer.servic
 from __future__ import annotations
 
 import logging
+import signal
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -50,6 +51,11 @@ def serve_api(root: ApiRoot) -> int:
     from custody.api.app import create_app
 
     install_module_dump("api", root.settings.state_dir)
+    # uvicorn handles SIGTERM/SIGINT while it serves (finishing open requests), then restores these
+    # handlers and raises the signal again: with them, that second delivery is a no-op and the
+    # process exits 0 instead of dying by the signal.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: log.info("%s: the api has stopped serving", signal.Signals(signum).name))
     host, port = root.settings.api_host, root.settings.api_port
     server = uvicorn.Server(uvicorn.Config(create_app(root), host=host, port=port, log_level="warning"))  # type: ignore[arg-type]
     log.info("custody api serving on http://%s:%d (OpenAPI at /docs); config %s", host, port, root.config.source)

@@ -75,7 +75,7 @@ def test_an_unreachable_node_is_named(tmp_path, cluster, database_url):
     path = custody_config(tmp_path, cluster, database_url)
     path.write_text(path.read_text().replace(f"127.0.0.1:{cluster.bitcoin.rpc_port}", "127.0.0.1:9"))
     found = lines(custody("config", "check", "--config", str(path)).stdout)
-    assert found["bitcoin"].startswith("FAIL bitcoin: NodeUnavailable: 127.0.0.1:9: ")
+    assert found["bitcoin"].startswith("FAIL bitcoin: node_unavailable: 127.0.0.1:9: ")
     assert found["ethereum"].startswith("ok  ")
 
 
