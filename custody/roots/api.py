@@ -23,8 +23,10 @@ import uvicorn
 from sqlalchemy import Engine
 
 from chain_adapters.base import ChainAdapter
+from custody.api.app import create_app
 from custody.config import DeploymentConfig
 from custody.roots.common import CustodyServices, build_services, install_module_dump
+from custody.trading import attach
 from matching.service import Trading
 from signer.protocol import SignerPort
 
@@ -38,8 +40,6 @@ class ApiRoot(CustodyServices):
 
 def build_api_root(config: DeploymentConfig, *, adapters: Mapping[str, ChainAdapter] | None = None,
                    signer: SignerPort | None = None, engine: Engine | None = None) -> ApiRoot:
-    from custody.trading import attach
-
     services = build_services(config, adapters=adapters, signer=signer, engine=engine)
     root = ApiRoot(**{f: getattr(services, f) for f in services.__dataclass_fields__})
     attach(root)  # type: ignore[arg-type]  # duck-typed: engine, ledger, trading
@@ -48,8 +48,6 @@ def build_api_root(config: DeploymentConfig, *, adapters: Mapping[str, ChainAdap
 
 def serve_api(root: ApiRoot) -> int:
     """Run the HTTP API until SIGTERM/SIGINT (uvicorn's own handlers); SIGUSR1 dumps the modules."""
-    from custody.api.app import create_app
-
     install_module_dump("api", root.settings.state_dir)
     # uvicorn handles SIGTERM/SIGINT while it serves (finishing open requests), then restores these
     # handlers and raises the signal again: with them, that second delivery is a no-op and the

@@ -19,6 +19,7 @@ from sqlalchemy import Engine, text
 
 from chain_adapters.base import ChainAdapter
 from custody.config import DeploymentConfig
+from custody.jobs import build_scheduler
 from custody.roots.common import CustodyServices, build_services, install_module_dump
 from matching import snapshot, store
 from matching.engine import Engine as BookEngine
@@ -83,8 +84,6 @@ def build_worker_root(config: DeploymentConfig, *, adapters: Mapping[str, ChainA
 
 def run_worker(root: WorkerRoot, *, stop: threading.Event | None = None) -> int:
     """Run every job until SIGTERM/SIGINT (or `stop` is set); the running jobs finish first."""
-    from custody.jobs import build_scheduler
-
     stop = stop or threading.Event()
 
     def request_stop(signum: int, frame: object) -> None:
