@@ -17,6 +17,7 @@ Nothing secret is printed: URLs are shown without passwords, keys never.
 """
 from __future__ import annotations
 
+import re
 import socket
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -57,18 +58,23 @@ def run_checks(path: str | None) -> list[Check]:
     if config.bitcoin is not None and "bitcoin" in adapters:
         checks.append(_run("bitcoin", lambda: _bitcoin(config, adapters["bitcoin"])))
     if config.ethereum is not None and "ethereum" in adapters:
-        checks.append(_run("ethereum", lambda: _ethereum(config, adapters["ethereum"])))
+        where = config.ethereum.rpc_url
+        checks.append(_run("ethereum", lambda: _ethereum(config, adapters["ethereum"]), where))
         for symbol, address in sorted(config.ethereum.tokens.items()):
-            checks.append(_run(f"token {symbol}", lambda s=symbol, a=address: _token(config, adapters["ethereum"], s, a)))
+            checks.append(_run(f"token {symbol}", lambda s=symbol, a=address: _token(config, adapters["ethereum"], s, a),
+                               where))
     checks.append(_run("signer", lambda: _signer(config)))
     return checks
 
 
-def _run(name: str, check: Callable[[], str]) -> Check:
+def _run(name: str, check: Callable[[], str], where: str = "") -> Check:
     try:
         return Check(name, True, check())
     except (CheckFailed, ChainError) as exc:  # a chain error's text starts with its code (node_unavailable: ...)
         return Check(name, False, str(exc))
+    except OSError as exc:  # web3's connection errors: keep the reason, not the urllib3 retry story
+        errno = re.search(r"\[Errno -?\d+\] [^'\")]+", str(exc))
+        return Check(name, False, f"node_unavailable: {where}: {errno.group(0) if errno else type(exc).__name__}")
     except Exception as exc:  # noqa: BLE001 - any failure is this check's answer, with its reason
         return Check(name, False, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}")
 

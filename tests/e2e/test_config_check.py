@@ -73,10 +73,15 @@ def test_token_decimals_must_match_the_contract(tmp_path, cluster, database_url)
 
 def test_an_unreachable_node_is_named(tmp_path, cluster, database_url):
     path = custody_config(tmp_path, cluster, database_url)
-    path.write_text(path.read_text().replace(f"127.0.0.1:{cluster.bitcoin.rpc_port}", "127.0.0.1:9"))
-    found = lines(custody("config", "check", "--config", str(path)).stdout)
-    assert found["bitcoin"].startswith("FAIL bitcoin: node_unavailable: 127.0.0.1:9: ")
-    assert found["ethereum"].startswith("ok  ")
+    path.write_text(path.read_text().replace(f"127.0.0.1:{cluster.bitcoin.rpc_port}", "127.0.0.1:9")
+                    .replace(cluster.anvil.rpc_url, "http://127.0.0.1:9"))
+    run = custody("config", "check", "--config", str(path))
+    found = lines(run.stdout)
+    assert found["bitcoin"].startswith("FAIL bitcoin: node_unavailable: 127.0.0.1:9: "), found["bitcoin"]
+    assert found["ethereum"] == "FAIL ethereum: node_unavailable: http://127.0.0.1:9: [Errno 111] Connection refused"
+    assert found["token USDT"].startswith("FAIL token USDT: node_unavailable: http://127.0.0.1:9: ")
+    assert found["database"].startswith("ok  ")
+    assert run.returncode == 1
 
 
 def test_an_invalid_file_fails_before_reaching_anything(tmp_path, cluster, database_url):
