@@ -11,8 +11,15 @@ Deployment (three processes, each wired only by its configuration file; see the 
                                                 any failure
     (--config defaults to $CUSTODY_CONFIG)
 
-Both api and worker write their loaded module names to `$STATE_DIR/modules-<process>-<pid>.txt`
-on SIGUSR1 (and log the path): proof that they never import signer.keys or signer.service.
+One file may serve both processes: `CUSTODY_API_DATABASE_URL` / `CUSTODY_WORKER_DATABASE_URL`
+give each its own database role. Both write their loaded module names to
+`$STATE_DIR/modules-custody-<api|worker>-<pid>.txt` on SIGUSR1 (and log the path): proof that they
+never import signer.keys or signer.service.
+
+    python -m custody demo [--port P] [--exit-after-demo]
+                                                the embedded PostgreSQL, fresh regtest nodes, then
+                                                the three processes, and the demo over HTTP
+                                                (custody.launch); Ctrl-C stops all it started
 
 Operators:
 
@@ -55,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     config_sub = config.add_subparsers(dest="config_command", required=True)
     config_sub.add_parser("check", help="validate the file and reach every node, the database and the signer") \
         .add_argument("--config", default=None, help="the TOML file ($CUSTODY_CONFIG)")
+    demo = sub.add_parser("demo", help="the three processes on fresh regtest nodes, and the demo over HTTP")
+    demo.add_argument("--port", type=int, default=None, help="the api's port (default: a free one)")
+    demo.add_argument("--exit-after-demo", action="store_true", help="stop everything once the demo has finished")
     for name in APPROVE_COMMANDS:
         sub.add_parser(name, help="operator approvals (custody.approve_cli)", add_help=False)
     serve = sub.add_parser("serve", help="run the HTTP API and the jobs in one process (development)")
@@ -79,6 +89,11 @@ def main(argv: list[str] | None = None) -> int:
         return check(args.config)
     if args.command in ("api", "worker"):
         return _process(args.command, args.config)
+    if args.command == "demo":
+        from custody.launch import run_demo_topology
+
+        return run_demo_topology(state_dir=get_settings().state_dir, api_port=args.port,
+                                 exit_after_demo=args.exit_after_demo)
     return _maintenance(args)
 
 
@@ -88,7 +103,7 @@ def _process(process: str, path: str | None) -> int:
     from custody.roots.common import StartupError
 
     try:
-        config = DeploymentConfig.load(path)
+        config = DeploymentConfig.load(path, process=process)
         if process == "api":
             from custody.roots.api import build_api_root, serve_api
 

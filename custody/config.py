@@ -27,11 +27,11 @@ own settings (`ENVIRONMENT`, `API_KEY_PEPPER`, `STATE_DIR`, `TREASURY_ADJUSTMENT
 
 | section | key | default | meaning |
 | --- | --- | --- | --- |
-| database | url | `DATABASE_URL` | PostgreSQL URL, with this process's own role (custody_api / custody_worker) |
+| database | url | `DATABASE_URL` | PostgreSQL URL, with this process's own role (custody_api / custody_worker); `CUSTODY_API_DATABASE_URL` / `CUSTODY_WORKER_DATABASE_URL` override it per process |
 | api | host, port | `API_HOST` / `API_PORT` | where `custody api` listens |
-| bitcoin | rpc_url | required | bitcoind JSON-RPC URL, without credentials |
+| bitcoin | rpc_url | required | bitcoind JSON-RPC URL (`user:password@` in it counts as rpc_user + rpc_password) |
 | bitcoin | network | required | regtest, signet, testnet or mainnet: must be the node's chain |
-| bitcoin | cookie_file | - | bitcoind's `.cookie`; or rpc_user + rpc_password (exactly one scheme) |
+| bitcoin | cookie_file | - | bitcoind's `.cookie`; or rpc_user + rpc_password, or both in rpc_url (exactly one scheme) |
 | ethereum | rpc_url, chain_id | required | node URL; its `eth_chainId` (1, 11155111, 17000 or 31337) |
 | ethereum.tokens | SYMBOL | - | ERC-20 contract address of each ethereum asset other than ETH |
 | assets.SYMBOL | chain, decimals, finality | required | bitcoin/ethereum; 0..36; confirmations before a credit |
@@ -48,23 +48,24 @@ Errors: `ConfigError`, whose message has one line per problem, `<file>: <key pat
 """
 from __future__ import annotations
 
-import base64
-import binascii
 import os
 import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from custody.settings import Settings
+from signer.approvals import ApproverRegistry
 
 ENV_PREFIX = "CUSTODY_"
 CONFIG_ENV = "CUSTODY_CONFIG"
+# a process's own database URL, when one file serves both processes (see `DeploymentConfig.load`)
+PROCESS_DATABASE_ENV: dict[str, str] = {"api": "CUSTODY_API_DATABASE_URL", "worker": "CUSTODY_WORKER_DATABASE_URL"}
 BitcoinNetwork = Literal["regtest", "signet", "testnet", "mainnet"]
 Chain = Literal["bitcoin", "ethereum"]
 NATIVE_ASSET: dict[str, str] = {"bitcoin": "BTC", "ethereum": "ETH"}
@@ -136,8 +137,17 @@ def _http_url(url: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError("must be an http:// or https:// URL with a host")
     if parts.username or parts.password:
-        raise ValueError("must not carry credentials (use cookie_file, or rpc_user and rpc_password)")
+        raise ValueError("must not carry credentials")
     return url
+
+
+def _without_credentials(url: str) -> tuple[str, str | None, str | None]:
+    """(url without user:password@, user, password): regtest nodes hand out URLs with them in."""
+    parts = urlsplit(url)
+    if not parts.username:
+        return url, None, None
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=host)), unquote(parts.username), unquote(parts.password or "")
 
 
 class BitcoinSection(Section):
@@ -146,6 +156,20 @@ class BitcoinSection(Section):
     cookie_file: Path | None = None
     rpc_user: str | None = None
     rpc_password: SecretStr | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _credentials_from_url(cls, data: Any) -> Any:
+        """`http://user:password@host:port` is read as rpc_user + rpc_password (the URL is then
+        kept without them, so it can be shown); with rpc_user or rpc_password also set, refused."""
+        if not isinstance(data, dict) or not isinstance(data.get("rpc_url"), str):
+            return data
+        url, user, password = _without_credentials(data["rpc_url"])
+        if user is None:
+            return data
+        if data.get("rpc_user") is not None or data.get("rpc_password") is not None:
+            raise ValueError("rpc_url carries a user and password and rpc_user/rpc_password are set too: give them once")
+        return {**data, "rpc_url": url, "rpc_user": user, "rpc_password": password}
 
     @field_validator("rpc_url")
     @classmethod
@@ -279,7 +303,8 @@ def auth_key_problem(path: Path) -> str | None:
 
 
 class ApproverEntry(Section):
-    """One approver key, as in the signer's own configuration (signer.approvals.ApproverRegistry)."""
+    """One approver key, as in the signer's own configuration; checked by
+    signer.approvals.ApproverRegistry (key length, COSE key, rp_id/origin) at load."""
 
     key_id: Annotated[str, Field(min_length=1, max_length=200)]
     operator: Annotated[str, Field(min_length=1, max_length=200)]
@@ -287,24 +312,6 @@ class ApproverEntry(Section):
     public_key: str
     rp_id: str | None = None
     origin: str | None = None
-
-    @field_validator("public_key")
-    @classmethod
-    def _base64(cls, value: str) -> str:
-        try:
-            base64.b64decode(value, validate=True)
-        except (binascii.Error, ValueError):
-            raise ValueError("must be base64") from None
-        return value
-
-    @model_validator(mode="after")
-    def _scheme_fields(self) -> "ApproverEntry":
-        raw = base64.b64decode(self.public_key)
-        if self.scheme == "ed25519" and len(raw) != 32:
-            raise ValueError(f"an ed25519 public key is 32 bytes, this one {len(raw)}")
-        if self.scheme == "webauthn" and (not self.rp_id or not self.origin):
-            raise ValueError("a webauthn key needs rp_id and origin")
-        return self
 
 
 class JobsSection(Section):
@@ -405,13 +412,20 @@ class DeploymentConfig(BaseSettings):
         ids = [a.key_id for a in self.approvers]
         for key_id in sorted({i for i in ids if ids.count(i) > 1}):
             problems.append(f"approvers: key_id {key_id!r} appears more than once")
+        if not any(p.startswith("approvers") for p in problems):
+            try:
+                self.approver_registry()
+            except ValueError as exc:
+                problems.append(f"approvers: {exc}")
         return problems
 
     # ---- loading --------------------------------------------------------------------------
 
     @classmethod
-    def load(cls, path: str | Path | None = None) -> "DeploymentConfig":
-        """Read `path` (default: $CUSTODY_CONFIG) and the environment; ConfigError on any problem."""
+    def load(cls, path: str | Path | None = None, *, process: str | None = None) -> "DeploymentConfig":
+        """Read `path` (default: $CUSTODY_CONFIG) and the environment; ConfigError on any problem.
+        With `process` ("api" or "worker"), `CUSTODY_<PROCESS>_DATABASE_URL` (when set) is that
+        process's database URL: one file serves both, each connecting as its own role."""
         raw_path = path if path is not None else os.environ.get(CONFIG_ENV)
         if not raw_path:
             raise ConfigError([f"no configuration file: pass --config FILE or set {CONFIG_ENV}"])
@@ -435,7 +449,14 @@ class DeploymentConfig(BaseSettings):
         config._source = source
         problems = [f"{source}: {p}" for p in config._files()]
         overrides: dict[str, Any] = {}
-        if config.database.url:
+        own_url = os.environ.get(PROCESS_DATABASE_ENV.get(process or "", ""), "")
+        if own_url:
+            try:
+                DatabaseSection(url=own_url)
+            except ValidationError:
+                problems.append(f"{source}: environment {PROCESS_DATABASE_ENV[process or '']}: must be a PostgreSQL URL")
+            overrides["database_url"] = own_url
+        elif config.database.url:
             overrides["database_url"] = config.database.url
         if config.api.host is not None:
             overrides["api_host"] = config.api.host
@@ -476,10 +497,9 @@ class DeploymentConfig(BaseSettings):
     def chains(self) -> list[str]:
         return [c for c in ("bitcoin", "ethereum") if getattr(self, c) is not None]
 
-    def approver_registry(self) -> Any:
-        """The approvers as a signer.approvals.ApproverRegistry (imported here: no key material)."""
-        from signer.approvals import ApproverRegistry
-
+    def approver_registry(self) -> ApproverRegistry:
+        """The approver public keys as a signer.approvals.ApproverRegistry (the API verifies an
+        approval against them for early feedback; the signer trusts only its own list)."""
         return ApproverRegistry.from_entries([a.model_dump(exclude_none=True) for a in self.approvers])
 
 
@@ -540,7 +560,7 @@ def unknown_environment(environ: Mapping[str, str]) -> list[str]:
     """`CUSTODY_*` variables that name no setting (a typo would otherwise be silently ignored)."""
     out = []
     for name in sorted(environ):
-        if not name.upper().startswith(ENV_PREFIX) or name.upper() == CONFIG_ENV:
+        if not name.upper().startswith(ENV_PREFIX) or name.upper() in (CONFIG_ENV, *PROCESS_DATABASE_ENV.values()):
             continue
         parts = name[len(ENV_PREFIX):].lower().split("__")
         bad = _model_at(DeploymentConfig, parts) if all(parts) else name

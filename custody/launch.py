@@ -113,7 +113,8 @@ def deploy(root: Path, *, owner_url: str, nodes: Nodes, approvers: tuple[str, ..
         "listen": f"unix:{socket_path}", "auth_key_file": str(auth_key), "approvers": approver_entries,
         "quorum": quorum_entries(default_policy())})
     processes = Processes(root, signer_config=signer_cfg, custody_config=root / "custody.toml",
-                          env={"PYTHONUNBUFFERED": "1", **({"API_KEY_PEPPER": pepper} if pepper else {})})
+                          env={"PYTHONUNBUFFERED": "1", "STATE_DIR": str(root),  # SIGUSR1 module lists land here
+                               **({"API_KEY_PEPPER": pepper} if pepper else {})})
     from signer.client import SignerClient
 
     client = SignerClient.from_key_file(f"unix:{socket_path}", auth_key)

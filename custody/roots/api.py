@@ -48,7 +48,7 @@ def build_api_root(config: DeploymentConfig, *, adapters: Mapping[str, ChainAdap
 
 def serve_api(root: ApiRoot) -> int:
     """Run the HTTP API until SIGTERM/SIGINT (uvicorn's own handlers); SIGUSR1 dumps the modules."""
-    install_module_dump("api", root.settings.state_dir)
+    install_module_dump("custody-api", root.settings.state_dir)
     # uvicorn handles SIGTERM/SIGINT while it serves (finishing open requests), then restores these
     # handlers and raises the signal again: with them, that second delivery is a no-op and the
     # process exits 0 instead of dying by the signal.

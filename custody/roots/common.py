@@ -58,6 +58,7 @@ from custody.wallets import Wallets
 from custody.withdrawals import Withdrawals
 from ledger.errors import ErrorCode, LedgerError
 from ledger.service import Ledger
+from signer.approvals import ApproverRegistry
 from signer.protocol import SignerPort
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,7 @@ class CustodyServices:
     payouts: Payouts
     reconciliation: Reconciliation
     adjustments: TreasuryAdjustments
+    approvers: ApproverRegistry  # [[approvers]]: what an approval is verified against at the API (early feedback)
     sweeps: Sweeps | None  # bitcoin only
     rebalances: Rebalances | None  # bitcoin only
     reserves: Reserves | None  # bitcoin only
@@ -254,8 +256,9 @@ def build_services(config: DeploymentConfig, *, adapters: Mapping[str, ChainAdap
     apply_reference_data(config, wallets, deposits)
     networks = wallet_networks(config)
     btc_network = networks.get("bitcoin", "mainnet")  # with no bitcoin, nothing derives a bitcoin address
+    approvers = config.approver_registry()
     withdrawals = Withdrawals(engine, ledger, wallets, PolicyProvider(), networks=networks,
-                              destinations=DestinationGuard(engine, wallets, adapters))
+                              destinations=DestinationGuard(engine, wallets, adapters), approvers=approvers)
     payouts = Payouts(engine, ledger, wallets, adapters, signer, PayoutConfig(bitcoin_network=btc_network))
     payouts.withdrawals = withdrawals
     sweeps = rebalances = reserves = None
@@ -270,7 +273,8 @@ def build_services(config: DeploymentConfig, *, adapters: Mapping[str, ChainAdap
     adjustments = TreasuryAdjustments(engine, ledger, quorum=settings.treasury_adjustment_quorum)
     return CustodyServices(config=config, settings=settings, engine=engine, ledger=ledger, wallets=wallets,
                            adapters=adapters, signer=signer, deposits=deposits, withdrawals=withdrawals,
-                           payouts=payouts, reconciliation=reconciliation, adjustments=adjustments, sweeps=sweeps,
+                           payouts=payouts, reconciliation=reconciliation, adjustments=adjustments,
+                           approvers=approvers, sweeps=sweeps,
                            rebalances=rebalances, reserves=reserves)
 
 
@@ -291,9 +295,9 @@ def dump_modules(state_dir: Path, process: str) -> Path:
 
 
 def install_module_dump(process: str, state_dir: Path) -> None:
-    """On SIGUSR1, write the loaded module names to `<state_dir>/modules-<process>-<pid>.txt` and
-    log where: the e2e suite asserts from it that the api and worker never loaded signer.keys or
-    signer.service."""
+    """On SIGUSR1, write the loaded module names to `<state_dir>/modules-<process>-<pid>.txt`
+    (`process`: the topology's name, custody-api or custody-worker) and log where: the e2e suite
+    asserts from it that the api and worker never loaded signer.keys or signer.service."""
 
     def handler(signum: int, frame: object) -> None:
         log.info("SIGUSR1: loaded modules of %s written to %s", process, dump_modules(state_dir, process))

@@ -93,7 +93,7 @@ def run_worker(root: WorkerRoot, *, stop: threading.Event | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, request_stop)
         signal.signal(signal.SIGINT, request_stop)
-        install_module_dump("worker", root.settings.state_dir)
+        install_module_dump("custody-worker", root.settings.state_dir)
     scheduler = build_scheduler(root, scale=root.config.jobs.scale)  # type: ignore[arg-type]
     scheduler.start()
     log.info("custody worker running %d jobs (%s); config %s", len(scheduler.get_jobs()),

@@ -11,9 +11,11 @@ from pathlib import Path
 from regtest.bitcoin_node import RPC_PASSWORD, RPC_USER
 from regtest.cluster import Cluster
 from signer.keys import Secret, SignerKeys, seed_from_text
+from tests.approvers import entry
 
 REPO = Path(__file__).resolve().parents[2]
 TEST_MNEMONIC = "abandon " * 11 + "about"
+APPROVERS = ("op-alice", "op-bob")  # tests.approvers' deterministic test keys, in [[approvers]]
 
 
 def regtest_keys() -> SignerKeys:
@@ -31,6 +33,8 @@ def custody_config(directory: Path, cluster: Cluster, database_url: str, *, endp
         key_file.write_text(os.urandom(32).hex() + "\n")
         key_file.chmod(0o600)
     endpoint = endpoint or f"unix:{directory / 'signer.sock'}"
+    approvers = "".join("\n[[approvers]]\n" + "".join(f'{k} = "{v}"\n' for k, v in entry(op).items())
+                        for op in APPROVERS)
     text = f"""
 [database]
 url = "{database_url}"
@@ -85,6 +89,7 @@ hot = "{keys.account_xpub('ethereum', 'hot')}"
 [signer]
 endpoint = "{endpoint}"
 auth_key_file = "signer-auth.key"
+{approvers}
 {extra}"""
     path = directory / "custody.toml"
     path.write_text(text)

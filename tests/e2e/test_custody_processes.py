@@ -2,13 +2,13 @@
 config file, against the real regtest nodes and the session database:
 
 - the api answers /health on the configured port; the worker runs its jobs;
-- on SIGUSR1 each writes its loaded modules to `<STATE_DIR>/modules-<process>-<pid>.txt`: neither
+- on SIGUSR1 each writes its loaded modules to `<STATE_DIR>/modules-custody-<api|worker>-<pid>.txt`: neither
   has loaded signer.keys or signer.service (custody holds no key material);
 - SIGTERM stops each cleanly (exit 0; the worker after its running jobs);
 - an invalid file, or a database whose schema is behind, stops a process at start (exit 2) with
   the reason, before it serves anything.
 
-Needs the signer client in this build (the roots build one; no signer process has to listen).
+No signer process listens: the roots build a signer client, which connects per call.
 """
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 
 import httpx
-import pytest
 from sqlalchemy import make_url
 
 from custody.database import drop_database, ensure_database, with_database
@@ -37,14 +36,13 @@ def start(process: str, config: Path, state: Path, logs: Path) -> subprocess.Pop
 
 
 def modules_of(proc: subprocess.Popen, process: str, state: Path) -> set[str]:
-    path = state / f"modules-{process}-{proc.pid}.txt"
+    path = state / f"modules-custody-{process}-{proc.pid}.txt"
     proc.send_signal(signal.SIGUSR1)
     wait_until(path.exists, timeout=30, what=f"{path}")
     return set(path.read_text().split())
 
 
 def test_api_and_worker_run_as_processes_without_key_code(tmp_path, cluster, database_url):
-    pytest.importorskip("signer.client", reason="the roots need the signer client (signer.client)")
     port = free_port()
     config = custody_config(tmp_path, cluster, database_url, extra=f"\n[api]\nhost = \"127.0.0.1\"\nport = {port}\n"
                                                                      "\n[jobs]\nscale = 0.5\n")

@@ -9,8 +9,8 @@ nodes and the session database:
   on the journal (no second sequencer), sweeps and rebalances paying the configured hot address;
 - a BTC deposit to that address is credited by the worker root's deposit pipeline at finality.
 
-No signer process runs here (the worker's signing path has its own suite); the roots get the real
-signer client when this build has it, else an object that fails the test if anything signs.
+No signer process runs here (the topology suite signs through one); the roots get a stand-in that
+fails the test if anything signs.
 """
 from __future__ import annotations
 
@@ -41,13 +41,8 @@ class NoSigning:
         raise AssertionError(f"nothing in this test signs, yet {name} was called")
 
 
-def _signer(config: DeploymentConfig):
-    try:
-        from custody.roots.common import signer_client
-
-        return signer_client(config)
-    except StartupError:
-        return NoSigning()
+def _signer(config: DeploymentConfig) -> NoSigning:
+    return NoSigning()
 
 
 @pytest.fixture
@@ -116,6 +111,8 @@ def test_the_http_app_serves_the_api_root(api_root, config):
     body = address.json()
     assert body["address"] == derive_btc_address(config.wallets["bitcoin"].deposit, "regtest", 0, body["derivation_index"])
     assert api_root.trading is not None  # the sequencer lives in the api
+    assert sorted(k.operator for k in api_root.approvers.keys()) == ["op-alice", "op-bob"]
+    assert api_root.withdrawals.approvers is api_root.approvers
 
 
 def test_the_scheduler_takes_the_worker_root_and_a_deposit_is_credited(worker_root, config, cluster):

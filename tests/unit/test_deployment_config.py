@@ -158,9 +158,31 @@ def test_cookie_and_user_password_are_exclusive(write):
     assert cookie.bitcoin.rpc_user is None
 
 
-def test_credentials_in_the_rpc_url_are_refused(write):
-    found = problems(write(('rpc_url = "http://127.0.0.1:18443"', 'rpc_url = "http://u:p@127.0.0.1:18443"')))
-    assert found == ["bitcoin.rpc_url: must not carry credentials (use cookie_file, or rpc_user and rpc_password)"]
+def test_credentials_in_the_rpc_url_count_as_user_and_password(write):
+    plain = ('rpc_user = "custody"\n', ""), ('rpc_password = "regtest"', "")
+    config = DeploymentConfig.load(write(('rpc_url = "http://127.0.0.1:18443"', 'rpc_url = "http://custody:re%40g@127.0.0.1:18443"'),
+                                         *plain))
+    assert config.bitcoin.rpc_url == "http://127.0.0.1:18443"  # shown without them
+    assert (config.bitcoin.rpc_user, config.bitcoin.rpc_password.get_secret_value()) == ("custody", "re@g")
+    twice = write(('rpc_url = "http://127.0.0.1:18443"', 'rpc_url = "http://u:p@127.0.0.1:18443"'))
+    assert problems(twice) == ["bitcoin: rpc_url carries a user and password and rpc_user/rpc_password are set too: "
+                               "give them once"]
+    with_cookie = write(('rpc_url = "http://127.0.0.1:18443"', 'rpc_url = "http://u:p@127.0.0.1:18443"'),
+                        ("# cookie_file = ", "cookie_file = "), *plain)
+    assert problems(with_cookie) == ["bitcoin: give cookie_file or rpc_user + rpc_password, not both"]
+
+
+def test_one_file_gives_each_process_its_own_database_role(write, monkeypatch):
+    path = write()
+    monkeypatch.setenv("CUSTODY_WORKER_DATABASE_URL", "postgresql://custody_worker@db:5432/custody")
+    monkeypatch.setenv("CUSTODY_API_DATABASE_URL", "postgresql://custody_api@db:5432/custody")
+    assert DeploymentConfig.load(path, process="worker").database_url == "postgresql://custody_worker@db:5432/custody"
+    assert DeploymentConfig.load(path, process="api").database_url == "postgresql://custody_api@db:5432/custody"
+    assert DeploymentConfig.load(path).database_url == "postgresql://custody_worker@127.0.0.1:5432/custody"
+    monkeypatch.setenv("CUSTODY_API_DATABASE_URL", "mysql://nope")
+    assert DeploymentConfig.load(path, process="worker").database_url.startswith("postgresql://custody_worker@")  # not the api's
+    with pytest.raises(ConfigError, match="environment CUSTODY_API_DATABASE_URL: must be a PostgreSQL URL"):
+        DeploymentConfig.load(path, process="api")
 
 
 @pytest.mark.parametrize("tier", ["deposit", "hot", "cold"])
@@ -282,9 +304,13 @@ def test_the_signer_auth_key_file_must_be_private_hex(write, tmp_path):
     assert problems(path)[0].startswith(f"signer.auth_key_file: {key}: cannot read it")
 
 
-def test_approvers_are_checked(write):
+def test_approvers_are_checked_by_the_signers_own_rules(write):
+    assert len(DeploymentConfig.load(write()).approver_registry()) == 1
     entry = 'public_key = "11qYAYKxCrfVS/7TyWQHOg7hcvPapiMlrwIaaPcHURo="'
-    assert problems(write((entry, 'public_key = "AAAA"'))) == ["approvers.0: an ed25519 public key is 32 bytes, this one 3"]
+    assert problems(write((entry, 'public_key = "AAAA"'))) == \
+        ["approvers: approver key 'alice-ed25519-1': an ed25519 public key is 32 bytes, not 3"]
+    assert problems(write(('scheme = "ed25519"', 'scheme = "webauthn"'))) == \
+        ["approvers: approver key 'alice-ed25519-1': a webauthn key needs rp_id and origin"]
     assert problems(write(('scheme = "ed25519"', 'scheme = "rsa"')))[0].startswith("approvers.0.scheme: ")
     twice = EXAMPLE.read_text()
     block = twice[twice.index("[[approvers]]"):twice.index("[jobs]")]
