@@ -167,6 +167,7 @@ def test_money_path_on_three_processes(deployment, nodes_up, clients, owner):
 
     hot = derive_btc_address(deployment.xpubs["bitcoin"]["hot"], "regtest", 0, 0)
     cluster.bitcoin.fund(hot, 10 * BTC)
+    cluster.bitcoin.mine(1)  # the hot wallet counts confirmed coins only (scantxoutset)
     w = _withdraw(clients, acct, "2.5", dest)
     assert w["state"] == "pending_approval", w
     names = list(deployment.approver_keys)
@@ -296,6 +297,7 @@ def test_bitcoind_restart_needs_no_operator(deployment, nodes_up, clients):
     cluster.bitcoin.stop()
     time.sleep(3)  # the workers' jobs fail against the stopped node meanwhile
     cluster.bitcoin.start(detached=True)
+    cluster.bitcoin.ensure_faucet()  # the test's own funding wallet is not loaded again by itself
     acct = _funded_customer(clients, cluster, 1 * BTC)
     assert _ok(clients["admin"].get(f"/v1/accounts/{acct}/balance"))["posted"]["value"] == "1.00000000"
     assert _ok(clients["admin"].get("/v1/verify"))["ok"]
