@@ -28,7 +28,8 @@ Operators:
 
 Development and maintenance (settings from the environment, custody/settings.py):
 
-    python -m custody serve [--demo] [--host H] [--port P]   API and jobs in one process (and the demo)
+    python -m custody serve [--host H] [--port P]   API and jobs in one process, in-process signer
+                                                (development; `serve --demo` is `demo`)
     python -m custody migrate                                upgrade the schema (Alembic)
     python -m custody create-api-key NAME ROLE               print a new key (roles: backend,
                                                              operator, auditor, admin)
@@ -63,12 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     config_sub.add_parser("check", help="validate the file and reach every node, the database and the signer") \
         .add_argument("--config", default=None, help="the TOML file ($CUSTODY_CONFIG)")
     demo = sub.add_parser("demo", help="the three processes on fresh regtest nodes, and the demo over HTTP")
-    demo.add_argument("--port", type=int, default=None, help="the api's port (default: a free one)")
+    demo.add_argument("--port", type=int, default=None, help="the api's port (default: API_PORT, 8000)")
     demo.add_argument("--exit-after-demo", action="store_true", help="stop everything once the demo has finished")
     for name in APPROVE_COMMANDS:
         sub.add_parser(name, help="operator approvals (custody.approve_cli)", add_help=False)
-    serve = sub.add_parser("serve", help="run the HTTP API and the jobs in one process (development)")
-    serve.add_argument("--demo", action="store_true", help="run the end-to-end demo once the API is up")
+    serve = sub.add_parser("serve", help="the HTTP API and the jobs in one process (development; no chains)")
+    serve.add_argument("--demo", action="store_true", help="the same as `demo`: the three processes and the demo")
     serve.add_argument("--host", default=None)
     serve.add_argument("--port", type=int, default=None)
     serve.add_argument("--exit-after-demo", action="store_true", help="stop once the demo has finished")
@@ -89,10 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         return check(args.config)
     if args.command in ("api", "worker"):
         return _process(args.command, args.config)
-    if args.command == "demo":
+    if args.command == "demo" or (args.command == "serve" and args.demo):  # `serve --demo`: scripts/run's spelling
         from custody.launch import run_demo_topology
 
-        return run_demo_topology(state_dir=get_settings().state_dir, api_port=args.port,
+        return run_demo_topology(state_dir=get_settings().state_dir, api_port=args.port or get_settings().api_port,
                                  exit_after_demo=args.exit_after_demo)
     return _maintenance(args)
 
@@ -138,15 +139,7 @@ def _maintenance(args: argparse.Namespace) -> int:
     from custody.container import bootstrap
 
     settings = get_settings()
-    url = None
-    if args.command == "serve" and args.demo and not settings.database_url:
-        # The demo runs on fresh regtest chains, so it gets a fresh database of its own each time.
-        from custody.database import drop_database, embedded_server_url, ensure_database, with_database
-
-        url = with_database(embedded_server_url(settings.state_dir), "custody_demo")
-        drop_database(url)
-        ensure_database(url)
-    container = bootstrap(settings, url=url)
+    container = bootstrap(settings)
     if args.command == "migrate":
         print("schema is at the newest revision")
     elif args.command == "create-api-key":
@@ -168,8 +161,7 @@ def _maintenance(args: argparse.Namespace) -> int:
     elif args.command == "serve":
         from custody.server import serve
 
-        return serve(container, host=args.host or settings.api_host, port=args.port or settings.api_port,
-                     demo=args.demo, exit_after_demo=args.exit_after_demo)
+        return serve(container, host=args.host or settings.api_host, port=args.port or settings.api_port)
     return 0
 
 
