@@ -28,8 +28,6 @@ Operators:
 
 Development and maintenance (settings from the environment, custody/settings.py):
 
-    python -m custody serve [--host H] [--port P]   API and jobs in one process, in-process signer
-                                                (development; `serve --demo` is `demo`)
     python -m custody migrate                                upgrade the schema (Alembic)
     python -m custody create-api-key NAME ROLE               print a new key (roles: backend,
                                                              operator, auditor, admin)
@@ -68,11 +66,6 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--exit-after-demo", action="store_true", help="stop everything once the demo has finished")
     for name in APPROVE_COMMANDS:
         sub.add_parser(name, help="operator approvals (custody.approve_cli)", add_help=False)
-    serve = sub.add_parser("serve", help="the HTTP API and the jobs in one process (development; no chains)")
-    serve.add_argument("--demo", action="store_true", help="the same as `demo`: the three processes and the demo")
-    serve.add_argument("--host", default=None)
-    serve.add_argument("--port", type=int, default=None)
-    serve.add_argument("--exit-after-demo", action="store_true", help="stop once the demo has finished")
     sub.add_parser("migrate", help="upgrade the database schema")
     key = sub.add_parser("create-api-key", help="create an API key and print it once")
     key.add_argument("name")
@@ -90,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         return check(args.config)
     if args.command in ("api", "worker"):
         return _process(args.command, args.config)
-    if args.command == "demo" or (args.command == "serve" and args.demo):  # `serve --demo`: scripts/run's spelling
+    if args.command == "demo":
         from custody.launch import run_demo_topology
 
         return run_demo_topology(state_dir=get_settings().state_dir, api_port=args.port or get_settings().api_port,
@@ -125,13 +118,8 @@ def _process(process: str, path: str | None) -> int:
 def _approve(argv: list[str]) -> int:
     """`approve` and `approver-key` belong to custody.approve_cli; it gets the whole argv
     (sub-command first)."""
-    try:
-        from custody.approve_cli import main as approve_main
-    except ImportError as exc:
-        if exc.name != "custody.approve_cli":
-            raise
-        print(f"custody {argv[0]}: the approval tool (custody.approve_cli) is not part of this build", file=sys.stderr)
-        return 2
+    from custody.approve_cli import main as approve_main
+
     return approve_main(argv)
 
 
@@ -158,10 +146,6 @@ def _maintenance(args: argparse.Namespace) -> int:
         return 1 if failed else 0
     elif args.command == "expire-holds":
         print(f"expired {len(container.ledger.expire_holds())} hold(s)")
-    elif args.command == "serve":
-        from custody.server import serve
-
-        return serve(container, host=args.host or settings.api_host, port=args.port or settings.api_port)
     return 0
 
 

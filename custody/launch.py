@@ -30,19 +30,6 @@ from sqlalchemy import make_url
 from custody.topology import Processes
 
 log = logging.getLogger(__name__)
-BTC_FINALITY, ETH_FINALITY = 3, 12
-
-# Regtest reference data (the same as the in-process suites': custody.devchains.configure_regtest).
-REGTEST_ASSETS = {
-    "BTC": {"chain": "bitcoin", "decimals": 8, "finality": BTC_FINALITY, "dust_minimum": 1_000,
-            "min_withdrawal": 10_000, "withdrawal_fee": 5_000, "withdrawal_fee_fast": 20_000},
-    "ETH": {"chain": "ethereum", "decimals": 18, "finality": ETH_FINALITY, "dust_minimum": 10**9,
-            "min_withdrawal": 10**15, "withdrawal_fee": 10**15},
-    "USDT": {"chain": "ethereum", "decimals": 6, "finality": ETH_FINALITY, "dust_minimum": 10_000,
-             "min_withdrawal": 10**6, "withdrawal_fee": 10**6},
-}
-
-
 @dataclass(frozen=True)
 class Nodes:
     """Where the chains are: bitcoind's RPC URL (user:password in it, as regtest's nodes give it),
@@ -92,7 +79,7 @@ def deploy(root: Path, *, owner_url: str, nodes: Nodes, approvers: tuple[str, ..
     from custody.policy_config import default_policy
     from signer.config import quorum_entries
     from signer.wire import write_auth_key
-    from custody.devchains import dev_seed_file
+    from custody.devchains import REGTEST_ASSETS, dev_seed_file
 
     root.mkdir(parents=True, exist_ok=True)
     migrate(owner_url)

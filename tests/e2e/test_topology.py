@@ -207,6 +207,17 @@ def test_api_and_worker_never_load_key_code_or_the_seed(deployment):
     assert "signer" in Path(f"/proc/{signer_pid}/cmdline").read_text()
 
 
+def test_each_process_connects_as_its_own_role(deployment, owner):
+    """After the money path every process has talked to the database: each under its own role."""
+    with owner.connect() as c:
+        seen = {(r.application_name, r.usename) for r in c.execute(text(
+            "SELECT DISTINCT application_name, usename FROM pg_stat_activity WHERE datname = current_database() "
+            "AND application_name LIKE 'custody-%'"))}
+    assert {("custody-api", "custody_api"), ("custody-worker", "custody_worker"),
+            ("custody-signer", "custody_signer")} <= seen, seen
+    assert all(user == name.replace("-", "_").removesuffix("_2") for name, user in seen), seen
+
+
 def test_signer_role_cannot_write_what_it_checks(owner_url):
     from sqlalchemy.exc import ProgrammingError
 
