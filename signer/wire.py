@@ -187,7 +187,7 @@ def parse_endpoint(text: str) -> Endpoint:
 
 
 def read_auth_key(path: str | os.PathLike[str]) -> bytes:
-    """The shared auth key from a file of hex (AUTH_KEY_MIN_BYTES+ bytes, surrounding whitespace
+    """One client's auth key from a file of hex (AUTH_KEY_MIN_BYTES+ bytes, surrounding whitespace
     ignored) that group and others cannot access. ValueError with the reason; never the key."""
     p = Path(path)
     try:

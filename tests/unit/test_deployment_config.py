@@ -377,3 +377,20 @@ def test_a_missing_file_and_bad_toml_name_the_file(tmp_path):
 
 def test_lowercase_symbols_are_refused(write):
     assert problems(write(("[assets.BTC]", "[assets.btc]"))) == ["assets.btc: write asset symbols in capitals (BTC)"]
+
+
+def test_config_check_reads_the_file_as_the_named_process(write, tmp_path, monkeypatch, capsys):
+    """`config check --process api` applies the api's own overrides: its missing key file fails the
+    `config` line naming the variable, before anything is reached; the worker's reading is unaffected."""
+    from custody.__main__ import main
+    from custody.config_check import run_checks
+
+    path = write()
+    monkeypatch.setenv("CUSTODY_API_SIGNER_CLIENT", "api")
+    monkeypatch.setenv("CUSTODY_API_SIGNER_AUTH_KEY_FILE", str(tmp_path / "absent.key"))
+    (check,) = run_checks(str(path), "api")
+    assert (check.name, check.ok) == ("config", False)
+    assert f"environment CUSTODY_API_SIGNER_AUTH_KEY_FILE: {tmp_path / 'absent.key'}: cannot read it" in check.detail
+    assert main(["config", "check", "--config", str(path), "--process", "api"]) == 1
+    assert "FAIL config" in capsys.readouterr().out
+    assert DeploymentConfig.load(path, process="worker").signer.client == "worker"
