@@ -11,8 +11,13 @@ Deployment (three processes, each wired only by its configuration file; see the 
                                                 any failure
     (--config defaults to $CUSTODY_CONFIG)
 
+    python -m custody config check --config F --process api|worker
+                                                the same, as that process reads F (its own
+                                                overrides below)
+
 One file may serve both processes: `CUSTODY_API_DATABASE_URL` / `CUSTODY_WORKER_DATABASE_URL`
-give each its own database role. Both write their loaded module names to
+give each its own database role, `CUSTODY_API_SIGNER_CLIENT` / `CUSTODY_API_SIGNER_AUTH_KEY_FILE`
+(and `CUSTODY_WORKER_SIGNER_*`) its own signer client and key. Both write their loaded module names to
 `$STATE_DIR/modules-custody-<api|worker>-<pid>.txt` on SIGUSR1 (and log the path): proof that they
 never import signer.keys or signer.service.
 
@@ -59,8 +64,10 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_parser(name, help=text).add_argument("--config", default=None, help="the TOML file ($CUSTODY_CONFIG)")
     config = sub.add_parser("config", help="deployment configuration tools")
     config_sub = config.add_subparsers(dest="config_command", required=True)
-    config_sub.add_parser("check", help="validate the file and reach every node, the database and the signer") \
-        .add_argument("--config", default=None, help="the TOML file ($CUSTODY_CONFIG)")
+    check_parser = config_sub.add_parser("check", help="validate the file and reach every node, the database and the signer")
+    check_parser.add_argument("--config", default=None, help="the TOML file ($CUSTODY_CONFIG)")
+    check_parser.add_argument("--process", choices=("api", "worker"), default=None,
+                              help="read the file as this process does (its CUSTODY_<PROCESS>_* overrides)")
     demo = sub.add_parser("demo", help="the three processes on fresh regtest nodes, and the demo over HTTP")
     demo.add_argument("--port", type=int, default=None, help="the api's port (default: API_PORT, 8000)")
     demo.add_argument("--exit-after-demo", action="store_true", help="stop everything once the demo has finished")
@@ -80,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "config":
         from custody.config_check import main as check
 
-        return check(args.config)
+        return check(args.config, args.process)
     if args.command in ("api", "worker"):
         return _process(args.command, args.config)
     if args.command == "demo":

@@ -17,6 +17,9 @@ Guarantees:
   as a wallet is refused without echoing it.
 - The file is read once; the bitcoind cookie named here is read at connect time (bitcoind writes
   a new one at each start), and the signer's auth key file when the signer client is built.
+- Each process speaks to the signer as its own client with its own key: the signer's config says
+  which methods each client may call (deployed: `worker` every method, `api` ping, xpubs and
+  sign_reserves_message), so the api process cannot even ask for a payout to be signed.
 
 Environment overrides: `CUSTODY_<SECTION>__<KEY>` (double underscore between levels) wins over
 the file, e.g. `CUSTODY_DATABASE__URL`, `CUSTODY_BITCOIN__RPC_PASSWORD`,
@@ -40,7 +43,8 @@ own settings (`ENVIRONMENT`, `API_KEY_PEPPER`, `STATE_DIR`, `TREASURY_ADJUSTMENT
 | wallets.CHAIN | deposit, hot | required | account xpubs from `python -m signer xpubs` |
 | wallets.CHAIN | cold | - | watch-only cold account xpub (rebalances need it) |
 | signer | endpoint | required | `unix:/abs/path.sock` or `tcp:127.0.0.1:PORT` (loopback only) |
-| signer | auth_key_file | required | the shared key authenticating custody to the signer |
+| signer | client | required | this process's client name in the signer's `[[clients]]`; `CUSTODY_API_SIGNER_CLIENT` / `CUSTODY_WORKER_SIGNER_CLIENT` override it per process |
+| signer | auth_key_file | required | that client's own auth key (hex, mode 600); `CUSTODY_API_SIGNER_AUTH_KEY_FILE` / `CUSTODY_WORKER_SIGNER_AUTH_KEY_FILE` override it per process |
 | approvers | (list) | [] | the signer's approver keys, for early feedback at the API only |
 | jobs | scale | 1.0 | multiplies every job interval (custody.jobs) |
 
@@ -66,6 +70,11 @@ ENV_PREFIX = "CUSTODY_"
 CONFIG_ENV = "CUSTODY_CONFIG"
 # a process's own database URL, when one file serves both processes (see `DeploymentConfig.load`)
 PROCESS_DATABASE_ENV: dict[str, str] = {"api": "CUSTODY_API_DATABASE_URL", "worker": "CUSTODY_WORKER_DATABASE_URL"}
+# a process's own signer client and key, likewise: {process: {[signer] key: variable}}
+PROCESS_SIGNER_ENV: dict[str, dict[str, str]] = {
+    p: {"client": f"CUSTODY_{p.upper()}_SIGNER_CLIENT", "auth_key_file": f"CUSTODY_{p.upper()}_SIGNER_AUTH_KEY_FILE"}
+    for p in ("api", "worker")}
+PROCESS_ENV = frozenset([*PROCESS_DATABASE_ENV.values(), *(v for m in PROCESS_SIGNER_ENV.values() for v in m.values())])
 BitcoinNetwork = Literal["regtest", "signet", "testnet", "mainnet"]
 Chain = Literal["bitcoin", "ethereum"]
 NATIVE_ASSET: dict[str, str] = {"bitcoin": "BTC", "ethereum": "ETH"}
@@ -253,7 +262,17 @@ class WalletSection(Section):
 
 class SignerSection(Section):
     endpoint: str
+    client: str
     auth_key_file: Path
+
+    @field_validator("client")
+    @classmethod
+    def _client_name(cls, name: str) -> str:
+        from signer.wire import CLIENT_NAME
+
+        if not CLIENT_NAME.fullmatch(name):
+            raise ValueError("a client name is 1-64 of a-z, 0-9, '_', '-', starting with a letter (as in the signer's [[clients]])")
+        return name
 
     @field_validator("endpoint")
     @classmethod
@@ -273,7 +292,7 @@ class SignerSection(Section):
         raise ValueError("must be unix:/path/to.sock or tcp:127.0.0.1:PORT")
 
     def auth_key(self) -> bytes:
-        """The shared authentication key: the file holds it as hex (`openssl rand -hex 32`), the
+        """This client's authentication key: the file holds it as hex (`openssl rand -hex 32`), the
         same file format as the signer's (signer.wire.read_auth_key)."""
         problem = auth_key_problem(self.auth_key_file)
         if problem:
@@ -336,6 +355,7 @@ class DeploymentConfig(BaseSettings):
 
     _source: Path | None = PrivateAttr(default=None)
     _settings: Settings | None = PrivateAttr(default=None)
+    _key_file_from: str | None = PrivateAttr(default=None)  # the variable that overrode [signer] auth_key_file
 
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
@@ -425,7 +445,9 @@ class DeploymentConfig(BaseSettings):
     def load(cls, path: str | Path | None = None, *, process: str | None = None) -> "DeploymentConfig":
         """Read `path` (default: $CUSTODY_CONFIG) and the environment; ConfigError on any problem.
         With `process` ("api" or "worker"), `CUSTODY_<PROCESS>_DATABASE_URL` (when set) is that
-        process's database URL: one file serves both, each connecting as its own role."""
+        process's database URL, and `CUSTODY_<PROCESS>_SIGNER_CLIENT` / `..._SIGNER_AUTH_KEY_FILE`
+        its signer client and key (a relative path is the working directory's): one file serves
+        both, each connecting as its own role and speaking to the signer as its own client."""
         raw_path = path if path is not None else os.environ.get(CONFIG_ENV)
         if not raw_path:
             raise ConfigError([f"no configuration file: pass --config FILE or set {CONFIG_ENV}"])
@@ -446,6 +468,18 @@ class DeploymentConfig(BaseSettings):
             config = cls(**data)
         except ValidationError as exc:
             raise ConfigError([f"{source}: {line}" for line in _describe(exc)]) from None
+        signer_env = {key: os.environ[name] for key, name in PROCESS_SIGNER_ENV.get(process or "", {}).items()
+                      if os.environ.get(name)}
+        if signer_env:
+            try:
+                section = SignerSection(**{**config.signer.model_dump(), **signer_env})
+            except ValidationError as exc:
+                names = PROCESS_SIGNER_ENV[process or ""]
+                raise ConfigError([f"{source}: environment {names.get(str(e['loc'][0]), e['loc'][0])}: "
+                                   f"{e['msg'].removeprefix('Value error, ')}"
+                                   for e in exc.errors(include_input=False, include_url=False)]) from None
+            config = config.model_copy(update={"signer": section})
+            config._key_file_from = PROCESS_SIGNER_ENV[process or ""]["auth_key_file"] if "auth_key_file" in signer_env else None
         config._source = source
         problems = [f"{source}: {p}" for p in config._files()]
         overrides: dict[str, Any] = {}
@@ -474,7 +508,8 @@ class DeploymentConfig(BaseSettings):
 
     def _files(self) -> list[str]:
         problem = auth_key_problem(self.signer.auth_key_file)
-        return [f"signer.auth_key_file: {problem}"] if problem else []
+        where = f"environment {self._key_file_from}" if self._key_file_from else "signer.auth_key_file"
+        return [f"{where}: {problem}"] if problem else []
 
     @property
     def source(self) -> Path | None:
@@ -560,7 +595,7 @@ def unknown_environment(environ: Mapping[str, str]) -> list[str]:
     """`CUSTODY_*` variables that name no setting (a typo would otherwise be silently ignored)."""
     out = []
     for name in sorted(environ):
-        if not name.upper().startswith(ENV_PREFIX) or name.upper() in (CONFIG_ENV, *PROCESS_DATABASE_ENV.values()):
+        if not name.upper().startswith(ENV_PREFIX) or name.upper() in (CONFIG_ENV, *PROCESS_ENV):
             continue
         parts = name[len(ENV_PREFIX):].lower().split("__")
         bad = _model_at(DeploymentConfig, parts) if all(parts) else name

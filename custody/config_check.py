@@ -1,5 +1,7 @@
-"""`python -m custody config check --config F`: validate the deployment file, then reach everything
-it names, so a deployment learns of a wrong URL, network, key or contract before it serves.
+"""`python -m custody config check --config F [--process api|worker]`: validate the deployment
+file, then reach everything it names, so a deployment learns of a wrong URL, network, key or
+contract before it serves. With `--process`, the file is read as that process reads it (its own
+`CUSTODY_<PROCESS>_DATABASE_URL` and `CUSTODY_<PROCESS>_SIGNER_*` overrides applied).
 
 One line per check (`ok  ` or `FAIL`, the check's name, what was found or why it failed); exit 1
 when any fails. Each check runs even when an earlier one failed.
@@ -11,7 +13,7 @@ when any fails. Each check runs even when an earlier one failed.
 | bitcoin | `getblockchaininfo` answers, its `chain` is the configured network, and `-txindex` is on |
 | ethereum | `eth_chainId` is the configured chain_id |
 | token SYMBOL | the contract has code, and its ERC-20 `decimals()` equals [assets.SYMBOL] decimals |
-| signer | something listens at the endpoint, answers `ping` (authenticated with the auth key), and its `xpubs` equal [wallets.*] deposit and hot (cold is not compared: it may be held outside the signer) |
+| signer | something listens at the endpoint, answers `ping` and `xpubs` to [signer] client (authenticated with its auth key; a client the signer does not know, or knows with another key, is `unauthenticated`), and the xpubs equal [wallets.*] deposit and hot (cold is not compared: it may be held outside the signer) |
 
 Nothing secret is printed: URLs are shown without passwords, keys never.
 """
@@ -39,10 +41,10 @@ class Check:
         return f"{'ok  ' if self.ok else 'FAIL'} {self.name}: {self.detail}"
 
 
-def run_checks(path: str | None) -> list[Check]:
-    """Every check for the file at `path` (None: $CUSTODY_CONFIG)."""
+def run_checks(path: str | None, process: str | None = None) -> list[Check]:
+    """Every check for the file at `path` (None: $CUSTODY_CONFIG), as `process` reads it."""
     try:
-        config = DeploymentConfig.load(path)
+        config = DeploymentConfig.load(path, process=process)
     except ConfigError as exc:
         return [Check("config", False, "\n     ".join(exc.problems))]
     checks = [Check("config", True, f"{config.source}: {', '.join(config.chains)}; assets "
@@ -191,7 +193,8 @@ def _signer(config: DeploymentConfig) -> str:
     if mismatched:
         raise CheckFailed(f"{endpoint}: the signer's xpubs differ from {', '.join(mismatched)} "
                           "(fill them from `python -m signer xpubs`)")
-    return f"{endpoint}: answers (network {network}, master fingerprint {fingerprint}); xpubs equal the wallets"
+    return (f"{endpoint}: answers client {config.signer.client} (network {network}, master fingerprint {fingerprint}); "
+            "xpubs equal the wallets")
 
 
 def _accounts(xpubs: Any) -> dict[str, dict[str, str]]:
@@ -202,8 +205,8 @@ def _accounts(xpubs: Any) -> dict[str, dict[str, str]]:
     return {str(c): {str(t): str(x) for t, x in tiers.items()} for c, tiers in accounts.items() if isinstance(tiers, dict)}
 
 
-def main(path: str | None) -> int:
-    checks = run_checks(path)
+def main(path: str | None, process: str | None = None) -> int:
+    checks = run_checks(path, process)
     for check in checks:
         print(check.line(), flush=True)
     failed = [c.name for c in checks if not c.ok]

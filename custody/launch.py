@@ -6,11 +6,17 @@ PostgreSQL itself.
 first API keys) and the nodes' RPC endpoints, it:
 1. migrates the database (the migrations create the roles custody_api, custody_worker,
    custody_signer);
-2. writes a development seed (0600) and the signer's authentication key (0600) under `root`, plus
-   one Ed25519 approver key per scripted approver;
-3. writes `signer.toml` (connects as custody_signer) and starts `python -m signer serve`;
+2. writes a development seed (0600) and one signer authentication key per client (0600:
+   `signer-worker.key`, `signer-api.key`) under `root`, plus one Ed25519 approver key per
+   scripted approver;
+3. writes `signer.toml` (connects as custody_signer; its `[[clients]]` are signer.config's
+   DEPLOYED_CLIENTS: `worker` may call every method, `api` only ping, xpubs and
+   sign_reserves_message) and starts `python -m signer serve`;
 4. asks the signer for its xpubs over its socket (custody never derives from a seed) and writes
-   `custody-worker.toml` / `custody-api.toml` (the same settings; each connects as its own role);
+   `custody.toml` as the worker's file (database role custody_worker, signer client `worker`);
+   the api process reads the same file with its own role, signer client and key from its
+   environment (`CUSTODY_API_DATABASE_URL`, `CUSTODY_API_SIGNER_CLIENT`,
+   `CUSTODY_API_SIGNER_AUTH_KEY_FILE`: custody.config's per-process overrides);
 5. starts `python -m custody worker` and `python -m custody api` and waits for `/health`.
 
 Every process logs to `root/logs/<name>.log`; `Deployment.stop()` stops them in reverse order.
@@ -50,6 +56,7 @@ class Deployment:
     api_base: str
     xpubs: dict
     approver_keys: dict[str, Path] = field(default_factory=dict)  # operator name -> Ed25519 private key file
+    signer_clients: dict[str, Path] = field(default_factory=dict)  # signer client name -> its auth key file
 
     def stop(self) -> None:
         self.processes.stop_all()
@@ -77,16 +84,18 @@ def deploy(root: Path, *, owner_url: str, nodes: Nodes, approvers: tuple[str, ..
     from custody.approve_cli import approver_entry, load_private_key, new_key_file
     from custody.database import migrate
     from custody.policy_config import default_policy
-    from signer.config import quorum_entries
-    from signer.wire import write_auth_key
     from custody.devchains import REGTEST_ASSETS, dev_seed_file
+    from signer.config import DEPLOYED_CLIENTS, quorum_entries
+    from signer.wire import write_auth_key
 
     root.mkdir(parents=True, exist_ok=True)
     migrate(owner_url)
     seed = seed_file or dev_seed_file(root)
-    auth_key = root / "signer-auth.key"
-    if not auth_key.exists():
-        write_auth_key(auth_key)
+    client_keys: dict[str, Path] = {}
+    for name in DEPLOYED_CLIENTS:  # one key per client: a key is the client's identity at the signer
+        client_keys[name] = root / f"signer-{name}.key"
+        if not client_keys[name].exists():
+            write_auth_key(client_keys[name])
     approver_keys, approver_entries = {}, []
     for name in approvers:
         key_file = root / "approvers" / f"{name}.pem"
@@ -97,14 +106,16 @@ def deploy(root: Path, *, owner_url: str, nodes: Nodes, approvers: tuple[str, ..
     socket_path = root / "signer.sock"
     signer_cfg = _write_toml(root / "signer.toml", {
         "network": nodes.network, "seed_file": str(seed), "database_url": role_url(owner_url, "custody_signer"),
-        "listen": f"unix:{socket_path}", "auth_key_file": str(auth_key), "approvers": approver_entries,
+        "listen": f"unix:{socket_path}", "approvers": approver_entries,
+        "clients": [{"name": name, "auth_key_file": str(client_keys[name]), "methods": list(methods)}
+                    for name, methods in DEPLOYED_CLIENTS.items()],
         "quorum": quorum_entries(default_policy())})
     processes = Processes(root, signer_config=signer_cfg, custody_config=root / "custody.toml",
                           env={"PYTHONUNBUFFERED": "1", "STATE_DIR": str(root),  # SIGUSR1 module lists land here
                                **({"API_KEY_PEPPER": pepper} if pepper else {})})
     from signer.client import SignerClient
 
-    client = SignerClient.from_key_file(f"unix:{socket_path}", auth_key)
+    client = SignerClient.from_key_file(f"unix:{socket_path}", client_keys["api"], client="api")  # ping and xpubs only
     try:
         processes.start("custody-signer", ready=lambda: client.ping() is not None)
         xpubs = client.xpubs().accounts
@@ -113,27 +124,29 @@ def deploy(root: Path, *, owner_url: str, nodes: Nodes, approvers: tuple[str, ..
         raise
     port = api_port or free_port()
     base = f"http://127.0.0.1:{port}"
-    custody_cfg = {
-        "database": {"url": role_url(owner_url, "custody_api")},
+    custody_cfg = {  # the worker's file; the api's own role, client and key come from its environment
+        "database": {"url": role_url(owner_url, "custody_worker")},
         "api": {"host": "127.0.0.1", "port": port},
         "bitcoin": {"rpc_url": nodes.bitcoin_rpc_url, "network": nodes.network},
         "ethereum": {"rpc_url": nodes.ethereum_rpc_url, "chain_id": nodes.ethereum_chain_id,
                      "tokens": {"USDT": nodes.token_address}},
         "assets": REGTEST_ASSETS,
         "wallets": {chain: {tier: xpubs[chain][tier] for tier in ("deposit", "hot")} for chain in ("bitcoin", "ethereum")},
-        "signer": {"endpoint": f"unix:{socket_path}", "auth_key_file": str(auth_key)},
+        "signer": {"endpoint": f"unix:{socket_path}", "client": "worker", "auth_key_file": str(client_keys["worker"])},
         "approvers": approver_entries,
         "jobs": {"scale": job_scale},
     }
     _write_toml(root / "custody.toml", custody_cfg)
-    processes.env["CUSTODY_WORKER_DATABASE_URL"] = role_url(owner_url, "custody_worker")
+    processes.env.update({"CUSTODY_API_DATABASE_URL": role_url(owner_url, "custody_api"),  # read by the api only
+                          "CUSTODY_API_SIGNER_CLIENT": "api",
+                          "CUSTODY_API_SIGNER_AUTH_KEY_FILE": str(client_keys["api"])})
     try:
         processes.start("custody-worker")
         processes.start("custody-api", ready=lambda: httpx.get(f"{base}/health", timeout=1).status_code == 200)
     except BaseException:
         processes.stop_all()
         raise
-    return Deployment(root, owner_url, processes, base, xpubs, approver_keys)
+    return Deployment(root, owner_url, processes, base, xpubs, approver_keys, client_keys)
 
 
 def sign_and_approve(client: httpx.Client, withdrawal_id: int, key_file: Path, comment: str) -> dict:

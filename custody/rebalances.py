@@ -16,11 +16,14 @@ fresh cold address; the network fee comes out of the change, so the hot wallet k
 while the kill switch is engaged.
 
 Steps, as jobs (`run_once()` runs them in order; each is also callable alone):
-- `rebalance_bitcoin()`: under the cold wallet's row lock (which serialises rebalance creators),
-  if no rebalance is in progress, decide from the thresholds, reserve the hot coins
-  (`wallet_utxo.rebalance_id`, so no withdrawal batch can take them), derive the next cold
-  address (`wallet.next_index`) and record a `rebalance` row in `open`, in one database
-  transaction; then the signer re-checks everything (`Signer.sign_bitcoin_rebalance`) and signs;
+- `decide_bitcoin()`, the deciding step alone: under the cold wallet's row lock (which serialises
+  rebalance creators), if no rebalance is in progress, decide from the thresholds, reserve the
+  hot coins (`wallet_utxo.rebalance_id`, so no withdrawal batch can take them), derive the next
+  cold address (`wallet.next_index`) and record a `rebalance` row in `open`, in one database
+  transaction. It never calls the signer: the API process runs it for `POST /v1/rebalances/run`
+  (its signer client may not sign a rebalance), and the worker's next run signs what it opened.
+- `rebalance_bitcoin()`: `decide_bitcoin()` (or take the open one it or a crash left), then the
+  signer re-checks everything (`Signer.sign_bitcoin_rebalance`) and signs;
   the signed bytes are stored (`signed`) before anything is broadcast. After a crash between the
   signature and the store, the next run signs the same open rebalance again: same coins, outputs
   and fee, and deterministic (RFC 6979) signatures give the same txid. While one is signed,
@@ -38,7 +41,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine, Row, text
 
 from chain_adapters.base import ChainAdapter
 from custody.addresses import derive_btc_address
@@ -107,9 +110,30 @@ class Rebalances(FirmMoves):
     def network(self) -> str:
         return self.config.bitcoin_network
 
+    def decide_bitcoin(self) -> int | None:
+        """The deciding step alone, no signer call: open a hot -> cold rebalance if the thresholds
+        call for it (coins reserved, next cold address, row `open`), or find the active open one
+        already there; its id, or None (nothing due, one in progress or set aside, no cold wallet,
+        the kill switch engaged). The worker's `rebalance_bitcoin()` signs it on its next run."""
+        claimed = self._claim()
+        return claimed[0] if claimed is not None else None
+
     def rebalance_bitcoin(self) -> str | None:
         """Open (if the thresholds call for it), sign and store one hot -> cold rebalance, or sign
-        again the open one a crash left behind; returns its txid, or None when nothing was signed."""
+        again the open one a crash (or `decide_bitcoin`) left; returns its txid, or None when
+        nothing was signed."""
+        claimed = self._claim()
+        if claimed is None:
+            return None
+        rebalance_id, coins, row = claimed
+        # a failure to sign or store sets the rebalance aside (nothing was sent: a warning), see custody.containment
+        return contained(self.engine, "rebalance", rebalance_id, "open", Step.sign,
+                         lambda: self._sign_and_store(rebalance_id, coins, row),
+                         describe=lambda: {"amount": int(row.amount), "destination": row.destination})
+
+    def _claim(self) -> tuple[int, list[BtcCoin], Row] | None:
+        """The active open rebalance (opened now if the thresholds call for one and none is in
+        progress) with its reserved coins and amounts; None when there is nothing to sign."""
         if kill_switch(self.engine).engaged:
             return None
         threshold = self.config.thresholds.get("BTC")
@@ -133,10 +157,7 @@ class Rebalances(FirmMoves):
             coins = [BtcCoin(k.txid, k.vout, int(k.amount), k.derivation_change, k.derivation_index) for k in c.execute(text(
                 "SELECT txid, vout, amount, derivation_change, derivation_index FROM wallet_utxo WHERE rebalance_id = :r "
                 "ORDER BY txid, vout"), {"r": rebalance_id})]
-        # a failure to sign or store sets the rebalance aside (nothing was sent: a warning), see custody.containment
-        return contained(self.engine, "rebalance", rebalance_id, "open", Step.sign,
-                         lambda: self._sign_and_store(rebalance_id, coins, row),
-                         describe=lambda: {"amount": int(row.amount), "destination": row.destination})
+        return rebalance_id, coins, row
 
     def _sign_and_store(self, rebalance_id: int, coins: list[BtcCoin], row) -> str | None:
         change = (self.hot_address, int(row.change_amount)) if int(row.change_amount) else None

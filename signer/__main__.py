@@ -2,11 +2,12 @@
 
     python -m signer serve  --config signer.toml   listen on the configured socket until SIGTERM/SIGINT
     python -m signer xpubs  --config signer.toml   print the account xpubs (JSON) custody's config is filled from
-    python -m signer check  --config signer.toml   load the seed, read the auth key, reach the database;
-                                                   print the fingerprint and the listen address
+    python -m signer check  --config signer.toml   load the seed, read every client's auth key, reach the
+                                                   database; print the fingerprint, the listen address and
+                                                   each client's methods
 
 Every command exits 1 with one line on stderr (`signer: <why>`) when the configuration, the seed,
-the auth key or (for `check`) the database is unusable; nothing secret is ever printed. The
+a client's auth key or (for `check`) the database is unusable; nothing secret is ever printed. The
 configuration keys are tabled in signer.config, the socket protocol, its methods and its error
 codes in signer.wire, the refusal codes in signer.service.
 
@@ -66,7 +67,7 @@ def check(cfg: SignerConfig) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
     keys = load_keys(cfg)
-    cfg.auth_key()
+    grants = cfg.client_grants()
     signer = build_signer(cfg, keys=keys)
     shown = make_url(cfg.database_url).render_as_string(hide_password=True)
     try:
@@ -85,6 +86,8 @@ def check(cfg: SignerConfig) -> int:
     print(f"network: {cfg.network}")
     print(f"master fingerprint: {keys.master_fingerprint}")
     print(f"listen: {cfg.endpoint}")
+    for grant in grants:
+        print(f"client {grant.name}: {', '.join(sorted(grant.methods))}")
     print(f"database: {shown} as {role}; kill switch {'ENGAGED' if halted else 'off'}")
     print(f"approvers: {len(cfg.approvers)}; quorum for: {', '.join(sorted(cfg.quorum))}")
     if can_forge:

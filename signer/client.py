@@ -1,7 +1,10 @@
 """`SignerClient`: custody's side of the signer socket (signer.wire has the protocol and its tables).
 
-Custody processes (the worker) import this module; it imports no key code (`signer.keys`,
-`signer.service`). It implements `signer.protocol.SignerPort`, plus `ping()` and `xpubs()`.
+Custody processes import this module; it imports no key code (`signer.keys`, `signer.service`).
+It implements `signer.protocol.SignerPort`, plus `ping()` and `xpubs()`. A client speaks as one
+named client of the signer's config (`client=`, with that client's own key); which methods it
+may call is the signer's decision (its config), and a call outside them raises
+`WireError(method_not_allowed)` without the signer reading anything.
 
 Each call opens a fresh connection (a local socket: microseconds), sends one MACed request and
 reads one answer whose MAC, id and nonce it checks, then closes; nothing is shared between calls,
@@ -13,7 +16,7 @@ What a call raises besides its result:
 | `SigningRefused(RefusalCode, message)` | the signer's checks refused (it audited the refusal) |
 | `SignerError(SignerErrorCode, message)` | the signing code refused a value |
 | `SignerUnavailable` (a `chain_adapters.errors.NodeUnavailable`) | connection refused, reset or timed out, the socket is missing, the signer died mid-call, or it cannot reach its database: jobs retry next run |
-| `WireError(unauthenticated / bad_request / unknown_method / internal / bad_response)` | see signer.wire |
+| `WireError(unauthenticated / bad_request / unknown_method / method_not_allowed / internal / bad_response)` | see signer.wire |
 | `TypeError` | a Python value of the wrong type (a float amount, say), refused before sending |
 
 A timed-out signing call may still have been signed and audited by the signer; asking again is
@@ -31,9 +34,9 @@ from signer.bitcoin_tx import SignedTx
 from signer.errors import SignerError, SignerErrorCode
 from signer.ethereum_tx import SignedEthTx
 from signer.protocol import BatchOutput, BtcCoin, RefusalCode, SigningRefused
-from signer.wire import (AUTH_KEY_MIN_BYTES, MAX_LINE, METHODS, Malformed, SignerInfo, SignerUnavailable, WireError,
-                         WireErrorCode, Xpubs, check_answer, encode_line, new_request, parse_endpoint, parse_line,
-                         read_auth_key)
+from signer.wire import (AUTH_KEY_MIN_BYTES, CLIENT_NAME, MAX_LINE, METHODS, Malformed, SignerInfo, SignerUnavailable,
+                         WireError, WireErrorCode, Xpubs, check_answer, encode_line, new_request, parse_endpoint,
+                         parse_line, read_auth_key)
 
 _WIRE_CODES = {c.value: c for c in WireErrorCode}
 _SIGNER_CODES = {c.value: c for c in SignerErrorCode}
@@ -41,12 +44,17 @@ _REFUSAL_CODES = {c.value: c for c in RefusalCode}
 
 
 class SignerClient:
-    """A `SignerPort` that asks the signer process at `endpoint` (`unix:/path` or `tcp:127.0.0.1:PORT`)."""
+    """A `SignerPort` that asks the signer process at `endpoint` (`unix:/path` or `tcp:127.0.0.1:PORT`)
+    as `client` (a name of the signer's config) with that client's `auth_key`."""
 
-    def __init__(self, endpoint: str, auth_key: bytes, *, timeout: float = 60.0, connect_timeout: float = 5.0) -> None:
+    def __init__(self, endpoint: str, auth_key: bytes, *, client: str = "worker", timeout: float = 60.0,
+                 connect_timeout: float = 5.0) -> None:
         if not isinstance(auth_key, bytes) or len(auth_key) < AUTH_KEY_MIN_BYTES:
             raise ValueError(f"the signer auth key must be at least {AUTH_KEY_MIN_BYTES} bytes")
+        if not isinstance(client, str) or not CLIENT_NAME.fullmatch(client):
+            raise ValueError(f"signer client name {client!r}: 1-64 of a-z, 0-9, '_', '-', starting with a letter")
         self.endpoint = parse_endpoint(endpoint)
+        self.client = client
         self._key = auth_key
         self.timeout = timeout  # seconds for the whole call once connected (signing a large batch takes a few)
         self.connect_timeout = connect_timeout
@@ -56,7 +64,7 @@ class SignerClient:
         return cls(endpoint, read_auth_key(auth_key_file), **kwargs)
 
     def __repr__(self) -> str:
-        return f"SignerClient({str(self.endpoint)!r})"
+        return f"SignerClient({str(self.endpoint)!r}, client={self.client!r})"
 
     # ---- the calls ---------------------------------------------------------------------------
 
@@ -97,7 +105,7 @@ class SignerClient:
 
     def _call(self, method: str, **params: Any) -> Any:
         spec = METHODS[method]
-        request = new_request(self._key, method, spec.encode_params(params))
+        request = new_request(self._key, method, spec.encode_params(params), client=self.client)
         outcome, body = check_answer(self._key, self._round_trip(encode_line(request)), request)
         if outcome == "result":
             try:

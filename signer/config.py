@@ -11,7 +11,7 @@ are relative to the TOML file's directory. `build_signer(cfg)` makes the databas
 | seed_file | path | required | the BIP39 mnemonic (or hex seed); refused if group or others can access it (signer.keys) |
 | database_url | PostgreSQL URL | required | read as the signer's own role (`custody_signer` in deployment): reads what it checks, writes `signer_audit` |
 | listen | `unix:/abs/path` or `tcp:127.0.0.1:PORT` | required | the socket custody's worker calls; non-loopback TCP is refused |
-| auth_key_file | path | required | hex of a 32+ byte secret shared with custody's worker, mode 0600 (signer.wire.read_auth_key) |
+| clients | array of tables | required (1+) | {name, auth_key_file, methods}: who may call, each with its own key (hex of a 32+ byte secret, mode 0600, signer.wire.read_auth_key) and the methods of signer.wire.METHODS it may call; deployed: `worker` all of them, `api` ping, xpubs, sign_reserves_message |
 | approvers | array of tables | [] | {key_id, operator, scheme = "ed25519" or "webauthn", public_key (base64), rp_id?, origin?}: the only keys whose approval signatures count; none means no approval is valid |
 | quorum | table | required | {ASSET = [[limit, approvals], ...]} in minor units: approvals an amount up to `limit` needs (`quorum_entries(policy)` writes it from a PolicySet) |
 | max_fee_rate_sat_per_kvb | int | 500000 | no bitcoin transaction is signed at a higher fee rate |
@@ -21,7 +21,13 @@ are relative to the TOML file's directory. `build_signer(cfg)` makes the databas
 `quorum` is required on every network: the signer computes each withdrawal's quorum itself and
 never takes it from custody (and the signer imports nothing from custody, whose development
 policy lives in `custody.policy_config`); whoever writes the file for regtest writes
-`quorum_entries(default_policy())`. Environment: `SIGNER_<KEY>` overrides the file's key (`approvers` and `quorum` as JSON).
+`quorum_entries(default_policy())`. Environment: `SIGNER_<KEY>` overrides the file's key (`clients`,
+`approvers` and `quorum` as JSON).
+
+`clients` is checked at load: names distinct (1-64 of a-z, 0-9, `_`, `-`), every method one of the
+wire's method table (a typo fails at start, never later as a refused call), at least one method
+each. `client_grants()` reads the keys; two clients with the same key are refused (a key is the
+client's identity: a shared one would let either call the other's methods).
 """
 from __future__ import annotations
 
@@ -36,7 +42,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from signer.own_addresses import CHANGE_WINDOW, DEPOSIT_WINDOW, RECEIVE_WINDOW
-from signer.wire import Endpoint, parse_endpoint, read_auth_key
+from signer.wire import CLIENT_NAME, METHODS, ClientGrant, Endpoint, parse_endpoint, read_auth_key
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -46,6 +52,12 @@ if TYPE_CHECKING:
     from signer.service import Signer
 
 log = logging.getLogger(__name__)
+# The clients a deployment gives the signer (custody.launch writes them): the worker signs everything
+# custody's jobs sign; the api only publishes proof of reserves and reads public keys.
+DEPLOYED_CLIENTS: dict[str, tuple[str, ...]] = {
+    "worker": tuple(METHODS),
+    "api": ("ping", "xpubs", "sign_reserves_message"),
+}
 KEYS_NETWORK = {"regtest": "regtest", "testnet": "testnet", "signet": "testnet", "mainnet": "mainnet"}
 
 
@@ -90,6 +102,33 @@ class ApproverEntry(BaseModel):
         return self
 
 
+class ClientEntry(BaseModel):
+    """One caller of the signer as the TOML writes it: [[clients]] name, auth_key_file, methods."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    auth_key_file: Path
+    methods: list[str] = Field(min_length=1)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not CLIENT_NAME.fullmatch(v):
+            raise ValueError(f"client name {v!r}: 1-64 of a-z, 0-9, '_', '-', starting with a letter")
+        return v
+
+    @field_validator("methods")
+    @classmethod
+    def _known(cls, v: list[str]) -> list[str]:
+        unknown = [m for m in v if m not in METHODS]
+        if unknown:
+            raise ValueError(f"unknown methods {unknown}; the signer's methods are {sorted(METHODS)}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"methods listed twice: {sorted({m for m in v if v.count(m) > 1})}")
+        return v
+
+
 class SignerConfig(BaseSettings):
     """The module table, validated. Construct with `load_config(path)`."""
 
@@ -99,7 +138,7 @@ class SignerConfig(BaseSettings):
     seed_file: Path
     database_url: str
     listen: str
-    auth_key_file: Path
+    clients: list[ClientEntry] = Field(min_length=1)
     approvers: list[ApproverEntry] = []
     quorum: dict[str, list[tuple[Int, Int]]]
     max_fee_rate_sat_per_kvb: Int = Field(default=500_000, gt=0)
@@ -124,6 +163,14 @@ class SignerConfig(BaseSettings):
     @classmethod
     def _endpoint(cls, v: str) -> str:
         parse_endpoint(v)
+        return v
+
+    @field_validator("clients")
+    @classmethod
+    def _distinct_clients(cls, v: list[ClientEntry]) -> list[ClientEntry]:
+        names = [c.name for c in v]
+        if len(set(names)) != len(names):
+            raise ValueError(f"client names must be distinct: {sorted(n for n in set(names) if names.count(n) > 1)}")
         return v
 
     @field_validator("approvers")
@@ -163,12 +210,21 @@ class SignerConfig(BaseSettings):
         scheme, rest = self.database_url.split("://", 1)
         return "postgresql+psycopg://" + rest
 
-    def auth_key(self) -> bytes:
-        """The shared auth key (ConfigError if the file is missing, too open, not hex or short)."""
-        try:
-            return read_auth_key(self.auth_key_file)
-        except ValueError as exc:
-            raise ConfigError(f"auth_key_file: {exc}") from None
+    def client_grants(self) -> list[ClientGrant]:
+        """Each client with its key (ConfigError naming the client if a key file is missing, too
+        open, not hex or short, or if two clients share a key)."""
+        grants: list[ClientGrant] = []
+        for entry in self.clients:
+            try:
+                key = read_auth_key(entry.auth_key_file)
+            except ValueError as exc:
+                raise ConfigError(f"clients.{entry.name}.auth_key_file: {exc}") from None
+            for other in grants:
+                if other.key == key:
+                    raise ConfigError(f"clients.{entry.name}.auth_key_file: the same key as client {other.name}'s; "
+                                      "each client needs its own key (a key is the client's identity)")
+            grants.append(ClientGrant(entry.name, key, frozenset(entry.methods)))
+        return grants
 
 
 def load_config(path: str | Path) -> SignerConfig:
@@ -180,9 +236,16 @@ def load_config(path: str | Path) -> SignerConfig:
         raise ConfigError(f"{path}: cannot read the config file ({exc.strerror or type(exc).__name__})") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: not valid TOML ({exc})") from None
-    for key in ("seed_file", "auth_key_file"):
+    if "auth_key_file" in data:
+        raise ConfigError(f"{path}: auth_key_file: the one shared key is replaced by one key per client: "
+                          "[[clients]] name = \"worker\", auth_key_file = \"...\", methods = [...] (see signer.config)")
+    for key in ("seed_file",):
         if isinstance(data.get(key), str) and not Path(data[key]).is_absolute():
             data[key] = str(path.parent / data[key])
+    for client in data.get("clients") or []:
+        if isinstance(client, dict) and isinstance(client.get("auth_key_file"), str) and \
+                not Path(client["auth_key_file"]).is_absolute():
+            client["auth_key_file"] = str(path.parent / client["auth_key_file"])
     try:
         return SignerConfig(**data)
     except ValidationError as exc:

@@ -1,10 +1,13 @@
 """`python -m signer serve`: the signer process's socket server, the only process holding the seed.
 
 - `SignerService.handle(line) -> line`: one request in, one answer out (signer.wire has the
-  protocol, method and error tables). It authenticates the envelope first (`unauthenticated`,
-  logged with the reason and never the key), then decodes the params strictly, then calls the
-  `Signer` (signer.service), which re-reads everything it checks from the database itself. No
-  sockets here: unit tests drive it directly.
+  protocol, the order of the checks, the method and error tables). It authenticates the envelope
+  under the key of the client it names (`unauthenticated`, logged with the reason and never the
+  key), refuses a method that client's grant does not list (`method_not_allowed`, logged as a
+  warning with the client, method and peer, before the params are decoded or the database is
+  read), then decodes the params strictly, then calls the `Signer` (signer.service), which
+  re-reads everything it checks from the database itself. No sockets here: unit tests drive it
+  directly.
 - `make_server(endpoint, service)`: a threading socket server, one thread per connection, one
   request per connection. A unix socket is created mode 0600 (umask 177 while binding); an
   existing path is removed only if it is a socket nobody answers on. TCP binds loopback only
@@ -12,8 +15,8 @@
 - `serve(cfg)`: load the seed and build the Signer (signer.config), bind, serve until SIGTERM or
   SIGINT, then finish the requests in flight, close and remove the socket file.
 
-One log line per request: `request id=… method=… outcome=… ms=…`, the outcome being `ok`,
-`refused:<code>`, `error:<code>` or `unauthenticated:<reason>`. Params, answers and keys are never
+One log line per request: `request id=… client=… method=… outcome=… ms=…`, the outcome being `ok`,
+`refused:<code>`, `error:<code>` or `unauthenticated:<reason>` (client `-` until it authenticated). Params, answers and keys are never
 logged; an `internal` error's traceback is logged here and never sent.
 """
 from __future__ import annotations
@@ -27,36 +30,45 @@ import stat
 import struct
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from signer.errors import SignerError
 from signer.protocol import SignerPort, SigningRefused
-from signer.wire import (MAX_LINE, METHODS, SIGNING_METHODS, Endpoint, Malformed, RequestAuthenticator, SignerInfo,
-                         WireError, WireErrorCode, Xpubs, encode_line, new_answer, parse_line)
+from signer.wire import (MAX_LINE, METHODS, SIGNING_METHODS, ClientGrant, Endpoint, Malformed, RequestAuthenticator,
+                         SignerInfo, WireError, WireErrorCode, Xpubs, encode_line, new_answer, parse_line)
 
 log = logging.getLogger("signer.server")
 READ_TIMEOUT_SECONDS = 10  # a connection must send its request line within this
 
 
 class SignerService:
-    """Answers request lines for a `SignerPort` (the in-process `Signer`) and the public key info."""
+    """Answers request lines for a `SignerPort` (the in-process `Signer`) and the public key info,
+    to the `clients` it knows (signer.wire.ClientGrant: ValueError for none, a name twice or two
+    clients with one key)."""
 
-    def __init__(self, port: SignerPort, *, xpubs: Xpubs, auth_key: bytes, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, port: SignerPort, *, xpubs: Xpubs, clients: Iterable[ClientGrant],
+                 clock: Callable[[], float] = time.time) -> None:
         self._port = port
         self._xpubs = xpubs
         self._info = SignerInfo(xpubs.network, xpubs.master_fingerprint)
-        self._key = auth_key
-        self._auth = RequestAuthenticator(auth_key, clock=clock)
+        self._auth = RequestAuthenticator(clients, clock=clock)
+        self._nobody = os.urandom(32)  # MACs the answers to requests that did not authenticate: verifiable by nobody
+
+    @property
+    def clients(self) -> dict[str, ClientGrant]:
+        return dict(self._auth.clients)
 
     def handle(self, line: bytes, peer: str = "-") -> bytes:
         started = time.monotonic()
         msg: dict[str, Any] = {}
+        grant: ClientGrant | None = None
         try:
             msg = parse_line(line)
-            self._auth.check(msg)
-            outcome, body, label = "result", self._dispatch(msg["method"], msg["params"]), "ok"
+            grant = self._auth.identify(msg)
+            self._auth.check_fresh(msg)
+            outcome, body, label = "result", self._dispatch(grant, msg["method"], msg["params"], peer), "ok"
         except WireError as exc:
             if exc.code is WireErrorCode.unauthenticated:
                 log.warning("unauthenticated request from %s: %s", peer, exc.message)
@@ -79,21 +91,25 @@ class SignerService:
         except Exception:  # noqa: BLE001 - answered as `internal`; the traceback stays in this log
             log.exception("request id=%s method=%s failed", _printable(msg.get("id")), _printable(msg.get("method")))
             outcome, body, label = "error", {"code": WireErrorCode.internal.value, "message": "internal error; see the signer's log"}, "error:internal"
-        log.info("request id=%s method=%s outcome=%s ms=%.1f", _printable(msg.get("id")), _printable(msg.get("method")),
-                 label, (time.monotonic() - started) * 1000)
+        log.info("request id=%s client=%s method=%s outcome=%s ms=%.1f", _printable(msg.get("id")),
+                 grant.name if grant else "-", _printable(msg.get("method")), label, (time.monotonic() - started) * 1000)
         request_id = msg.get("id") if isinstance(msg.get("id"), str) else None
         nonce = msg.get("nonce") if isinstance(msg.get("nonce"), str) else None
-        return encode_line(new_answer(self._key, request_id, nonce, outcome, body))
+        return encode_line(new_answer(grant.key if grant else self._nobody, request_id, nonce, outcome, body))
 
     def refuse(self, code: WireErrorCode, message: str) -> bytes:
-        """An error answer to a request that could not even be read (no id, no nonce)."""
-        log.info("request id=- method=- outcome=error:%s ms=0", code.value)
-        return encode_line(new_answer(self._key, None, None, "error", {"code": code.value, "message": message}))
+        """An error answer to a request that could not even be read (no id, no nonce, no client)."""
+        log.info("request id=- client=- method=- outcome=error:%s ms=0", code.value)
+        return encode_line(new_answer(self._nobody, None, None, "error", {"code": code.value, "message": message}))
 
-    def _dispatch(self, method: str, params: Any) -> Any:
+    def _dispatch(self, grant: ClientGrant, method: str, params: Any, peer: str) -> Any:
         spec = METHODS.get(method)
         if spec is None:
             raise WireError(WireErrorCode.unknown_method, f"{method[:64]!r} is not a signer method")
+        if method not in grant.methods:
+            log.warning("method_not_allowed: client %s (from %s) asked for %s, which its grant does not list",
+                        grant.name, peer, method)
+            raise WireError(WireErrorCode.method_not_allowed, f"client {grant.name} may not call {method}")
         kwargs = spec.decode_params(params)
         if method == "ping":
             return spec.result.encode(self._info)
@@ -217,9 +233,10 @@ def serve(cfg: Any) -> int:
 
     from signer.config import build_signer, load_keys
 
+    grants = cfg.client_grants()  # a bad key file fails before the seed is loaded
     keys = load_keys(cfg)
     signer = build_signer(cfg, keys=keys)
-    service = SignerService(signer, xpubs=xpubs_of(keys, cfg.network), auth_key=cfg.auth_key())
+    service = SignerService(signer, xpubs=xpubs_of(keys, cfg.network), clients=grants)
     try:
         with signer.engine.connect() as c:
             c.execute(text("SELECT 1"))
@@ -237,7 +254,8 @@ def serve(cfg: Any) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    log.info("signer listening on %s (network=%s, master fingerprint %s)", cfg.endpoint, cfg.network, keys.master_fingerprint)
+    log.info("signer listening on %s (network=%s, master fingerprint %s); clients: %s", cfg.endpoint, cfg.network,
+             keys.master_fingerprint, "; ".join(f"{g.name} ({', '.join(sorted(g.methods))})" for g in service.clients.values()))
     try:
         server.serve_forever(poll_interval=0.2)
     finally:

@@ -9,15 +9,35 @@ ended by `\\n` (at most MAX_LINE bytes), then the server closes the connection.
 
 | envelope | fields |
 | --- | --- |
-| request | `id` (str, chosen by the client), `method` (str), `params` (object), `ts` (int, unix seconds), `nonce` (32 hex digits, random), `mac` |
+| request | `id` (str, chosen by the client), `client` (str, its name in the signer's config), `method` (str), `params` (object), `ts` (int, unix seconds), `nonce` (32 hex digits, random), `mac` |
 | answer | `id` and `nonce` of the request, exactly one of `result`, `refused` {code, message}, `error` {code, message}; `mac` |
 
-`mac` is hex HMAC-SHA256 under the shared auth key (AUTH_KEY_MIN_BYTES+ bytes, a 0600 file of hex,
-`read_auth_key`) over a direction label ("signer-wire/1 request\\n" or "... answer\\n") followed by
-the canonical JSON (sorted keys, no spaces, ASCII) of every other field. The server refuses a bad
-MAC, a `ts` more than MAX_SKEW_SECONDS from its clock and a nonce already seen within that window;
-the client refuses an answer whose MAC fails or that names another request's id or nonce, so
-nobody on the socket can forge or replay a signed transaction answer.
+Clients: the signer knows each caller by name (`ClientGrant`: name, its own auth key, the methods
+it may call; the signer's config lists them). Deployed, `worker` may call every method and `api`
+only `ping`, `xpubs` and `sign_reserves_message`, so a compromised API process cannot even ask for
+a batch, sweep or rebalance to be signed. Two clients never share a key (a key is the identity).
+
+`mac` is hex HMAC-SHA256 under the auth key of the client the request names (AUTH_KEY_MIN_BYTES+
+bytes, a 0600 file of hex, `read_auth_key`) over a direction label ("signer-wire/1 request\\n" or
+"... answer\\n") followed by the canonical JSON (sorted keys, no spaces, ASCII) of every other field.
+The server refuses an unknown client, a bad MAC, a `ts` more than MAX_SKEW_SECONDS from its clock
+and a nonce already seen within that window; the client refuses an answer whose MAC fails or that
+names another request's id or nonce, so nobody on the socket can forge or replay a signed
+transaction answer. An answer is MACed under the same client's key; the answer to a request that
+did not authenticate (unknown client, bad MAC, an unreadable line) under a random key of the
+server's, so it verifies for nobody and tells a prober nothing.
+
+A request is checked in this order; the first failure is the answer:
+| step | failure |
+| --- | --- |
+| the line is one JSON object | `bad_request` |
+| `client` names a configured client and the MAC verifies under its key | `unauthenticated` |
+| `ts` within MAX_SKEW_SECONDS, nonce not seen | `unauthenticated` |
+| exactly the envelope's keys, of their types | `bad_request` |
+| `method` is in the method table | `unknown_method` |
+| the client's grant lists `method` | `method_not_allowed` (logged with client, method and peer; no database read) |
+| `params` decode | `bad_request` |
+| the Signer's own checks | `refused` / `error` |
 
 Values: bytes as lowercase hex, amounts and ids as JSON integers (a float, even 1.0, is refused
 with `bad_request`; so are booleans), tuples as arrays, absent optionals as null. Unknown and
@@ -43,9 +63,10 @@ Answers that are not a result:
 | --- | --- | --- |
 | refused {code} | `signer.protocol.SigningRefused(RefusalCode(code))` | the signer's checks refused; it wrote its audit row |
 | error {code: a `SignerErrorCode`} | `signer.errors.SignerError` | the signing code refused the values (bad address, index...) |
-| error unauthenticated | `WireError` | bad MAC, `ts` more than 30 s away, or a replayed nonce (logged by the server) |
+| error unauthenticated | `WireError` | unknown client, bad MAC (the wrong client's key), `ts` more than 30 s away, or a replayed nonce (logged by the server) |
 | error bad_request | `WireError` | not JSON, a missing or unknown field, a float or bool where an integer belongs, bad hex |
 | error unknown_method | `WireError` | a method not in the table above |
+| error method_not_allowed | `WireError` | a method in the table that this client's grant does not list (logged by the server; refused before any database read) |
 | error unavailable | `SignerUnavailable` | the signer cannot reach its database; retried next tick |
 | error internal | `WireError` | anything else; the traceback is in the signer's log only |
 | (none: refused, reset, timeout) | `SignerUnavailable` | the signer is not running or died mid-call; retried next tick |
@@ -65,10 +86,10 @@ import re
 import stat
 import time
 import threading
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Callable, Generic, Mapping, TypeVar
+from typing import Any, Callable, Generic, Iterable, Mapping, TypeVar
 
 from chain_adapters.errors import NodeUnavailable
 from signer.bitcoin_tx import SignedTx
@@ -81,7 +102,8 @@ MAX_LINE = 4 * 1024 * 1024  # bytes per request or answer line; a 500-output bat
 MAX_SKEW_SECONDS = 30
 AUTH_KEY_MIN_BYTES = 32
 _NONCE = re.compile(r"[0-9a-f]{32}")
-_REQUEST_KEYS = frozenset({"id", "method", "params", "ts", "nonce", "mac"})
+_REQUEST_KEYS = frozenset({"id", "client", "method", "params", "ts", "nonce", "mac"})
+CLIENT_NAME = re.compile(r"[a-z][a-z0-9_-]{0,63}")
 _LABELS = {"request": b"signer-wire/1 request\n", "answer": b"signer-wire/1 answer\n"}
 
 
@@ -91,6 +113,7 @@ class WireErrorCode(StrEnum):
     unauthenticated = "unauthenticated"
     bad_request = "bad_request"
     unknown_method = "unknown_method"
+    method_not_allowed = "method_not_allowed"
     unavailable = "unavailable"
     internal = "internal"
     bad_response = "bad_response"
@@ -164,7 +187,7 @@ def parse_endpoint(text: str) -> Endpoint:
 
 
 def read_auth_key(path: str | os.PathLike[str]) -> bytes:
-    """The shared auth key from a file of hex (AUTH_KEY_MIN_BYTES+ bytes, surrounding whitespace
+    """One client's auth key from a file of hex (AUTH_KEY_MIN_BYTES+ bytes, surrounding whitespace
     ignored) that group and others cannot access. ValueError with the reason; never the key."""
     p = Path(path)
     try:
@@ -270,10 +293,10 @@ def encode_line(message: Mapping[str, Any]) -> bytes:
     return canonical(message) + b"\n"
 
 
-def new_request(key: bytes, method: str, params: Mapping[str, Any], *, request_id: str | None = None,
-                now: float | None = None) -> dict[str, Any]:
-    """A signed request envelope (a fresh random nonce; `id` random unless given)."""
-    msg = {"id": request_id or os.urandom(8).hex(), "method": method, "params": dict(params),
+def new_request(key: bytes, method: str, params: Mapping[str, Any], *, client: str = "worker",
+                request_id: str | None = None, now: float | None = None) -> dict[str, Any]:
+    """A request envelope from `client`, MACed under `key` (a fresh random nonce; `id` random unless given)."""
+    msg = {"id": request_id or os.urandom(8).hex(), "client": client, "method": method, "params": dict(params),
            "ts": int(time.time() if now is None else now), "nonce": os.urandom(16).hex()}
     msg["mac"] = compute_mac(key, "request", msg)
     return msg
@@ -286,27 +309,74 @@ def new_answer(key: bytes, request_id: Any, nonce: Any, outcome: str, body: Any)
     return msg
 
 
+@dataclass(frozen=True)
+class ClientGrant:
+    """One caller the signer knows: its name, its own auth key and the methods it may call.
+    ValueError for a bad name, a short key, an empty list or a method not in METHODS."""
+
+    name: str
+    key: bytes = field(repr=False)
+    methods: frozenset[str]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not CLIENT_NAME.fullmatch(self.name):
+            raise ValueError(f"client name {self.name!r}: 1-64 of a-z, 0-9, '_', '-', starting with a letter")
+        if not isinstance(self.key, bytes) or len(self.key) < AUTH_KEY_MIN_BYTES:
+            raise ValueError(f"client {self.name}: the auth key must be at least {AUTH_KEY_MIN_BYTES} bytes")
+        object.__setattr__(self, "methods", frozenset(self.methods))
+        unknown = sorted(m for m in self.methods if m not in METHODS)
+        if unknown:
+            raise ValueError(f"client {self.name}: unknown methods {unknown}; the methods are {sorted(METHODS)}")
+        if not self.methods:
+            raise ValueError(f"client {self.name}: at least one method")
+
+
 class RequestAuthenticator:
-    """The server's check of a request envelope: MAC, clock skew, nonce replay (thread-safe).
+    """The server's check of a request envelope: which client, its MAC, clock skew, nonce replay
+    (thread-safe), in the order of the module's table.
 
     A nonce is remembered while its `ts` is still acceptable (MAX_SKEW_SECONDS either side), so
     the cache holds at most the nonces of the last minute of authenticated requests; only a
-    holder of the key can add to it."""
+    holder of a client's key can add to it."""
 
-    def __init__(self, key: bytes, *, clock: Callable[[], float] = time.time, max_skew: int = MAX_SKEW_SECONDS) -> None:
-        if len(key) < AUTH_KEY_MIN_BYTES:
-            raise ValueError(f"the auth key must be at least {AUTH_KEY_MIN_BYTES} bytes")
-        self._key = key
+    def __init__(self, clients: Iterable[ClientGrant], *, clock: Callable[[], float] = time.time,
+                 max_skew: int = MAX_SKEW_SECONDS) -> None:
+        self.clients: dict[str, ClientGrant] = {}
+        for grant in clients:
+            if grant.name in self.clients:
+                raise ValueError(f"client {grant.name} is listed twice")
+            shared = [g.name for g in self.clients.values() if hmac.compare_digest(g.key, grant.key)]
+            if shared:
+                raise ValueError(f"clients {shared[0]} and {grant.name} have the same auth key; each client needs "
+                                 "its own (a key is the client's identity)")
+            self.clients[grant.name] = grant
+        if not self.clients:
+            raise ValueError("at least one client")
         self._clock = clock
         self._max_skew = max_skew
         self._seen: dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def check(self, msg: Mapping[str, Any]) -> None:
-        """Raise WireError(unauthenticated, reason) unless the request is authentic, fresh and new;
-        then WireError(bad_request) for a malformed envelope."""
-        if not _mac_ok(self._key, "request", msg):
+    def identify(self, msg: Mapping[str, Any]) -> ClientGrant:
+        """The grant of the client the request names, whose MAC verifies under that client's key;
+        WireError(unauthenticated, reason) otherwise (an unknown client and a bad MAC alike)."""
+        name = msg.get("client")
+        grant = self.clients.get(name) if isinstance(name, str) else None
+        if grant is None:
+            raise WireError(WireErrorCode.unauthenticated, "unknown client")
+        if not _mac_ok(grant.key, "request", msg):
             raise WireError(WireErrorCode.unauthenticated, "bad mac")
+        return grant
+
+    def check(self, msg: Mapping[str, Any]) -> ClientGrant:
+        """`identify`, then WireError(unauthenticated) unless fresh and new, then
+        WireError(bad_request) for a malformed envelope; the client's grant."""
+        grant = self.identify(msg)
+        self.check_fresh(msg)
+        return grant
+
+    def check_fresh(self, msg: Mapping[str, Any]) -> None:
+        """After `identify`: the clock window, the nonce's one use, the envelope's keys and types."""
         ts, nonce = msg.get("ts"), msg.get("nonce")
         if type(ts) is not int:
             raise WireError(WireErrorCode.bad_request, "ts must be an integer (unix seconds)")
@@ -338,8 +408,9 @@ def check_answer(key: bytes, answer: Mapping[str, Any], request: Mapping[str, An
         err = answer.get("error")
         if isinstance(err, dict) and err.get("code") == WireErrorCode.unauthenticated.value:
             raise WireError(WireErrorCode.unauthenticated,
-                            "the signer refused the request as unauthenticated and its answer does not verify "
-                            "under our key: the auth keys differ")
+                            f"the signer refused the request of client {request.get('client')!r} as unauthenticated "
+                            "and its answer does not verify under our key: the signer knows no such client, or "
+                            "another key for it")
         raise WireError(WireErrorCode.bad_response, "the answer failed its MAC check")
     if answer.get("id") != request["id"] or answer.get("nonce") != request["nonce"]:
         raise WireError(WireErrorCode.bad_response, "the answer is for another request")

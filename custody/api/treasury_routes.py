@@ -4,8 +4,11 @@ and booking treasury funding of the ethereum hot wallet (custody.payouts).
 - `GET /v1/rebalances` (auditor, operator): the latest rebalances with their state, amounts (decimal
   strings and minor units), fee, the thresholds and spendable balance that triggered each, and the
   transaction id once signed.
-- `POST /v1/rebalances/run` (operator): run the rebalance job now (decide, sign, broadcast, track;
-  the scheduler runs it every 30 s anyway) and answer the latest rebalances.
+- `POST /v1/rebalances/run` (operator): decide now: open a hot -> cold rebalance if the thresholds
+  call for one (its coins reserved, state `open`, no txid yet) and answer the latest rebalances,
+  the new one first. Signing, broadcast and tracking stay with the worker's rebalance job (every
+  30 s), which signs the open rebalance on its next run: the API process's signer client may not
+  ask for a rebalance to be signed (least privilege; signer/config.py `clients`).
 - `POST /v1/rebalances/{id}/abandon` (operator, with a comment): give up an open rebalance that was
   never signed and stored; its hot coins are freed. Anything else is `invalid_state` (409).
 - `POST /v1/treasury/hot-funding` (operator, body `{"chain": "ethereum", "txid": "0x..."}`): book
@@ -114,8 +117,9 @@ def list_rebalances(c: ContainerDep, _: Auditor, state: str | None = Query(defau
 
 @router.post("/rebalances/run", response_model=list[RebalanceOut])
 def run_rebalances(c: ContainerDep, _: Operator) -> list[RebalanceOut]:
-    """Run the rebalance job now; answers the latest rebalances (a new one first, if one started)."""
-    _rebalances(c).run_once()
+    """Decide now (custody.rebalances `decide_bitcoin`: open a rebalance if one is due, nothing
+    signed); answers the latest rebalances, a new `open` one first. The worker signs it next run."""
+    _rebalances(c).decide_bitcoin()
     return _list(c, limit=10)
 
 

@@ -5,10 +5,13 @@ sequencer, `trading`, rebuilt from its journal at start); `serve_api(root)` runs
 configured address until SIGTERM/SIGINT. The API is the matching engine's single writer: no other
 process runs a `Trading` (the worker snapshots the journal without one).
 
-The API keeps a signer *client* because three operator routes reach the signer through the
-pipelines it shares with the worker (`POST /v1/reserves` signs its control messages,
-`POST /v1/rebalances/run` and the set-aside retries run a step now); the signer re-checks every
-request against the database and its own approver keys, so the client grants nothing by itself.
+The API keeps a signer *client* for one operator route only: `POST /v1/reserves/reports` signs
+its control messages (`sign_reserves_message`). It speaks as its own client (`[signer] client`,
+`api` when deployed, with its own key: custody.config's `CUSTODY_API_SIGNER_*`), which the
+signer lets call `ping`, `xpubs` and `sign_reserves_message` and nothing else, so this process
+cannot even ask for a batch, sweep or rebalance to be signed. `POST /v1/rebalances/run` runs the
+deciding step only (custody.rebalances `decide_bitcoin`; the worker signs), and the set-aside
+retries only make a row active again for the worker's jobs (custody.containment).
 This module and everything it imports never load `signer.keys` or `signer.service`
 (tests/unit/test_roots_imports.py).
 """

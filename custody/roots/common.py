@@ -155,13 +155,15 @@ def verify_networks(adapters: Mapping[str, ChainAdapter]) -> None:
 
 
 def signer_client(config: DeploymentConfig) -> SignerPort:
-    """The signer process's client (signer.client: no key code). Connections are made per call."""
+    """The signer process's client as this process's [signer] client, with that client's key
+    (signer.client: no key code). Connections are made per call; what the client may call is the
+    signer's decision (its [[clients]]): the api's may not sign a batch, sweep or rebalance."""
     try:
         from signer.client import SignerClient
     except ImportError as exc:
         raise StartupError(f"signer: the signer client is not part of this build ({exc})") from None
     try:
-        return SignerClient(config.signer.endpoint, config.signer.auth_key())
+        return SignerClient(config.signer.endpoint, config.signer.auth_key(), client=config.signer.client)
     except (OSError, ValueError) as exc:
         raise StartupError(f"signer: {exc}") from None
 

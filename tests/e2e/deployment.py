@@ -26,9 +26,9 @@ def regtest_keys() -> SignerKeys:
 def custody_config(directory: Path, cluster: Cluster, database_url: str, *, endpoint: str | None = None,
                    network: str = "regtest", chain_id: int = 31337, token: str | None = None,
                    usdt_decimals: int = 6, extra: str = "") -> Path:
-    """Write `directory/custody.toml` (and its signer auth key) for the session's nodes."""
+    """Write `directory/custody.toml` (and its signer client's auth key, `worker`) for the session's nodes."""
     keys = regtest_keys()
-    key_file = directory / "signer-auth.key"
+    key_file = directory / "signer-worker.key"
     if not key_file.exists():
         key_file.write_text(os.urandom(32).hex() + "\n")
         key_file.chmod(0o600)
@@ -88,7 +88,8 @@ hot = "{keys.account_xpub('ethereum', 'hot')}"
 
 [signer]
 endpoint = "{endpoint}"
-auth_key_file = "signer-auth.key"
+client = "worker"
+auth_key_file = "signer-worker.key"
 {approvers}
 {extra}"""
     path = directory / "custody.toml"

@@ -232,3 +232,54 @@ def test_an_open_rebalance_can_be_abandoned(custody, bitcoind, engine, ledger, r
     with engine.connect() as c:
         assert_equal(c.execute(text("SELECT count(*) FROM rebalance WHERE state NOT IN ('final', 'abandoned')")).scalar_one(), 0)
     lines(custody)
+
+
+class NoSigning:
+    """Stands in for the API process's signer client, which may not sign a rebalance: any call fails the test."""
+
+    def __getattr__(self, name: str):
+        raise AssertionError(f"the API's rebalance route must not reach the signer, yet {name} was called")
+
+
+def test_the_api_route_decides_and_the_worker_job_signs(custody, bitcoind, engine, ledger, rebalances, log):  # noqa: F811
+    """`POST /v1/rebalances/run` runs the deciding step only (the API process's signer client may
+    not sign a rebalance): it answers the new rebalance `open`, without a txid, its coins reserved;
+    the worker's rebalance job signs, broadcasts and books that same rebalance."""
+    bitcoind.mine(1)
+    held = spendable(custody, engine)
+    assert held > 1_000_000
+    rebalances.config = RebalanceConfig(thresholds={"BTC": RebalanceThreshold(ceiling=held - 1, target=held // 2)})
+    hot = custody.wallets.location_account("bitcoin", "hot", "BTC")
+    cold = custody.wallets.location_account("bitcoin", "cold", "BTC")
+    before = {a: ledger.balance(a).posted for a in (hot, cold)}
+    operator = create_api_key(engine, f"operator-{uuid.uuid4().hex[:8]}", "operator", custody.settings.api_key_pepper)
+    client = TestClient(create_app(custody), raise_server_exceptions=False)
+
+    log.info("the operator asks for a rebalance now: decided and opened, nothing signed")
+    signer = rebalances.signer
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(rebalances, "signer", NoSigning())
+        ran = client.post("/v1/rebalances/run", headers={"X-API-Key": operator})
+        assert_equal(ran.status_code, 200)
+        newest = ran.json()[0]
+        assert_equal((newest["state"], newest["txid"], int(newest["amount_minor"])), ("open", None, held - held // 2))
+        again = client.post("/v1/rebalances/run", headers={"X-API-Key": operator})  # still one: never a second
+        assert_equal([r["id"] for r in again.json() if r["state"] == "open"], [newest["id"]])
+    assert rebalances.signer is signer
+    assert spendable(custody, engine) < held  # its coins are reserved
+    with engine.connect() as c:
+        assert_equal(c.execute(text("SELECT count(*) FROM signer_audit WHERE detail->>'rebalance_id' = :r"),
+                               {"r": str(newest["id"])}).scalar_one(), 0)
+
+    log.info("the worker's job signs and broadcasts that same rebalance, and books it at finality")
+    rebalances.run_once()
+    with engine.connect() as c:
+        row = c.execute(text("SELECT state, txid, amount, fee FROM rebalance WHERE id = :r"), {"r": newest["id"]}).one()
+    assert_equal(row.state, "broadcast")
+    assert row.txid in bitcoind.rpc("getrawmempool")
+    bitcoind.mine(BTC_FINALITY)
+    assert_equal(rebalances.track(), 1)
+    assert_equal(ledger.balance(cold).posted - before[cold], -int(row.amount))
+    assert_equal(ledger.balance(hot).posted - before[hot], int(row.amount) + int(row.fee))
+    lines(custody)
+    ledger.assert_verified()

@@ -5,7 +5,9 @@ config files written, `signer serve`, `custody worker` and `custody api` as sepa
   approver's own key -> batch -> signed by the signer process -> broadcast -> final;
   reconciliation zero, the ledger verified;
 - the boundary: the api and worker processes never loaded the signer's key code nor the seed;
-  the signer's database role is refused the writes it must not make;
+  the signer's database role is refused the writes it must not make; the api process's signer
+  client (its own name and key, read from the running process) publishes proof of reserves and
+  is refused every money-moving method (`method_not_allowed`, nothing audited or read);
 - forgery through the database: approval rows written in SQL (and the withdrawal pushed to
   `approved`) are refused by the signer process; nothing is broadcast;
 - faults: the signer SIGKILLed while a batch waits on it, then restarted: exactly one payment; the
@@ -216,6 +218,48 @@ def test_each_process_connects_as_its_own_role(deployment, owner):
     assert {("custody-api", "custody_api"), ("custody-worker", "custody_worker"),
             ("custody-signer", "custody_signer")} <= seen, seen
     assert all(user == name.replace("-", "_").removesuffix("_2") for name, user in seen), seen
+
+
+def test_the_api_process_may_not_ask_the_signer_to_move_money(deployment, nodes_up, clients, owner):
+    import tomllib
+
+    from custody.reserves import verify_control
+    from regtest.util import assert_raises_code
+    from signer.client import SignerClient
+    from signer.protocol import BatchOutput
+    from signer.wire import WireErrorCode
+
+    cluster, _ = nodes_up
+    pid = deployment.processes.pid("custody-api")
+    environ = dict(e.decode().split("=", 1) for e in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in e)
+    client_name, key_file = environ["CUSTODY_API_SIGNER_CLIENT"], environ["CUSTODY_API_SIGNER_AUTH_KEY_FILE"]
+    assert (client_name, Path(key_file)) == ("api", deployment.signer_clients["api"])
+    worker_signer = tomllib.loads((deployment.root / "custody.toml").read_text())["signer"]
+    assert worker_signer["client"] == "worker" and Path(worker_signer["auth_key_file"]) != Path(key_file)
+    api = SignerClient.from_key_file(worker_signer["endpoint"], key_file, client=client_name)
+    assert api.ping().network == "regtest"
+
+    batch_id = 2**62 + uuid.uuid4().int % 2**40  # had the call got through, the signer would have audited a refusal
+    dest = cluster.bitcoin.wallet("getnewaddress", "", "bech32")
+    output = BatchOutput(batch_id, dest, 100_000)
+    for call in (lambda: api.sign_bitcoin_batch(batch_id, [], [output], None),
+                 lambda: api.sign_bitcoin_sweep(batch_id, [], dest, 1_000),
+                 lambda: api.sign_bitcoin_rebalance(batch_id, [], dest, 1_000, None)):
+        assert_raises_code(WireErrorCode.method_not_allowed, call)
+    assert_raises_code(WireErrorCode.unauthenticated,  # its key cannot pass for the worker's
+                       SignerClient.from_key_file(worker_signer["endpoint"], key_file, client="worker").sign_bitcoin_batch,
+                       batch_id, [], [output], None)
+    with owner.connect() as c:
+        assert c.execute(text("SELECT count(*) FROM signer_audit WHERE batch_id = :b"), {"b": batch_id}).scalar() == 0
+    signer_log = deployment.processes.log_path("custody-signer").read_text()
+    assert "method_not_allowed: client api" in signer_log and "client=api method=sign_bitcoin_batch" in signer_log
+
+    acct = _funded_customer(clients, cluster, 1 * BTC)  # a customer to commit to, coins to prove
+    operator = clients[next(iter(deployment.approver_keys))]
+    report = _ok(operator.post("/v1/reserves/reports"), 201)  # signed through the api's restricted client
+    assert report["holdings"]["addresses"] and all(verify_control(e, "regtest") for e in report["holdings"]["addresses"])
+    assert _ok(clients["backend"].get(f"/v1/reserves/reports/{report['report_id']}/proof", params={"account_id": acct}))
+    assert _ok(operator.post("/v1/rebalances/run")) is not None  # decides only; no signing method needed
 
 
 def test_signer_role_cannot_write_what_it_checks(owner_url):

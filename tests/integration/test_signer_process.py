@@ -1,9 +1,12 @@
 """`python -m signer serve` as a real OS process, on a unix socket and on loopback TCP.
 
-Each scenario writes a seed file (0600, the BIP84 test mnemonic), an auth key file and a TOML
-config pointing at the session database, starts the signer as a subprocess and talks to it with
+Each scenario writes a seed file (0600, the BIP84 test mnemonic), two clients' auth key files
+(`worker`: every method; `api`: ping, xpubs, sign_reserves_message) and a TOML config pointing at
+the session database, starts the signer as a subprocess and talks to it with
 `signer.client.SignerClient` only: ping; xpubs equal to the seed's account xpubs; a wrong auth key
-is `unauthenticated` (logged, the key never); a signing call for a batch that does not exist comes
+is `unauthenticated` (logged, the key never); the api client is refused every other signing method
+with `method_not_allowed` before the signer reads or audits anything, and its key cannot speak as
+the worker; a signing call for a batch that does not exist comes
 back as SigningRefused with the signer's own code and the signer's audit row; SIGTERM stops it and
 removes its socket; a stopped signer is SignerUnavailable (a NodeUnavailable: jobs retry). The
 `xpubs` and `check` commands are run the same way.
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import tomli_w
 from sqlalchemy import text
 
 from chain_adapters.errors import NodeUnavailable
@@ -32,10 +36,10 @@ from custody.controls import kill_switch
 from custody.policy_config import default_policy
 from regtest.util import assert_equal, assert_raises_code, free_port
 from signer.client import SignerClient
-from signer.config import quorum_entries
+from signer.config import DEPLOYED_CLIENTS, quorum_entries
 from signer.keys import Chain, Secret, SignerKeys, Tier, seed_from_text
-from signer.protocol import BatchOutput, RefusalCode
-from signer.wire import SignerInfo, SignerUnavailable, WireErrorCode, write_auth_key
+from signer.protocol import RESERVES_PREFIX, BatchOutput, RefusalCode
+from signer.wire import SIGNING_METHODS, SignerInfo, SignerUnavailable, WireErrorCode, write_auth_key
 
 log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,11 +54,15 @@ class SignerProcess:
     directory: Path
     config: Path
     listen: str
-    key: bytes
+    keys: dict[str, bytes]  # client name -> its auth key
 
     @property
     def client(self) -> SignerClient:
-        return SignerClient(self.listen, self.key, timeout=30)
+        """The worker's client: every method."""
+        return self.client_as("worker")
+
+    def client_as(self, name: str) -> SignerClient:
+        return SignerClient(self.listen, self.keys[name], client=name, timeout=30)
 
     def log_text(self) -> str:
         return (self.directory / "signer.log").read_text()
@@ -65,22 +73,25 @@ class SignerProcess:
         return self.proc.wait(timeout=20)
 
 
-def write_config(directory: Path, database_url: str, listen: str, **extra: str) -> tuple[Path, bytes]:
-    """A seed file (0600), an auth key file and signer.toml in `directory`; (config path, auth key)."""
+def write_config(directory: Path, database_url: str, listen: str, **extra: str) -> tuple[Path, dict[str, bytes]]:
+    """A seed file (0600), one auth key file per deployed client (signer.config.DEPLOYED_CLIENTS) and
+    signer.toml in `directory`; (config path, {client name: auth key})."""
     seed = directory / "seed.txt"
     seed.unlink(missing_ok=True)
     fd = os.open(seed, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(TEST_MNEMONIC + "\n")
-    key_file = directory / "auth.key"
-    key_file.unlink(missing_ok=True)
-    key = write_auth_key(key_file)
+    keys, clients = {}, []
+    for name, methods in DEPLOYED_CLIENTS.items():
+        key_file = directory / f"{name}.key"
+        key_file.unlink(missing_ok=True)
+        keys[name] = write_auth_key(key_file)
+        clients.append({"name": name, "auth_key_file": str(key_file), "methods": list(methods)})
     values = {"network": "regtest", "seed_file": str(seed), "database_url": database_url, "listen": listen,
-              "auth_key_file": str(key_file), **extra}
+              **extra, "clients": clients, "quorum": quorum_entries(default_policy())}
     config = directory / "signer.toml"
-    quorum = "".join(f"{asset} = {json.dumps(tiers)}\n" for asset, tiers in quorum_entries(default_policy()).items())
-    config.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items()) + "[quorum]\n" + quorum)
-    return config, key
+    config.write_text(tomli_w.dumps(values))
+    return config, keys
 
 
 def clean_env() -> dict[str, str]:
@@ -98,12 +109,12 @@ def listen_address(kind: str, directory: Path) -> str:
 
 def start_signer(directory: Path, database_url: str, listen: str) -> SignerProcess:
     """Start `python -m signer serve --config F` and wait until it answers a ping."""
-    config, key = write_config(directory, database_url, listen)
+    config, keys = write_config(directory, database_url, listen)
     logfile = open(directory / "signer.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "signer", "serve", "--config", str(config)], cwd=ROOT,
                             env=clean_env(), stdout=logfile, stderr=subprocess.STDOUT)
     logfile.close()
-    sp = SignerProcess(proc, directory, config, listen, key)
+    sp = SignerProcess(proc, directory, config, listen, keys)
     deadline = time.monotonic() + 60
     while True:
         if proc.poll() is not None:
@@ -160,7 +171,7 @@ def running(request, database_url):
 def test_ping_answers_the_network_and_the_master_fingerprint(running):
     assert_equal(running.client.ping(), SignerInfo("regtest", KEYS.master_fingerprint))
     time.sleep(0.2)  # the log line is written after the answer
-    assert re.search(r"request id=[0-9a-f]{16} method=ping outcome=ok ms=[0-9.]+", running.log_text())
+    assert re.search(r"request id=[0-9a-f]{16} client=worker method=ping outcome=ok ms=[0-9.]+", running.log_text())
 
 
 def test_xpubs_are_the_seed_account_xpubs_public_only(running):
@@ -178,8 +189,44 @@ def test_a_wrong_auth_key_is_unauthenticated_and_logged_without_any_key(running)
     time.sleep(0.2)  # the log line is written after the answer
     text_ = running.log_text()
     assert "unauthenticated request" in text_ and "bad mac" in text_
-    for secret in (other.hex(), running.key.hex(), "abandon"):
+    for secret in (other.hex(), *(k.hex() for k in running.keys.values()), "abandon"):
         assert secret not in text_
+
+
+def test_the_api_client_may_publish_reserves_and_read_keys_and_nothing_else(running, engine):
+    """Least privilege: the api's key calls ping, xpubs and sign_reserves_message; every other
+    signing method is method_not_allowed before the signer reads the database (no audit row), and
+    the api's key cannot speak as the worker."""
+    api = running.client_as("api")
+    assert_equal(api.ping(), SignerInfo("regtest", KEYS.master_fingerprint))
+    assert_equal(api.xpubs().get("bitcoin", "hot"), KEYS.account_xpub("bitcoin", "hot"))
+    public_key, signature = api.sign_reserves_message("hot", 0, 0, RESERVES_PREFIX + " test")
+    assert_equal(len(public_key), 33)
+    batch_id = 2**62 + uuid.uuid4().int % 2**40  # no such batch: a call that got through would be refused and audited
+    output = BatchOutput(batch_id, REGTEST_ADDRESS, 100_000)
+    calls = {
+        "sign_bitcoin_batch": lambda: api.sign_bitcoin_batch(batch_id, [], [output], None),
+        "sign_bitcoin_replacement": lambda: api.sign_bitcoin_replacement(batch_id, "ab" * 32, [], [output], None),
+        "sign_bitcoin_sweep": lambda: api.sign_bitcoin_sweep(batch_id, [], REGTEST_ADDRESS, 1_000),
+        "sign_bitcoin_rebalance": lambda: api.sign_bitcoin_rebalance(batch_id, [], REGTEST_ADDRESS, 1_000, None),
+        "sign_ethereum_payment": lambda: api.sign_ethereum_payment(
+            batch_id, output, hot_index=0, chain_id=31337, nonce=0, to="0x" + "22" * 20, value=1, data=b"", gas=21_000,
+            max_fee_wei=10**9, priority_fee_wei=10**9),
+    }
+    assert_equal(set(calls), SIGNING_METHODS - set(DEPLOYED_CLIENTS["api"]))
+    for method, call in calls.items():
+        err = assert_raises_code(WireErrorCode.method_not_allowed, call)
+        assert method in err.message
+    impostor = SignerClient(running.listen, running.keys["api"], client="worker")
+    assert_raises_code(WireErrorCode.unauthenticated, impostor.sign_bitcoin_batch, batch_id, [], [output], None)
+    with engine.connect() as c:
+        audited = c.execute(text("SELECT count(*) FROM signer_audit WHERE batch_id = :b"), {"b": batch_id}).scalar_one()
+    assert_equal(audited, 0)
+    time.sleep(0.2)  # the log lines are written after the answers
+    text_ = running.log_text()
+    for method in calls:
+        assert f"client=api method={method} outcome=error:method_not_allowed" in text_
+        assert "method_not_allowed: client api" in text_
 
 
 def test_a_refusal_comes_back_with_its_code_and_the_signer_audits_it(running, engine):
@@ -247,6 +294,7 @@ def test_the_check_command_reaches_the_database_and_names_each_problem(database_
     done = run_cli("check", "--config", str(config))
     assert done.returncode == 0, done.stderr
     assert f"master fingerprint: {KEYS.master_fingerprint}" in done.stdout and f"listen: {listen}" in done.stdout
+    assert "client api: ping, sign_reserves_message, xpubs" in done.stdout, done.stdout
 
     (short_dir / "seed.txt").chmod(0o644)
     done = run_cli("check", "--config", str(config))
@@ -259,7 +307,7 @@ def test_the_check_command_reaches_the_database_and_names_each_problem(database_
     assert_equal(done.returncode, 1)
     assert "database_url" in done.stderr, done.stderr
 
-    config.write_text('max_fee_rate = 1000\n' + config.read_text())
+    config.write_text('max_fee_rate = 1000\n' + config.read_text())  # a top-level key before the first table
     done = run_cli("check", "--config", str(config))
     assert_equal(done.returncode, 1)
     assert "max_fee_rate: unknown key" in done.stderr, done.stderr

@@ -242,3 +242,29 @@ def test_a_broken_compose_file_is_refused(compose: dict, mutation: str) -> None:
 def test_a_broken_dockerfile_is_refused(compose: dict, edit, expected: str) -> None:
     problems = dockerfile_problems(edit(DOCKERFILE.read_text()), compose)
     assert any(p.startswith(expected) for p in problems), problems
+
+
+def test_each_custody_process_holds_its_own_signer_key_only(compose: dict) -> None:
+    """The compose signer.toml names the deployed clients (worker: every method; api: reserves and
+    public keys), each key a secret of its own; the api is given the api's key and the worker the
+    worker's, never the other's, and each speaks as its own client (custody.toml is the api's; the
+    worker's environment overrides)."""
+    import tomllib
+
+    from signer.config import DEPLOYED_CLIENTS, load_config
+
+    signer_cfg = load_config(ROOT / "deploy" / "compose" / "signer.toml")
+    assert_equal({c.name: set(c.methods) for c in signer_cfg.clients}, {k: set(v) for k, v in DEPLOYED_CLIENTS.items()})
+    secret_of = {c.name: Path(c.auth_key_file).name for c in signer_cfg.clients}  # /run/secrets/<secret>
+    services = compose["services"]
+    assert set(secret_of.values()) <= _secret_names(services["custody-signer"])
+    assert_equal(_secret_names(services["custody-api"]) & set(secret_of.values()), {secret_of["api"]})
+    assert_equal(_secret_names(services["custody-worker"]) & set(secret_of.values()), {secret_of["worker"]})
+    files = {Path(s["file"]).name for s in compose["secrets"].values()}
+    assert_equal(len({compose["secrets"][secret_of[n]]["file"] for n in secret_of}), len(secret_of))  # one file each
+    assert {"signer-worker.key", "signer-api.key"} <= files
+    custody_signer = tomllib.loads((ROOT / "deploy" / "compose" / "custody.toml").read_text())["signer"]
+    assert_equal((custody_signer["client"], custody_signer["auth_key_file"]), ("api", f"/run/secrets/{secret_of['api']}"))
+    worker_env = services["custody-worker"]["environment"]
+    assert_equal((worker_env["CUSTODY_WORKER_SIGNER_CLIENT"], worker_env["CUSTODY_WORKER_SIGNER_AUTH_KEY_FILE"]),
+                 ("worker", f"/run/secrets/{secret_of['worker']}"))

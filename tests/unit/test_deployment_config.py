@@ -29,7 +29,7 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def write(tmp_path: Path):
     """write(edits...) -> the path of the example file with each (old, new) replaced once."""
-    key = tmp_path / "signer-auth.key"
+    key = tmp_path / "signer-worker.key"
     key.write_text("ab" * 32 + "\n")
     key.chmod(0o600)
 
@@ -69,7 +69,7 @@ def test_the_example_file_loads_with_integers_and_the_environment_settings(write
     assert (config.settings.api_host, config.settings.api_port) == ("127.0.0.1", 8000)
     assert config.settings.api_key_pepper == "p" * 40  # the service's own settings still come from the environment
     assert config.wallets["bitcoin"].hot == keys().account_xpub("bitcoin", "hot")
-    assert config.signer.auth_key() == bytes.fromhex("ab" * 32)
+    assert config.signer.auth_key() == bytes.fromhex("ab" * 32) and config.signer.client == "worker"
     assert "regtest" not in repr(config.bitcoin.rpc_password)  # the password is a SecretStr
 
 
@@ -290,8 +290,45 @@ def test_the_signer_endpoint_is_local(write, endpoint, ok):
         assert [p.split(":")[0] for p in problems(path)] == ["signer.endpoint"]
 
 
+def test_one_file_gives_each_process_its_own_signer_client_and_key(write, tmp_path, monkeypatch):
+    """The api speaks to the signer as `api` with its own key (the signer lets that client publish
+    reserves only); the worker keeps the file's `worker`. A bad override names its variable."""
+    path = write()
+    api_key = tmp_path / "signer-api.key"
+    api_key.write_text("cd" * 32 + "\n")
+    api_key.chmod(0o600)
+    monkeypatch.setenv("CUSTODY_API_SIGNER_CLIENT", "api")
+    monkeypatch.setenv("CUSTODY_API_SIGNER_AUTH_KEY_FILE", str(api_key))
+    api = DeploymentConfig.load(path, process="api")
+    assert (api.signer.client, api.signer.auth_key(), api.source) == ("api", bytes.fromhex("cd" * 32), path)
+    assert api.signer.endpoint == "unix:/run/custody/signer.sock"  # the rest of the section is the file's
+    worker = DeploymentConfig.load(path, process="worker")
+    assert (worker.signer.client, worker.signer.auth_key()) == ("worker", bytes.fromhex("ab" * 32))
+    assert DeploymentConfig.load(path).signer.client == "worker"  # no process: the file as written
+    monkeypatch.setenv("CUSTODY_WORKER_SIGNER_CLIENT", "worker-2")
+    assert DeploymentConfig.load(path, process="worker").signer.client == "worker-2"
+    monkeypatch.setenv("CUSTODY_API_SIGNER_CLIENT", "API!")
+    with pytest.raises(ConfigError, match="environment CUSTODY_API_SIGNER_CLIENT: a client name is"):
+        DeploymentConfig.load(path, process="api")
+    monkeypatch.setenv("CUSTODY_API_SIGNER_CLIENT", "api")
+    api_key.chmod(0o644)
+    assert problems_of(path, "api") == [f"environment CUSTODY_API_SIGNER_AUTH_KEY_FILE: {api_key} has mode 644; "
+                                        "only its owner may read it (chmod 600)"]
+
+
+def problems_of(path: Path, process: str) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        DeploymentConfig.load(path, process=process)
+    return [p.removeprefix(f"{path}: ") for p in info.value.problems]
+
+
+def test_the_signer_client_is_required_and_named_as_the_signer_names_it(write):
+    assert problems(write(('client = "worker"', ""))) == ["signer.client: required"]
+    assert [p.split(":")[0] for p in problems(write(('client = "worker"', 'client = "Worker"')))] == ["signer.client"]
+
+
 def test_the_signer_auth_key_file_must_be_private_hex(write, tmp_path):
-    key = tmp_path / "signer-auth.key"
+    key = tmp_path / "signer-worker.key"
     path = write()
     key.chmod(0o644)
     assert problems(path) == [f"signer.auth_key_file: {key} has mode 644; only its owner may read it (chmod 600)"]
@@ -340,3 +377,20 @@ def test_a_missing_file_and_bad_toml_name_the_file(tmp_path):
 
 def test_lowercase_symbols_are_refused(write):
     assert problems(write(("[assets.BTC]", "[assets.btc]"))) == ["assets.btc: write asset symbols in capitals (BTC)"]
+
+
+def test_config_check_reads_the_file_as_the_named_process(write, tmp_path, monkeypatch, capsys):
+    """`config check --process api` applies the api's own overrides: its missing key file fails the
+    `config` line naming the variable, before anything is reached; the worker's reading is unaffected."""
+    from custody.__main__ import main
+    from custody.config_check import run_checks
+
+    path = write()
+    monkeypatch.setenv("CUSTODY_API_SIGNER_CLIENT", "api")
+    monkeypatch.setenv("CUSTODY_API_SIGNER_AUTH_KEY_FILE", str(tmp_path / "absent.key"))
+    (check,) = run_checks(str(path), "api")
+    assert (check.name, check.ok) == ("config", False)
+    assert f"environment CUSTODY_API_SIGNER_AUTH_KEY_FILE: {tmp_path / 'absent.key'}: cannot read it" in check.detail
+    assert main(["config", "check", "--config", str(path), "--process", "api"]) == 1
+    assert "FAIL config" in capsys.readouterr().out
+    assert DeploymentConfig.load(path, process="worker").signer.client == "worker"

@@ -1,6 +1,8 @@
 """The signer's configuration (signer.config): a typo, a float, a non-loopback socket or a missing
 quorum fails at load with a message naming the key; env overrides the file; relative paths are the
-file's; build_signer hands the configured approvers and quorum to the Signer."""
+file's; build_signer hands the configured approvers and quorum to the Signer. Each client of the
+signer has its own key and its own list of methods; a method name the wire does not know, a
+client without methods, two clients of one name or one key fail at load."""
 from __future__ import annotations
 
 import base64
@@ -9,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from regtest.util import assert_equal
-from signer.config import ConfigError, approval_arguments, load_config, quorum_entries
-from signer.wire import write_auth_key
+from signer.config import DEPLOYED_CLIENTS, ConfigError, approval_arguments, load_config, quorum_entries
+from signer.wire import METHODS, write_auth_key
 from tests.approvers import SoftAuthenticator
 
 ED25519_PUB = base64.b64encode(bytes(32)).decode()
@@ -19,7 +21,10 @@ network = "regtest"
 seed_file = "seed.txt"
 database_url = "postgresql://custody_signer@127.0.0.1:5432/custody"
 listen = "unix:/run/custody/signer.sock"
-auth_key_file = "auth.key"
+clients = [
+  {name = "worker", auth_key_file = "worker.key", methods = ["ping", "xpubs", "sign_bitcoin_batch", "sign_bitcoin_replacement", "sign_bitcoin_sweep", "sign_bitcoin_rebalance", "sign_reserves_message", "sign_ethereum_payment"]},
+  {name = "api", auth_key_file = "/etc/custody/api.key", methods = ["ping", "xpubs", "sign_reserves_message"]},
+]
 """
 QUORUM = """
 [quorum]
@@ -52,7 +57,9 @@ def write(tmp_path: Path, text: str) -> Path:
 def test_a_complete_file_loads_with_paths_relative_to_it(tmp_path: Path):
     cfg = load_config(write(tmp_path, BASE + APPROVERS + QUORUM))
     assert_equal(cfg.seed_file, tmp_path / "seed.txt")
-    assert_equal(cfg.auth_key_file, tmp_path / "auth.key")
+    assert_equal([(c.name, c.auth_key_file) for c in cfg.clients],
+                 [("worker", tmp_path / "worker.key"), ("api", Path("/etc/custody/api.key"))])
+    assert_equal(cfg.clients[1].methods, ["ping", "xpubs", "sign_reserves_message"])
     assert_equal(cfg.endpoint.path, "/run/custody/signer.sock")
     assert_equal([a.operator for a in cfg.approvers], ["alice", "bob"])
     assert_equal(cfg.quorum["BTC"][1], (200_000_000, 1))
@@ -128,15 +135,71 @@ def test_the_environment_overrides_the_file(tmp_path: Path, monkeypatch):
         load_config(write(tmp_path, BASE + QUORUM))
 
 
-def test_the_auth_key_is_read_from_its_owner_only_file(tmp_path: Path):
+def _clients(*entries: str) -> str:
+    return BASE.split("clients = [")[0] + "clients = [\n" + "".join(f"  {e},\n" for e in entries) + "]\n"
+
+
+def test_each_clients_key_is_read_from_its_owner_only_file(tmp_path: Path):
+    text = _clients('{name = "worker", auth_key_file = "worker.key", methods = ["ping", "sign_bitcoin_batch"]}',
+                    '{name = "api", auth_key_file = "api.key", methods = ["ping"]}')
+    cfg = load_config(write(tmp_path, text + QUORUM))
+    with pytest.raises(ConfigError, match="clients.worker.auth_key_file: .*cannot read"):
+        cfg.client_grants()
+    worker, api = write_auth_key(tmp_path / "worker.key"), write_auth_key(tmp_path / "api.key")
+    grants = cfg.client_grants()
+    assert_equal([(g.name, g.key, g.methods) for g in grants],
+                 [("worker", worker, frozenset({"ping", "sign_bitcoin_batch"})), ("api", api, frozenset({"ping"}))])
+    (tmp_path / "api.key").chmod(0o644)
+    with pytest.raises(ConfigError, match="clients.api.auth_key_file: .*chmod 600"):
+        cfg.client_grants()
+
+
+def test_two_clients_with_one_key_are_refused(tmp_path: Path):
+    """A key is the client's identity: the api holding the worker's key could call the worker's methods."""
+    write_auth_key(tmp_path / "one.key")
+    (tmp_path / "same.key").write_text((tmp_path / "one.key").read_text())
+    (tmp_path / "same.key").chmod(0o600)
+    text = _clients('{name = "worker", auth_key_file = "one.key", methods = ["sign_bitcoin_batch"]}',
+                    '{name = "api", auth_key_file = "same.key", methods = ["ping"]}')
+    with pytest.raises(ConfigError, match="clients.api.auth_key_file: the same key as client worker's"):
+        load_config(write(tmp_path, text + QUORUM)).client_grants()
+
+
+@pytest.mark.parametrize("entries, key, why", [
+    (['{name = "worker", auth_key_file = "w.key", methods = ["ping", "sign_batch"]}'], "clients.0.methods",
+     "unknown methods \\['sign_batch'\\]"),
+    (['{name = "worker", auth_key_file = "w.key", methods = []}'], "clients.0.methods", "at least 1 item"),
+    (['{name = "worker", auth_key_file = "w.key"}'], "clients.0.methods", "Field required"),
+    (['{name = "worker", auth_key_file = "w.key", methods = ["ping", "ping"]}'], "clients.0.methods", "listed twice"),
+    (['{name = "Worker!", auth_key_file = "w.key", methods = ["ping"]}'], "clients.0.name", "client name"),
+    (['{name = "worker", auth_key_file = "w.key", methods = ["ping"], role = "admin"}'], "clients.0.role", "unknown key"),
+    (['{name = "worker", auth_key_file = "a.key", methods = ["ping"]}',
+      '{name = "worker", auth_key_file = "b.key", methods = ["ping"]}'], "clients", "distinct"),
+    ([], "clients", "at least 1 item"),
+])
+def test_a_bad_client_fails_at_load_naming_it(tmp_path: Path, entries: list[str], key: str, why: str):
+    with pytest.raises(ConfigError, match=why) as info:
+        load_config(write(tmp_path, _clients(*entries) + QUORUM))
+    assert f"{key}:" in str(info.value), str(info.value)
+
+
+def test_the_one_shared_key_of_old_files_is_refused_with_the_way_forward(tmp_path: Path):
+    old = BASE.split("clients = [")[0] + 'auth_key_file = "auth.key"\n'
+    with pytest.raises(ConfigError, match="auth_key_file: the one shared key is replaced by one key per client"):
+        load_config(write(tmp_path, old + QUORUM))
+    with pytest.raises(ConfigError, match="clients: Field required"):
+        load_config(write(tmp_path, BASE.split("clients = [")[0] + QUORUM))
+
+
+def test_the_deployed_clients_name_real_methods_and_the_api_signs_no_money_movement():
+    assert_equal(set(DEPLOYED_CLIENTS["worker"]), set(METHODS))
+    assert_equal(set(DEPLOYED_CLIENTS["api"]), {"ping", "xpubs", "sign_reserves_message"})
+
+
+def test_clients_come_from_the_environment_as_json(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("SIGNER_CLIENTS", '[{"name": "solo", "auth_key_file": "/k", "methods": ["ping"]}]')
     cfg = load_config(write(tmp_path, BASE + QUORUM))
-    with pytest.raises(ConfigError, match="auth_key_file"):
-        cfg.auth_key()
-    key = write_auth_key(tmp_path / "auth.key")
-    assert_equal(cfg.auth_key(), key)
-    (tmp_path / "auth.key").chmod(0o644)
-    with pytest.raises(ConfigError, match="chmod 600"):
-        cfg.auth_key()
+    assert_equal([(c.name, c.methods) for c in cfg.clients], [("solo", ["ping"])])
 
 
 

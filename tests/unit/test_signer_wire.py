@@ -1,7 +1,9 @@
 """The signer's socket protocol (signer.wire, signer.server, signer.client) without a database.
 
-The envelope: a MAC over the canonical JSON, a 30-second clock window, one use per nonce, MACed
-answers the client checks. The values: integers only (a float or a bool amount is `bad_request`),
+The envelope: a named client, a MAC over the canonical JSON under that client's own key, a
+30-second clock window, one use per nonce, MACed answers the client checks. Least privilege: a
+client may call only the methods its grant lists (`method_not_allowed`, nothing reaches the
+Signer); an unknown client or another client's key is `unauthenticated`. The values: integers only (a float or a bool amount is `bad_request`),
 exact keys, hex bytes. The mapping: a refusal, a SignerError, a database outage and anything else
 each come back as their own exception. The client and a server with a fake Signer run over a real
 unix socket in this process; tests/integration/test_signer_process.py runs the real process.
@@ -29,11 +31,15 @@ from signer.errors import SignerError, SignerErrorCode
 from signer.ethereum_tx import SignedEthTx
 from signer.protocol import BatchOutput, BtcCoin, RefusalCode, SignerPort, SigningRefused
 from signer.server import SignerService, make_server
-from signer.wire import (METHODS, SIGNING_METHODS, RequestAuthenticator, SignerUnavailable, WireErrorCode, Xpubs,
-                         check_answer, encode_line, new_answer, new_request, parse_endpoint, parse_line, read_auth_key)
+from signer.wire import (METHODS, SIGNING_METHODS, ClientGrant, RequestAuthenticator, SignerUnavailable,
+                         WireErrorCode, Xpubs, check_answer, encode_line, new_answer, new_request, parse_endpoint,
+                         parse_line, read_auth_key)
 
-KEY = bytes(range(32))
-OTHER_KEY = bytes(range(1, 33))
+KEY = bytes(range(32))  # the worker's
+OTHER_KEY = bytes(range(1, 33))  # nobody's
+API_KEY = bytes(range(2, 34))  # the api's
+API_METHODS = frozenset({"ping", "xpubs", "sign_reserves_message"})
+CLIENTS = (ClientGrant("worker", KEY, frozenset(METHODS)), ClientGrant("api", API_KEY, API_METHODS))
 NOW = 1_800_000_000
 XPUBS = Xpubs("regtest", "73c5da0a", {"bitcoin": {"hot": "vpub-hot", "cold": "vpub-cold"}, "ethereum": {"hot": "xpub-eth"}})
 TX = SignedTx(raw=b"\x02\x00\x01", txid="ab" * 32, vsize=141, fee=1410, change_vout=1, weight=561)
@@ -81,13 +87,23 @@ class FakeSigner:
 
 
 def service(fake: FakeSigner, now: float = NOW) -> SignerService:
-    return SignerService(fake, xpubs=XPUBS, auth_key=KEY, clock=lambda: now)
+    return SignerService(fake, xpubs=XPUBS, clients=CLIENTS, clock=lambda: now)
 
 
-def ask(svc: SignerService, request: dict) -> dict:
+def ask(svc: SignerService, request: dict, key: bytes = KEY) -> dict:
     """Send one raw request line; the answer, after checking its MAC as the client does."""
     answer = parse_line(svc.handle(encode_line(request)))
-    check_answer(KEY, answer, request)
+    check_answer(key, answer, request)
+    return answer
+
+
+def refused_unauthenticated(svc: SignerService, request: dict) -> dict:
+    """Send a request that must not authenticate: its answer is `unauthenticated` and verifies
+    under no client's key (so it is no MAC oracle for a prober)."""
+    answer = parse_line(svc.handle(encode_line(request)))
+    assert_equal(answer["error"]["code"], "unauthenticated")
+    for key in (KEY, API_KEY, OTHER_KEY):
+        assert_raises_code(WireErrorCode.unauthenticated, check_answer, key, answer, request)
     return answer
 
 
@@ -113,7 +129,7 @@ def test_a_changed_field_or_another_key_is_unauthenticated_and_nothing_is_signed
     tampered["params"] = {**BATCH_PARAMS, "outputs": [{**BATCH_PARAMS["outputs"][0], "amount": 900_000}]}
     for request in (tampered, new_request(OTHER_KEY, "sign_bitcoin_batch", BATCH_PARAMS, now=NOW),
                     {k: v for k, v in new_request(KEY, "ping", {}, now=NOW).items() if k != "mac"}):
-        assert_equal(ask(service(fake), request)["error"]["code"], "unauthenticated")
+        refused_unauthenticated(service(fake), request)
     assert_equal(svc.handle(b"not json\n").count(b"bad_request"), 1)
     assert_equal(fake.calls, [])
 
@@ -137,7 +153,7 @@ def test_a_replayed_request_is_unauthenticated_and_signed_once():
 
 def test_the_nonce_cache_forgets_only_nonces_whose_ts_is_no_longer_accepted():
     clock = [float(NOW)]
-    auth = RequestAuthenticator(KEY, clock=lambda: clock[0])
+    auth = RequestAuthenticator(CLIENTS, clock=lambda: clock[0])
     first = new_request(KEY, "ping", {}, now=NOW)
     auth.check(first)
     for i in range(1100):  # enough to trigger pruning
@@ -152,10 +168,12 @@ def test_the_nonce_cache_forgets_only_nonces_whose_ts_is_no_longer_accepted():
 def test_the_auth_key_never_reaches_the_log(caplog):
     caplog.set_level(logging.DEBUG)
     svc = service(FakeSigner())
-    ask(svc, new_request(OTHER_KEY, "ping", {}, now=NOW))
+    refused_unauthenticated(svc, new_request(OTHER_KEY, "ping", {}, now=NOW))
     ask(svc, new_request(KEY, "ping", {}, now=NOW))
-    assert "unauthenticated" in caplog.text and "method=ping outcome=ok" in caplog.text
-    for key in (KEY, OTHER_KEY):
+    ask(svc, new_request(API_KEY, "sign_bitcoin_batch", BATCH_PARAMS, client="api", now=NOW), API_KEY)
+    assert "unauthenticated" in caplog.text and "client=worker method=ping outcome=ok" in caplog.text
+    assert "client=api method=sign_bitcoin_batch outcome=error:method_not_allowed" in caplog.text
+    for key in (KEY, OTHER_KEY, API_KEY):
         assert key.hex() not in caplog.text
 
 
@@ -249,7 +267,7 @@ def served(tmp_path: Path):
     """A server with a FakeSigner on a unix socket in a thread; (client, fake, server)."""
     fake = FakeSigner()
     path = f"/tmp/signer-unit-{os.getpid()}-{threading.get_ident() % 10**6}.sock"
-    server = make_server(parse_endpoint(f"unix:{path}"), SignerService(fake, xpubs=XPUBS, auth_key=KEY))
+    server = make_server(parse_endpoint(f"unix:{path}"), SignerService(fake, xpubs=XPUBS, clients=CLIENTS))
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     yield SignerClient(f"unix:{path}", KEY, timeout=5), fake, server
@@ -300,6 +318,102 @@ def test_a_wrong_key_is_unauthenticated_through_the_client(served):
     other = SignerClient(str(client.endpoint), OTHER_KEY)
     assert_raises_code(WireErrorCode.unauthenticated, other.ping)
     assert_equal(fake.calls, [])
+
+
+# ---- clients and their grants --------------------------------------------------------------------
+
+
+def test_an_unknown_client_is_unauthenticated_and_nothing_is_signed(served):
+    client, fake, _ = served
+    svc = service(fake)
+    for name in ("nobody", "WORKER", ""):
+        refused_unauthenticated(svc, new_request(KEY, "sign_bitcoin_batch", BATCH_PARAMS, client=name, now=NOW))
+    request = new_request(KEY, "ping", {}, now=NOW)
+    del request["client"]
+    refused_unauthenticated(svc, request)
+    err = assert_raises_code(WireErrorCode.unauthenticated,
+                             SignerClient(str(client.endpoint), KEY, client="treasury").sign_bitcoin_batch, 9, COINS,
+                             OUTPUTS, None)
+    assert "treasury" in err.message
+    assert_equal(fake.calls, [])
+
+
+def test_another_clients_key_is_unauthenticated(served):
+    """The MAC is checked under the key of the client the request names: the api's key cannot
+    speak as the worker, the worker's cannot speak as the api, and the name is under the MAC."""
+    client, fake, _ = served
+    svc = service(fake)
+    refused_unauthenticated(svc, new_request(API_KEY, "sign_bitcoin_batch", BATCH_PARAMS, client="worker", now=NOW))
+    refused_unauthenticated(svc, new_request(KEY, "ping", {}, client="api", now=NOW))
+    renamed = new_request(API_KEY, "ping", {}, client="api", now=NOW)
+    renamed["client"] = "worker"
+    refused_unauthenticated(svc, renamed)
+    endpoint = str(client.endpoint)
+    assert_raises_code(WireErrorCode.unauthenticated, SignerClient(endpoint, API_KEY, client="worker").sign_bitcoin_sweep,
+                       3, COINS, "bcrt1qhot", 500)
+    assert_raises_code(WireErrorCode.unauthenticated, SignerClient(endpoint, KEY, client="api").ping)
+    assert_equal(fake.calls, [])
+
+
+FORBIDDEN_TO_API = sorted(SIGNING_METHODS - API_METHODS)
+CALLS = {  # one well-formed call of each signing method, through the client
+    "sign_bitcoin_batch": lambda c: c.sign_bitcoin_batch(9, COINS, OUTPUTS, None),
+    "sign_bitcoin_replacement": lambda c: c.sign_bitcoin_replacement(9, "ef" * 32, COINS, OUTPUTS, None),
+    "sign_bitcoin_sweep": lambda c: c.sign_bitcoin_sweep(3, COINS, "bcrt1qhot", 500),
+    "sign_bitcoin_rebalance": lambda c: c.sign_bitcoin_rebalance(4, COINS, "bcrt1qcold", 1_000, None),
+    "sign_ethereum_payment": lambda c: c.sign_ethereum_payment(
+        9, OUTPUTS[0], hot_index=0, chain_id=31337, nonce=7, to="0x" + "22" * 20, value=1, data=b"", gas=21_000,
+        max_fee_wei=2 * 10**9, priority_fee_wei=10**9),
+    "sign_reserves_message": lambda c: c.sign_reserves_message("hot", 0, 5, "custody proof of reserves: x"),
+}
+
+
+def test_the_forbidden_list_is_every_signing_method_but_reserves():
+    assert_equal(FORBIDDEN_TO_API, ["sign_bitcoin_batch", "sign_bitcoin_rebalance", "sign_bitcoin_replacement",
+                                    "sign_bitcoin_sweep", "sign_ethereum_payment"])
+    assert_equal(set(CALLS), set(SIGNING_METHODS))
+
+
+@pytest.mark.parametrize("method", FORBIDDEN_TO_API)
+def test_a_method_outside_the_clients_grant_is_method_not_allowed_and_never_reaches_the_signer(served, method, caplog):
+    client, fake, _ = served
+    api = SignerClient(str(client.endpoint), API_KEY, client="api", timeout=5)
+    err = assert_raises_code(WireErrorCode.method_not_allowed, CALLS[method], api)
+    assert_equal(err.message, f"client api may not call {method}")
+    assert_equal(fake.calls, [])
+    assert "method_not_allowed: client api" in caplog.text and method in caplog.text
+    # refused before the params are even decoded: garbage params get the same answer, not bad_request
+    answer = ask(service(fake), new_request(API_KEY, method, {"anything": 1.5}, client="api", now=NOW), API_KEY)
+    assert_equal(answer["error"]["code"], "method_not_allowed")
+    assert_equal(fake.calls, [])
+    assert_equal(type(CALLS[method](client)).__name__, "SignedTx" if "bitcoin" in method else "SignedEthTx")  # the worker may
+
+
+def test_a_clients_allowed_methods_pass(served):
+    client, fake, _ = served
+    api = SignerClient(str(client.endpoint), API_KEY, client="api", timeout=5)
+    assert_equal(api.ping().master_fingerprint, "73c5da0a")
+    assert_equal(api.xpubs(), XPUBS)
+    assert_equal(CALLS["sign_reserves_message"](api), (b"\x02" + b"\x33" * 32, b"\x30\x44"))
+    assert_equal([name for name, _ in fake.calls], ["sign_reserves_message"])
+    unknown = ask(service(fake), new_request(API_KEY, "export_seed", {}, client="api", now=NOW), API_KEY)
+    assert_equal(unknown["error"]["code"], "unknown_method")  # a method nobody has is unknown, not "not allowed"
+
+
+@pytest.mark.parametrize("make, why", [
+    (lambda: ClientGrant("worker", KEY, frozenset({"ping", "sign_everything"})), "unknown methods"),
+    (lambda: ClientGrant("worker", KEY, frozenset()), "at least one method"),
+    (lambda: ClientGrant("Worker", KEY, frozenset({"ping"})), "client name"),
+    (lambda: ClientGrant("worker", b"short", frozenset({"ping"})), "at least 32 bytes"),
+    (lambda: RequestAuthenticator([ClientGrant("worker", KEY, frozenset({"ping"})),
+                                   ClientGrant("api", KEY, frozenset({"ping"}))]), "same auth key"),
+    (lambda: RequestAuthenticator([ClientGrant("worker", KEY, frozenset({"ping"})),
+                                   ClientGrant("worker", API_KEY, frozenset({"ping"}))]), "listed twice"),
+    (lambda: RequestAuthenticator([]), "at least one client"),
+])
+def test_grants_are_checked_when_built(make, why):
+    with pytest.raises(ValueError, match=why):
+        make()
 
 
 def test_a_stopped_signer_is_unavailable_which_jobs_retry_next_run(served):
