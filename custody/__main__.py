@@ -28,7 +28,8 @@ never import signer.keys or signer.service.
 
 Operators:
 
-    python -m custody approve ...              sign a withdrawal approval with an Ed25519 key
+    python -m custody approve ...              sign a withdrawal approval with an Ed25519 key (its
+                                               exit status 3: the API served bytes it will not sign)
     python -m custody approver-key ...         make or show an approver key (custody.approve_cli)
 
 Development and maintenance (settings from the environment, custody/settings.py):

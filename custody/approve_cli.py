@@ -1,10 +1,12 @@
 """Scripted approvers: approve a withdrawal with your own Ed25519 key, over the HTTP API only.
 
     custody approve --key FILE WITHDRAWAL_ID [--api URL] [--api-key-file F] [--comment TEXT] [--key-id ID]
-        GET the withdrawal's approval payload, show what it pays (asset, amount, destination,
-        decision, expiry), sign the exact bytes with the private key in FILE and POST the approval.
-        The operator API key comes from --api-key-file or the CUSTODY_API_KEY environment variable;
-        custody refuses a key that is not the caller's own (`approver_not_caller`).
+                    [--decimals ASSET=N ...]
+        GET the withdrawal's approval payload, read the payload BYTES, show what they pay (asset,
+        amount, destination, chain, decision, policy version, expiry), sign those exact bytes with
+        the private key in FILE and POST the approval. The operator API key comes from
+        --api-key-file or the CUSTODY_API_KEY environment variable; custody refuses a key that is
+        not the caller's own (`approver_not_caller`).
     custody approver-key new FILE --operator NAME [--key-id ID]
         Write a new Ed25519 private key to FILE (PEM, PKCS#8, mode 0600; never overwritten) and
         print the approver entry to add, as TOML, to the approver lists of custody AND the signer:
@@ -15,8 +17,21 @@ writable by group or others is refused, as the signer refuses such a seed file. 
 to `ed25519:` + the first 16 hex digits of SHA-256 of the public key, so `approve` finds it from the
 key file alone.
 
+The API is not trusted with what is signed (a compromised API process could show one withdrawal and
+hand over the bytes of another). What the operator is shown comes from the payload bytes alone
+(`signer.approvals.read_payload`), and nothing is signed unless: the bytes are exactly the canonical
+payload of their fields; they name the WITHDRAWAL_ID asked for; and every field the API's JSON also
+states (withdrawal_id, decision_id, chain, asset, amount_minor, destination, policy_version,
+expires_at) says the same as the bytes. The amount is shown in units only with decimals this command
+knows without asking the API (the chains' native assets, `NATIVE_DECIMALS`, and `--decimals`),
+always also in minor units; for any other asset in minor units only, since decimals served by the API
+could shift the shown amount by orders of magnitude.
+
 Exit status: 0 done; 1 the API refused (its code and message are printed); 2 a usage, file or
-connection problem. `main(argv)` is what `python -m custody` delegates the two subcommands to.
+connection problem; 3 the API served a payload this command will not sign (another withdrawal, not
+canonical, or JSON fields that contradict the bytes): nothing was signed or sent, and the API
+should be treated as suspect. `main(argv)` is what `python -m custody` delegates the two
+subcommands to.
 """
 from __future__ import annotations
 
@@ -27,18 +42,27 @@ import os
 import stat
 import sys
 from pathlib import Path
+from typing import Mapping
 
 import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import (Encoding, NoEncryption, PrivateFormat, PublicFormat,
                                                           load_pem_private_key)
 
+from ledger.amounts import format_amount
+from signer.approvals import PayloadFields, format_expiry, read_payload
+
 COMMANDS = ("approve", "approver-key")  # the subcommands of `python -m custody` that main() serves
 DEFAULT_API = "http://127.0.0.1:8000"
+NATIVE_DECIMALS = {("bitcoin", "BTC"): 8, ("ethereum", "ETH"): 18}  # protocol facts, not settings: (chain, asset)
 
 
 class CliError(Exception):
     """A problem with the command's input (exit 2)."""
+
+
+class PayloadRefused(Exception):
+    """The API served a payload this command will not sign (exit 3; module docstring)."""
 
 
 def key_id_of(key: Ed25519PrivateKey) -> str:
@@ -108,15 +132,62 @@ class ApiRefused(Exception):
         super().__init__(f"{status} {code}: {message}")
 
 
+def checked_payload(answer: object, withdrawal_id: int) -> tuple[bytes, PayloadFields]:
+    """The payload bytes of an approval-payload answer and what they say, or PayloadRefused unless
+    they are canonical, name `withdrawal_id`, and the answer's JSON fields agree (module docstring)."""
+    if not isinstance(answer, dict) or not isinstance(answer.get("payload_base64"), str):
+        raise PayloadRefused("the API's answer has no payload_base64")
+    try:
+        payload = base64.b64decode(answer["payload_base64"], validate=True)
+    except ValueError:
+        raise PayloadRefused("the API's payload_base64 is not base64") from None
+    try:
+        fields = read_payload(payload)
+    except ValueError as exc:
+        raise PayloadRefused(f"the API's payload is not a canonical approval payload: {exc}") from None
+    if fields.withdrawal_id != withdrawal_id:
+        raise PayloadRefused(f"asked for withdrawal {withdrawal_id}, the API's payload is for withdrawal {fields.withdrawal_id} "
+                             f"({fields.amount} minor units of {fields.asset} to {fields.destination})")
+    said = {"withdrawal_id": fields.withdrawal_id, "decision_id": fields.decision_id, "chain": fields.chain,
+            "asset": fields.asset, "amount_minor": str(fields.amount), "destination": fields.destination,
+            "policy_version": fields.policy_version, "expires_at": format_expiry(fields.expires_at)}
+    contradicted = [f"{name}: API says {answer[name]!r}, payload says {value!r}"
+                    for name, value in said.items() if name in answer and answer[name] != value]
+    if contradicted:
+        raise PayloadRefused("the API's fields contradict the payload it asks to sign: " + "; ".join(contradicted))
+    return payload, fields
+
+
+def describe_amount(fields: PayloadFields, decimals: Mapping[str, int] | None = None) -> str:
+    """The payload's amount in units when its decimals are known here, else in minor units."""
+    known = {**{a: d for (c, a), d in NATIVE_DECIMALS.items() if c == fields.chain}, **(decimals or {})}
+    if fields.asset in known:
+        return f"{format_amount(fields.amount, known[fields.asset])} {fields.asset}"
+    return f"{fields.amount} minor units of {fields.asset} (decimals unknown here: pass --decimals {fields.asset}=N)"
+
+
 def approve_over_http(client: httpx.Client, withdrawal_id: int, key: Ed25519PrivateKey, *, comment: str,
-                      key_id: str | None = None, show=print) -> dict:
-    """GET the payload, `show` what it pays, sign its exact bytes, POST the approval; the withdrawal."""
-    p = _answer(client.get(f"/v1/withdrawals/{withdrawal_id}/approval-payload"))
-    payload = base64.b64decode(p["payload_base64"])
-    show(f"withdrawal {p['withdrawal_id']} ({p['state']}): pay {p['amount']} {p['asset']} on {p['chain']} to {p['destination']}")
-    show(f"decision {p['decision_id']} under policy {p['policy_version']}, valid until {p['expires_at']}")
+                      key_id: str | None = None, show=print, decimals: Mapping[str, int] | None = None) -> dict:
+    """GET the payload, check it (`checked_payload`: PayloadRefused otherwise), `show` what its bytes
+    pay, sign those exact bytes, POST the approval; the withdrawal."""
+    answer = _answer(client.get(f"/v1/withdrawals/{withdrawal_id}/approval-payload"))
+    payload, f = checked_payload(answer, withdrawal_id)
+    show(f"withdrawal {f.withdrawal_id} ({answer.get('state', 'state unknown')}): pay {describe_amount(f, decimals)} "
+         f"on {f.chain} to {f.destination}")
+    show(f"amount {f.amount} minor units; decision {f.decision_id} under policy {f.policy_version}, valid until "
+         f"{format_expiry(f.expires_at)}")
     signature = {"key_id": key_id or key_id_of(key), "scheme": "ed25519", "signature": base64.b64encode(key.sign(payload)).decode()}
     return _answer(client.post(f"/v1/withdrawals/{withdrawal_id}/approve", json={"comment": comment, "signature": signature}))
+
+
+def _decimals(values: list[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for value in values:
+        asset, sep, n = value.partition("=")
+        if not sep or not asset.strip() or not n.strip().isdigit() or int(n) > 36:
+            raise CliError(f"--decimals {value!r}: write ASSET=N, N from 0 to 36 (e.g. USDT=6)")
+        out[asset.strip()] = int(n)
+    return out
 
 
 def _api_key(args) -> str:
@@ -143,6 +214,8 @@ def _parser() -> argparse.ArgumentParser:
     approve.add_argument("--api-key-file", help="file holding the operator's API key (else env CUSTODY_API_KEY)")
     approve.add_argument("--comment", default="approved with custody approve", help="recorded in the audit log")
     approve.add_argument("--key-id", help="the key id registered for the key (default: derived from the key)")
+    approve.add_argument("--decimals", action="append", default=[], metavar="ASSET=N",
+                         help="show ASSET's amounts in units with N decimals (BTC and ETH are known; repeatable)")
     keys = sub.add_parser("approver-key", help="manage approver keys")
     keys_sub = keys.add_subparsers(dest="action", required=True)
     new = keys_sub.add_parser("new", help="write a new Ed25519 key and print its approver entry")
@@ -164,17 +237,21 @@ def main(argv: list[str] | None = None, *, http: httpx.Client | None = None) -> 
             return 0
         key = load_private_key(args.key)
         headers = {"X-API-Key": _api_key(args)}
+        options = dict(comment=args.comment, key_id=args.key_id, decimals=_decimals(args.decimals))
         if http is not None:
             http.headers.update(headers)
-            answer = approve_over_http(http, args.withdrawal_id, key, comment=args.comment, key_id=args.key_id)
+            answer = approve_over_http(http, args.withdrawal_id, key, **options)
         else:
             with httpx.Client(base_url=args.api, headers=headers, timeout=30) as client:
-                answer = approve_over_http(client, args.withdrawal_id, key, comment=args.comment, key_id=args.key_id)
+                answer = approve_over_http(client, args.withdrawal_id, key, **options)
         print(f"approved: withdrawal {answer['id']} is {answer['state']}")
         return 0
     except CliError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except PayloadRefused as exc:
+        print(f"error: NOT SIGNED: {exc}. Nothing was sent; treat the API at {args.api} as suspect.", file=sys.stderr)
+        return 3
     except ApiRefused as exc:
         print(f"refused: {exc}", file=sys.stderr)
         return 1

@@ -15,7 +15,7 @@ from typing import Callable
 
 import httpx
 
-from custody.approve_cli import ApiRefused, approve_over_http, load_private_key
+from custody.approve_cli import ApiRefused, PayloadRefused, approve_over_http, load_private_key
 
 log = logging.getLogger("demo")
 
@@ -125,6 +125,8 @@ def _chain_demo(c: httpx.Client, ops: tuple[httpx.Client, httpx.Client], world: 
                                          show=lambda line: log.info("operators: %s", line))
         except ApiRefused as exc:
             raise DemoFailed(f"approval refused: {exc}") from None
+        except PayloadRefused as exc:
+            raise DemoFailed(f"approver {n} did not sign: {exc}") from None
         log.info("operators: approver %d signed that payload with its own Ed25519 key -> %s", n, approved["state"])
     for w in (small, big):
         _wait(f"withdrawal {w['id']}", lambda w=w: _call(c, "GET", f"/v1/withdrawals/{w['id']}", 200)["state"],

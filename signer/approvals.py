@@ -19,18 +19,31 @@ Schemes (`ApproverKey.scheme`):
   the payload bytes; `public_key` is the raw 32-byte key.
 - `webauthn`, for security keys and passkeys (the operator console): the signature is a WebAuthn
   assertion whose challenge is SHA-256 of the payload bytes, checked by the `webauthn` package's
-  `verify_authentication_response` against the key's `rp_id` and `origin`, user presence required;
-  `public_key` is the credential's COSE key as registration returned it. The authenticator's sign
-  count is NOT tracked (passed as 0): a cloned authenticator is not detected by its counter. What
-  stops a replayed assertion is the payload itself, which names one withdrawal, one decision and
-  an expiry.
+  `verify_authentication_response` against the key's `rp_id` and `origin`; `public_key` is the
+  credential's COSE key as registration returned it. Two checks beyond the package's defaults:
+  - user VERIFICATION (the UV flag: the authenticator checked a PIN or biometric), not only user
+    presence (UP: someone touched it). An approval moves money, so a stolen or unattended security
+    key alone must not approve. It is required of every webauthn key, with no opt-out: the console
+    must ask for `userVerification: "required"`, and a security key without a PIN set cannot
+    approve until one is set.
+  - same-origin client data: `crossOrigin` absent or false and no `topOrigin`. The console is never
+    embedded in another page; an assertion made inside a frame of another site means someone framed
+    the console to get a "touch your key" prompt answered (clickjacking).
+  The authenticator's sign count is NOT tracked (passed as 0): a cloned authenticator is not
+  detected by its counter. What stops a replayed assertion is the payload itself, which names one
+  withdrawal, one decision and an expiry.
+
+`read_payload(bytes)` is the other direction, for whoever is about to sign bytes they were handed
+(`custody approve`): the typed fields, or ValueError unless the bytes are exactly the canonical
+payload of those fields (`approval_payload(**fields)` gives the same bytes back), so what is shown
+to the approver is what the signature binds.
 
 Codes (`ApprovalInvalid.code`), in the order `verify_approval` checks them:
 | code | meaning |
 | --- | --- |
 | approver_unknown | the key id is not in the registry (or there is no registry: nobody's approval is valid) |
 | approval_scheme_mismatch | the scheme named with the signature is not the key's registered scheme |
-| approval_signature_invalid | the signature does not verify over the payload with the key (ed25519), or the WebAuthn assertion fails (missing authenticator data or client data, challenge, origin, rp id, user presence, signature) |
+| approval_signature_invalid | the signature does not verify over the payload with the key (ed25519), or the WebAuthn assertion fails (missing authenticator data or client data; client data made cross-origin, i.e. `crossOrigin` true or a `topOrigin`; type, challenge, origin, rp id, user presence, user verification, signature) |
 
 `QuorumTable.required(asset, amount)` raises, in this order:
 | code | meaning |
@@ -100,6 +113,59 @@ def parse_payload(payload: bytes) -> dict | None:
     except (UnicodeDecodeError, ValueError):
         return None
     return fields if isinstance(fields, dict) else None
+
+
+@dataclass(frozen=True)
+class PayloadFields:
+    """The fields of a canonical approval payload, typed as `approval_payload` takes them."""
+
+    withdrawal_id: int
+    chain: str
+    asset: str
+    amount: int
+    destination: str
+    decision_id: int
+    policy_version: str
+    expires_at: dt.datetime
+
+    def as_kwargs(self) -> dict:
+        return {f: getattr(self, f) for f in self.__dataclass_fields__}
+
+
+def read_payload(payload: bytes) -> PayloadFields:
+    """The fields `payload` binds, or ValueError (with what is wrong) unless it is exactly the
+    canonical payload of those fields: what a signer of handed-over bytes must check before showing
+    them to anyone (module docstring)."""
+    fields = parse_payload(bytes(payload))
+    if fields is None:
+        raise ValueError("the payload is not a UTF-8 JSON object")
+    if fields.get("v") != PAYLOAD_VERSION or fields.get("kind") != PAYLOAD_KIND:
+        raise ValueError(f"the payload is not a version {PAYLOAD_VERSION} {PAYLOAD_KIND!r} payload")
+    amount, expires = fields.get("amount"), fields.get("expires_at")
+    if not isinstance(amount, str) or not amount.isascii() or not amount.isdigit():
+        raise ValueError("the payload's amount is not a string of minor units")
+    if not isinstance(expires, str):
+        raise ValueError("the payload's expires_at is not a string")
+    try:
+        expires_at = dt.datetime.strptime(expires, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.timezone.utc)
+    except ValueError:
+        raise ValueError(f"the payload's expires_at {expires[:40]!r} is not ISO-8601 UTC with microseconds") from None
+    for name, kind in (("withdrawal_id", int), ("decision_id", int), ("chain", str), ("asset", str), ("destination", str),
+                       ("policy_version", str)):
+        if type(fields.get(name)) is not kind:
+            raise ValueError(f"the payload's {name} is not a {kind.__name__}")
+    if len(amount) > 78:
+        raise ValueError("the payload's amount exceeds 10^78-1 minor units")
+    parsed = PayloadFields(fields["withdrawal_id"], fields["chain"], fields["asset"], int(amount), fields["destination"],
+                           fields["decision_id"], fields["policy_version"], expires_at)
+    try:
+        canonical = approval_payload(**parsed.as_kwargs())
+    except ValueError as exc:
+        raise ValueError(f"the payload's fields are not valid: {exc}") from None
+    if canonical != bytes(payload):
+        raise ValueError("the payload is not in canonical form (key order, spacing, escapes, extra fields or a "
+                         "non-canonical number): its bytes could say more than its fields")
+    return parsed
 
 
 def webauthn_challenge(payload: bytes) -> bytes:
@@ -241,16 +307,35 @@ def _verify_webauthn(key: ApproverKey, payload: bytes, signature: bytes, authent
 
     if not authenticator_data or not client_data_json:
         raise ApprovalInvalid("approval_signature_invalid", "a webauthn approval needs authenticator_data and client_data_json")
+    _refuse_cross_origin(key, bytes(client_data_json))
     raw_id = key.key_id.encode("utf-8")
     credential = AuthenticationCredential(id=b64url(raw_id), raw_id=raw_id, response=AuthenticatorAssertionResponse(
         client_data_json=bytes(client_data_json), authenticator_data=bytes(authenticator_data), signature=bytes(signature)))
     try:
         verify_authentication_response(credential=credential, expected_challenge=webauthn_challenge(bytes(payload)),
                                        expected_rp_id=key.rp_id, expected_origin=key.origin,
-                                       credential_public_key=key.public_key, credential_current_sign_count=0)
+                                       credential_public_key=key.public_key, credential_current_sign_count=0,
+                                       require_user_verification=True)
     except Exception as exc:  # noqa: BLE001 - malformed client data or signatures raise several types: all refusals
         raise ApprovalInvalid("approval_signature_invalid",
                               f"the webauthn assertion of {key.key_id!r} does not verify: {str(exc)[:160]}") from None
+
+
+def _refuse_cross_origin(key: ApproverKey, client_data_json: bytes) -> None:
+    """The assertion must have been made by the console's own top-level page (module docstring):
+    `crossOrigin` absent or exactly false, no `topOrigin`. Client data that is not a JSON object is
+    left to the package, which refuses it."""
+    try:
+        client_data = json.loads(client_data_json.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return
+    if not isinstance(client_data, dict):
+        return
+    if client_data.get("crossOrigin", False) is not False or "topOrigin" in client_data:
+        raise ApprovalInvalid("approval_signature_invalid",
+                              f"the webauthn assertion of {key.key_id!r} was made cross-origin (crossOrigin "
+                              f"{client_data.get('crossOrigin')!r}, topOrigin {str(client_data.get('topOrigin'))[:80]!r}): "
+                              "the console is never embedded in another site")
 
 
 # ---- quorum -------------------------------------------------------------------------------------

@@ -121,13 +121,18 @@ class SoftAuthenticator:
                 "public_key": base64.b64encode(self.public_key_cose).decode(), "rp_id": self.rp_id, "origin": self.origin}
 
     def assertion(self, payload: bytes, *, challenge: bytes | None = None, origin: str | None = None,
-                  rp_id: str | None = None, user_present: bool = True, kind: str = "webauthn.get") -> ApprovalSignature:
-        """What navigator.credentials.get() returns for `payload`'s challenge; each override makes a
-        bad assertion (another challenge, origin, relying party, no user presence, another type)."""
+                  rp_id: str | None = None, user_present: bool = True, user_verified: bool = True,
+                  kind: str = "webauthn.get", client_data: dict | None = None) -> ApprovalSignature:
+        """What navigator.credentials.get(userVerification: "required") returns for `payload`'s
+        challenge: flags UP and UV (the PIN or biometric was checked). Each override makes a bad
+        assertion (another challenge, origin, relying party, no user presence, no user verification,
+        another type); `client_data` adds or replaces client data members (crossOrigin, topOrigin), and
+        removes those it maps to None."""
         self.sign_count += 1
-        flags = 0x01 if user_present else 0x00
+        flags = (0x01 if user_present else 0x00) | (0x04 if user_verified else 0x00)
         auth_data = hashlib.sha256((rp_id or self.rp_id).encode()).digest() + bytes([flags]) + self.sign_count.to_bytes(4, "big")
-        client_data = json.dumps({"type": kind, "challenge": b64url(challenge or webauthn_challenge(payload)),
-                                  "origin": origin or self.origin, "crossOrigin": False}).encode()
-        signature = self._key.sign(auth_data + hashlib.sha256(client_data).digest(), ec.ECDSA(hashes.SHA256()))
-        return ApprovalSignature(self.key_id, "webauthn", signature, auth_data, client_data)
+        members = {"type": kind, "challenge": b64url(challenge or webauthn_challenge(payload)), "origin": origin or self.origin,
+                   "crossOrigin": False, **(client_data or {})}
+        client_data_json = json.dumps({k: v for k, v in members.items() if v is not None}).encode()
+        signature = self._key.sign(auth_data + hashlib.sha256(client_data_json).digest(), ec.ECDSA(hashes.SHA256()))
+        return ApprovalSignature(self.key_id, "webauthn", signature, auth_data, client_data_json)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import json
 import re
 
 import pytest
@@ -12,8 +13,9 @@ import pytest
 import signer.service as service_module
 from custody.policy_config import default_policy
 from regtest.util import assert_equal, assert_raises_code
-from signer.approvals import (ApprovalSignature, ApproverRegistry, QuorumTable, approval_payload, format_expiry,
-                              operator_identity, parse_payload, quorum_table_from_policy, verify_approval, webauthn_challenge)
+from signer.approvals import (ApprovalInvalid, ApprovalSignature, ApproverRegistry, PayloadFields, QuorumTable, approval_payload,
+                              format_expiry, operator_identity, parse_payload, quorum_table_from_policy, read_payload,
+                              verify_approval, webauthn_challenge)
 from signer.protocol import RefusalCode
 from tests.approvers import SoftAuthenticator, entry, private_key, registry, sign_approval
 
@@ -80,6 +82,7 @@ def test_a_webauthn_assertion_verifies_and_each_bad_one_is_refused():
         "another origin": (token.assertion(payload(), origin="https://evil.example"), payload()),
         "another relying party": (token.assertion(payload(), rp_id="evil.example"), payload()),
         "no user presence": (token.assertion(payload(), user_present=False), payload()),
+        "presence without verification (no PIN or biometric)": (token.assertion(payload(), user_verified=False), payload()),
         "a registration, not an assertion": (token.assertion(payload(), kind="webauthn.create"), payload()),
         "another authenticator": (SoftAuthenticator("op-carol", label="other").assertion(payload()), payload()),
     }
@@ -93,6 +96,56 @@ def test_a_webauthn_assertion_verifies_and_each_bad_one_is_refused():
                    ApprovalSignature(good.key_id, "webauthn", b"\x30\x00", good.authenticator_data, good.client_data_json)):
         assert_raises_code("approval_signature_invalid", verify, reg, broken, payload())
     assert_equal(len(webauthn_challenge(payload())), 32)
+
+
+def test_a_webauthn_assertion_made_in_a_frame_of_another_site_is_refused():
+    """Otherwise valid (UP and UV, right origin and challenge): only the client data says it was made
+    cross-origin. Each is refused by the cross-origin check itself, not by another one."""
+    token = SoftAuthenticator("op-carol")
+    reg = registry(extra=(token.entry(),))
+    framed = ({"crossOrigin": True, "topOrigin": "https://evil.example"}, {"crossOrigin": True},
+              {"topOrigin": "https://evil.example"}, {"crossOrigin": "false"}, {"crossOrigin": 0})
+    for members in framed:
+        with pytest.raises(ApprovalInvalid) as refused:
+            verify(reg, token.assertion(payload(), client_data=members), payload())
+        assert_equal(refused.value.code, "approval_signature_invalid")
+        assert "cross-origin" in refused.value.message, (members, refused.value.message)
+    assert_equal(verify(reg, token.assertion(payload(), client_data={"crossOrigin": False}), payload()).key_id, token.key_id)
+    without = token.assertion(payload(), client_data={"crossOrigin": None})  # older browsers leave it out: same-origin
+    assert "crossOrigin" not in json.loads(without.client_data_json)
+    assert_equal(verify(reg, without, payload()).operator, "op-carol")
+    with pytest.raises(ApprovalInvalid) as refused:
+        verify(reg, token.assertion(payload(), user_verified=False), payload())
+    assert "verif" in refused.value.message, refused.value.message
+
+
+def test_read_payload_gives_the_fields_of_canonical_bytes_only():
+    assert_equal(read_payload(payload()), PayloadFields(**FIELDS))
+    assert_equal(approval_payload(**read_payload(payload(destination="bc1qé")).as_kwargs()), payload(destination="bc1qé"))
+    canonical = json.loads(payload())
+    not_canonical = {
+        "spaced": json.dumps(canonical, sort_keys=True).encode(),
+        "keys out of order": json.dumps(dict(reversed(canonical.items())), separators=(",", ":")).encode(),
+        "an extra field": payload()[:-1] + b',"zz":"pay 99 instead"}',
+        "a duplicate key (parsers disagree on which wins)": payload()[:-1] + b',"withdrawal_id":99}',
+        "escaped non-ASCII": json.dumps(json.loads(payload(destination="bc1qé")), sort_keys=True, separators=(",", ":")).encode(),
+        "a zero-padded amount": payload().replace(b'"250000000"', b'"0250000000"'),
+        "a numeric amount": payload().replace(b'"250000000"', b"250000000"),
+        "a float id": payload().replace(b'"withdrawal_id":42', b'"withdrawal_id":42.0'),
+        "a boolean id": payload(withdrawal_id=1).replace(b'"withdrawal_id":1', b'"withdrawal_id":true'),
+        "an expiry with an offset": payload().replace(b"000005Z", b"000005+00:00"),
+        "another version": payload().replace(b'"v":1', b'"v":2'),
+        "another kind": payload().replace(b"withdrawal-approval", b"sweep-approval"),
+        "a trailing newline": payload() + b"\n",
+        "not JSON": b"\xff",
+        "a list": b"[1]",
+    }
+    for what, data in not_canonical.items():
+        try:
+            read_payload(data)
+        except ValueError:
+            continue
+        pytest.fail(f"read_payload accepted {what}: {data!r}")
 
 
 def test_the_registry_refuses_bad_configuration():
