@@ -432,8 +432,9 @@ class Payouts:
     def sign_open_batches(self) -> list[str]:
         """Sign every open batch that is not set aside; returns the txids signed. A refusal leaves the
         batch open (`decision_expired` takes the expired withdrawals out: `drop_expired`); one another
-        worker is signing, or signed meanwhile, is skipped (`_claim_batch`); any other failure (its capture refused by the ledger, say) sets it aside with a
-        warning incident (nothing was stored or sent) and the next batch is signed all the same."""
+        worker is signing, or signed meanwhile, is skipped (`_claim_batch`); any other failure (its
+        capture refused by the ledger, say) sets it aside with a warning incident (nothing was stored
+        or sent) and the next batch is signed all the same."""
         with self.engine.connect() as c:
             open_batches = c.execute(text("SELECT id, chain FROM withdrawal_batch WHERE state = 'open' "
                                           "AND containment = 'active' ORDER BY id")).all()
@@ -480,8 +481,9 @@ class Payouts:
             log.info("fee bump of %s: another worker is bumping it", r.txid)
             return False
         # a statement of its own: its snapshot sees what a worker that held the lock committed
-        row = c.execute(text("SELECT t.state, b.containment, EXISTS (SELECT 1 FROM chain_transaction n WHERE n.replaces_id = t.id) "
-                             "AS replaced FROM chain_transaction t JOIN withdrawal_batch b ON b.id = t.batch_id WHERE t.id = :i"),
+        row = c.execute(text("SELECT t.state, b.containment, "
+                             "EXISTS (SELECT 1 FROM chain_transaction n WHERE n.replaces_id = t.id) AS replaced "
+                             "FROM chain_transaction t JOIN withdrawal_batch b ON b.id = t.batch_id WHERE t.id = :i"),
                         {"i": r.id}).one()
         if row.state != "broadcast" or row.replaced or row.containment != "active":
             log.info("fee bump of %s: %s%s meanwhile; not bumped here", r.txid, row.state, ", replaced" if row.replaced else "")
