@@ -16,7 +16,10 @@ Guarantees:
 - Passing failures are not set aside (`is_passing`): a node unreachable or refusing (`ChainError`),
   a database that dropped the connection or broke a deadlock (`OperationalError`), a row another
   worker moved meanwhile (`IllegalTransition`). They are logged; the next run retries.
-  A signer refusal is not a failure either: the caller keeps its own flow (the batch stays open).
+  A signer refusal is not a failure either: the caller keeps its own flow (the batch stays open;
+  on `decision_expired`, custody.payouts takes the expired withdrawals out of it). Two workers in
+  one step (a lost job lock) do not fail either: custody.payouts locks the batch or version it
+  signs, so the second finds the work done and does nothing.
 - Nothing is booked twice: a failed step's database transaction rolls back whole, and every
   booking is posted under its idempotency key (`batch:<id>:capture`, `batch:<id>:final`,
   `sweep:<id>:final`, `rebalance:<id>:final`).

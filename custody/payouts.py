@@ -21,7 +21,13 @@ Jobs (APScheduler runs them; tests call them directly, in this order):
   ONE database transaction the signed raw transaction is stored in `chain_transaction`, the holds
   are captured (customer -> in-flight, quoted fee -> fee income) and the rows move to `signed`.
   A crash before that commit leaves nothing signed on record, and nothing unrecorded is ever
-  broadcast.
+  broadcast. That transaction locks the batch row first and holds it across the signer call
+  (`_claim_batch`, SKIP LOCKED): a second worker in the same step (a job lock lost mid-run, see
+  custody.jobs) skips a batch being signed and leaves one signed meanwhile, so the signer is asked
+  once and nothing is stored or captured twice. A `decision_expired` refusal (the batch waited
+  past its withdrawals' decision TTL: the signer down, the kill switch on) would repeat on every
+  run: `drop_expired` takes the withdrawals whose decision expired back to `approved` (the batch
+  is abandoned, its coins freed, when it empties), and the next batching run re-decides them.
 - `broadcast()`: sends every stored signed transaction (idempotent at the adapter: a transaction
   the node already has is success). A crash after sending but before recording re-sends the same
   bytes, which the node answers as already known: one payment.
@@ -31,7 +37,8 @@ Jobs (APScheduler runs them; tests call them directly, in this order):
   `replaced`; a transaction conflicted by something that is not ours fails the batch: the
   captures are reversed with compensating transactions and the withdrawals are released.
 - `bump_fees()`: a version pending for `stuck_blocks` or more is re-signed at a higher fee (RBF on
-  bitcoin with the same coins and outputs; the same nonce on ethereum), linked by `replaces`.
+  bitcoin with the same coins and outputs; the same nonce on ethereum), linked by `replaces`; the
+  version is locked across the signer call (`_claim_version`), so two workers bump it once.
 
 Failures stay contained (custody.containment): each batch's signing, broadcast record, tracking
 and fee bump runs in its own database transaction; a batch whose step fails (its capture or final
@@ -64,7 +71,7 @@ from ledger.model import PostResult, Transfer
 from ledger.service import Ledger
 from signer.bitcoin_tx import address_to_script, dust_threshold, estimate_vsize, fee_for, select_coins
 from signer.errors import SignerError, SignerErrorCode
-from signer.protocol import BatchOutput, BtcCoin, SignerPort, SigningRefused
+from signer.protocol import BatchOutput, BtcCoin, RefusalCode, SignerPort, SigningRefused
 
 log = logging.getLogger(__name__)
 
@@ -375,15 +382,59 @@ class Payouts:
                     self.ledger.release_hold(w.hold_id, owner=HOLD_OWNER, conn=c)
                 advance(c, "withdrawal", withdrawal_id, "batched", "rejected", batch_id=None, reject_reasons=[reason])
                 reopen_returns(c, [withdrawal_id], by="custody", reason=reason)
-            if not self._batch_withdrawal_ids(c, batch_id):
-                advance(c, "batch", batch_id, "open", "abandoned")
-                c.execute(text("UPDATE wallet_utxo SET reserved_by = NULL WHERE reserved_by = :b"), {"b": batch_id})
+            self._abandon_if_empty(c, batch_id)
             audit(c, "custody", "batch.drop_output", f"batch:{batch_id}", {"withdrawal_id": withdrawal_id, "reason": reason})
+
+    def _unbatch(self, c: Connection, batch_id: int, withdrawal_ids: list[int]) -> bool:
+        """Take `withdrawal_ids` (all `batched` in open batch `batch_id`, locked by the caller) out of
+        it, back to `approved` with their holds pending; True when that emptied the batch, which is
+        then abandoned with its coins freed. In the caller's transaction."""
+        c.execute(text("DELETE FROM batch_output WHERE batch_id = :b AND withdrawal_id = ANY(:w)"),
+                  {"b": batch_id, "w": list(withdrawal_ids)})
+        advance_many(c, "withdrawal", list(withdrawal_ids), "batched", "approved", batch_id=None)
+        return self._abandon_if_empty(c, batch_id)
+
+    def _abandon_if_empty(self, c: Connection, batch_id: int) -> bool:
+        if self._batch_withdrawal_ids(c, batch_id):
+            return False
+        advance(c, "batch", batch_id, "open", "abandoned")
+        c.execute(text("UPDATE wallet_utxo SET reserved_by = NULL WHERE reserved_by = :b"), {"b": batch_id})
+        return True
+
+    def drop_expired(self, batch_id: int) -> list[int]:
+        """The signer refused open batch `batch_id` with `decision_expired`: its withdrawals whose
+        policy decision has expired (by the database's clock; the rest stay) go back to `approved`,
+        so the next batching run re-decides them (`Withdrawals.reevaluate_expired`: a fresh
+        decision, and fresh operator approvals where it needs them, since approvals sign the
+        decision id) and batches them anew. An emptied batch is abandoned and its coins freed. One
+        database transaction, audited (`batch.drop_expired`); answers the withdrawals taken out,
+        none when the batch is no longer open and active (another worker signed, dropped or set it
+        aside meanwhile) or when no decision has expired yet by the database's clock (the signer's
+        may run ahead: the next run sees it)."""
+        with self.engine.begin() as c:
+            batch = c.execute(text("SELECT state, containment FROM withdrawal_batch WHERE id = :b FOR UPDATE"),
+                              {"b": batch_id}).one()
+            if batch.state != "open" or batch.containment != "active":
+                return []
+            expired = c.execute(text(
+                "SELECT w.id FROM batch_output o JOIN withdrawal_request w ON w.id = o.withdrawal_id "
+                "JOIN policy_decision d ON d.id = w.decision_id WHERE o.batch_id = :b AND w.state = 'batched' "
+                "AND d.expires_at <= now() ORDER BY w.id FOR UPDATE OF w"), {"b": batch_id}).scalars().all()
+            if not expired:
+                return []
+            abandoned = self._unbatch(c, batch_id, expired)
+            audit(c, "custody", "batch.drop_expired", f"batch:{batch_id}",
+                  {"withdrawals": expired, "reason": RefusalCode.decision_expired.value, "abandoned": abandoned})
+        log.warning("batch %d: decision expired for withdrawal(s) %s; back to approved for a fresh decision%s",
+                    batch_id, expired, "; the batch is abandoned" if abandoned else "")
+        return expired
 
     def sign_open_batches(self) -> list[str]:
         """Sign every open batch that is not set aside; returns the txids signed. A refusal leaves the
-        batch open; any other failure (its capture refused by the ledger, say) sets it aside with a
-        warning incident (nothing was stored or sent) and the next batch is signed all the same."""
+        batch open (`decision_expired` takes the expired withdrawals out: `drop_expired`); one another
+        worker is signing, or signed meanwhile, is skipped (`_claim_batch`); any other failure (its
+        capture refused by the ledger, say) sets it aside with a warning incident (nothing was stored
+        or sent) and the next batch is signed all the same."""
         with self.engine.connect() as c:
             open_batches = c.execute(text("SELECT id, chain FROM withdrawal_batch WHERE state = 'open' "
                                           "AND containment = 'active' ORDER BY id")).all()
@@ -401,7 +452,43 @@ class Payouts:
         except SigningRefused as refused:  # the signer audited it; the batch stays open for an operator
             log.warning("batch %d not signed: %s", batch_id, refused)
             self.refusals.append((batch_id, refused.code.value))
+            if refused.code is RefusalCode.decision_expired:  # it would be refused on every run: re-decide them
+                self.drop_expired(batch_id)
             return None
+
+    @staticmethod
+    def _claim_batch(c: Connection, batch_id: int) -> bool:
+        """Lock open batch `batch_id` for this worker's signing step, for the caller's transaction
+        (held across the signer call). False when another worker holds it (a second worker in the
+        same step, as after a lost job lock: custody.jobs) or it is no longer open and active:
+        that worker signed or dropped it, and nothing is asked of the signer or stored twice.
+        NO KEY UPDATE: the signer's own inserts referencing the batch are never blocked by it."""
+        row = c.execute(text("SELECT state, containment FROM withdrawal_batch WHERE id = :b FOR NO KEY UPDATE SKIP LOCKED"),
+                        {"b": batch_id}).first()
+        if row is None or row.state != "open" or row.containment != "active":
+            log.info("batch %d: %s; not signed here", batch_id,
+                     "another worker is signing it" if row is None else f"{row.state}/{row.containment} meanwhile")
+            return False
+        return True
+
+    @staticmethod
+    def _claim_version(c: Connection, r) -> bool:
+        """Lock version `r` (a broadcast chain_transaction) for this worker's fee bump, for the caller's
+        transaction (held across the signer call). False when another worker holds it, or it is no
+        longer broadcast, already replaced or its batch set aside: the bump was done meanwhile."""
+        if c.execute(text("SELECT id FROM chain_transaction WHERE id = :i FOR NO KEY UPDATE SKIP LOCKED"),
+                     {"i": r.id}).first() is None:
+            log.info("fee bump of %s: another worker is bumping it", r.txid)
+            return False
+        # a statement of its own: its snapshot sees what a worker that held the lock committed
+        row = c.execute(text("SELECT t.state, b.containment, "
+                             "EXISTS (SELECT 1 FROM chain_transaction n WHERE n.replaces_id = t.id) AS replaced "
+                             "FROM chain_transaction t JOIN withdrawal_batch b ON b.id = t.batch_id WHERE t.id = :i"),
+                        {"i": r.id}).one()
+        if row.state != "broadcast" or row.replaced or row.containment != "active":
+            log.info("fee bump of %s: %s%s meanwhile; not bumped here", r.txid, row.state, ", replaced" if row.replaced else "")
+            return False
+        return True
 
     def _batch_detail(self, batch_id: int, txid: str | None = None) -> dict:
         """What an incident about a set-aside batch names: its chain, asset, withdrawals and txid."""
@@ -448,11 +535,12 @@ class Payouts:
         return rows, coins, outputs, (change_address, change) if keep_change else None
 
     def _sign_bitcoin(self, batch_id: int) -> str | None:
-        with self.engine.connect() as c:
+        with self.engine.begin() as c:
+            if not self._claim_batch(c, batch_id):
+                return None
             rate = int(c.execute(text("SELECT fee_rate FROM withdrawal_batch WHERE id = :b"), {"b": batch_id}).scalar_one())
             rows, coins, outputs, change = self._bitcoin_plan(c, batch_id, rate)
-        signed = self.signer.sign_bitcoin_batch(batch_id, coins, outputs, change)
-        with self.engine.begin() as c:
+            signed = self.signer.sign_bitcoin_batch(batch_id, coins, outputs, change)
             tx_id = self._record_signed(c, batch_id, "bitcoin", signed.txid, signed.raw, signed.fee, rate, rows)
             for k in coins:
                 c.execute(text("UPDATE wallet_utxo SET spent_by = :s WHERE txid = :t AND vout = :v"), {"s": tx_id, "t": k.txid, "v": k.vout})
@@ -492,6 +580,8 @@ class Payouts:
         adapter = self.adapters["ethereum"]
         hot = self.hot_address("ethereum")
         with self.engine.begin() as c:
+            if not self._claim_batch(c, batch_id):
+                return None
             [w] = self._batch_outputs(c, batch_id)
             nonce = self._allocate_nonce(c, hot)
             fee = adapter.estimate_fee()
@@ -545,14 +635,17 @@ class Payouts:
             log.warning("fee bump of %s (batch %d) refused: %s", r.txid, r.batch_id, refused)
             self.refusals.append((r.batch_id, refused.code.value))
             return None
+        if txid is None:  # another worker bumped it
+            return None
         log.info("fee bump: %s replaced by %s at %d", r.txid, txid, rate)
         return txid
 
-    def _replace_bitcoin(self, r, rate: int) -> str:
-        with self.engine.connect() as c:
-            _rows, coins, outputs, change = self._bitcoin_plan(c, r.batch_id, rate)
-        signed = self.signer.sign_bitcoin_replacement(r.batch_id, r.txid, coins, outputs, change)
+    def _replace_bitcoin(self, r, rate: int) -> str | None:
         with self.engine.begin() as c:
+            if not self._claim_version(c, r):
+                return None
+            _rows, coins, outputs, change = self._bitcoin_plan(c, r.batch_id, rate)
+            signed = self.signer.sign_bitcoin_replacement(r.batch_id, r.txid, coins, outputs, change)
             self._record_replacement(c, r, signed.txid, signed.raw, signed.fee, rate)
             if change and signed.change_vout is not None:
                 c.execute(text("INSERT INTO wallet_utxo (txid, vout, address, derivation_change, derivation_index, amount) "
@@ -560,9 +653,11 @@ class Payouts:
                           {"t": signed.txid, "v": signed.change_vout, "a": change[0], "i": r.batch_id, "m": change[1]})
         return signed.txid
 
-    def _replace_ethereum(self, r, max_fee: int) -> str:
+    def _replace_ethereum(self, r, max_fee: int) -> str | None:
         adapter = self.adapters["ethereum"]
         with self.engine.begin() as c:
+            if not self._claim_version(c, r):
+                return None
             [w] = self._batch_outputs(c, r.batch_id)
             to, value, data, gas = self._eth_call(c, w)
             priority = max(adapter.estimate_fee().priority_fee_wei, 1) * (100 + self.config.bump_percent) // 100 + 1
