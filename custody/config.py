@@ -336,6 +336,7 @@ class DeploymentConfig(BaseSettings):
 
     _source: Path | None = PrivateAttr(default=None)
     _settings: Settings | None = PrivateAttr(default=None)
+    _process: str | None = PrivateAttr(default=None)
 
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
@@ -447,6 +448,7 @@ class DeploymentConfig(BaseSettings):
         except ValidationError as exc:
             raise ConfigError([f"{source}: {line}" for line in _describe(exc)]) from None
         config._source = source
+        config._process = process
         problems = [f"{source}: {p}" for p in config._files()]
         overrides: dict[str, Any] = {}
         own_url = os.environ.get(PROCESS_DATABASE_ENV.get(process or "", ""), "")
@@ -479,6 +481,11 @@ class DeploymentConfig(BaseSettings):
     @property
     def source(self) -> Path | None:
         return self._source
+
+    @property
+    def process(self) -> str | None:
+        """The process this file was loaded for ("api", "worker"), or None (`config check`, tests)."""
+        return self._process
 
     @property
     def settings(self) -> Settings:
