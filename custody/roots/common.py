@@ -146,24 +146,27 @@ _ROLE_SQL = text(
     "WHERE r.rolname = current_user AND t.schemaname = current_schema() AND t.tablename = 'alembic_version'")
 
 
-def role_problem(engine: Engine, process: Process) -> str | None:
-    """Why the engine's role is not `process`'s own (PROCESS_ROLES), or None. The roles of migration
-    0020 confine each process only if it uses its own: a superuser or the tables' owner (or a role
-    that may act as it) could write the signer's audit, rewrite the journal's triggers, drop
-    tables. There is no override: the demo, the launcher and the tests all connect as the roles."""
-    want = PROCESS_ROLES[process]
+def role_problem(engine: Engine, process: Process | None) -> str | None:
+    """Why the engine's role is not `process`'s own (PROCESS_ROLES; None: either process's), or None.
+    The roles of migration 0020 confine each process only if it uses its own: a superuser or the
+    tables' owner (or a role that may act as it) could write the signer's audit, rewrite the
+    journal's triggers, drop tables. There is no override: the demo, the launcher and the tests
+    all connect as the roles."""
+    wanted = [PROCESS_ROLES[process]] if process else list(PROCESS_ROLES.values())
     with engine.connect() as c:
         row = c.execute(_ROLE_SQL).first()
+    who = f"the {process}" if process else "the api and the worker"
     if row is None:  # no alembic_version in the search path: the schema check reports it first
-        return f"cannot see the schema's alembic_version as the connected role; {process} connects as {want}"
-    how = (f"set database.url (or {'CUSTODY_' + process.upper() + '_DATABASE_URL'}) to the database as {want}, "
-           f"the role migration 0020 created for the {process}")
+        return f"the connected role cannot see the schema's alembic_version; {who} connect as {' / '.join(wanted)}"
+    env = " / ".join(f"CUSTODY_{p.upper()}_DATABASE_URL" for p, r in PROCESS_ROLES.items() if r in wanted)
+    how = (f"set database.url (or {env}) to the database as {' / '.join(wanted)}, the role migration 0020 created "
+           f"for {who}")
     if row.superuser:
-        return f"connected as {row.role}, a superuser; the {process} must not run with every privilege: {how}"
+        return f"connected as {row.role}, a superuser; {who} must not run with every privilege: {how}"
     if row.acts_as_owner:
-        return f"connected as {row.role}, which owns the schema (or acts as {row.owner}, its owner): {how}"
-    if row.role != want:
-        return f"connected as {row.role}, not as {want}: {how}"
+        return f"connected as {row.role}, which owns the schema (or may act as {row.owner}, its owner): {how}"
+    if row.role not in wanted:
+        return f"connected as {row.role}, not as {' / '.join(wanted)}: {how}"
     return None
 
 

@@ -227,7 +227,7 @@ class WalletCheck:
 
     @property
     def where(self) -> str:
-        return str(getattr(self.signer, "endpoint", None) or self.config.signer.endpoint)
+        return self.config.signer.endpoint
 
     def mismatch_message(self, keys: list[str]) -> str:
         return (f"{', '.join(keys)}: not the signer's xpubs (signer at {self.where}); deposit addresses issued from a "
