@@ -31,6 +31,7 @@ from custody.database import with_user
 from custody.jobs import build_scheduler
 from custody.roots.api import ApiRoot, build_api_root
 from custody.roots.common import StartupError, apply_reference_data
+from custody.roots.guards import NetworkGate
 from custody.roots.worker import JournalSnapshots, WorkerRoot, build_worker_root
 from signer.wire import Xpubs
 from tests.e2e.deployment import custody_config, regtest_keys
@@ -129,6 +130,9 @@ def test_the_http_app_serves_the_api_root(api_root, config):
     assert api_root.trading is not None  # the sequencer lives in the api
     assert sorted(k.operator for k in api_root.approvers.keys()) == ["op-alice", "op-bob"]
     assert api_root.withdrawals.approvers is api_root.approvers
+    log.info("The ethereum adapter is behind its network gate, and the destination checks still use it")
+    assert isinstance(api_root.adapters["ethereum"], NetworkGate)
+    assert api_root.withdrawals.destinations.ethereum is api_root.adapters["ethereum"]
 
 
 def test_the_scheduler_takes_the_worker_root_and_a_deposit_is_credited(worker_root, config, cluster):
