@@ -45,6 +45,7 @@ from chain_adapters.errors import (
     InvalidTransaction,
     NotFound,
     RpcError,
+    WrongNetwork,
 )
 from chain_adapters.rpc import JsonRpcClient
 
@@ -107,9 +108,10 @@ class BitcoinAdapter(BlockWalker):
         self.rpc.close()
 
     def verify_network(self) -> None:
+        """WrongNetwork unless bitcoind's `getblockchaininfo.chain` is this adapter's network."""
         chain = self.rpc.call("getblockchaininfo")["chain"]
         if chain != NETWORKS[self.network]:
-            raise ChainError(f"node is on {chain!r}, adapter configured for {self.network!r}")
+            raise WrongNetwork(f"node is on {chain!r}, adapter configured for {self.network!r}")
 
     # -- blocks ---------------------------------------------------------------------------------
     def tip(self) -> BlockRef:

@@ -3,6 +3,7 @@
 | code               | meaning                                                                    |
 | ------------------ | -------------------------------------------------------------------------- |
 | `node_unavailable` | the node could not be reached or answered with a transport error          |
+| `wrong_network`    | the node answers for another chain than configured (a `NodeUnavailable`: ours is not there) |
 | `insufficient_fee` | the node refused the transaction's fee (too low, or too low to replace)   |
 | `conflict`         | the transaction spends what another transaction already spends (or nonce) |
 | `invalid`          | the node rejected the transaction as malformed or not valid               |
@@ -21,6 +22,7 @@ from enum import StrEnum
 
 class ErrorCode(StrEnum):
     NODE_UNAVAILABLE = "node_unavailable"
+    WRONG_NETWORK = "wrong_network"
     INSUFFICIENT_FEE = "insufficient_fee"
     CONFLICT = "conflict"
     INVALID = "invalid"
@@ -46,6 +48,13 @@ class NodeUnavailable(ChainError):
     """The node could not be reached."""
 
     code = ErrorCode.NODE_UNAVAILABLE
+
+
+class WrongNetwork(NodeUnavailable):
+    """The node answers for another chain than the adapter's network: nothing may be read from it
+    or sent to it (callers that retry an unavailable node retry this too)."""
+
+    code = ErrorCode.WRONG_NETWORK
 
 
 class InsufficientFee(ChainError):

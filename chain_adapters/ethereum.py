@@ -64,6 +64,7 @@ from chain_adapters.errors import (
     InvalidTransaction,
     NodeUnavailable,
     NotFound,
+    WrongNetwork,
 )
 
 TRANSFER_TOPIC = "0x" + keccak(text="Transfer(address,address,uint256)").hex()
@@ -164,9 +165,10 @@ class EthereumAdapter(BlockWalker):
             raise NodeUnavailable(str(exc)) from exc
 
     def verify_network(self) -> None:
+        """WrongNetwork unless the node's `eth_chainId` is this adapter's chain id."""
         got = self._call(lambda: self.w3.eth.chain_id)
         if got != self.chain_id:
-            raise ChainError(f"node chain id {got}, adapter configured for {self.network} ({self.chain_id})")
+            raise WrongNetwork(f"node chain id {got}, adapter configured for {self.network} ({self.chain_id})")
 
     # -- blocks ---------------------------------------------------------------------------------
     def tip(self) -> BlockRef:

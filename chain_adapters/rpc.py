@@ -12,6 +12,10 @@ Authentication (bitcoind's two schemes; anvil needs none):
   writes a new cookie each time it restarts, so a long-running worker follows it. A cookie file
   that cannot be read is `NodeUnavailable` (the node may be starting), never a crash.
 Give one scheme only; `ValueError` otherwise.
+
+`connection_serial` is the serial number of the newest connection opened (0: none yet), in any
+thread: a caller that must re-check the node after a reconnect (custody.roots.guards.NetworkGate
+verifies the node's chain) compares it before and after its calls.
 """
 from __future__ import annotations
 
@@ -49,6 +53,8 @@ class JsonRpcClient:
         self._decoder = json.JSONDecoder(parse_float=parse_float)
         self._local = threading.local()
         self._ids = itertools.count(1)
+        self._serials = itertools.count(1)
+        self.connection_serial = 0  # the newest connection's serial (see the module docstring)
 
     @property
     def _conn(self) -> http.client.HTTPConnection | None:
@@ -78,6 +84,7 @@ class JsonRpcClient:
                 if self._cookie_file is not None:
                     self._read_cookie()
                 self._conn = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
+                self.connection_serial = next(self._serials)
             try:
                 self._conn.request("POST", self._path, body, self._headers)
                 resp = self._conn.getresponse()

@@ -356,6 +356,7 @@ class DeploymentConfig(BaseSettings):
     _source: Path | None = PrivateAttr(default=None)
     _settings: Settings | None = PrivateAttr(default=None)
     _key_file_from: str | None = PrivateAttr(default=None)  # the variable that overrode [signer] auth_key_file
+    _process: str | None = PrivateAttr(default=None)
 
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
@@ -481,6 +482,7 @@ class DeploymentConfig(BaseSettings):
             config = config.model_copy(update={"signer": section})
             config._key_file_from = PROCESS_SIGNER_ENV[process or ""]["auth_key_file"] if "auth_key_file" in signer_env else None
         config._source = source
+        config._process = process
         problems = [f"{source}: {p}" for p in config._files()]
         overrides: dict[str, Any] = {}
         own_url = os.environ.get(PROCESS_DATABASE_ENV.get(process or "", ""), "")
@@ -514,6 +516,11 @@ class DeploymentConfig(BaseSettings):
     @property
     def source(self) -> Path | None:
         return self._source
+
+    @property
+    def process(self) -> str | None:
+        """The process this file was loaded for ("api", "worker"), or None (`config check`, tests)."""
+        return self._process
 
     @property
     def settings(self) -> Settings:

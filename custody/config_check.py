@@ -9,11 +9,11 @@ when any fails. Each check runs even when an earlier one failed.
 | check | ok when |
 | --- | --- |
 | config | the file loads (custody.config: keys, types, integers, cross-section consistency) |
-| database | it answers (as the configured role) and its schema is at the code's Alembic head |
+| database | it answers, its schema is at the code's Alembic head, and the configured role is custody_api or custody_worker (not a superuser, nor the tables' owner: the processes refuse to start so) |
 | bitcoin | `getblockchaininfo` answers, its `chain` is the configured network, and `-txindex` is on |
 | ethereum | `eth_chainId` is the configured chain_id |
 | token SYMBOL | the contract has code, and its ERC-20 `decimals()` equals [assets.SYMBOL] decimals |
-| signer | something listens at the endpoint, answers `ping` and `xpubs` to [signer] client (authenticated with its auth key; a client the signer does not know, or knows with another key, is `unauthenticated`), and the xpubs equal [wallets.*] deposit and hot (cold is not compared: it may be held outside the signer) |
+| signer | something listens at the endpoint, answers `ping` and `xpubs` to [signer] client (authenticated with its auth key; a client the signer does not know, or knows with another key, is `unauthenticated`), and the xpubs equal [wallets.*] deposit and hot (custody.roots.guards.wallet_mismatches, the check each process makes at start; cold is not compared: it may be held outside the signer) |
 
 Nothing secret is printed: URLs are shown without passwords, keys never.
 """
@@ -90,7 +90,7 @@ def _database(config: DeploymentConfig) -> str:
     from sqlalchemy.exc import SQLAlchemyError
 
     from custody.database import make_engine, to_sqlalchemy_url
-    from custody.roots.common import schema_revision
+    from custody.roots.common import role_problem, schema_revision
 
     url = to_sqlalchemy_url(config.database_url)
     shown = make_url(url).render_as_string(hide_password=True)
@@ -99,6 +99,7 @@ def _database(config: DeploymentConfig) -> str:
         with engine.connect() as c:
             role = c.execute(text("SELECT current_user")).scalar_one()
         current, head = schema_revision(engine)
+        problem = role_problem(engine, None) if current == head else None
     except SQLAlchemyError as exc:
         orig = getattr(exc, "orig", None) or exc
         raise CheckFailed(f"{shown}: {type(orig).__name__}: {str(orig).strip().splitlines()[0]}") from None
@@ -107,6 +108,8 @@ def _database(config: DeploymentConfig) -> str:
     if current != head:
         raise CheckFailed(f"{shown} (as {role}): schema at {current or 'no revision'}, this code needs {head} "
                           "(run `python -m custody migrate` as the schema owner)")
+    if problem:
+        raise CheckFailed(f"{shown}: {problem}")
     return f"{shown} as {role}; schema at head ({head})"
 
 
@@ -163,8 +166,8 @@ def _listening(endpoint: str) -> None:
 
 
 def _signer(config: DeploymentConfig) -> str:
-    from custody.addresses import canonical_btc_account_key
     from custody.roots.common import StartupError, signer_client
+    from custody.roots.guards import wallet_mismatches
 
     endpoint = config.signer.endpoint
     _listening(endpoint)
@@ -177,32 +180,15 @@ def _signer(config: DeploymentConfig) -> str:
     fingerprint = getattr(info, "master_fingerprint", "?")
     if config.bitcoin is not None and network not in (config.bitcoin.network, config.bitcoin.address_network):
         raise CheckFailed(f"{endpoint}: the signer is on {network}, the file's bitcoin network is {config.bitcoin.network}")
-    accounts = _accounts(client.xpubs())
-    mismatched = []
-    for chain, section in sorted(config.wallets.items()):
-        for tier in ("deposit", "hot"):
-            configured = getattr(section, tier)
-            theirs = accounts.get(chain, {}).get(tier)
-            if chain == "bitcoin" and config.bitcoin is not None and theirs is not None:
-                same = canonical_btc_account_key(theirs, config.bitcoin.address_network) == \
-                    canonical_btc_account_key(configured, config.bitcoin.address_network)
-            else:
-                same = theirs is not None and theirs.strip() == configured.strip()
-            if not same:
-                mismatched.append(f"wallets.{chain}.{tier}")
+    try:
+        mismatched = wallet_mismatches(config, client.xpubs())
+    except ValueError as exc:
+        raise CheckFailed(str(exc)) from None
     if mismatched:
         raise CheckFailed(f"{endpoint}: the signer's xpubs differ from {', '.join(mismatched)} "
                           "(fill them from `python -m signer xpubs`)")
     return (f"{endpoint}: answers client {config.signer.client} (network {network}, master fingerprint {fingerprint}); "
             "xpubs equal the wallets")
-
-
-def _accounts(xpubs: Any) -> dict[str, dict[str, str]]:
-    """{chain: {tier: xpub}} from the signer's `xpubs()` answer (signer.wire.Xpubs)."""
-    accounts = getattr(xpubs, "accounts", xpubs)
-    if not isinstance(accounts, dict):
-        raise CheckFailed(f"the signer's xpubs answer is not understood ({type(xpubs).__name__})")
-    return {str(c): {str(t): str(x) for t, x in tiers.items()} for c, tiers in accounts.items() if isinstance(tiers, dict)}
 
 
 def main(path: str | None, process: str | None = None) -> int:

@@ -28,7 +28,7 @@ from sqlalchemy import Engine
 from chain_adapters.base import ChainAdapter
 from custody.api.app import create_app
 from custody.config import DeploymentConfig
-from custody.roots.common import CustodyServices, build_services, install_module_dump
+from custody.roots.common import REFERENCE_WAIT_SECONDS, CustodyServices, build_services, install_module_dump
 from custody.trading import attach
 from matching.service import Trading
 from signer.protocol import SignerPort
@@ -42,8 +42,12 @@ class ApiRoot(CustodyServices):
 
 
 def build_api_root(config: DeploymentConfig, *, adapters: Mapping[str, ChainAdapter] | None = None,
-                   signer: SignerPort | None = None, engine: Engine | None = None) -> ApiRoot:
-    services = build_services(config, adapters=adapters, signer=signer, engine=engine)
+                   signer: SignerPort | None = None, engine: Engine | None = None,
+                   reference_wait: float = REFERENCE_WAIT_SECONDS) -> ApiRoot:
+    """The api's root. It writes no reference data: it waits (up to `reference_wait` seconds) for
+    the database's wallets and assets to equal its file's, as a worker applies them."""
+    services = build_services(config, process="api", adapters=adapters, signer=signer, engine=engine,
+                              reference_wait=reference_wait)
     root = ApiRoot(**{f: getattr(services, f) for f in services.__dataclass_fields__})
     attach(root)  # type: ignore[arg-type]  # duck-typed: engine, ledger, trading
     return root

@@ -6,6 +6,13 @@ a `JournalSnapshots` (the matching-snapshots job's only need), never a `Trading`
 is the matching engine's single writer, and a second `Trading` would settle commands beside it.
 `run_worker(root)` starts the scheduler and waits; SIGTERM or SIGINT stops it after the running
 jobs finish (`shutdown(wait=True)`), SIGUSR1 writes the loaded modules (common.install_module_dump).
+
+The worker is the only process that writes reference data (wallets, assets, cursors; see
+custody.roots.common). When the signer did not answer at start, the scheduler is given the
+services that derive or pay (deposits, payouts, sweeps, rebalances, reconciliation) behind
+`guards.signer_gated`: their runs do nothing until the signer's xpubs have been compared with
+[wallets] and found equal (then the wallets are registered and they run); the other jobs run
+meanwhile.
 """
 from __future__ import annotations
 
@@ -21,6 +28,7 @@ from chain_adapters.base import ChainAdapter
 from custody.config import DeploymentConfig
 from custody.jobs import build_scheduler
 from custody.roots.common import CustodyServices, build_services, install_module_dump
+from custody.roots.guards import signer_gated
 from matching import snapshot, store
 from matching.engine import Engine as BookEngine
 from signer.protocol import SignerPort
@@ -76,7 +84,7 @@ class WorkerRoot(CustodyServices):
 
 def build_worker_root(config: DeploymentConfig, *, adapters: Mapping[str, ChainAdapter] | None = None,
                       signer: SignerPort | None = None, engine: Engine | None = None) -> WorkerRoot:
-    services = build_services(config, adapters=adapters, signer=signer, engine=engine)
+    services = build_services(config, process="worker", adapters=adapters, signer=signer, engine=engine)
     root = WorkerRoot(**{f: getattr(services, f) for f in services.__dataclass_fields__})
     root.trading = JournalSnapshots(root.engine)
     return root
@@ -94,7 +102,7 @@ def run_worker(root: WorkerRoot, *, stop: threading.Event | None = None) -> int:
         signal.signal(signal.SIGTERM, request_stop)
         signal.signal(signal.SIGINT, request_stop)
         install_module_dump("custody-worker", root.settings.state_dir)
-    scheduler = build_scheduler(root, scale=root.config.jobs.scale)  # type: ignore[arg-type]
+    scheduler = build_scheduler(signer_gated(root, root.wallet_check), scale=root.config.jobs.scale)  # type: ignore[arg-type]
     scheduler.start()
     log.info("custody worker running %d jobs (%s); config %s", len(scheduler.get_jobs()),
              ", ".join(j.id for j in scheduler.get_jobs()), root.config.source)

@@ -1,8 +1,9 @@
 """`python -m custody config check` against the real regtest nodes and the session database, run as
-a separate process the way an operator runs it: a good file passes the database, node and token
-checks and names the signer that does not listen; a file that points at the wrong network, chain
-id, contract or an unmigrated database fails each of those lines with its reason; an invalid file
-fails before anything is reached. Exit status 1 on any failure.
+a separate process the way an operator runs it: a good file (connecting as custody_api) passes the
+database, node and token checks and names the signer that does not listen; a file that points at
+the wrong network, chain id, contract or an unmigrated database fails each of those lines with its
+reason, and one connecting as the schema owner fails the database line (the processes would refuse
+to start); an invalid file fails before anything is reached. Exit status 1 on any failure.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import logging
 
 from sqlalchemy import make_url
 
-from custody.database import drop_database, ensure_database, with_database
+from custody.database import drop_database, ensure_database, with_database, with_user
 from tests.e2e.deployment import custody, custody_config
 
 log = logging.getLogger(__name__)
@@ -27,7 +28,7 @@ def lines(out: str) -> dict[str, str]:
 
 
 def test_a_good_file_reaches_every_node_and_names_the_missing_signer(tmp_path, cluster, database_url):
-    path = custody_config(tmp_path, cluster, database_url)
+    path = custody_config(tmp_path, cluster, with_user(database_url, "custody_api"))
     run = custody("config", "check", "--config", str(path))
     log.info("config check:\n%s%s", run.stdout, run.stderr)
     found = lines(run.stdout)
@@ -38,7 +39,7 @@ def test_a_good_file_reaches_every_node_and_names_the_missing_signer(tmp_path, c
     assert "txindex on" in found["bitcoin"]
     assert "chain id 31337" in found["ethereum"]
     assert "decimals 6" in found["token USDT"]
-    assert "schema at head" in found["database"] and "as postgres" in found["database"]
+    assert "schema at head" in found["database"] and "as custody_api" in found["database"]
     assert found["signer"] == (f"FAIL signer: nothing listens at unix:{tmp_path / 'signer.sock'} (No such file or "
                                "directory): is `python -m signer serve` running?")
     assert run.returncode == 1
@@ -71,8 +72,16 @@ def test_token_decimals_must_match_the_contract(tmp_path, cluster, database_url)
     assert found["token USDT"] == f"FAIL token USDT: {cluster.token.address}: decimals() answers 6, [assets.USDT] says 8"
 
 
-def test_an_unreachable_node_is_named(tmp_path, cluster, database_url):
+def test_the_schema_owner_fails_the_database_line(tmp_path, cluster, database_url):
+    owner = make_url(database_url).username
     path = custody_config(tmp_path, cluster, database_url)
+    found = lines(custody("config", "check", "--config", str(path)).stdout)
+    assert found["database"].startswith("FAIL database: "), found["database"]
+    assert f"connected as {owner}, a superuser" in found["database"] and "custody_api / custody_worker" in found["database"]
+
+
+def test_an_unreachable_node_is_named(tmp_path, cluster, database_url):
+    path = custody_config(tmp_path, cluster, with_user(database_url, "custody_worker"))
     path.write_text(path.read_text().replace(f"127.0.0.1:{cluster.bitcoin.rpc_port}", "127.0.0.1:9")
                     .replace(cluster.anvil.rpc_url, "http://127.0.0.1:9"))
     run = custody("config", "check", "--config", str(path))

@@ -8,31 +8,37 @@ config file, against the real regtest nodes and the session database:
 - an invalid file, or a database whose schema is behind, stops a process at start (exit 2) with
   the reason, before it serves anything.
 
-No signer process listens: the roots build a signer client, which connects per call.
+A signer process (`python -m signer serve`, the BIP84 test seed) listens: each process compares
+[wallets] with its xpubs at start, and the worker registers the wallets the api waits for only once
+the signer has confirmed them. The api connects as custody_api (the file's URL), the worker as
+custody_worker (CUSTODY_WORKER_DATABASE_URL), each refused as any other role.
 """
 from __future__ import annotations
 
 import logging
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import httpx
 from sqlalchemy import make_url
 
-from custody.database import drop_database, ensure_database, with_database
+from custody.database import drop_database, ensure_database, with_database, with_user
 from regtest.util import free_port, wait_until
 from tests.e2e.deployment import REPO, clean_env, custody, custody_config
+from tests.integration.test_signer_process import start_signer
 
 log = logging.getLogger(__name__)
 KEY_MODULES = {"signer.keys", "signer.service"}
 
 
-def start(process: str, config: Path, state: Path, logs: Path) -> subprocess.Popen:
+def start(process: str, config: Path, state: Path, logs: Path, **env: str) -> subprocess.Popen:
     out = open(logs / f"{process}.log", "w")
     return subprocess.Popen([sys.executable, "-m", "custody", process, "--config", str(config)], cwd=REPO,
-                            env=clean_env(STATE_DIR=str(state)), stdout=out, stderr=subprocess.STDOUT)
+                            env=clean_env(STATE_DIR=str(state), **env), stdout=out, stderr=subprocess.STDOUT)
 
 
 def modules_of(proc: subprocess.Popen, process: str, state: Path) -> set[str]:
@@ -44,10 +50,17 @@ def modules_of(proc: subprocess.Popen, process: str, state: Path) -> set[str]:
 
 def test_api_and_worker_run_as_processes_without_key_code(tmp_path, cluster, database_url):
     port = free_port()
-    config = custody_config(tmp_path, cluster, database_url, extra=f"\n[api]\nhost = \"127.0.0.1\"\nport = {port}\n"
-                                                                     "\n[jobs]\nscale = 0.5\n")
+    short = Path(tempfile.mkdtemp(prefix="cp-", dir="/tmp"))  # a unix socket path is limited to ~100 bytes
+    signer = start_signer(short, with_user(database_url, "custody_signer"), f"unix:{short / 'signer.sock'}")
+    key_file = tmp_path / "signer-auth.key"
+    key_file.write_text(signer.key.hex() + "\n")
+    key_file.chmod(0o600)
+    config = custody_config(tmp_path, cluster, with_user(database_url, "custody_api"), endpoint=signer.listen,
+                            extra=f"\n[api]\nhost = \"127.0.0.1\"\nport = {port}\n\n[jobs]\nscale = 0.5\n")
     state = tmp_path / "state"
-    procs = {name: start(name, config, state, tmp_path) for name in ("worker", "api")}
+    procs = {"worker": start("worker", config, state, tmp_path,
+                             CUSTODY_WORKER_DATABASE_URL=with_user(database_url, "custody_worker")),
+             "api": start("api", config, state, tmp_path)}
     try:
         def api_up() -> bool:
             assert procs["api"].poll() is None, (tmp_path / "api.log").read_text()
@@ -59,6 +72,7 @@ def test_api_and_worker_run_as_processes_without_key_code(tmp_path, cluster, dat
         wait_until(api_up, timeout=90, what="the api's /health")
         wait_until(lambda: "custody worker running" in (tmp_path / "worker.log").read_text(), timeout=90,
                    what="the worker's jobs")
+        assert "holds the configured wallets' deposit and hot keys" in (tmp_path / "worker.log").read_text()
         for name, proc in procs.items():
             loaded = modules_of(proc, name, state)
             log.info("%s (pid %d): %d modules loaded", name, proc.pid, len(loaded))
@@ -76,6 +90,8 @@ def test_api_and_worker_run_as_processes_without_key_code(tmp_path, cluster, dat
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+        signer.stop()
+        shutil.rmtree(short, ignore_errors=True)
 
 
 def test_a_process_refuses_to_start_on_a_bad_file_or_an_old_schema(tmp_path, cluster, database_url):

@@ -10,7 +10,9 @@ nodes and the session database:
 - a BTC deposit to that address is credited by the worker root's deposit pipeline at finality.
 
 No signer process runs here (the topology suite signs through one); the roots get a stand-in that
-fails the test if anything signs.
+answers `xpubs` for the test seed (what each root compares [wallets] with at start) and fails the
+test if anything signs. Each root connects as its own role (custody_worker, custody_api); the
+worker is built first, since only it writes the reference data the api then finds.
 """
 from __future__ import annotations
 
@@ -25,17 +27,26 @@ from custody.addresses import derive_btc_address
 from custody.api.app import create_app
 from custody.auth import Role, create_api_key
 from custody.config import DeploymentConfig
+from custody.database import with_user
 from custody.jobs import build_scheduler
 from custody.roots.api import ApiRoot, build_api_root
 from custody.roots.common import StartupError, apply_reference_data
+from custody.roots.guards import NetworkGate
 from custody.roots.worker import JournalSnapshots, WorkerRoot, build_worker_root
+from signer.wire import Xpubs
 from tests.e2e.deployment import custody_config, regtest_keys
 
 log = logging.getLogger(__name__)
 
 
 class NoSigning:
-    """Stands in for the signer client: any call fails the test."""
+    """Stands in for the signer client: `xpubs` as the signer holding the test seed answers it; any
+    other call fails the test."""
+
+    def xpubs(self) -> Xpubs:
+        keys = regtest_keys()
+        return Xpubs(network="regtest", master_fingerprint="00000000", accounts={
+            chain: {t: keys.account_xpub(chain, t) for t in ("deposit", "hot", "cold")} for chain in ("bitcoin", "ethereum")})
 
     def __getattr__(self, name: str):
         raise AssertionError(f"nothing in this test signs, yet {name} was called")
@@ -45,21 +56,27 @@ def _signer(config: DeploymentConfig) -> NoSigning:
     return NoSigning()
 
 
+def role_config(directory, cluster, database_url, role: str) -> DeploymentConfig:
+    directory.mkdir(exist_ok=True)
+    return DeploymentConfig.load(custody_config(directory, cluster, with_user(database_url, role)))
+
+
 @pytest.fixture
 def config(tmp_path, cluster, database_url) -> DeploymentConfig:
-    return DeploymentConfig.load(custody_config(tmp_path, cluster, database_url))
-
-
-@pytest.fixture
-def api_root(config) -> ApiRoot:
-    root = build_api_root(config, signer=_signer(config))
-    yield root
-    root.close()
+    return role_config(tmp_path / "worker", cluster, database_url, "custody_worker")
 
 
 @pytest.fixture
 def worker_root(config) -> WorkerRoot:
     root = build_worker_root(config, signer=_signer(config))
+    yield root
+    root.close()
+
+
+@pytest.fixture
+def api_root(worker_root, tmp_path, cluster, database_url) -> ApiRoot:
+    api_config = role_config(tmp_path / "api", cluster, database_url, "custody_api")
+    root = build_api_root(api_config, signer=_signer(api_config))
     yield root
     root.close()
 
@@ -85,7 +102,7 @@ def test_reference_data_is_applied_once_and_a_changed_key_stops_the_start(api_ro
     log.info("A file with another hot key is refused at start, naming the key")
     other = tmp_path / "other"
     other.mkdir()
-    path = custody_config(other, cluster, database_url)
+    path = custody_config(other, cluster, with_user(database_url, "custody_worker"))
     path.write_text(path.read_text().replace(keys.account_xpub("bitcoin", "hot"), keys.account_xpub("bitcoin", "deposit"), 1)
                     .replace(f'deposit = "{keys.account_xpub("bitcoin", "deposit")}"',
                              f'deposit = "{keys.account_xpub("bitcoin", "hot")}"', 1))
@@ -113,6 +130,9 @@ def test_the_http_app_serves_the_api_root(api_root, config):
     assert api_root.trading is not None  # the sequencer lives in the api
     assert sorted(k.operator for k in api_root.approvers.keys()) == ["op-alice", "op-bob"]
     assert api_root.withdrawals.approvers is api_root.approvers
+    log.info("The ethereum adapter is behind its network gate, and the destination checks still use it")
+    assert isinstance(api_root.adapters["ethereum"], NetworkGate)
+    assert api_root.withdrawals.destinations.ethereum is api_root.adapters["ethereum"]
 
 
 def test_the_scheduler_takes_the_worker_root_and_a_deposit_is_credited(worker_root, config, cluster):
