@@ -52,8 +52,8 @@ def test_api_and_worker_run_as_processes_without_key_code(tmp_path, cluster, dat
     port = free_port()
     short = Path(tempfile.mkdtemp(prefix="cp-", dir="/tmp"))  # a unix socket path is limited to ~100 bytes
     signer = start_signer(short, with_user(database_url, "custody_signer"), f"unix:{short / 'signer.sock'}")
-    key_file = tmp_path / "signer-auth.key"
-    key_file.write_text(signer.key.hex() + "\n")
+    key_file = tmp_path / "signer-worker.key"  # custody_config names the worker client's key file
+    key_file.write_text(signer.keys["worker"].hex() + "\n")
     key_file.chmod(0o600)
     config = custody_config(tmp_path, cluster, with_user(database_url, "custody_api"), endpoint=signer.listen,
                             extra=f"\n[api]\nhost = \"127.0.0.1\"\nport = {port}\n\n[jobs]\nscale = 0.5\n")
