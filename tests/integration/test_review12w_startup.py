@@ -73,7 +73,7 @@ def write_config(tmp_path: Path, database_url: str, wallets: dict) -> Deployment
         "assets": {"BTC": {"chain": "bitcoin", "decimals": 8, "finality": 3, "dust_minimum": 1000,
                            "min_withdrawal": 10000, "withdrawal_fee": 5000}},
         "wallets": {"bitcoin": wallets},
-        "signer": {"endpoint": f"unix:{tmp_path / 'signer.sock'}", "auth_key_file": str(key)},
+        "signer": {"endpoint": f"unix:{tmp_path / 'signer.sock'}", "client": "worker", "auth_key_file": str(key)},
     }))
     return DeploymentConfig.load(path, process="worker")
 

@@ -74,7 +74,7 @@ def config(tmp_path: Path, database, role: str, *, finality: int = 3, name: str 
         "assets": {"BTC": {"chain": "bitcoin", "decimals": 8, "finality": finality, "dust_minimum": 1000,
                            "min_withdrawal": 10000, "withdrawal_fee": 5000}},
         "wallets": {"bitcoin": {t: KEYS.account_xpub("bitcoin", t) for t in ("deposit", "hot")}},
-        "signer": {"endpoint": f"unix:{tmp_path / 'signer.sock'}", "auth_key_file": str(key)},
+        "signer": {"endpoint": f"unix:{tmp_path / 'signer.sock'}", "client": "worker", "auth_key_file": str(key)},
     }))
     return DeploymentConfig.load(path, process="api" if role == "custody_api" else "worker")
 
