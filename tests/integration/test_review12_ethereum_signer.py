@@ -49,11 +49,19 @@ class _NoNodeGuard(DestinationGuard):
 def api(engine) -> WithdrawalApi:
     with engine.begin() as c:
         set_kill_switch(c, False, "review12 eth: start clean", "test")
+    with engine.connect() as c:
+        before = c.execute(text("SELECT chain, contract_address FROM chain_asset WHERE asset = 'USDT'")).first()
     api = WithdrawalApi(engine)
     api.custody.wallets.configure_asset("USDT", 6, "ethereum", finality=2, contract_address=USDT_CONTRACT, min_withdrawal=1)
     with engine.begin() as c:  # configure_asset does not update a contract already registered
         c.execute(text("UPDATE chain_asset SET chain = 'ethereum', contract_address = :k WHERE asset = 'USDT'"), {"k": USDT_CONTRACT})
-    return api
+    yield api
+    with engine.begin() as c:  # the session database as it was: other suites decide whether USDT is withdrawable
+        if before is None:
+            c.execute(text("DELETE FROM chain_asset WHERE asset = 'USDT'"))
+        else:
+            c.execute(text("UPDATE chain_asset SET chain = :c, contract_address = :k WHERE asset = 'USDT'"),
+                      {"c": before.chain, "k": before.contract_address})
 
 
 @pytest.fixture(scope="module")

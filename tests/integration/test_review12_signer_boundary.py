@@ -41,13 +41,16 @@ KEYS = SignerKeys(seed_from_text(Secret("abandon " * 11 + "about")), "regtest")
 ATTACKER_KEYS = SignerKeys(seed_from_text(Secret("zoo " * 11 + "wrong")), "regtest")
 ATTACKER = "bcrt1que968zjtjkx890qdggg4pwjxgcmyyfy9r64a89"  # P2WPKH of sha256("attacker")[:20]: nobody of ours
 COIN, FEE = 600_000_000, 2_000
+FAKE_COINS: list[str] = []  # txids of the hot coins the scenarios invent; deleted when the module ends
 
 
 @pytest.fixture(scope="module")
 def api(engine) -> WithdrawalApi:
     with engine.begin() as c:
         set_kill_switch(c, False, "review12: start clean", "test")
-    return WithdrawalApi(engine)
+    yield WithdrawalApi(engine)
+    with engine.begin() as c:
+        c.execute(text("DELETE FROM wallet_utxo WHERE txid = ANY(:t)"), {"t": FAKE_COINS})
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +58,11 @@ def signer(api) -> Signer:
     own = registry(api.operator_name(1), api.operator_name(2))
     return Signer(api.custody.engine, KEYS, bitcoin_network="regtest", approvers=own,
                   quorum=quorum_table_from_policy(default_policy()))
+
+
+def new_coin() -> BtcCoin:
+    FAKE_COINS.append(uuid.uuid4().hex * 2)
+    return BtcCoin(FAKE_COINS[-1], 0, COIN, 0, 0)
 
 
 def approved_withdrawal(api: WithdrawalApi, amount: str = "5") -> int:
@@ -75,7 +83,7 @@ def batch_of(api: WithdrawalApi, signer: Signer, wid: int, n_coins: int = 1) -> 
         advance(c, "withdrawal", wid, "approved", "batched", batch_id=batch)
         c.execute(text("INSERT INTO batch_output (batch_id, withdrawal_id, amount) SELECT :b, id, amount "
                        "FROM withdrawal_request WHERE id = :w"), {"b": batch, "w": wid})
-        coins = [BtcCoin(uuid.uuid4().hex * 2, 0, COIN, 0, 0) for _ in range(n_coins)]
+        coins = [new_coin() for _ in range(n_coins)]
         for k in coins:
             c.execute(text("INSERT INTO wallet_utxo (txid, vout, address, derivation_change, derivation_index, amount, reserved_by) "
                            "VALUES (:t, 0, :a, 0, 0, :m, :b)"), {"t": k.txid, "a": signer._hot_address(0, 0), "m": COIN, "b": batch})
@@ -177,7 +185,7 @@ def test_replacement_of_a_rejected_withdrawal_is_refused(api, signer, ledger):
         fake = "ab" * 32
         tx = c.execute(text("INSERT INTO chain_transaction (batch_id, chain, txid, raw, fee, state) "
                             "VALUES (:b, 'bitcoin', :t, '\\x00', 0, 'broadcast') RETURNING id"), {"b": batch, "t": fake}).scalar_one()
-        coin = BtcCoin(uuid.uuid4().hex * 2, 0, COIN, 0, 0)
+        coin = new_coin()
         c.execute(text("INSERT INTO wallet_utxo (txid, vout, address, derivation_change, derivation_index, amount, reserved_by, spent_by) "
                        "VALUES (:t, 0, :a, 0, 0, :m, :b, :s)"), {"t": coin.txid, "a": hot, "m": COIN, "b": batch, "s": tx})
     code, signed = outcome(lambda: signer.sign_bitcoin_replacement(
@@ -222,7 +230,7 @@ def test_rebalance_to_a_rewritten_cold_xpub_is_refused(api, signer, ledger):
             "INSERT INTO rebalance (chain, asset, source_tier, destination_tier, state, destination, destination_index, amount, "
             "fee, fee_rate, spendable, ceiling, target) VALUES ('bitcoin', 'BTC', 'hot', 'cold', 'open', :d, 0, :m, :f, 1000, "
             ":m, 0, 0) RETURNING id"), {"d": attacker_addr, "m": COIN - FEE, "f": FEE}).scalar_one()
-        coin = BtcCoin(uuid.uuid4().hex * 2, 0, COIN, 0, 0)
+        coin = new_coin()
         c.execute(text("INSERT INTO wallet_utxo (txid, vout, address, derivation_change, derivation_index, amount, rebalance_id) "
                        "VALUES (:t, 0, :a, 0, 0, :m, :r)"), {"t": coin.txid, "a": signer._hot_address(0, 0), "m": COIN, "r": rebalance})
     try:
@@ -233,7 +241,6 @@ def test_rebalance_to_a_rewritten_cold_xpub_is_refused(api, signer, ledger):
                 c.execute(text("DELETE FROM wallet WHERE chain = 'bitcoin' AND tier = 'cold'"))
             else:
                 c.execute(text("UPDATE wallet SET xpub = :x WHERE chain = 'bitcoin' AND tier = 'cold'"), {"x": before})
-            c.execute(text("UPDATE wallet_utxo SET rebalance_id = NULL, spent_by = NULL WHERE rebalance_id = :r"), {"r": rebalance})
             c.execute(text("UPDATE rebalance SET state = 'failed' WHERE id = :r"), {"r": rebalance})
     if signed is not None:
         assert address_to_script(attacker_addr, "regtest") in signed.raw  # the whole coin to the attacker
