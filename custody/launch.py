@@ -79,7 +79,7 @@ def deploy(root: Path, *, owner_url: str, nodes: Nodes, approvers: tuple[str, ..
     from custody.policy_config import default_policy
     from signer.config import quorum_entries
     from signer.wire import write_auth_key
-    from custody.devchains import REGTEST_ASSETS, dev_seed_file
+    from custody.devchains import REGTEST_ASSETS, dev_seed_file, signer_asset_entries
 
     root.mkdir(parents=True, exist_ok=True)
     migrate(owner_url)
@@ -98,7 +98,9 @@ def deploy(root: Path, *, owner_url: str, nodes: Nodes, approvers: tuple[str, ..
     signer_cfg = _write_toml(root / "signer.toml", {
         "network": nodes.network, "seed_file": str(seed), "database_url": role_url(owner_url, "custody_signer"),
         "listen": f"unix:{socket_path}", "auth_key_file": str(auth_key), "approvers": approver_entries,
-        "quorum": quorum_entries(default_policy())})
+        "quorum": quorum_entries(default_policy()),
+        # the signer's own asset table and chain id (never custody's chain_asset); no cold wallet in the demo
+        "assets": signer_asset_entries(nodes.token_address), "ethereum_chain_id": nodes.ethereum_chain_id})
     processes = Processes(root, signer_config=signer_cfg, custody_config=root / "custody.toml",
                           env={"PYTHONUNBUFFERED": "1", "STATE_DIR": str(root),  # SIGUSR1 module lists land here
                                **({"API_KEY_PEPPER": pepper} if pepper else {})})

@@ -18,8 +18,9 @@ Jobs (APScheduler runs them; tests call them directly, in this order):
   destination is rejected and released, the rest go on) become one batch; coins are selected from
   the tracked hot-wallet coins and reserved for it. `batch_ethereum()`: one batch per withdrawal.
 - `sign_open_batches()`: the signer (which re-checks everything itself) signs each open batch; in
-  ONE database transaction the signed raw transaction is stored in `chain_transaction`, the holds
-  are captured (customer -> in-flight, quoted fee -> fee income) and the rows move to `signed`.
+  ONE database transaction the holds are captured (customer -> in-flight, quoted fee -> fee income)
+  BEFORE the signer is asked (a refused capture never reaches it), then the signed raw transaction
+  is stored in `chain_transaction` and the rows move to `signed`.
   A crash before that commit leaves nothing signed on record, and nothing unrecorded is ever
   broadcast.
 - `broadcast()`: sends every stored signed transaction (idempotent at the adapter: a transaction
@@ -448,12 +449,17 @@ class Payouts:
         return rows, coins, outputs, (change_address, change) if keep_change else None
 
     def _sign_bitcoin(self, batch_id: int) -> str | None:
-        with self.engine.connect() as c:
+        """Capture, sign, store in ONE database transaction. The capture comes first: a capture the
+        ledger refuses (a squatted key, say) fails the step before the signer is asked, so the
+        signer never signs a transaction that custody then throws away (its own record would refuse
+        to sign that withdrawal again over other coins: signer.service `already_signed`). The
+        signer reads the committed rows, where the hold is still live until this commits."""
+        with self.engine.begin() as c:
             rate = int(c.execute(text("SELECT fee_rate FROM withdrawal_batch WHERE id = :b"), {"b": batch_id}).scalar_one())
             rows, coins, outputs, change = self._bitcoin_plan(c, batch_id, rate)
-        signed = self.signer.sign_bitcoin_batch(batch_id, coins, outputs, change)
-        with self.engine.begin() as c:
-            tx_id = self._record_signed(c, batch_id, "bitcoin", signed.txid, signed.raw, signed.fee, rate, rows)
+            self._capture(c, batch_id, rows)
+            signed = self.signer.sign_bitcoin_batch(batch_id, coins, outputs, change)
+            tx_id = self._record_signed(c, batch_id, "bitcoin", signed.txid, signed.raw, signed.fee, rate, rows, captured=True)
             for k in coins:
                 c.execute(text("UPDATE wallet_utxo SET spent_by = :s WHERE txid = :t AND vout = :v"), {"s": tx_id, "t": k.txid, "v": k.vout})
             if change and signed.change_vout is not None:
@@ -465,20 +471,28 @@ class Payouts:
                        "VALUES (:t, :v, :a, 1, :i, :m) ON CONFLICT DO NOTHING"),
                   {"t": txid, "v": vout, "a": change[0], "i": batch_id, "m": change[1]})
 
-    def _record_signed(self, c: Connection, batch_id: int, chain: str, txid: str, raw: bytes, fee: int, rate: int, rows,
-                       *, nonce: int | None = None, sender: str | None = None) -> int:
-        tx_id = c.execute(
-            text("INSERT INTO chain_transaction (batch_id, chain, txid, raw, fee, fee_rate, nonce, sender, state) "
-                 "VALUES (:b, :c, :t, :r, :f, :fr, :n, :s, 'signed') RETURNING id"),
-            {"b": batch_id, "c": chain, "t": txid, "r": raw, "f": fee, "fr": rate, "n": nonce, "s": sender}).scalar_one()
-        advance(c, "batch", batch_id, "open", "signed")
+    def _capture(self, c: Connection, batch_id: int, rows) -> None:
+        """One balanced transaction for the batch: each hold captured in full (customer ->
+        in-flight, quoted fee -> fee income)."""
         legs = []
-        for w in rows:  # one balanced transaction for the batch: each hold captured in full
+        for w in rows:
             legs.append(Transfer(w.account_id, self.wallets.firm_account("in_flight", w.asset, conn=c), int(w.amount), w.hold_id))
             if int(w.fee_quoted) > 0:
                 legs.append(Transfer(w.account_id, self.wallets.firm_account("fees", w.asset, conn=c), int(w.fee_quoted), w.hold_id))
         self.ledger.post(f"batch:{batch_id}:capture", legs, kind="withdrawal_capture", hold_owner=HOLD_OWNER,
                          metadata={"batch_id": batch_id, "withdrawals": [w.id for w in rows]}, conn=c)
+
+    def _record_signed(self, c: Connection, batch_id: int, chain: str, txid: str, raw: bytes, fee: int, rate: int, rows,
+                       *, nonce: int | None = None, sender: str | None = None, captured: bool = False) -> int:
+        """Store the signed version and move the rows to `signed`; capture the holds too unless the
+        caller already did (`captured`, in this same transaction)."""
+        tx_id = c.execute(
+            text("INSERT INTO chain_transaction (batch_id, chain, txid, raw, fee, fee_rate, nonce, sender, state) "
+                 "VALUES (:b, :c, :t, :r, :f, :fr, :n, :s, 'signed') RETURNING id"),
+            {"b": batch_id, "c": chain, "t": txid, "r": raw, "f": fee, "fr": rate, "n": nonce, "s": sender}).scalar_one()
+        advance(c, "batch", batch_id, "open", "signed")
+        if not captured:
+            self._capture(c, batch_id, rows)
         advance_many(c, "withdrawal", [w.id for w in rows], "batched", "signed")
         emit(c, "batch.signed", f"batch.signed:{batch_id}:{txid}", {"batch_id": batch_id, "txid": txid})
         return tx_id
@@ -497,12 +511,13 @@ class Payouts:
             fee = adapter.estimate_fee()
             max_fee = min(fee.max_fee_wei, self.config.max_fee_wei)
             to, value, data, gas = self._eth_call(c, w)
+            self._capture(c, batch_id, [w])  # first: a refused capture gives the nonce back unsigned (_sign_bitcoin)
             signed = self.signer.sign_ethereum_payment(
                 batch_id, BatchOutput(w.id, w.destination, int(w.amount)), hot_index=HOT_RECEIVE_INDEX,
                 chain_id=adapter.chain_id, nonce=nonce, to=to, value=value, data=data, gas=gas, max_fee_wei=max_fee,
                 priority_fee_wei=max(fee.priority_fee_wei, 1))
             self._record_signed(c, batch_id, "ethereum", signed.txid, signed.raw, gas * max_fee, max_fee, [w],
-                                nonce=nonce, sender=hot)
+                                nonce=nonce, sender=hot, captured=True)
         return signed.txid
 
     # ---- fee bumps ------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from custody.withdrawals import HOLD_OWNER
 from ledger.model import Transfer
 from regtest.util import assert_equal
 from signer.approvals import quorum_table_from_policy
+from signer.assets import SignerAsset
 from signer.ethereum_tx import erc20_transfer_data
 from signer.keys import Secret, SignerKeys, seed_from_text
 from signer.protocol import BatchOutput, SigningRefused
@@ -66,8 +67,10 @@ def api(engine) -> WithdrawalApi:
 
 @pytest.fixture(scope="module")
 def signer(api) -> Signer:
+    # the signer's OWN asset table and chain id (its configuration), never chain_asset
     return Signer(api.custody.engine, KEYS, bitcoin_network="regtest", approvers=registry(api.operator_name(1), api.operator_name(2)),
-                  quorum=quorum_table_from_policy(default_policy()))
+                  quorum=quorum_table_from_policy(default_policy()), assets={"USDT": SignerAsset("ethereum", USDT_CONTRACT, 6)},
+                  ethereum_chain_id=31337)
 
 
 def approved_usdt_withdrawal(api: WithdrawalApi) -> tuple[int, int]:
