@@ -61,6 +61,7 @@ from custody.incidents import frozen_accounts
 from custody.states import advance, advance_many
 from custody.wallets import Wallets
 from custody.withdrawals import HOLD_OWNER
+from ledger.errors import ErrorCode, LedgerError
 from ledger.model import PostResult, Transfer
 from ledger.service import Ledger
 from signer.bitcoin_tx import address_to_script, dust_threshold, estimate_vsize, fee_for, select_coins
@@ -91,6 +92,13 @@ def hot_coin_origin(*, known: bool, tx_kind: str | None) -> str:
     if tx_kind in ("sweep", "rebalance"):
         return "ours"
     return "misdirected" if tx_kind == "payout" else "funding"
+
+
+# Capture refusals over a hold that is no longer live: the signer reads the same committed hold and
+# refuses it itself (hold_not_live), so it is asked anyway (Payouts._capture_first). Not hold_expired:
+# an expired hold can still read `pending` until the expiry job runs.
+SIGNER_REFUSES = frozenset({ErrorCode.hold_not_found, ErrorCode.hold_already_resolved, ErrorCode.hold_owner_mismatch,
+                            ErrorCode.hold_account_mismatch, ErrorCode.hold_exceeded})
 
 
 @dataclass(frozen=True)
@@ -449,16 +457,14 @@ class Payouts:
         return rows, coins, outputs, (change_address, change) if keep_change else None
 
     def _sign_bitcoin(self, batch_id: int) -> str | None:
-        """Capture, sign, store in ONE database transaction. The capture comes first: a capture the
-        ledger refuses (a squatted key, say) fails the step before the signer is asked, so the
-        signer never signs a transaction that custody then throws away (its own record would refuse
-        to sign that withdrawal again over other coins: signer.service `already_signed`). The
-        signer reads the committed rows, where the hold is still live until this commits."""
+        """Capture, sign, store in ONE database transaction, the capture first (`_capture_first`)."""
         with self.engine.begin() as c:
             rate = int(c.execute(text("SELECT fee_rate FROM withdrawal_batch WHERE id = :b"), {"b": batch_id}).scalar_one())
             rows, coins, outputs, change = self._bitcoin_plan(c, batch_id, rate)
-            self._capture(c, batch_id, rows)
+            not_captured = self._capture_first(c, batch_id, rows)
             signed = self.signer.sign_bitcoin_batch(batch_id, coins, outputs, change)
+            if not_captured is not None:  # the signer saw a live hold the ledger would not capture: never stored
+                raise not_captured
             tx_id = self._record_signed(c, batch_id, "bitcoin", signed.txid, signed.raw, signed.fee, rate, rows, captured=True)
             for k in coins:
                 c.execute(text("UPDATE wallet_utxo SET spent_by = :s WHERE txid = :t AND vout = :v"), {"s": tx_id, "t": k.txid, "v": k.vout})
@@ -470,6 +476,24 @@ class Payouts:
         c.execute(text("INSERT INTO wallet_utxo (txid, vout, address, derivation_change, derivation_index, amount) "
                        "VALUES (:t, :v, :a, 1, :i, :m) ON CONFLICT DO NOTHING"),
                   {"t": txid, "v": vout, "a": change[0], "i": batch_id, "m": change[1]})
+
+    def _capture_first(self, c: Connection, batch_id: int, rows) -> LedgerError | None:
+        """Capture the batch's holds BEFORE the signer is asked, in the signing step's transaction
+        (the signer reads the committed rows, where the holds stay live until it commits). A
+        capture the ledger refuses for another reason (a squatted capture key, say) fails the step
+        before anything is signed, so the signer never signs a transaction custody then throws
+        away: its own record would refuse to sign that withdrawal again with other coins or
+        another nonce (signer.service `already_signed`). A hold that is no longer live
+        (`SIGNER_REFUSES`) is returned instead: the signer, reading the same committed hold, is
+        asked anyway and refuses it itself (`hold_not_live`, audited; the batch stays open)."""
+        try:
+            with c.begin_nested():
+                self._capture(c, batch_id, rows)
+        except LedgerError as exc:
+            if exc.code not in SIGNER_REFUSES:
+                raise
+            return exc
+        return None
 
     def _capture(self, c: Connection, batch_id: int, rows) -> None:
         """One balanced transaction for the batch: each hold captured in full (customer ->
@@ -511,11 +535,13 @@ class Payouts:
             fee = adapter.estimate_fee()
             max_fee = min(fee.max_fee_wei, self.config.max_fee_wei)
             to, value, data, gas = self._eth_call(c, w)
-            self._capture(c, batch_id, [w])  # first: a refused capture gives the nonce back unsigned (_sign_bitcoin)
+            not_captured = self._capture_first(c, batch_id, [w])  # a refused capture gives the nonce back unsigned
             signed = self.signer.sign_ethereum_payment(
                 batch_id, BatchOutput(w.id, w.destination, int(w.amount)), hot_index=HOT_RECEIVE_INDEX,
                 chain_id=adapter.chain_id, nonce=nonce, to=to, value=value, data=data, gas=gas, max_fee_wei=max_fee,
                 priority_fee_wei=max(fee.priority_fee_wei, 1))
+            if not_captured is not None:
+                raise not_captured
             self._record_signed(c, batch_id, "ethereum", signed.txid, signed.raw, gas * max_fee, max_fee, [w],
                                 nonce=nonce, sender=hot, captured=True)
         return signed.txid

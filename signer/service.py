@@ -453,7 +453,7 @@ class Signer:
                                  f"output for withdrawal {w.id} pays another script than its destination {w.destination}'s")
         return script
 
-    def _check_batch(self, c: Connection, batch_id: int, outputs: Sequence[BatchOutput], chain: str) -> list[Paid]:
+    def _check_batch(self, c: Connection, batch_id: int, outputs: Sequence[BatchOutput], chain: str = "bitcoin") -> list[Paid]:
         """The module table's checks of a new signature, in its order; what will be paid, in the
         order of `outputs`."""
         self._check_halted(c)

@@ -239,7 +239,8 @@ def test_a_rebalance_pays_only_the_cold_key_pinned_in_the_signers_config(api, le
     pinned = KEYS.account_xpub("bitcoin", "cold")
     honest = make_signer(api, cold_xpubs={"bitcoin": pinned})
     attacker_vpub = ATTACKER_KEYS.account_xpub("bitcoin", "cold")
-    attacker_addr, cold_addr = honest._derive_address(attacker_vpub, 0, 0), honest._derive_address(pinned, 0, 0)
+    index = uuid.uuid4().int % 2**31  # a fresh index: rebalance destinations are unique in the session database
+    attacker_addr, cold_addr = honest._derive_address(attacker_vpub, 0, index), honest._derive_address(pinned, 0, index)
     with api.custody.engine.begin() as c:
         before = c.execute(text("SELECT xpub FROM wallet WHERE chain = 'bitcoin' AND tier = 'cold'")).scalar()
         if before is None:
@@ -253,8 +254,8 @@ def test_a_rebalance_pays_only_the_cold_key_pinned_in_the_signers_config(api, le
             with api.custody.engine.begin() as c:
                 rid = c.execute(text(
                     "INSERT INTO rebalance (chain, asset, source_tier, destination_tier, state, destination, destination_index, "
-                    "amount, fee, fee_rate, spendable, ceiling, target) VALUES ('bitcoin', 'BTC', 'hot', 'cold', 'open', :d, 0, "
-                    ":m, :f, 1000, :m, 0, 0) RETURNING id"), {"d": destination, "m": COIN - FEE, "f": FEE}).scalar_one()
+                    "amount, fee, fee_rate, spendable, ceiling, target) VALUES ('bitcoin', 'BTC', 'hot', 'cold', 'open', :d, :i, "
+                    ":m, :f, 1000, :m, 0, 0) RETURNING id"), {"d": destination, "i": index, "m": COIN - FEE, "f": FEE}).scalar_one()
                 coin = new_coin()
                 c.execute(text("INSERT INTO wallet_utxo (txid, vout, address, derivation_change, derivation_index, amount, "
                                "rebalance_id) VALUES (:t, 0, :a, 0, 0, :m, :r)"),
