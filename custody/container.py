@@ -16,6 +16,7 @@ from custody.settings import Settings, get_settings
 from custody.wallets import Wallets
 from ledger.service import Ledger
 from signer.approvals import ApproverRegistry, QuorumTable, quorum_table_from_policy
+from signer.assets import SignerAsset
 
 
 @dataclass
@@ -44,13 +45,18 @@ class Container:
     def with_chains(self, adapters: Mapping[str, ChainAdapter], *, external_screener: ExternalScreener | None = None,
                     signer_keys: Any = None, bitcoin_network: str = "regtest", policy: Any = None,
                     payout_config: Any = None, rebalance_config: Any = None, approvers: ApproverRegistry | None = None,
-                    quorum: QuorumTable | None = None) -> "Container":
+                    quorum: QuorumTable | None = None, signer_assets: Mapping[str, SignerAsset] | None = None,
+                    ethereum_chain_id: int | None = None, cold_xpubs: Mapping[str, str] | None = None) -> "Container":
         """Attach chain adapters and build the pipelines that need them. With `signer_keys` (a
         signer.keys.SignerKeys) the withdrawal side is built too: request/approval, the signer, payouts,
         sweeps and rebalances (thresholds: `rebalance_config`, a custody.rebalances.RebalanceConfig).
         `approvers` (kept as `self.approvers` when given) are the approver keys custody verifies an
         approval against and, in this in-process wiring, the signer too; `quorum` is the signer's own
-        quorum table (default: the amount tiers of `policy`, or of the default policy)."""
+        quorum table (default: the amount tiers of `policy`, or of the default policy). The in-process
+        signer's own boundary settings (signer.config's `assets`, `ethereum_chain_id`, `cold_xpubs`)
+        are `signer_assets` (default: BTC only), `ethereum_chain_id` (default: none, so no ethereum
+        payment is signed) and `cold_xpubs` (default: none, so no rebalance is signed); tests give
+        them as a deployment's signer.toml would (custody.devchains.signer_assets)."""
         from custody.payouts import PayoutConfig, Payouts
         from custody.policy_config import PolicyProvider, default_policy
         from custody.withdrawals import Withdrawals
@@ -66,7 +72,8 @@ class Container:
                                        approvers=self.approvers)
         if signer_keys is not None:
             signer = Signer(self.engine, signer_keys, bitcoin_network=bitcoin_network, approvers=self.approvers,
-                            quorum=quorum or quorum_table_from_policy(policy or default_policy()))
+                            quorum=quorum or quorum_table_from_policy(policy or default_policy()), assets=signer_assets,
+                            ethereum_chain_id=ethereum_chain_id, cold_xpubs=cold_xpubs)
             config = payout_config or PayoutConfig(bitcoin_network=bitcoin_network)
             self.payouts = Payouts(self.engine, self.ledger, self.wallets, self.adapters, signer, config)
             self.payouts.withdrawals = self.withdrawals

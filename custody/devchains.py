@@ -1,6 +1,8 @@
 """Regtest reference data, in one place: the assets (decimals, finality, dust minimum, minimum
 withdrawal, quoted fees) the demo's configuration file carries (custody.launch) and the in-process
-suites apply directly (`configure_regtest`), and the development seed file (regtest only).
+suites apply directly (`configure_regtest`), the signer's own asset table for them
+(`signer_asset_entries`, for signer.toml and the in-process signer), and the development seed file
+(regtest only).
 """
 from __future__ import annotations
 
@@ -28,6 +30,13 @@ REGTEST_ASSETS: dict[str, dict[str, int | str]] = {
     "USDT": {"chain": "ethereum", "decimals": 6, "finality": ETH_FINALITY, "dust_minimum": 10_000,
              "min_withdrawal": 10**6, "withdrawal_fee": 10**6},
 }
+
+
+def signer_asset_entries(token_address: str) -> dict[str, dict[str, int | str]]:
+    """The signer's own `assets` table (signer.config) for the regtest assets: BTC and ETH native,
+    USDT the test token at `token_address`."""
+    return {code: {"chain": a["chain"], "decimals": a["decimals"], **({"contract": token_address} if code == "USDT" else {})}
+            for code, a in REGTEST_ASSETS.items()}
 
 
 def dev_seed_file(state_dir: Path) -> Path:

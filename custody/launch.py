@@ -84,7 +84,7 @@ def deploy(root: Path, *, owner_url: str, nodes: Nodes, approvers: tuple[str, ..
     from custody.approve_cli import approver_entry, load_private_key, new_key_file
     from custody.database import migrate
     from custody.policy_config import default_policy
-    from custody.devchains import REGTEST_ASSETS, dev_seed_file
+    from custody.devchains import REGTEST_ASSETS, dev_seed_file, signer_asset_entries
     from signer.config import DEPLOYED_CLIENTS, quorum_entries
     from signer.wire import write_auth_key
 
@@ -109,7 +109,9 @@ def deploy(root: Path, *, owner_url: str, nodes: Nodes, approvers: tuple[str, ..
         "listen": f"unix:{socket_path}", "approvers": approver_entries,
         "clients": [{"name": name, "auth_key_file": str(client_keys[name]), "methods": list(methods)}
                     for name, methods in DEPLOYED_CLIENTS.items()],
-        "quorum": quorum_entries(default_policy())})
+        "quorum": quorum_entries(default_policy()),
+        # the signer's own asset table and chain id (never custody's chain_asset); no cold wallet in the demo
+        "assets": signer_asset_entries(nodes.token_address), "ethereum_chain_id": nodes.ethereum_chain_id})
     processes = Processes(root, signer_config=signer_cfg, custody_config=root / "custody.toml",
                           env={"PYTHONUNBUFFERED": "1", "STATE_DIR": str(root),  # SIGUSR1 module lists land here
                                **({"API_KEY_PEPPER": pepper} if pepper else {})})

@@ -18,8 +18,9 @@ Jobs (APScheduler runs them; tests call them directly, in this order):
   destination is rejected and released, the rest go on) become one batch; coins are selected from
   the tracked hot-wallet coins and reserved for it. `batch_ethereum()`: one batch per withdrawal.
 - `sign_open_batches()`: the signer (which re-checks everything itself) signs each open batch; in
-  ONE database transaction the signed raw transaction is stored in `chain_transaction`, the holds
-  are captured (customer -> in-flight, quoted fee -> fee income) and the rows move to `signed`.
+  ONE database transaction the holds are captured (customer -> in-flight, quoted fee -> fee income)
+  BEFORE the signer is asked (a refused capture never reaches it), then the signed raw transaction
+  is stored in `chain_transaction` and the rows move to `signed`.
   A crash before that commit leaves nothing signed on record, and nothing unrecorded is ever
   broadcast. That transaction locks the batch row first and holds it across the signer call
   (`_claim_batch`, SKIP LOCKED): a second worker in the same step (a job lock lost mid-run, see
@@ -67,6 +68,7 @@ from custody.incidents import frozen_accounts
 from custody.states import advance, advance_many
 from custody.wallets import Wallets
 from custody.withdrawals import HOLD_OWNER
+from ledger.errors import ErrorCode, LedgerError
 from ledger.model import PostResult, Transfer
 from ledger.service import Ledger
 from signer.bitcoin_tx import address_to_script, dust_threshold, estimate_vsize, fee_for, select_coins
@@ -97,6 +99,13 @@ def hot_coin_origin(*, known: bool, tx_kind: str | None) -> str:
     if tx_kind in ("sweep", "rebalance"):
         return "ours"
     return "misdirected" if tx_kind == "payout" else "funding"
+
+
+# Capture refusals over a hold that is no longer live: the signer reads the same committed hold and
+# refuses it itself (hold_not_live), so it is asked anyway (Payouts._capture_first). Not hold_expired:
+# an expired hold can still read `pending` until the expiry job runs.
+SIGNER_REFUSES = frozenset({ErrorCode.hold_not_found, ErrorCode.hold_already_resolved, ErrorCode.hold_owner_mismatch,
+                            ErrorCode.hold_account_mismatch, ErrorCode.hold_exceeded})
 
 
 @dataclass(frozen=True)
@@ -535,13 +544,18 @@ class Payouts:
         return rows, coins, outputs, (change_address, change) if keep_change else None
 
     def _sign_bitcoin(self, batch_id: int) -> str | None:
+        """Claim the batch, then capture, sign and store in ONE database transaction, the capture
+        first (`_capture_first`)."""
         with self.engine.begin() as c:
             if not self._claim_batch(c, batch_id):
                 return None
             rate = int(c.execute(text("SELECT fee_rate FROM withdrawal_batch WHERE id = :b"), {"b": batch_id}).scalar_one())
             rows, coins, outputs, change = self._bitcoin_plan(c, batch_id, rate)
+            not_captured = self._capture_first(c, batch_id, rows)
             signed = self.signer.sign_bitcoin_batch(batch_id, coins, outputs, change)
-            tx_id = self._record_signed(c, batch_id, "bitcoin", signed.txid, signed.raw, signed.fee, rate, rows)
+            if not_captured is not None:  # the signer saw a live hold the ledger would not capture: never stored
+                raise not_captured
+            tx_id = self._record_signed(c, batch_id, "bitcoin", signed.txid, signed.raw, signed.fee, rate, rows, captured=True)
             for k in coins:
                 c.execute(text("UPDATE wallet_utxo SET spent_by = :s WHERE txid = :t AND vout = :v"), {"s": tx_id, "t": k.txid, "v": k.vout})
             if change and signed.change_vout is not None:
@@ -553,20 +567,46 @@ class Payouts:
                        "VALUES (:t, :v, :a, 1, :i, :m) ON CONFLICT DO NOTHING"),
                   {"t": txid, "v": vout, "a": change[0], "i": batch_id, "m": change[1]})
 
-    def _record_signed(self, c: Connection, batch_id: int, chain: str, txid: str, raw: bytes, fee: int, rate: int, rows,
-                       *, nonce: int | None = None, sender: str | None = None) -> int:
-        tx_id = c.execute(
-            text("INSERT INTO chain_transaction (batch_id, chain, txid, raw, fee, fee_rate, nonce, sender, state) "
-                 "VALUES (:b, :c, :t, :r, :f, :fr, :n, :s, 'signed') RETURNING id"),
-            {"b": batch_id, "c": chain, "t": txid, "r": raw, "f": fee, "fr": rate, "n": nonce, "s": sender}).scalar_one()
-        advance(c, "batch", batch_id, "open", "signed")
+    def _capture_first(self, c: Connection, batch_id: int, rows) -> LedgerError | None:
+        """Capture the batch's holds BEFORE the signer is asked, in the signing step's transaction
+        (the signer reads the committed rows, where the holds stay live until it commits). A
+        capture the ledger refuses for another reason (a squatted capture key, say) fails the step
+        before anything is signed, so the signer never signs a transaction custody then throws
+        away: its own record would refuse to sign that withdrawal again with other coins or
+        another nonce (signer.service `already_signed`). A hold that is no longer live
+        (`SIGNER_REFUSES`) is returned instead: the signer, reading the same committed hold, is
+        asked anyway and refuses it itself (`hold_not_live`, audited; the batch stays open)."""
+        try:
+            with c.begin_nested():
+                self._capture(c, batch_id, rows)
+        except LedgerError as exc:
+            if exc.code not in SIGNER_REFUSES:
+                raise
+            return exc
+        return None
+
+    def _capture(self, c: Connection, batch_id: int, rows) -> None:
+        """One balanced transaction for the batch: each hold captured in full (customer ->
+        in-flight, quoted fee -> fee income)."""
         legs = []
-        for w in rows:  # one balanced transaction for the batch: each hold captured in full
+        for w in rows:
             legs.append(Transfer(w.account_id, self.wallets.firm_account("in_flight", w.asset, conn=c), int(w.amount), w.hold_id))
             if int(w.fee_quoted) > 0:
                 legs.append(Transfer(w.account_id, self.wallets.firm_account("fees", w.asset, conn=c), int(w.fee_quoted), w.hold_id))
         self.ledger.post(f"batch:{batch_id}:capture", legs, kind="withdrawal_capture", hold_owner=HOLD_OWNER,
                          metadata={"batch_id": batch_id, "withdrawals": [w.id for w in rows]}, conn=c)
+
+    def _record_signed(self, c: Connection, batch_id: int, chain: str, txid: str, raw: bytes, fee: int, rate: int, rows,
+                       *, nonce: int | None = None, sender: str | None = None, captured: bool = False) -> int:
+        """Store the signed version and move the rows to `signed`; capture the holds too unless the
+        caller already did (`captured`, in this same transaction)."""
+        tx_id = c.execute(
+            text("INSERT INTO chain_transaction (batch_id, chain, txid, raw, fee, fee_rate, nonce, sender, state) "
+                 "VALUES (:b, :c, :t, :r, :f, :fr, :n, :s, 'signed') RETURNING id"),
+            {"b": batch_id, "c": chain, "t": txid, "r": raw, "f": fee, "fr": rate, "n": nonce, "s": sender}).scalar_one()
+        advance(c, "batch", batch_id, "open", "signed")
+        if not captured:
+            self._capture(c, batch_id, rows)
         advance_many(c, "withdrawal", [w.id for w in rows], "batched", "signed")
         emit(c, "batch.signed", f"batch.signed:{batch_id}:{txid}", {"batch_id": batch_id, "txid": txid})
         return tx_id
@@ -587,12 +627,15 @@ class Payouts:
             fee = adapter.estimate_fee()
             max_fee = min(fee.max_fee_wei, self.config.max_fee_wei)
             to, value, data, gas = self._eth_call(c, w)
+            not_captured = self._capture_first(c, batch_id, [w])  # a refused capture gives the nonce back unsigned
             signed = self.signer.sign_ethereum_payment(
                 batch_id, BatchOutput(w.id, w.destination, int(w.amount)), hot_index=HOT_RECEIVE_INDEX,
                 chain_id=adapter.chain_id, nonce=nonce, to=to, value=value, data=data, gas=gas, max_fee_wei=max_fee,
                 priority_fee_wei=max(fee.priority_fee_wei, 1))
+            if not_captured is not None:
+                raise not_captured
             self._record_signed(c, batch_id, "ethereum", signed.txid, signed.raw, gas * max_fee, max_fee, [w],
-                                nonce=nonce, sender=hot)
+                                nonce=nonce, sender=hot, captured=True)
         return signed.txid
 
     # ---- fee bumps ------------------------------------------------------------------------

@@ -17,6 +17,10 @@ are relative to the TOML file's directory. `build_signer(cfg)` makes the databas
 | max_fee_rate_sat_per_kvb | int | 500000 | no bitcoin transaction is signed at a higher fee rate |
 | max_eth_fee_wei | int | 10**17 | no ethereum transaction may spend more than gas x max fee |
 | deposit_window, receive_window, change_window | int | 10000, 20, 1000 | how many of its own addresses the signer refuses as destinations (signer.own_addresses) |
+| assets | table | {BTC = {chain = "bitcoin"}} | {SYMBOL = {chain = "bitcoin" or "ethereum", contract? (ERC-20, EIP-55), decimals?}}: the only assets the signer pays and what paying them means; the token contract comes from here, never from `chain_asset` (signer.assets) |
+| ethereum_chain_id | int | none | the only chain id the signer signs ethereum transactions for; required when `assets` has an ethereum asset; none: no ethereum transaction is signed |
+| cold_xpubs | table | {} | {bitcoin = "vpub..." / "zpub..."}: the cold wallet's BIP84 account PUBLIC key a hot -> cold rebalance must pay (never read from custody's `wallet` table); none: every rebalance is refused (`destination_not_cold`) |
+| unapproved_limit | table | regtest: none (no cap); other networks: 0 for every asset | {SYMBOL = {amount, window_secs}}: minor units the signer signs for withdrawals with NO valid approval per sliding window (from its own `signer_signature`); an asset not listed has cap 0, so every withdrawal of it needs an approval; `amount` may be a string of digits (beyond TOML's 64-bit integers) |
 
 `quorum` is required on every network: the signer computes each withdrawal's quorum itself and
 never takes it from custody (and the signer imports nothing from custody, whose development
@@ -28,6 +32,13 @@ policy lives in `custody.policy_config`); whoever writes the file for regtest wr
 wire's method table (a typo fails at start, never later as a refused call), at least one method
 each. `client_grants()` reads the keys; two clients with the same key are refused (a key is the
 client's identity: a shared one would let either call the other's methods).
+
+`unapproved_limit` unset on a network other than regtest means a cap of 0 for every asset: a
+withdrawal the quorum table lets through with no approval is still refused
+(`unapproved_limit_reached`) until the operator writes how much may leave unapproved per window;
+the signer logs this at start. An ethereum asset without `ethereum_chain_id`, a contract that is not
+EIP-55, a cold key that is not a public BIP84 key of the network, or an `unapproved_limit` asset not
+in `assets` fails at load.
 """
 from __future__ import annotations
 
@@ -129,6 +140,32 @@ class ClientEntry(BaseModel):
         return v
 
 
+class AssetEntry(BaseModel):
+    """One asset the signer pays, as the TOML writes it (handed to signer.assets.assets_from_entries)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    chain: Literal["bitcoin", "ethereum"]
+    contract: str | None = None
+    decimals: Int | None = Field(default=None, ge=0, le=77)
+
+
+def _minor_units(v: Any) -> Any:
+    """An amount in minor units: an int, or a string of digits (TOML integers stop at 2**63)."""
+    if isinstance(v, str) and v.isdigit():
+        return int(v)
+    return _no_float(v)
+
+
+class UnapprovedLimitEntry(BaseModel):
+    """`unapproved_limit.SYMBOL`: minor units signed without approvals per sliding window."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    amount: Annotated[int, BeforeValidator(_minor_units)] = Field(ge=0)
+    window_secs: Int = Field(gt=0, le=366 * 86_400)
+
+
 class SignerConfig(BaseSettings):
     """The module table, validated. Construct with `load_config(path)`."""
 
@@ -146,6 +183,10 @@ class SignerConfig(BaseSettings):
     deposit_window: Int = Field(default=DEPOSIT_WINDOW, ge=1, le=1_000_000)
     receive_window: Int = Field(default=RECEIVE_WINDOW, ge=1, le=1_000_000)
     change_window: Int = Field(default=CHANGE_WINDOW, ge=1, le=1_000_000)
+    assets: dict[str, AssetEntry] = {"BTC": AssetEntry(chain="bitcoin")}
+    ethereum_chain_id: Int | None = Field(default=None, gt=0)
+    cold_xpubs: dict[Literal["bitcoin"], str] = {}
+    unapproved_limit: dict[str, UnapprovedLimitEntry] | None = None
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: Any, init_settings: Any, env_settings: Any,
@@ -195,6 +236,27 @@ class SignerConfig(BaseSettings):
             if any(n < 0 for _, n in tiers):
                 raise ValueError(f"{asset}: approvals must be >= 0")
         return v
+
+    @field_validator("assets")
+    @classmethod
+    def _assets(cls, v: dict[str, AssetEntry]) -> dict[str, AssetEntry]:
+        from signer.assets import assets_from_entries
+
+        assets_from_entries({k: a.model_dump(exclude_none=True) for k, a in v.items()})  # ValueError naming the asset
+        return v
+
+    @model_validator(mode="after")
+    def _boundary_consistent(self) -> SignerConfig:
+        if any(a.chain == "ethereum" for a in self.assets.values()) and self.ethereum_chain_id is None:
+            raise ValueError("ethereum_chain_id: required when assets has an ethereum asset")
+        for chain, xpub in self.cold_xpubs.items():
+            problem = _cold_key_problem(xpub, self.bitcoin_network)
+            if problem:
+                raise ValueError(f"cold_xpubs.{chain}: {problem}")
+        unknown = sorted(set(self.unapproved_limit or {}) - set(self.assets))
+        if unknown:
+            raise ValueError(f"unapproved_limit: {unknown} not in assets")
+        return self
 
     @property
     def endpoint(self) -> Endpoint:
@@ -298,6 +360,36 @@ def quorum_entries(policy: PolicySet) -> dict[str, list[list[int]]]:
     return out
 
 
+def _cold_key_problem(xpub: str, network: str) -> str | None:
+    """Why `xpub` is not a BIP84 account PUBLIC key of `network` (None: it is)."""
+    from bip_utils import Bip84, Bip84Coins
+
+    coin = {"regtest": Bip84Coins.BITCOIN_REGTEST, "testnet": Bip84Coins.BITCOIN_TESTNET}.get(network, Bip84Coins.BITCOIN)
+    try:
+        account = Bip84.FromExtendedKey(xpub, coin)
+    except Exception:  # noqa: BLE001 - any parse failure is the same answer
+        return f"not a BIP84 extended key of {network}"
+    return "a PRIVATE key: the cold wallet is watch-only, give its public key" if not account.IsPublicOnly() else None
+
+
+def boundary_arguments(cfg: SignerConfig) -> dict[str, Any]:
+    """`assets=`, `ethereum_chain_id=`, `cold_xpubs=` and `unapproved_limits=` for the Signer, from
+    the config (module table: an unset `unapproved_limit` is no cap on regtest, cap 0 elsewhere)."""
+    from signer.assets import UnapprovedLimit, assets_from_entries
+
+    assets = assets_from_entries({k: a.model_dump(exclude_none=True) for k, a in cfg.assets.items()})
+    if cfg.unapproved_limit is None:
+        limits = None if cfg.network == "regtest" else {}
+        if limits is not None:
+            log.warning("no unapproved_limit on %s: every withdrawal needs a valid approval to be signed", cfg.network)
+    else:
+        limits = {k: UnapprovedLimit(v.amount, v.window_secs) for k, v in cfg.unapproved_limit.items()}
+    if not cfg.cold_xpubs:
+        log.warning("no cold_xpubs configured: every rebalance is refused")
+    return {"assets": assets, "ethereum_chain_id": cfg.ethereum_chain_id, "cold_xpubs": dict(cfg.cold_xpubs),
+            "unapproved_limits": limits}
+
+
 def build_signer(cfg: SignerConfig, *, keys: SignerKeys | None = None, engine: Engine | None = None) -> Signer:
     """The Signer the process serves: its keys (loaded here unless given), its engine, its limits."""
     from signer.service import Signer
@@ -305,4 +397,4 @@ def build_signer(cfg: SignerConfig, *, keys: SignerKeys | None = None, engine: E
     return Signer(engine or make_engine(cfg), keys or load_keys(cfg), bitcoin_network=cfg.bitcoin_network,
                   max_fee_rate_sat_per_kvb=cfg.max_fee_rate_sat_per_kvb, max_eth_fee_wei=cfg.max_eth_fee_wei,
                   deposit_window=cfg.deposit_window, receive_window=cfg.receive_window,
-                  change_window=cfg.change_window, **approval_arguments(cfg))
+                  change_window=cfg.change_window, **approval_arguments(cfg), **boundary_arguments(cfg))

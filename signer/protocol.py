@@ -20,8 +20,11 @@ RESERVES_PREFIX = "custody proof of reserves:"  # the only messages the signer s
 
 class RefusalCode(str, enum.Enum):
     kill_switch_on = "kill_switch_on"
+    chain_id_mismatch = "chain_id_mismatch"
     empty_batch = "empty_batch"
+    replacement_unknown = "replacement_unknown"
     output_mismatch = "output_mismatch"
+    asset_unknown = "asset_unknown"
     withdrawal_not_batched = "withdrawal_not_batched"
     no_decision = "no_decision"
     approval_unsigned = "approval_unsigned"
@@ -34,6 +37,8 @@ class RefusalCode(str, enum.Enum):
     hold_not_live = "hold_not_live"
     unknown_input = "unknown_input"
     fee_above_ceiling = "fee_above_ceiling"
+    already_signed = "already_signed"
+    unapproved_limit_reached = "unapproved_limit_reached"
     destination_denied = "destination_denied"
     destination_internal = "destination_internal"
     rebalance_not_open = "rebalance_not_open"
@@ -60,8 +65,9 @@ class BtcCoin:
 
 @dataclass(frozen=True)
 class BatchOutput:
-    """One payment of a batch. `script` (bitcoin) is the output script resolved from the address
-    when the withdrawal was validated; the signer checks it equals the withdrawal's stored one."""
+    """One payment of a batch. `script` (bitcoin) is the output script custody resolved from the
+    address; the signer computes it again from the withdrawal's destination and refuses another
+    (empty: the signer's own is used)."""
 
     withdrawal_id: int
     address: str

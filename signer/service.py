@@ -1,10 +1,14 @@
 """The signer's narrow interface: sign a withdrawal batch, or refuse with a code.
 
-The signer trusts nothing custody says about a batch. Before it signs it re-reads, itself, from the
-database (read-only):
+The signer trusts nothing custody says about a batch, and nothing custody can write. Before it
+signs a withdrawal batch it re-reads, itself, from the database (read-only, except its own tables):
 - the kill switch (`control_flag.withdrawals_halted`) is off;
-- every output pays exactly one withdrawal of this batch, to that withdrawal's destination and
-  amount, and every withdrawal of the batch has an output;
+- every output pays exactly one withdrawal of this batch, its destination and amount, and its
+  output script is the one the SIGNER computes from that destination (`address_to_script`), never
+  the `destination_script` column; every withdrawal of the batch has an output;
+- each withdrawal's asset is in the signer's OWN asset table (`assets`, signer.assets: chain, token
+  contract), on the chain of the transaction; the ERC-20 contract and the ethereum chain id
+  (`ethereum_chain_id`) come from the signer's configuration, never from `chain_asset`;
 - each withdrawal is `batched` in this batch, its policy decision is not a rejection and is
   unexpired, and it carries enough approvals, where an approval is a SIGNATURE, not a row
   (signer.approvals): the signer rebuilds the approval payload itself from the withdrawal and
@@ -24,18 +28,43 @@ database (read-only):
 - each withdrawal's ledger hold is pending (live), covers amount + quoted fee, is on the
   withdrawal's own account and is owned by custody's withdrawals (`withdrawals`): a forged row
   pointing at another account's live hold would otherwise pass;
-- every input is an unspent coin of our hot wallet reserved for this batch.
-Then it signs with the hot wallet keys (which never leave this package and are never logged) and
-writes its own audit record of what it signed or refused. In deployment the signer runs as its own
-process with its own read-only database role; here it is called in-process.
+- every input is an unspent coin of our hot wallet reserved for this batch;
+- what the signer ITSELF recorded (`signer_signature`, its own table, migration 0021): a
+  withdrawal it already signed is signed again only by a transaction that conflicts with every
+  earlier one (bitcoin: spends an outpoint that each earlier transaction of that withdrawal spends,
+  as a re-sign after a crash or a fee bump does; ethereum: the same chain id, sender and nonce), so
+  at most one of them can ever confirm; and value signed without any approval stays within the
+  per-asset window cap (`unapproved_limits`).
+Then it signs with the hot wallet keys (which never leave this package and are never logged) and,
+in the same database transaction, writes one `signer_signature` row per withdrawal (the
+outpoints, or sender, nonce and chain id) and its `signer_audit` row. Each request holds a
+transaction-scoped advisory lock per withdrawal (`pg_advisory_xact_lock`; the signer role cannot
+SELECT FOR UPDATE) from its first check to that commit, so two concurrent requests for one
+withdrawal are decided one after the other, the second seeing the first's record.
+
+A fee-bump replacement (`sign_bitcoin_replacement`, `sign_ethereum_payment(replaces_txid=...)`) is
+checked against the signer's own record of the version it replaces, never against
+`chain_transaction`, `wallet_utxo.spent_by` or the hold's state: that version must be one the
+signer signed for this batch, and the replacement must pay exactly the withdrawals, destinations and
+amounts it paid and spend exactly its inputs (bitcoin) or use exactly its nonce, sender and chain id
+(ethereum). The approvals are verified again over the payload rebuilt from the rows, which must
+still equal what was signed; only the decision's expiry is NOT re-checked: the version being
+replaced was signed while the decision was live (the record proves it), the replacement pays the
+same and can never confirm beside it, and a fee bump of a payment already on the wire must not
+wait for a new decision. The withdrawal must still be `signed` or `broadcast` in the batch.
 
 Refusal codes (`RefusalCode`), in the order they are checked:
 | code | meaning |
 | --- | --- |
 | kill_switch_on | withdrawals are halted |
+| chain_id_mismatch | an ethereum transaction for another chain id than the signer's own `ethereum_chain_id` (or none is configured) |
 | empty_batch | the batch pays nothing |
-| output_mismatch | an output does not match exactly one withdrawal of the batch (address or amount) |
-| withdrawal_not_batched | a withdrawal is not in state `batched` in this batch |
+| replacement_unknown | a replacement of a version the signer never signed for this batch, or one with other inputs (bitcoin) or another nonce, sender or chain id (ethereum) than that version |
+| output_mismatch | an output does not match exactly one withdrawal of the batch (address, amount, or a script other than the one the signer computes from the address), or a replacement pays other withdrawals, destinations or amounts than the version it replaces; the ethereum call is not the one the signer builds; change not to the batch's own change address |
+| asset_unknown | a withdrawal's asset is not in the signer's own asset table, or that table puts it on another chain than the transaction's |
+| destination_denied | a destination is on the denylist now (checked again at signing) |
+| destination_internal | an output pays an address the signer derives from its own keys (hot receive and sender, hot change around the batch id, deposit and warm windows; signer.own_addresses), checked right after the denylist |
+| withdrawal_not_batched | a withdrawal is not in state `batched` in this batch (`signed` or `broadcast` for a replacement) |
 | no_decision | a withdrawal has no policy decision |
 | approval_unsigned | an approval row of the decision carries no signature (inserted underneath custody, or written before approvals were signed) |
 | approver_unknown | an approval is signed by a key the signer is not configured with |
@@ -43,33 +72,37 @@ Refusal codes (`RefusalCode`), in the order they are checked:
 | approval_replayed | a valid signature whose payload names another withdrawal |
 | approval_payload_mismatch | a valid signature for this withdrawal over a payload that differs from the one the signer rebuilds (another amount, destination, chain, asset, decision, policy version or expiry) |
 | decision_not_approved | the decision rejects, or the distinct operators of valid approvals (never the requester) are fewer than the larger of the decision's quorum and the signer's own quorum table's (an asset or amount the table does not cover is refused); a withdrawal from a non-customer account is a quarantine return naming its deposit, or is refused, and always needs one operator other than the requester |
-| decision_expired | the decision is past its expiry |
-| hold_not_live | the hold is not pending, does not cover amount + fee, is on another account or is not custody's withdrawal hold |
+| decision_expired | the decision is past its expiry (not checked for a replacement: see above) |
+| hold_not_live | the hold is not pending, does not cover amount + fee, is on another account or is not custody's withdrawal hold (a replacement: the hold was never captured) |
 | unknown_input | an input is not an unspent hot-wallet coin reserved for this batch |
-| destination_denied | a destination is on the denylist now (checked again at signing) |
-| destination_internal | an output pays an address the signer derives from its own keys (hot receive and sender, hot change around the batch id, deposit and warm windows; signer.own_addresses), checked right after the denylist |
 | fee_above_ceiling | the fee is above the ceiling rate for the transaction's size (bitcoin) or gas x max fee above the cap (ethereum) |
+| already_signed | the signer already signed this withdrawal in a transaction this one does not conflict with (bitcoin: no outpoint common to all; ethereum: another chain id, sender or nonce; or another chain): both could confirm |
+| unapproved_limit_reached | a withdrawal with no valid approval would take the value the signer signed without approvals for its asset within the window above its cap (`unapproved_limits`; an asset the table does not list has cap 0) |
 | rebalance_not_open | a rebalance is unknown, of another chain, or not in state `open` |
-| destination_not_cold | a rebalance pays an address that is not derived from the registered cold wallet's public key at its index |
+| destination_not_cold | a rebalance pays an address that is not derived at its index from the cold wallet public key the signer is configured with (`cold_xpubs`; none configured: every rebalance is refused) |
 
 Sweeps and rebalances (firm-internal moves) are checked instead against their own reservations:
 the kill switch, the coins reserved for that row, a destination that is ours (the hot receive
-address for a sweep; the registered, watch-only cold wallet for a rebalance), change only to the
-hot receive address, and the fee ceiling.
+address for a sweep; for a rebalance, the cold wallet key pinned in the signer's own configuration,
+never the `wallet` table), change only to the hot receive address, and the fee ceiling.
 """
 from __future__ import annotations
 
 import datetime as dt
 import json
 import logging
-from typing import Callable, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator, Mapping, Sequence
 
 from sqlalchemy import Connection, Engine, text
 
 from signer.approvals import (ApprovalInvalid, ApproverKey, ApproverRegistry, QuorumTable, approval_payload, operator_identity,
                               parse_payload, verify_approval)
+from signer.assets import DEFAULT_ASSETS, SignerAsset, UnapprovedLimit
 from signer.bitcoin_tx import PayOutput, SignedTx, SpendInput, address_to_script, estimate_vsize, fee_for, sign_batch
-from signer.ethereum_tx import sign_eip1559
+from signer.errors import SignerError
+from signer.ethereum_tx import SignedEthTx, erc20_transfer_data, sign_eip1559
 from signer.keys import SignerKeys
 from signer.protocol import RESERVES_PREFIX, BatchOutput, BtcCoin, RefusalCode, SigningRefused
 from signer.own_addresses import (CHANGE_WINDOW, DEPOSIT_WINDOW, RECEIVE_WINDOW, bitcoin_change_scripts, bitcoin_own_scripts,
@@ -83,7 +116,72 @@ WHERE decision_id = ANY(:d)
   AND action = 'approve'
 ORDER BY id
 """
+_WITHDRAWALS_SQL = """
+SELECT w.id, w.account_id, w.chain, w.asset, w.amount, w.fee_quoted, w.destination, w.requested_by, w.state, w.batch_id,
+       w.decision_id, w.return_of_deposit,
+       h.state AS hold_state, h.amount - h.captured - h.released AS hold_remaining,
+       d.id AS d_id, d.outcome, d.required_approvals, d.policy_version, d.expires_at,
+       a.kind AS account_kind
+FROM withdrawal_request w
+JOIN account a ON a.id = w.account_id
+LEFT JOIN hold h ON h.id = w.hold_id AND h.account_id = w.account_id AND h.owner = :hold_owner
+LEFT JOIN policy_decision d ON d.id = w.decision_id AND d.withdrawal_id = w.id
+WHERE w.id = ANY(:w)
+"""
+_SIGNATURES_SQL = """
+SELECT withdrawal_id, batch_id, chain, asset, amount, destination, txid, approvals, inputs, sender, nonce, chain_id
+FROM signer_signature
+WHERE withdrawal_id = ANY(:w)
+ORDER BY id
+"""
+_VERSION_SQL = """
+SELECT withdrawal_id, chain, asset, amount, destination, inputs, sender, nonce, chain_id
+FROM signer_signature
+WHERE batch_id = :b
+  AND txid = :t
+ORDER BY id
+"""
+_UNAPPROVED_SQL = """
+SELECT coalesce(sum(amount), 0)
+FROM (SELECT DISTINCT withdrawal_id, amount
+      FROM signer_signature
+      WHERE asset = :a
+        AND approvals = 0
+        AND signed_at > :since) s
+"""
+_INSERT_SIGNATURE_SQL = """
+INSERT INTO signer_signature (signed_at, withdrawal_id, batch_id, chain, asset, amount, destination, txid, replaces_txid,
+                              approvals, inputs, sender, nonce, chain_id)
+VALUES (:at, :w, :b, :chain, :asset, :amount, :dest, :txid, :replaces, :approvals, :inputs, :sender, :nonce, :chain_id)
+"""
 WITHDRAWAL_HOLD_OWNER = "withdrawals"  # custody.withdrawals.HOLD_OWNER: the only owner of a withdrawal's hold
+_LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"  # one per withdrawal, held until commit
+
+
+@dataclass(frozen=True)
+class Paid:
+    """One withdrawal output as the signer checked it: what it will sign, from its own checks."""
+
+    withdrawal_id: int
+    chain: str
+    asset: str
+    amount: int
+    destination: str
+    script: bytes  # bitcoin: computed here from `destination`; ethereum: b""
+    approvals: int  # distinct valid approvers other than the requester
+
+
+@dataclass(frozen=True)
+class EthSlot:
+    """The one thing every signature of one ethereum withdrawal must share: only one can be mined."""
+
+    chain_id: int
+    sender: str
+    nonce: int
+
+
+def outpoint(coin: BtcCoin) -> str:
+    return f"{coin.txid}:{coin.vout}"
 
 
 class Signer:
@@ -91,9 +189,16 @@ class Signer:
                  clock: Callable[[], dt.datetime] | None = None, max_fee_rate_sat_per_kvb: int = 500_000,
                  max_eth_fee_wei: int = 10**17, deposit_window: int = DEPOSIT_WINDOW,
                  receive_window: int = RECEIVE_WINDOW, change_window: int = CHANGE_WINDOW,
-                 approvers: ApproverRegistry | None = None, quorum: QuorumTable | None = None) -> None:
+                 approvers: ApproverRegistry | None = None, quorum: QuorumTable | None = None,
+                 assets: Mapping[str, SignerAsset] | None = None, ethereum_chain_id: int | None = None,
+                 cold_xpubs: Mapping[str, str] | None = None,
+                 unapproved_limits: Mapping[str, UnapprovedLimit] | None = None) -> None:
         self.approvers = approvers  # the only approver keys whose signatures count (None: none do)
         self.quorum = quorum  # the signer's own approvals per asset and amount (None: one for every withdrawal)
+        self.assets = dict(DEFAULT_ASSETS if assets is None else assets)  # the only assets it pays, and how
+        self.ethereum_chain_id = ethereum_chain_id  # None: no ethereum transaction is signed
+        self.cold_xpubs = dict(cold_xpubs or {})  # chain -> the cold wallet's account xpub (none: no rebalance)
+        self.unapproved_limits = None if unapproved_limits is None else dict(unapproved_limits)  # None: no cap
         self.deposit_window = deposit_window  # deposit indexes 0..n-1 refused as destinations (signer.own_addresses)
         self.receive_window = receive_window
         self.change_window = change_window
@@ -108,48 +213,41 @@ class Signer:
 
     def sign_bitcoin_batch(self, batch_id: int, coins: Sequence[BtcCoin], outputs: Sequence[BatchOutput],
                            change: tuple[str, int] | None) -> SignedTx:
-        with self.engine.connect() as c:
-            try:
-                self._check_batch(c, batch_id, outputs)
-                self._check_coins(c, batch_id, coins)
-                self._check_change_and_fee(batch_id, coins, outputs, change)
-            except SigningRefused as refused:
-                self._audit(batch_id, "refused", refused.code.value, None, {"message": refused.message})
-                raise
-        inputs = [SpendInput(k.txid, k.vout, k.amount, self._keys.private_key_for("bitcoin", "hot", k.change, k.index))
-                  for k in coins]
-        signed = sign_batch(inputs, [PayOutput(o.address, o.amount, o.script) for o in outputs], self.bitcoin_network,
-                            change=PayOutput(*change) if change else None, rbf=True)
-        self._audit(batch_id, "signed", None, signed.txid,
-                    {"inputs": len(inputs), "outputs": len(outputs), "fee": signed.fee, "vsize": signed.vsize})
+        with self._request(batch_id, {}) as c:
+            self._lock(c, [o.withdrawal_id for o in outputs])
+            paid = self._check_batch(c, batch_id, outputs, "bitcoin")
+            self._check_coins(c, batch_id, coins)
+            self._check_change_and_fee(batch_id, coins, paid, change)
+            inputs = [outpoint(k) for k in coins]
+            first = self._check_history(c, paid, inputs=inputs)
+            self._check_unapproved(c, [p for p in paid if p.withdrawal_id in first])
+            signed = self._sign_btc(coins, paid, change)
+            self._record(c, batch_id, signed.txid, paid, inputs=inputs,
+                         detail={"inputs": len(coins), "outputs": len(paid), "fee": signed.fee, "vsize": signed.vsize})
         return signed
 
     def sign_bitcoin_replacement(self, batch_id: int, replaces_txid: str, coins: Sequence[BtcCoin],
                                  outputs: Sequence[BatchOutput], change: tuple[str, int] | None) -> SignedTx:
-        """Re-sign a broadcast batch at a higher fee (RBF): the same withdrawals, the same coins.
+        """Re-sign a signed batch at a higher fee (RBF): exactly the withdrawals, destinations,
+        amounts and inputs the signer recorded for `replaces_txid` (module docstring), approvals
+        verified again (the decision's expiry excepted), change and fee checked as for a batch."""
+        with self._request(batch_id, {"replaces": replaces_txid}) as c:
+            self._lock(c, [o.withdrawal_id for o in outputs])
+            inputs = [outpoint(k) for k in coins]
+            paid = self._check_replacement(c, batch_id, replaces_txid, outputs, "bitcoin", inputs=inputs)
+            self._check_coins(c, batch_id, coins, spent_ok=True)
+            self._check_change_and_fee(batch_id, coins, paid, change)
+            self._check_history(c, paid, inputs=inputs)
+            signed = self._sign_btc(coins, paid, change)
+            self._record(c, batch_id, signed.txid, paid, inputs=inputs, replaces=replaces_txid,
+                         detail={"replaces": replaces_txid, "fee": signed.fee, "vsize": signed.vsize})
+        return signed
 
-        Checked instead of live holds (they were captured when the batch was first signed): the
-        version being replaced is this batch's and still pending, every withdrawal of the batch is
-        signed or broadcast and its hold was captured, and the coins are the ones that version spends."""
-        with self.engine.connect() as c:
-            try:
-                self._check_replacement(c, batch_id, replaces_txid, outputs)
-                for k in coins:
-                    spent = c.execute(text("SELECT t.txid FROM wallet_utxo u JOIN chain_transaction t ON t.id = u.spent_by "
-                                           "WHERE u.txid = :t AND u.vout = :v AND u.reserved_by = :b"),
-                                      {"t": k.txid, "v": k.vout, "b": batch_id}).scalar()
-                    if spent != replaces_txid:
-                        raise SigningRefused(RefusalCode.unknown_input, f"input {k.txid}:{k.vout} is not spent by {replaces_txid}")
-                self._check_change_and_fee(batch_id, coins, outputs, change)
-            except SigningRefused as refused:
-                self._audit(batch_id, "refused", refused.code.value, None, {"message": refused.message, "replaces": replaces_txid})
-                raise
+    def _sign_btc(self, coins: Sequence[BtcCoin], paid: Sequence[Paid], change: tuple[str, int] | None) -> SignedTx:
         inputs = [SpendInput(k.txid, k.vout, k.amount, self._keys.private_key_for("bitcoin", "hot", k.change, k.index))
                   for k in coins]
-        signed = sign_batch(inputs, [PayOutput(o.address, o.amount, o.script) for o in outputs], self.bitcoin_network,
-                            change=PayOutput(*change) if change else None, rbf=True)
-        self._audit(batch_id, "signed", None, signed.txid, {"replaces": replaces_txid, "fee": signed.fee, "vsize": signed.vsize})
-        return signed
+        return sign_batch(inputs, [PayOutput(p.destination, p.amount, p.script) for p in paid], self.bitcoin_network,
+                          change=PayOutput(*change) if change else None, rbf=True)
 
     def _hot_address(self, change: int, index: int) -> str:
         """A hot-wallet address derived from the signer's own keys (never taken from custody)."""
@@ -172,132 +270,100 @@ class Signer:
         if fee < 0 or fee > cap:
             raise SigningRefused(RefusalCode.fee_above_ceiling, f"fee {fee} sat is outside 0..{cap} for this transaction")
 
-    def _check_change_and_fee(self, batch_id: int, coins: Sequence[BtcCoin], outputs: Sequence[BatchOutput],
+    def _check_change_and_fee(self, batch_id: int, coins: Sequence[BtcCoin], paid: Sequence[Paid],
                               change: tuple[str, int] | None) -> None:
         """Change may only go to this batch's own change address (derived here); the fee (inputs -
         outputs - change) may not exceed the ceiling rate for the transaction's size."""
-        scripts = [o.script or address_to_script(o.address, self.bitcoin_network) for o in outputs]
+        scripts = [p.script for p in paid]
         if change is not None:
             if change[0] != self._hot_address(1, batch_id):
                 raise SigningRefused(RefusalCode.output_mismatch, "change must go to the batch's own hot change address")
             scripts.append(address_to_script(change[0], self.bitcoin_network))
-        fee = sum(k.amount for k in coins) - sum(o.amount for o in outputs) - (change[1] if change else 0)
+        fee = sum(k.amount for k in coins) - sum(p.amount for p in paid) - (change[1] if change else 0)
         self._check_fee(len(coins), scripts, fee)
-
-    def _check_replacement(self, c: Connection, batch_id: int, replaces_txid: str, outputs: Sequence[BatchOutput]) -> None:
-        halted = c.execute(text("SELECT engaged FROM control_flag WHERE name = 'withdrawals_halted'")).scalar()
-        if halted:
-            raise SigningRefused(RefusalCode.kill_switch_on, "withdrawals are halted by the kill switch")
-        old = c.execute(text("SELECT state FROM chain_transaction WHERE txid = :t AND batch_id = :b"),
-                        {"t": replaces_txid, "b": batch_id}).first()
-        if old is None or old.state not in ("signed", "broadcast"):
-            raise SigningRefused(RefusalCode.output_mismatch, f"{replaces_txid} is not a pending version of batch {batch_id}")
-        rows = c.execute(text("SELECT w.id, w.destination, w.destination_script, w.amount, w.state, w.batch_id, "
-                              "h.state AS hold_state FROM batch_output b "
-                              "JOIN withdrawal_request w ON w.id = b.withdrawal_id JOIN hold h ON h.id = w.hold_id "
-                              "AND h.account_id = w.account_id AND h.owner = :hold_owner "
-                              "WHERE b.batch_id = :b"), {"b": batch_id, "hold_owner": WITHDRAWAL_HOLD_OWNER}).all()
-        scripts = {r.id: bytes(r.destination_script or b"") for r in rows}
-        if sorted((o.withdrawal_id, o.address, o.amount) for o in outputs) != sorted((r.id, r.destination, int(r.amount)) for r in rows) \
-                or any(o.script and o.script != scripts[o.withdrawal_id] for o in outputs):
-            raise SigningRefused(RefusalCode.output_mismatch, "a replacement must pay exactly the batch's withdrawals")
-        self._check_not_own(batch_id, outputs)
-        for r in rows:
-            if r.state not in ("signed", "broadcast") or r.batch_id != batch_id:
-                raise SigningRefused(RefusalCode.withdrawal_not_batched, f"withdrawal {r.id} is {r.state}")
-            if r.hold_state not in ("captured", "released"):
-                raise SigningRefused(RefusalCode.hold_not_live, f"withdrawal {r.id}: the hold was never captured")
 
     def sign_bitcoin_sweep(self, sweep_id: int, coins: Sequence[BtcCoin], destination: str, fee: int) -> SignedTx:
         """Sign a sweep: deposit-address coins (deposit tier, `index` = derivation index) into our own
         hot wallet. Checked first: the kill switch is off; every coin is a booked deposit reserved
         for this sweep with the amount on record; the destination is the hot wallet's receive
         address derived from the signer's own keys, so a sweep can pay nobody else."""
-        with self.engine.connect() as c:
-            try:
-                halted = c.execute(text("SELECT engaged FROM control_flag WHERE name = 'withdrawals_halted'")).scalar()
-                if halted:
-                    raise SigningRefused(RefusalCode.kill_switch_on, "withdrawals and sweeps are halted by the kill switch")
-                if destination != self._hot_address(0, 0):
-                    raise SigningRefused(RefusalCode.output_mismatch, "a sweep pays only the hot wallet's receive address")
-                rows = {(r.txid, r.output_index): r for r in c.execute(text(
-                    "SELECT o.txid, o.output_index, o.amount, d.derivation_index FROM deposit_observation o "
-                    "JOIN deposit_address d ON d.id = o.deposit_address_id WHERE o.swept_by = :s AND o.chain = 'bitcoin' "
-                    "AND o.state IN ('credited', 'quarantined', 'released', 'returned', 'dust')"), {"s": sweep_id})}
-                if len(rows) != len(coins):
-                    raise SigningRefused(RefusalCode.unknown_input, "the coins differ from the deposits reserved for this sweep")
-                for k in coins:
-                    r = rows.get((k.txid, k.vout))
-                    if r is None or int(r.amount) != k.amount or (k.change, k.index) != (0, r.derivation_index):
-                        raise SigningRefused(RefusalCode.unknown_input, f"input {k.txid}:{k.vout} is not a booked deposit of this sweep")
-                self._check_fee(len(coins), [address_to_script(destination, self.bitcoin_network)], fee)
-            except SigningRefused as refused:
-                self._audit(None, "refused", refused.code.value, None, {"sweep_id": sweep_id, "message": refused.message})
-                raise
-        inputs = [SpendInput(k.txid, k.vout, k.amount, self._keys.private_key_for("bitcoin", "deposit", 0, k.index))
-                  for k in coins]
-        signed = sign_batch(inputs, [PayOutput(destination, sum(k.amount for k in coins) - fee)], self.bitcoin_network,
-                            change=None, rbf=True)
-        self._audit(None, "signed", None, signed.txid, {"sweep_id": sweep_id, "inputs": len(inputs), "fee": signed.fee})
+        detail = {"sweep_id": sweep_id}
+        with self._request(None, detail) as c:
+            self._check_halted(c)
+            if destination != self._hot_address(0, 0):
+                raise SigningRefused(RefusalCode.output_mismatch, "a sweep pays only the hot wallet's receive address")
+            rows = {(r.txid, r.output_index): r for r in c.execute(text(
+                "SELECT o.txid, o.output_index, o.amount, d.derivation_index FROM deposit_observation o "
+                "JOIN deposit_address d ON d.id = o.deposit_address_id WHERE o.swept_by = :s AND o.chain = 'bitcoin' "
+                "AND o.state IN ('credited', 'quarantined', 'released', 'returned', 'dust')"), {"s": sweep_id})}
+            if len(rows) != len(coins):
+                raise SigningRefused(RefusalCode.unknown_input, "the coins differ from the deposits reserved for this sweep")
+            for k in coins:
+                r = rows.get((k.txid, k.vout))
+                if r is None or int(r.amount) != k.amount or (k.change, k.index) != (0, r.derivation_index):
+                    raise SigningRefused(RefusalCode.unknown_input, f"input {k.txid}:{k.vout} is not a booked deposit of this sweep")
+            self._check_fee(len(coins), [address_to_script(destination, self.bitcoin_network)], fee)
+            inputs = [SpendInput(k.txid, k.vout, k.amount, self._keys.private_key_for("bitcoin", "deposit", 0, k.index))
+                      for k in coins]
+            signed = sign_batch(inputs, [PayOutput(destination, sum(k.amount for k in coins) - fee)], self.bitcoin_network,
+                                change=None, rbf=True)
+            self._audit(c, None, "signed", None, signed.txid, {**detail, "inputs": len(inputs), "fee": signed.fee})
+            c.commit()
         return signed
 
     def sign_bitcoin_rebalance(self, rebalance_id: int, coins: Sequence[BtcCoin], destination: str, amount: int,
                                change: tuple[str, int] | None) -> SignedTx:
         """Sign a rebalance: hot-wallet coins -> `amount` to the cold wallet, `change` back to the hot
         wallet. Checked first, in this order: the kill switch is off; the rebalance is `open` on
-        bitcoin; the destination is the address derived from the registered cold wallet's xpub
-        (custody's `wallet` table; cold is watch-only, no private key exists here) at the index
-        the rebalance recorded, and the row names that address too; the amount is the recorded
+        bitcoin; the destination is the address derived at the index the rebalance recorded from
+        the cold wallet public key PINNED in the signer's own configuration (`cold_xpubs["bitcoin"]`;
+        never custody's `wallet` table, which custody processes can write; none configured: every
+        rebalance is refused), and the row names that address too; the amount is the recorded
         one; the coins are exactly the unspent hot coins reserved for this rebalance, with the
         amounts and derivations on record; change goes only to the hot receive address derived
-        from the signer's own keys; the fee is within the ceiling rate for the size. The cold xpub
-        is read in its BIP84 serialisation (vpub on testnet/regtest, zpub on mainnet), the form
-        custody stores whatever form the key was registered in (custody.wallets); a key that
-        cannot be read that way is a refusal, never a crash."""
+        from the signer's own keys; the fee is within the ceiling rate for the size. The cold key
+        is a BIP84 account public key (vpub on testnet/regtest, zpub on mainnet); one that cannot
+        be read that way is a refusal, never a crash (signer.config refuses it at start)."""
         detail = {"rebalance_id": rebalance_id}
-        with self.engine.connect() as c:
+        with self._request(None, detail) as c:
+            self._check_halted(c, "rebalances are halted by the kill switch")
+            row = c.execute(text("SELECT destination, destination_index, amount FROM rebalance WHERE id = :r "
+                                 "AND chain = 'bitcoin' AND source_tier = 'hot' AND destination_tier = 'cold' "
+                                 "AND state = 'open'"), {"r": rebalance_id}).first()
+            if row is None:
+                raise SigningRefused(RefusalCode.rebalance_not_open, f"rebalance {rebalance_id} is not an open hot -> cold rebalance")
+            cold_xpub = self.cold_xpubs.get("bitcoin")
             try:
-                halted = c.execute(text("SELECT engaged FROM control_flag WHERE name = 'withdrawals_halted'")).scalar()
-                if halted:
-                    raise SigningRefused(RefusalCode.kill_switch_on, "rebalances are halted by the kill switch")
-                row = c.execute(text("SELECT destination, destination_index, amount FROM rebalance WHERE id = :r "
-                                     "AND chain = 'bitcoin' AND source_tier = 'hot' AND destination_tier = 'cold' "
-                                     "AND state = 'open'"), {"r": rebalance_id}).first()
-                if row is None:
-                    raise SigningRefused(RefusalCode.rebalance_not_open, f"rebalance {rebalance_id} is not an open hot -> cold rebalance")
-                cold_xpub = c.execute(text("SELECT xpub FROM wallet WHERE chain = 'bitcoin' AND tier = 'cold'")).scalar()
-                try:
-                    expected = self._derive_address(cold_xpub, 0, row.destination_index) if cold_xpub else None
-                except Exception:  # noqa: BLE001 - an unreadable cold key is a refusal, not a crash
-                    expected = None
-                if expected is None or destination != expected or row.destination != expected:
-                    raise SigningRefused(RefusalCode.destination_not_cold,
-                                         f"{destination} is not the registered cold wallet's address {row.destination_index}")
-                if amount != int(row.amount):
-                    raise SigningRefused(RefusalCode.output_mismatch, f"amount {amount} is not the rebalance's {int(row.amount)}")
-                reserved = {(r.txid, r.vout): r for r in c.execute(text(
-                    "SELECT txid, vout, amount, derivation_change, derivation_index FROM wallet_utxo "
-                    "WHERE rebalance_id = :r AND spent_by IS NULL AND reserved_by IS NULL"), {"r": rebalance_id})}
-                if len(reserved) != len(coins) or len({(k.txid, k.vout) for k in coins}) != len(coins):
-                    raise SigningRefused(RefusalCode.unknown_input, "the coins differ from the hot coins reserved for this rebalance")
-                for k in coins:
-                    r = reserved.get((k.txid, k.vout))
-                    if r is None or int(r.amount) != k.amount or (r.derivation_change, r.derivation_index) != (k.change, k.index):
-                        raise SigningRefused(RefusalCode.unknown_input, f"input {k.txid}:{k.vout} is not reserved for this rebalance")
-                scripts = [address_to_script(destination, self.bitcoin_network)]
-                if change is not None:
-                    if change[0] != self._hot_address(0, 0):
-                        raise SigningRefused(RefusalCode.output_mismatch, "rebalance change goes only to the hot receive address")
-                    scripts.append(address_to_script(change[0], self.bitcoin_network))
-                self._check_fee(len(coins), scripts, sum(k.amount for k in coins) - amount - (change[1] if change else 0))
-            except SigningRefused as refused:
-                self._audit(None, "refused", refused.code.value, None, {**detail, "message": refused.message})
-                raise
-        inputs = [SpendInput(k.txid, k.vout, k.amount, self._keys.private_key_for("bitcoin", "hot", k.change, k.index))
-                  for k in coins]
-        signed = sign_batch(inputs, [PayOutput(destination, amount)], self.bitcoin_network,
-                            change=PayOutput(*change) if change else None, rbf=True)
-        self._audit(None, "signed", None, signed.txid, {**detail, "inputs": len(inputs), "amount": amount, "fee": signed.fee})
+                expected = self._derive_address(cold_xpub, 0, row.destination_index) if cold_xpub else None
+            except Exception:  # noqa: BLE001 - an unreadable cold key is a refusal, not a crash
+                expected = None
+            if expected is None or destination != expected or row.destination != expected:
+                why = "no cold wallet key is configured in the signer" if cold_xpub is None else \
+                    f"it is not the configured cold wallet's address {row.destination_index}"
+                raise SigningRefused(RefusalCode.destination_not_cold, f"{destination}: {why}")
+            if amount != int(row.amount):
+                raise SigningRefused(RefusalCode.output_mismatch, f"amount {amount} is not the rebalance's {int(row.amount)}")
+            reserved = {(r.txid, r.vout): r for r in c.execute(text(
+                "SELECT txid, vout, amount, derivation_change, derivation_index FROM wallet_utxo "
+                "WHERE rebalance_id = :r AND spent_by IS NULL AND reserved_by IS NULL"), {"r": rebalance_id})}
+            if len(reserved) != len(coins) or len({(k.txid, k.vout) for k in coins}) != len(coins):
+                raise SigningRefused(RefusalCode.unknown_input, "the coins differ from the hot coins reserved for this rebalance")
+            for k in coins:
+                r = reserved.get((k.txid, k.vout))
+                if r is None or int(r.amount) != k.amount or (r.derivation_change, r.derivation_index) != (k.change, k.index):
+                    raise SigningRefused(RefusalCode.unknown_input, f"input {k.txid}:{k.vout} is not reserved for this rebalance")
+            scripts = [address_to_script(destination, self.bitcoin_network)]
+            if change is not None:
+                if change[0] != self._hot_address(0, 0):
+                    raise SigningRefused(RefusalCode.output_mismatch, "rebalance change goes only to the hot receive address")
+                scripts.append(address_to_script(change[0], self.bitcoin_network))
+            self._check_fee(len(coins), scripts, sum(k.amount for k in coins) - amount - (change[1] if change else 0))
+            inputs = [SpendInput(k.txid, k.vout, k.amount, self._keys.private_key_for("bitcoin", "hot", k.change, k.index))
+                      for k in coins]
+            signed = sign_batch(inputs, [PayOutput(destination, amount)], self.bitcoin_network,
+                                change=PayOutput(*change) if change else None, rbf=True)
+            self._audit(c, None, "signed", None, signed.txid, {**detail, "inputs": len(inputs), "amount": amount, "fee": signed.fee})
+            c.commit()
         return signed
 
     # ---- proof of reserves ----------------------------------------------------------------
@@ -322,90 +388,169 @@ class Signer:
 
     def sign_ethereum_payment(self, batch_id: int, output: BatchOutput, *, hot_index: int, chain_id: int, nonce: int,
                               to: str, value: int, data: bytes, gas: int, max_fee_wei: int, priority_fee_wei: int,
-                              replaces_txid: str | None = None):
-        """Sign the one transaction paying `output` (ether: to=destination; ERC-20: to=token, data=transfer).
-        With `replaces_txid`, a same-nonce replacement of that pending version at a higher fee."""
-        with self.engine.connect() as c:
-            try:
-                if replaces_txid is None:
-                    self._check_batch(c, batch_id, [output])
-                else:
-                    self._check_replacement(c, batch_id, replaces_txid, [output])
-                    old_nonce = c.execute(text("SELECT nonce FROM chain_transaction WHERE txid = :t"), {"t": replaces_txid}).scalar()
-                    if old_nonce != nonce:
-                        raise SigningRefused(RefusalCode.output_mismatch, "a replacement must reuse the nonce it replaces")
-                self._check_eth_call(c, output, to, value, data)
-                if gas * max_fee_wei > self.max_eth_fee_wei or priority_fee_wei > max_fee_wei:
-                    raise SigningRefused(RefusalCode.fee_above_ceiling,
-                                         f"gas x max fee {gas * max_fee_wei} wei is above the cap {self.max_eth_fee_wei}")
-            except SigningRefused as refused:
-                self._audit(batch_id, "refused", refused.code.value, None, {"message": refused.message})
-                raise
-        signed = sign_eip1559(self._keys.private_key_for("ethereum", "hot", 0, hot_index), chain_id=chain_id, nonce=nonce,
-                              to=to, value=value, data=data, gas=gas, max_fee_wei=max_fee_wei, priority_fee_wei=priority_fee_wei)
-        self._audit(batch_id, "signed", None, signed.txid, {"nonce": nonce, "max_fee_wei": max_fee_wei})
+                              replaces_txid: str | None = None) -> SignedEthTx:
+        """Sign the one transaction paying `output` (ether: to=destination; ERC-20: to=the token
+        contract of the signer's own asset table, data=transfer), for the signer's own chain id.
+        With `replaces_txid`, a same-nonce replacement of that version at a higher fee: the same
+        withdrawal, chain id, sender and nonce the signer recorded for it (module docstring)."""
+        with self._request(batch_id, {"replaces": replaces_txid} if replaces_txid else {}) as c:
+            self._lock(c, [output.withdrawal_id])
+            self._check_halted(c)
+            if self.ethereum_chain_id is None or chain_id != self.ethereum_chain_id:
+                raise SigningRefused(RefusalCode.chain_id_mismatch,
+                                     f"chain id {chain_id} is not the signer's own ({self.ethereum_chain_id})")
+            key = self._keys.private_key_for("ethereum", "hot", 0, hot_index)
+            slot = EthSlot(chain_id, _eth_address(key), nonce)
+            if replaces_txid is None:
+                [paid] = self._check_batch(c, batch_id, [output], "ethereum")
+            else:
+                [paid] = self._check_replacement(c, batch_id, replaces_txid, [output], "ethereum", slot=slot)
+            self._check_eth_call(paid, to, value, data)
+            if gas * max_fee_wei > self.max_eth_fee_wei or priority_fee_wei > max_fee_wei:
+                raise SigningRefused(RefusalCode.fee_above_ceiling,
+                                     f"gas x max fee {gas * max_fee_wei} wei is above the cap {self.max_eth_fee_wei}")
+            first = self._check_history(c, [paid], slot=slot)
+            if replaces_txid is None:
+                self._check_unapproved(c, [paid] if paid.withdrawal_id in first else [])
+            signed = sign_eip1559(key, chain_id=chain_id, nonce=nonce, to=to, value=value, data=data, gas=gas,
+                                  max_fee_wei=max_fee_wei, priority_fee_wei=priority_fee_wei)
+            self._record(c, batch_id, signed.txid, [paid], slot=slot, replaces=replaces_txid,
+                         detail={"nonce": nonce, "max_fee_wei": max_fee_wei, **({"replaces": replaces_txid} if replaces_txid else {})})
         return signed
 
     # ---- checks ---------------------------------------------------------------------------
 
-    @staticmethod
-    def _check_eth_call(c: Connection, output: BatchOutput, to: str, value: int, data: bytes) -> None:
-        """The transaction must do exactly what the withdrawal says, rebuilt here from the database:
-        ether: to = destination, value = amount, no data; ERC-20: to = the asset's token contract,
-        value 0, data = transfer(destination, amount)."""
-        from signer.ethereum_tx import erc20_transfer_data
-
-        w = c.execute(text("SELECT w.destination, w.amount, a.contract_address FROM withdrawal_request w "
-                           "JOIN chain_asset a ON a.asset = w.asset WHERE w.id = :w"), {"w": output.withdrawal_id}).one()
-        if w.contract_address:
-            expected = (w.contract_address.lower(), 0, erc20_transfer_data(w.destination, int(w.amount)))
+    def _check_eth_call(self, paid: Paid, to: str, value: int, data: bytes) -> None:
+        """The transaction must do exactly what the withdrawal says, with the contract of the
+        signer's OWN asset table: ether: to = destination, value = amount, no data; ERC-20: to =
+        the asset's contract, value 0, data = transfer(destination, amount)."""
+        contract = self.assets[paid.asset].contract
+        if contract:
+            expected = (contract.lower(), 0, erc20_transfer_data(paid.destination, paid.amount))
         else:
-            expected = (w.destination.lower(), int(w.amount), b"")
+            expected = (paid.destination.lower(), paid.amount, b"")
         if (to.lower(), value, bytes(data)) != expected:
-            raise SigningRefused(RefusalCode.output_mismatch, f"the transaction does not do what withdrawal {output.withdrawal_id} says")
+            raise SigningRefused(RefusalCode.output_mismatch, f"the transaction does not do what withdrawal {paid.withdrawal_id} says")
 
-    def _check_batch(self, c: Connection, batch_id: int, outputs: Sequence[BatchOutput]) -> None:
-        halted = c.execute(text("SELECT engaged FROM control_flag WHERE name = 'withdrawals_halted'")).scalar()
-        if halted:
-            raise SigningRefused(RefusalCode.kill_switch_on, "withdrawals are halted by the kill switch")
+    def _check_halted(self, c: Connection, message: str = "withdrawals are halted by the kill switch") -> None:
+        if c.execute(text("SELECT engaged FROM control_flag WHERE name = 'withdrawals_halted'")).scalar():
+            raise SigningRefused(RefusalCode.kill_switch_on, message)
+
+    def _script(self, w, o: BatchOutput, chain: str) -> bytes:
+        """The output script the signer itself computes from the withdrawal's destination
+        (bitcoin); an output that names another (the custody-writable `destination_script`, say)
+        is refused."""
+        if chain != "bitcoin":
+            if o.script:
+                raise SigningRefused(RefusalCode.output_mismatch, f"output for withdrawal {w.id}: an ethereum output has no script")
+            return b""
+        try:
+            script = address_to_script(w.destination, self.bitcoin_network)
+        except SignerError as exc:
+            raise SigningRefused(RefusalCode.output_mismatch, f"withdrawal {w.id}: {exc}") from None
+        if o.script and bytes(o.script) != script:
+            raise SigningRefused(RefusalCode.output_mismatch,
+                                 f"output for withdrawal {w.id} pays another script than its destination {w.destination}'s")
+        return script
+
+    def _check_batch(self, c: Connection, batch_id: int, outputs: Sequence[BatchOutput], chain: str = "bitcoin") -> list[Paid]:
+        """The module table's checks of a new signature, in its order; what will be paid, in the
+        order of `outputs`."""
+        self._check_halted(c)
         if not outputs:
             raise SigningRefused(RefusalCode.empty_batch, f"batch {batch_id} has no outputs")
-        rows = c.execute(
-            text("SELECT w.id, w.account_id, w.chain, w.asset, w.amount, w.fee_quoted, w.destination, w.destination_script, "
-                 "w.requested_by, w.state, w.batch_id, w.decision_id, w.return_of_deposit, h.state AS hold_state, h.amount - h.captured - h.released AS hold_remaining, "
-                 "d.id AS d_id, d.outcome, d.required_approvals, d.reasons, d.policy_version, d.decided_at, d.expires_at, "
-                 "a.kind AS account_kind "
-                 "FROM batch_output b JOIN withdrawal_request w ON w.id = b.withdrawal_id "
-                 "JOIN account a ON a.id = w.account_id "
-                 "LEFT JOIN hold h ON h.id = w.hold_id AND h.account_id = w.account_id AND h.owner = :hold_owner "
-                 "LEFT JOIN policy_decision d ON d.id = w.decision_id AND d.withdrawal_id = w.id "
-                 "WHERE b.batch_id = :b"), {"b": batch_id, "hold_owner": WITHDRAWAL_HOLD_OWNER}).all()
-        by_id = {r.id: r for r in rows}
-        if sorted(o.withdrawal_id for o in outputs) != sorted(by_id):
+        ids = c.execute(text("SELECT withdrawal_id FROM batch_output WHERE batch_id = :b"), {"b": batch_id}).scalars().all()
+        if sorted(o.withdrawal_id for o in outputs) != sorted(ids):
             raise SigningRefused(RefusalCode.output_mismatch, "outputs and the batch's withdrawals differ")
-        denied = {a.lower() for a in c.execute(text("SELECT address FROM denylist_address WHERE lower(address) = ANY(:d)"),
-                                              {"d": [r.destination.lower() for r in rows]}).scalars()}
-        if denied:
-            raise SigningRefused(RefusalCode.destination_denied, f"denylisted destination(s): {sorted(denied)}")
-        self._check_not_own(batch_id, outputs)
-        approvals: dict[int, list] = {}
-        for a in c.execute(text(_APPROVALS_SQL), {"d": [r.decision_id for r in rows if r.decision_id is not None]}):
-            approvals.setdefault(a.decision_id, []).append(a)
-        now = self.clock()
+        by_id = self._withdrawals(c, ids)
+        if len(by_id) != len(ids):
+            raise SigningRefused(RefusalCode.output_mismatch, f"a withdrawal of batch {batch_id} is gone")
+        paid = self._check_outputs(c, batch_id, outputs, by_id, chain)
+        approvals = self._approvals(c, by_id.values())
+        now, counted = self.clock(), {}
         for o in outputs:
             w = by_id[o.withdrawal_id]
-            if (o.address, o.amount) != (w.destination, int(w.amount)) or (
-                    o.script and o.script != bytes(w.destination_script or b"")):
-                raise SigningRefused(RefusalCode.output_mismatch, f"output for withdrawal {w.id} does not match it")
             if w.state != "batched" or w.batch_id != batch_id:
                 raise SigningRefused(RefusalCode.withdrawal_not_batched, f"withdrawal {w.id} is {w.state}")
-            self._check_decision(w, approvals.get(w.decision_id, []), now)
+            counted[w.id] = self._check_decision(w, approvals.get(w.decision_id, []), now)
             if w.hold_state != "pending" or int(w.hold_remaining) < int(w.amount) + int(w.fee_quoted):
                 raise SigningRefused(RefusalCode.hold_not_live, f"withdrawal {w.id}: the hold is {w.hold_state}")
+        return [Paid(p.withdrawal_id, p.chain, p.asset, p.amount, p.destination, p.script, counted[p.withdrawal_id])
+                for p in paid]
 
-    def _check_not_own(self, batch_id: int, outputs: Sequence[BatchOutput]) -> None:
+    def _check_replacement(self, c: Connection, batch_id: int, replaces_txid: str, outputs: Sequence[BatchOutput],
+                           chain: str, *, inputs: Sequence[str] = (), slot: EthSlot | None = None) -> list[Paid]:
+        """A replacement's checks (module docstring): against the signer's own record of the
+        version it replaces first, then the rows and approvals as for a batch, the decision's
+        expiry excepted and the hold captured rather than live."""
+        self._check_halted(c)
+        if not outputs:
+            raise SigningRefused(RefusalCode.empty_batch, f"batch {batch_id} has no outputs")
+        version = c.execute(text(_VERSION_SQL), {"b": batch_id, "t": replaces_txid}).all()
+        if not version or any(v.chain != chain for v in version):
+            raise SigningRefused(RefusalCode.replacement_unknown,
+                                 f"{replaces_txid} is not a {chain} transaction the signer signed for batch {batch_id}")
+        if chain == "bitcoin" and any(sorted(v.inputs) != sorted(inputs) for v in version):
+            raise SigningRefused(RefusalCode.replacement_unknown, f"a replacement spends exactly the inputs of {replaces_txid}")
+        if chain == "ethereum" and any(EthSlot(int(v.chain_id), v.sender, int(v.nonce)) != slot for v in version):
+            raise SigningRefused(RefusalCode.replacement_unknown,
+                                 f"a replacement uses exactly the chain id, sender and nonce of {replaces_txid}")
+        recorded = sorted({(v.withdrawal_id, v.destination, int(v.amount)) for v in version})  # a re-sign records it twice
+        if sorted((o.withdrawal_id, o.address, o.amount) for o in outputs) != recorded:
+            raise SigningRefused(RefusalCode.output_mismatch,
+                                 f"a replacement pays exactly the withdrawals, destinations and amounts of {replaces_txid}")
+        by_id = self._withdrawals(c, [o.withdrawal_id for o in outputs])
+        if len(by_id) != len(outputs):
+            raise SigningRefused(RefusalCode.output_mismatch, "a withdrawal of the replaced version is gone")
+        paid = self._check_outputs(c, batch_id, outputs, by_id, chain)
+        approvals = self._approvals(c, by_id.values())
+        now, counted = self.clock(), {}
+        for o in outputs:
+            w = by_id[o.withdrawal_id]
+            if w.state not in ("signed", "broadcast") or w.batch_id != batch_id:
+                raise SigningRefused(RefusalCode.withdrawal_not_batched, f"withdrawal {w.id} is {w.state}")
+            counted[w.id] = self._check_decision(w, approvals.get(w.decision_id, []), now, check_expiry=False)
+            if w.hold_state not in ("captured", "released"):
+                raise SigningRefused(RefusalCode.hold_not_live, f"withdrawal {w.id}: the hold was never captured")
+        return [Paid(p.withdrawal_id, p.chain, p.asset, p.amount, p.destination, p.script, counted[p.withdrawal_id])
+                for p in paid]
+
+    @staticmethod
+    def _withdrawals(c: Connection, ids: Sequence[int]) -> dict:
+        return {r.id: r for r in c.execute(text(_WITHDRAWALS_SQL), {"w": list(ids), "hold_owner": WITHDRAWAL_HOLD_OWNER})}
+
+    @staticmethod
+    def _approvals(c: Connection, rows) -> dict[int, list]:
+        out: dict[int, list] = {}
+        for a in c.execute(text(_APPROVALS_SQL), {"d": [r.decision_id for r in rows if r.decision_id is not None]}):
+            out.setdefault(a.decision_id, []).append(a)
+        return out
+
+    def _check_outputs(self, c: Connection, batch_id: int, outputs: Sequence[BatchOutput], by_id: dict,
+                       chain: str) -> list[Paid]:
+        """Each output against its withdrawal row (address, amount, the script computed here), the
+        asset against the signer's own table, then the denylist and the signer's own addresses."""
+        paid = []
+        for o in outputs:
+            w = by_id[o.withdrawal_id]
+            if (o.address, o.amount) != (w.destination, int(w.amount)):
+                raise SigningRefused(RefusalCode.output_mismatch, f"output for withdrawal {w.id} does not match it")
+            paid.append(Paid(w.id, chain, w.asset, int(w.amount), w.destination, self._script(w, o, chain), 0))
+        for p in paid:
+            asset = self.assets.get(p.asset)
+            if asset is None or asset.chain != chain or by_id[p.withdrawal_id].chain != chain:
+                raise SigningRefused(RefusalCode.asset_unknown,
+                                     f"withdrawal {p.withdrawal_id}: the signer pays no asset {p.asset!r} on {chain}")
+        denied = {a.lower() for a in c.execute(text("SELECT address FROM denylist_address WHERE lower(address) = ANY(:d)"),
+                                              {"d": [p.destination.lower() for p in paid]}).scalars()}
+        if denied:
+            raise SigningRefused(RefusalCode.destination_denied, f"denylisted destination(s): {sorted(denied)}")
+        self._check_not_own(batch_id, paid)
+        return paid
+
+    def _check_not_own(self, batch_id: int, paid: Sequence[Paid]) -> None:
         """Refuse an output paying an address derived from the signer's own keys (module table of
-        signer.own_addresses); the change output is not among `outputs` and is checked on its own."""
+        signer.own_addresses); the change output is not among `paid` and is checked on its own."""
         tiers = ("deposit", "hot", "warm")
         btc = bitcoin_own_scripts({t: self._keys.account_xpub("bitcoin", t) for t in tiers}, self.bitcoin_network,
                                   receive_window=self.receive_window, deposit_window=self.deposit_window)
@@ -413,15 +558,15 @@ class Signer:
                                       self.change_window)
         eth = ethereum_own_addresses({t: self._keys.account_xpub("ethereum", t) for t in tiers},
                                      receive_window=self.receive_window, deposit_window=self.deposit_window)
-        for o in outputs:
-            if pays_own_address(o.address, o.script, bitcoin_scripts=btc, ethereum_addresses=eth, network=self.bitcoin_network):
+        for p in paid:
+            if pays_own_address(p.destination, p.script, bitcoin_scripts=btc, ethereum_addresses=eth, network=self.bitcoin_network):
                 raise SigningRefused(RefusalCode.destination_internal,
-                                     f"output for withdrawal {o.withdrawal_id} pays {o.address}, an address of the signer's own keys")
+                                     f"output for withdrawal {p.withdrawal_id} pays {p.destination}, an address of the signer's own keys")
 
-    def _check_decision(self, w, approvals: list, now: dt.datetime) -> None:
+    def _check_decision(self, w, approvals: list, now: dt.datetime, *, check_expiry: bool = True) -> int:
         """The decision and its approvals, as the module table orders them: every approval row must
         be a valid signature of a known key over the payload rebuilt here; quorum from the signer's
-        own table and registry."""
+        own table and registry. Returns the number of eligible approvers counted."""
         if w.decision_id is None or w.d_id is None:
             raise SigningRefused(RefusalCode.no_decision, f"withdrawal {w.id} has no policy decision")
         expected = approval_payload(withdrawal_id=w.id, chain=w.chain, asset=w.asset, amount=int(w.amount),
@@ -446,8 +591,9 @@ class Signer:
             raise SigningRefused(RefusalCode.decision_not_approved,
                                  f"withdrawal {w.id}: {len(eligible)} valid approval(s) of operators other than the "
                                  f"requester, {required} required")
-        if now >= w.expires_at:
+        if check_expiry and now >= w.expires_at:
             raise SigningRefused(RefusalCode.decision_expired, f"withdrawal {w.id}: decision expired {w.expires_at.isoformat()}")
+        return len(eligible)
 
     def _approver(self, wid: int, a, expected: bytes) -> ApproverKey:
         """The registry key whose signature approval row `a` carries, or the refusal (module table)."""
@@ -471,19 +617,107 @@ class Signer:
         return key
 
     @staticmethod
-    def _check_coins(c: Connection, batch_id: int, coins: Sequence[BtcCoin]) -> None:
+    def _check_coins(c: Connection, batch_id: int, coins: Sequence[BtcCoin], *, spent_ok: bool = False) -> None:
+        """Every coin is a hot-wallet coin reserved for this batch, with the amount and derivation on
+        record, unspent (`spent_ok`: a replacement re-spends the coins its version spends)."""
         known = {(r.txid, r.vout): r for r in c.execute(
             text("SELECT txid, vout, amount, derivation_change, derivation_index, reserved_by, spent_by FROM wallet_utxo "
                  "WHERE reserved_by = :b"), {"b": batch_id})}
+        if not coins or len({(k.txid, k.vout) for k in coins}) != len(coins):
+            raise SigningRefused(RefusalCode.unknown_input, "a batch spends at least one coin, each once")
         for k in coins:
             row = known.get((k.txid, k.vout))
-            if (row is None or row.spent_by is not None or int(row.amount) != k.amount
+            if (row is None or (row.spent_by is not None and not spent_ok) or int(row.amount) != k.amount
                     or (row.derivation_change, row.derivation_index) != (k.change, k.index)):
                 raise SigningRefused(RefusalCode.unknown_input, f"input {k.txid}:{k.vout} is not a reserved hot-wallet coin")
 
-    def _audit(self, batch_id: int, outcome: str, code: str | None, txid: str | None, detail: dict) -> None:
-        with self.engine.begin() as c:
-            c.execute(text("INSERT INTO signer_audit (batch_id, outcome, code, txid, detail) VALUES (:b, :o, :c, :t, CAST(:d AS jsonb))"),
-                      {"b": batch_id, "o": outcome, "c": code, "t": txid, "d": json.dumps(detail)})
+    def _check_history(self, c: Connection, paid: Sequence[Paid], *, inputs: Sequence[str] = (),
+                       slot: EthSlot | None = None) -> set[int]:
+        """`already_signed` (module table) from the signer's own `signer_signature` rows: the new
+        transaction must conflict with every earlier one of each withdrawal. Returns the ids of the
+        withdrawals signed for the first time."""
+        earlier: dict[int, list] = {}
+        for r in c.execute(text(_SIGNATURES_SQL), {"w": [p.withdrawal_id for p in paid]}):
+            earlier.setdefault(r.withdrawal_id, []).append(r)
+        spent = set(inputs)
+        for p in paid:
+            for r in earlier.get(p.withdrawal_id, []):
+                if r.chain != p.chain:
+                    conflicts = False
+                elif p.chain == "bitcoin":
+                    conflicts = bool(spent & set(r.inputs))
+                else:
+                    conflicts = EthSlot(int(r.chain_id), r.sender, int(r.nonce)) == slot
+                if not conflicts:
+                    raise SigningRefused(RefusalCode.already_signed,
+                                         f"withdrawal {p.withdrawal_id} was already signed in {r.txid} (batch {r.batch_id}); "
+                                         "this transaction could confirm beside it")
+        return {p.withdrawal_id for p in paid if p.withdrawal_id not in earlier}
+
+    def _check_unapproved(self, c: Connection, new: Sequence[Paid]) -> None:
+        """`unapproved_limit_reached` (module table): the withdrawals signed for the first time with
+        no valid approval, added per asset to what the signer signed that way within the window."""
+        if self.unapproved_limits is None:
+            return
+        adding: dict[str, int] = {}
+        for p in new:
+            if p.approvals == 0:
+                adding[p.asset] = adding.get(p.asset, 0) + p.amount
+        now = self.clock()
+        for asset, amount in sorted(adding.items()):
+            limit = self.unapproved_limits.get(asset, UnapprovedLimit(0, 1))
+            since = now - dt.timedelta(seconds=limit.window_secs)
+            used = int(c.execute(text(_UNAPPROVED_SQL), {"a": asset, "since": since}).scalar_one())
+            if used + amount > limit.amount:
+                raise SigningRefused(RefusalCode.unapproved_limit_reached,
+                                     f"{asset}: {used} signed without approvals in the last {limit.window_secs} s, "
+                                     f"{amount} more would pass the cap of {limit.amount}")
+
+    # ---- the request's transaction ----------------------------------------------------------
+
+    @contextmanager
+    def _request(self, batch_id: int | None, detail: dict) -> Iterator[Connection]:
+        """One database transaction per signing request: the body locks, checks, signs and records
+        (`_record` commits); a refusal is audited in it, committed, and raised."""
+        with self.engine.connect() as c:
+            try:
+                yield c
+            except SigningRefused as refused:
+                c.rollback()
+                self._audit(c, batch_id, "refused", refused.code.value, None, {**detail, "message": refused.message})
+                c.commit()
+                raise
+
+    @staticmethod
+    def _lock(c: Connection, withdrawal_ids: Sequence[int]) -> None:
+        """Serialise requests for the same withdrawals until this transaction ends (sorted: no
+        deadlock between two batches sharing withdrawals)."""
+        for wid in sorted(set(withdrawal_ids)):
+            c.execute(text(_LOCK_SQL), {"k": f"signer_signature:{wid}"})
+
+    def _record(self, c: Connection, batch_id: int, txid: str, paid: Sequence[Paid], *, inputs: Sequence[str] | None = None,
+                slot: EthSlot | None = None, replaces: str | None = None, detail: dict) -> None:
+        """The signer's own record of what it signed (one row per withdrawal) and its audit row, in
+        one transaction, committed: only then does the signed transaction leave the signer."""
+        at = self.clock()
+        c.execute(text(_INSERT_SIGNATURE_SQL), [
+            {"at": at, "w": p.withdrawal_id, "b": batch_id, "chain": p.chain, "asset": p.asset, "amount": p.amount,
+             "dest": p.destination, "txid": txid, "replaces": replaces, "approvals": p.approvals,
+             "inputs": list(inputs) if inputs is not None else None, "sender": slot.sender if slot else None,
+             "nonce": slot.nonce if slot else None, "chain_id": slot.chain_id if slot else None} for p in paid])
+        self._audit(c, batch_id, "signed", None, txid, detail)
+        c.commit()
+
+    @staticmethod
+    def _audit(c: Connection, batch_id: int | None, outcome: str, code: str | None, txid: str | None, detail: dict) -> None:
+        c.execute(text("INSERT INTO signer_audit (batch_id, outcome, code, txid, detail) VALUES (:b, :o, :c, :t, CAST(:d AS jsonb))"),
+                  {"b": batch_id, "o": outcome, "c": code, "t": txid, "d": json.dumps(detail)})
         if code:
             log.warning("signer refused batch %s: %s", batch_id, code)
+
+
+def _eth_address(private_key: bytes) -> str:
+    """The checksummed address of an ethereum private key (the sender of what it signs)."""
+    from eth_account import Account
+
+    return Account.from_key(private_key).address

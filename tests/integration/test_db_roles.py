@@ -108,6 +108,8 @@ SIGNER_FORBIDDEN = {
     "update_control_flag": "UPDATE control_flag SET engaged = false WHERE name = 'withdrawals_halted'",
     "update_signer_audit": "UPDATE signer_audit SET outcome = 'signed' WHERE outcome = 'refused'",
     "delete_signer_audit": "DELETE FROM signer_audit",
+    "update_signer_signature": "UPDATE signer_signature SET inputs = NULL",  # its own record of what it signed: append-only
+    "delete_signer_signature": "DELETE FROM signer_signature",
 }
 
 
@@ -133,6 +135,12 @@ WRITER_FORBIDDEN = {
     "update_signer_audit": "UPDATE signer_audit SET outcome = 'signed' WHERE outcome = 'refused'",
     "delete_signer_audit": "DELETE FROM signer_audit",
     "nextval_signer_audit_id": "SELECT nextval('signer_audit_id_seq')",
+    "insert_signer_signature": "INSERT INTO signer_signature (signed_at, withdrawal_id, batch_id, chain, asset, amount, "
+                               "destination, txid, approvals, inputs) VALUES (now(), 1, 1, 'bitcoin', 'BTC', 1, 'x', 'y', 2, "
+                               "ARRAY['z:0'])",
+    "update_signer_signature": "UPDATE signer_signature SET inputs = ARRAY['forged:0']",
+    "delete_signer_signature": "DELETE FROM signer_signature",
+    "nextval_signer_signature_id": "SELECT nextval('signer_signature_id_seq')",
     "update_alembic_version": "UPDATE alembic_version SET version_num = version_num",
 }
 
@@ -156,9 +164,14 @@ def test_the_signer_reads_every_table_and_audits(engine, engines):
     assert unreadable == []
     marker = -int(uuid.uuid4().int % 1_000_000_000) - 1
     with engines[SIGNER].begin() as c:
+        c.execute(text("SELECT pg_advisory_xact_lock(hashtextextended('probe', 0))"))  # how it serialises one withdrawal
         c.execute(text("INSERT INTO signer_audit (batch_id, outcome, code) VALUES (:b, 'refused', 'probe')"), {"b": marker})
+        c.execute(text("INSERT INTO signer_signature (signed_at, withdrawal_id, batch_id, chain, asset, amount, destination, "
+                       "txid, approvals, inputs) VALUES (now(), :b, :b, 'bitcoin', 'BTC', 1, 'probe', 'probe', 0, ARRAY['probe:0'])"),
+                  {"b": marker})
     with engine.connect() as c:
         assert c.execute(text("SELECT count(*) FROM signer_audit WHERE batch_id = :b"), {"b": marker}).scalar_one() == 1
+        assert c.execute(text("SELECT count(*) FROM signer_signature WHERE batch_id = :b"), {"b": marker}).scalar_one() == 1
 
 
 def test_the_real_signer_audits_its_refusal_as_its_role(engine, engines):
@@ -277,7 +290,7 @@ def test_every_table_has_exactly_its_roles_privileges(engine):
         signer_tables = c.execute(text("SELECT custody_signer_tables()")).scalar_one()
         tables = c.execute(text("SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY 1")).scalars().all()
         wrong = {t: privileges(c, t) for t in tables if privileges(c, t) != expected(t, signer_tables)}
-    assert signer_tables == ["signer_audit"]
+    assert signer_tables == ["signer_audit", "signer_signature"]
     assert wrong == {}
 
 

@@ -5,7 +5,9 @@
                  registered from the signer's xpubs, BTC (finality 3), ETH and USDT (finality 12)
                  configured, each chain's cursor started at the node's tip, and the approver keys of
                  tests/approvers.py TEST_OPERATORS (op-alice, op-bob, ...) trusted by custody and
-                 the in-process signer
+                 the in-process signer, which is configured as signer.toml would be: its own asset
+                 table (the test token's contract), anvil's chain id and the seed's cold account
+                 xpub as the pinned cold wallet
 - `customer`     (function) a factory: customer(asset) -> a new customer account id
 - `settle`       (function) run the deposit jobs for a chain until nothing moves
 - `pay_out`      (function) run the payout jobs once: batch, sign, broadcast, track
@@ -17,9 +19,10 @@ import uuid
 import pytest
 
 from custody.container import Container
-from custody.devchains import BTC_FINALITY, ETH_FINALITY, configure_regtest
+from custody.devchains import BTC_FINALITY, ETH_FINALITY, configure_regtest, signer_asset_entries
 from custody.settings import Settings
 from ledger.service import Ledger
+from signer.assets import assets_from_entries
 from signer.keys import Secret, SignerKeys, seed_from_text
 from tests.approvers import registry
 
@@ -35,7 +38,10 @@ def signer_keys() -> SignerKeys:
 @pytest.fixture(scope="session")
 def custody(engine, btc_adapter, eth_adapter, usdt, signer_keys) -> Container:
     container = Container(settings=Settings(environment="test"), engine=engine, ledger=Ledger(engine))
-    container.with_chains({"bitcoin": btc_adapter, "ethereum": eth_adapter}, signer_keys=signer_keys, approvers=registry())
+    container.with_chains({"bitcoin": btc_adapter, "ethereum": eth_adapter}, signer_keys=signer_keys, approvers=registry(),
+                          signer_assets=assets_from_entries(signer_asset_entries(usdt.address)),
+                          ethereum_chain_id=eth_adapter.chain_id,
+                          cold_xpubs={"bitcoin": signer_keys.account_xpub("bitcoin", "cold")})
     configure_regtest(container, signer_keys, usdt.address)
     return container
 
