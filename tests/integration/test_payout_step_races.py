@@ -36,6 +36,7 @@ from custody.settings import Settings
 from ledger.model import AccountKind, Transfer
 from ledger.service import Ledger
 from regtest.util import assert_equal
+from signer.assets import assets_from_entries
 from tests.approvers import approve, registry
 from tests.integration.own_database import own_database
 from tests.integration.test_review12w_lost_lock import DEST, HOT_COIN, KEYS, StandInBitcoin
@@ -145,7 +146,9 @@ def make_world(eng, chain: str, *, policy=None, amounts: tuple[int, ...] = ()) -
     ledger = Ledger(eng)
     node = StandInBitcoin() if chain == "bitcoin" else StandInEthereum()
     c = Container(settings=Settings(environment="test"), engine=eng, ledger=ledger).with_chains(
-        {chain: node}, signer_keys=KEYS, approvers=registry(), policy=policy)
+        {chain: node}, signer_keys=KEYS, approvers=registry(), policy=policy,
+        signer_assets=assets_from_entries({"BTC": {"chain": "bitcoin"}, "ETH": {"chain": "ethereum"}}),
+        ethereum_chain_id=getattr(node, "chain_id", None))
     asset = "BTC" if chain == "bitcoin" else "ETH"
     if chain == "bitcoin":
         c.wallets.configure_asset("BTC", 8, "bitcoin", finality=3, dust_minimum=1_000, min_withdrawal=10_000,
