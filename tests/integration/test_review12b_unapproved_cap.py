@@ -3,8 +3,8 @@
 
 | scenario | attacker | today | expected |
 | --- | --- | --- | --- |
-| a withdrawal signed first at a tiny amount, then its amount row raised and re-signed over the same coin | compromised worker / custody DB writer (UPDATE withdrawal_request) | the re-sign "conflicts" with the first signature, so it is not counted: 0.1 BTC unapproved under a 0.05 cap | refused (`already_signed`: a re-sign must pay what was recorded; or the cap counts the new amount) |
-| two unapproved withdrawals of different batches signed at the same moment | compromised worker (the server is threaded; the advisory lock is per WITHDRAWAL, not per asset) | both pass the cap check before either records: 0.2 BTC under a 0.15 cap | exactly one signed, the other `unapproved_limit_reached` |
+| a withdrawal signed first at a tiny amount, then its amount row raised and re-signed over the same coin | compromised worker / custody DB writer (UPDATE withdrawal_request) | the re-sign "conflicts" with the first signature, so it is not counted: 0.1 BTC unapproved with 0.05 of cap left | refused (`already_signed`: a re-sign must pay what was recorded; or the cap counts the new amount) |
+| two unapproved withdrawals of different batches signed at the same moment | compromised worker (the server is threaded; the advisory lock is per WITHDRAWAL, not per asset) | both pass the cap check before either records: 0.2 BTC with 0.15 of cap left | exactly one signed, the other `unapproved_limit_reached` |
 
 Both use the default policy's quorum table: 0.1 BTC needs no approval (tier <= 0.5 BTC: 0), so the
 cap is the only limit the signer puts on it. Each scenario releases its holds; the ledger verifies.
@@ -27,12 +27,19 @@ log = logging.getLogger(__name__)
 _ = api  # the module-scoped fixture of test_signer_signatures (its fake coins are deleted at the end)
 
 
-def shifted(minutes: int) -> Clock:
-    """The signer's clock `minutes` ahead (decisions live 30 min): with a 300 s window, what other
-    scenarios of the session signed is outside it."""
+WINDOW = 300
+
+
+def capped_signer(api, headroom: int):
+    """A signer whose clock runs two hours behind (its records stay out of the hour window of
+    test_signer_signatures' cap scenario; decisions are checked against the same clock, so they are
+    live) and whose BTC cap leaves `headroom` sat above what the window already holds."""
     clock = Clock()
-    clock.now += dt.timedelta(minutes=minutes)
-    return clock
+    clock.now -= dt.timedelta(hours=2)
+    with api.custody.engine.connect() as c:
+        used = int(c.execute(text(service_module._UNAPPROVED_SQL),
+                             {"a": "BTC", "since": clock.now - dt.timedelta(seconds=WINDOW)}).scalar_one())
+    return make_signer(api, clock=clock, unapproved_limits={"BTC": UnapprovedLimit(used + headroom, WINDOW)})
 
 
 def as_worker(api, sql: str, **params) -> None:
@@ -43,7 +50,7 @@ def as_worker(api, sql: str, **params) -> None:
 
 
 def test_a_resign_at_a_raised_amount_escapes_the_unapproved_cap(api, ledger):
-    capped = make_signer(api, clock=shifted(10), unapproved_limits={"BTC": UnapprovedLimit(5_000_000, 300)})
+    capped = capped_signer(api, 5_000_000)
     wid = withdrawal(api, "0.1")  # 10_000_000 sat, auto-approved: no approval at all
     batch, coins = batch_of(api, capped, [wid])
     change = lambda outs: (capped._hot_address(1, batch), COIN - outs[0].amount - FEE)  # noqa: E731
@@ -64,13 +71,13 @@ def test_a_resign_at_a_raised_amount_escapes_the_unapproved_cap(api, ledger):
     finally:
         release(api, wid)
     assert code != "signed", (
-        f"the signer signed {big[0].amount} sat with no approval under a cap of 5 000 000 sat per 5 minutes "
+        f"the signer signed {big[0].amount} sat with no approval with 5 000 000 sat left under its cap "
         f"(txid {tx.txid if tx else None}); its record shows {signed_unapproved}: the re-sign at a raised amount "
         f"was not counted because withdrawal {wid} had been signed before (at 10 000 sat)")
 
 
 def test_two_unapproved_withdrawals_at_once_pass_the_cap_together(api, ledger, monkeypatch):
-    capped = make_signer(api, clock=shifted(20), unapproved_limits={"BTC": UnapprovedLimit(15_000_000, 300)})
+    capped = capped_signer(api, 15_000_000)
     wids = [withdrawal(api, "0.1") for _ in range(2)]  # 0.1 BTC each, no approval; the cap lets one through
     plans = []
     for wid in wids:
