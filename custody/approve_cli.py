@@ -27,6 +27,15 @@ knows without asking the API (the chains' native assets, `NATIVE_DECIMALS`, and 
 always also in minor units; for any other asset in minor units only, since decimals served by the API
 could shift the shown amount by orders of magnitude.
 
+Nothing the API sends reaches the terminal raw (`shown`): every string from it (the payload's
+fields, the JSON's `state`, an error's code and message) is printed with printable ASCII as is and
+everything else escaped as Python writes it (`\\x1b`, `\\u202e`, a backslash doubled). A compromised
+API could otherwise put terminal control sequences (ESC[1A, CR, ESC[2K: cursor up, erase line) or
+bidi overrides into a free-text field and redraw the lines above it to show another amount or
+destination than the bytes being signed. The payload itself is refused before it is shown when
+its text holds control or format characters (signer.approvals.read_payload), so such a payload is
+never signed; the escaping covers whatever else the API says.
+
 Exit status: 0 done; 1 the API refused (its code and message are printed); 2 a usage, file or
 connection problem; 3 the API served a payload this command will not sign (another withdrawal, not
 canonical, or JSON fields that contradict the bytes): nothing was signed or sent, and the API
@@ -55,6 +64,22 @@ from signer.approvals import PayloadFields, format_expiry, read_payload
 COMMANDS = ("approve", "approver-key")  # the subcommands of `python -m custody` that main() serves
 DEFAULT_API = "http://127.0.0.1:8000"
 NATIVE_DECIMALS = {("bitcoin", "BTC"): 8, ("ethereum", "ETH"): 18}  # protocol facts, not settings: (chain, asset)
+
+
+def shown(value: object) -> str:
+    """`value` as text safe for a terminal (module docstring): printable ASCII as is, a backslash
+    doubled, anything else escaped (`\\x1b`, `\\u202e`, `\\U0001f600`), so it cannot move the cursor,
+    erase, reorder or pass for another character."""
+    out = []
+    for ch in str(value):
+        if ch == "\\":
+            out.append("\\\\")
+        elif " " <= ch <= "~":
+            out.append(ch)
+        else:
+            n = ord(ch)
+            out.append(f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}")
+    return "".join(out)
 
 
 class CliError(Exception):
@@ -147,7 +172,7 @@ def checked_payload(answer: object, withdrawal_id: int) -> tuple[bytes, PayloadF
         raise PayloadRefused(f"the API's payload is not a canonical approval payload: {exc}") from None
     if fields.withdrawal_id != withdrawal_id:
         raise PayloadRefused(f"asked for withdrawal {withdrawal_id}, the API's payload is for withdrawal {fields.withdrawal_id} "
-                             f"({fields.amount} minor units of {fields.asset} to {fields.destination})")
+                             f"({fields.amount} minor units of {shown(fields.asset)} to {shown(fields.destination)})")
     said = {"withdrawal_id": fields.withdrawal_id, "decision_id": fields.decision_id, "chain": fields.chain,
             "asset": fields.asset, "amount_minor": str(fields.amount), "destination": fields.destination,
             "policy_version": fields.policy_version, "expires_at": format_expiry(fields.expires_at)}
@@ -161,9 +186,10 @@ def checked_payload(answer: object, withdrawal_id: int) -> tuple[bytes, PayloadF
 def describe_amount(fields: PayloadFields, decimals: Mapping[str, int] | None = None) -> str:
     """The payload's amount in units when its decimals are known here, else in minor units."""
     known = {**{a: d for (c, a), d in NATIVE_DECIMALS.items() if c == fields.chain}, **(decimals or {})}
+    asset = shown(fields.asset)
     if fields.asset in known:
-        return f"{format_amount(fields.amount, known[fields.asset])} {fields.asset}"
-    return f"{fields.amount} minor units of {fields.asset} (decimals unknown here: pass --decimals {fields.asset}=N)"
+        return f"{format_amount(fields.amount, known[fields.asset])} {asset}"
+    return f"{fields.amount} minor units of {asset} (decimals unknown here: pass --decimals {asset}=N)"
 
 
 def approve_over_http(client: httpx.Client, withdrawal_id: int, key: Ed25519PrivateKey, *, comment: str,
@@ -172,9 +198,9 @@ def approve_over_http(client: httpx.Client, withdrawal_id: int, key: Ed25519Priv
     pay, sign those exact bytes, POST the approval; the withdrawal."""
     answer = _answer(client.get(f"/v1/withdrawals/{withdrawal_id}/approval-payload"))
     payload, f = checked_payload(answer, withdrawal_id)
-    show(f"withdrawal {f.withdrawal_id} ({answer.get('state', 'state unknown')}): pay {describe_amount(f, decimals)} "
-         f"on {f.chain} to {f.destination}")
-    show(f"amount {f.amount} minor units; decision {f.decision_id} under policy {f.policy_version}, valid until "
+    show(f"withdrawal {f.withdrawal_id} ({shown(answer.get('state', 'state unknown'))}): pay {describe_amount(f, decimals)} "
+         f"on {shown(f.chain)} to {shown(f.destination)}")
+    show(f"amount {f.amount} minor units; decision {f.decision_id} under policy {shown(f.policy_version)}, valid until "
          f"{format_expiry(f.expires_at)}")
     signature = {"key_id": key_id or key_id_of(key), "scheme": "ed25519", "signature": base64.b64encode(key.sign(payload)).decode()}
     return _answer(client.post(f"/v1/withdrawals/{withdrawal_id}/approve", json={"comment": comment, "signature": signature}))
@@ -244,19 +270,20 @@ def main(argv: list[str] | None = None, *, http: httpx.Client | None = None) -> 
         else:
             with httpx.Client(base_url=args.api, headers=headers, timeout=30) as client:
                 answer = approve_over_http(client, args.withdrawal_id, key, **options)
-        print(f"approved: withdrawal {answer['id']} is {answer['state']}")
+        body = answer if isinstance(answer, dict) else {}
+        print(f"approved: withdrawal {shown(body.get('id', args.withdrawal_id))} is {shown(body.get('state', 'state unknown'))}")
         return 0
     except CliError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except PayloadRefused as exc:
-        print(f"error: NOT SIGNED: {exc}. Nothing was sent; treat the API at {args.api} as suspect.", file=sys.stderr)
+        print(f"error: NOT SIGNED: {shown(exc)}. Nothing was sent; treat the API at {shown(args.api)} as suspect.", file=sys.stderr)
         return 3
     except ApiRefused as exc:
-        print(f"refused: {exc}", file=sys.stderr)
+        print(f"refused: {shown(exc)}", file=sys.stderr)
         return 1
     except httpx.HTTPError as exc:
-        print(f"error: cannot reach the API at {args.api}: {exc}", file=sys.stderr)
+        print(f"error: cannot reach the API at {shown(args.api)}: {shown(exc)}", file=sys.stderr)
         return 2
 
 

@@ -4,17 +4,38 @@ kill switch and the account's allowlist. The version string of the base set is r
 decision, with `+allowlist.<account>.v<n>` when the account's allowlist rule (changed n times)
 took part.
 
+A policy version is shown to approvers and signed in every approval payload (signer.approvals), so
+it is held to `POLICY_VERSION_PATTERN` (`check_policy_version`): printable ASCII letters, digits and
+`. _ + -`, starting with a letter or digit, at most 128 characters, e.g.
+`regtest-2026-11-29.1+allowlist.17.v2`. A base set with another version is refused when the
+provider is built (ValueError: at start), and every version is checked again where a decision is
+written (custody.withdrawals), so custody never writes a version that could carry terminal control
+sequences or look like something else (issue 12, review R3). The signer refuses a payload holding
+control or format characters on its own (`payload_unprintable`), whoever wrote the row.
+
 `default_policy()` is the development/regtest policy; production configures its own set.
 """
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import re
 
 from sqlalchemy import Connection, text
 
 from custody.controls import kill_switch
 from policies import Allowlist, AllowlistEntry, AllowlistMode, AmountTier, AssetPolicy, PolicySet, VelocityLimit
+
+
+POLICY_VERSION_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
+
+
+def check_policy_version(version: object) -> str:
+    """`version` if it fullmatches POLICY_VERSION_PATTERN, else ValueError (module docstring)."""
+    if not isinstance(version, str) or POLICY_VERSION_PATTERN.fullmatch(version) is None:
+        raise ValueError(f"policy version {str(version)[:40]!r} is not letters, digits and . _ + - (at most 128, "
+                         "starting with a letter or digit)")
+    return version
 
 
 def default_policy() -> PolicySet:
@@ -38,6 +59,7 @@ def default_policy() -> PolicySet:
 class PolicyProvider:
     def __init__(self, base: PolicySet | None = None) -> None:
         self.base = base or default_policy()
+        check_policy_version(self.base.version)
 
     def current(self, conn: Connection, account_id: int | None = None) -> PolicySet:
         """The base set plus the live denylist, kill switch and (for `account_id`) its allowlist."""
@@ -54,7 +76,7 @@ class PolicyProvider:
                     tuple(AllowlistEntry(e.address, e.added_at, _seconds(e.cooling_off_secs)) for e in entries),
                     AllowlistMode(rule.mode), dt.timedelta(seconds=rule.cooling_off_secs), rule.approvals)
                 version = f"{version}+allowlist.{account_id}.v{rule.version}"
-        return dataclasses.replace(self.base, version=version, denylist=frozenset(self.base.denylist) | frozenset(denied),
+        return dataclasses.replace(self.base, version=check_policy_version(version), denylist=frozenset(self.base.denylist) | frozenset(denied),
                                    allowlists=allowlists, kill_switch=self.base.kill_switch or kill_switch(conn).engaged)
 
     def velocity_window(self) -> dt.timedelta:

@@ -55,7 +55,7 @@ from custody.deposits import reopen_returns, return_reorged_out
 from custody.destinations import DestinationGuard
 from custody.errors import CustodyError, CustodyErrorCode
 from custody.incidents import refuse_frozen
-from custody.policy_config import PolicyProvider
+from custody.policy_config import PolicyProvider, check_policy_version
 from custody.states import advance
 from custody.wallets import Wallets
 from ledger.errors import ErrorCode, LedgerError
@@ -256,11 +256,13 @@ class Withdrawals:
 
     @staticmethod
     def _store_decision(c: Connection, wid: int, d: Decision) -> int:
+        """Write the decision; its version is checked (custody.policy_config.check_policy_version), which
+        cannot fail for a decision made by a PolicyProvider (it refused a bad base version at start)."""
         return c.execute(
             text("INSERT INTO policy_decision (withdrawal_id, outcome, required_approvals, reasons, policy_version, record, "
                  "decided_at, expires_at) VALUES (:w, :o, :k, :r, :v, CAST(:rec AS jsonb), :at, :exp) RETURNING id"),
             {"w": wid, "o": d.outcome.value, "k": d.required_approvals, "r": [x.value for x in d.reasons],
-             "v": d.policy_version, "rec": json.dumps(d.to_record()), "at": d.decided_at, "exp": d.expires_at},
+             "v": check_policy_version(d.policy_version), "rec": json.dumps(d.to_record()), "at": d.decided_at, "exp": d.expires_at},
         ).scalar_one()
 
     def reevaluate_expired(self, c: Connection, wid: int) -> str:

@@ -36,7 +36,15 @@ Schemes (`ApproverKey.scheme`):
 `read_payload(bytes)` is the other direction, for whoever is about to sign bytes they were handed
 (`custody approve`): the typed fields, or ValueError unless the bytes are exactly the canonical
 payload of those fields (`approval_payload(**fields)` gives the same bytes back), so what is shown
-to the approver is what the signature binds.
+to the approver is what the signature binds. It also refuses a payload whose text fields (chain,
+asset, destination, policy_version) hold a character of Unicode category Cc, Cf, Zl or Zp
+(`UNPRINTABLE_CATEGORIES`: ESC, CR and the other C0/C1 controls, bidi overrides and zero-width
+characters, line and paragraph separators): printed, such characters can move a terminal's cursor
+and redraw what the approver reads, or reorder it, so what is shown would not be what is signed.
+`unprintable_fields(fields)` names the offending fields; the signer applies the same rule to the
+payload it rebuilds (signer.service, `payload_unprintable`), so such a withdrawal is never signed
+whatever its approvals. `approval_payload` itself still encodes any text (it is also the signer's
+way to rebuild what custody stored): refusing is the reader's job.
 
 Codes (`ApprovalInvalid.code`), in the order `verify_approval` checks them:
 | code | meaning |
@@ -60,6 +68,7 @@ import base64
 import datetime as dt
 import hashlib
 import json
+import unicodedata
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Mapping, Sequence
 
@@ -70,6 +79,8 @@ if TYPE_CHECKING:
     from policies import PolicySet
 
 PAYLOAD_VERSION = 1
+UNPRINTABLE_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})  # refused in a payload's text fields (module docstring)
+TEXT_FIELDS = ("chain", "asset", "destination", "policy_version")  # the payload's free-text fields
 PAYLOAD_KIND = "withdrawal-approval"
 SCHEMES = ("ed25519", "webauthn")
 Scheme = Literal["ed25519", "webauthn"]
@@ -156,6 +167,10 @@ def read_payload(payload: bytes) -> PayloadFields:
             raise ValueError(f"the payload's {name} is not a {kind.__name__}")
     if len(amount) > 78:
         raise ValueError("the payload's amount exceeds 10^78-1 minor units")
+    unprintable = unprintable_fields(fields)
+    if unprintable:
+        raise ValueError("the payload's text holds control or format characters, which could redraw or reorder what is "
+                         f"shown: {'; '.join(unprintable)}")
     parsed = PayloadFields(fields["withdrawal_id"], fields["chain"], fields["asset"], int(amount), fields["destination"],
                            fields["decision_id"], fields["policy_version"], expires_at)
     try:
@@ -166,6 +181,20 @@ def read_payload(payload: bytes) -> PayloadFields:
         raise ValueError("the payload is not in canonical form (key order, spacing, escapes, extra fields or a "
                          "non-canonical number): its bytes could say more than its fields")
     return parsed
+
+
+def unprintable_fields(fields: "PayloadFields | Mapping[str, object]") -> list[str]:
+    """The text fields of a payload (TEXT_FIELDS) holding a character of UNPRINTABLE_CATEGORIES,
+    each as `name (U+XXXX, ...)`; empty when all are clean. Values are never echoed raw."""
+    get = fields.get if isinstance(fields, Mapping) else (lambda name: getattr(fields, name))
+    out = []
+    for name in TEXT_FIELDS:
+        value = get(name)
+        bad = sorted({f"U+{ord(ch):04X}" for ch in value if unicodedata.category(ch) in UNPRINTABLE_CATEGORIES}) \
+            if isinstance(value, str) else []
+        if bad:
+            out.append(f"{name} ({', '.join(bad)})")
+    return out
 
 
 def webauthn_challenge(payload: bytes) -> bytes:

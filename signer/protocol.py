@@ -27,6 +27,7 @@ class RefusalCode(str, enum.Enum):
     asset_unknown = "asset_unknown"
     withdrawal_not_batched = "withdrawal_not_batched"
     no_decision = "no_decision"
+    payload_unprintable = "payload_unprintable"
     approval_unsigned = "approval_unsigned"
     approver_unknown = "approver_unknown"
     approval_signature_invalid = "approval_signature_invalid"

@@ -41,6 +41,7 @@ from signer.wire import (MAX_LINE, METHODS, SIGNING_METHODS, ClientGrant, Endpoi
 
 log = logging.getLogger("signer.server")
 READ_TIMEOUT_SECONDS = 10  # a connection must send its request line within this
+LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's lock_not_available: signer.service's lock_timeout passed (answered `unavailable`)
 
 
 class SignerService:
@@ -85,9 +86,12 @@ class SignerService:
             outcome, body = "error", {"code": exc.code.value, "message": exc.detail or exc.code.meaning}
             label = f"error:{exc.code.value}"
         except (OperationalError, InterfaceError) as exc:
-            log.warning("the signer cannot reach its database: %s", type(exc.orig or exc).__name__)
-            outcome, body = "error", {"code": WireErrorCode.unavailable.value, "message": "the signer cannot reach its database"}
-            label = "error:unavailable"
+            if getattr(exc.orig, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+                why = "a lock the signer needs was held by another session past its lock_timeout; retry"
+            else:
+                why = "the signer cannot reach its database"
+            log.warning("%s: %s", why, type(exc.orig or exc).__name__)
+            outcome, body, label = "error", {"code": WireErrorCode.unavailable.value, "message": why}, "error:unavailable"
         except Exception:  # noqa: BLE001 - answered as `internal`; the traceback stays in this log
             log.exception("request id=%s method=%s failed", _printable(msg.get("id")), _printable(msg.get("method")))
             outcome, body, label = "error", {"code": WireErrorCode.internal.value, "message": "internal error; see the signer's log"}, "error:internal"

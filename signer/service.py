@@ -33,14 +33,26 @@ signs a withdrawal batch it re-reads, itself, from the database (read-only, exce
   withdrawal it already signed is signed again only by a transaction that conflicts with every
   earlier one (bitcoin: spends an outpoint that each earlier transaction of that withdrawal spends,
   as a re-sign after a crash or a fee bump does; ethereum: the same chain id, sender and nonce), so
-  at most one of them can ever confirm; and value signed without any approval stays within the
-  per-asset window cap (`unapproved_limits`).
+  at most one of them can ever confirm, and that pays exactly the asset, amount and destination
+  recorded for it (a re-sign never pays more than what was first signed and counted); and value
+  signed without any approval stays within the per-asset window cap (`unapproved_limits`).
 Then it signs with the hot wallet keys (which never leave this package and are never logged) and,
 in the same database transaction, writes one `signer_signature` row per withdrawal (the
 outpoints, or sender, nonce and chain id) and its `signer_audit` row. Each request holds a
 transaction-scoped advisory lock per withdrawal (`pg_advisory_xact_lock`; the signer role cannot
 SELECT FOR UPDATE) from its first check to that commit, so two concurrent requests for one
-withdrawal are decided one after the other, the second seeing the first's record.
+withdrawal are decided one after the other, the second seeing the first's record. A request that
+adds value signed without approvals then takes one more lock per asset
+(`signer_unapproved:<asset>`, after its withdrawal locks, assets sorted: one lock order, no
+deadlock) before it reads what the window holds, so two such requests for different withdrawals
+cannot both pass the cap on the same headroom.
+
+Every request transaction runs with `SET LOCAL lock_timeout` (`LOCK_TIMEOUT`, 10 s). The lock keys
+are public (custody's roles can take the same advisory locks), so a custody process holding one
+would otherwise park a signer thread forever; instead the lock wait fails with PostgreSQL's
+lock_not_available, which surfaces as sqlalchemy's OperationalError: not a refusal (nothing is
+audited, nothing was decided), answered by the signer process as `unavailable`
+(signer.server/wire), which custody's jobs retry next run.
 
 A fee-bump replacement (`sign_bitcoin_replacement`, `sign_ethereum_payment(replaces_txid=...)`) is
 checked against the signer's own record of the version it replaces, never against
@@ -66,6 +78,7 @@ Refusal codes (`RefusalCode`), in the order they are checked:
 | destination_internal | an output pays an address the signer derives from its own keys (hot receive and sender, hot change around the batch id, deposit and warm windows; signer.own_addresses), checked right after the denylist |
 | withdrawal_not_batched | a withdrawal is not in state `batched` in this batch (`signed` or `broadcast` for a replacement) |
 | no_decision | a withdrawal has no policy decision |
+| payload_unprintable | the approval payload the signer rebuilds holds a Unicode control or format character (category Cc, Cf, Zl or Zp: ESC, CR, bidi overrides...) in its chain, asset, destination or policy version, which could redraw or reorder what an approver's screen shows (signer.approvals); refused whatever the approvals |
 | approval_unsigned | an approval row of the decision carries no signature (inserted underneath custody, or written before approvals were signed) |
 | approver_unknown | an approval is signed by a key the signer is not configured with |
 | approval_signature_invalid | an approval's signature does not verify over its stored payload (a payload altered after signing; a scheme other than the key's; a failed WebAuthn assertion) |
@@ -76,8 +89,8 @@ Refusal codes (`RefusalCode`), in the order they are checked:
 | hold_not_live | the hold is not pending, does not cover amount + fee, is on another account or is not custody's withdrawal hold (a replacement: the hold was never captured) |
 | unknown_input | an input is not an unspent hot-wallet coin reserved for this batch |
 | fee_above_ceiling | the fee is above the ceiling rate for the transaction's size (bitcoin) or gas x max fee above the cap (ethereum) |
-| already_signed | the signer already signed this withdrawal in a transaction this one does not conflict with (bitcoin: no outpoint common to all; ethereum: another chain id, sender or nonce; or another chain): both could confirm |
-| unapproved_limit_reached | a withdrawal with no valid approval would take the value the signer signed without approvals for its asset within the window above its cap (`unapproved_limits`; an asset the table does not list has cap 0) |
+| already_signed | the signer already signed this withdrawal in a transaction this one does not conflict with (bitcoin: no outpoint common to all; ethereum: another chain id, sender or nonce; or another chain): both could confirm; or one that pays another asset, amount or destination than what it recorded for it (a re-sign pays exactly what was first signed, so a row raised after a small unapproved signature cannot ride the first one past the cap) |
+| unapproved_limit_reached | a withdrawal with no valid approval would take the value the signer signed without approvals for its asset within the window above its cap (`unapproved_limits`; an asset the table does not list has cap 0); read under a per-asset advisory lock, so two requests cannot both pass on the same headroom |
 | rebalance_not_open | a rebalance is unknown, of another chain, or not in state `open` |
 | destination_not_cold | a rebalance pays an address that is not derived at its index from the cold wallet public key the signer is configured with (`cold_xpubs`; none configured: every rebalance is refused) |
 
@@ -98,7 +111,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 from sqlalchemy import Connection, Engine, text
 
 from signer.approvals import (ApprovalInvalid, ApproverKey, ApproverRegistry, QuorumTable, approval_payload, operator_identity,
-                              parse_payload, verify_approval)
+                              parse_payload, unprintable_fields, verify_approval)
 from signer.assets import DEFAULT_ASSETS, SignerAsset, UnapprovedLimit
 from signer.bitcoin_tx import PayOutput, SignedTx, SpendInput, address_to_script, estimate_vsize, fee_for, sign_batch
 from signer.errors import SignerError
@@ -155,7 +168,8 @@ INSERT INTO signer_signature (signed_at, withdrawal_id, batch_id, chain, asset, 
 VALUES (:at, :w, :b, :chain, :asset, :amount, :dest, :txid, :replaces, :approvals, :inputs, :sender, :nonce, :chain_id)
 """
 WITHDRAWAL_HOLD_OWNER = "withdrawals"  # custody.withdrawals.HOLD_OWNER: the only owner of a withdrawal's hold
-_LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"  # one per withdrawal, held until commit
+_LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"  # one per withdrawal (and per capped asset), until commit
+LOCK_TIMEOUT = "10s"  # the longest a request waits for a lock (module docstring): then OperationalError, retried
 
 
 @dataclass(frozen=True)
@@ -569,6 +583,11 @@ class Signer:
         own table and registry. Returns the number of eligible approvers counted."""
         if w.decision_id is None or w.d_id is None:
             raise SigningRefused(RefusalCode.no_decision, f"withdrawal {w.id} has no policy decision")
+        unprintable = unprintable_fields({"chain": w.chain, "asset": w.asset, "destination": w.destination,
+                                          "policy_version": w.policy_version})
+        if unprintable:
+            raise SigningRefused(RefusalCode.payload_unprintable,
+                                 f"withdrawal {w.id}: control or format characters in {'; '.join(unprintable)}")
         expected = approval_payload(withdrawal_id=w.id, chain=w.chain, asset=w.asset, amount=int(w.amount),
                                     destination=w.destination, decision_id=w.d_id, policy_version=w.policy_version,
                                     expires_at=w.expires_at)
@@ -634,8 +653,9 @@ class Signer:
     def _check_history(self, c: Connection, paid: Sequence[Paid], *, inputs: Sequence[str] = (),
                        slot: EthSlot | None = None) -> set[int]:
         """`already_signed` (module table) from the signer's own `signer_signature` rows: the new
-        transaction must conflict with every earlier one of each withdrawal. Returns the ids of the
-        withdrawals signed for the first time."""
+        transaction must conflict with every earlier one of each withdrawal and pay exactly the
+        asset, amount and destination recorded there. Returns the ids of the withdrawals signed for
+        the first time."""
         earlier: dict[int, list] = {}
         for r in c.execute(text(_SIGNATURES_SQL), {"w": [p.withdrawal_id for p in paid]}):
             earlier.setdefault(r.withdrawal_id, []).append(r)
@@ -648,6 +668,11 @@ class Signer:
                     conflicts = bool(spent & set(r.inputs))
                 else:
                     conflicts = EthSlot(int(r.chain_id), r.sender, int(r.nonce)) == slot
+                if (r.asset, int(r.amount), r.destination) != (p.asset, p.amount, p.destination):
+                    raise SigningRefused(RefusalCode.already_signed,
+                                         f"withdrawal {p.withdrawal_id} was signed in {r.txid} (batch {r.batch_id}) paying "
+                                         f"{int(r.amount)} {r.asset} to {r.destination!r}; a re-sign pays exactly that, not "
+                                         f"{p.amount} {p.asset} to {p.destination!r}")
                 if not conflicts:
                     raise SigningRefused(RefusalCode.already_signed,
                                          f"withdrawal {p.withdrawal_id} was already signed in {r.txid} (batch {r.batch_id}); "
@@ -656,7 +681,8 @@ class Signer:
 
     def _check_unapproved(self, c: Connection, new: Sequence[Paid]) -> None:
         """`unapproved_limit_reached` (module table): the withdrawals signed for the first time with
-        no valid approval, added per asset to what the signer signed that way within the window."""
+        no valid approval, added per asset to what the signer signed that way within the window,
+        read under the asset's advisory lock (module docstring), held until the request commits."""
         if self.unapproved_limits is None:
             return
         adding: dict[str, int] = {}
@@ -667,6 +693,7 @@ class Signer:
         for asset, amount in sorted(adding.items()):
             limit = self.unapproved_limits.get(asset, UnapprovedLimit(0, 1))
             since = now - dt.timedelta(seconds=limit.window_secs)
+            c.execute(text(_LOCK_SQL), {"k": f"signer_unapproved:{asset}"})
             used = int(c.execute(text(_UNAPPROVED_SQL), {"a": asset, "since": since}).scalar_one())
             if used + amount > limit.amount:
                 raise SigningRefused(RefusalCode.unapproved_limit_reached,
@@ -681,6 +708,7 @@ class Signer:
         (`_record` commits); a refusal is audited in it, committed, and raised."""
         with self.engine.connect() as c:
             try:
+                c.execute(text(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"))
                 yield c
             except SigningRefused as refused:
                 c.rollback()

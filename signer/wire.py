@@ -67,7 +67,7 @@ Answers that are not a result:
 | error bad_request | `WireError` | not JSON, a missing or unknown field, a float or bool where an integer belongs, bad hex |
 | error unknown_method | `WireError` | a method not in the table above |
 | error method_not_allowed | `WireError` | a method in the table that this client's grant does not list (logged by the server; refused before any database read) |
-| error unavailable | `SignerUnavailable` | the signer cannot reach its database; retried next tick |
+| error unavailable | `SignerUnavailable` | the signer cannot reach its database, or waited past its lock_timeout (10 s) for a lock another session holds (signer.service); retried next tick |
 | error internal | `WireError` | anything else; the traceback is in the signer's log only |
 | (none: refused, reset, timeout) | `SignerUnavailable` | the signer is not running or died mid-call; retried next tick |
 | (client-side) bad_response | `WireError` | the answer failed its MAC, or is malformed, or answers another request |

@@ -25,7 +25,7 @@ import unicodedata
 import httpx
 
 from custody.approve_cli import main, new_key_file
-from signer.approvals import approval_payload, format_expiry, read_payload, webauthn_challenge
+from signer.approvals import approval_payload, format_expiry, parse_payload, webauthn_challenge
 
 EXPIRES = dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
 HONEST_DEST = "bcrt1qw508d6qejxtdg4y5r3zarvary0c5xw7kygt080"
@@ -42,7 +42,7 @@ def test_approve_cli_prints_control_characters_of_the_payload_to_the_terminal(tm
     api_key = tmp_path / "api-key"
     api_key.write_text("op-key\n")
     evil = approval_payload(**EVIL)
-    assert read_payload(evil).policy_version == COVER  # canonical: the CLI's own checks accept it
+    assert parse_payload(evil)["policy_version"] == COVER  # the bytes a compromised API can build and serve
     posts: list[dict] = []
 
     def compromised_api(request: httpx.Request) -> httpx.Response:
