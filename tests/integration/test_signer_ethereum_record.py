@@ -8,6 +8,7 @@ own record, never from custody's rows.
 | a "fee bump" of a txid the signer never signed | `replacement_unknown` |
 | a signer whose asset table does not list USDT (chain_asset does) | `asset_unknown` |
 | a signer with no ethereum chain id configured | `chain_id_mismatch` |
+| an unapproved withdrawal signed at a lowered amount (a worker's UPDATE), its row restored, asked again at the same nonce | `already_signed`: a re-sign pays exactly the amount recorded (R3); the recorded amount again is signed |
 
 Built on the review scenarios' USDT withdrawal (tests/integration/test_review12_ethereum_signer.py:
 no node, the destination guard stubbed for the request only); holds are released at the end.
@@ -15,11 +16,14 @@ no node, the destination guard stubbed for the request only); holds are released
 from __future__ import annotations
 
 import logging
+import uuid
 
 import pytest
 from sqlalchemy import text
 
 from custody.policy_config import default_policy
+from custody.states import advance
+from ledger.model import Transfer
 from regtest.util import assert_equal
 from signer.approvals import quorum_table_from_policy
 from signer.assets import SignerAsset
@@ -27,8 +31,8 @@ from signer.ethereum_tx import erc20_transfer_data
 from signer.protocol import BatchOutput, SigningRefused
 from signer.service import Signer
 from tests.approvers import registry
-from tests.integration.test_review12_ethereum_signer import (AMOUNT, DEST, KEYS, USDT_CONTRACT, api, approved_usdt_withdrawal,  # noqa: F401
-                                                            release)
+from tests.integration.test_review12_ethereum_signer import (AMOUNT, DEST, KEYS, USDT_CONTRACT, _NoNodeGuard, api,  # noqa: F401
+                                                            approved_usdt_withdrawal, release)
 
 log = logging.getLogger(__name__)
 
@@ -96,3 +100,62 @@ def test_an_asset_or_chain_the_signer_is_not_configured_with_is_refused(api, led
                      "asset_unknown")
     finally:
         release(api, wid)
+
+
+def unapproved_usdt_withdrawal(api, units: int) -> tuple[int, int]:  # noqa: F811
+    """(withdrawal id, batch id): `units` USDT to DEST, below the default policy's first tier (no approval), batched."""
+    owner = f"r3-{uuid.uuid4().hex[:8]}"
+    r = api.backend.post("/v1/accounts", json={"asset": "USDT", "kind": "customer", "owner": owner, "name": f"customer:{owner}:USDT"})
+    assert r.status_code == 201, r.text
+    acct = r.json()["id"]
+    equity = api.custody.wallets.firm_account("equity", "USDT")
+    api.custody.ledger.post(f"test-fund:{uuid.uuid4().hex}", [Transfer(equity, acct, 10_000 * 10**6)], kind="treasury_credit")
+    guard, api.custody.withdrawals.destinations = api.custody.withdrawals.destinations, _NoNodeGuard(
+        api.custody.engine, api.custody.wallets, {})
+    try:
+        w = api.withdraw(acct, str(units), DEST)
+    finally:
+        api.custody.withdrawals.destinations = guard
+    assert_equal(w["state"], "approved")
+    wid = int(w["id"])
+    with api.custody.engine.begin() as c:
+        batch = c.execute(text("INSERT INTO withdrawal_batch (chain, asset, state, fee_rate) "
+                               "VALUES ('ethereum', 'USDT', 'open', 1) RETURNING id")).scalar_one()
+        advance(c, "withdrawal", wid, "approved", "batched", batch_id=batch)
+        c.execute(text("INSERT INTO batch_output (batch_id, withdrawal_id, amount) VALUES (:b, :w, :a)"),
+                  {"b": batch, "w": wid, "a": units * 10**6})
+    return wid, batch
+
+
+def test_a_re_sign_at_the_same_nonce_pays_exactly_the_amount_recorded(api, signer, ledger):  # noqa: F811
+    wid, batch = unapproved_usdt_withdrawal(api, 100)
+
+    def pay_amount(amount: int) -> str:
+        try:
+            signer.sign_ethereum_payment(batch, BatchOutput(wid, DEST, amount), hot_index=0, chain_id=31337, nonce=7,
+                                         to=USDT_CONTRACT, value=0, data=erc20_transfer_data(DEST, amount), gas=100_000,
+                                         max_fee_wei=10**9, priority_fee_wei=1)
+        except SigningRefused as refused:
+            log.info("signer refused: %s", refused)
+            return refused.code.value
+        return "signed"
+
+    def set_amount(amount: int) -> None:  # as a compromised worker
+        with api.custody.engine.begin() as c:
+            c.execute(text("SET LOCAL ROLE custody_worker"))
+            c.execute(text("UPDATE withdrawal_request SET amount = :a WHERE id = :w"), {"a": amount, "w": wid})
+            c.execute(text("UPDATE batch_output SET amount = :a WHERE withdrawal_id = :w"), {"a": amount, "w": wid})
+
+    try:
+        log.info("the worker lowers the row to 1 USDT: signed at nonce 7, recorded as 1 USDT")
+        set_amount(10**6)
+        assert_equal(pay_amount(10**6), "signed")
+        log.info("... restores 100 USDT and asks again at nonce 7 (the same slot, so it 'conflicts')")
+        set_amount(100 * 10**6)
+        raised = pay_amount(100 * 10**6)
+        log.info("the recorded 1 USDT at nonce 7 again (a re-sign after a crash) is still signed")
+        set_amount(10**6)
+        again = pay_amount(10**6)
+    finally:
+        release(api, wid)
+    assert_equal((raised, again), ("already_signed", "signed"))

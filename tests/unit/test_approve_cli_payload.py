@@ -11,7 +11,7 @@ import json
 import httpx
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
-from custody.approve_cli import main, new_key_file
+from custody.approve_cli import main, new_key_file, shown
 from regtest.util import assert_equal
 from signer.approvals import approval_payload, format_expiry, webauthn_challenge
 
@@ -90,3 +90,36 @@ def test_bytes_that_are_not_canonical_or_that_the_api_contradicts_are_not_signed
         err = capsys.readouterr().err
         assert (status, posts) == (3, []), (what, status, posts)
         assert "NOT SIGNED" in err, (what, err)
+
+
+def test_nothing_the_api_sends_reaches_the_terminal_raw(tmp_path, capsys):
+    """Terminal control sequences in the API's strings (issue 12, R3): a payload whose text holds them
+    is not signed (exit 3); the JSON's `state` and an error's message, which no payload covers, are
+    printed escaped, so they cannot move the cursor or erase what the operator reads."""
+    redraw = "\x1b[1A\r\x1b[2Kwithdrawal 42: pay 0.01000000 BTC \u202e"
+    status, posts, _ = run(tmp_path, api_answer(approval_payload(**{**FIELDS, "policy_version": "v1" + redraw}),
+                                                policy_version="v1" + redraw))
+    err = capsys.readouterr().err
+    assert_equal((status, posts), (3, []))
+    assert "policy_version (U+000D, U+001B, U+202E)" in err, err
+    status, [post], _ = run(tmp_path, api_answer(approval_payload(**FIELDS), state="pending_approval" + redraw))
+    out, err = capsys.readouterr()
+    assert_equal(status, 0)
+    assert "withdrawal 42 (pending_approval\\x1b[1A\\x0d\\x1b[2Kwithdrawal 42: pay 0.01000000 BTC \\u202e): pay 2.50000000 BTC" in out, out
+    for text in (out, err):
+        assert all(ch == "\n" or " " <= ch <= "~" for ch in text), repr(text)
+    assert_equal(shown("a\\x1b\x1b\u202eé\U0001f600~"), "a\\\\x1b\\x1b\\u202e\\xe9\\U0001f600~")  # a literal backslash is doubled
+
+
+def test_an_api_refusal_is_printed_escaped(tmp_path, capsys):
+    def api(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(409, json={"error": {"code": "conflict\x1b[2K", "message": "no\r\x1b[1Aapproved: ok\u2028"}})
+
+    key_file = tmp_path / "op.pem"
+    new_key_file(key_file)
+    (tmp_path / "api-key").write_text("op-key\n")
+    client = httpx.Client(base_url="http://custody.test", transport=httpx.MockTransport(api))
+    status = main(["approve", "--key", str(key_file), "--api-key-file", str(tmp_path / "api-key"), "42"], http=client)
+    err = capsys.readouterr().err
+    assert_equal(status, 1)
+    assert_equal(err, "refused: 409 conflict\\x1b[2K: no\\x0d\\x1b[1Aapproved: ok\\u2028\n")

@@ -15,7 +15,7 @@ from custody.policy_config import default_policy
 from regtest.util import assert_equal, assert_raises_code
 from signer.approvals import (ApprovalInvalid, ApprovalSignature, ApproverRegistry, PayloadFields, QuorumTable, approval_payload,
                               format_expiry, operator_identity, parse_payload, quorum_table_from_policy, read_payload,
-                              verify_approval, webauthn_challenge)
+                              unprintable_fields, verify_approval, webauthn_challenge)
 from signer.protocol import RefusalCode
 from tests.approvers import SoftAuthenticator, entry, private_key, registry, sign_approval
 
@@ -206,3 +206,17 @@ def test_the_signer_refusal_table_matches_the_enum():
     order = [c for c in codes if c.startswith("approv") or c in ("no_decision", "decision_not_approved")]
     assert_equal(order, ["no_decision", "approval_unsigned", "approver_unknown", "approval_signature_invalid",
                          "approval_replayed", "approval_payload_mismatch", "decision_not_approved"])
+
+
+def test_read_payload_refuses_control_and_format_characters_in_every_text_field():
+    """A payload is printed to approvers: ESC and CR redraw a terminal's lines, a bidi override or a
+    zero-width character reorders or hides text, a line separator breaks a line (issue 12, R3)."""
+    assert_equal(unprintable_fields(read_payload(payload())), [])
+    for field in ("chain", "asset", "destination", "policy_version"):
+        for ch in ("\x1b", "\r", "\n", "\x00", "\x7f", "\x9b", "\u202e", "\u200b", "\u2066", "\ufeff", "\u2028", "\u2029"):
+            bad = payload(**{field: FIELDS[field] + ch + "[2K"})
+            with pytest.raises(ValueError, match=f"control or format characters.*{field} \\(U\\+{ord(ch):04X}\\)"):
+                read_payload(bad)
+    assert_equal(unprintable_fields({"chain": "bitcoin", "asset": "BTC", "destination": "a\u202eb", "policy_version": "v\x1b"}),
+                 ["destination (U+202E)", "policy_version (U+001B)"])
+    assert_equal(read_payload(payload(destination="bc1qé")).destination, "bc1qé")  # printable non-ASCII is text, not control
