@@ -18,17 +18,28 @@ Jobs (APScheduler runs them; tests call them directly, in this order):
   destination is rejected and released, the rest go on) become one batch; coins are selected from
   the tracked hot-wallet coins and reserved for it. `batch_ethereum()`: one batch per withdrawal.
 - `sign_open_batches()`: the signer (which re-checks everything itself) signs each open batch; in
-  ONE database transaction the holds are captured (customer -> in-flight, quoted fee -> fee income)
-  BEFORE the signer is asked (a refused capture never reaches it), then the signed raw transaction
-  is stored in `chain_transaction` and the rows move to `signed`.
-  A crash before that commit leaves nothing signed on record, and nothing unrecorded is ever
-  broadcast. That transaction locks the batch row first and holds it across the signer call
-  (`_claim_batch`, SKIP LOCKED): a second worker in the same step (a job lock lost mid-run, see
-  custody.jobs) skips a batch being signed and leaves one signed meanwhile, so the signer is asked
-  once and nothing is stored or captured twice. A `decision_expired` refusal (the batch waited
-  past its withdrawals' decision TTL: the signer down, the kill switch on) would repeat on every
-  run: `drop_expired` takes the withdrawals whose decision expired back to `approved` (the batch
-  is abandoned, its coins freed, when it empties), and the next batching run re-decides them.
+  ONE database transaction the capture is tried in a savepoint rolled back before the signer is
+  asked (`_try_capture`: a capture the ledger refuses never reaches the signer, and no balance row
+  stays locked across the call), the signer signs, then the holds are captured (customer ->
+  in-flight, quoted fee -> fee income), the signed raw transaction is stored in
+  `chain_transaction` and the rows move to `signed`. A crash before that commit leaves nothing
+  signed on record, and nothing unrecorded is ever broadcast. That transaction locks the batch row
+  first and holds it across the signer call (`_claim_batch`, NO KEY UPDATE SKIP LOCKED; on
+  ethereum the `eth_nonce` row too): it blocks only a second worker in the same step (a job lock
+  lost mid-run, see custody.jobs) or an operator acting on that batch; the second worker skips a
+  batch being signed and leaves one signed meanwhile, so the signer is asked once and nothing is
+  stored or captured twice.
+  The signer keeps its own record of what it signed (`signer_signature`, committed before it
+  answers) and signs a withdrawal again only in a conflicting transaction. A signature recorded
+  but not stored here (a lost reply, a rollback after the signer committed, a capture refused
+  after its answer) therefore pins its withdrawal (`_signer_recorded`): it stays in its batch on
+  the coins reserved to it (bitcoin) or the nonce recorded for it (ethereum, `_batch_nonce`; new
+  nonces skip every recorded one), and the next attempt re-signs the same slot, which the signer
+  accepts even after the decision expired (signer.service). A `decision_expired` refusal (the
+  batch waited past its withdrawals' decision TTL, never signed: the signer down, the kill switch
+  on) would repeat on every run: `drop_expired` takes the withdrawals whose decision expired and
+  that the signer never signed back to `approved` (the batch is abandoned, its coins freed, when
+  it empties), and the next batching run re-decides them.
 - `broadcast()`: sends every stored signed transaction (idempotent at the adapter: a transaction
   the node already has is success). A crash after sending but before recording re-sends the same
   bytes, which the node answers as already known: one payment.

@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 
 import pytest
-from sqlalchemy import text
 
 from ledger.model import Transfer
 from regtest.util import assert_equal
