@@ -28,7 +28,9 @@ Guarantees:
   that operator, and the next run of its job does the step again; it then completes with exactly
   one booking. The kill switch stays as it is (releasing it is an admin's decision). A withdrawal batch set aside before
   it was signed is handled by custody.payouts (`Payouts.retry_batch`): abandoned and its
-  withdrawals batched again under a new id, because the key that blocked it may be taken for good.
+  withdrawals batched again under a new id, because the key that blocked it may be taken for good;
+  unless the signer recorded a signature for it (its reply lost, its capture refused after the
+  answer): then it stays open on its coins or nonce, so the signer accepts the re-sign.
   A failure after a retry sets the row aside again with a new incident (`set_aside_count`).
 """
 from __future__ import annotations

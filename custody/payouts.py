@@ -18,17 +18,28 @@ Jobs (APScheduler runs them; tests call them directly, in this order):
   destination is rejected and released, the rest go on) become one batch; coins are selected from
   the tracked hot-wallet coins and reserved for it. `batch_ethereum()`: one batch per withdrawal.
 - `sign_open_batches()`: the signer (which re-checks everything itself) signs each open batch; in
-  ONE database transaction the holds are captured (customer -> in-flight, quoted fee -> fee income)
-  BEFORE the signer is asked (a refused capture never reaches it), then the signed raw transaction
-  is stored in `chain_transaction` and the rows move to `signed`.
-  A crash before that commit leaves nothing signed on record, and nothing unrecorded is ever
-  broadcast. That transaction locks the batch row first and holds it across the signer call
-  (`_claim_batch`, SKIP LOCKED): a second worker in the same step (a job lock lost mid-run, see
-  custody.jobs) skips a batch being signed and leaves one signed meanwhile, so the signer is asked
-  once and nothing is stored or captured twice. A `decision_expired` refusal (the batch waited
-  past its withdrawals' decision TTL: the signer down, the kill switch on) would repeat on every
-  run: `drop_expired` takes the withdrawals whose decision expired back to `approved` (the batch
-  is abandoned, its coins freed, when it empties), and the next batching run re-decides them.
+  ONE database transaction the capture is tried in a savepoint rolled back before the signer is
+  asked (`_try_capture`: a capture the ledger refuses never reaches the signer, and no balance row
+  stays locked across the call), the signer signs, then the holds are captured (customer ->
+  in-flight, quoted fee -> fee income), the signed raw transaction is stored in
+  `chain_transaction` and the rows move to `signed`. A crash before that commit leaves nothing
+  signed on record, and nothing unrecorded is ever broadcast. That transaction locks the batch row
+  first and holds it across the signer call (`_claim_batch`, NO KEY UPDATE SKIP LOCKED; on
+  ethereum the `eth_nonce` row too): it blocks only a second worker in the same step (a job lock
+  lost mid-run, see custody.jobs) or an operator acting on that batch; the second worker skips a
+  batch being signed and leaves one signed meanwhile, so the signer is asked once and nothing is
+  stored or captured twice.
+  The signer keeps its own record of what it signed (`signer_signature`, committed before it
+  answers) and signs a withdrawal again only in a conflicting transaction. A signature recorded
+  but not stored here (a lost reply, a rollback after the signer committed, a capture refused
+  after its answer) therefore pins its withdrawal (`_signer_recorded`): it stays in its batch on
+  the coins reserved to it (bitcoin) or the nonce recorded for it (ethereum, `_batch_nonce`; new
+  nonces skip every recorded one), and the next attempt re-signs the same slot, which the signer
+  accepts even after the decision expired (signer.service). A `decision_expired` refusal (the
+  batch waited past its withdrawals' decision TTL, never signed: the signer down, the kill switch
+  on) would repeat on every run: `drop_expired` takes the withdrawals whose decision expired and
+  that the signer never signed back to `approved` (the batch is abandoned, its coins freed, when
+  it empties), and the next batching run re-decides them.
 - `broadcast()`: sends every stored signed transaction (idempotent at the adapter: a transaction
   the node already has is success). A crash after sending but before recording re-sends the same
   bytes, which the node answers as already known: one payment.
@@ -85,6 +96,23 @@ SELECT 'sweep' FROM sweep WHERE txid = :t
 UNION ALL
 SELECT 'rebalance' FROM rebalance WHERE txid = :t
 LIMIT 1
+""")
+
+
+# What the signer recorded (its own `signer_signature`, which custody may read): the nonce of a
+# withdrawal's signatures, the highest nonce it signed from an address, any signature of a batch's
+# withdrawals in that batch. A withdrawal with a record stays on the coins or nonce it was signed
+# over (`Payouts._signer_recorded`).
+_RECORDED_NONCE_SQL = text("""
+SELECT nonce FROM signer_signature
+WHERE withdrawal_id = :w AND chain = 'ethereum' AND chain_id = :ci AND lower(sender) = lower(:a)
+ORDER BY id DESC LIMIT 1
+""")
+_MAX_RECORDED_NONCE_SQL = text("""
+SELECT max(nonce) FROM signer_signature WHERE chain = 'ethereum' AND chain_id = :ci AND lower(sender) = lower(:a)
+""")
+_RECORDED_SQL = text("""
+SELECT DISTINCT withdrawal_id FROM signer_signature WHERE batch_id = :b AND withdrawal_id = ANY(:w)
 """)
 
 
@@ -376,11 +404,16 @@ class Payouts:
     def drop_from_batch(self, batch_id: int, withdrawal_id: int, *, reason: str, retry: bool = True) -> None:
         """Pull one withdrawal out of an open batch so the rest can be signed without it: back to
         `approved` (retry=True) or `rejected` with its hold released. An emptied batch is abandoned
-        and its coins freed."""
+        and its coins freed. A withdrawal the signer has a record for in this batch is never sent
+        back to `approved` (ValueError): batched again over other coins or another nonce, the signer
+        would refuse it `already_signed` for good (`_signer_recorded`)."""
         with self.engine.begin() as c:
             state = c.execute(text("SELECT state FROM withdrawal_batch WHERE id = :b FOR UPDATE"), {"b": batch_id}).scalar_one()
             if state != "open":
                 raise ValueError(f"batch {batch_id} is {state}; only open batches change")
+            if retry and self._signer_recorded(c, batch_id, [withdrawal_id]):
+                raise ValueError(f"withdrawal {withdrawal_id} was signed in batch {batch_id} (the signer's record); "
+                                 "it stays on that batch's coins or nonce")
             c.execute(text("DELETE FROM batch_output WHERE batch_id = :b AND withdrawal_id = :w"), {"b": batch_id, "w": withdrawal_id})
             w = c.execute(text("SELECT state, hold_id FROM withdrawal_request WHERE id = :w FOR UPDATE"), {"w": withdrawal_id}).one()
             if w.state == "batched" and retry:
@@ -393,6 +426,14 @@ class Payouts:
                 reopen_returns(c, [withdrawal_id], by="custody", reason=reason)
             self._abandon_if_empty(c, batch_id)
             audit(c, "custody", "batch.drop_output", f"batch:{batch_id}", {"withdrawal_id": withdrawal_id, "reason": reason})
+
+    @staticmethod
+    def _signer_recorded(c: Connection, batch_id: int, withdrawal_ids: list[int]) -> set[int]:
+        """Those of `withdrawal_ids` the signer has recorded a signature for in batch `batch_id`
+        (`signer_signature`; a signature custody may never have stored: a lost reply, a rollback
+        after the signer committed). Such a withdrawal stays in its batch, on the coins or nonce it
+        was signed over: the signer signs it again only in a transaction conflicting with that one."""
+        return set(c.execute(_RECORDED_SQL, {"b": batch_id, "w": list(withdrawal_ids)}).scalars())
 
     def _unbatch(self, c: Connection, batch_id: int, withdrawal_ids: list[int]) -> bool:
         """Take `withdrawal_ids` (all `batched` in open batch `batch_id`, locked by the caller) out of
@@ -419,7 +460,9 @@ class Payouts:
         database transaction, audited (`batch.drop_expired`); answers the withdrawals taken out,
         none when the batch is no longer open and active (another worker signed, dropped or set it
         aside meanwhile) or when no decision has expired yet by the database's clock (the signer's
-        may run ahead: the next run sees it)."""
+        may run ahead: the next run sees it). A withdrawal the signer has a record for in this batch
+        stays (`_signer_recorded`): the signer re-signs it over the same coins or nonce whatever
+        its decision's expiry, since it was signed while live."""
         with self.engine.begin() as c:
             batch = c.execute(text("SELECT state, containment FROM withdrawal_batch WHERE id = :b FOR UPDATE"),
                               {"b": batch_id}).one()
@@ -429,6 +472,8 @@ class Payouts:
                 "SELECT w.id FROM batch_output o JOIN withdrawal_request w ON w.id = o.withdrawal_id "
                 "JOIN policy_decision d ON d.id = w.decision_id WHERE o.batch_id = :b AND w.state = 'batched' "
                 "AND d.expires_at <= now() ORDER BY w.id FOR UPDATE OF w"), {"b": batch_id}).scalars().all()
+            pinned = self._signer_recorded(c, batch_id, expired)
+            expired = [wid for wid in expired if wid not in pinned]
             if not expired:
                 return []
             abandoned = self._unbatch(c, batch_id, expired)
@@ -511,11 +556,20 @@ class Payouts:
         Set aside before it was signed (still `open`: nothing stored, nothing on chain, nothing
         captured), the batch is abandoned, its coins are freed and its withdrawals go back to
         `approved`, so the next run batches and signs them under a new batch id: the capture key
-        the old one needed may be taken for good. Set aside later (signed, broadcast, confirmed),
-        it is active again and the next run does the failed step (broadcast, track, book) once."""
+        the old one needed may be taken for good. Except when the signer has a record of signing
+        the batch (its capture refused after the signer answered; `_signer_recorded`): then it
+        stays open with its coins (bitcoin) or nonce (ethereum, `_batch_nonce`) and is only active
+        again, so the next run re-signs the same transaction, which the signer accepts; under
+        another id the signer would refuse its withdrawals `already_signed` for good (audited
+        `batch.retry_in_place`). Set aside later (signed, broadcast, confirmed), it is active again
+        and the next run does the failed step (broadcast, track, book) once."""
         with self.engine.begin() as c:
             retried = reactivate(c, "batch", batch_id, by=by, comment=comment)
-            if retried.state == "open":
+            members = self._batch_withdrawal_ids(c, batch_id)
+            if retried.state == "open" and self._signer_recorded(c, batch_id, members):
+                audit(c, by, "batch.retry_in_place", f"batch:{batch_id}",
+                      {"withdrawals": members, "reason": "the signer signed it: it keeps its coins or nonce"})
+            elif retried.state == "open":
                 advance(c, "batch", batch_id, "open", "abandoned")
                 c.execute(text("UPDATE wallet_utxo SET reserved_by = NULL WHERE reserved_by = :b"), {"b": batch_id})
                 ids = c.execute(text("SELECT id FROM withdrawal_request WHERE batch_id = :b AND state = 'batched' ORDER BY id"),
@@ -544,18 +598,20 @@ class Payouts:
         return rows, coins, outputs, (change_address, change) if keep_change else None
 
     def _sign_bitcoin(self, batch_id: int) -> str | None:
-        """Claim the batch, then capture, sign and store in ONE database transaction, the capture
-        first (`_capture_first`)."""
+        """Claim the batch, try its capture (`_try_capture`), sign over the batch's reserved coins,
+        then capture and store, in ONE database transaction that holds no ledger row across the
+        signer call. A retry after the signer recorded a signature the worker never stored plans the
+        same coins (they stay reserved to the batch), so the signer accepts the re-sign."""
         with self.engine.begin() as c:
             if not self._claim_batch(c, batch_id):
                 return None
             rate = int(c.execute(text("SELECT fee_rate FROM withdrawal_batch WHERE id = :b"), {"b": batch_id}).scalar_one())
             rows, coins, outputs, change = self._bitcoin_plan(c, batch_id, rate)
-            not_captured = self._capture_first(c, batch_id, rows)
+            not_captured = self._try_capture(c, batch_id, rows)
             signed = self.signer.sign_bitcoin_batch(batch_id, coins, outputs, change)
             if not_captured is not None:  # the signer saw a live hold the ledger would not capture: never stored
                 raise not_captured
-            tx_id = self._record_signed(c, batch_id, "bitcoin", signed.txid, signed.raw, signed.fee, rate, rows, captured=True)
+            tx_id = self._record_signed(c, batch_id, "bitcoin", signed.txid, signed.raw, signed.fee, rate, rows)
             for k in coins:
                 c.execute(text("UPDATE wallet_utxo SET spent_by = :s WHERE txid = :t AND vout = :v"), {"s": tx_id, "t": k.txid, "v": k.vout})
             if change and signed.change_vout is not None:
@@ -567,22 +623,28 @@ class Payouts:
                        "VALUES (:t, :v, :a, 1, :i, :m) ON CONFLICT DO NOTHING"),
                   {"t": txid, "v": vout, "a": change[0], "i": batch_id, "m": change[1]})
 
-    def _capture_first(self, c: Connection, batch_id: int, rows) -> LedgerError | None:
-        """Capture the batch's holds BEFORE the signer is asked, in the signing step's transaction
-        (the signer reads the committed rows, where the holds stay live until it commits). A
-        capture the ledger refuses for another reason (a squatted capture key, say) fails the step
-        before anything is signed, so the signer never signs a transaction custody then throws
-        away: its own record would refuse to sign that withdrawal again with other coins or
-        another nonce (signer.service `already_signed`). A hold that is no longer live
-        (`SIGNER_REFUSES`) is returned instead: the signer, reading the same committed hold, is
-        asked anyway and refuses it itself (`hold_not_live`, audited; the batch stays open)."""
+    def _try_capture(self, c: Connection, batch_id: int, rows) -> LedgerError | None:
+        """Post the batch's capture in a savepoint that is ALWAYS rolled back, before the signer is
+        asked: the ledger's answer without keeping its locks. The customers' balance rows the
+        posting locks are released with the savepoint, so nothing of the ledger stays locked across
+        the signer call (up to the client's timeout); the real capture is posted after the answer,
+        with the store (`_record_signed`), in milliseconds. A capture the ledger refuses for a
+        lasting reason (a squatted capture key, say) fails the step before anything is signed, so
+        the batch is set aside with no signer record and `retry_batch` can re-batch it. A hold that
+        is no longer live (`SIGNER_REFUSES`) is returned instead: the signer, reading the same
+        committed hold, is asked anyway and refuses it itself (`hold_not_live`, audited; the batch
+        stays open). Should the capture after the answer be refused all the same (the hold changed
+        meanwhile), the signature is never stored or sent; the signer's record keeps the batch on
+        its coins or nonce (`_signer_recorded`) and the next attempt re-signs the same transaction."""
+        savepoint = c.begin_nested()
         try:
-            with c.begin_nested():
-                self._capture(c, batch_id, rows)
+            self._capture(c, batch_id, rows)
         except LedgerError as exc:
             if exc.code not in SIGNER_REFUSES:
                 raise
             return exc
+        finally:
+            savepoint.rollback()
         return None
 
     def _capture(self, c: Connection, batch_id: int, rows) -> None:
@@ -597,16 +659,15 @@ class Payouts:
                          metadata={"batch_id": batch_id, "withdrawals": [w.id for w in rows]}, conn=c)
 
     def _record_signed(self, c: Connection, batch_id: int, chain: str, txid: str, raw: bytes, fee: int, rate: int, rows,
-                       *, nonce: int | None = None, sender: str | None = None, captured: bool = False) -> int:
-        """Store the signed version and move the rows to `signed`; capture the holds too unless the
-        caller already did (`captured`, in this same transaction)."""
+                       *, nonce: int | None = None, sender: str | None = None) -> int:
+        """Store the signed version, capture the holds and move the rows to `signed`, in the
+        caller's transaction (after the signer answered: the capture's row locks last ms)."""
         tx_id = c.execute(
             text("INSERT INTO chain_transaction (batch_id, chain, txid, raw, fee, fee_rate, nonce, sender, state) "
                  "VALUES (:b, :c, :t, :r, :f, :fr, :n, :s, 'signed') RETURNING id"),
             {"b": batch_id, "c": chain, "t": txid, "r": raw, "f": fee, "fr": rate, "n": nonce, "s": sender}).scalar_one()
         advance(c, "batch", batch_id, "open", "signed")
-        if not captured:
-            self._capture(c, batch_id, rows)
+        self._capture(c, batch_id, rows)
         advance_many(c, "withdrawal", [w.id for w in rows], "batched", "signed")
         emit(c, "batch.signed", f"batch.signed:{batch_id}:{txid}", {"batch_id": batch_id, "txid": txid})
         return tx_id
@@ -623,11 +684,11 @@ class Payouts:
             if not self._claim_batch(c, batch_id):
                 return None
             [w] = self._batch_outputs(c, batch_id)
-            nonce = self._allocate_nonce(c, hot)
+            nonce = self._batch_nonce(c, w.id, hot, adapter.chain_id)
             fee = adapter.estimate_fee()
             max_fee = min(fee.max_fee_wei, self.config.max_fee_wei)
             to, value, data, gas = self._eth_call(c, w)
-            not_captured = self._capture_first(c, batch_id, [w])  # a refused capture gives the nonce back unsigned
+            not_captured = self._try_capture(c, batch_id, [w])  # a refused capture gives a new nonce back unsigned
             signed = self.signer.sign_ethereum_payment(
                 batch_id, BatchOutput(w.id, w.destination, int(w.amount)), hot_index=HOT_RECEIVE_INDEX,
                 chain_id=adapter.chain_id, nonce=nonce, to=to, value=value, data=data, gas=gas, max_fee_wei=max_fee,
@@ -635,7 +696,7 @@ class Payouts:
             if not_captured is not None:
                 raise not_captured
             self._record_signed(c, batch_id, "ethereum", signed.txid, signed.raw, gas * max_fee, max_fee, [w],
-                                nonce=nonce, sender=hot, captured=True)
+                                nonce=nonce, sender=hot)
         return signed.txid
 
     # ---- fee bumps ------------------------------------------------------------------------
@@ -721,13 +782,31 @@ class Payouts:
         c.execute(text("UPDATE withdrawal_batch SET fee_rate = :fr, updated_at = now() WHERE id = :b"), {"fr": rate, "b": r.batch_id})
         audit(c, "custody", "batch.fee_bump", f"batch:{r.batch_id}", {"replaces": r.txid, "txid": txid, "rate": rate})
 
-    def _allocate_nonce(self, c: Connection, address: str) -> int:
-        """Next nonce for `address`, gap-free: the row lock serialises allocators; the counter starts
-        from the node's pending count the first time."""
+    def _batch_nonce(self, c: Connection, withdrawal_id: int, address: str, chain_id: int) -> int:
+        """The nonce withdrawal `withdrawal_id` is signed with: the one the signer already recorded
+        for it (from `address` on `chain_id`: a signature it committed whose reply custody lost, or
+        never stored), so every retry re-signs in the same slot, which the signer accepts; else a
+        new one (`_allocate_nonce`)."""
+        recorded = c.execute(_RECORDED_NONCE_SQL, {"w": withdrawal_id, "a": address, "ci": chain_id}).scalar()
+        return int(recorded) if recorded is not None else self._allocate_nonce(c, address, chain_id)
+
+    def _allocate_nonce(self, c: Connection, address: str, chain_id: int) -> int:
+        """Next nonce for `address`, gap-free: the row lock (held, with the signing transaction,
+        across the signer call; it blocks only another worker's ethereum signing) serialises
+        allocators; the counter starts from the node's pending count the first time. It never
+        hands out a nonce the signer has recorded a signature at (`signer_signature`, committed
+        before the signer answers): a signing transaction rolled back after the signer committed
+        gives its nonce back to the counter, but that nonce stays its withdrawal's
+        (`_batch_nonce`), so the next batch takes the one after it. A nonce allocated here and
+        rolled back before anything was signed (a refusal, a refused capture) is given back: no gap."""
         c.execute(text("INSERT INTO eth_nonce (address, next_nonce) VALUES (:a, :n) ON CONFLICT DO NOTHING"),
                   {"a": address, "n": self.adapters["ethereum"].nonce(address)})
-        return c.execute(text("UPDATE eth_nonce SET next_nonce = next_nonce + 1 WHERE address = :a RETURNING next_nonce - 1"),
-                         {"a": address}).scalar_one()
+        counter = int(c.execute(text("SELECT next_nonce FROM eth_nonce WHERE address = :a FOR UPDATE"), {"a": address}).scalar_one())
+        # a statement after the lock: it sees what a signer committed while this worker waited for it
+        recorded = c.execute(_MAX_RECORDED_NONCE_SQL, {"a": address, "ci": chain_id}).scalar()
+        nonce = max(counter, int(recorded) + 1 if recorded is not None else 0)
+        c.execute(text("UPDATE eth_nonce SET next_nonce = :n WHERE address = :a"), {"n": nonce + 1, "a": address})
+        return nonce
 
     # ---- broadcast ------------------------------------------------------------------------
 

@@ -64,6 +64,10 @@ still equal what was signed; only the decision's expiry is NOT re-checked: the v
 replaced was signed while the decision was live (the record proves it), the replacement pays the
 same and can never confirm beside it, and a fee bump of a payment already on the wire must not
 wait for a new decision. The withdrawal must still be `signed` or `broadcast` in the batch.
+The same holds for a re-sign of a batch the signer already signed (a signature it recorded whose
+reply custody lost, or never stored): a withdrawal with a record in this batch is not refused
+`decision_expired`, since the record proves it was signed while live and the new transaction must
+conflict with that one (`already_signed` otherwise), so at most one of them can ever confirm.
 
 Refusal codes (`RefusalCode`), in the order they are checked:
 | code | meaning |
@@ -85,7 +89,7 @@ Refusal codes (`RefusalCode`), in the order they are checked:
 | approval_replayed | a valid signature whose payload names another withdrawal |
 | approval_payload_mismatch | a valid signature for this withdrawal over a payload that differs from the one the signer rebuilds (another amount, destination, chain, asset, decision, policy version or expiry) |
 | decision_not_approved | the decision rejects, or the distinct operators of valid approvals (never the requester) are fewer than the larger of the decision's quorum and the signer's own quorum table's (an asset or amount the table does not cover is refused); a withdrawal from a non-customer account is a quarantine return naming its deposit, or is refused, and always needs one operator other than the requester |
-| decision_expired | the decision is past its expiry (not checked for a replacement: see above) |
+| decision_expired | the decision is past its expiry (not checked for a replacement, nor for a withdrawal the signer already signed in this batch: see above) |
 | hold_not_live | the hold is not pending, does not cover amount + fee, is on another account or is not custody's withdrawal hold (a replacement: the hold was never captured) |
 | unknown_input | an input is not an unspent hot-wallet coin reserved for this batch |
 | fee_above_ceiling | the fee is above the ceiling rate for the transaction's size (bitcoin) or gas x max fee above the cap (ethereum) |
@@ -153,6 +157,12 @@ FROM signer_signature
 WHERE batch_id = :b
   AND txid = :t
 ORDER BY id
+"""
+_RESIGN_SQL = """
+SELECT DISTINCT withdrawal_id
+FROM signer_signature
+WHERE batch_id = :b
+  AND withdrawal_id = ANY(:w)
 """
 _UNAPPROVED_SQL = """
 SELECT coalesce(sum(amount), 0)
@@ -482,11 +492,13 @@ class Signer:
         paid = self._check_outputs(c, batch_id, outputs, by_id, chain)
         approvals = self._approvals(c, by_id.values())
         now, counted = self.clock(), {}
+        resigned = set(c.execute(text(_RESIGN_SQL), {"b": batch_id, "w": list(ids)}).scalars())
         for o in outputs:
             w = by_id[o.withdrawal_id]
             if w.state != "batched" or w.batch_id != batch_id:
                 raise SigningRefused(RefusalCode.withdrawal_not_batched, f"withdrawal {w.id} is {w.state}")
-            counted[w.id] = self._check_decision(w, approvals.get(w.decision_id, []), now)
+            counted[w.id] = self._check_decision(w, approvals.get(w.decision_id, []), now,
+                                                 check_expiry=w.id not in resigned)
             if w.hold_state != "pending" or int(w.hold_remaining) < int(w.amount) + int(w.fee_quoted):
                 raise SigningRefused(RefusalCode.hold_not_live, f"withdrawal {w.id}: the hold is {w.hold_state}")
         return [Paid(p.withdrawal_id, p.chain, p.asset, p.amount, p.destination, p.script, counted[p.withdrawal_id])
