@@ -116,16 +116,16 @@ SIGNER_REFUSES = frozenset({ErrorCode.hold_not_found, ErrorCode.hold_already_res
 # What `drop_refused` does with the ONE withdrawal a signer's refusal names (SigningRefused.withdrawal_id)
 # in a batch nothing was recorded for: back to the operators under a fresh decision (approval
 # problems: Withdrawals.return_to_operators), or rejected with its hold released (the reason given).
-# Codes not listed (decision_expired: `drop_expired`; withdrawal_not_batched, output_mismatch: custody's
-# own rows disagree, a bug to look at) and refusals naming no withdrawal leave the batch as it is.
-BACK_TO_OPERATORS = frozenset({RefusalCode.no_decision, RefusalCode.approval_unsigned, RefusalCode.approver_unknown,
+# Codes not listed (decision_expired: `drop_expired`; no_decision, hold_not_live, withdrawal_not_batched,
+# output_mismatch: custody's own rows were changed underneath it or disagree, for a person to look at)
+# leave the batch as it is, with a warning incident naming the withdrawal; so do refusals naming none.
+BACK_TO_OPERATORS = frozenset({RefusalCode.approval_unsigned, RefusalCode.approver_unknown,
                                RefusalCode.approval_signature_invalid, RefusalCode.approval_replayed,
                                RefusalCode.approval_payload_mismatch, RefusalCode.decision_not_approved})
 REJECTED_ON_REFUSAL: Mapping[RefusalCode, str] = {
     RefusalCode.destination_denied: "destination_sanctioned",  # the reason batching's rescreen gives
     RefusalCode.destination_internal: "destination_internal",
     RefusalCode.asset_unknown: "asset_unknown",  # the signer pays no such asset: nothing operators can approve
-    RefusalCode.hold_not_live: "hold_not_live",  # nothing left to pay it from
 }
 
 
@@ -497,12 +497,20 @@ class Payouts:
         wired, it is rejected and released like the rest) or is rejected with its hold released;
         a warning incident (`withdrawal_refused_by_signer`: nothing left the firm) names the
         withdrawal, batch and code, and the batch's other withdrawals are signed without it on the
-        next run. One database transaction, audited (`batch.drop_refused`). Answers the
-        withdrawal's new state, or None (nothing done) when the code is not one of those, the
+        next run. One database transaction, audited (`batch.drop_refused`). Another code naming
+        a withdrawal (no_decision, hold_not_live, ...: custody's rows changed underneath) opens
+        the same warning incident and moves nothing. Answers the withdrawal's new state, or None
+        (nothing moved) when the code is not one of those, the
         batch is no longer open and active or has a signed version on record (another worker
         signed it meanwhile), or the withdrawal is no longer `batched` in it."""
         wid, code = refused.withdrawal_id, refused.code
-        if wid is None or (code not in BACK_TO_OPERATORS and code not in REJECTED_ON_REFUSAL):
+        if wid is None:
+            return None
+        if code not in BACK_TO_OPERATORS and code not in REJECTED_ON_REFUSAL:  # for a person: told, nothing moved
+            with self.engine.begin() as c:
+                open_incident(c, "withdrawal_refused_by_signer", f"signer_refused:{batch_id}:{wid}:{code.value}",
+                              {"withdrawal_id": wid, "batch_id": batch_id, "code": code.value,
+                               "message": refused.message[:500], "state": "batched", "abandoned": False}, severity="warning")
             return None
         with self.engine.begin() as c:
             batch = c.execute(text("SELECT state, containment FROM withdrawal_batch WHERE id = :b FOR UPDATE"),
