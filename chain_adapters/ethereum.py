@@ -31,12 +31,25 @@ account delegated to code) and `simulate(sender, to, value=, data=, gas=)` (eth_
 the payout's exact value, calldata and gas limit): `CallResult.OK`, `REVERTED` (the execution would
 revert or run out of gas: mined, it would burn the gas and move nothing) or `UNFUNDED` (the sender
 cannot cover the value: the simulation says nothing about the destination).
+
+`connection_serial` is the serial number of the newest TCP connection web3's HTTP session opened
+(0: none yet), in any thread, as `chain_adapters.rpc.JsonRpcClient.connection_serial` is for
+bitcoin: the session's pooled keep-alive connection is re-opened silently when the node cut it (a
+restart), so custody.roots.guards.NetworkGate compares it before and after each call and verifies
+the node's chain id again when it moved. Cost: a counter bumped per connect; no extra round trip
+until a reconnect, then one `eth_chainId`.
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+
+import requests
+from requests.adapters import HTTPAdapter
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from eth_account import Account
 from eth_account.typed_transactions import TypedTransaction
@@ -141,6 +154,39 @@ def _topic_for(address: str) -> str:
     return "0x" + "0" * 24 + address.lower()[2:]
 
 
+class _Connects:
+    """Counts the TCP connects of one session's connections (a new connection, or a pooled one
+    re-opened after the server closed it): `serial` is the newest one's number."""
+
+    def __init__(self) -> None:
+        self._serials = itertools.count(1)
+        self.serial = 0
+
+    def session(self) -> requests.Session:
+        """A requests session whose every connect bumps `serial`."""
+        counter = self
+
+        def counting(base: type) -> type:
+            class Counting(base):  # type: ignore[misc, valid-type]
+                def connect(self) -> None:
+                    counter.serial = next(counter._serials)
+                    super().connect()
+            return Counting
+
+        pools = {"http": type("CountingPool", (HTTPConnectionPool,), {"ConnectionCls": counting(HTTPConnection)}),
+                 "https": type("CountingHTTPSPool", (HTTPSConnectionPool,), {"ConnectionCls": counting(HTTPSConnection)})}
+
+        class Adapter(HTTPAdapter):
+            def init_poolmanager(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+                super().init_poolmanager(*args, **kwargs)
+                self.poolmanager.pool_classes_by_scheme = pools
+
+        session = requests.Session()
+        for prefix in ("http://", "https://"):
+            session.mount(prefix, Adapter())
+        return session
+
+
 class EthereumAdapter(BlockWalker):
     chain = "ethereum"
     native_asset = "ETH"
@@ -153,10 +199,17 @@ class EthereumAdapter(BlockWalker):
         self.network = network
         self.chain_id = NETWORKS[network]
         self.tokens = {to_checksum_address(a): code for a, code in (tokens or {}).items()}
-        self.w3 = Web3(HTTPProvider(rpc_url, request_kwargs={"timeout": timeout}))
+        self._connects = _Connects()
+        self._session = self._connects.session()
+        self.w3 = Web3(HTTPProvider(rpc_url, request_kwargs={"timeout": timeout}, session=self._session))
+
+    @property
+    def connection_serial(self) -> int:
+        """The newest connection's serial (module docstring)."""
+        return self._connects.serial
 
     def close(self) -> None:
-        pass  # HTTPProvider's session is shared by web3 and closed at exit
+        self._session.close()
 
     def _call(self, fn, *args, **kwargs):
         try:

@@ -40,6 +40,12 @@ Jobs (APScheduler runs them; tests call them directly, in this order):
   on) would repeat on every run: `drop_expired` takes the withdrawals whose decision expired and
   that the signer never signed back to `approved` (the batch is abandoned, its coins freed, when
   it empties), and the next batching run re-decides them.
+  Any other refusal that names ONE withdrawal (`SigningRefused.withdrawal_id`: an approver the
+  signer no longer knows, a quorum its own table raised, a destination denylisted since batching)
+  would hold every other withdrawal of the batch the same way: `drop_refused` takes that one out
+  (back to the operators under a fresh decision, or rejected with its hold released, by code:
+  BACK_TO_OPERATORS, REJECTED_ON_REFUSAL) with a warning incident, and the rest is signed on the
+  next run. A refusal naming no withdrawal (kill switch, inputs, fee) leaves the batch open.
 - `broadcast()`: sends every stored signed transaction (idempotent at the adapter: a transaction
   the node already has is success). A crash after sending but before recording re-sends the same
   bytes, which the node answers as already known: one payment.
@@ -134,6 +140,21 @@ def hot_coin_origin(*, known: bool, tx_kind: str | None) -> str:
 # an expired hold can still read `pending` until the expiry job runs.
 SIGNER_REFUSES = frozenset({ErrorCode.hold_not_found, ErrorCode.hold_already_resolved, ErrorCode.hold_owner_mismatch,
                             ErrorCode.hold_account_mismatch, ErrorCode.hold_exceeded})
+
+# What `drop_refused` does with the ONE withdrawal a signer's refusal names (SigningRefused.withdrawal_id)
+# in a batch nothing was recorded for: back to the operators under a fresh decision (approval
+# problems: Withdrawals.return_to_operators), or rejected with its hold released (the reason given).
+# Codes not listed (decision_expired: `drop_expired`; no_decision, hold_not_live, withdrawal_not_batched,
+# output_mismatch: custody's own rows were changed underneath it or disagree, for a person to look at)
+# leave the batch as it is, with a warning incident naming the withdrawal; so do refusals naming none.
+BACK_TO_OPERATORS = frozenset({RefusalCode.approval_unsigned, RefusalCode.approver_unknown,
+                               RefusalCode.approval_signature_invalid, RefusalCode.approval_replayed,
+                               RefusalCode.approval_payload_mismatch, RefusalCode.decision_not_approved})
+REJECTED_ON_REFUSAL: Mapping[RefusalCode, str] = {
+    RefusalCode.destination_denied: "destination_sanctioned",  # the reason batching's rescreen gives
+    RefusalCode.destination_internal: "destination_internal",
+    RefusalCode.asset_unknown: "asset_unknown",  # the signer pays no such asset: nothing operators can approve
+}
 
 
 @dataclass(frozen=True)
@@ -485,7 +506,8 @@ class Payouts:
 
     def sign_open_batches(self) -> list[str]:
         """Sign every open batch that is not set aside; returns the txids signed. A refusal leaves the
-        batch open (`decision_expired` takes the expired withdrawals out: `drop_expired`); one another
+        batch open (`decision_expired` takes the expired withdrawals out: `drop_expired`; one naming a
+        single withdrawal takes that one out: `drop_refused`); one another
         worker is signing, or signed meanwhile, is skipped (`_claim_batch`); any other failure (its
         capture refused by the ledger, say) sets it aside with a warning incident (nothing was stored
         or sent) and the next batch is signed all the same."""
@@ -508,7 +530,63 @@ class Payouts:
             self.refusals.append((batch_id, refused.code.value))
             if refused.code is RefusalCode.decision_expired:  # it would be refused on every run: re-decide them
                 self.drop_expired(batch_id)
+            elif refused.withdrawal_id is not None:  # one withdrawal: take it out, the rest is signed next run
+                self.drop_refused(batch_id, refused)
             return None
+
+    def drop_refused(self, batch_id: int, refused: SigningRefused) -> str | None:
+        """The signer refused open batch `batch_id` over ONE of its withdrawals
+        (`refused.withdrawal_id`), with a code of BACK_TO_OPERATORS or REJECTED_ON_REFUSAL: that
+        withdrawal leaves the batch (an emptied batch is abandoned, its coins freed) and goes back
+        to the operators under a fresh decision (`Withdrawals.return_to_operators`; without one
+        wired, it is rejected and released like the rest) or is rejected with its hold released;
+        a warning incident (`withdrawal_refused_by_signer`: nothing left the firm) names the
+        withdrawal, batch and code, and the batch's other withdrawals are signed without it on the
+        next run. One database transaction, audited (`batch.drop_refused`). Another code naming
+        a withdrawal (no_decision, hold_not_live, ...: custody's rows changed underneath) opens
+        the same warning incident and moves nothing. Answers the withdrawal's new state, or None
+        (nothing moved) when the code is not one of those, the
+        batch is no longer open and active or has a signed version on record (another worker
+        signed it meanwhile), or the withdrawal is no longer `batched` in it."""
+        wid, code = refused.withdrawal_id, refused.code
+        if wid is None:
+            return None
+        if code not in BACK_TO_OPERATORS and code not in REJECTED_ON_REFUSAL:  # for a person: told, nothing moved
+            with self.engine.begin() as c:
+                open_incident(c, "withdrawal_refused_by_signer", f"signer_refused:{batch_id}:{wid}:{code.value}",
+                              {"withdrawal_id": wid, "batch_id": batch_id, "code": code.value,
+                               "message": refused.message[:500], "state": "batched", "abandoned": False}, severity="warning")
+            return None
+        with self.engine.begin() as c:
+            batch = c.execute(text("SELECT state, containment FROM withdrawal_batch WHERE id = :b FOR UPDATE"),
+                              {"b": batch_id}).one()
+            signed = c.execute(text("SELECT 1 FROM chain_transaction WHERE batch_id = :b LIMIT 1"), {"b": batch_id}).first()
+            if batch.state != "open" or batch.containment != "active" or signed is not None:
+                return None
+            w = c.execute(text("SELECT w.state, w.batch_id, w.hold_id FROM withdrawal_request w JOIN batch_output o "
+                               "ON o.withdrawal_id = w.id AND o.batch_id = :b WHERE w.id = :w FOR UPDATE OF w"),
+                          {"b": batch_id, "w": wid}).first()
+            if w is None or w.state != "batched" or w.batch_id != batch_id:
+                return None
+            abandoned = self._unbatch(c, batch_id, [wid])  # batched -> approved, hold still pending
+            if code in BACK_TO_OPERATORS and self.withdrawals is not None:
+                state = self.withdrawals.return_to_operators(c, wid)
+            else:
+                reason = REJECTED_ON_REFUSAL.get(code, code.value)
+                if self.ledger.get_hold(w.hold_id, conn=c).state.value == "pending":
+                    self.ledger.release_hold(w.hold_id, owner=HOLD_OWNER, conn=c)
+                advance(c, "withdrawal", wid, "approved", "rejected", reject_reasons=[reason])
+                reopen_returns(c, [wid], by="custody", reason=reason)
+                emit(c, "withdrawal.rejected", f"withdrawal.rejected:{wid}", {"withdrawal_id": wid, "reason": reason})
+                state = "rejected"
+            detail = {"withdrawal_id": wid, "batch_id": batch_id, "code": code.value, "message": refused.message[:500],
+                      "state": state, "abandoned": abandoned}
+            audit(c, "custody", "batch.drop_refused", f"batch:{batch_id}", detail)
+            open_incident(c, "withdrawal_refused_by_signer", f"signer_refused:{batch_id}:{wid}:{code.value}", detail,
+                          severity="warning")
+        log.warning("batch %d: the signer refused withdrawal %d (%s); taken out of the batch: %s%s", batch_id, wid,
+                    code.value, state, "; the batch is abandoned" if abandoned else "")
+        return state
 
     @staticmethod
     def _claim_batch(c: Connection, batch_id: int) -> bool:

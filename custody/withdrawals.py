@@ -45,7 +45,7 @@ import datetime as dt
 import hashlib
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from sqlalchemy import Connection, Engine, text
@@ -285,6 +285,28 @@ class Withdrawals:
         reopen_returns(c, [wid], by="policy", reason=",".join(r.value for r in decision.reasons))
         emit(c, "withdrawal.rejected", f"withdrawal.rejected:{wid}:{decision_id}", {"withdrawal_id": wid})
         return "rejected"
+
+    def return_to_operators(self, c: Connection, wid: int) -> str:
+        """An `approved` withdrawal the signer refused over its approvals (custody.payouts
+        `drop_refused`: an approver the signer no longer knows, a quorum the signer's own table
+        raised, an unsigned or altered approval row) goes back to the operators under a fresh
+        decision of the current policy: its approvals sign the decision id, so the old ones no
+        longer count. A decision that approves or asks fewer becomes `needs_approval` with at
+        least one operator (someone must look at it again); one that rejects releases the hold.
+        Returns the new state: `pending_approval` or `rejected`. In the caller's transaction."""
+        w = _view(c.execute(text(f"{_W_SQL} WHERE id = :i FOR UPDATE"), {"i": wid}).one())
+        decision = self._evaluate(c, w)
+        if decision.outcome is Outcome.REJECT:
+            decision_id = self._store_decision(c, w.id, decision)
+            reasons = [r.value for r in decision.reasons]
+            self.ledger.release_hold(w.hold_id, owner=HOLD_OWNER, conn=c)
+            advance(c, "withdrawal", wid, "approved", "rejected", decision_id=decision_id, reject_reasons=reasons)
+            reopen_returns(c, [wid], by="policy", reason=",".join(reasons))
+            emit(c, "withdrawal.rejected", f"withdrawal.rejected:{wid}:{decision_id}", {"withdrawal_id": wid})
+            return "rejected"
+        decision = replace(decision, outcome=Outcome.NEEDS_APPROVAL, required_approvals=max(decision.required_approvals, 1))
+        advance(c, "withdrawal", wid, "approved", "pending_approval", decision_id=self._store_decision(c, w.id, decision))
+        return "pending_approval"
 
     # ---- operator decisions ---------------------------------------------------------------
 

@@ -13,7 +13,7 @@ so one client may be used from any number of threads.
 What a call raises besides its result:
 | raised | when |
 | --- | --- |
-| `SigningRefused(RefusalCode, message)` | the signer's checks refused (it audited the refusal) |
+| `SigningRefused(RefusalCode, message, withdrawal_id)` | the signer's checks refused (it audited the refusal); `withdrawal_id` names the one withdrawal it is about, or None |
 | `SignerError(SignerErrorCode, message)` | the signing code refused a value |
 | `SignerUnavailable` (a `chain_adapters.errors.NodeUnavailable`) | connection refused, reset or timed out, the socket is missing, the signer died mid-call, or it cannot reach its database: jobs retry next run |
 | `WireError(unauthenticated / bad_request / unknown_method / method_not_allowed / internal / bad_response)` | see signer.wire |
@@ -33,14 +33,13 @@ from typing import Any, Sequence
 from signer.bitcoin_tx import SignedTx
 from signer.errors import SignerError, SignerErrorCode
 from signer.ethereum_tx import SignedEthTx
-from signer.protocol import BatchOutput, BtcCoin, RefusalCode, SigningRefused
+from signer.protocol import BatchOutput, BtcCoin
 from signer.wire import (AUTH_KEY_MIN_BYTES, CLIENT_NAME, MAX_LINE, METHODS, Malformed, SignerInfo, SignerUnavailable,
-                         WireError, WireErrorCode, Xpubs, check_answer, encode_line, new_request, parse_endpoint,
-                         parse_line, read_auth_key)
+                         WireError, WireErrorCode, Xpubs, check_answer, decode_refused, encode_line, new_request,
+                         parse_endpoint, parse_line, read_auth_key)
 
 _WIRE_CODES = {c.value: c for c in WireErrorCode}
 _SIGNER_CODES = {c.value: c for c in SignerErrorCode}
-_REFUSAL_CODES = {c.value: c for c in RefusalCode}
 
 
 class SignerClient:
@@ -112,11 +111,13 @@ class SignerClient:
                 return spec.result.decode(body, "result")
             except Malformed as exc:
                 raise WireError(WireErrorCode.bad_response, str(exc)) from None
-        code, message = _code_and_message(body)
         if outcome == "refused":
-            if code not in _REFUSAL_CODES:
-                raise WireError(WireErrorCode.bad_response, f"unknown refusal code {code!r}: {message}")
-            raise SigningRefused(_REFUSAL_CODES[code], message)
+            try:
+                refused = decode_refused(body)
+            except Malformed as exc:
+                raise WireError(WireErrorCode.bad_response, str(exc)) from None
+            raise refused
+        code, message = _code_and_message(body)
         if code == WireErrorCode.unavailable.value:
             raise SignerUnavailable(f"signer at {self.endpoint}: {message}")
         if code in _SIGNER_CODES:

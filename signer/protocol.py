@@ -47,9 +47,16 @@ class RefusalCode(str, enum.Enum):
 
 
 class SigningRefused(Exception):
-    def __init__(self, code: RefusalCode, message: str) -> None:
+    """The signer refused a request (`code`, signer.service's table). `withdrawal_id` names the ONE
+    withdrawal the refusal is about when it is about one (its decision, approvals, hold, asset,
+    destination: signer.service `_about`), None when it is about the request as a whole (kill switch,
+    inputs, fee, change, the batch's shape). Custody takes a named withdrawal out of a batch that was
+    not signed (custody.payouts `drop_refused`) so the others are signed without it."""
+
+    def __init__(self, code: RefusalCode, message: str, withdrawal_id: int | None = None) -> None:
         self.code = code
         self.message = message
+        self.withdrawal_id = withdrawal_id
         super().__init__(f"{code.value}: {message}")
 
 

@@ -37,7 +37,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from signer.errors import SignerError
 from signer.protocol import SignerPort, SigningRefused
 from signer.wire import (MAX_LINE, METHODS, SIGNING_METHODS, ClientGrant, Endpoint, Malformed, RequestAuthenticator,
-                         SignerInfo, WireError, WireErrorCode, Xpubs, encode_line, new_answer, parse_line)
+                         SignerInfo, WireError, WireErrorCode, Xpubs, encode_line, encode_refused, new_answer, parse_line)
 
 log = logging.getLogger("signer.server")
 READ_TIMEOUT_SECONDS = 10  # a connection must send its request line within this
@@ -80,7 +80,7 @@ class SignerService:
         except Malformed as exc:
             outcome, body, label = "error", {"code": WireErrorCode.bad_request.value, "message": str(exc)}, "error:bad_request"
         except SigningRefused as refused:
-            outcome, body = "refused", {"code": refused.code.value, "message": refused.message}
+            outcome, body = "refused", encode_refused(refused)
             label = f"refused:{refused.code.value}"
         except SignerError as exc:
             outcome, body = "error", {"code": exc.code.value, "message": exc.detail or exc.code.meaning}

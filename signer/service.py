@@ -69,7 +69,10 @@ reply custody lost, or never stored): a withdrawal with a record in this batch i
 `decision_expired`, since the record proves it was signed while live and the new transaction must
 conflict with that one (`already_signed` otherwise), so at most one of them can ever confirm.
 
-Refusal codes (`RefusalCode`), in the order they are checked:
+Refusal codes (`RefusalCode`), in the order they are checked. A refusal about ONE withdrawal of a
+new batch (its output, asset, destination, state, decision, approvals or hold) names it
+(`SigningRefused.withdrawal_id`, set in one place: `_about`); custody then takes that withdrawal out
+of the batch and signs the rest (custody.payouts `drop_refused`). The others name none:
 | code | meaning |
 | --- | --- |
 | kill_switch_on | withdrawals are halted |
@@ -495,12 +498,13 @@ class Signer:
         resigned = set(c.execute(text(_RESIGN_SQL), {"b": batch_id, "w": list(ids)}).scalars())
         for o in outputs:
             w = by_id[o.withdrawal_id]
-            if w.state != "batched" or w.batch_id != batch_id:
-                raise SigningRefused(RefusalCode.withdrawal_not_batched, f"withdrawal {w.id} is {w.state}")
-            counted[w.id] = self._check_decision(w, approvals.get(w.decision_id, []), now,
-                                                 check_expiry=w.id not in resigned)
-            if w.hold_state != "pending" or int(w.hold_remaining) < int(w.amount) + int(w.fee_quoted):
-                raise SigningRefused(RefusalCode.hold_not_live, f"withdrawal {w.id}: the hold is {w.hold_state}")
+            with _about(w.id):  # each refusal here is about this one withdrawal
+                if w.state != "batched" or w.batch_id != batch_id:
+                    raise SigningRefused(RefusalCode.withdrawal_not_batched, f"withdrawal {w.id} is {w.state}")
+                counted[w.id] = self._check_decision(w, approvals.get(w.decision_id, []), now,
+                                                     check_expiry=w.id not in resigned)
+                if w.hold_state != "pending" or int(w.hold_remaining) < int(w.amount) + int(w.fee_quoted):
+                    raise SigningRefused(RefusalCode.hold_not_live, f"withdrawal {w.id}: the hold is {w.hold_state}")
         return [Paid(p.withdrawal_id, p.chain, p.asset, p.amount, p.destination, p.script, counted[p.withdrawal_id])
                 for p in paid]
 
@@ -559,18 +563,22 @@ class Signer:
         paid = []
         for o in outputs:
             w = by_id[o.withdrawal_id]
-            if (o.address, o.amount) != (w.destination, int(w.amount)):
-                raise SigningRefused(RefusalCode.output_mismatch, f"output for withdrawal {w.id} does not match it")
-            paid.append(Paid(w.id, chain, w.asset, int(w.amount), w.destination, self._script(w, o, chain), 0))
+            with _about(w.id):
+                if (o.address, o.amount) != (w.destination, int(w.amount)):
+                    raise SigningRefused(RefusalCode.output_mismatch, f"output for withdrawal {w.id} does not match it")
+                paid.append(Paid(w.id, chain, w.asset, int(w.amount), w.destination, self._script(w, o, chain), 0))
         for p in paid:
             asset = self.assets.get(p.asset)
             if asset is None or asset.chain != chain or by_id[p.withdrawal_id].chain != chain:
                 raise SigningRefused(RefusalCode.asset_unknown,
-                                     f"withdrawal {p.withdrawal_id}: the signer pays no asset {p.asset!r} on {chain}")
+                                     f"withdrawal {p.withdrawal_id}: the signer pays no asset {p.asset!r} on {chain}",
+                                     p.withdrawal_id)
         denied = {a.lower() for a in c.execute(text("SELECT address FROM denylist_address WHERE lower(address) = ANY(:d)"),
                                               {"d": [p.destination.lower() for p in paid]}).scalars()}
-        if denied:
-            raise SigningRefused(RefusalCode.destination_denied, f"denylisted destination(s): {sorted(denied)}")
+        if denied:  # named: the first withdrawal paying one (custody drops it; the next request names the next)
+            first = next(p.withdrawal_id for p in paid if p.destination.lower() in denied)
+            raise SigningRefused(RefusalCode.destination_denied, f"withdrawal {first}: denylisted destination(s): "
+                                 f"{sorted(denied)}", first)
         self._check_not_own(batch_id, paid)
         return paid
 
@@ -587,7 +595,8 @@ class Signer:
         for p in paid:
             if pays_own_address(p.destination, p.script, bitcoin_scripts=btc, ethereum_addresses=eth, network=self.bitcoin_network):
                 raise SigningRefused(RefusalCode.destination_internal,
-                                     f"output for withdrawal {p.withdrawal_id} pays {p.destination}, an address of the signer's own keys")
+                                     f"output for withdrawal {p.withdrawal_id} pays {p.destination}, an address of the signer's own keys",
+                                     p.withdrawal_id)
 
     def _check_decision(self, w, approvals: list, now: dt.datetime, *, check_expiry: bool = True) -> int:
         """The decision and its approvals, as the module table orders them: every approval row must
@@ -754,6 +763,20 @@ class Signer:
                   {"b": batch_id, "o": outcome, "c": code, "t": txid, "d": json.dumps(detail)})
         if code:
             log.warning("signer refused batch %s: %s", batch_id, code)
+
+
+@contextmanager
+def _about(withdrawal_id: int) -> Iterator[None]:
+    """A refusal raised inside is about withdrawal `withdrawal_id` alone: it leaves carrying that id
+    (`SigningRefused.withdrawal_id`, unless a check already named one), so custody can take that
+    withdrawal out of its batch and sign the rest. Wraps the per-withdrawal checks of a new batch
+    (`_check_batch`, `_check_outputs`); refusals about the request as a whole stay unnamed."""
+    try:
+        yield
+    except SigningRefused as refused:
+        if refused.withdrawal_id is None:
+            refused.withdrawal_id = withdrawal_id
+        raise
 
 
 def _eth_address(private_key: bytes) -> str:

@@ -10,7 +10,7 @@ ended by `\\n` (at most MAX_LINE bytes), then the server closes the connection.
 | envelope | fields |
 | --- | --- |
 | request | `id` (str, chosen by the client), `client` (str, its name in the signer's config), `method` (str), `params` (object), `ts` (int, unix seconds), `nonce` (32 hex digits, random), `mac` |
-| answer | `id` and `nonce` of the request, exactly one of `result`, `refused` {code, message}, `error` {code, message}; `mac` |
+| answer | `id` and `nonce` of the request, exactly one of `result`, `refused` {code, message, withdrawal_id}, `error` {code, message}; `mac` |
 
 Clients: the signer knows each caller by name (`ClientGrant`: name, its own auth key, the methods
 it may call; the signer's config lists them). Deployed, `worker` may call every method and `api`
@@ -61,7 +61,7 @@ script}; change: null or [address, amount]. The signing methods are `signer.prot
 Answers that are not a result:
 | answer | client raises | meaning |
 | --- | --- | --- |
-| refused {code} | `signer.protocol.SigningRefused(RefusalCode(code))` | the signer's checks refused; it wrote its audit row |
+| refused {code, message, withdrawal_id} | `signer.protocol.SigningRefused(RefusalCode(code), message, withdrawal_id)` | the signer's checks refused; it wrote its audit row. `withdrawal_id` (an integer, or null) names the one withdrawal the refusal is about; absent is read as null (a signer from before it existed). `encode_refused` / `decode_refused` |
 | error {code: a `SignerErrorCode`} | `signer.errors.SignerError` | the signing code refused the values (bad address, index...) |
 | error unauthenticated | `WireError` | unknown client, bad MAC (the wrong client's key), `ts` more than 30 s away, or a replayed nonce (logged by the server) |
 | error bad_request | `WireError` | not JSON, a missing or unknown field, a float or bool where an integer belongs, bad hex |
@@ -94,7 +94,7 @@ from typing import Any, Callable, Generic, Iterable, Mapping, TypeVar
 from chain_adapters.errors import NodeUnavailable
 from signer.bitcoin_tx import SignedTx
 from signer.ethereum_tx import SignedEthTx
-from signer.protocol import BatchOutput, BtcCoin
+from signer.protocol import BatchOutput, BtcCoin, RefusalCode, SigningRefused
 
 T = TypeVar("T")
 
@@ -417,6 +417,29 @@ def check_answer(key: bytes, answer: Mapping[str, Any], request: Mapping[str, An
     if len(outcomes) != 1 or set(answer) != {"id", "nonce", "mac", outcomes[0]}:
         raise WireError(WireErrorCode.bad_response, "an answer has exactly one of result, refused, error")
     return outcomes[0], answer[outcomes[0]]
+
+
+def encode_refused(refused: SigningRefused) -> dict[str, Any]:
+    """The body of a `refused` answer: {code, message, withdrawal_id (int or null)}."""
+    wid = refused.withdrawal_id
+    return {"code": refused.code.value, "message": refused.message, "withdrawal_id": None if wid is None else _enc_int(wid)}
+
+
+_REFUSAL_CODES = {c.value: c for c in RefusalCode}
+
+
+def decode_refused(body: Any) -> SigningRefused:
+    """The SigningRefused a `refused` body stands for; Malformed for a body that is not an object,
+    an unknown code, a message that is not a string, a `withdrawal_id` that is neither an integer
+    nor null (absent: null), or any other key."""
+    if not isinstance(body, dict) or not set(body) <= {"code", "message", "withdrawal_id"}:
+        raise Malformed("a refusal is {code, message, withdrawal_id}")
+    code, message, wid = body.get("code"), body.get("message", ""), body.get("withdrawal_id")
+    if not isinstance(code, str) or code not in _REFUSAL_CODES:
+        raise Malformed(f"unknown refusal code {code!r}: {message}")
+    if not isinstance(message, str):
+        raise Malformed("a refusal's message is a string")
+    return SigningRefused(_REFUSAL_CODES[code], message, None if wid is None else _dec_int(wid, "refused.withdrawal_id"))
 
 
 # ---- codecs: Python values <-> JSON --------------------------------------------------------------

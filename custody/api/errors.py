@@ -12,6 +12,8 @@ API adds its own codes, listed here in the order a request meets them:
 | method_not_allowed | 405 | the route exists, the method does not |
 | conflict | 409 | the database refused a write that duplicates an existing row (SQLSTATE 23505 unique, 23P01 exclusion), e.g. two racing requests; any other integrity violation (23xxx: foreign key, check, not null) of a request's value is `invalid_request` |
 | chains_not_configured | 503 | the route needs chain adapters (or a signer) that this service was started without |
+| node_unavailable | 503 | a chain node (or the signer) the route reads could not be reached, or answered with a transport error; nothing was committed: send it again later (`Retry-After`) |
+| wrong_network | 503 | the chain node the route reads answers for another chain than configured: its NetworkGate is closed (custody.roots.guards) until the node or the configuration is fixed and the process restarted; a critical incident names it |
 | temporarily_unavailable | 503 | a transient database failure: a deadlock victim, a serialization failure, a lock or statement timeout, a lost connection; nothing was committed, and the same request with the same idempotency key may be sent again (`Retry-After`) |
 | internal_error | 500 | anything unexpected, without a stack trace; this includes a refusal by the ledger's own guard triggers (their message starts with `ledger:`), which means a bug in the service, never bad input |
 
@@ -28,6 +30,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from chain_adapters.errors import NodeUnavailable, WrongNetwork
 from custody.errors import CustodyError
 from ledger.errors import LedgerError
 from matching.errors import MatchingError
@@ -95,6 +98,16 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(_: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse(body(exc.code, exc.message), status_code=exc.status)
+
+    @app.exception_handler(NodeUnavailable)  # WrongNetwork is one: its own code, no Retry-After (it stays closed)
+    async def node_unavailable(request: Request, exc: NodeUnavailable) -> JSONResponse:
+        wrong = isinstance(exc, WrongNetwork)
+        log.warning("%s %s: %s", request.method, request.url.path, exc)
+        if wrong:
+            return JSONResponse(body("wrong_network", f"a chain node answers for another chain than configured: {exc.detail}"),
+                                status_code=503)
+        return JSONResponse(body("node_unavailable", f"a chain node or the signer could not be reached: {exc.detail}"),
+                            status_code=503, headers={"Retry-After": "5"})
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:

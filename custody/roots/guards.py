@@ -6,7 +6,8 @@ Guarantees:
 - No adapter call of a process built by custody.roots reaches a node whose chain has not been
   verified (bitcoind `getblockchaininfo.chain`, ethereum `eth_chainId`): on the first successful
   contact, again after any call that found the node unavailable, after the RPC client opened a new
-  connection (bitcoin: `JsonRpcClient.connection_serial`; an answer read over a connection opened
+  connection (bitcoin: `JsonRpcClient.connection_serial`; ethereum: `EthereumAdapter.connection_serial`,
+  which counts the connects of web3's HTTP session; an answer read over a connection opened
   during the call is only returned once the node it reached is verified), and at least every
   `RECHECK_SECONDS`. A node found on another chain closes its gate for the life of the process:
   every call raises `WrongNetwork` (a `NodeUnavailable`: jobs log and retry, containment does not
@@ -120,7 +121,8 @@ class NetworkGate:
             raise WrongNetwork(self._wrong.detail)
 
     def _current_serial(self) -> int | None:
-        return getattr(getattr(self._adapter, "rpc", None), "connection_serial", None)
+        serial = getattr(self._adapter, "connection_serial", None)  # ethereum: web3's session
+        return serial if serial is not None else getattr(getattr(self._adapter, "rpc", None), "connection_serial", None)
 
     def _fresh(self) -> bool:
         at = self._verified_at

@@ -291,16 +291,21 @@ def test_approvals_forged_in_the_database_are_refused_by_the_signer_process(depl
                            "VALUES (:w, :d, :o, 'approve', 'looks fine')"), {"w": w["id"], "d": decision, "o": f"api:{op}"})
         c.execute(text("UPDATE withdrawal_request SET state = 'approved' WHERE id = :w"), {"w": w["id"]})
 
-    def refused():
+    def refused():  # the batch it was in (custody takes a refused withdrawal out: custody.payouts drop_refused)
         with owner.connect() as c:
-            return c.execute(text("SELECT code FROM signer_audit WHERE outcome = 'refused' AND batch_id = "
-                                  "(SELECT batch_id FROM withdrawal_request WHERE id = :w)"), {"w": w["id"]}).scalar()
-    assert _until("the signer's refusal", refused) == "approval_unsigned"
+            return c.execute(text("SELECT batch_id FROM batch_output WHERE withdrawal_id = :w UNION "
+                                  "SELECT (detail->>'batch_id')::bigint FROM audit_event WHERE action = 'batch.drop_refused' "
+                                  "AND (detail->>'withdrawal_id')::bigint = :w"), {"w": w["id"]}).scalar()
+    batch = _until("batched", refused)
+    def code():
+        with owner.connect() as c:
+            return c.execute(text("SELECT code FROM signer_audit WHERE outcome = 'refused' AND batch_id = :b"), {"b": batch}).scalar()
+    assert _until("the signer's refusal", code) == "approval_unsigned"
+    _until("back to the operators", lambda: _state(clients, w["id"]) == "pending_approval")
     cluster.bitcoin.mine(2)
     assert _payments_to(cluster, dest) == 0
     with owner.connect() as c:
-        assert c.execute(text("SELECT count(*) FROM chain_transaction t JOIN withdrawal_request w ON w.batch_id = t.batch_id "
-                              "WHERE w.id = :w"), {"w": w["id"]}).scalar() == 0
+        assert c.execute(text("SELECT count(*) FROM chain_transaction WHERE batch_id = :b"), {"b": batch}).scalar() == 0
 
 
 def test_signer_killed_mid_batch_pays_exactly_once(deployment, nodes_up, clients, owner):

@@ -32,5 +32,6 @@ def test_every_code_a_route_raises_is_documented_with_its_status():
 def test_the_handlers_own_codes_are_documented():
     table = documented()
     for code, status in (("invalid_request", 422), ("conflict", 409), ("temporarily_unavailable", 503),
-                         ("internal_error", 500), ("not_found", 404), ("method_not_allowed", 405)):
+                         ("internal_error", 500), ("not_found", 404), ("method_not_allowed", 405),
+                         ("node_unavailable", 503), ("wrong_network", 503)):
         assert table.get(code) == status, code

@@ -302,7 +302,10 @@ def test_refusals_signer_errors_outages_and_crashes_come_back_as_their_own_excep
     client, fake, _ = served
     fake.raises = SigningRefused(RefusalCode.decision_not_approved, "withdrawal 41 lacks its quorum")
     refused = assert_raises_code(RefusalCode.decision_not_approved, client.sign_bitcoin_batch, 9, COINS, OUTPUTS, None)
-    assert_equal(refused.message, "withdrawal 41 lacks its quorum")
+    assert_equal((refused.message, refused.withdrawal_id), ("withdrawal 41 lacks its quorum", None))
+    fake.raises = SigningRefused(RefusalCode.approver_unknown, "withdrawal 41: approval 7: unknown key", 41)
+    refused = assert_raises_code(RefusalCode.approver_unknown, client.sign_bitcoin_batch, 9, COINS, OUTPUTS, None)
+    assert_equal(refused.withdrawal_id, 41)  # the withdrawal it is about crosses the socket
     fake.raises = SignerError(SignerErrorCode.WRONG_NETWORK, "a mainnet address")
     assert_raises_code(SignerErrorCode.WRONG_NETWORK, client.sign_bitcoin_sweep, 3, COINS, "bc1q", 500)
     fake.raises = OperationalError("SELECT 1", {}, ConnectionRefusedError())
@@ -525,3 +528,19 @@ def test_the_client_and_the_config_import_no_key_code():
     loaded = set(done.stdout.split())
     assert {"signer.client", "signer.wire"} <= loaded
     assert_equal(loaded & {"signer.keys", "signer.service", "signer.server"}, set())
+
+
+def test_a_refusal_names_its_withdrawal_both_ways_and_a_malformed_one_is_refused():
+    for wid in (None, 41, 2**63 - 1):
+        body = wire.encode_refused(SigningRefused(RefusalCode.destination_denied, "withdrawal: denied", wid))
+        assert_equal(body, {"code": "destination_denied", "message": "withdrawal: denied", "withdrawal_id": wid})
+        back = wire.decode_refused(json.loads(json.dumps(body)))
+        assert_equal((back.code, back.message, back.withdrawal_id), (RefusalCode.destination_denied, "withdrawal: denied", wid))
+    assert_equal(wire.decode_refused({"code": "kill_switch_on", "message": "halted"}).withdrawal_id, None)  # an older signer
+    for bad in ({"code": "kill_switch_on", "message": "m", "withdrawal_id": 4.0},
+                {"code": "kill_switch_on", "message": "m", "withdrawal_id": True},
+                {"code": "kill_switch_on", "message": "m", "withdrawal_id": "4"},
+                {"code": "kill_switch_on", "message": "m", "withdrawal_id": 4, "extra": 1},
+                {"code": "no_such_code", "message": "m"}, {"code": "kill_switch_on", "message": 5}, ["kill_switch_on"]):
+        with pytest.raises(wire.Malformed):
+            wire.decode_refused(bad)
