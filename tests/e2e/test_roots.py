@@ -136,6 +136,13 @@ def test_the_http_app_serves_the_api_root(api_root, config, engine):
     assert api_root.withdrawals.destinations.ethereum is api_root.adapters["ethereum"]
 
 
+def test_only_the_workers_reconciliation_records_hot_coins(api_root, worker_root):
+    """The hot-wallet sync records coins (wallet_utxo), which custody_api may not write (migration
+    0022): the worker's passes run it first, the api's on-demand pass does not."""
+    assert worker_root.reconciliation.before == worker_root.payouts.sync_hot_wallet
+    assert api_root.reconciliation.before is None
+
+
 def test_the_scheduler_takes_the_worker_root_and_a_deposit_is_credited(worker_root, config, cluster):
     jobs = {j.id for j in build_scheduler(worker_root).get_jobs()}  # type: ignore[arg-type]
     assert jobs >= {"deposits:bitcoin", "deposits:ethereum", "payouts", "sweeps", "rebalances", "expire-holds", "outbox",
