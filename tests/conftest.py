@@ -22,6 +22,9 @@ from pathlib import Path
 
 import pytest
 
+# In-process API requests run as the api's database role (custody_api), see tests/api_role.py.
+pytest_plugins = ["tests.api_role"]
+
 _LAYERS = ("unit", "integration", "e2e")
 TEST_STATE_DIR = pytest.StashKey[Path]()
 

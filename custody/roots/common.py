@@ -461,8 +461,11 @@ def _build(config: DeploymentConfig, process: Process, adapters: Mapping[str, Ch
         rebalances = Rebalances(engine, ledger, wallets, adapters["bitcoin"], signer, hot_address=hot,
                                 config=RebalanceConfig(bitcoin_network=btc_network))
         reserves = Reserves(engine, adapters["bitcoin"], signer, network=btc_network)
-    reconciliation = Reconciliation(engine, ledger, wallets, adapters, network=btc_network,
-                                    before=payouts.sync_hot_wallet if "bitcoin" in adapters else None)
+    # The worker's passes first record the hot wallet's new coins (and book funding); the api's
+    # on-demand pass (POST /v1/reconciliation) does not: recording coins is the worker's (custody_api
+    # may not write wallet_utxo rows, migration 0022), whose payouts job syncs every few seconds.
+    sync = payouts.sync_hot_wallet if "bitcoin" in adapters and process == "worker" else None
+    reconciliation = Reconciliation(engine, ledger, wallets, adapters, network=btc_network, before=sync)
     adjustments = TreasuryAdjustments(engine, ledger, quorum=settings.treasury_adjustment_quorum)
     return CustodyServices(config=config, settings=settings, engine=engine, ledger=ledger, wallets=wallets,
                            adapters=adapters, signer=signer, deposits=deposits, withdrawals=withdrawals,

@@ -114,9 +114,10 @@ def test_reference_data_is_applied_once_and_a_changed_key_stops_the_start(api_ro
             keys.account_xpub("bitcoin", "hot")
 
 
-def test_the_http_app_serves_the_api_root(api_root, config):
+def test_the_http_app_serves_the_api_root(api_root, config, engine):
     run = uuid.uuid4().hex[:8]
-    backend = create_api_key(api_root.engine, f"roots-{run}", Role.backend, api_root.settings.api_key_pepper)
+    # keys are the owner's to make (`create-api-key`): the api's role may not (migration 0022)
+    backend = create_api_key(engine, f"roots-{run}", Role.backend, api_root.settings.api_key_pepper)
     client = TestClient(create_app(api_root), raise_server_exceptions=False)  # type: ignore[arg-type]
     assert client.get("/health").json() == {"status": "ok"}
     account = client.post("/v1/accounts", headers={"X-API-Key": backend},
@@ -133,6 +134,13 @@ def test_the_http_app_serves_the_api_root(api_root, config):
     log.info("The ethereum adapter is behind its network gate, and the destination checks still use it")
     assert isinstance(api_root.adapters["ethereum"], NetworkGate)
     assert api_root.withdrawals.destinations.ethereum is api_root.adapters["ethereum"]
+
+
+def test_only_the_workers_reconciliation_records_hot_coins(api_root, worker_root):
+    """The hot-wallet sync records coins (wallet_utxo), which custody_api may not write (migration
+    0022): the worker's passes run it first, the api's on-demand pass does not."""
+    assert worker_root.reconciliation.before == worker_root.payouts.sync_hot_wallet
+    assert api_root.reconciliation.before is None
 
 
 def test_the_scheduler_takes_the_worker_root_and_a_deposit_is_credited(worker_root, config, cluster):

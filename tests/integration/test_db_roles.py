@@ -10,8 +10,13 @@
   a projection rebuild (the ledger's functions are SECURITY INVOKER, its triggers still guard the
   journal for them) and the API's typical writes (keys, assets, accounts, a withdrawal request
   with its hold and decision, its rejection).
-- The whole grant table holds for every table, a table made by a later migration gets the
-  default privileges, and `custody_apply_role_grants()` makes a newly listed table signer-owned.
+- custody_api is narrowed to what the api process writes (migration 0022_api_role_narrowed):
+  each write it lost (a wallet's key, chain transactions, coins, nonces, cursors, deposits,
+  API keys, deleting evidence...) is refused to it and still allowed to custody_worker; the
+  column-level writes it kept work; every table is in one of its two lists.
+- The whole grant table holds for every table and column, a table made by a later migration gets
+  the default privileges, `custody_apply_role_grants()` makes a newly listed table signer-owned,
+  converges (never re-grants what the api lists take away) and refuses a list that names no table.
 - Role creation survives another database's migration creating the same roles at the same moment
   (the cluster-wide race the suite's many databases can hit), and the embedded PostgreSQL gets the
   roles and lets each log in.
@@ -19,6 +24,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import threading
 import uuid
 from pathlib import Path
@@ -36,6 +42,8 @@ API, WORKER, SIGNER = PROCESS_ROLES
 WRITERS = (API, WORKER)
 INSUFFICIENT_PRIVILEGE = "42501"
 MIGRATION = Path(__file__).resolve().parents[2] / "migrations" / "versions" / "0020_process_roles.py"
+API_READ_ONLY = ["api_key", "chain_asset", "chain_cursor", "chain_transaction", "denylist_address", "eth_nonce",
+                 "matching_snapshot"]  # migration 0022: custody_api may only read them
 
 
 def sqlstate(engine: Engine, role: str | None, sql: str, params: dict | None = None) -> str | None:
@@ -155,6 +163,148 @@ def test_api_login_is_refused_the_signer_audit(engines):
     assert sqlstate(engines[API], None, WRITER_FORBIDDEN["insert_signer_audit"]) == INSUFFICIENT_PRIVILEGE
 
 
+# ---- what the api may not do and the worker may (migration 0022) -----------------------------
+# Each statement touches no row (WHERE false, or an INSERT of no row), so the worker's run of it
+# succeeds and changes nothing, while the api's is refused on the privilege check alone.
+
+API_FORBIDDEN = {
+    # the review's case: new deposit addresses would pay an attacker's key
+    "rewrite_wallet_xpub": "UPDATE wallet SET xpub = 'vpub-attacker' WHERE false",
+    "rewrite_wallet_network": "UPDATE wallet SET network = 'mainnet' WHERE false",
+    "register_wallet": "INSERT INTO wallet SELECT * FROM wallet WHERE false",
+    "delete_wallet": "DELETE FROM wallet WHERE false",
+    "nextval_wallet_id": "SELECT nextval('wallet_id_seq')",
+    # chain records: what was signed and broadcast, coins, nonces, the scanner's cursor, deposits
+    "record_chain_transaction": "INSERT INTO chain_transaction SELECT * FROM chain_transaction WHERE false",
+    "rewrite_chain_transaction": "UPDATE chain_transaction SET raw = raw, state = 'final' WHERE false",
+    "delete_chain_transaction": "DELETE FROM chain_transaction WHERE false",
+    "nextval_chain_transaction_id": "SELECT nextval('chain_transaction_id_seq')",
+    "record_coin": "INSERT INTO wallet_utxo SELECT * FROM wallet_utxo WHERE false",
+    "revalue_coin": "UPDATE wallet_utxo SET amount = amount + 1 WHERE false",
+    "unspend_coin": "UPDATE wallet_utxo SET spent_by = NULL WHERE false",
+    "delete_coin": "DELETE FROM wallet_utxo WHERE false",
+    "set_eth_nonce": "UPDATE eth_nonce SET next_nonce = 0 WHERE false",
+    "insert_eth_nonce": "INSERT INTO eth_nonce SELECT * FROM eth_nonce WHERE false",
+    "move_chain_cursor": "UPDATE chain_cursor SET height = height + 100 WHERE false",
+    "insert_chain_cursor": "INSERT INTO chain_cursor SELECT * FROM chain_cursor WHERE false",
+    "record_deposit": "INSERT INTO deposit_observation SELECT * FROM deposit_observation WHERE false",
+    "redirect_deposit": "UPDATE deposit_observation SET account_id = account_id WHERE false",
+    "inflate_deposit": "UPDATE deposit_observation SET amount = amount * 2 WHERE false",
+    "confirm_deposit": "UPDATE deposit_observation SET confirmations = 100, block_height = 0 WHERE false",
+    "nextval_deposit_observation_id": "SELECT nextval('deposit_observation_id_seq')",
+    "reassign_deposit_address": "UPDATE deposit_address SET account_id = account_id WHERE false",
+    "delete_deposit_address": "DELETE FROM deposit_address WHERE false",
+    "rewrite_batch_tx": "UPDATE withdrawal_batch SET fee_rate = 0, set_aside_count = 0 WHERE false",
+    "insert_batch": "INSERT INTO withdrawal_batch SELECT * FROM withdrawal_batch WHERE false",
+    "insert_batch_output": "INSERT INTO batch_output SELECT * FROM batch_output WHERE false",
+    "insert_sweep": "INSERT INTO sweep SELECT * FROM sweep WHERE false",
+    "rewrite_sweep": "UPDATE sweep SET state = 'final', txid = txid WHERE false",
+    "redirect_rebalance": "UPDATE rebalance SET destination = 'bcrt1qattacker', raw = raw WHERE false",
+    # reference data and keys that would outlive a compromise
+    "change_asset_fees": "UPDATE chain_asset SET withdrawal_fee = 0, finality_confirmations = 0 WHERE false",
+    "insert_chain_asset": "INSERT INTO chain_asset SELECT * FROM chain_asset WHERE false",
+    "plant_api_key": "INSERT INTO api_key SELECT * FROM api_key WHERE false",
+    "unrevoke_api_key": "UPDATE api_key SET revoked_at = NULL WHERE false",
+    "nextval_api_key_id": "SELECT nextval('api_key_id_seq')",
+    "clear_denylist": "DELETE FROM denylist_address WHERE false",
+    "plant_matching_snapshot": "INSERT INTO matching_snapshot SELECT * FROM matching_snapshot WHERE false",
+    # evidence the api writes but must not erase or rewrite
+    "delete_audit_event": "DELETE FROM audit_event WHERE false",
+    "rewrite_audit_event": "UPDATE audit_event SET actor = actor WHERE false",
+    "delete_approval": "DELETE FROM approval WHERE false",
+    "delete_incident": "DELETE FROM incident WHERE false",
+    "delete_withdrawal": "DELETE FROM withdrawal_request WHERE false",
+    "delete_policy_decision": "DELETE FROM policy_decision WHERE false",
+    "delete_reconciliation_line": "DELETE FROM reconciliation_line WHERE false",
+    "rewrite_outbox": "UPDATE outbox SET delivered_at = now() WHERE false",
+    "delete_account_balance": "DELETE FROM account_balance WHERE false",
+    "rewrite_journal_transaction": "UPDATE journal_transaction SET kind = kind WHERE false",
+    "setval_rebalance_id": "SELECT setval('rebalance_id_seq', 1)",
+}
+
+# What the api keeps, at the same statement level (its routes exercise them in their own tests).
+API_ALLOWED = {
+    "next_deposit_index": "UPDATE wallet SET next_index = next_index + 1 WHERE false",
+    "lock_wallet_row": "SELECT id FROM wallet WHERE false FOR UPDATE",
+    "reserve_coin_for_rebalance": "UPDATE wallet_utxo SET rebalance_id = NULL, reserved_by = NULL WHERE false",
+    "lock_coins": "SELECT txid FROM wallet_utxo WHERE false FOR UPDATE SKIP LOCKED",
+    "issue_deposit_address": "INSERT INTO deposit_address SELECT * FROM deposit_address WHERE false",
+    "release_quarantined": "UPDATE deposit_observation SET state = state, updated_at = now(), journal_transaction_id = NULL, "
+                           "return_withdrawal_id = NULL WHERE false",
+    "retry_batch": "UPDATE withdrawal_batch SET state = state, containment = containment, updated_at = now() WHERE false",
+    "empty_abandoned_batch": "DELETE FROM batch_output WHERE false",
+    "retry_sweep": "UPDATE sweep SET containment = containment, updated_at = now() WHERE false",
+    "open_rebalance": "INSERT INTO rebalance SELECT * FROM rebalance WHERE false",
+    "nextval_rebalance_id": "SELECT nextval('rebalance_id_seq')",
+    "save_reconciliation_pass": "UPDATE reconciliation_line SET difference = 0 WHERE false",
+    "remove_allowlisted_destination": "DELETE FROM allowlist_entry WHERE false",
+}
+
+
+@pytest.mark.parametrize("statement", sorted(API_FORBIDDEN))
+def test_the_api_login_is_refused_the_workers_writes(engines, statement):
+    assert sqlstate(engines[API], None, API_FORBIDDEN[statement]) == INSUFFICIENT_PRIVILEGE
+
+
+@pytest.mark.parametrize("statement", sorted(API_FORBIDDEN))
+def test_the_worker_may_make_the_writes_the_api_may_not(engine, statement):
+    assert sqlstate(engine, WORKER, API_FORBIDDEN[statement]) is None
+
+
+@pytest.mark.parametrize("statement", sorted(API_ALLOWED))
+@pytest.mark.parametrize("role", WRITERS)
+def test_api_and_worker_make_the_apis_narrow_writes(engine, engines, role, statement):
+    assert sqlstate(engines[API], None, API_ALLOWED[statement]) is None if role == API else \
+        sqlstate(engine, WORKER, API_ALLOWED[statement]) is None
+
+
+def test_the_api_role_issues_a_deposit_address_but_cannot_replace_the_wallets_key(database_url):
+    """Logged in as custody_api (on a database of its own: it registers the deposit wallet): the
+    next deposit address is issued from the registered key (the row lock and next_index are the
+    api's), the key itself cannot be replaced nor a wallet registered, and the chain asset the
+    worker configures cannot be changed; the books still verify."""
+    from custody.addresses import derive_btc_address
+    from custody.wallets import Wallets
+    from signer.keys import Secret, SignerKeys, seed_from_text
+    from tests.integration.own_database import own_database
+
+    keys = SignerKeys(seed_from_text(Secret("abandon " * 11 + "about")), "regtest")
+    with own_database(database_url, "roles_wallet") as owner:
+        owner_wallets = Wallets(owner, Ledger(owner))  # the worker's reference data
+        wallet_id = owner_wallets.register_wallet("bitcoin", "deposit", "regtest", keys.account_xpub("bitcoin", "deposit"))
+        owner_wallets.configure_asset("BTC", 8, "bitcoin", finality=3)
+        account = owner_wallets.customer_account("roles", "BTC")
+        api_engine = make_engine(with_user(owner.url.render_as_string(hide_password=False), API), pool_size=2)
+        try:
+            api_wallets = Wallets(api_engine, Ledger(api_engine))
+            first, second = (api_wallets.issue_address(f"roles:{n}", account) for n in (1, 2))
+            assert (first.derivation_index, second.derivation_index) == (0, 1)
+            assert first.address == derive_btc_address(keys.account_xpub("bitcoin", "deposit"), "regtest", 0, 0)
+            assert api_wallets.issue_address("roles:1", account).address == first.address
+            refused = []
+            for attempt in (lambda: api_wallets.register_wallet("bitcoin", "cold", "regtest", keys.account_xpub("bitcoin", "hot")),
+                            lambda: api_wallets.configure_asset("BTC", 8, "bitcoin", finality=0)):
+                with pytest.raises(DBAPIError) as exc:
+                    attempt()
+                refused.append(exc.value.orig.sqlstate)
+            assert sqlstate(api_engine, None, "UPDATE wallet SET xpub = 'vpub-attacker' WHERE id = :w", {"w": wallet_id}) \
+                == INSUFFICIENT_PRIVILEGE
+            assert refused == [INSUFFICIENT_PRIVILEGE] * 2
+        finally:
+            api_engine.dispose()
+        with owner.connect() as c:
+            assert c.execute(text("SELECT tier, xpub, next_index FROM wallet")).all() == \
+                [("deposit", canonical(keys.account_xpub("bitcoin", "deposit")), 2)]
+            assert c.execute(text("SELECT finality_confirmations FROM chain_asset WHERE asset = 'BTC'")).scalar_one() == 3
+        Ledger(owner).assert_verified()
+
+
+def canonical(xpub: str) -> str:
+    from custody.addresses import canonical_btc_account_key
+
+    return canonical_btc_account_key(xpub, "regtest")
+
+
 # ---- what each must do --------------------------------------------------------------------------
 
 def test_the_signer_reads_every_table_and_audits(engine, engines):
@@ -222,17 +372,20 @@ def test_api_and_worker_run_the_ledger(engine, engines, ledger, role):
         assert len(led.reserve_hold_ids(2, conn=c)) == 2
     led.rebuild_projections()
     assert (led.balance(alice).posted, led.balance(bob).posted, led.balance(fees).posted) == (804_000, 195_000, 1_000)
+    # the journal is append-only for both: the worker meets the trigger (restrict_violation), the
+    # api (INSERT only since 0022) its missing privilege
     assert sqlstate(engines[role], None, "UPDATE journal_entry SET amount = amount WHERE account_id = :a",
-                    {"a": alice}) == "23001"  # restrict_violation: the trigger, not a missing privilege
+                    {"a": alice}) == ("23001" if role == WORKER else INSUFFICIENT_PRIVILEGE)
 
 
-def test_the_api_role_makes_the_apis_writes(engines, ledger):
-    """The custody API on an engine logged in as custody_api: API keys, asset configuration, a
-    customer account opened over HTTP and funded, a withdrawal request (hold + policy decision),
-    its rejection (hold released)."""
+def test_the_api_role_makes_the_apis_writes(engine, engines, ledger):
+    """The custody API on an engine logged in as custody_api: a customer account opened over HTTP
+    and funded, a withdrawal request (hold + policy decision), its rejection (hold released). The
+    asset's chain data and the API keys are written by the owner (the worker's reference data and
+    the owner's CLI, which the api role may not write since 0022)."""
     from tests.integration.withdrawal_api import WithdrawalApi
 
-    api = WithdrawalApi(engines[API])
+    api = WithdrawalApi(engines[API], owner_engine=engine)
     acct = api.open_customer(f"roles-{uuid.uuid4().hex[:8]}")
     w = api.withdraw(acct, "0.1")
     assert w["state"] == "approved", w
@@ -277,21 +430,148 @@ def privileges(c, relation: str) -> dict[str, str]:
     return out
 
 
-def expected(relation: str, signer_tables: list[str]) -> dict[str, str]:
+def api_lists(c) -> tuple[list[str], dict[str, str]]:
+    """custody_api's two lists (migration 0022): read-only tables, and table -> the writes it keeps."""
+    read_only = c.execute(text("SELECT custody_api_read_only_tables()")).scalar_one()
+    limited = dict(c.execute(text("SELECT relation, privileges FROM custody_api_limited_tables()")).all())
+    return read_only, limited
+
+
+def update_columns(privileges: str) -> list[str] | None:
+    """The columns of a column-level `UPDATE (a, b)` in `privileges`; None for none or a table-level one."""
+    found = re.search(r"UPDATE \(([^)]*)\)", privileges)
+    return [c.strip() for c in found.group(1).split(",")] if found else None
+
+
+def api_letters(relation: str, read_only: list[str], limited: dict[str, str]) -> str:
+    """custody_api's table-level privileges on `relation` as `privileges()` spells them."""
+    if relation in read_only:
+        return "r"
+    if relation in limited:
+        p = re.sub(r"UPDATE \([^)]*\)", "", limited[relation])  # a column-level UPDATE is no table-level one
+        words = {w.strip() for w in p.split(",")}
+        return "".join(letter for letter, name in (("a", "INSERT"), ("r", "SELECT"), ("w", "UPDATE"), ("d", "DELETE"))
+                       if name in words or name == "SELECT")
+    return "arwd"
+
+
+def expected(relation: str, signer_tables: list[str], read_only: list[str] = (), limited: dict[str, str] | None = None) -> dict[str, str]:
     if relation in signer_tables:
         return {API: "r", WORKER: "r", SIGNER: "ar"}
     if relation == "alembic_version":
         return {API: "r", WORKER: "r", SIGNER: "r"}
-    return {API: "arwd", WORKER: "arwd", SIGNER: "r"}
+    return {API: api_letters(relation, list(read_only), limited or {}), WORKER: "arwd", SIGNER: "r"}
+
+
+def grant_state(c) -> dict[str, object]:
+    """Every table's and column's privileges of the three roles, and every sequence's: what
+    `custody_apply_role_grants()` decides, to compare before and after it runs."""
+    tables = c.execute(text("SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY 1")).scalars().all()
+    columns = c.execute(text(
+        "SELECT table_name, column_name, has_column_privilege('custody_api', format('public.%I', table_name), column_name, 'UPDATE') "
+        "FROM information_schema.columns WHERE table_schema = 'public' ORDER BY 1, 2")).all()
+    sequences = c.execute(text(
+        "SELECT c.relname, r.rolname, has_sequence_privilege(r.rolname, c.oid, 'USAGE'), "
+        "has_sequence_privilege(r.rolname, c.oid, 'UPDATE'), has_sequence_privilege(r.rolname, c.oid, 'SELECT') "
+        "FROM pg_class c, pg_roles r WHERE c.relkind = 'S' AND c.relnamespace = 'public'::regnamespace "
+        "AND r.rolname = ANY(:roles) ORDER BY 1, 2"), {"roles": list(PROCESS_ROLES)}).all()
+    return {"tables": {t: privileges(c, t) for t in tables}, "api_update_columns": [tuple(r) for r in columns],
+            "sequences": [tuple(r) for r in sequences]}
 
 
 def test_every_table_has_exactly_its_roles_privileges(engine):
     with engine.connect() as c:
         signer_tables = c.execute(text("SELECT custody_signer_tables()")).scalar_one()
+        read_only, limited = api_lists(c)
         tables = c.execute(text("SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY 1")).scalars().all()
-        wrong = {t: privileges(c, t) for t in tables if privileges(c, t) != expected(t, signer_tables)}
+        wrong = {t: privileges(c, t) for t in tables if privileges(c, t) != expected(t, signer_tables, read_only, limited)}
     assert signer_tables == ["signer_audit", "signer_signature"]
+    assert sorted(read_only) == API_READ_ONLY
     assert wrong == {}
+
+
+def test_every_table_is_classified_for_the_api(engine):
+    """Each table is the signer's, alembic's, or in exactly one of custody_api's lists: a table a
+    later migration adds must say what the api may write there (0022's docstring says how)."""
+    with engine.connect() as c:
+        signer_tables = c.execute(text("SELECT custody_signer_tables()")).scalar_one()
+        read_only, limited = api_lists(c)
+        tables = set(c.execute(text("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")).scalars())
+    assert not set(read_only) & set(limited)
+    assert sorted(tables - set(signer_tables) - {"alembic_version"} - set(read_only) - set(limited)) == []
+
+
+def test_the_apis_column_and_sequence_privileges_are_exactly_its_lists(engine):
+    """A column-level UPDATE covers its columns and no other; the api may take ids (nextval) only
+    from the sequences of tables it inserts into, and set none (setval) of a listed table's."""
+    with engine.connect() as c:
+        read_only, limited = api_lists(c)
+        state = grant_state(c)
+        owned = dict(c.execute(text(
+            "SELECT s.relname, t.relname FROM pg_depend d JOIN pg_class s ON s.oid = d.objid AND s.relkind = 'S' "
+            "JOIN pg_class t ON t.oid = d.refobjid WHERE d.classid = 'pg_class'::regclass "
+            "AND d.refclassid = 'pg_class'::regclass AND d.deptype IN ('a', 'i')")).all())
+    wrong_columns = []
+    for table, column, may in state["api_update_columns"]:
+        if table in read_only:
+            want = False
+        elif table in limited:
+            cols = update_columns(limited[table])
+            want = column in cols if cols is not None else bool(re.search(r"\bUPDATE\b", limited[table]))
+        else:
+            continue
+        if may != want:
+            wrong_columns.append((table, column, may))
+    assert wrong_columns == []
+    assert update_columns(limited["wallet"]) == ["next_index"]  # the wallet's key is the worker's
+    wrong_sequences = []
+    for seq, role, usage, update, select in state["sequences"]:
+        table = owned.get(seq)
+        if role != API or (table not in read_only and table not in limited):
+            continue
+        inserts = table in limited and "INSERT" in limited[table]
+        if (usage, update, select) != (inserts, False, True):
+            wrong_sequences.append((seq, usage, update, select))
+    assert wrong_sequences == []
+
+
+def test_applying_the_grants_again_converges_and_never_regrants_the_api(engine):
+    """`CALL custody_apply_role_grants()` after someone granted custody_api everything (by hand,
+    or an old migration's call) takes the api back to its lists; twice is the same as once."""
+    with engine.connect() as c, c.begin() as t:
+        before = grant_state(c)
+        c.execute(text("GRANT ALL ON ALL TABLES IN SCHEMA public TO custody_api"))
+        c.execute(text("GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO custody_api"))
+        drifted = privileges(c, "wallet")[API]
+        c.execute(text("CALL custody_apply_role_grants()"))
+        once = grant_state(c)
+        c.execute(text("CALL custody_apply_role_grants()"))
+        twice = grant_state(c)
+        t.rollback()
+    assert drifted == "arwdDxt"
+    assert once == before and twice == before
+
+
+@pytest.mark.parametrize("change, message", [
+    ("CREATE OR REPLACE FUNCTION custody_api_read_only_tables() RETURNS text[] LANGUAGE sql IMMUTABLE "
+     "AS $$ SELECT ARRAY['wallet_typo']::text[] $$", "names wallet_typo, which is not a table"),
+    ("CREATE OR REPLACE FUNCTION custody_api_read_only_tables() RETURNS text[] LANGUAGE sql IMMUTABLE "
+     "AS $$ SELECT ARRAY['wallet', 'chain_cursor']::text[] $$", "wallet is listed twice"),
+    ("CREATE OR REPLACE FUNCTION custody_api_read_only_tables() RETURNS text[] LANGUAGE sql IMMUTABLE "
+     "AS $$ SELECT ARRAY['signer_audit']::text[] $$", "signer_audit is listed twice for custody_api, or is the signer's"),
+    ("CREATE OR REPLACE FUNCTION custody_api_limited_tables() RETURNS TABLE (relation text, privileges text) "
+     "LANGUAGE sql IMMUTABLE AS $$ VALUES ('wallet', 'TRUNCATE') $$", "the privileges of wallet are not"),
+    ("CREATE OR REPLACE FUNCTION custody_api_limited_tables() RETURNS TABLE (relation text, privileges text) "
+     "LANGUAGE sql IMMUTABLE AS $$ VALUES ('wallet', 'UPDATE (next_index); DROP TABLE wallet') $$", "the privileges of wallet are not"),
+])
+def test_the_procedure_refuses_a_list_it_cannot_apply(engine, change, message):
+    with engine.connect() as c, c.begin() as t:
+        c.execute(text(change))
+        with pytest.raises(DBAPIError) as refused:
+            with c.begin_nested():
+                c.execute(text("CALL custody_apply_role_grants()"))
+        t.rollback()
+    assert message in str(refused.value.orig)
 
 
 def test_a_table_made_by_a_later_migration_gets_the_default_privileges(engine):

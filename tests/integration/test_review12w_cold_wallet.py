@@ -11,15 +11,19 @@ signer trusts no database row for who gets paid; the cold key must be pinned in 
 configuration (like its approver keys), and a rebalance to any other key refused
 (`destination_not_cold`).
 
-Each statement is made as custody_api (`SET LOCAL ROLE` on the owner's connection), on a database
-of the test's own; the books are verified at the end (the forged rows move no ledger money).
+Each statement is made as custody_worker (`SET LOCAL ROLE` on the owner's connection), on a
+database of the test's own; the books are verified at the end (the forged rows move no ledger
+money). Since migration 0022 custody_api may not register a wallet at all (refused first, below);
+the worker still may (it applies the reference data), so the signer's own check is what stops it.
 """
 from __future__ import annotations
 
 import logging
 import uuid
 
+import pytest
 from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 
 from custody.addresses import canonical_btc_account_key, derive_btc_address
 from custody.wallets import Wallets
@@ -51,9 +55,14 @@ def test_a_custody_role_cannot_make_the_signer_pay_a_cold_key_of_its_own(databas
 
         attacker_key = canonical_btc_account_key(ATTACKER.account_xpub("bitcoin", "hot"), "regtest")
         theirs = derive_btc_address(attacker_key, "regtest", 0, 0)
-        log.info("as custody_api: register a cold wallet of the attacker's key, an open rebalance of the whole hot coin to it")
-        with eng.begin() as c:
+        with pytest.raises(DBAPIError) as refused, eng.begin() as c:
             c.execute(text("SET LOCAL ROLE custody_api"))
+            c.execute(text("INSERT INTO wallet (chain, tier, network, xpub) VALUES ('bitcoin', 'cold', 'regtest', :x)"),
+                      {"x": attacker_key})
+        assert_equal(refused.value.orig.sqlstate, "42501")  # insufficient_privilege
+        log.info("as custody_worker: register a cold wallet of the attacker's key, an open rebalance of the whole hot coin to it")
+        with eng.begin() as c:
+            c.execute(text("SET LOCAL ROLE custody_worker"))
             c.execute(text("INSERT INTO wallet (chain, tier, network, xpub) VALUES ('bitcoin', 'cold', 'regtest', :x)"),
                       {"x": attacker_key})
             rebalance = c.execute(text(

@@ -65,8 +65,9 @@ def database(database_url):
 
 def config(tmp_path: Path, database, role: str, *, finality: int = 3, name: str = "custody.toml") -> DeploymentConfig:
     key = tmp_path / "signer-auth.key"
-    key.write_text("ab" * 32)
-    os.chmod(key, 0o600)
+    if not key.exists():  # written once: a config made in another thread must never read it truncated
+        key.write_text("ab" * 32)
+        os.chmod(key, 0o600)
     path = tmp_path / name
     path.write_text(tomli_w.dumps({
         "database": {"url": with_user(database.url.render_as_string(hide_password=False), role)},

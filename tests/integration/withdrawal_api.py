@@ -20,6 +20,7 @@ from custody.auth import Role, create_api_key
 from custody.container import Container
 from custody.policy_config import PolicyProvider
 from custody.settings import Settings
+from custody.wallets import Wallets
 from ledger.model import Transfer
 from ledger.service import Ledger
 from policies import PolicySet
@@ -29,20 +30,26 @@ DEST = "bcrt1qw508d6qejxtdg4y5r3zarvary0c5xw7kygt080"  # not ours
 
 
 class WithdrawalApi:
-    def __init__(self, engine, policy: PolicySet | None = None, extra_approvers: tuple[dict, ...] = ()) -> None:
+    def __init__(self, engine, policy: PolicySet | None = None, extra_approvers: tuple[dict, ...] = (), *,
+                 owner_engine=None) -> None:
+        """`owner_engine` (default `engine`) writes what the api process may not: the asset's chain
+        data (the worker's reference data) and the API keys (the owner's CLI), for an `engine`
+        logged in as custody_api."""
         settings = Settings(environment="test")
         self.run = uuid.uuid4().hex[:8]
         approvers = registry(self.operator_name(1), self.operator_name(2), *TEST_OPERATORS, extra=extra_approvers)
         self.custody = Container(settings=settings, engine=engine, ledger=Ledger(engine)).with_chains(
             {}, policy=policy, approvers=approvers)
-        self.custody.wallets.configure_asset("BTC", 8, "bitcoin", finality=3, dust_minimum=1_000, min_withdrawal=10_000,
-                                             withdrawal_fee=5_000)
+        owner_engine = owner_engine if owner_engine is not None else engine
+        Wallets(owner_engine, Ledger(owner_engine)).configure_asset(
+            "BTC", 8, "bitcoin", finality=3, dust_minimum=1_000, min_withdrawal=10_000, withdrawal_fee=5_000)
         app = create_app(self.custody)
         self.clients: dict[Role, TestClient] = {}
         for role in (Role.backend, Role.operator, Role.admin):
             for n in (1, 2):
                 client = TestClient(app, raise_server_exceptions=False)
-                client.headers["X-API-Key"] = create_api_key(engine, f"{role.value}-{n}-{self.run}", role, settings.api_key_pepper)
+                client.headers["X-API-Key"] = create_api_key(owner_engine, f"{role.value}-{n}-{self.run}", role,
+                                                             settings.api_key_pepper)
                 self.clients[(role, n)] = client
 
     @property
