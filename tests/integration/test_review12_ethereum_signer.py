@@ -17,7 +17,6 @@ import uuid
 import pytest
 from sqlalchemy import text
 
-from custody.controls import set_kill_switch
 from custody.destinations import DestinationGuard
 from custody.policy_config import default_policy
 from custody.states import advance
@@ -31,6 +30,8 @@ from signer.keys import Secret, SignerKeys, seed_from_text
 from signer.protocol import BatchOutput, SigningRefused
 from signer.service import Signer
 from tests.approvers import registry
+from tests.integration.own_database import own_database
+from ledger.service import Ledger
 from tests.integration.withdrawal_api import WithdrawalApi
 
 log = logging.getLogger(__name__)
@@ -47,22 +48,15 @@ class _NoNodeGuard(DestinationGuard):
 
 
 @pytest.fixture(scope="module")
-def api(engine) -> WithdrawalApi:
-    with engine.begin() as c:
-        set_kill_switch(c, False, "review12 eth: start clean", "test")
-    with engine.connect() as c:
-        before = c.execute(text("SELECT chain, contract_address FROM chain_asset WHERE asset = 'USDT'")).first()
-    api = WithdrawalApi(engine)
-    api.custody.wallets.configure_asset("USDT", 6, "ethereum", finality=2, contract_address=USDT_CONTRACT, min_withdrawal=1)
-    with engine.begin() as c:  # configure_asset does not update a contract already registered
-        c.execute(text("UPDATE chain_asset SET chain = 'ethereum', contract_address = :k WHERE asset = 'USDT'"), {"k": USDT_CONTRACT})
-    yield api
-    with engine.begin() as c:  # the session database as it was: other suites decide whether USDT is withdrawable
-        if before is None:
-            c.execute(text("DELETE FROM chain_asset WHERE asset = 'USDT'"))
-        else:
-            c.execute(text("UPDATE chain_asset SET chain = :c, contract_address = :k WHERE asset = 'USDT'"),
-                      {"c": before.chain, "k": before.contract_address})
+def api(database_url) -> WithdrawalApi:
+    """A database of this module's own: it rewrites chain_asset and forges signed ethereum batches,
+    which the session database's payout jobs (the e2e suites share it) must never see."""
+    with own_database(database_url, "review12_eth") as eng:
+        api = WithdrawalApi(eng)
+        api.custody.wallets.configure_asset("USDT", 6, "ethereum", finality=2, contract_address=USDT_CONTRACT,
+                                            min_withdrawal=1)
+        yield api
+        Ledger(eng).assert_verified()
 
 
 @pytest.fixture(scope="module")

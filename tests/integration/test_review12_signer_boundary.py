@@ -22,7 +22,6 @@ import uuid
 import pytest
 from sqlalchemy import text
 
-from custody.controls import set_kill_switch
 from custody.payouts import PayoutConfig, Payouts
 from custody.policy_config import default_policy
 from custody.states import advance
@@ -34,6 +33,8 @@ from signer.keys import Secret, SignerKeys, seed_from_text
 from signer.protocol import BatchOutput, BtcCoin, SigningRefused
 from signer.service import Signer
 from tests.approvers import registry
+from tests.integration.own_database import own_database
+from ledger.service import Ledger
 from tests.integration.withdrawal_api import WithdrawalApi
 
 log = logging.getLogger(__name__)
@@ -41,16 +42,16 @@ KEYS = SignerKeys(seed_from_text(Secret("abandon " * 11 + "about")), "regtest")
 ATTACKER_KEYS = SignerKeys(seed_from_text(Secret("zoo " * 11 + "wrong")), "regtest")
 ATTACKER = "bcrt1que968zjtjkx890qdggg4pwjxgcmyyfy9r64a89"  # P2WPKH of sha256("attacker")[:20]: nobody of ours
 COIN, FEE = 600_000_000, 2_000
-FAKE_COINS: list[str] = []  # txids of the hot coins the scenarios invent; deleted when the module ends
+FAKE_COINS: list[str] = []  # txids of the hot coins the scenarios invent (on the module's own database)
 
 
 @pytest.fixture(scope="module")
-def api(engine) -> WithdrawalApi:
-    with engine.begin() as c:
-        set_kill_switch(c, False, "review12: start clean", "test")
-    yield WithdrawalApi(engine)
-    with engine.begin() as c:
-        c.execute(text("DELETE FROM wallet_utxo WHERE txid = ANY(:t)"), {"t": FAKE_COINS})
+def api(database_url) -> WithdrawalApi:
+    """A database of this module's own: its forged batches (a fake broadcast transaction among them)
+    must never reach the payout jobs of the session database, which the e2e suites share."""
+    with own_database(database_url, "review12_signer") as eng:
+        yield WithdrawalApi(eng)
+        Ledger(eng).assert_verified()
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,6 @@ import pytest
 from sqlalchemy import text
 
 import signer.service as service_module
-from custody.controls import set_kill_switch
 from custody.payouts import PayoutConfig, Payouts
 from custody.policy_config import default_policy
 from custody.states import advance
@@ -37,6 +36,8 @@ from signer.keys import Secret, SignerKeys, seed_from_text
 from signer.protocol import BatchOutput, BtcCoin, SigningRefused
 from signer.service import Signer
 from tests.approvers import registry
+from tests.integration.own_database import own_database
+from ledger.service import Ledger
 from tests.integration.withdrawal_api import WithdrawalApi
 
 log = logging.getLogger(__name__)
@@ -55,12 +56,13 @@ class Clock:
 
 
 @pytest.fixture(scope="module")
-def api(engine) -> WithdrawalApi:
-    with engine.begin() as c:
-        set_kill_switch(c, False, "signer signatures: start clean", "test")
-    yield WithdrawalApi(engine)
-    with engine.begin() as c:
-        c.execute(text("DELETE FROM wallet_utxo WHERE txid = ANY(:t)"), {"t": FAKE_COINS})
+def api(database_url) -> WithdrawalApi:
+    """A database of these modules' own: they invent hot coins, sign batches nobody broadcasts and
+    sign unapproved value under a cap, none of which the session database's payout jobs (the e2e
+    suites share it) or other scenarios' caps may see."""
+    with own_database(database_url, "signer_sigs") as eng:
+        yield WithdrawalApi(eng)
+        Ledger(eng).assert_verified()
 
 
 def make_signer(api: WithdrawalApi, **kw) -> Signer:
