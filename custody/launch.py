@@ -165,10 +165,17 @@ def b64(data: bytes) -> str:
 def run_demo_topology(*, state_dir: Path, api_port: int | None = None, exit_after_demo: bool = False,
                       mine_every: float = 2.0, pepper: str | None = None) -> int:
     """`python -m custody demo`: the embedded PostgreSQL, fresh regtest nodes, the three processes,
-    then the narrated demo over HTTP. Ctrl-C (or the end of the demo with `exit_after_demo`) stops
-    everything it started."""
+    then the narrated demo over HTTP. Ctrl-C or SIGTERM (or the end of the demo with
+    `exit_after_demo`) stops everything it started, the embedded PostgreSQL last."""
     import shutil
+    import signal
     import threading
+
+    def interrupted(signum, frame):  # noqa: ANN001, ARG001 - SIGTERM unwinds like Ctrl-C: the finally blocks stop it all
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second SIGTERM must not cut the clean-up short
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupted)
 
     from custody.addresses import derive_btc_address
     from custody.auth import create_api_key
