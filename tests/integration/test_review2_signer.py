@@ -28,6 +28,8 @@ from signer.service import BatchOutput, Signer, SigningRefused
 from custody.policy_config import default_policy
 from signer.approvals import quorum_table_from_policy
 from tests.approvers import registry
+from tests.integration.own_database import own_database
+from ledger.service import Ledger
 from tests.integration.withdrawal_api import WithdrawalApi
 
 log = logging.getLogger(__name__)
@@ -35,8 +37,12 @@ KEYS = SignerKeys(seed_from_text(Secret("abandon " * 11 + "about")), "regtest")
 
 
 @pytest.fixture(scope="module")
-def api(engine) -> WithdrawalApi:
-    return WithdrawalApi(engine)
+def api(database_url) -> WithdrawalApi:
+    """A database of this module's own: its hand-made batches stay open (refused), and the session
+    database's payout jobs (the e2e suites share it) must not meet them."""
+    with own_database(database_url, "review2_signer") as eng:
+        yield WithdrawalApi(eng)
+        Ledger(eng).assert_verified()
 
 
 def make_signer(api: WithdrawalApi) -> Signer:

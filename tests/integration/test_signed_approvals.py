@@ -30,7 +30,6 @@ from dataclasses import dataclass
 import pytest
 from sqlalchemy import text
 
-from custody.controls import set_kill_switch
 from custody.policy_config import default_policy
 from custody.states import advance
 from custody.withdrawals import HOLD_OWNER
@@ -41,6 +40,8 @@ from signer.keys import Secret, SignerKeys, seed_from_text
 from signer.protocol import BatchOutput, BtcCoin, SigningRefused
 from signer.service import Signer
 from tests.approvers import SoftAuthenticator, approve_over_api, operator_client, registry, sign_approval, signature_json
+from tests.integration.own_database import own_database
+from ledger.service import Ledger
 from tests.integration.withdrawal_api import WithdrawalApi
 
 log = logging.getLogger(__name__)
@@ -51,10 +52,12 @@ ATTACKER = "bcrt1que968zjtjkx890qdggg4pwjxgcmyyfy9r64a89"  # P2WPKH of sha256("a
 
 
 @pytest.fixture(scope="module")
-def api(engine) -> WithdrawalApi:
-    with engine.begin() as c:
-        set_kill_switch(c, False, "signed approvals: start clean", "test")
-    return WithdrawalApi(engine, extra_approvers=(CAROL.entry(),))
+def api(database_url) -> WithdrawalApi:
+    """A database of this module's own: its forged batches stay open (refused), and the session
+    database's payout jobs (the e2e suites share it) must not meet them."""
+    with own_database(database_url, "signed_approvals") as eng:
+        yield WithdrawalApi(eng, extra_approvers=(CAROL.entry(),))
+        Ledger(eng).assert_verified()
 
 
 @pytest.fixture(scope="module")
@@ -236,7 +239,8 @@ def test_a_decision_forged_to_approve_still_needs_the_signers_quorum(api, signer
     assert_equal(sign(api, signer, w), "decision_not_approved")
 
 
-def test_the_requesters_own_key_and_a_copied_signature_do_not_count(api, engine, ledger):
+def test_the_requesters_own_key_and_a_copied_signature_do_not_count(api, ledger):
+    engine = api.custody.engine
     requester = f"backend-1-{api.run}"  # WithdrawalApi's backend key requests every withdrawal
     own = registry(api.operator_name(1), api.operator_name(2), requester)
     signer = Signer(engine, KEYS, bitcoin_network="regtest", approvers=own, quorum=quorum_table_from_policy(default_policy()))
