@@ -250,6 +250,15 @@ def serve(cfg: Any) -> int:
     server = make_server(cfg.endpoint, service)
     stopping = threading.Event()
 
+    def warm_up() -> None:  # beside serving: a call that comes first derives what it needs itself
+        try:
+            log.info("own-address windows derived in %.1f s (the first signing call no longer pays for them)",
+                     signer.warm_up())
+        except Exception:  # noqa: BLE001 - only an optimisation; the checks derive on demand
+            log.exception("warming the own-address windows failed; they are derived on the first signing call")
+
+    threading.Thread(target=warm_up, name="signer-warm-up", daemon=True).start()
+
     def stop(signum: int, _frame: Any) -> None:
         if not stopping.is_set():
             stopping.set()

@@ -582,6 +582,19 @@ class Signer:
         self._check_not_own(batch_id, paid)
         return paid
 
+    def warm_up(self) -> float:
+        """Derive the own-address windows once (signer.own_addresses caches them), so the first
+        signing call does not pay for ~10,000 derivations; seconds taken. Public keys only."""
+        import time
+
+        started = time.monotonic()
+        tiers = ("deposit", "hot", "warm")
+        bitcoin_own_scripts({t: self._keys.account_xpub("bitcoin", t) for t in tiers}, self.bitcoin_network,
+                            receive_window=self.receive_window, deposit_window=self.deposit_window)
+        ethereum_own_addresses({t: self._keys.account_xpub("ethereum", t) for t in tiers},
+                               receive_window=self.receive_window, deposit_window=self.deposit_window)
+        return time.monotonic() - started
+
     def _check_not_own(self, batch_id: int, paid: Sequence[Paid]) -> None:
         """Refuse an output paying an address derived from the signer's own keys (module table of
         signer.own_addresses); the change output is not among `paid` and is checked on its own."""

@@ -53,3 +53,17 @@ def test_ethereum_hot_sender_and_deposit_addresses_in_any_case():
     assert ours(eth("hot", 0)) and ours(eth("hot", 0).lower()) and ours(eth("hot", 0).upper().replace("0X", "0x"))
     assert ours(eth("deposit", 42)) and not ours(eth("deposit", 100))
     assert not ours("0x" + "11" * 20)
+
+
+def test_warm_up_derives_exactly_the_windows_the_signing_check_reads():
+    """signer serve warms the own-address windows at start (Signer.warm_up); the check then finds
+    every branch it needs already derived: the warm-up uses the signer's own windows."""
+    from signer import own_addresses
+
+    warm = Signer(None, KEYS, bitcoin_network="regtest", deposit_window=321, receive_window=7)
+    warm.warm_up()
+    btc_misses = own_addresses._bitcoin_branch.cache_info().misses
+    eth_misses = own_addresses._ethereum_branch.cache_info().misses
+    warm._check_not_own(10**6, [])  # no outputs: only the derivation the check does for every batch
+    assert own_addresses._ethereum_branch.cache_info().misses == eth_misses
+    assert own_addresses._bitcoin_branch.cache_info().misses == btc_misses  # change scripts are derived one by one
