@@ -23,7 +23,6 @@ Every process logs to `root/logs/<name>.log`; `Deployment.stop()` stops them in 
 """
 from __future__ import annotations
 
-import base64
 import logging
 import socket
 from dataclasses import dataclass, field
@@ -156,10 +155,6 @@ def sign_and_approve(client: httpx.Client, withdrawal_id: int, key_file: Path, c
     from custody.approve_cli import approve_over_http, load_private_key
 
     return approve_over_http(client, withdrawal_id, load_private_key(key_file), comment=comment, show=log.info)
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
 
 
 def run_demo_topology(*, state_dir: Path, api_port: int | None = None, exit_after_demo: bool = False,

@@ -48,10 +48,11 @@ def modules_of(proc: subprocess.Popen, process: str, state: Path) -> set[str]:
     return set(path.read_text().split())
 
 
-def test_api_and_worker_run_as_processes_without_key_code(tmp_path, cluster, database_url):
+def test_api_and_worker_run_as_processes_without_key_code(tmp_path, cluster, database_url, request):
     port = free_port()
     short = Path(tempfile.mkdtemp(prefix="cp-", dir="/tmp"))  # a unix socket path is limited to ~100 bytes
     signer = start_signer(short, with_user(database_url, "custody_signer"), f"unix:{short / 'signer.sock'}")
+    request.addfinalizer(signer.stop)  # stopped even when the set-up below fails (stop() is safe twice)
     key_file = tmp_path / "signer-worker.key"  # custody_config names the worker client's key file
     key_file.write_text(signer.keys["worker"].hex() + "\n")
     key_file.chmod(0o600)
