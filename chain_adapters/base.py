@@ -19,7 +19,7 @@ The node's wire formats (JSON decimals, hex quantities, scripts) never leave the
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal, Protocol, runtime_checkable
@@ -54,10 +54,20 @@ class Observation:
 
 
 @dataclass(frozen=True, slots=True)
+class Spend:
+    """An input of a block's transaction `txid` spending a watched outpoint (`prev_txid`, `prev_index`)."""
+
+    txid: str
+    prev_txid: str
+    prev_index: int
+
+
+@dataclass(frozen=True, slots=True)
 class ScannedBlock:
     ref: BlockRef
     parent_hash: str
     observations: tuple[Observation, ...] = ()
+    spends: tuple[Spend, ...] = ()  # bitcoin: inputs spending watched outpoints, in block order; ethereum: none
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,10 +92,15 @@ class ScanResult:
 
 @dataclass(frozen=True)
 class Watch:
-    """What to look for: our addresses, and (ethereum) token contracts -> asset code."""
+    """What to look for: our addresses, (ethereum) token contracts -> asset code, and (bitcoin)
+    the outpoints `(txid, vout)` whose spends to report. Any container with `in` will do for
+    `addresses` and `outpoints` (the caller may pass its own live sets; the adapter only reads
+    them). A bitcoin scan also reports spends of outputs it observed earlier in the same scan
+    (same block or an earlier one), so the caller need not know them in advance."""
 
-    addresses: frozenset[str]
+    addresses: Set[str] | Mapping[str, object]
     tokens: Mapping[str, str] = field(default_factory=dict)
+    outpoints: Set[tuple[str, int]] = frozenset()
 
 
 class TxState(StrEnum):

@@ -4,6 +4,11 @@
     adapter = BitcoinAdapter("http://127.0.0.1:8332", network="mainnet", cookie_file="/var/lib/bitcoind/.cookie")
     adapter = BitcoinAdapter("http://127.0.0.1:38332", network="signet", rpc_user="u", rpc_password="p")
     result = adapter.scan(cursor, Watch(frozenset(deposit_addresses)))
+    result = adapter.scan(cursor, Watch(our_addresses, outpoints=our_unspent_outpoints))  # + spends
+
+`scan` reports, per block, the outputs paying watched addresses (`observations`) and the inputs
+spending watched outpoints or outputs observed earlier in the same scan (`spends`), both in block
+order: what custody.wallet_index needs to keep its index of our coins without the UTXO set.
 
 Authentication: credentials in the URL, `rpc_user` + `rpc_password`, or `cookie_file` (read when a
 connection opens and again after a 401, so a node restart's new cookie is picked up); one of them.
@@ -15,7 +20,9 @@ to index; everything else works on a stock node. Amounts arrive as JSON decimals
 `tx_status` states for bitcoin: REPLACED means another *mempool* transaction spends one of its
 inputs (RBF; `replaced_by` names it); CONFLICTED means one of its inputs is already spent in the
 chain by another transaction. Both need the raw transaction when the node has forgotten it.
-`unspent()` lists confirmed outputs only (it uses `scantxoutset`, which ignores the mempool).
+`unspent()` lists confirmed outputs only (it uses `scantxoutset`, which ignores the mempool and
+walks the node's WHOLE UTXO set: minutes on mainnet, one at a time per node). No recurring job or
+API route calls it: they read custody.wallet_index. It stays for operator-run rescans.
 """
 from __future__ import annotations
 
@@ -32,6 +39,7 @@ from chain_adapters.base import (
     BroadcastResult,
     Observation,
     ScannedBlock,
+    Spend,
     TxState,
     TxStatus,
     Utxo,
@@ -137,16 +145,28 @@ class BitcoinAdapter(BlockWalker):
                 return None
             raise
 
-    def _parse_block(self, block: dict, watched: frozenset[str]) -> ScannedBlock:
+    def _parse_block(self, block: dict, watch: Watch, created: set[tuple[str, int]]) -> ScannedBlock:
+        """Outputs paying watched addresses, and inputs spending watched outpoints or outputs this
+        scan observed before (`created`, updated here), in block order: a transaction's inputs
+        are read before its outputs, and transactions in the order the block holds them."""
         ref = BlockRef(block["height"], block["hash"])
-        found = []
+        found, spends = [], []
+        watched, outpoints = watch.addresses, watch.outpoints
         for tx in block["tx"]:
+            txid = tx["txid"]
+            for vin in tx["vin"]:
+                prev = vin.get("txid")
+                if prev is None:  # coinbase
+                    continue
+                key = (prev, vin["vout"])
+                if key in outpoints or key in created:
+                    spends.append(Spend(txid, prev, vin["vout"]))
             for out in tx["vout"]:
                 address = out["scriptPubKey"].get("address")
-                if address in watched:
-                    found.append(Observation("BTC", tx["txid"], out["n"], address,
-                                             to_sat(out["value"]), ref))
-        return ScannedBlock(ref, block.get("previousblockhash", ""), tuple(found))
+                if address is not None and address in watched:
+                    found.append(Observation("BTC", txid, out["n"], address, to_sat(out["value"]), ref))
+                    created.add((txid, out["n"]))
+        return ScannedBlock(ref, block.get("previousblockhash", ""), tuple(found), tuple(spends))
 
     def senders(self, txid: str) -> tuple[str, ...]:
         """Addresses of the outputs a transaction spends, for the compliance screen. Not part of
@@ -162,16 +182,17 @@ class BitcoinAdapter(BlockWalker):
 
     def _blocks(self, first: int, last: int, watch: Watch) -> list[ScannedBlock]:
         out: list[ScannedBlock] = []
+        created: set[tuple[str, int]] = set()  # outputs to watched addresses seen so far in this walk
         for start in range(first, last + 1, BLOCK_BATCH):
             heights = range(start, min(last, start + BLOCK_BATCH - 1) + 1)
             hashes = self.rpc.batch([("getblockhash", (h,)) for h in heights])
             blocks = self.rpc.batch([("getblock", (h, 2)) for h in hashes])
-            out.extend(self._parse_block(b, watch.addresses) for b in blocks)
+            out.extend(self._parse_block(b, watch, created) for b in blocks)
         return out
 
     def _block_by_hash(self, block_hash: str, watch: Watch) -> ScannedBlock | None:
         try:
-            return self._parse_block(self.rpc.call("getblock", block_hash, 2), watch.addresses)
+            return self._parse_block(self.rpc.call("getblock", block_hash, 2), watch, set())
         except RpcError as exc:
             if exc.rpc_code == RPC_INVALID_ADDRESS_OR_KEY:
                 return None

@@ -77,6 +77,9 @@ class Container:
             config = payout_config or PayoutConfig(bitcoin_network=bitcoin_network)
             self.payouts = Payouts(self.engine, self.ledger, self.wallets, self.adapters, signer, config)
             self.payouts.withdrawals = self.withdrawals
+            if "bitcoin" in self.adapters:  # the hot wallet sync reads the wallet index: bring it to the tip first
+                deposits = self.deposits
+                self.payouts.catch_up = lambda: deposits.catch_up("bitcoin")
             if "bitcoin" in self.adapters:
                 from custody.addresses import derive_btc_address
                 from custody.sweeps import Sweeps

@@ -45,6 +45,7 @@ so it can be released or returned again (a new withdrawal, `deposit-return:<id>:
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
@@ -56,6 +57,7 @@ from custody.controls import audit, emit, open_incident
 from custody.errors import CustodyError, CustodyErrorCode
 from custody.incidents import give_back_captures
 from custody.states import advance
+from custody.wallet_index import Ours, WalletIndex
 from custody.wallets import Wallets
 from ledger.errors import ErrorCode, LedgerError
 from ledger.model import Transfer
@@ -116,6 +118,13 @@ class Deposits:
         self.wallets = wallets
         self.adapters = adapters
         self.external_screener = external_screener
+        self.indexes: dict[str, WalletIndex] = {}  # per chain: watched addresses, (bitcoin) our unspent outpoints
+        self._scan_locks: dict[str, threading.Lock] = {c: threading.Lock() for c in adapters}
+
+    def index(self, chain: str) -> WalletIndex:
+        if chain not in self.indexes:
+            self.indexes[chain] = WalletIndex(chain)
+        return self.indexes[chain]
 
     # ---- cursor ---------------------------------------------------------------------------
 
@@ -135,12 +144,36 @@ class Deposits:
     # ---- 1. scan --------------------------------------------------------------------------
 
     def scan(self, chain: str, *, max_blocks: int = 100) -> ScanSummary:
+        """Walk up to `max_blocks` blocks from the cursor: record deposit observations, keep the
+        wallet index (custody.wallet_index, bitcoin) and move the cursor, in one database
+        transaction. Scans of one chain are serialised within the process (the payouts job's
+        catch-up and the deposits job share the in-memory index state)."""
+        with self._scan_locks.setdefault(chain, threading.Lock()):
+            return self._scan(chain, max_blocks)
+
+    def catch_up(self, chain: str, *, pages: int = 100) -> BlockRef | None:
+        """Scan until the cursor is at the node's tip (or `pages` scans made); what the hot
+        wallet sync runs first, so the index it reads is the chain up to the tip. Returns the
+        cursor reached."""
+        cursor = self.cursor(chain)
+        for _ in range(pages):
+            if cursor is not None and cursor == self.adapters[chain].tip():
+                break
+            summary = self.scan(chain)
+            if summary.cursor == cursor and not summary.blocks:
+                break  # nothing to walk, or another scanner moved the cursor: it carries on
+            cursor = summary.cursor
+        return cursor
+
+    def _scan(self, chain: str, max_blocks: int) -> ScanSummary:
         adapter = self.adapters[chain]
         cursor = self.cursor(chain) or self.start_cursor(chain)
-        watched = self.wallets.watched(chain)
+        index = self.index(chain)
+        index.prepare(self.engine, cursor)
+        watched = index.addresses
         tokens = {a.contract_address: a.asset for a in self.wallets.chain_assets(chain) if a.contract_address}
         try:
-            result = adapter.scan(cursor, Watch(frozenset(watched), tokens), max_blocks=max_blocks)
+            result = adapter.scan(cursor, Watch(watched, tokens, outpoints=index.outpoints), max_blocks=max_blocks)
         except ReorgTooDeep as exc:
             # The node no longer has our cursor's chain and the adapter cannot find the fork point:
             # nothing is safe to credit until an operator has looked (critical: the kill switch).
@@ -149,31 +182,42 @@ class Deposits:
                               {"chain": chain, "cursor": [cursor.height, cursor.hash], "error": str(exc)})
             return ScanSummary(chain, 0, 0, 0, 1, cursor)
         orphaned = deep = recorded = 0
-        with self.engine.begin() as c:
-            moved = c.execute(
-                text("UPDATE chain_cursor SET height = :h, hash = :x, updated_at = now() "
-                     "WHERE chain = :c AND height = :oh AND hash = :ox"),
-                {"h": result.cursor.height, "x": result.cursor.hash, "c": chain, "oh": cursor.height, "ox": cursor.hash},
-            ).rowcount
-            if moved != 1:
-                log.warning("%s: the cursor moved under this scan; another scanner is running", chain)
-                c.rollback()
-                return ScanSummary(chain, 0, 0, 0, 0, self.cursor(chain))  # type: ignore[arg-type]
-            if result.reorg is not None:
-                log.warning("%s: reorg, fork point %s, %d block(s) undone", chain, result.reorg.fork_point, len(result.reorg.undone))
-                for obs in result.reorg.orphaned:
-                    outcome = self._orphan(c, chain, obs)
-                    orphaned += outcome == "orphaned"
-                    deep += outcome == "incident"
-            for obs in result.observations:
-                recorded += self._record(c, chain, obs, watched)
+        try:
+            with self.engine.begin() as c:
+                moved = c.execute(
+                    text("UPDATE chain_cursor SET height = :h, hash = :x, updated_at = now() "
+                         "WHERE chain = :c AND height = :oh AND hash = :ox"),
+                    {"h": result.cursor.height, "x": result.cursor.hash, "c": chain, "oh": cursor.height, "ox": cursor.hash},
+                ).rowcount
+                if moved != 1:
+                    log.warning("%s: the cursor moved under this scan; another scanner is running", chain)
+                    c.rollback()
+                    index.invalidate()
+                    return ScanSummary(chain, 0, 0, 0, 0, self.cursor(chain))  # type: ignore[arg-type]
+                if result.reorg is not None:
+                    log.warning("%s: reorg, fork point %s, %d block(s) undone", chain, result.reorg.fork_point, len(result.reorg.undone))
+                    for obs in result.reorg.orphaned:
+                        if watched.get(obs.address, _NOT_OURS).tier != "deposit":
+                            continue  # hot and cold outputs: the wallet index undoes them below
+                        outcome = self._orphan(c, chain, obs)
+                        orphaned += outcome == "orphaned"
+                        deep += outcome == "incident"
+                created, spent = index.apply(c, result)
+                for obs in result.observations:
+                    ours = watched[obs.address]
+                    if ours.tier == "deposit":  # hot and cold outputs live in the wallet index only
+                        recorded += self._record(c, chain, obs, ours)
+        except BaseException:
+            index.invalidate()  # the transaction rolled back: reload the outpoints from the table
+            raise
+        index.committed(result, created, spent)
         if result.blocks or result.reorg:
             log.info("%s: scanned %d block(s) to %s: %d observation(s) recorded, %d orphaned",
                      chain, len(result.blocks), result.cursor.height, recorded, orphaned)
         return ScanSummary(chain, len(result.blocks), recorded, orphaned, deep, result.cursor)
 
-    def _record(self, c: Connection, chain: str, obs: Observation, watched: Mapping[str, tuple[int, int, str]]) -> int:
-        address_id, account_id, owner = watched[obs.address]
+    def _record(self, c: Connection, chain: str, obs: Observation, ours: Ours) -> int:
+        address_id, account_id, owner = ours.deposit_address_id, ours.account_id, ours.owner
         account = self.ledger.get_account(account_id, conn=c)
         if account.asset != obs.asset:  # e.g. an ERC-20 token sent to an address issued for ether
             account_id = self.wallets.customer_account(owner, obs.asset, conn=c)
@@ -186,7 +230,11 @@ class Deposits:
              "amount": obs.amount, "bh": obs.block.hash, "height": obs.block.height, "dep": address_id, "acc": account_id},
         ).first()
         if row is not None:
-            c.execute(text("UPDATE deposit_address SET first_seen_at = coalesce(first_seen_at, now()) WHERE id = :i"), {"i": address_id})
+            first = c.execute(text("UPDATE deposit_address SET first_seen_at = now() WHERE id = :i AND first_seen_at IS NULL "
+                                   "RETURNING wallet_id, derivation_index"), {"i": address_id}).first()
+            if first is not None:  # the wallet's gap bookkeeping (Wallets._check_gap), O(1)
+                c.execute(text("UPDATE wallet SET last_used_index = :x WHERE id = :w AND last_used_index < :x"),
+                          {"x": first.derivation_index, "w": first.wallet_id})
             return 1
         existing = c.execute(text(f"{_OBS_SQL} WHERE chain = :c AND asset = :a AND txid = :t AND output_index = :i FOR UPDATE"),
                              {"c": chain, "a": obs.asset, "t": obs.txid, "i": obs.index}).one()
@@ -470,6 +518,8 @@ class Deposits:
             out[chain] = (scanned, self.confirm(chain), self.credit(chain))
         return out
 
+
+_NOT_OURS = Ours("none", 0, 0)
 
 _OBS_SQL = ("SELECT id, chain, asset, txid, output_index, address, senders, amount, block_hash, block_height, confirmations, "
             "state, deposit_address_id, account_id, journal_transaction_id, reorg_count FROM deposit_observation")

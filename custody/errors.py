@@ -44,6 +44,7 @@
 | retry_unknown | 404 | no withdrawal batch, sweep or rebalance with that id |
 | retry_not_set_aside | 409 | the withdrawal batch, sweep or rebalance is not set aside: there is nothing to retry |
 | no_customer_accounts | 409 | a proof-of-reserves report needs at least one customer account of the asset to commit to |
+| reserves_index_behind | 503 | the wallet index's block (the deposit scanner's cursor) is no longer in the node's main chain: a reorg the scanner has not walked yet; ask again shortly |
 """
 from __future__ import annotations
 
@@ -93,6 +94,7 @@ class CustodyErrorCode(str, enum.Enum):
     retry_unknown = "retry_unknown"
     retry_not_set_aside = "retry_not_set_aside"
     no_customer_accounts = "no_customer_accounts"
+    reserves_index_behind = "reserves_index_behind"
 
     @property
     def http_status(self) -> int:
@@ -142,6 +144,7 @@ _STATUS = {
     CustodyErrorCode.retry_unknown: 404,
     CustodyErrorCode.retry_not_set_aside: 409,
     CustodyErrorCode.no_customer_accounts: 409,
+    CustodyErrorCode.reserves_index_behind: 503,
 }
 
 

@@ -1,7 +1,8 @@
 """Paying approved withdrawals: batch -> sign -> broadcast -> confirm -> final, and fee bumps.
 
 Jobs (APScheduler runs them; tests call them directly, in this order):
-- `sync_hot_wallet()`: record the bitcoin hot wallet's confirmed coins; coins that are not ours
+- `sync_hot_wallet()`: record the bitcoin hot wallet's confirmed coins (read from the wallet index,
+  custody.wallet_index, after catching it up to the tip; never the node's UTXO set); coins that are not ours
   (`hot_coin_origin`) are treasury funding and are booked equity -> hot location. Ours is the exact
   change output of a payout (recorded when it was signed) or an output of our sweeps and
   rebalances (which pay no one else). Any other output of a payout that lands on a hot address is
@@ -69,11 +70,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping
 
 from sqlalchemy import Connection, Engine, text
 
-from chain_adapters.base import ChainAdapter, TxState
+from chain_adapters.base import ChainAdapter, TxState, Utxo
 from chain_adapters.errors import ChainError
 from custody.addresses import derive_btc_address, derive_eth_address
 from custody.containment import Retried, Step, contained, error_code, is_passing, reactivate
@@ -172,14 +173,19 @@ def spendable_coins(c: Connection) -> list[BtcCoin]:
     """Unreserved, unspent hot coins whose creating transaction is confirmed (external ones are):
     a swept coin only once its sweep is final (booked), rebalance change once the rebalance is
     mined. They are locked (skipping coins another job has locked) for the caller's transaction,
-    so withdrawal batches and rebalances never reserve the same coin."""
+    so withdrawal batches and rebalances never reserve the same coin. A coin the wallet index
+    (custody.wallet_index) holds as spent in a block is never selected, whoever spent it (a
+    transaction of ours marks its coins `spent_by` when signed; anything else spending a hot coin
+    is not ours to sign over again, and reconciliation reports the difference)."""
     rows = c.execute(text(
         "SELECT u.txid, u.vout, u.amount, u.derivation_change, u.derivation_index FROM wallet_utxo u "
         "LEFT JOIN chain_transaction t ON t.txid = u.txid LEFT JOIN sweep s ON s.txid = u.txid "
         "LEFT JOIN rebalance r ON r.txid = u.txid "
         "WHERE u.spent_by IS NULL AND u.reserved_by IS NULL AND u.rebalance_id IS NULL "
         "AND (t.id IS NULL OR t.state IN ('confirmed', 'final')) AND (s.id IS NULL OR s.state = 'final') "
-        "AND (r.id IS NULL OR r.state IN ('confirmed', 'final')) ORDER BY u.amount DESC FOR UPDATE OF u SKIP LOCKED")).all()
+        "AND (r.id IS NULL OR r.state IN ('confirmed', 'final')) "
+        "AND NOT EXISTS (SELECT 1 FROM btc_wallet_output o WHERE o.txid = u.txid AND o.vout = u.vout AND o.spent_txid IS NOT NULL) "
+        "ORDER BY u.amount DESC FOR UPDATE OF u SKIP LOCKED")).all()
     return [BtcCoin(r.txid, r.vout, int(r.amount), r.derivation_change, r.derivation_index) for r in rows]
 
 
@@ -195,6 +201,7 @@ class Payouts:
         self.refusals: list[tuple[int, str]] = []  # (batch id, refusal code), most recent last
         self.withdrawals = None  # custody.withdrawals.Withdrawals: re-decides approvals that expired unpaid
         self.destinations = DestinationGuard(engine, wallets, adapters)  # re-checked as each withdrawal is batched
+        self.catch_up: Callable[[], object] | None = None  # brings the wallet index to the tip (Deposits.catch_up)
 
     # ---- hot wallet -----------------------------------------------------------------------
 
@@ -279,16 +286,28 @@ class Payouts:
 
     def sync_hot_wallet(self) -> int:
         """Record confirmed bitcoin hot-wallet coins we do not know yet; returns how many. What each
-        is, and whether it is booked as funding, is `hot_coin_origin`'s decision."""
-        adapter = self.adapters["bitcoin"]
+        is, and whether it is booked as funding, is `hot_coin_origin`'s decision.
+
+        The coins come from the wallet index (custody.wallet_index: our outputs in blocks up to the
+        deposit scanner's cursor, unspent there), never from the node's UTXO set. Confirmed means
+        in a block the scanner has walked: `catch_up` (the bitcoin scan, wired by the container
+        and the worker) runs first, so right after a block is mined the sync sees it, as it did
+        when it asked the node. Without `catch_up` (a process that may not write the index) it
+        reads the index as the worker's deposits job left it. A coin the index holds as spent is
+        not taken (a coin already recorded stays as it is: payouts mark their own spends)."""
+        if self.catch_up is not None:
+            self.catch_up()
         with self.engine.connect() as c:
-            batches = c.execute(text("SELECT id FROM withdrawal_batch WHERE chain = 'bitcoin'")).scalars().all()
-        paths = {self.hot_address("bitcoin"): (0, HOT_RECEIVE_INDEX)}
-        paths.update({self.hot_address("bitcoin", 1, b): (1, b) for b in batches})
+            coins = c.execute(text(
+                "SELECT o.txid, o.vout, o.address, o.amount, o.derivation_change, o.derivation_index FROM btc_wallet_output o "
+                "WHERE o.tier = 'hot' AND o.spent_txid IS NULL "
+                "AND NOT EXISTS (SELECT 1 FROM wallet_utxo u WHERE u.txid = o.txid AND u.vout = o.vout) "
+                "ORDER BY o.block_height, o.txid, o.vout")).all()
         added = 0
-        for u in adapter.unspent(paths):
+        for r in coins:
+            u = Utxo(r.txid, r.vout, r.address, int(r.amount), 0, b"")
             try:
-                added += self._record_coin(u, *paths[u.address])
+                added += self._record_coin(u, r.derivation_change, r.derivation_index)
             except Exception as exc:  # noqa: BLE001 - one coin must not stop the others; it is tried again next run
                 if is_passing(exc):
                     log.warning("hot coin %s:%d not recorded (%s); retried next run", u.txid, u.index, exc)

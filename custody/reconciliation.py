@@ -8,7 +8,14 @@ exactly; there is no tolerance band. `books` is what the ledger's asset-location
 (`location:<chain>:<tier>:<asset>`) says the firm holds there (minus its balance: asset locations
 run negative). `in_transit` explains the moments when chain and books legitimately disagree.
 
-Bitcoin (holdings read from the UTXO set, `scantxoutset`, confirmed outputs):
+Bitcoin (holdings read from our wallet index, custody.wallet_index: our outputs in the chain up to
+the deposit scanner's cursor and unspent there, kept by the block walk; never the node's UTXO set,
+whose `scantxoutset` takes minutes on mainnet). Every bitcoin line needs the scanner's cursor at
+the pinned tip (height and hash), else it is skipped (None, logged), never guessed; the index
+figure is read in the line's own snapshot, beside the books. `Line.on_chain` is the index's figure
+(the seam for an independent cross-check against the node's own view, e.g. a watch-only wallet in
+bitcoind, whose figure belongs beside it in the Line, so that the books are never compared only
+with an index this same code built):
 - deposit addresses: outputs already in blocks but not yet booked (observations seen, confirming
   or final, awaiting the credit job) are on chain and not yet in the books (+);
 - hot wallet: batches mined but not yet final have left the wallet on chain while the books still
@@ -19,8 +26,8 @@ Bitcoin (holdings read from the UTXO set, `scantxoutset`, confirmed outputs):
   at the hot receive address) and arrived in the cold wallet (+ amount), booked only at finality.
 The cold wallet is reconciled once one is registered (tier `cold` in `wallet`): its addresses are
 the ones custody derived from its xpub (`<xpub>/0/0 .. next_index - 1`, every address a rebalance
-was ever told to pay), read like the others from the UTXO set; it is watch-only, so nothing leaves
-it through this service.
+was ever told to pay), read like the others from the wallet index; it is watch-only, so nothing
+leaves it through this service.
 
 Ethereum (one line per asset: ether and every configured ERC-20, for the deposit addresses issued
 and for the hot address `<hot xpub>/0`; read with `eth_getBalance` and `balanceOf` at the pass's
@@ -88,7 +95,8 @@ from typing import Callable
 from sqlalchemy import Connection, Engine, text
 
 from chain_adapters.base import BlockRef, ChainAdapter
-from custody.addresses import derive_btc_address, derive_eth_address
+from custody import wallet_index
+from custody.addresses import derive_eth_address
 from custody.controls import open_incident
 from custody.firm_moves import unbooked
 from custody.payouts import HOT_RECEIVE_INDEX
@@ -331,10 +339,10 @@ class Reconciliation:
         return self.engine.connect().execution_options(isolation_level="REPEATABLE READ")
 
     @staticmethod
-    def _scanner_at(c: Connection, chain: str, tip: BlockRef) -> bool:
+    def _scanner_at(c: Connection, chain: str, tip: BlockRef, what: str = "deposit addresses") -> bool:
         cursor = c.execute(text("SELECT height, hash FROM chain_cursor WHERE chain = :c"), {"c": chain}).first()
         if cursor is None or (cursor.height, cursor.hash) != (tip.height, tip.hash):
-            log.info("reconciliation of %s deposit addresses skipped: scanner at %s, chain at %d", chain,
+            log.info("reconciliation of %s %s skipped: scanner at %s, chain at %d", chain, what,
                      cursor.height if cursor else None, tip.height)
             return False
         return True
@@ -348,30 +356,30 @@ class Reconciliation:
             has_cold = c.execute(text("SELECT 1 FROM wallet WHERE chain = 'bitcoin' AND tier = 'cold'")).first() is not None
         tiers = ("deposit", "hot", "cold") if has_cold else ("deposit", "hot")
         self._open_accounts("bitcoin", tiers, ["BTC"])
-        return lambda tip: [self._deposit_addresses(tip), self._hot_wallet(), self._cold_wallet() if has_cold else None]
+        return lambda tip: [self._deposit_addresses(tip), self._hot_wallet(tip), self._cold_wallet(tip) if has_cold else None]
 
     def _deposit_addresses(self, tip: BlockRef) -> Line | None:
         with self._snapshot() as c, c.begin():
             if not self._scanner_at(c, "bitcoin", tip):
                 return None
-            addresses = c.execute(text("SELECT address FROM deposit_address WHERE chain = 'bitcoin'")).scalars().all()
+            on_chain = wallet_index.holdings(c, "deposit")
             arrived = c.execute(text("SELECT coalesce(sum(amount), 0) FROM deposit_observation WHERE chain = 'bitcoin' "
                                      "AND state = ANY(:s)"), {"s": list(UNBOOKED_DEPOSITS)}).scalar_one()
             books = self._books("bitcoin", "deposit", "BTC", c)
             off_chain = self._booked_off_chain("bitcoin", "deposit", "BTC", c)
             late, mark = self._observed_late(c, "bitcoin")
             sweeps = unbooked(c, "sweep")
-        on_chain = sum(u.amount for u in self.adapters["bitcoin"].unspent(addresses)) if addresses else 0
         swept = sum(int(sw.amount) for sw in sweeps if self._mined(sw.txid, sw.raw))
         return Line("bitcoin", "BTC", "deposit", on_chain, books, int(arrived) - swept, off_chain, late.get("BTC", 0), mark)
 
     def _mined(self, txid: str, raw) -> bool:
         return self.adapters["bitcoin"].tx_status(txid, raw=bytes(raw)).state.value == "confirmed"
 
-    def _hot_wallet(self) -> Line:
+    def _hot_wallet(self, tip: BlockRef) -> Line | None:
         with self._snapshot() as c, c.begin():
-            xpub = c.execute(text("SELECT xpub FROM wallet WHERE chain = 'bitcoin' AND tier = 'hot'")).scalar_one()
-            batches = c.execute(text("SELECT id FROM withdrawal_batch WHERE chain = 'bitcoin'")).scalars().all()
+            if not self._scanner_at(c, "bitcoin", tip, "hot wallet"):
+                return None
+            on_chain = wallet_index.holdings(c, "hot")
             pending = c.execute(text(
                 "SELECT t.txid, t.raw, t.fee, (SELECT coalesce(sum(o.amount), 0) FROM batch_output o WHERE o.batch_id = t.batch_id) "
                 "AS paid FROM chain_transaction t WHERE t.chain = 'bitcoin' AND t.state IN ('signed', 'broadcast', 'confirmed')")).all()
@@ -383,19 +391,17 @@ class Reconciliation:
         leaving = sum(int(p.paid) + int(p.fee) for p in pending if self._mined(p.txid, p.raw))
         leaving += sum(int(rb.amount) + int(rb.fee) for rb in rebalances if self._mined(rb.txid, rb.raw))
         arriving = sum(int(sw.amount) - int(sw.fee) for sw in sweeps if self._mined(sw.txid, sw.raw))
-        addresses = [derive_btc_address(xpub, self.network, 0, 0)] + [derive_btc_address(xpub, self.network, 1, b) for b in batches]
-        on_chain = sum(u.amount for u in self.adapters["bitcoin"].unspent(addresses))
         return Line("bitcoin", "BTC", "hot", on_chain, books, arriving - leaving, off_chain)
 
-    def _cold_wallet(self) -> Line:
+    def _cold_wallet(self, tip: BlockRef) -> Line | None:
         with self._snapshot() as c, c.begin():
-            cold = c.execute(text("SELECT xpub, next_index FROM wallet WHERE chain = 'bitcoin' AND tier = 'cold'")).one()
+            if not self._scanner_at(c, "bitcoin", tip, "cold wallet"):
+                return None
+            on_chain = wallet_index.holdings(c, "cold")
             books = self._books("bitcoin", "cold", "BTC", c)
             off_chain = self._booked_off_chain("bitcoin", "cold", "BTC", c)
             rebalances = unbooked(c, "rebalance")
         arriving = sum(int(rb.amount) for rb in rebalances if self._mined(rb.txid, rb.raw))
-        addresses = [derive_btc_address(cold.xpub, self.network, 0, i) for i in range(cold.next_index)]
-        on_chain = sum(u.amount for u in self.adapters["bitcoin"].unspent(addresses)) if addresses else 0
         return Line("bitcoin", "BTC", "cold", on_chain, books, arriving, off_chain)
 
     # ---- ethereum -------------------------------------------------------------------------

@@ -5,7 +5,8 @@ A report, at one stated block height, publishes:
   salted commitment to one balance (never negative); a customer gets their own inclusion proof
   (`proof(report, account)`), which shows their balance is counted and the sums add up;
 - the on-chain holdings: every address of ours holding coins at that height (deposit addresses and
-  the hot wallet), its amount, and a message naming the report, address, height and block hash,
+  the hot wallet, read from the wallet index, custody.wallet_index, never the node's UTXO set), its
+  amount, and a message naming the report, address, height and block hash,
   signed with that address's key (compressed public key + DER ECDSA over SHA-256 of the message),
   which anyone can check with `verify_control()`.
 
@@ -22,7 +23,8 @@ import secrets
 from sqlalchemy import Engine, text
 
 from chain_adapters.base import ChainAdapter
-from custody.addresses import derive_btc_address
+from chain_adapters.errors import NotFound
+from custody import wallet_index
 from custody.errors import CustodyError, CustodyErrorCode
 from custody.merkle_sum import MerkleSumTree, Node, Step, leaf
 from ledger.model import AccountKind
@@ -39,29 +41,39 @@ class Reserves:
         self.signer = signer
         self.network = network
 
+    def _hash_at(self, height: int) -> str | None:
+        try:
+            return self.bitcoin.block_at(height).hash
+        except NotFound:  # the node's chain is shorter than the cursor (a reorg)
+            return None
+
     def publish(self, asset: str = "BTC") -> dict:
-        """Build, store and return a report for `asset` (bitcoin) at the current tip."""
-        tip = self.bitcoin.tip()
+        """Build, store and return a report for `asset` (bitcoin) at the wallet index's block.
+
+        Holdings come from the wallet index (custody.wallet_index: our unspent outputs in the chain
+        up to the deposit scanner's cursor), read in the same snapshot as the liabilities, so both
+        are as of one block: the report's height and hash are the cursor's. Refused with
+        `reserves_index_behind` when that block is no longer in the node's main chain (a reorg the
+        scanner has not walked yet): ask again once it has."""
         with self.engine.connect().execution_options(isolation_level="REPEATABLE READ") as c, c.begin():
+            tip = wallet_index.cursor(c, "bitcoin")
             accounts = c.execute(text(
                 "SELECT a.id, coalesce(sum(b.posted), 0) AS posted FROM account a JOIN account_balance b ON b.account_id = a.id "
                 "WHERE a.asset = :s AND a.kind = :k GROUP BY a.id ORDER BY a.id"), {"s": asset, "k": AccountKind.customer.value}).all()
-            keys = {"deposit": c.execute(text("SELECT xpub FROM wallet WHERE chain = 'bitcoin' AND tier = 'deposit'")).scalar_one(),
-                    "hot": c.execute(text("SELECT xpub FROM wallet WHERE chain = 'bitcoin' AND tier = 'hot'")).scalar_one()}
-            deposit_paths = {r.address: ("deposit", 0, r.derivation_index) for r in c.execute(
-                text("SELECT address, derivation_index FROM deposit_address WHERE chain = 'bitcoin'"))}
-            batches = c.execute(text("SELECT id FROM withdrawal_batch WHERE chain = 'bitcoin'")).scalars().all()
+            coins = [*wallet_index.unspent(c, "deposit"), *wallet_index.unspent(c, "hot")]
+        if tip is None or self._hash_at(tip.height) != tip.hash:
+            raise CustodyError(CustodyErrorCode.reserves_index_behind,
+                               "the wallet index is not at a block of the node's main chain (the scanner has not caught up "
+                               "with a reorg yet): ask again shortly")
+        paths = {u.address: (u.tier, u.change, u.derivation_index) for u in coins}
+        held: dict[str, int] = {}
+        for u in coins:
+            held[u.address] = held.get(u.address, 0) + u.amount
         if not accounts:  # a Merkle sum tree needs a leaf; an empty commitment would prove nothing
             raise CustodyError(CustodyErrorCode.no_customer_accounts,
                                f"no customer account of {asset} exists: a report has no liabilities to commit to")
         salts = {a.id: secrets.token_bytes(16) for a in accounts}
         tree = MerkleSumTree([leaf(a.id, int(a.posted), salts[a.id]) for a in accounts])
-        paths = dict(deposit_paths)
-        paths[derive_btc_address(keys["hot"], self.network, 0, 0)] = ("hot", 0, 0)
-        paths.update({derive_btc_address(keys["hot"], self.network, 1, b): ("hot", 1, b) for b in batches})
-        held: dict[str, int] = {}
-        for u in self.bitcoin.unspent(paths):
-            held[u.address] = held.get(u.address, 0) + u.amount
         with self.engine.begin() as c:
             # the id is taken first so each signed statement can name the report it belongs to
             report_id = c.execute(text("SELECT nextval(pg_get_serial_sequence('reserve_report', 'id'))")).scalar_one()

@@ -4,7 +4,8 @@ A sweep never changes what a customer is owed; it moves value between two of the
 locations. Only deposits already booked (credited, quarantined, released, returned or dust) are
 swept, so a reorg of a not-yet-final deposit can never strand a sweep. Steps, as jobs:
 
-- `sweep_bitcoin()`: reserve up to `max_inputs` unswept booked deposit coins (a `sweep` row in
+- `sweep_bitcoin()`: reserve up to `max_inputs` unswept booked deposit coins (never one the wallet
+  index, custody.wallet_index, holds as spent in a block; a `sweep` row in
   `open`, each observation's `swept_by`), then the signer (which re-checks the reservation and that
   the destination is our own hot receive address) signs one transaction paying everything but the
   network fee to the hot wallet; the signed bytes are stored before anything is broadcast.
@@ -55,8 +56,9 @@ class Sweeps(FirmMoves):
                                       "ORDER BY id LIMIT 1")).scalar()
             if sweep_id is None:
                 rows = c.execute(text(
-                    "SELECT id, amount FROM deposit_observation WHERE chain = 'bitcoin' AND swept_by IS NULL "
-                    "AND state = ANY(:s) ORDER BY id LIMIT :l FOR UPDATE SKIP LOCKED"), {"s": list(BOOKED), "l": self.max_inputs}).all()
+                    "SELECT id, amount FROM deposit_observation d WHERE chain = 'bitcoin' AND swept_by IS NULL "
+                    "AND state = ANY(:s) AND NOT EXISTS (SELECT 1 FROM btc_wallet_output o WHERE o.txid = d.txid "
+                    "AND o.vout = d.output_index AND o.spent_txid IS NOT NULL) ORDER BY id LIMIT :l FOR UPDATE SKIP LOCKED"), {"s": list(BOOKED), "l": self.max_inputs}).all()
                 total = sum(int(r.amount) for r in rows)
                 script = address_to_script(self.hot_address, self.network)
                 fee = fee_for(estimate_vsize(len(rows), [script]), rate) if rows else 0

@@ -192,27 +192,26 @@ class Wallets:
 
         Every issued address is watched whatever the gap, so nothing lands unwatched; the alert
         tells operators that wallets restored from the seed with a standard gap limit would not
-        find later deposits."""
-        unused = c.execute(
-            text("SELECT count(*) FROM deposit_address WHERE wallet_id = :w AND first_seen_at IS NULL AND derivation_index > "
-                 "coalesce((SELECT max(derivation_index) FROM deposit_address WHERE wallet_id = :w AND first_seen_at IS NOT NULL), -1)"),
-            {"w": wallet_id},
-        ).scalar_one()
+        find later deposits. O(1) per issue at any address count: the deposit wallet's indices are
+        0 .. next_index - 1 without holes (issued under its row lock), and the scanner keeps
+        `last_used_index` (the highest index that received anything) as it records a first deposit
+        (custody.deposits), so the unused tail is `next_index - 1 - last_used_index`."""
+        row = c.execute(text("SELECT next_index, last_used_index FROM wallet WHERE id = :w"), {"w": wallet_id}).one()
+        unused = gap_count(row.next_index, row.last_used_index)
         if unused > gap_limit:
             log.warning("wallet %s/%s: %d unused addresses beyond the last used one (gap limit %d)", chain, "deposit", unused, gap_limit)
             open_incident(c, "gap_limit", f"gap_limit:{wallet_id}:{unused // gap_limit}",
                           {"chain": chain, "unused": unused, "gap_limit": gap_limit}, severity="warning")
 
-    def watched(self, chain: str) -> dict[str, tuple[int, int, str]]:
-        """Watched addresses of a chain -> (deposit_address id, account id, owner)."""
-        with self.engine.connect() as c:
-            rows = c.execute(text("SELECT id, address, account_id, owner FROM deposit_address WHERE chain = :c"), {"c": chain}).all()
-        return {r.address: (r.id, r.account_id, r.owner) for r in rows}
-
     def addresses_of(self, account_id: int) -> list[DepositAddress]:
         with self.engine.connect() as c:
             rows = c.execute(text(f"{_ADDRESS_SQL} WHERE account_id = :a ORDER BY id"), {"a": account_id}).all()
         return [_address(r, created=False) for r in rows]
+
+
+def gap_count(next_index: int, last_used_index: int) -> int:
+    """Issued addresses after the last used one (-1: none used yet)."""
+    return next_index - 1 - last_used_index
 
 
 _ADDRESS_SQL = "SELECT id, chain, address, derivation_index, account_id, owner FROM deposit_address"

@@ -454,6 +454,8 @@ def _build(config: DeploymentConfig, process: Process, adapters: Mapping[str, Ch
                               destinations=DestinationGuard(engine, wallets, adapters), approvers=approvers)
     payouts = Payouts(engine, ledger, wallets, adapters, signer, PayoutConfig(bitcoin_network=btc_network))
     payouts.withdrawals = withdrawals
+    if "bitcoin" in adapters and process == "worker":  # the index is the worker's to write (custody.wallet_index)
+        payouts.catch_up = lambda: deposits.catch_up("bitcoin")
     sweeps = rebalances = reserves = None
     if "bitcoin" in adapters:
         hot = derive_btc_address(config.wallets["bitcoin"].hot, btc_network, 0, 0)

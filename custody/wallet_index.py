@@ -1,0 +1,267 @@
+"""Our own bitcoin wallet index, kept by the block walk: every coin of ours, without the UTXO set.
+
+What it is: the table `btc_wallet_output` (migration 0023) holds every output, in a main-chain
+block up to the deposit scanner's cursor (`chain_cursor`), that pays an address this service
+derived: deposit addresses (tier `deposit`), the hot receive address `<hot>/0/0` and the hot
+change addresses `<hot>/1/<batch id>` (tier `hot`), and the cold addresses `<cold>/0/i`,
+i < the cold wallet's `next_index` (tier `cold`); with the block that created it and, once a block
+spends it, the spending transaction and block. It replaces `scantxoutset` (which walks the node's
+whole UTXO set: minutes on mainnet, one at a time per node) on every recurring path: the hot
+wallet sync, reconciliation and proof of reserves read it (`unspent`, `holdings`).
+
+How it is kept (`WalletIndex`, one per chain per process, owned by custody.deposits.Deposits):
+- `Deposits.scan` applies each scan's blocks to the index in the SAME database transaction that
+  moves `chain_cursor` by compare-and-set (`apply`), so the index is always exactly "our outputs
+  in the chain up to the cursor": per block, in block order, insert the outputs paying our
+  addresses, then mark spent the outputs of ours that its inputs spend (outputs created earlier
+  in the same block or scan included). A reorg (`ScanResult.reorg.undone`) is undone first, block
+  by block: the outputs those blocks created are deleted and the spends they recorded cleared
+  (both indexed by block hash); then the new chain's blocks are applied.
+- Matching is a set lookup in the adapter: `addresses` (address -> `Ours`) is loaded once per
+  process and refreshed incrementally before each scan (`deposit_address` ids grow in commit order
+  per wallet because `Wallets.issue_address` inserts under the wallet's row lock; bitcoin batch
+  ids likewise, since batches are created by the payouts job alone, under its job lock; cold
+  addresses by the cold wallet's `next_index`). `outpoints`, the index's unspent outpoints, is
+  loaded once, kept current from what the walk itself commits, and reloaded whenever the cursor
+  in the database is not the one it was valid at (another worker scanned, a reorg, a lost
+  compare-and-set).
+- An address issued while a scan is running is seen by the next scan's refresh; a block already
+  walked is not walked again for it (as before for deposit addresses). On bitcoin this cannot
+  lose one of our change or cold outputs: a batch or rebalance is committed before its
+  transaction is even signed, so its address is watched long before any block can pay it.
+
+How it fits with our own broadcasts: the index knows only blocks. A payout, sweep or rebalance of
+ours is followed from broadcast to finality by its own record (`chain_transaction` via
+`Payouts.track`, `sweep` / `rebalance` via custody.firm_moves `track`, asking the node's
+`tx_status`); coins it spends are marked in `wallet_utxo.spent_by` / `deposit_observation.swept_by`
+when it is signed, so they are never selected twice while it waits in the mempool. When it is
+mined the index records the spend and its outputs (change, the sweep's or rebalance's output to
+the hot or cold wallet) in the block's scan; reconciliation counts "mined but not yet booked" from
+those records (in transit). The hot wallet sync (`Payouts.sync_hot_wallet`) takes its new coins
+from the index (confirmed = in a block up to the cursor) into `wallet_utxo`, where coin selection
+happens.
+
+Readers: `unspent(conn, tier, addresses=None)` and `holdings(conn, tier)` read the table as of
+the cursor; `cursor(conn)` says where that is. They never write. Errors: `apply` raises whatever
+the database raises (an output recorded twice means the index and the cursor disagree: the scan's
+transaction rolls back, the cursor does not move, the job logs the error and the next run retries,
+so nothing is half applied).
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, Engine, text
+
+from chain_adapters.base import BlockRef, ScanResult
+from custody.addresses import derive_btc_address
+from custody.destinations import HOT_RECEIVE_INDEX
+
+log = logging.getLogger(__name__)
+TIERS = ("deposit", "hot", "cold")
+
+
+@dataclass(frozen=True, slots=True)
+class Ours:
+    """What one watched address is: tier, BIP32 tail and (deposit addresses) whose."""
+
+    tier: str
+    change: int
+    index: int
+    deposit_address_id: int | None = None
+    account_id: int | None = None
+    owner: str | None = None
+    wallet_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class IndexedOutput:
+    """One of our confirmed outputs as the index holds it."""
+
+    txid: str
+    index: int
+    address: str
+    amount: int
+    height: int
+    tier: str
+    change: int
+    derivation_index: int
+
+
+class WalletIndex:
+    """Per-process state of one chain's walk: the watched addresses and (bitcoin) the unspent
+    outpoints of the index. Not thread-safe: the caller serialises scans (Deposits holds a lock)."""
+
+    def __init__(self, chain: str) -> None:
+        self.chain = chain
+        self.addresses: dict[str, Ours] = {}
+        self.outpoints: set[tuple[str, int]] = set()
+        self.valid_at: BlockRef | None = None  # the cursor `outpoints` is exact at; None: reload
+        self._last_deposit_id = 0
+        self._last_batch_id = 0
+        self._cold_next = 0
+        self._keys: dict[str, tuple[str, str]] = {}  # tier -> (xpub, network)
+
+    # ---- the watched addresses -------------------------------------------------------------
+
+    def refresh(self, c: Connection) -> int:
+        """Add what was issued since the last refresh; returns how many addresses were added."""
+        added = 0
+        rows = c.execute(text(
+            "SELECT d.id, d.address, d.derivation_index, d.account_id, d.owner, d.wallet_id FROM deposit_address d "
+            "WHERE d.chain = :c AND d.id > :last ORDER BY d.id"), {"c": self.chain, "last": self._last_deposit_id}).all()
+        for r in rows:
+            self.addresses[r.address] = Ours("deposit", 0, r.derivation_index, r.id, r.account_id, r.owner, r.wallet_id)
+            self._last_deposit_id = r.id
+        added += len(rows)
+        if self.chain != "bitcoin":
+            return added
+        for tier, xpub, network, next_index in c.execute(text(
+                "SELECT tier, xpub, network, next_index FROM wallet WHERE chain = 'bitcoin' AND tier IN ('hot', 'cold')")):
+            if self._keys.get(tier, (xpub, network)) != (xpub, network):
+                raise RuntimeError(f"the bitcoin {tier} wallet's key changed under a running process")
+            if tier not in self._keys:
+                self._keys[tier] = (xpub, network)
+                if tier == "hot":
+                    self.addresses[derive_btc_address(xpub, network, 0, HOT_RECEIVE_INDEX)] = Ours("hot", 0, HOT_RECEIVE_INDEX)
+                    added += 1
+            if tier == "cold":
+                for i in range(self._cold_next, next_index):
+                    self.addresses[derive_btc_address(xpub, network, 0, i)] = Ours("cold", 0, i)
+                added += max(0, next_index - self._cold_next)
+                self._cold_next = max(self._cold_next, next_index)
+        if "hot" in self._keys:
+            xpub, network = self._keys["hot"]
+            batches = c.execute(text("SELECT id FROM withdrawal_batch WHERE chain = 'bitcoin' AND id > :last ORDER BY id"),
+                                {"last": self._last_batch_id}).scalars().all()
+            for b in batches:
+                self.addresses[derive_btc_address(xpub, network, 1, b)] = Ours("hot", 1, b)
+                self._last_batch_id = b
+            added += len(batches)
+        return added
+
+    # ---- the unspent outpoints ---------------------------------------------------------------
+
+    def load_outpoints(self, engine: Engine) -> BlockRef | None:
+        """(Re)load the unspent outpoints and the cursor they are exact at, in one snapshot."""
+        with engine.connect().execution_options(isolation_level="REPEATABLE READ") as c, c.begin():
+            row = c.execute(text("SELECT height, hash FROM chain_cursor WHERE chain = :c"), {"c": self.chain}).first()
+            self.outpoints = {(r.txid, r.vout) for r in c.execute(text(
+                "SELECT txid, vout FROM btc_wallet_output WHERE spent_txid IS NULL"))}
+        self.valid_at = BlockRef(row.height, row.hash) if row else None
+        return self.valid_at
+
+    def prepare(self, engine: Engine, cursor: BlockRef) -> None:
+        """Before a scan from `cursor`: addresses refreshed; outpoints reloaded unless exact at it."""
+        with engine.connect() as c:
+            self.refresh(c)
+        if self.chain == "bitcoin" and self.valid_at != cursor:
+            self.load_outpoints(engine)
+
+    def invalidate(self) -> None:
+        self.valid_at = None
+
+    # ---- applying a scan (in the caller's transaction) ---------------------------------------
+
+    def apply(self, c: Connection, result: ScanResult) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+        """Undo the reorg's blocks, then apply the new blocks in order, in `c` (the transaction
+        that moves the cursor). Returns (created, spent) outpoints for `committed`."""
+        if self.chain != "bitcoin":
+            return [], []
+        if result.reorg is not None and result.reorg.undone:
+            undo_blocks(c, [b.hash for b in result.reorg.undone])
+        created: list[tuple[str, int]] = []
+        spent: list[tuple[str, int]] = []
+        for block in result.blocks:
+            outs = [o for o in block.observations if o.address in self.addresses]
+            if outs:
+                c.execute(_INSERT_OUTPUT_SQL, [
+                    {"t": o.txid, "v": o.index, "a": o.address, "tier": self.addresses[o.address].tier,
+                     "ch": self.addresses[o.address].change, "i": self.addresses[o.address].index, "m": o.amount,
+                     "h": block.ref.height, "b": block.ref.hash} for o in outs])
+                created += [(o.txid, o.index) for o in outs]
+            if block.spends:
+                marked = c.execute(_MARK_SPENT_SQL, {
+                    "p": [s.prev_txid for s in block.spends], "v": [s.prev_index for s in block.spends],
+                    "s": [s.txid for s in block.spends], "h": block.ref.height, "b": block.ref.hash}).all()
+                if len(marked) != len(block.spends):
+                    missing = {(s.prev_txid, s.prev_index) for s in block.spends} - {(m.txid, m.vout) for m in marked}
+                    raise IndexMismatch(f"block {block.ref.height} {block.ref.hash} spends {sorted(missing)}, which the "
+                                        "index does not hold unspent: the in-memory outpoints and the table disagree")
+                spent += [(m.txid, m.vout) for m in marked]
+        return created, spent
+
+    def committed(self, result: ScanResult, created: list[tuple[str, int]], spent: list[tuple[str, int]]) -> None:
+        """The scan's transaction committed: the outpoints follow it, exact at the new cursor. A
+        reorg makes them reload instead (the undone blocks' spends come back)."""
+        if self.chain != "bitcoin":
+            return
+        if result.reorg is not None:
+            self.valid_at = None
+            return
+        self.outpoints.update(created)
+        self.outpoints.difference_update(spent)
+        self.valid_at = result.cursor
+
+
+class IndexMismatch(RuntimeError):
+    """A block spends an outpoint the adapter was told is ours and unspent, but the table does not
+    hold it unspent: the scan's transaction rolls back (the cursor stays) and the next scan
+    reloads the outpoints from the table."""
+
+
+def undo_blocks(c: Connection, hashes: Iterable[str]) -> tuple[int, int]:
+    """Take blocks out of the index: delete the outputs they created, clear the spends they
+    recorded. Returns (outputs deleted, spends cleared)."""
+    hashes = list(hashes)
+    deleted = c.execute(text("DELETE FROM btc_wallet_output WHERE block_hash = ANY(:h)"), {"h": hashes}).rowcount
+    cleared = c.execute(text("UPDATE btc_wallet_output SET spent_txid = NULL, spent_height = NULL, spent_block_hash = NULL "
+                             "WHERE spent_block_hash = ANY(:h)"), {"h": hashes}).rowcount
+    if deleted or cleared:
+        log.warning("wallet index: %d block(s) undone: %d output(s) removed, %d spend(s) cleared", len(hashes), deleted, cleared)
+    return deleted, cleared
+
+
+_INSERT_OUTPUT_SQL = text("""
+INSERT INTO btc_wallet_output (txid, vout, address, tier, derivation_change, derivation_index, amount, block_height, block_hash)
+VALUES (:t, :v, :a, :tier, :ch, :i, :m, :h, :b)
+""")
+
+_MARK_SPENT_SQL = text("""
+UPDATE btc_wallet_output o
+SET spent_txid = s.spender, spent_height = :h, spent_block_hash = :b
+FROM unnest(CAST(:p AS text[]), CAST(:v AS int[]), CAST(:s AS text[])) AS s(prev, vout, spender)
+WHERE o.txid = s.prev AND o.vout = s.vout AND o.spent_txid IS NULL
+RETURNING o.txid, o.vout
+""")
+
+
+# ---- readers --------------------------------------------------------------------------------------
+
+def cursor(conn: Connection, chain: str = "bitcoin") -> BlockRef | None:
+    """The block the index is exact at (the deposit scanner's cursor)."""
+    row = conn.execute(text("SELECT height, hash FROM chain_cursor WHERE chain = :c"), {"c": chain}).first()
+    return BlockRef(row.height, row.hash) if row else None
+
+
+def unspent(conn: Connection, tier: str, addresses: Iterable[str] | None = None) -> list[IndexedOutput]:
+    """Our unspent outputs of `tier` in the chain up to the cursor (optionally only at
+    `addresses`), oldest first."""
+    if tier not in TIERS:
+        raise ValueError(f"unknown tier {tier!r}")
+    rows = conn.execute(text(
+        "SELECT txid, vout, address, amount, block_height, tier, derivation_change, derivation_index FROM btc_wallet_output "
+        "WHERE spent_txid IS NULL AND tier = :t AND (CAST(:a AS text[]) IS NULL OR address = ANY(:a)) "
+        "ORDER BY block_height, txid, vout"), {"t": tier, "a": None if addresses is None else sorted(set(addresses))}).all()
+    return [IndexedOutput(r.txid, r.vout, r.address, int(r.amount), int(r.block_height), r.tier, r.derivation_change,
+                          r.derivation_index) for r in rows]
+
+
+def holdings(conn: Connection, tier: str) -> int:
+    """What our unspent outputs of `tier` hold, in satoshis, in the chain up to the cursor."""
+    if tier not in TIERS:
+        raise ValueError(f"unknown tier {tier!r}")
+    return int(conn.execute(text("SELECT coalesce(sum(amount), 0) FROM btc_wallet_output WHERE spent_txid IS NULL AND tier = :t"),
+                            {"t": tier}).scalar_one())
