@@ -181,18 +181,23 @@ class BitcoinAdapter(BlockWalker):
         return tuple(sorted({a for a in found if a}))
 
     def _blocks(self, first: int, last: int, watch: Watch) -> list[ScannedBlock]:
-        out: list[ScannedBlock] = []
         created: set[tuple[str, int]] = set()  # outputs to watched addresses seen so far in this walk
+        return [self._parse_block(b, watch, created) for b in self._raw_blocks(first, last)]
+
+    def _block_by_hash(self, block_hash: str, watch: Watch) -> ScannedBlock | None:
+        raw = self._raw_block_by_hash(block_hash)
+        return None if raw is None else self._parse_block(raw, watch, set())
+
+    def _raw_blocks(self, first: int, last: int):
+        """bitcoind's `getblock <hash> 2` of main-chain blocks first..last, in order."""
         for start in range(first, last + 1, BLOCK_BATCH):
             heights = range(start, min(last, start + BLOCK_BATCH - 1) + 1)
             hashes = self.rpc.batch([("getblockhash", (h,)) for h in heights])
-            blocks = self.rpc.batch([("getblock", (h, 2)) for h in hashes])
-            out.extend(self._parse_block(b, watch, created) for b in blocks)
-        return out
+            yield from self.rpc.batch([("getblock", (h, 2)) for h in hashes])
 
-    def _block_by_hash(self, block_hash: str, watch: Watch) -> ScannedBlock | None:
+    def _raw_block_by_hash(self, block_hash: str) -> dict | None:
         try:
-            return self._parse_block(self.rpc.call("getblock", block_hash, 2), watch, set())
+            return self.rpc.call("getblock", block_hash, 2)
         except RpcError as exc:
             if exc.rpc_code == RPC_INVALID_ADDRESS_OR_KEY:
                 return None
