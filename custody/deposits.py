@@ -6,6 +6,11 @@ An observation is not a credit. Each step is a job (APScheduler runs them; tests
    ether transfer or ERC-20 log paying a watched address becomes one `deposit_observation`
    (unique per chain, asset, txid, index) in state `seen`. The cursor moves by compare-and-set in
    the same database transaction, so a crash or a second scanner cannot skip or double-record.
+   On bitcoin the same transaction keeps the wallet index (custody.wallet_index): every output of
+   the walked blocks paying any of our addresses (deposit, hot, change, cold) and every spend of
+   one of ours, undone block by block on a reorg. Only deposit-address outputs become
+   observations. `catch_up(chain)` scans until the cursor is at the node's tip (the hot wallet
+   sync runs it first).
 2. `confirm(chain)`: confirmations are counted up to the scan cursor (a chain we have verified,
    never the node's unverified tip) and move `seen -> confirming -> final` by the asset's
    finality depth (`chain_asset.finality_confirmations`).
