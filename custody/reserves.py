@@ -61,10 +61,6 @@ class Reserves:
                 "SELECT a.id, coalesce(sum(b.posted), 0) AS posted FROM account a JOIN account_balance b ON b.account_id = a.id "
                 "WHERE a.asset = :s AND a.kind = :k GROUP BY a.id ORDER BY a.id"), {"s": asset, "k": AccountKind.customer.value}).all()
             coins = [*wallet_index.unspent(c, "deposit"), *wallet_index.unspent(c, "hot")]
-        if tip is None or self._hash_at(tip.height) != tip.hash:
-            raise CustodyError(CustodyErrorCode.reserves_index_behind,
-                               "the wallet index is not at a block of the node's main chain (the scanner has not caught up "
-                               "with a reorg yet): ask again shortly")
         paths = {u.address: (u.tier, u.change, u.derivation_index) for u in coins}
         held: dict[str, int] = {}
         for u in coins:
@@ -72,6 +68,10 @@ class Reserves:
         if not accounts:  # a Merkle sum tree needs a leaf; an empty commitment would prove nothing
             raise CustodyError(CustodyErrorCode.no_customer_accounts,
                                f"no customer account of {asset} exists: a report has no liabilities to commit to")
+        if tip is None or self._hash_at(tip.height) != tip.hash:
+            raise CustodyError(CustodyErrorCode.reserves_index_behind,
+                               "the wallet index is not at a block of the node's main chain (the scanner has not caught up "
+                               "with a reorg yet): ask again shortly")
         salts = {a.id: secrets.token_bytes(16) for a in accounts}
         tree = MerkleSumTree([leaf(a.id, int(a.posted), salts[a.id]) for a in accounts])
         with self.engine.begin() as c:
