@@ -44,6 +44,7 @@
 | retry_unknown | 404 | no withdrawal batch, sweep or rebalance with that id |
 | retry_not_set_aside | 409 | the withdrawal batch, sweep or rebalance is not set aside: there is nothing to retry |
 | no_customer_accounts | 409 | a proof-of-reserves report needs at least one customer account of the asset to commit to |
+| node_view_not_ready | 503 | the node's watch-only wallet (custody.node_view) is not at the pinned tip, is rescanning, or does not yet cover every address custody issued: its holdings cannot be read now (a reconciliation pass skips the cross-check, logged) |
 """
 from __future__ import annotations
 
@@ -93,6 +94,7 @@ class CustodyErrorCode(str, enum.Enum):
     retry_unknown = "retry_unknown"
     retry_not_set_aside = "retry_not_set_aside"
     no_customer_accounts = "no_customer_accounts"
+    node_view_not_ready = "node_view_not_ready"
 
     @property
     def http_status(self) -> int:
@@ -142,6 +144,7 @@ _STATUS = {
     CustodyErrorCode.retry_unknown: 404,
     CustodyErrorCode.retry_not_set_aside: 409,
     CustodyErrorCode.no_customer_accounts: 409,
+    CustodyErrorCode.node_view_not_ready: 503,
 }
 
 

@@ -21,7 +21,9 @@ a crash) loses its connection and with it the lock, so another worker takes the 
 tick; what the dead one left half-done is finished by the idempotent steps (a batch made is not
 made again; a signed transaction is stored before broadcast). Within one process a slow run is
 skipped, not stacked (APScheduler's max_instances=1). A run logs its exceptions instead of dying; a
-failed run is retried on the next tick, which is safe because every step is idempotent.
+failed run is retried on the next tick, which is safe because every step is idempotent. A node that
+is unreachable (`NodeUnavailable`) or busy with a call it runs once at a time (`NodeBusy`: an
+operator's `scantxoutset`, a wallet rescan) costs one warning line and the tick, never a traceback.
 APScheduler's own log lines name the job (`Running job "payouts (trigger: ...)"`). Within a job,
 each step runs even when an earlier one failed (`run_steps`: a node error while batching never
 stops broadcast and tracking), and within a step one batch, sweep or rebalance that fails is set
@@ -40,7 +42,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.exc import DBAPIError
 
-from chain_adapters.errors import NodeUnavailable
+from chain_adapters.errors import NodeBusy, NodeUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +111,8 @@ def _guard(name: str, fn: Callable[[], object]) -> Callable[[], bool]:
             return True
         except NodeUnavailable as exc:  # a node restarting or stopping: expected, retried next tick
             log.warning("job %s: node unavailable (%s); retrying next run", name, exc)
+        except NodeBusy as exc:  # the node runs a one-at-a-time call (a scan, a rescan): skip this tick
+            log.warning("job %s: node busy (%s); skipped, retrying next run", name, exc.detail)
         except Exception:  # noqa: BLE001 - logged; the next tick retries an idempotent step
             log.exception("job %s failed", name)
         return False
