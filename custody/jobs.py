@@ -10,6 +10,7 @@ method that tests and the demo call directly, so time is driven deterministicall
 | expire-holds | Ledger.expire_holds() | 10 s |
 | outbox | OutboxDispatcher.dispatch() | 1 s |
 | reconcile | Reconciliation.run() (bitcoin, ethereum: chain holdings = books + in transit, exactly) | 60 s |
+| node-view | NodeView.ensure(): the node's watch-only wallet loaded, its ranges ahead of the issued addresses (bitcoin) | 30 s |
 | verify | verify_books(): Ledger.verify(); any failed check opens a critical incident (kill switch) | 60 s |
 | matching-snapshots | Trading.snapshot_markets(): a snapshot of each market 10,000 commands or 300 s after its last, so a rebuild replays only the journal since | 10 s |
 
@@ -231,6 +232,9 @@ def build_scheduler(container: Any, *, sink: Callable[[str, dict], None] | None 
     add("verify", lambda: verify_books(container), 60)
     if reconciliation is not None:
         add("reconcile", reconciliation.run, 60)
+    node_view = getattr(container, "node_view", None)
+    if node_view is not None:
+        add("node-view", node_view.ensure, 30)
     if trading is not None:
         add("matching-snapshots", trading.snapshot_markets, 10)
     return scheduler

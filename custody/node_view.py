@@ -238,6 +238,9 @@ class NodeView:
         with self.engine.connect() as c, c.begin():
             read_at = c.execute(_NOW_SQL).scalar_one()
             wallets = self._wallets(c)
+            if "deposit" not in wallets or "hot" not in wallets:
+                log.info("node view: no bitcoin deposit and hot wallets are registered yet; nothing to watch")
+                return []
             name = self.name(wallets)
             wanted = branches(self.network, {t: w.xpub for t, w in wallets.items() if t in TIERS})
             issued = {b.descriptor: self._issued_end(c, b, wallets) for b in wanted}
