@@ -1,4 +1,4 @@
-"""Bitcoin adapter over bitcoind's JSON-RPC (no wallet RPCs: custody owns keys and coins).
+"""Bitcoin adapter over bitcoind's JSON-RPC (no spending wallet: custody owns keys and coins).
 
     adapter = BitcoinAdapter("http://user:pass@127.0.0.1:18443", network="regtest")
     adapter = BitcoinAdapter("http://127.0.0.1:8332", network="mainnet", cookie_file="/var/lib/bitcoind/.cookie")
@@ -23,10 +23,21 @@ chain by another transaction. Both need the raw transaction when the node has fo
 `unspent()` lists confirmed outputs only (it uses `scantxoutset`, which ignores the mempool and
 walks the node's WHOLE UTXO set: minutes on mainnet, one at a time per node). No recurring job or
 API route calls it: they read custody.wallet_index. It stays for operator-run rescans.
+`operator_scan_utxo_set` is the same scan for the operator's rescan tool only (custody.rescan),
+with progress and abort.
+
+The watch-only descriptor wallet (the node's own view of our coins, read by custody.node_view) is
+`chain_adapters.bitcoin_watch.WatchWalletRpc`, mixed in here: it holds no key.
+
+Busy node: bitcoind runs some calls once at a time (`scantxoutset`, `scanblocks`, a wallet
+rescan) and refuses a second one; `bitcoind_error` turns those refusals into `NodeBusy` for every
+call of this adapter (callers wait or skip a tick); every other error reply is an `RpcError`.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 
@@ -45,12 +56,14 @@ from chain_adapters.base import (
     Utxo,
     Watch,
 )
+from chain_adapters.bitcoin_watch import WatchWalletRpc
 from chain_adapters.errors import (
     ChainError,
     Conflict,
     ErrorCode,
     InsufficientFee,
     InvalidTransaction,
+    NodeBusy,
     NotFound,
     RpcError,
     WrongNetwork,
@@ -68,6 +81,13 @@ RPC_DESERIALIZATION_ERROR = -22
 RPC_VERIFY_ERROR = -25
 RPC_VERIFY_REJECTED = -26
 RPC_VERIFY_ALREADY_IN_UTXO_SET = -27
+RPC_WALLET_ERROR = -4
+
+# bitcoind's refusals of a call it runs once at a time: (rpc code, start of the message)
+_BUSY = (
+    (RPC_INVALID_PARAMETER, "Scan already in progress"),  # scantxoutset, scanblocks
+    (RPC_WALLET_ERROR, "Wallet is currently rescanning"),  # importdescriptors, rescanblockchain, ...
+)
 
 # mempool reject reasons (the node's stable reason tokens) -> our error class
 _FEE_REASONS = ("min relay fee not met", "mempool min fee not met", "insufficient fee",
@@ -87,6 +107,14 @@ def to_sat(value: Decimal) -> int:
     return int(sat)
 
 
+def bitcoind_error(rpc_code: int, message: str) -> ChainError:
+    """The exception for a bitcoind error reply: `NodeBusy` for a one-at-a-time refusal (`_BUSY`),
+    else `RpcError` (callers branch on its `rpc_code`)."""
+    if any(rpc_code == code and message.startswith(start) for code, start in _BUSY):
+        return NodeBusy(f"rpc {rpc_code}: {message}")
+    return RpcError(rpc_code, message)
+
+
 def txid_of(raw: bytes) -> str:
     """The txid of a serialized transaction; InvalidTransaction when it does not parse."""
     try:
@@ -95,7 +123,19 @@ def txid_of(raw: bytes) -> str:
         raise InvalidTransaction(f"not a transaction: {exc}") from exc
 
 
-class BitcoinAdapter(BlockWalker):
+@dataclass(frozen=True)
+class UtxoScan:
+    """What one `scantxoutset` found: at `height`/`block_hash`, `unspents` as (descriptor-derived
+    key origin `desc`, txid, vout, amount in satoshis, height); `aborted` when it was stopped."""
+
+    height: int
+    block_hash: str
+    total: int
+    unspents: tuple[tuple[str, str, int, int, int], ...]
+    aborted: bool
+
+
+class BitcoinAdapter(BlockWalker, WatchWalletRpc):
     chain = "bitcoin"
     native_asset = "BTC"
 
@@ -110,7 +150,7 @@ class BitcoinAdapter(BlockWalker):
         self.network = network
         self.fallback_fee_sat_per_kvb = fallback_fee_sat_per_kvb
         auth = (rpc_user, rpc_password) if rpc_user is not None and rpc_password is not None else None
-        self.rpc = JsonRpcClient(rpc_url, timeout=timeout, auth=auth, cookie_file=cookie_file)
+        self.rpc = JsonRpcClient(rpc_url, timeout=timeout, auth=auth, cookie_file=cookie_file, error_for=bitcoind_error)
 
     def close(self) -> None:
         self.rpc.close()
@@ -297,3 +337,39 @@ class BitcoinAdapter(BlockWalker):
             out.append(Utxo(u["txid"], u["vout"], by_script[spk], to_sat(u["amount"]),
                             u["height"], bytes.fromhex(spk)))
         return sorted(out, key=lambda u: (u.height, u.txid, u.index))
+
+    # -- the operator's rescan (custody.rescan): never on a recurring path ----------------------
+    def operator_scan_utxo_set(self, scan_objects: list[dict], *, on_progress: Callable[[float], None] | None = None,
+                               abort: threading.Event | None = None, poll_seconds: float = 1.0) -> UtxoScan:
+        """One `scantxoutset start` over `scan_objects` (`{"desc": ..., "range": [0, n]}`), which
+        walks the node's whole UTXO set: minutes on mainnet. While it runs, `scantxoutset status`
+        is polled from this thread (`on_progress(percent)`) and the scan itself runs in a second
+        thread; setting `abort` sends `scantxoutset abort`. `NodeBusy` when the node already runs a
+        scan. For the operator's tool only (custody.rescan)."""
+        result: dict = {}
+
+        def run() -> None:
+            try:
+                result["ok"] = self.rpc.call("scantxoutset", "start", scan_objects)
+            except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
+                result["error"] = exc
+
+        worker = threading.Thread(target=run, name="scantxoutset", daemon=True)
+        worker.start()
+        aborted = False
+        while worker.is_alive():
+            worker.join(poll_seconds)
+            if abort is not None and abort.is_set() and not aborted:
+                aborted = bool(self.rpc.call("scantxoutset", "abort"))
+            elif worker.is_alive() and on_progress is not None:
+                status = self.rpc.call("scantxoutset", "status")
+                if status is not None:
+                    on_progress(float(status.get("progress", 0)))
+        if "error" in result:
+            raise result["error"]
+        res = result["ok"]
+        if not res.get("success", True):
+            return UtxoScan(0, "", 0, (), aborted=True)
+        unspents = tuple((u["desc"], u["txid"], int(u["vout"]), to_sat(u["amount"]), int(u["height"]))
+                         for u in res["unspents"])
+        return UtxoScan(int(res["height"]), res["bestblock"], to_sat(res["total_amount"]), unspents, aborted=False)

@@ -3,6 +3,7 @@
 | code               | meaning                                                                    |
 | ------------------ | -------------------------------------------------------------------------- |
 | `node_unavailable` | the node could not be reached or answered with a transport error          |
+| `node_busy`        | the node runs a call it allows once at a time (a UTXO-set scan, a block-filter scan, a wallet rescan) and refused another: wait or skip this tick |
 | `wrong_network`    | the node answers for another chain than configured (a `NodeUnavailable`: ours is not there) |
 | `insufficient_fee` | the node refused the transaction's fee (too low, or too low to replace)   |
 | `conflict`         | the transaction spends what another transaction already spends (or nonce) |
@@ -22,6 +23,7 @@ from enum import StrEnum
 
 class ErrorCode(StrEnum):
     NODE_UNAVAILABLE = "node_unavailable"
+    NODE_BUSY = "node_busy"
     WRONG_NETWORK = "wrong_network"
     INSUFFICIENT_FEE = "insufficient_fee"
     CONFLICT = "conflict"
@@ -55,6 +57,14 @@ class WrongNetwork(NodeUnavailable):
     or sent to it (callers that retry an unavailable node retry this too)."""
 
     code = ErrorCode.WRONG_NETWORK
+
+
+class NodeBusy(ChainError):
+    """The node is up but already runs a call it allows only once at a time (bitcoind:
+    `scantxoutset`, `scanblocks`, a wallet rescan) and refused this one. Nothing was done; the
+    same call may succeed later. Not a `NodeUnavailable`: the node is reachable and on its chain."""
+
+    code = ErrorCode.NODE_BUSY
 
 
 class InsufficientFee(ChainError):

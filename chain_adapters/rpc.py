@@ -13,6 +13,11 @@ Authentication (bitcoind's two schemes; anvil needs none):
   that cannot be read is `NodeUnavailable` (the node may be starting), never a crash.
 Give one scheme only; `ValueError` otherwise.
 
+`error_for(rpc_code, message)` turns a JSON-RPC error reply into the exception raised (default
+`RpcError`); the bitcoin adapter uses it to raise `NodeBusy` for bitcoind's one-at-a-time refusals.
+`at_path(path)` is a client for the same node, credentials and error mapping at another URL path
+(bitcoind's per-wallet endpoint `/wallet/<name>`).
+
 `connection_serial` is the serial number of the newest connection opened (0: none yet), in any
 thread: a caller that must re-check the node after a reconnect (custody.roots.guards.NetworkGate
 verifies the node's chain) compares it before and after its calls.
@@ -30,13 +35,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from chain_adapters.errors import NodeUnavailable, RpcError
+from chain_adapters.errors import ChainError, NodeUnavailable, RpcError
 
 
 class JsonRpcClient:
     def __init__(self, url: str, *, timeout: float = 30.0,
                  parse_float: Callable[[str], Any] = Decimal, auth: tuple[str, str] | None = None,
-                 cookie_file: str | Path | None = None) -> None:
+                 cookie_file: str | Path | None = None,
+                 error_for: Callable[[int, str], ChainError] = RpcError) -> None:
+        self._url, self._parse_float, self._auth = url, parse_float, auth
+        self._error_for = error_for
         parts = urlsplit(url)
         if sum(x is not None and x != "" for x in (parts.username, auth, cookie_file)) > 1:
             raise ValueError("give one RPC authentication: credentials in the URL, auth=(user, password) or cookie_file")
@@ -55,6 +63,13 @@ class JsonRpcClient:
         self._ids = itertools.count(1)
         self._serials = itertools.count(1)
         self.connection_serial = 0  # the newest connection's serial (see the module docstring)
+
+    def at_path(self, path: str) -> JsonRpcClient:
+        """A client of its own (own connections) for `path` on the same node, with the same
+        credentials, cookie file, timeout, number parsing and error mapping."""
+        parts = urlsplit(self._url)
+        return JsonRpcClient(parts._replace(path=path).geturl(), timeout=self._timeout, parse_float=self._parse_float,
+                             auth=self._auth, cookie_file=self._cookie_file, error_for=self._error_for)
 
     @property
     def _conn(self) -> http.client.HTTPConnection | None:
@@ -112,7 +127,7 @@ class JsonRpcClient:
         reply = self._post(body)
         err = reply.get("error")
         if err:
-            raise RpcError(int(err.get("code", 0)), str(err.get("message", err)))
+            raise self._error_for(int(err.get("code", 0)), str(err.get("message", err)))
         return reply["result"]
 
     def batch(self, calls: Sequence[tuple[str, Sequence[Any]]]) -> list[Any]:
@@ -127,7 +142,7 @@ class JsonRpcClient:
         for reply in replies:
             err = reply.get("error")
             if err:
-                raise RpcError(int(err.get("code", 0)), str(err.get("message", err)))
+                raise self._error_for(int(err.get("code", 0)), str(err.get("message", err)))
             out.append(reply["result"])
         return out
 

@@ -32,6 +32,12 @@ Operators:
                                                exit status 3: the API served bytes it will not sign)
     python -m custody approver-key ...         make or show an approver key (custody.approve_cli)
 
+    python -m custody rescan --config F --tier all|deposit|hot|cold
+                                               one `scantxoutset` over the addresses custody issued,
+                                               with progress; Ctrl-C aborts; exit 3 when the node
+                                               or another operator is already scanning
+                                               (custody.rescan; nothing recurring scans)
+
 Development and maintenance (settings from the environment, custody/settings.py):
 
     python -m custody migrate                                upgrade the schema (Alembic)
@@ -72,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="the three processes on fresh regtest nodes, and the demo over HTTP")
     demo.add_argument("--port", type=int, default=None, help="the api's port (default: API_PORT, 8000)")
     demo.add_argument("--exit-after-demo", action="store_true", help="stop everything once the demo has finished")
+    rescan = sub.add_parser("rescan", help="operator: one scantxoutset over the issued addresses (custody.rescan)")
+    rescan.add_argument("--config", default=None, help="the TOML file ($CUSTODY_CONFIG)")
+    rescan.add_argument("--tier", choices=("all", "deposit", "hot", "cold"), default="all")
     for name in APPROVE_COMMANDS:
         sub.add_parser(name, help="operator approvals (custody.approve_cli)", add_help=False)
     sub.add_parser("migrate", help="upgrade the database schema")
@@ -89,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         from custody.config_check import main as check
 
         return check(args.config, args.process)
+    if args.command == "rescan":
+        from custody.rescan import main as rescan_main
+
+        return rescan_main(args.config, args.tier)
     if args.command in ("api", "worker"):
         return _process(args.command, args.config)
     if args.command == "demo":

@@ -35,6 +35,7 @@ own settings (`ENVIRONMENT`, `API_KEY_PEPPER`, `STATE_DIR`, `TREASURY_ADJUSTMENT
 | bitcoin | rpc_url | required | bitcoind JSON-RPC URL (`user:password@` in it counts as rpc_user + rpc_password) |
 | bitcoin | network | required | regtest, signet, testnet or mainnet: must be the node's chain |
 | bitcoin | cookie_file | - | bitcoind's `.cookie`; or rpc_user + rpc_password, or both in rpc_url (exactly one scheme) |
+| bitcoin | node_view_lookahead | 1000 | how far past the highest issued index each range of the node's watch-only wallet reaches (custody.node_view; widened when half is left) |
 | ethereum | rpc_url, chain_id | required | node URL; its `eth_chainId` (1, 11155111, 17000 or 31337) |
 | ethereum.tokens | SYMBOL | - | ERC-20 contract address of each ethereum asset other than ETH |
 | assets.SYMBOL | chain, decimals, finality | required | bitcoin/ethereum; 0..36; confirmations before a credit |
@@ -165,6 +166,7 @@ class BitcoinSection(Section):
     cookie_file: Path | None = None
     rpc_user: str | None = None
     rpc_password: SecretStr | None = None
+    node_view_lookahead: Annotated[int, Field(ge=2, le=1_000_000)] = 1000
 
     @model_validator(mode="before")
     @classmethod

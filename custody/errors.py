@@ -45,6 +45,7 @@
 | retry_not_set_aside | 409 | the withdrawal batch, sweep or rebalance is not set aside: there is nothing to retry |
 | no_customer_accounts | 409 | a proof-of-reserves report needs at least one customer account of the asset to commit to |
 | reserves_index_behind | 503 | the wallet index's block (the deposit scanner's cursor) is no longer in the node's main chain: a reorg the scanner has not walked yet; ask again shortly |
+| node_view_not_ready | 503 | the node's watch-only wallet (custody.node_view) is not at the pinned tip, is rescanning, or does not yet cover every address custody issued: its holdings cannot be read now (a reconciliation pass skips the cross-check, logged) |
 """
 from __future__ import annotations
 
@@ -95,6 +96,7 @@ class CustodyErrorCode(str, enum.Enum):
     retry_not_set_aside = "retry_not_set_aside"
     no_customer_accounts = "no_customer_accounts"
     reserves_index_behind = "reserves_index_behind"
+    node_view_not_ready = "node_view_not_ready"
 
     @property
     def http_status(self) -> int:
@@ -145,6 +147,7 @@ _STATUS = {
     CustodyErrorCode.retry_not_set_aside: 409,
     CustodyErrorCode.no_customer_accounts: 409,
     CustodyErrorCode.reserves_index_behind: 503,
+    CustodyErrorCode.node_view_not_ready: 503,
 }
 
 

@@ -10,6 +10,7 @@ method that tests and the demo call directly, so time is driven deterministicall
 | expire-holds | Ledger.expire_holds() | 10 s |
 | outbox | OutboxDispatcher.dispatch() | 1 s |
 | reconcile | Reconciliation.run() (bitcoin, ethereum: chain holdings = books + in transit, exactly) | 60 s |
+| node-view | NodeView.ensure(): the node's watch-only wallet loaded, its ranges ahead of the issued addresses (bitcoin) | 30 s |
 | verify | verify_books(): Ledger.verify(); any failed check opens a critical incident (kill switch) | 60 s |
 | matching-snapshots | Trading.snapshot_markets(): a snapshot of each market 10,000 commands or 300 s after its last, so a rebuild replays only the journal since | 10 s |
 
@@ -21,7 +22,9 @@ a crash) loses its connection and with it the lock, so another worker takes the 
 tick; what the dead one left half-done is finished by the idempotent steps (a batch made is not
 made again; a signed transaction is stored before broadcast). Within one process a slow run is
 skipped, not stacked (APScheduler's max_instances=1). A run logs its exceptions instead of dying; a
-failed run is retried on the next tick, which is safe because every step is idempotent.
+failed run is retried on the next tick, which is safe because every step is idempotent. A node that
+is unreachable (`NodeUnavailable`) or busy with a call it runs once at a time (`NodeBusy`: an
+operator's `scantxoutset`, a wallet rescan) costs one warning line and the tick, never a traceback.
 APScheduler's own log lines name the job (`Running job "payouts (trigger: ...)"`). Within a job,
 each step runs even when an earlier one failed (`run_steps`: a node error while batching never
 stops broadcast and tracking), and within a step one batch, sweep or rebalance that fails is set
@@ -40,7 +43,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.exc import DBAPIError
 
-from chain_adapters.errors import NodeUnavailable
+from chain_adapters.errors import NodeBusy, NodeUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +112,8 @@ def _guard(name: str, fn: Callable[[], object]) -> Callable[[], bool]:
             return True
         except NodeUnavailable as exc:  # a node restarting or stopping: expected, retried next tick
             log.warning("job %s: node unavailable (%s); retrying next run", name, exc)
+        except NodeBusy as exc:  # the node runs a one-at-a-time call (a scan, a rescan): skip this tick
+            log.warning("job %s: node busy (%s); skipped, retrying next run", name, exc.detail)
         except Exception:  # noqa: BLE001 - logged; the next tick retries an idempotent step
             log.exception("job %s failed", name)
         return False
@@ -227,6 +232,9 @@ def build_scheduler(container: Any, *, sink: Callable[[str, dict], None] | None 
     add("verify", lambda: verify_books(container), 60)
     if reconciliation is not None:
         add("reconcile", reconciliation.run, 60)
+    node_view = getattr(container, "node_view", None)
+    if node_view is not None:
+        add("node-view", node_view.ensure, 30)
     if trading is not None:
         add("matching-snapshots", trading.snapshot_markets, 10)
     return scheduler

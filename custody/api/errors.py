@@ -14,7 +14,7 @@ API adds its own codes, listed here in the order a request meets them:
 | chains_not_configured | 503 | the route needs chain adapters (or a signer) that this service was started without |
 | node_unavailable | 503 | a chain node (or the signer) the route reads could not be reached, or answered with a transport error; nothing was committed: send it again later (`Retry-After`) |
 | wrong_network | 503 | the chain node the route reads answers for another chain than configured: its NetworkGate is closed (custody.roots.guards) until the node or the configuration is fixed and the process restarted; a critical incident names it |
-| temporarily_unavailable | 503 | a transient database failure: a deadlock victim, a serialization failure, a lock or statement timeout, a lost connection; nothing was committed, and the same request with the same idempotency key may be sent again (`Retry-After`) |
+| temporarily_unavailable | 503 | a transient database failure: a deadlock victim, a serialization failure, a lock or statement timeout, a lost connection; or a chain node busy with a call it runs once at a time (`NodeBusy`: a UTXO-set scan, a wallet rescan). Nothing was committed, and the same request with the same idempotency key may be sent again (`Retry-After`) |
 | internal_error | 500 | anything unexpected, without a stack trace; this includes a refusal by the ledger's own guard triggers (their message starts with `ledger:`), which means a bug in the service, never bad input |
 
 Database refusals mapped to 4xx (classes 22 and 23) are logged at error level with the request's
@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from chain_adapters.errors import NodeUnavailable, WrongNetwork
+from chain_adapters.errors import NodeBusy, NodeUnavailable, WrongNetwork
 from custody.errors import CustodyError
 from ledger.errors import LedgerError
 from matching.errors import MatchingError
@@ -107,6 +107,14 @@ def install(app: FastAPI) -> None:
             return JSONResponse(body("wrong_network", f"a chain node answers for another chain than configured: {exc.detail}"),
                                 status_code=503)
         return JSONResponse(body("node_unavailable", f"a chain node or the signer could not be reached: {exc.detail}"),
+                            status_code=503, headers={"Retry-After": "5"})
+
+    @app.exception_handler(NodeBusy)
+    async def node_busy(request: Request, exc: NodeBusy) -> JSONResponse:
+        log.warning("%s %s: node busy (%s): answered 503", request.method, request.url.path, exc.detail)
+        return JSONResponse(body("temporarily_unavailable",
+                                 "a chain node is busy with a call it runs one at a time (a scan or a rescan); nothing "
+                                 "was committed: send the request again later"),
                             status_code=503, headers={"Retry-After": "5"})
 
     @app.exception_handler(RequestValidationError)

@@ -63,6 +63,7 @@ from custody.destinations import DestinationGuard
 from custody.payouts import PayoutConfig, Payouts
 from custody.policy_config import PolicyProvider
 from custody.rebalances import RebalanceConfig, Rebalances
+from custody.node_view import NodeView
 from custody.reconciliation import Reconciliation
 from custody.reserves import Reserves
 from custody.roots.guards import NetworkGate, WalletCheck, gate_adapters
@@ -110,6 +111,7 @@ class CustodyServices:
     sweeps: Sweeps | None  # bitcoin only
     rebalances: Rebalances | None  # bitcoin only
     reserves: Reserves | None  # bitcoin only
+    node_view: NodeView | None = None  # bitcoin only: the node's watch-only wallet (custody.node_view)
 
     def close(self) -> None:
         for adapter in self.adapters.values():
@@ -456,13 +458,15 @@ def _build(config: DeploymentConfig, process: Process, adapters: Mapping[str, Ch
     payouts.withdrawals = withdrawals
     if "bitcoin" in adapters and process == "worker":  # the index is the worker's to write (custody.wallet_index)
         payouts.catch_up = lambda: deposits.catch_up("bitcoin")
-    sweeps = rebalances = reserves = None
+    sweeps = rebalances = reserves = node_view = None
     if "bitcoin" in adapters:
         hot = derive_btc_address(config.wallets["bitcoin"].hot, btc_network, 0, 0)
         sweeps = Sweeps(engine, ledger, wallets, adapters["bitcoin"], signer, hot_address=hot, network=btc_network)
         rebalances = Rebalances(engine, ledger, wallets, adapters["bitcoin"], signer, hot_address=hot,
                                 config=RebalanceConfig(bitcoin_network=btc_network))
         reserves = Reserves(engine, adapters["bitcoin"], signer, network=btc_network)
+        node_view = NodeView(engine, adapters["bitcoin"], network=btc_network,  # type: ignore[arg-type] - gated
+                             lookahead=config.bitcoin.node_view_lookahead if config.bitcoin else 1000)
     # The worker's passes first record the hot wallet's new coins (and book funding); the api's
     # on-demand pass (POST /v1/reconciliation) does not: recording coins is the worker's (custody_api
     # may not write wallet_utxo rows, migration 0022), whose payouts job syncs every few seconds.
@@ -473,7 +477,7 @@ def _build(config: DeploymentConfig, process: Process, adapters: Mapping[str, Ch
                            adapters=adapters, signer=signer, deposits=deposits, withdrawals=withdrawals,
                            payouts=payouts, reconciliation=reconciliation, adjustments=adjustments,
                            approvers=approvers, process=process, wallet_check=check, sweeps=sweeps,
-                           rebalances=rebalances, reserves=reserves)
+                           rebalances=rebalances, reserves=reserves, node_view=node_view)
 
 
 # ---- process plumbing --------------------------------------------------------------------------

@@ -13,6 +13,10 @@ services that derive or pay (deposits, payouts, sweeps, rebalances, reconciliati
 `guards.signer_gated`: their runs do nothing until the signer's xpubs have been compared with
 [wallets] and found equal (then the wallets are registered and they run); the other jobs run
 meanwhile.
+
+At start the `node-view` job runs at once (not after its first interval): it loads the node's
+watch-only wallet (custody.node_view), or creates it and imports the ranges, under its job lock
+and in the scheduler's threads, so a first import's rescan does not hold up the other jobs.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import logging
 import signal
 import threading
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Mapping
 
 from sqlalchemy import Engine, text
@@ -104,6 +109,8 @@ def run_worker(root: WorkerRoot, *, stop: threading.Event | None = None) -> int:
         install_module_dump("custody-worker", root.settings.state_dir)
     scheduler = build_scheduler(signer_gated(root, root.wallet_check), scale=root.config.jobs.scale)  # type: ignore[arg-type]
     scheduler.start()
+    if scheduler.get_job("node-view") is not None:  # start-up: load or create the node's watch-only wallet now
+        scheduler.modify_job("node-view", next_run_time=datetime.now(timezone.utc))
     log.info("custody worker running %d jobs (%s); config %s", len(scheduler.get_jobs()),
              ", ".join(j.id for j in scheduler.get_jobs()), root.config.source)
     try:

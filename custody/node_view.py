@@ -1,0 +1,326 @@
+"""The node's own view of the firm's bitcoin: independent evidence for reconciliation (issue 13).
+
+Reconciliation must not compare the books only with custody's wallet index, which the same code
+builds from the same block walk. This module asks bitcoind itself, through a watch-only descriptor
+wallet that holds our ranged descriptors, at a pinned tip, at a cost that does not grow with the
+node's UTXO set (unlike `scantxoutset`, which walks all of it: minutes on mainnet).
+
+Why a watch-only wallet rather than `scanblocks`: the wallet follows every block as it connects
+(and undoes a reorg) inside the node, so a read costs one `listunspent` over our own coins;
+`scanblocks` needs the block filter index and then fetching and parsing each matching block on
+every pass, a cost that grows with the wallet's history.
+
+How to call it (the lead wires it into custody.reconciliation after issue 13's branches merge):
+
+    view = NodeView(engine, bitcoin_adapter, network="regtest")
+    view.ensure()                       # worker start-up and the `node-view` job: wallet + ranges
+    tip = bitcoin_adapter.tip()
+    try:
+        held = view.holdings(tip)       # {"deposit": sat, "hot": sat, "cold": sat} at exactly `tip`
+    except NodeViewNotReady as exc:     # not at that tip yet, rescanning, or a range overtaken
+        log.info("node view skipped: %s", exc.message)
+
+Guarantees:
+- The wallet is named after the deployment (`wallet_name`: network, deposit and hot xpubs and the
+  deposit wallet's registration time), so many deployments share one node without sharing a
+  wallet, and a worker restart or a node restart finds the same one (`load_on_startup`).
+- Descriptors: `wpkh(<deposit>/0/*)`, `wpkh(<hot>/0/*)`, `wpkh(<hot>/1/*)` (change; index = batch
+  id), `wpkh(<cold>/0/*)` once a cold wallet is registered; keys in BIP32 form (tpub/xpub,
+  `custody.addresses.descriptor_for`), checksums from the node (`getdescriptorinfo`). Each range
+  ends `lookahead` past the highest index custody has issued on it (deposit `next_index`, highest
+  bitcoin batch id, cold `next_index`); `ensure` widens it once less than half of that remains.
+- Rescan point of an import (`rescan_from`): the earliest time custody handed out any index the
+  import newly covers (deposit `issued_at`, batch `created_at`, the wallet's registration for the
+  hot receive address and for cold addresses), and never later than the moment `ensure` read the
+  database. An address cannot be paid before custody handed it out (nobody else knows it), so no
+  payment to a newly covered address is older than that point; one handed out after the read is
+  paid after the read. bitcoind starts the rescan two hours earlier still (block times may run
+  ahead of clocks). In the usual case (the range stays ahead) the rescan covers the last two hours
+  only. Starting from the block where the previous range was set would be as safe but needs that
+  point stored; starting later (e.g. "now") would hide a deposit to an address issued while the
+  range was overtaken.
+- `read(tip)` answers only when, before and after the reads, the wallet's last processed block and
+  the node's tip are both `tip`, no rescan runs and the wallet's ranges did not change (an import
+  by another process in between); and when every range covers what custody has issued.
+- Holdings count confirmed coins that no block spends (what the UTXO set and reconciliation
+  count): a coin an unconfirmed transaction spends (our payout in the mempool) is added back
+  (chain_adapters.bitcoin_watch). Coins are classified by the descriptor bitcoind reports
+  (`parent_descs`) and their derivation path; coins at indices custody has not issued (someone
+  paid ahead of us) are reported apart, in `unissued`, never in a tier's figure.
+
+Errors: `NodeViewNotReady` (custody code `node_view_not_ready`): the view cannot be read now; the
+next pass may. `NodeBusy` (chain_adapters.errors) from `ensure` while another rescan runs.
+`ChainError` for a wallet the node refuses to create or import into, or a coin of a descriptor we
+did not import (someone else imported into our wallet: investigate).
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy import Connection, Engine, text
+
+from chain_adapters.base import BlockRef
+from chain_adapters.bitcoin import BitcoinAdapter
+from chain_adapters.bitcoin_watch import WatchCoin, WatchImport, WatchedRange, strip_checksum
+from chain_adapters.errors import ChainError
+from custody.addresses import descriptor_for
+from custody.destinations import HOT_RECEIVE_INDEX
+from custody.errors import CustodyError, CustodyErrorCode
+
+log = logging.getLogger(__name__)
+
+TIERS = ("deposit", "hot", "cold")
+DEFAULT_LOOKAHEAD = 1000
+
+
+class NodeViewNotReady(CustodyError):
+    """The node's view cannot be read at the pinned tip now (see the module docstring)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(CustodyErrorCode.node_view_not_ready, message)
+
+
+@dataclass(frozen=True)
+class Branch:
+    """One watched descriptor: `<tier's xpub>/<branch>/*`."""
+
+    tier: str
+    branch: int
+    descriptor: str  # without checksum
+
+
+@dataclass(frozen=True)
+class NodeHoldings:
+    tip: BlockRef
+    by_tier: dict[str, int]  # satoshis at addresses custody issued, per tier
+    unissued: dict[str, int] = field(default_factory=dict)  # satoshis at watched addresses custody has not issued
+    coins: tuple[WatchCoin, ...] = ()
+
+
+# ---- pure decisions --------------------------------------------------------------------------
+
+def wallet_name(network: str, deposit_xpub: str, hot_xpub: str, registered_at: str) -> str:
+    """The deployment's watch-only wallet name: deterministic, and another deployment (another
+    database registering the same keys at another time) gets another name."""
+    digest = hashlib.sha256("\n".join((network, deposit_xpub, hot_xpub, registered_at)).encode()).hexdigest()
+    return f"custody-view-{digest[:24]}"
+
+
+def branches(network: str, xpubs: dict[str, str]) -> list[Branch]:
+    """The descriptors watched for the registered tiers (`xpubs`: tier -> account key)."""
+    wanted = [("deposit", 0), ("hot", 0), ("hot", 1), ("cold", 0)]
+    out = [Branch(tier, branch, strip_checksum(descriptor_for(xpubs[tier], network, branch)))
+           for tier, branch in wanted if tier in xpubs]
+    if len({b.descriptor for b in out}) != len(out):
+        raise ValueError("two wallet tiers share an account key: their coins could not be told apart")
+    return out
+
+
+def new_end(current_end: int | None, issued_end: int, lookahead: int) -> int | None:
+    """The range end to import, or None to keep the current one: widen to `issued_end + lookahead`
+    when nothing is imported yet or at most `lookahead // 2` indices remain ahead of what custody
+    issued (`issued_end`: the highest index handed out, -1 for none)."""
+    if current_end is None or current_end - issued_end <= max(1, lookahead // 2):
+        return issued_end + lookahead
+    return None
+
+
+def rescan_from(first_issued_in_new: datetime | None, read_at: datetime) -> int:
+    """Unix time an import rescans from: the earliest hand-out of a newly covered index, never
+    later than the database read that decided the import (see the module docstring)."""
+    start = read_at if first_issued_in_new is None else min(first_issued_in_new, read_at)
+    return int(start.timestamp())
+
+
+# ---- named queries ---------------------------------------------------------------------------
+
+_WALLETS_SQL = text("""
+SELECT tier, xpub, network, next_index, created_at, to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US') AS registered
+FROM wallet
+WHERE chain = 'bitcoin'
+""")
+
+_NOW_SQL = text("SELECT now()")
+
+_MAX_BATCH_SQL = text("""
+SELECT coalesce(max(id), -1)
+FROM withdrawal_batch
+WHERE chain = 'bitcoin'
+""")
+
+_FIRST_DEPOSIT_SQL = text("""
+SELECT min(a.issued_at)
+FROM deposit_address a
+JOIN wallet w ON w.id = a.wallet_id
+WHERE w.chain = 'bitcoin' AND w.tier = 'deposit'
+AND a.derivation_index BETWEEN :lo AND :hi
+""")
+
+_FIRST_BATCH_SQL = text("""
+SELECT min(created_at)
+FROM withdrawal_batch
+WHERE chain = 'bitcoin'
+AND id BETWEEN :lo AND :hi
+""")
+
+_BATCHES_SQL = text("""
+SELECT id
+FROM withdrawal_batch
+WHERE chain = 'bitcoin'
+AND id = ANY(:ids)
+""")
+
+
+@dataclass(frozen=True)
+class _Wallet:
+    xpub: str
+    next_index: int
+    created_at: datetime
+    registered: str
+
+
+class NodeView:
+    """The watch-only wallet of this deployment (see the module docstring)."""
+
+    def __init__(self, engine: Engine, adapter: BitcoinAdapter, *, network: str,
+                 lookahead: int = DEFAULT_LOOKAHEAD) -> None:
+        if lookahead < 2:
+            raise ValueError("lookahead must be at least 2")
+        self.engine = engine
+        self.adapter = adapter
+        self.network = network
+        self.lookahead = lookahead
+
+    # ---- reading the database ------------------------------------------------------------
+
+    @staticmethod
+    def _wallets(c: Connection) -> dict[str, _Wallet]:
+        return {r.tier: _Wallet(r.xpub, int(r.next_index), r.created_at, r.registered) for r in c.execute(_WALLETS_SQL)}
+
+    def name(self, wallets: dict[str, _Wallet] | None = None) -> str:
+        if wallets is None:
+            with self.engine.connect() as c:
+                wallets = self._wallets(c)
+        if "deposit" not in wallets or "hot" not in wallets:
+            raise NodeViewNotReady("no bitcoin deposit and hot wallets are registered yet")
+        return wallet_name(self.network, wallets["deposit"].xpub, wallets["hot"].xpub, wallets["deposit"].registered)
+
+    @staticmethod
+    def _issued_end(c: Connection, branch: Branch, wallets: dict[str, _Wallet]) -> int:
+        """The highest index custody has handed out on `branch` (-1: none)."""
+        if branch.tier == "hot":
+            return HOT_RECEIVE_INDEX if branch.branch == 0 else int(c.execute(_MAX_BATCH_SQL).scalar_one())
+        return wallets[branch.tier].next_index - 1
+
+    @staticmethod
+    def _first_issued(c: Connection, branch: Branch, wallets: dict[str, _Wallet], lo: int, hi: int) -> datetime | None:
+        """The earliest time custody handed out an index in lo..hi of `branch` (None: none yet)."""
+        if branch.tier == "deposit":
+            return c.execute(_FIRST_DEPOSIT_SQL, {"lo": lo, "hi": hi}).scalar_one()
+        if branch.tier == "hot" and branch.branch == 1:
+            return c.execute(_FIRST_BATCH_SQL, {"lo": lo, "hi": hi}).scalar_one()
+        # hot receive (known since registration) and cold (paid by rebalances; any index below
+        # next_index may have been handed out since the wallet was registered)
+        issued_end = NodeView._issued_end(c, branch, wallets)
+        return wallets[branch.tier].created_at if lo <= issued_end else None
+
+    # ---- keeping the wallet ---------------------------------------------------------------
+
+    def ensure(self) -> list[WatchImport]:
+        """Load or create the wallet and import or widen every range that needs it (one
+        `importdescriptors` call, which blocks until its rescan is done). Returns what it imported.
+        Idempotent; safe beside another worker doing the same (bitcoind serialises imports and
+        answers `NodeBusy` to the second)."""
+        with self.engine.connect() as c, c.begin():
+            read_at = c.execute(_NOW_SQL).scalar_one()
+            wallets = self._wallets(c)
+            if "deposit" not in wallets or "hot" not in wallets:
+                log.info("node view: no bitcoin deposit and hot wallets are registered yet; nothing to watch")
+                return []
+            name = self.name(wallets)
+            wanted = branches(self.network, {t: w.xpub for t, w in wallets.items() if t in TIERS})
+            issued = {b.descriptor: self._issued_end(c, b, wallets) for b in wanted}
+        created = self.adapter.watch_open(name)
+        if created:
+            log.info("node view: created the watch-only wallet %s", name)
+        current = {r.descriptor: r.end for r in self.adapter.watch_ranges(name)}
+        imports = []
+        with self.engine.connect() as c, c.begin():
+            for b in wanted:
+                end = new_end(current.get(b.descriptor), issued[b.descriptor], self.lookahead)
+                if end is None:
+                    continue
+                lo = 0 if b.descriptor not in current else current[b.descriptor] + 1
+                first = self._first_issued(c, b, wallets, lo, end)
+                imports.append(WatchImport(b.descriptor, end, rescan_from(first, read_at)))
+        if imports:
+            log.info("node view: importing %s into %s", ", ".join(f"{i.descriptor[:20]}.. 0..{i.end} (rescan from "
+                                                                f"{i.rescan_from})" for i in imports), name)
+            self.adapter.watch_import(name, imports)
+        return imports
+
+    # ---- reading the view ------------------------------------------------------------------
+
+    def _check_at(self, name: str, tip: BlockRef) -> list[WatchedRange]:
+        status = self.adapter.watch_status(name)
+        if status.scanning:
+            raise NodeViewNotReady(f"wallet {name} is rescanning")
+        if status.processed != tip:
+            raise NodeViewNotReady(f"wallet {name} has processed up to {status.processed}, not the pinned tip {tip}")
+        node_tip = self.adapter.tip()
+        if node_tip != tip:
+            raise NodeViewNotReady(f"the node's tip is {node_tip}, not the pinned tip {tip}")
+        return self.adapter.watch_ranges(name)
+
+    def read(self, tip: BlockRef) -> NodeHoldings:
+        """The firm's confirmed, unspent-in-the-chain coins per tier at exactly `tip`, as the node's
+        wallet sees them. NodeViewNotReady when that cannot be read now (module docstring)."""
+        with self.engine.connect() as c:
+            wallets = self._wallets(c)
+        name = self.name(wallets)
+        if not self.adapter.watch_loaded(name):
+            raise NodeViewNotReady(f"wallet {name} is not loaded (the worker's node-view job loads it)")
+        before = self._check_at(name, tip)
+        coins = self.adapter.watch_coins(name, tip)
+        after = self._check_at(name, tip)
+        if before != after:
+            raise NodeViewNotReady(f"wallet {name}: its descriptors changed during the read")
+        ranges = {r.descriptor: r.end for r in after}
+        with self.engine.connect() as c:
+            wallets = self._wallets(c)  # after the node's reads: every coin paid to an issued address is issued here
+            wanted = branches(self.network, {t: w.xpub for t, w in wallets.items() if t in TIERS})
+            by_descriptor = {b.descriptor: b for b in wanted}
+            for b in wanted:
+                issued_end = self._issued_end(c, b, wallets)
+                if ranges.get(b.descriptor, -1) < issued_end:
+                    raise NodeViewNotReady(f"wallet {name}: {b.tier}/{b.branch} covers up to "
+                                           f"{ranges.get(b.descriptor)}, custody issued up to {issued_end}")
+            change = [coin.index for coin in coins
+                      if coin.descriptor in by_descriptor and (by_descriptor[coin.descriptor].tier, coin.branch) == ("hot", 1)]
+            batches = set(c.execute(_BATCHES_SQL, {"ids": change}).scalars().all()) if change else set()
+        by_tier = {t: 0 for t in TIERS if t in wallets}
+        unissued: dict[str, int] = {}
+        for coin in coins:
+            b = by_descriptor.get(coin.descriptor)
+            if b is None or coin.branch != b.branch:
+                raise ChainError(f"wallet {name} holds coin {coin.txid}:{coin.vout} of a descriptor custody did not "
+                                 f"import ({coin.descriptor})")
+            if self._issued(b, coin.index, wallets, batches):
+                by_tier[b.tier] += coin.amount
+            else:
+                unissued[b.tier] = unissued.get(b.tier, 0) + coin.amount
+        return NodeHoldings(tip, by_tier, unissued, tuple(coins))
+
+    @staticmethod
+    def _issued(b: Branch, index: int, wallets: dict[str, _Wallet], batches: Iterable[int]) -> bool:
+        if b.tier == "hot":
+            return index == HOT_RECEIVE_INDEX if b.branch == 0 else index in batches
+        return index < wallets[b.tier].next_index
+
+    def holdings(self, tip: BlockRef) -> dict[str, int]:
+        """`read(tip).by_tier`: satoshis per tier (deposit, hot, cold when registered) at `tip`."""
+        return self.read(tip).by_tier
