@@ -34,6 +34,7 @@ class Container:
     sweeps: Any = None  # custody.sweeps.Sweeps (bitcoin, with a signer)
     rebalances: Any = None  # custody.rebalances.Rebalances (bitcoin hot -> cold, with a signer)
     reserves: Any = None  # custody.reserves.Reserves (bitcoin, with a signer)
+    node_view: Any = None  # custody.node_view.NodeView (bitcoin, with_chains(node_view=True))
     approvers: ApproverRegistry | None = None  # approver public keys withdrawals' approvals must verify against
     adjustments: TreasuryAdjustments = field(init=False)
 
@@ -46,7 +47,8 @@ class Container:
                     signer_keys: Any = None, bitcoin_network: str = "regtest", policy: Any = None,
                     payout_config: Any = None, rebalance_config: Any = None, approvers: ApproverRegistry | None = None,
                     quorum: QuorumTable | None = None, signer_assets: Mapping[str, SignerAsset] | None = None,
-                    ethereum_chain_id: int | None = None, cold_xpubs: Mapping[str, str] | None = None) -> "Container":
+                    ethereum_chain_id: int | None = None, cold_xpubs: Mapping[str, str] | None = None,
+                    node_view: bool = False) -> "Container":
         """Attach chain adapters and build the pipelines that need them. With `signer_keys` (a
         signer.keys.SignerKeys) the withdrawal side is built too: request/approval, the signer, payouts,
         sweeps and rebalances (thresholds: `rebalance_config`, a custody.rebalances.RebalanceConfig).
@@ -56,7 +58,10 @@ class Container:
         signer's own boundary settings (signer.config's `assets`, `ethereum_chain_id`, `cold_xpubs`)
         are `signer_assets` (default: BTC only), `ethereum_chain_id` (default: none, so no ethereum
         payment is signed) and `cold_xpubs` (default: none, so no rebalance is signed); tests give
-        them as a deployment's signer.toml would (custody.devchains.signer_assets)."""
+        them as a deployment's signer.toml would (custody.devchains.signer_assets). `node_view`
+        (bitcoin): reconciliation cross-checks the wallet index against a watch-only wallet in the
+        node (custody.node_view); each pass first runs `self.node_view.ensure()` (creates the wallet,
+        widens its ranges), which the deployed worker does in its `node-view` job instead."""
         from custody.payouts import PayoutConfig, Payouts
         from custody.policy_config import PolicyProvider, default_policy
         from custody.withdrawals import Withdrawals
@@ -99,8 +104,19 @@ class Container:
             from custody.reconciliation import Reconciliation
 
             sync = self.payouts.sync_hot_wallet if self.payouts and "bitcoin" in self.adapters else None
+            if node_view and "bitcoin" in self.adapters:
+                from custody.node_view import NodeView
+
+                self.node_view = view = NodeView(self.engine, self.adapters["bitcoin"], network=bitcoin_network)  # type: ignore[arg-type]
+                synced = sync
+
+                def before() -> None:  # the worker's `node-view` job, run here before each pass instead
+                    if synced is not None:
+                        synced()
+                    view.ensure()
+                sync = before
             self.reconciliation = Reconciliation(self.engine, self.ledger, self.wallets, self.adapters,
-                                                 network=bitcoin_network, before=sync)
+                                                 network=bitcoin_network, before=sync, node_view=self.node_view)
         return self
 
 

@@ -88,8 +88,9 @@ deposit addresses would batch them (JSON-RPC batches or a multicall contract) at
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from sqlalchemy import Connection, Engine, text
@@ -99,11 +100,13 @@ from custody import wallet_index
 from custody.addresses import derive_eth_address
 from custody.controls import open_incident
 from custody.firm_moves import unbooked
+from custody.node_view import NodeView, NodeViewNotReady
 from custody.payouts import HOT_RECEIVE_INDEX
 from custody.wallets import ChainAsset, Wallets
 from ledger.service import Ledger
 
 log = logging.getLogger(__name__)
+NODE_VIEW_ATTEMPTS, NODE_VIEW_WAIT = 20, 0.1  # up to ~2 s for the node's wallet to reach the pinned tip
 UNBOOKED_DEPOSITS = ("seen", "confirming", "final")
 # Journal kinds custody posts for a chain movement the line counts itself (on chain or in transit):
 # they never explain a change of the difference. Every other kind booked to a location account
@@ -125,6 +128,7 @@ class Line:
     booked_off_chain: int = 0  # running total booked to the location account by off-chain entries (books' sign)
     observed_late: int = 0  # deposits recorded since the previous pass in blocks it had read (deposit lines)
     observation_mark: int = 0  # the highest deposit_observation id this pass's snapshot saw
+    node: int | None = None  # bitcoin: the node's own figure (custody.node_view) at the same tip; None when not read
 
     @property
     def difference(self) -> int:
@@ -251,8 +255,9 @@ def hot_in_transit(unsettled: Iterable[Unsettled], asset: str, *, native: str = 
 
 class Reconciliation:
     def __init__(self, engine: Engine, ledger: Ledger, wallets: Wallets, adapters: Mapping[str, ChainAdapter], *,
-                 network: str, before: Callable[[], object] | None = None) -> None:
-        self.before = before  # run before the bitcoin lines: the hot wallet sync books confirmed treasury funding
+                 network: str, before: Callable[[], object] | None = None, node_view: NodeView | None = None) -> None:
+        self.before = before
+        self.node_view = node_view  # bitcoin: the independent cross-check of the index (custody.node_view)  # run before the bitcoin lines: the hot wallet sync books confirmed treasury funding
         self.engine = engine
         self.ledger = ledger
         self.wallets = wallets
@@ -280,6 +285,8 @@ class Reconciliation:
         else:
             log.info("reconciliation of %s skipped: the chain kept moving", chain)
             return []
+        if chain == "bitcoin":
+            lines = self._cross_check(lines, tip)
         for line in lines:
             with self.engine.begin() as c:
                 previous = self._previous(c, line)
@@ -296,6 +303,35 @@ class Reconciliation:
                     "reconciliation %s/%s %s at %d: chain %d = books %d + in transit %d, difference %d", line.chain,
                     line.tier, line.asset, tip.height, line.on_chain, line.books, line.in_transit, line.difference)
         return lines
+
+    def _cross_check(self, lines: list[Line], tip: BlockRef) -> list[Line]:
+        """Put the node's own figure beside each bitcoin line (read at the same pinned tip) and
+        open a critical incident for a tier where it differs from the index: the books were compared
+        with the index, and the index with the node, so books == node only when both agree."""
+        if self.node_view is None or not lines:
+            return lines
+        held = None
+        for attempt in range(NODE_VIEW_ATTEMPTS):  # the wallet processes a new block a moment after the node
+            try:
+                held = self.node_view.holdings(tip)
+                break
+            except NodeViewNotReady as exc:
+                if attempt + 1 == NODE_VIEW_ATTEMPTS:
+                    log.info("reconciliation of bitcoin at %d: the node's own view was not read (%s); lines compared "
+                             "with the wallet index only this pass", tip.height, exc.message)
+                    return lines
+                time.sleep(NODE_VIEW_WAIT)
+        checked = [replace(line, node=held.get(line.tier, 0)) for line in lines]
+        for line in checked:
+            if line.node != line.on_chain:
+                detail = {"tier": line.tier, "asset": line.asset, "index": line.on_chain, "node": line.node,
+                          "difference": line.on_chain - line.node, "height": tip.height, "block": tip.hash}
+                log.error("wallet index and node disagree on bitcoin %s at %d: index %d, node %d", line.tier,
+                          tip.height, line.on_chain, line.node)
+                with self.engine.begin() as c:
+                    open_incident(c, "wallet_index_divergence",
+                                  f"wallet_index_divergence:bitcoin:{line.tier}:{tip.hash}:{line.on_chain}:{line.node}", detail)
+        return checked
 
     # ---- shared ---------------------------------------------------------------------------
 

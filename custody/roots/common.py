@@ -471,7 +471,8 @@ def _build(config: DeploymentConfig, process: Process, adapters: Mapping[str, Ch
     # on-demand pass (POST /v1/reconciliation) does not: recording coins is the worker's (custody_api
     # may not write wallet_utxo rows, migration 0022), whose payouts job syncs every few seconds.
     sync = payouts.sync_hot_wallet if "bitcoin" in adapters and process == "worker" else None
-    reconciliation = Reconciliation(engine, ledger, wallets, adapters, network=btc_network, before=sync)
+    reconciliation = Reconciliation(engine, ledger, wallets, adapters, network=btc_network, before=sync,
+                                    node_view=node_view)
     adjustments = TreasuryAdjustments(engine, ledger, quorum=settings.treasury_adjustment_quorum)
     return CustodyServices(config=config, settings=settings, engine=engine, ledger=ledger, wallets=wallets,
                            adapters=adapters, signer=signer, deposits=deposits, withdrawals=withdrawals,

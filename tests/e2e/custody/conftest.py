@@ -7,7 +7,8 @@
                  tests/approvers.py TEST_OPERATORS (op-alice, op-bob, ...) trusted by custody and
                  the in-process signer, which is configured as signer.toml would be: its own asset
                  table (the test token's contract), anvil's chain id and the seed's cold account
-                 xpub as the pinned cold wallet
+                 xpub as the pinned cold wallet; every reconciliation pass cross-checks the wallet
+                 index against the node's own watch-only wallet (custody.node_view)
 - `customer`     (function) a factory: customer(asset) -> a new customer account id
 - `settle`       (function) run the deposit jobs for a chain until nothing moves
 - `pay_out`      (function) run the payout jobs once: batch, sign, broadcast, track
@@ -41,7 +42,7 @@ def custody(engine, btc_adapter, eth_adapter, usdt, signer_keys) -> Container:
     container.with_chains({"bitcoin": btc_adapter, "ethereum": eth_adapter}, signer_keys=signer_keys, approvers=registry(),
                           signer_assets=assets_from_entries(signer_asset_entries(usdt.address)),
                           ethereum_chain_id=eth_adapter.chain_id,
-                          cold_xpubs={"bitcoin": signer_keys.account_xpub("bitcoin", "cold")})
+                          cold_xpubs={"bitcoin": signer_keys.account_xpub("bitcoin", "cold")}, node_view=True)
     configure_regtest(container, signer_keys, usdt.address)
     return container
 

@@ -71,6 +71,8 @@ def reconciled(custody) -> None:
     lines = custody.reconciliation.run(chains=["bitcoin"])
     assert {"deposit", "hot"} <= {ln.tier for ln in lines}
     assert_equal({ln.tier: ln.difference for ln in lines}, {ln.tier: 0 for ln in lines})
+    # the independent evidence: the node's own watch-only wallet, read at the same tip, agrees
+    assert_equal({ln.tier: ln.node for ln in lines}, {ln.tier: ln.on_chain for ln in lines})
 
 
 def test_index_follows_deposits_sweep_payout_and_a_reorg(custody, customer, bitcoind, engine, ledger, recorder, log):
