@@ -99,13 +99,13 @@ class JetStreamSink:
     # ---- on the loop's thread --------------------------------------------------------------
 
     def _call(self, coro):  # noqa: ANN001, ANN202 - a coroutine in, its result out
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
         try:
-            return asyncio.run_coroutine_threadsafe(coro, self._loop).result(self.timeout_s * 3)
-        except BrokerUnavailable:
-            raise
+            return future.result(self.timeout_s * 3)
         except Exception as exc:  # noqa: BLE001 - any failure to reach the broker is the same to the caller
+            future.cancel()
             asyncio.run_coroutine_threadsafe(self._drop(), self._loop).result(self.timeout_s)
-            raise BrokerUnavailable(f"{self.url}: {type(exc).__name__}: {exc}") from None
+            raise BrokerUnavailable(f"{self.url}: {type(exc).__name__}{': ' + str(exc) if str(exc) else ''}") from None
 
     async def _drop(self) -> None:
         nc, self._nc, self._js = self._nc, None, None
