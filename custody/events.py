@@ -3,7 +3,6 @@ is emitted and its fields. `custody.controls.emit` refuses a type that is not he
 triggers of migration 0026_event_stream emit only types that are here (a test reads their source),
 and the README's "Event catalogue" section is `render_catalogue()` verbatim (a test compares them).
 
-
 Every event is delivered as one envelope (JSON), on NATS JetStream under the subject
 `custody.<type>` with the header `Nats-Msg-Id: <event_key>`, and to any other sink:
 
