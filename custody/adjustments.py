@@ -169,7 +169,8 @@ class TreasuryAdjustments:
         advance(c, "adjustment", current.id, "proposed", "posted", transaction_id=result.transaction_id)
         audit(c, "custody", "adjustment.post", f"adjustment:{current.id}", {"transaction_id": result.transaction_id})
         emit(c, "treasury.adjustment_posted", f"adjustment:{current.id}",
-             {"adjustment_id": current.id, "transaction_id": result.transaction_id})
+             {"adjustment_id": current.id, "transaction_id": result.transaction_id},
+             aggregate=f"adjustment:{current.id}")
         touched = {self.ledger.get_account(i, conn=c) for leg in current.legs
                    for i in (leg.debit_account_id, leg.credit_account_id)}
         on_chain = sorted(a.name for a in touched if a.kind in ON_CHAIN_KINDS)

@@ -48,6 +48,10 @@ own settings (`ENVIRONMENT`, `API_KEY_PEPPER`, `STATE_DIR`, `TREASURY_ADJUSTMENT
 | signer | auth_key_file | required | that client's own auth key (hex, mode 600); `CUSTODY_API_SIGNER_AUTH_KEY_FILE` / `CUSTODY_WORKER_SIGNER_AUTH_KEY_FILE` override it per process |
 | approvers | (list) | [] | the signer's approver keys, for early feedback at the API only |
 | jobs | scale | 1.0 | multiplies every job interval (custody.jobs) |
+| events | sink | jetstream | where the worker's outbox dispatcher delivers events: `jetstream` (custody.broker) or `log` (a log line per event, no broker) |
+| events | nats_url | `NATS_URL` | the NATS server (`nats://host:port`); neither set: the embedded server in `STATE_DIR/nats` |
+| events | stream | CUSTODY | the JetStream stream (subjects `custody.>`), created or updated at start |
+| events | duplicate_window_s | 120 | seconds within which JetStream drops a redelivered event (same `Nats-Msg-Id`) |
 
 Errors: `ConfigError`, whose message has one line per problem, `<file>: <key path>: <what>`.
 """
@@ -339,6 +343,20 @@ class JobsSection(Section):
     scale: Annotated[float, Field(gt=0, le=100)] = 1.0
 
 
+class EventsSection(Section):
+    sink: Literal["jetstream", "log"] = "jetstream"
+    nats_url: str | None = None
+    stream: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")] = "CUSTODY"
+    duplicate_window_s: Annotated[float, Field(gt=0, le=86400)] = 120.0
+
+    @field_validator("nats_url")
+    @classmethod
+    def _nats(cls, url: str | None) -> str | None:
+        if url is not None and not url.startswith(("nats://", "tls://")):
+            raise ValueError("must be a nats:// or tls:// URL")
+        return url
+
+
 class DeploymentConfig(BaseSettings):
     """The whole file (see the module docstring); build it with `load()`."""
 
@@ -354,6 +372,7 @@ class DeploymentConfig(BaseSettings):
     signer: SignerSection
     approvers: list[ApproverEntry] = Field(default_factory=list)
     jobs: JobsSection = Field(default_factory=JobsSection)
+    events: EventsSection = Field(default_factory=EventsSection)
 
     _source: Path | None = PrivateAttr(default=None)
     _settings: Settings | None = PrivateAttr(default=None)

@@ -283,7 +283,7 @@ class Deposits:
         hold = self._freeze_credit(c, row, key, suspense) if row.state in CUSTOMER_CREDITED else None
         open_incident(c, "deposit_reorged_after_finality", f"deposit_reorg:{row.id}:{row.reorg_count}:{row.block_hash}",
                       {"observation_id": row.id, "txid": row.txid, "index": row.output_index, "asset": row.asset,
-                       "amount": str(row.amount), "state": row.state, "block_hash": row.block_hash,
+                       "amount": int(row.amount), "state": row.state, "block_hash": row.block_hash,
                        "suspense_transaction_id": tx.transaction_id, "hold": hold})
 
     def _freeze_credit(self, c: Connection, row, key: str, suspense: int) -> dict:
@@ -386,7 +386,8 @@ class Deposits:
                               metadata={"observation_id": row.id, "txid": row.txid, "index": row.output_index}, conn=c)
         advance(c, "deposit_observation", row.id, "final", target, journal_transaction_id=tx.transaction_id,
                 screening=_json({"hit": screen.hit, "reasons": list(screen.reasons)}))
-        emit(c, f"deposit.{target}", f"deposit.{target}:{row.id}", _event(row, tx.transaction_id))
+        emit(c, f"deposit.{target}", f"deposit.{target}:{row.id}", _event(row, tx.transaction_id),
+             aggregate=f"deposit:{row.id}")
         if target != "credited":
             log.warning("deposit %s %s:%d %s (%s)", row.id, row.txid, row.output_index, target, ", ".join(screen.reasons) or "below dust minimum")
         return target
@@ -429,7 +430,8 @@ class Deposits:
                                   metadata={"observation_id": row.id, "operator": operator}, conn=c)
             advance(c, "deposit_observation", row.id, "quarantined", "released", journal_transaction_id=tx.transaction_id)
             audit(c, operator, "deposit.release", f"observation:{row.id}", {"comment": comment, "transaction_id": tx.transaction_id})
-            emit(c, "deposit.credited", f"deposit.credited:{row.id}", _event(row, tx.transaction_id))
+            emit(c, "deposit.credited", f"deposit.credited:{row.id}", _event(row, tx.transaction_id),
+             aggregate=f"deposit:{row.id}")
             return tx.transaction_id
 
     def return_quarantined(self, obs_id: int, *, operator: str, comment: str, withdrawals, destination: str | None = None) -> int:
@@ -638,7 +640,7 @@ def _reorg_key(row, count: int) -> str:
 
 
 def _event(row, transaction_id: int) -> dict:
-    return {"observation_id": row.id, "account_id": row.account_id, "asset": row.asset, "amount": str(row.amount),
+    return {"observation_id": row.id, "account_id": row.account_id, "asset": row.asset, "amount": int(row.amount),
             "txid": row.txid, "index": row.output_index, "transaction_id": transaction_id}
 
 

@@ -8,7 +8,7 @@ method that tests and the demo call directly, so time is driven deterministicall
 | sweeps | Sweeps.run_once(): booked deposit coins -> hot wallet (bitcoin) | 30 s |
 | rebalances | Rebalances.run_once(): hot -> cold above the ceiling (bitcoin; needs a registered cold wallet) | 30 s |
 | expire-holds | Ledger.expire_holds() | 10 s |
-| outbox | OutboxDispatcher.dispatch() | 1 s |
+| outbox | OutboxDispatcher.dispatch(): outbox -> NATS JetStream in the worker (custody.broker) | 1 s |
 | reconcile | Reconciliation.run() (bitcoin, ethereum: chain holdings = books + in transit, exactly) | 60 s |
 | node-view | NodeView.ensure(): the node's watch-only wallet loaded, its ranges ahead of the issued addresses (bitcoin) | 30 s |
 | verify | verify_books(): Ledger.verify(); any failed check opens a critical incident (kill switch) | 60 s |
@@ -49,24 +49,41 @@ log = logging.getLogger(__name__)
 
 
 class OutboxDispatcher:
-    """Delivers outbox events at least once, in id order, to `sink(topic, payload)`. An event is
-    marked delivered only after the sink returned; a sink failure leaves it for the next run (the
-    attempt is counted). Consumers must be idempotent: the event key is in the payload envelope."""
+    """Delivers outbox events at least once, in id order, to `sink(topic, envelope)`: the worker's
+    sink is custody.broker.JetStreamSink (NATS JetStream), the default one writes a log line.
+
+    The envelope is custody.events' (type, version, event_key, aggregate, aggregate_seq,
+    outbox_id, occurred_at, data). An event is marked delivered only after the sink returned (for
+    JetStream: after the stream acknowledged it); a failure leaves it, and every later one, for
+    the next run, so nothing overtakes it (the attempt is counted). A broker that cannot be
+    reached (`BrokerUnavailable`) is one warning per run, no traceback.
+
+    Order: rows are read in id order. Per aggregate, id order is commit order and the rows
+    visible to a reader are always a prefix of the aggregate's sequence (custody_emit takes the
+    aggregate's row lock before the row gets its id; migration 0026), so each aggregate's events
+    are published in commit order, 1, 2, 3, ... Across aggregates, a row with a lower id may
+    commit (and be published) after a higher one: consumers must not assume a global order."""
 
     def __init__(self, engine: Engine, sink: Callable[[str, dict], None] | None = None) -> None:
         self.engine = engine
-        self.sink = sink or (lambda topic, payload: log.info("event %s %s", topic, json.dumps(payload, default=str)))
+        self.sink = sink or (lambda topic, envelope: log.info("event %s %s", topic, json.dumps(envelope, default=str)))
 
     def dispatch(self, limit: int = 500) -> int:
+        from custody.broker import BrokerUnavailable
+
         with self.engine.connect() as c:
-            rows = c.execute(text("SELECT id, topic, event_key, payload FROM outbox WHERE delivered_at IS NULL "
-                                  "ORDER BY id LIMIT :l"), {"l": limit}).all()
+            rows = c.execute(text("SELECT id, topic, event_key, aggregate, aggregate_seq, version, payload, created_at "
+                                  "FROM outbox WHERE delivered_at IS NULL ORDER BY id LIMIT :l"), {"l": limit}).all()
         delivered = 0
         for r in rows:
             try:
-                self.sink(r.topic, {"event_key": r.event_key, **r.payload})
-            except Exception:  # noqa: BLE001 - the sink is outside our control; retry next run
-                log.exception("outbox event %s not delivered", r.event_key)
+                self.sink(r.topic, envelope(r))
+            except Exception as exc:  # noqa: BLE001 - the sink is outside our control; retry next run
+                if isinstance(exc, BrokerUnavailable):
+                    log.warning("outbox: broker unavailable (%s); %d event(s) wait in the outbox, retrying next run",
+                                exc, len(rows) - delivered)
+                else:
+                    log.exception("outbox event %s not delivered", r.event_key)
                 with self.engine.begin() as c:
                     c.execute(text("UPDATE outbox SET attempts = attempts + 1 WHERE id = :i"), {"i": r.id})
                 break  # keep order: do not deliver later events before this one
@@ -74,6 +91,13 @@ class OutboxDispatcher:
                 c.execute(text("UPDATE outbox SET delivered_at = now(), attempts = attempts + 1 WHERE id = :i"), {"i": r.id})
             delivered += 1
         return delivered
+
+
+def envelope(row: Any) -> dict:
+    """The delivered form of an outbox row (custody.events)."""
+    return {"type": row.topic, "version": row.version, "event_key": row.event_key, "aggregate": row.aggregate,
+            "aggregate_seq": row.aggregate_seq, "outbox_id": row.id, "occurred_at": row.created_at.isoformat(),
+            "data": row.payload}
 
 
 def verify_books(container: Any) -> list[str]:

@@ -17,7 +17,9 @@ first API keys) and the nodes' RPC endpoints, it:
    the api process reads the same file with its own role, signer client and key from its
    environment (`CUSTODY_API_DATABASE_URL`, `CUSTODY_API_SIGNER_CLIENT`,
    `CUSTODY_API_SIGNER_AUTH_KEY_FILE`: custody.config's per-process overrides);
-5. starts `python -m custody worker` and `python -m custody api` and waits for `/health`.
+5. starts `python -m custody worker` and `python -m custody api` and waits for `/health`; the
+   worker publishes events to `nats_url` ([events] of custody.toml; the demo starts the embedded
+   NATS server with JetStream unless NATS_URL is set).
 
 Every process logs to `root/logs/<name>.log`; `Deployment.stop()` stops them in reverse order.
 """
@@ -79,7 +81,7 @@ def _write_toml(path: Path, data: dict) -> Path:
 
 def deploy(root: Path, *, owner_url: str, nodes: Nodes, approvers: tuple[str, ...] = ("approver-1", "approver-2"),
            api_port: int | None = None, job_scale: float = 0.5, seed_file: Path | None = None,
-           pepper: str | None = None) -> Deployment:
+           pepper: str | None = None, nats_url: str | None = None) -> Deployment:
     from custody.approve_cli import approver_entry, load_private_key, new_key_file
     from custody.database import migrate
     from custody.policy_config import default_policy
@@ -136,6 +138,7 @@ def deploy(root: Path, *, owner_url: str, nodes: Nodes, approvers: tuple[str, ..
         "signer": {"endpoint": f"unix:{socket_path}", "client": "worker", "auth_key_file": str(client_keys["worker"])},
         "approvers": approver_entries,
         "jobs": {"scale": job_scale},
+        **({"events": {"nats_url": nats_url}} if nats_url else {}),  # else NATS_URL, else the worker's embedded one
     }
     _write_toml(root / "custody.toml", custody_cfg)
     processes.env.update({"CUSTODY_API_DATABASE_URL": role_url(owner_url, "custody_api"),  # read by the api only
@@ -174,6 +177,7 @@ def run_demo_topology(*, state_dir: Path, api_port: int | None = None, exit_afte
 
     from custody.addresses import derive_btc_address
     from custody.auth import create_api_key
+    from custody.broker import embedded_nats_url, stop_embedded
     from custody.database import drop_database, embedded_server_url, ensure_database, make_engine, with_database
     from custody.demo import DemoWorld, run_demo
     from custody.settings import get_settings
@@ -192,7 +196,10 @@ def run_demo_topology(*, state_dir: Path, api_port: int | None = None, exit_afte
     try:
         nodes = Nodes(cluster.bitcoin.rpc_url, cluster.anvil.rpc_url, cluster.token.address)
         pepper = pepper or get_settings().api_key_pepper
-        deployment = deploy(root, owner_url=owner_url, nodes=nodes, api_port=api_port, pepper=pepper)
+        settings = get_settings()
+        nats_url = settings.nats_url or embedded_nats_url(state_dir)  # outlives a worker restart
+        log.info("events: NATS JetStream at %s (stream CUSTODY, subjects custody.>)", nats_url)
+        deployment = deploy(root, owner_url=owner_url, nodes=nodes, api_port=api_port, pepper=pepper, nats_url=nats_url)
 
         def mine() -> None:
             while not stop_mining.wait(mine_every):
@@ -232,3 +239,4 @@ def run_demo_topology(*, state_dir: Path, api_port: int | None = None, exit_afte
         if deployment is not None:
             deployment.stop()
         cluster.stop()
+        stop_embedded()

@@ -380,7 +380,8 @@ class Payouts:
                 self.ledger.release_hold(w.hold_id, owner=HOLD_OWNER, conn=c)
                 advance(c, "withdrawal", w.id, "approved", "rejected", reject_reasons=[reason])
                 reopen_returns(c, [w.id], by="custody", reason=reason)
-                emit(c, "withdrawal.rejected", f"withdrawal.rejected:{w.id}", {"withdrawal_id": w.id, "reason": reason})
+                emit(c, "withdrawal.rejected", f"withdrawal.rejected:{w.id}", {"withdrawal_id": w.id, "reason": reason},
+                     aggregate=f"withdrawal:{w.id}")
             else:
                 keep.append(w)
         return keep
@@ -596,7 +597,8 @@ class Payouts:
                     self.ledger.release_hold(w.hold_id, owner=HOLD_OWNER, conn=c)
                 advance(c, "withdrawal", wid, "approved", "rejected", reject_reasons=[reason])
                 reopen_returns(c, [wid], by="custody", reason=reason)
-                emit(c, "withdrawal.rejected", f"withdrawal.rejected:{wid}", {"withdrawal_id": wid, "reason": reason})
+                emit(c, "withdrawal.rejected", f"withdrawal.rejected:{wid}", {"withdrawal_id": wid, "reason": reason},
+                     aggregate=f"withdrawal:{wid}")
                 state = "rejected"
             detail = {"withdrawal_id": wid, "batch_id": batch_id, "code": code.value, "message": refused.message[:500],
                       "state": state, "abandoned": abandoned}
@@ -766,7 +768,8 @@ class Payouts:
         advance(c, "batch", batch_id, "open", "signed")
         self._capture(c, batch_id, rows)
         advance_many(c, "withdrawal", [w.id for w in rows], "batched", "signed")
-        emit(c, "batch.signed", f"batch.signed:{batch_id}:{txid}", {"batch_id": batch_id, "txid": txid})
+        emit(c, "batch.signed", f"batch.signed:{batch_id}:{txid}", {"batch_id": batch_id, "txid": txid},
+             aggregate=f"batch:{batch_id}")
         return tx_id
 
     def _eth_call(self, c: Connection, w) -> tuple[str, int, bytes, int]:
@@ -1031,7 +1034,8 @@ class Payouts:
         advance_many(c, "withdrawal", ids, batch_state, to)
         if to == "final":
             for wid in ids:
-                emit(c, "withdrawal.final", f"withdrawal.final:{wid}", {"withdrawal_id": wid, "batch_id": batch_id})
+                emit(c, "withdrawal.final", f"withdrawal.final:{wid}", {"withdrawal_id": wid, "batch_id": batch_id},
+                     aggregate=f"withdrawal:{wid}")
 
     def _book_final(self, c: Connection, batch_id: int, chain: str, fee: int) -> None:
         """One balanced transaction: every withdrawal in-flight -> hot location, and the network fee
@@ -1086,7 +1090,8 @@ class Payouts:
             advance_many(c, "withdrawal", ids, "failed", "released")
             reopen_returns(c, ids, by="custody", reason="transaction_failed")
             for wid in ids:
-                emit(c, "withdrawal.released", f"withdrawal.released:{wid}", {"withdrawal_id": wid, "reason": "transaction_failed"})
+                emit(c, "withdrawal.released", f"withdrawal.released:{wid}", {"withdrawal_id": wid, "reason": "transaction_failed"},
+                     aggregate=f"withdrawal:{wid}")
             if status.reverted:  # ethereum: mined but failed; the value stayed, the gas did not
                 gas = self._actual_fee(r)
                 self.ledger.post(f"batch:{r.batch_id}:reverted_gas:{r.txid}",

@@ -8,6 +8,7 @@
 | `API_KEY_PEPPER` | dev value | HMAC key mixed into stored API-key hashes; refused at its default in production |
 | `API_HOST` / `API_PORT` | `127.0.0.1` / `8000` | where `python -m custody serve` listens |
 | `TREASURY_ADJUSTMENT_QUORUM` | `1` | operators other than the proposer who must approve a treasury adjustment |
+| `NATS_URL` | unset | the NATS server (with JetStream) the worker publishes events to; unset starts the embedded one (custody.broker) in `STATE_DIR/nats` |
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ class Settings(BaseSettings):
     api_host: str = "127.0.0.1"
     api_port: int = 8000
     treasury_adjustment_quorum: int = Field(default=1, ge=1, le=10)
+    nats_url: str | None = None
 
     @model_validator(mode="after")
     def _refuse_default_secrets(self) -> "Settings":

@@ -238,7 +238,8 @@ class Withdrawals:
             advance(c, "withdrawal", wid, "held", "rejected", decision_id=decision_id, reject_reasons=reasons)
             reopen_returns(c, [wid], by="policy", reason=",".join(reasons))
         emit(c, "withdrawal.requested", f"withdrawal.requested:{wid}",
-             {"withdrawal_id": wid, "account_id": account_id, "outcome": decision.outcome.value})
+             {"withdrawal_id": wid, "account_id": account_id, "outcome": decision.outcome.value},
+             aggregate=f"withdrawal:{wid}")
         return _view(c.execute(text(f"{_W_SQL} WHERE id = :i"), {"i": wid}).one())
 
     def _evaluate(self, c: Connection, w: WithdrawalView) -> Decision:
@@ -283,7 +284,8 @@ class Withdrawals:
         advance(c, "withdrawal", wid, "approved", "rejected", decision_id=decision_id,
                 reject_reasons=[r.value for r in decision.reasons])
         reopen_returns(c, [wid], by="policy", reason=",".join(r.value for r in decision.reasons))
-        emit(c, "withdrawal.rejected", f"withdrawal.rejected:{wid}:{decision_id}", {"withdrawal_id": wid})
+        emit(c, "withdrawal.rejected", f"withdrawal.rejected:{wid}:{decision_id}", {"withdrawal_id": wid},
+             aggregate=f"withdrawal:{wid}")
         return "rejected"
 
     def return_to_operators(self, c: Connection, wid: int) -> str:
@@ -302,7 +304,8 @@ class Withdrawals:
             self.ledger.release_hold(w.hold_id, owner=HOLD_OWNER, conn=c)
             advance(c, "withdrawal", wid, "approved", "rejected", decision_id=decision_id, reject_reasons=reasons)
             reopen_returns(c, [wid], by="policy", reason=",".join(reasons))
-            emit(c, "withdrawal.rejected", f"withdrawal.rejected:{wid}:{decision_id}", {"withdrawal_id": wid})
+            emit(c, "withdrawal.rejected", f"withdrawal.rejected:{wid}:{decision_id}", {"withdrawal_id": wid},
+             aggregate=f"withdrawal:{wid}")
             return "rejected"
         decision = replace(decision, outcome=Outcome.NEEDS_APPROVAL, required_approvals=max(decision.required_approvals, 1))
         advance(c, "withdrawal", wid, "approved", "pending_approval", decision_id=self._store_decision(c, w.id, decision))
@@ -391,13 +394,15 @@ class Withdrawals:
                 self.ledger.release_hold(w.hold_id, owner=HOLD_OWNER, conn=c)
                 advance(c, "withdrawal", wid, w.state, "rejected", reject_reasons=["operator_rejected"])
                 reopen_returns(c, [wid], by=operator, reason="operator_rejected")
-                emit(c, "withdrawal.rejected", f"withdrawal.rejected:{wid}", {"withdrawal_id": wid, "by": operator})
+                emit(c, "withdrawal.rejected", f"withdrawal.rejected:{wid}", {"withdrawal_id": wid, "by": operator},
+                     aggregate=f"withdrawal:{wid}")
             else:
                 approvals = c.execute(text("SELECT operator, at FROM approval WHERE decision_id = :d AND action = 'approve'"),
                                       {"d": w.decision_id}).all()
                 if quorum_met(decision, [Approval(a.operator, a.at) for a in approvals], w.requested_by):
                     advance(c, "withdrawal", wid, "pending_approval", "approved")
-                    emit(c, "withdrawal.approved", f"withdrawal.approved:{wid}", {"withdrawal_id": wid})
+                    emit(c, "withdrawal.approved", f"withdrawal.approved:{wid}", {"withdrawal_id": wid},
+                         aggregate=f"withdrawal:{wid}")
             return _view(c.execute(text(f"{_W_SQL} WHERE id = :i"), {"i": wid}).one())
 
     @staticmethod
@@ -700,7 +705,8 @@ def reject_for_reorg(c: Connection, ledger: Ledger, account_id: int, credit: int
         available += released.released
         advance(c, "withdrawal", w.id, w.state, "rejected", reject_reasons=["deposit_reorged_out"])
         reopen_returns(c, [w.id], by=by, reason="deposit_reorged_out")
-        emit(c, "withdrawal.rejected", f"withdrawal.rejected:{w.id}", {"withdrawal_id": w.id, "reason": "deposit_reorged_out"})
+        emit(c, "withdrawal.rejected", f"withdrawal.rejected:{w.id}", {"withdrawal_id": w.id, "reason": "deposit_reorged_out"},
+             aggregate=f"withdrawal:{w.id}")
         rejected.append(w.id)
     return rejected
 

