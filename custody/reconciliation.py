@@ -265,18 +265,20 @@ class Reconciliation:
         self.network = network
         self._accounts: dict[tuple[str, str, str], int] = {}
 
-    def run(self, *, chains: Iterable[str] | None = None, attempts: int = 3) -> list[Line]:
+    def run(self, *, chains: Iterable[str] | None = None, attempts: int = 3, prepare: bool = True) -> list[Line]:
         """Reconcile every location of each chain (default: every chain attached), each chain at
         one stable height; open an incident for any difference. Returns the lines compared (none
-        for a chain whose tip kept moving)."""
+        for a chain whose tip kept moving). `prepare=False` skips the `before` hook (the worker's
+        hot-wallet sync and wallet-index catch-up, which write): the api's on-demand pass, which
+        reads what the worker's jobs recorded."""
         lines: list[Line] = []
         for chain in chains or self.adapters:
-            lines += self._reconcile(chain, attempts)
+            lines += self._reconcile(chain, attempts, prepare)
         return lines
 
-    def _reconcile(self, chain: str, attempts: int) -> list[Line]:
+    def _reconcile(self, chain: str, attempts: int, prepare: bool = True) -> list[Line]:
         adapter = self.adapters[chain]
-        read = self._bitcoin_lines() if chain == "bitcoin" else self._ethereum_lines()
+        read = self._bitcoin_lines(prepare) if chain == "bitcoin" else self._ethereum_lines()
         for _ in range(attempts):
             tip = adapter.tip()
             lines = [line for line in read(tip) if line is not None]
@@ -385,8 +387,8 @@ class Reconciliation:
 
     # ---- bitcoin --------------------------------------------------------------------------
 
-    def _bitcoin_lines(self) -> Callable[[BlockRef], list[Line | None]]:
-        if self.before is not None:
+    def _bitcoin_lines(self, prepare: bool = True) -> Callable[[BlockRef], list[Line | None]]:
+        if prepare and self.before is not None:
             self.before()
         with self.engine.connect() as c:
             has_cold = c.execute(text("SELECT 1 FROM wallet WHERE chain = 'bitcoin' AND tier = 'cold'")).first() is not None

@@ -155,7 +155,9 @@ def reconcile(c: ContainerDep, _: Operator) -> list[dict]:
     action (auditors read the incidents)."""
     if c.reconciliation is None:
         raise ApiError(503, "chains_not_configured", "no chain adapters are configured on this service")
-    return [{**line.__dict__, "difference": line.difference} for line in c.reconciliation.run()]
+    # prepare=False: recording coins and walking blocks are the worker's (custody_api may not write
+    # them, migration 0022); in the deployed api the hook is absent anyway (custody.roots.common)
+    return [{**line.__dict__, "difference": line.difference} for line in c.reconciliation.run(prepare=False)]
 
 
 @router.post("/reserves/reports", status_code=201)
