@@ -44,6 +44,11 @@
 | retry_unknown | 404 | no withdrawal batch, sweep or rebalance with that id |
 | retry_not_set_aside | 409 | the withdrawal batch, sweep or rebalance is not set aside: there is nothing to retry |
 | no_customer_accounts | 409 | a proof-of-reserves report needs at least one customer account of the asset to commit to |
+| webhook_url_invalid | 422 | a webhook URL must be http:// or https:// with a host, at most 2,048 characters, without user or password and without a fragment |
+| webhook_event_types_invalid | 422 | a webhook endpoint's event types are 1 to 100 names like `deposit.credited` (lowercase words joined by dots), or `*` for every type |
+| webhook_endpoint_not_found | 404 | no webhook endpoint with that id (or it was deleted) |
+| webhook_delivery_not_found | 404 | no webhook delivery with that id |
+| webhook_key_unavailable | 503 | the key that encrypts webhook secrets (`WEBHOOK_SECRET_KEY`, or the state directory's key file) cannot be read or created; nothing was written |
 """
 from __future__ import annotations
 
@@ -93,6 +98,11 @@ class CustodyErrorCode(str, enum.Enum):
     retry_unknown = "retry_unknown"
     retry_not_set_aside = "retry_not_set_aside"
     no_customer_accounts = "no_customer_accounts"
+    webhook_url_invalid = "webhook_url_invalid"
+    webhook_event_types_invalid = "webhook_event_types_invalid"
+    webhook_endpoint_not_found = "webhook_endpoint_not_found"
+    webhook_delivery_not_found = "webhook_delivery_not_found"
+    webhook_key_unavailable = "webhook_key_unavailable"
 
     @property
     def http_status(self) -> int:
@@ -142,6 +152,11 @@ _STATUS = {
     CustodyErrorCode.retry_unknown: 404,
     CustodyErrorCode.retry_not_set_aside: 409,
     CustodyErrorCode.no_customer_accounts: 409,
+    CustodyErrorCode.webhook_url_invalid: 422,
+    CustodyErrorCode.webhook_event_types_invalid: 422,
+    CustodyErrorCode.webhook_endpoint_not_found: 404,
+    CustodyErrorCode.webhook_delivery_not_found: 404,
+    CustodyErrorCode.webhook_key_unavailable: 503,
 }
 
 

@@ -69,6 +69,7 @@ from custody.roots.guards import NetworkGate, WalletCheck, gate_adapters
 from custody.settings import REPO_ROOT, Settings
 from custody.sweeps import Sweeps
 from custody.wallets import Wallets
+from custody.webhooks.endpoints import Webhooks
 from custody.withdrawals import Withdrawals
 from ledger.errors import ErrorCode, LedgerError
 from ledger.service import Ledger
@@ -110,6 +111,7 @@ class CustodyServices:
     sweeps: Sweeps | None  # bitcoin only
     rebalances: Rebalances | None  # bitcoin only
     reserves: Reserves | None  # bitcoin only
+    webhooks: Webhooks | None = None  # webhook endpoints (api) and their delivery job (worker)
 
     def close(self) -> None:
         for adapter in self.adapters.values():
@@ -471,7 +473,7 @@ def _build(config: DeploymentConfig, process: Process, adapters: Mapping[str, Ch
                            adapters=adapters, signer=signer, deposits=deposits, withdrawals=withdrawals,
                            payouts=payouts, reconciliation=reconciliation, adjustments=adjustments,
                            approvers=approvers, process=process, wallet_check=check, sweeps=sweeps,
-                           rebalances=rebalances, reserves=reserves)
+                           rebalances=rebalances, reserves=reserves, webhooks=Webhooks(engine, settings))
 
 
 # ---- process plumbing --------------------------------------------------------------------------
