@@ -175,7 +175,7 @@ async def _post(client: httpx.AsyncClient, a: Attempt, timeout: float) -> Outcom
 
 async def _send_all(groups: list[list[Attempt]], *, timeout: float, concurrency: int) -> list[Outcome]:
     limit = asyncio.Semaphore(concurrency)
-    transport_timeout = httpx.Timeout(timeout)
+    transport_timeout = httpx.Timeout(timeout + 1.0)  # the wait_for below is the deadline; this only backs it up
     async with httpx.AsyncClient(follow_redirects=False, timeout=transport_timeout) as client:
         async def endpoint(group: list[Attempt]) -> list[Outcome]:
             outcomes: list[Outcome] = []
