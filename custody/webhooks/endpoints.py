@@ -246,7 +246,7 @@ class Webhooks:
 
     def run_once(self) -> delivery.RunResult:
         """Fan new outbox events out to deliveries, then send what is due (custody.webhooks.delivery)."""
-        return delivery.run_once(self.engine, self.box(), self.settings)
+        return delivery.run_once(self.engine, self.box, self.settings)
 
     # ---- helpers -------------------------------------------------------------------------------
 
