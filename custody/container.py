@@ -14,6 +14,7 @@ from custody.deposits import Deposits, ExternalScreener
 from custody.destinations import DestinationGuard
 from custody.settings import Settings, get_settings
 from custody.wallets import Wallets
+from custody.webhooks.endpoints import Webhooks
 from ledger.service import Ledger
 from signer.approvals import ApproverRegistry, QuorumTable, quorum_table_from_policy
 from signer.assets import SignerAsset
@@ -37,11 +38,13 @@ class Container:
     node_view: Any = None  # custody.node_view.NodeView (bitcoin, with_chains(node_view=True))
     approvers: ApproverRegistry | None = None  # approver public keys withdrawals' approvals must verify against
     adjustments: TreasuryAdjustments = field(init=False)
+    webhooks: Webhooks = field(init=False)  # webhook endpoints (admin API) and the worker's delivery job
 
     def __post_init__(self) -> None:
         if self.wallets is None:
             self.wallets = Wallets(self.engine, self.ledger)
         self.adjustments = TreasuryAdjustments(self.engine, self.ledger, quorum=self.settings.treasury_adjustment_quorum)
+        self.webhooks = Webhooks(self.engine, self.settings)
 
     def with_chains(self, adapters: Mapping[str, ChainAdapter], *, external_screener: ExternalScreener | None = None,
                     signer_keys: Any = None, bitcoin_network: str = "regtest", policy: Any = None,

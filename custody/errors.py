@@ -46,6 +46,11 @@
 | no_customer_accounts | 409 | a proof-of-reserves report needs at least one customer account of the asset to commit to |
 | reserves_index_behind | 503 | the wallet index's block (the deposit scanner's cursor) is no longer in the node's main chain: a reorg the scanner has not walked yet; ask again shortly |
 | node_view_not_ready | 503 | the node's watch-only wallet (custody.node_view) is not at the pinned tip, is rescanning, or does not yet cover every address custody issued: its holdings cannot be read now (a reconciliation pass skips the cross-check, logged) |
+| webhook_url_invalid | 422 | a webhook URL must be http:// or https:// with a host, at most 2,048 characters, without user or password and without a fragment |
+| webhook_event_types_invalid | 422 | a webhook endpoint's event types are 1 to 100 names like `deposit.credited` (lowercase words joined by dots), or `*` for every type |
+| webhook_endpoint_not_found | 404 | no webhook endpoint with that id (or it was deleted) |
+| webhook_delivery_not_found | 404 | no webhook delivery with that id |
+| webhook_key_unavailable | 503 | the key that encrypts webhook secrets (`WEBHOOK_SECRET_KEY`, or the state directory's key file) cannot be read or created; nothing was written |
 """
 from __future__ import annotations
 
@@ -97,6 +102,11 @@ class CustodyErrorCode(str, enum.Enum):
     no_customer_accounts = "no_customer_accounts"
     reserves_index_behind = "reserves_index_behind"
     node_view_not_ready = "node_view_not_ready"
+    webhook_url_invalid = "webhook_url_invalid"
+    webhook_event_types_invalid = "webhook_event_types_invalid"
+    webhook_endpoint_not_found = "webhook_endpoint_not_found"
+    webhook_delivery_not_found = "webhook_delivery_not_found"
+    webhook_key_unavailable = "webhook_key_unavailable"
 
     @property
     def http_status(self) -> int:
@@ -148,6 +158,11 @@ _STATUS = {
     CustodyErrorCode.no_customer_accounts: 409,
     CustodyErrorCode.reserves_index_behind: 503,
     CustodyErrorCode.node_view_not_ready: 503,
+    CustodyErrorCode.webhook_url_invalid: 422,
+    CustodyErrorCode.webhook_event_types_invalid: 422,
+    CustodyErrorCode.webhook_endpoint_not_found: 404,
+    CustodyErrorCode.webhook_delivery_not_found: 404,
+    CustodyErrorCode.webhook_key_unavailable: 503,
 }
 
 

@@ -9,6 +9,7 @@ method that tests and the demo call directly, so time is driven deterministicall
 | rebalances | Rebalances.run_once(): hot -> cold above the ceiling (bitcoin; needs a registered cold wallet) | 30 s |
 | expire-holds | Ledger.expire_holds() | 10 s |
 | outbox | OutboxDispatcher.dispatch(): outbox -> NATS JetStream in the worker (custody.broker) | 1 s |
+| webhooks | Webhooks.run_once(): outbox events -> signed POSTs to registered endpoints, retried with backoff, dead-lettered (custody.webhooks.delivery) | 1 s |
 | reconcile | Reconciliation.run() (bitcoin, ethereum: chain holdings = books + in transit, exactly) | 60 s |
 | node-view | NodeView.ensure(): the node's watch-only wallet loaded, its ranges ahead of the issued addresses (bitcoin) | 30 s |
 | verify | verify_books(): Ledger.verify(); any failed check opens a critical incident (kill switch) | 60 s |
@@ -253,6 +254,9 @@ def build_scheduler(container: Any, *, sink: Callable[[str, dict], None] | None 
                                                            rebalances.track]), 30)
     add("expire-holds", container.ledger.expire_holds, 10)
     add("outbox", dispatcher.dispatch, 1)
+    webhooks = getattr(container, "webhooks", None)
+    if webhooks is not None:
+        add("webhooks", webhooks.run_once, 1)
     add("verify", lambda: verify_books(container), 60)
     if reconciliation is not None:
         add("reconcile", reconciliation.run, 60)

@@ -9,14 +9,22 @@
 | `API_HOST` / `API_PORT` | `127.0.0.1` / `8000` | where `python -m custody serve` listens |
 | `TREASURY_ADJUSTMENT_QUORUM` | `1` | operators other than the proposer who must approve a treasury adjustment |
 | `NATS_URL` | unset | the NATS server (with JetStream) the worker publishes events to; unset starts the embedded one (custody.broker) in `STATE_DIR/nats` |
+| `WEBHOOK_SECRET_KEY` | unset | 64 hex digits: the key that encrypts webhook endpoint secrets; unset: `STATE_DIR/webhook-secret.key`, created on first use (api and worker must share it) |
+| `WEBHOOK_MAX_ATTEMPTS` | `8` | failed attempts after which a webhook delivery is dead-lettered (`dead`) |
+| `WEBHOOK_BACKOFF_SECONDS` | `10` | the first retry's delay; each later one doubles (jittered to 50-100%), capped at `WEBHOOK_BACKOFF_MAX_SECONDS` |
+| `WEBHOOK_BACKOFF_MAX_SECONDS` | `3600` | the longest wait between two attempts of one delivery |
+| `WEBHOOK_TIMEOUT_SECONDS` | `5` | the whole of one attempt (connect, send, answer); longer counts as a failure |
+| `WEBHOOK_CONCURRENCY` | `8` | endpoints POSTed to at once by the worker's webhooks job |
+| `WEBHOOK_ROTATION_GRACE_SECONDS` | `86400` | default time the old secret keeps signing beside the new one after a rotation |
 """
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -34,6 +42,20 @@ class Settings(BaseSettings):
     api_port: int = 8000
     treasury_adjustment_quorum: int = Field(default=1, ge=1, le=10)
     nats_url: str | None = None
+    webhook_secret_key: SecretStr | None = None
+    webhook_max_attempts: int = Field(default=8, ge=1, le=100)
+    webhook_backoff_seconds: float = Field(default=10.0, gt=0, le=86400)
+    webhook_backoff_max_seconds: float = Field(default=3600.0, gt=0, le=7 * 86400)
+    webhook_timeout_seconds: float = Field(default=5.0, gt=0, le=60)
+    webhook_concurrency: int = Field(default=8, ge=1, le=256)
+    webhook_rotation_grace_seconds: int = Field(default=86400, ge=0, le=7 * 86400)
+
+    @field_validator("webhook_secret_key")
+    @classmethod
+    def _webhook_key(cls, key: SecretStr | None) -> SecretStr | None:
+        if key is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", key.get_secret_value().strip()):
+            raise ValueError("WEBHOOK_SECRET_KEY must be 64 hex digits (32 bytes: `openssl rand -hex 32`)")
+        return key
 
     @model_validator(mode="after")
     def _refuse_default_secrets(self) -> "Settings":

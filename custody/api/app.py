@@ -14,6 +14,7 @@ from custody.api import (
     ledger_routes,
     order_routes,
     treasury_routes,
+    webhook_routes,
     withdrawal_routes,
 )
 from custody.api.text_guard import RefuseUnstorableText
@@ -36,6 +37,7 @@ def create_app(container: Container) -> FastAPI:
     app.include_router(treasury_routes.router)
     app.include_router(adjustment_routes.router)
     app.include_router(containment_routes.router)
+    app.include_router(webhook_routes.router)
 
     console = Path(__file__).resolve().parents[1] / "console" / "index.html"
 

@@ -70,6 +70,7 @@ from custody.roots.guards import NetworkGate, WalletCheck, gate_adapters
 from custody.settings import REPO_ROOT, Settings
 from custody.sweeps import Sweeps
 from custody.wallets import Wallets
+from custody.webhooks.endpoints import Webhooks
 from custody.withdrawals import Withdrawals
 from ledger.errors import ErrorCode, LedgerError
 from ledger.service import Ledger
@@ -112,6 +113,7 @@ class CustodyServices:
     rebalances: Rebalances | None  # bitcoin only
     reserves: Reserves | None  # bitcoin only
     node_view: NodeView | None = None  # bitcoin only: the node's watch-only wallet (custody.node_view)
+    webhooks: Webhooks | None = None  # webhook endpoints (api) and their delivery job (worker)
 
     def close(self) -> None:
         for adapter in self.adapters.values():
@@ -478,7 +480,8 @@ def _build(config: DeploymentConfig, process: Process, adapters: Mapping[str, Ch
                            adapters=adapters, signer=signer, deposits=deposits, withdrawals=withdrawals,
                            payouts=payouts, reconciliation=reconciliation, adjustments=adjustments,
                            approvers=approvers, process=process, wallet_check=check, sweeps=sweeps,
-                           rebalances=rebalances, reserves=reserves, node_view=node_view)
+                           rebalances=rebalances, reserves=reserves, node_view=node_view,
+                           webhooks=Webhooks(engine, settings))
 
 
 # ---- process plumbing --------------------------------------------------------------------------

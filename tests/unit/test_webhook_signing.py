@@ -1,0 +1,123 @@
+"""custody.webhooks.signing: what a receiver's check accepts and refuses, the exact signed bytes,
+the retry backoff, and the URL and event-type rules of an endpoint (pure functions, no database)."""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+
+import pytest
+
+from custody.errors import CustodyError, CustodyErrorCode
+from custody.webhooks import WebhookSignatureError, verify_signature
+from custody.webhooks.delivery import backoff_seconds
+from custody.webhooks.endpoints import check_event_types, check_url
+from custody.webhooks.keys import SecretBox, SecretUnreadable, new_secret
+from custody.webhooks.signing import delivery_headers, event_body
+from regtest.util import assert_equal
+
+SECRET = "whsec_" + "11" * 32
+OTHER = "whsec_" + "22" * 32
+NOW = 1_700_000_000
+
+
+def signed(secrets=(SECRET,), body=None, at=NOW):
+    body = body if body is not None else event_body("deposit.credited:7", "deposit.credited", "2024-01-01T00:00:00+00:00",
+                                                    {"deposit_id": 7, "amount": "50000000"})
+    return delivery_headers(secrets, "deposit.credited:7", "deposit.credited", at, body), body
+
+
+def code_of(fn, *args, **kwargs) -> str:
+    with pytest.raises(WebhookSignatureError) as info:
+        fn(*args, **kwargs)
+    return info.value.code
+
+
+def test_a_signed_delivery_verifies_and_names_its_event():
+    headers, body = signed()
+    assert_equal(verify_signature(SECRET, headers, body, now=NOW), "deposit.credited:7")
+    lower = {k.lower(): v for k, v in headers.items()}  # header names are case-insensitive
+    assert_equal(verify_signature(SECRET, lower, body, now=NOW + 299), "deposit.credited:7")
+
+
+def test_the_signature_is_hmac_sha256_of_timestamp_dot_body_keyed_with_the_secret_string():
+    headers, body = signed()
+    expected = hmac.new(SECRET.encode(), f"{NOW}.".encode() + body, hashlib.sha256).hexdigest()
+    assert_equal(headers["Custody-Signature"], f"v1={expected}")
+    assert_equal(headers["Custody-Timestamp"], str(NOW))
+    assert_equal(json.loads(body)["data"], {"amount": "50000000", "deposit_id": 7})
+    assert body == event_body("deposit.credited:7", "deposit.credited", "2024-01-01T00:00:00+00:00",
+                              {"amount": "50000000", "deposit_id": 7})  # key order does not change the bytes
+
+
+def test_a_tampered_body_a_wrong_secret_or_a_moved_timestamp_is_refused():
+    headers, body = signed()
+    assert_equal(code_of(verify_signature, SECRET, headers, body.replace(b"50000000", b"90000000"), now=NOW), "signature_mismatch")
+    assert_equal(code_of(verify_signature, OTHER, headers, body, now=NOW), "signature_mismatch")
+    moved = {**headers, "Custody-Timestamp": str(NOW + 1)}
+    assert_equal(code_of(verify_signature, SECRET, moved, body, now=NOW), "signature_mismatch")
+
+
+def test_the_replay_window():
+    headers, body = signed()
+    assert_equal(code_of(verify_signature, SECRET, headers, body, now=NOW + 301), "timestamp_outside_tolerance")
+    assert_equal(code_of(verify_signature, SECRET, headers, body, now=NOW - 301), "timestamp_outside_tolerance")
+    assert_equal(verify_signature(SECRET, headers, body, now=NOW + 3000, tolerance=3600), "deposit.credited:7")
+
+
+def test_missing_or_malformed_headers():
+    headers, body = signed()
+    assert_equal(code_of(verify_signature, SECRET, {k: v for k, v in headers.items() if k != "Custody-Signature"}, body,
+                         now=NOW), "header_missing")
+    assert_equal(code_of(verify_signature, SECRET, {**headers, "Custody-Timestamp": "soon"}, body, now=NOW), "timestamp_invalid")
+    assert_equal(code_of(verify_signature, SECRET, {**headers, "Custody-Signature": "v0=abc"}, body, now=NOW), "signature_mismatch")
+
+
+def test_during_a_rotation_either_secret_verifies():
+    headers, body = signed(secrets=(OTHER, SECRET))
+    assert headers["Custody-Signature"].count("v1=") == 2
+    assert_equal(verify_signature(SECRET, headers, body, now=NOW), "deposit.credited:7")
+    assert_equal(verify_signature(OTHER, headers, body, now=NOW), "deposit.credited:7")
+    assert_equal(verify_signature([OTHER, SECRET], signed()[0], body, now=NOW), "deposit.credited:7")  # receiver rolling over
+
+
+def test_backoff_doubles_within_its_jitter_and_is_capped():
+    assert_equal([backoff_seconds(n, base=10, cap=3600, jitter=1.0) for n in (1, 2, 3, 4)], [10, 20, 40, 80])
+    assert_equal(backoff_seconds(3, base=10, cap=3600, jitter=0.0), 20)  # half of 40 at the least
+    assert_equal(backoff_seconds(50, base=10, cap=3600, jitter=1.0), 3600)
+    assert_equal(backoff_seconds(10_000, base=10, cap=3600, jitter=0.5), 2700)  # no overflow
+
+
+@pytest.mark.parametrize("url", ["https://hooks.example.com/custody", "http://10.0.0.5:8080/in?x=1"])
+def test_urls_accepted(url):
+    assert_equal(check_url(url), url)
+
+
+@pytest.mark.parametrize("url", ["ftp://example.com/x", "https://user:pw@example.com/", "https://user@example.com/",
+                                 "https:///nohost", "example.com/path", "https://example.com/#frag", "https://exa mple.com/",
+                                 "https://example.com:99999/", "http://ex\u0000ample.com", "https://" + "a" * 2050 + ".com", ""])
+def test_urls_refused(url):
+    with pytest.raises(CustodyError) as info:
+        check_url(url)
+    assert info.value.code is CustodyErrorCode.webhook_url_invalid
+
+
+def test_event_types():
+    assert_equal(check_event_types(["withdrawal.final", "deposit.credited", "deposit.credited"]),
+                 ["deposit.credited", "withdrawal.final"])
+    assert_equal(check_event_types(["*"]), ["*"])
+    for bad in ([], ["Deposit.Credited"], ["deposit."], ["deposit.*"], ["x"] * 101):
+        with pytest.raises(CustodyError) as info:
+            check_event_types(bad)
+        assert info.value.code is CustodyErrorCode.webhook_event_types_invalid
+
+
+def test_a_secret_is_sealed_to_its_endpoint():
+    box, secret = SecretBox(bytes(range(32))), new_secret()
+    sealed = box.seal(5, secret)
+    assert secret.encode() not in sealed
+    assert_equal(box.open(5, sealed), secret)
+    with pytest.raises(SecretUnreadable):
+        box.open(6, sealed)  # copied onto another endpoint
+    with pytest.raises(SecretUnreadable):
+        SecretBox(bytes(32)).open(5, sealed)  # another key
