@@ -47,7 +47,7 @@
 | reserves_index_behind | 503 | the wallet index's block (the deposit scanner's cursor) is no longer in the node's main chain: a reorg the scanner has not walked yet; ask again shortly |
 | node_view_not_ready | 503 | the node's watch-only wallet (custody.node_view) is not at the pinned tip, is rescanning, or does not yet cover every address custody issued: its holdings cannot be read now (a reconciliation pass skips the cross-check, logged) |
 | webhook_url_invalid | 422 | a webhook URL must be http:// or https:// with a host, at most 2,048 characters, without user or password and without a fragment |
-| webhook_event_types_invalid | 422 | a webhook endpoint's event types are 1 to 100 names like `deposit.credited` (lowercase words joined by dots), or `*` for every type |
+| webhook_event_types_invalid | 422 | a webhook endpoint's event types are 1 to 100 types of the event catalogue (README "Events", e.g. `deposit.credited`), or `*` for every type |
 | webhook_endpoint_not_found | 404 | no webhook endpoint with that id (or it was deleted) |
 | webhook_delivery_not_found | 404 | no webhook delivery with that id |
 | webhook_key_unavailable | 503 | the key that encrypts webhook secrets (`WEBHOOK_SECRET_KEY`, or the state directory's key file) cannot be read or created; nothing was written |

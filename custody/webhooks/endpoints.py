@@ -29,6 +29,7 @@ from sqlalchemy import Connection, Engine, text
 
 from custody.controls import audit
 from custody.errors import CustodyError, CustodyErrorCode
+from custody.events import EVENT_TYPES
 from custody.settings import Settings
 from custody.webhooks import delivery
 from custody.webhooks.keys import SecretBox, load_key, new_secret
@@ -68,9 +69,10 @@ def check_event_types(types: list[str]) -> list[str]:
     if not 1 <= len(types) <= MAX_TYPES:
         raise CustodyError(CustodyErrorCode.webhook_event_types_invalid, f"give 1 to {MAX_TYPES} event types")
     for t in types:
-        if t != EVERY_TYPE and (len(t) > 100 or not _EVENT_TYPE.fullmatch(t)):
+        if t != EVERY_TYPE and (len(t) > 100 or not _EVENT_TYPE.fullmatch(t) or t not in EVENT_TYPES):
             raise CustodyError(CustodyErrorCode.webhook_event_types_invalid,
-                               f"{t[:100]!r} is not an event type (like deposit.credited) nor {EVERY_TYPE!r}")
+                               f"{t[:100]!r} is not an event type of the catalogue (custody.events, e.g. "
+                               f"deposit.credited) nor {EVERY_TYPE!r}")
     return sorted(set(types))
 
 

@@ -74,7 +74,8 @@ CREATE INDEX outbox_webhooks_pending ON outbox (id) WHERE webhooks_fanned_out_at
 READ_ONLY = ("'api_key', 'chain_asset', 'chain_cursor', 'chain_transaction', 'denylist_address', "
              "'eth_nonce', 'matching_snapshot', 'btc_wallet_output'")  # 0022's, plus 0023's wallet index
 
-LIMITED_0026 = """  # 0022's list as 0026 left it (outbox_aggregate added)
+# 0022's list as 0026 left it (outbox_aggregate added)
+LIMITED_0026 = """
         ('wallet', 'UPDATE (next_index)'),
         ('wallet_utxo', 'UPDATE (reserved_by, rebalance_id)'),
         ('deposit_address', 'INSERT'),
