@@ -43,6 +43,7 @@
 | deposit_reorged_out | 409 | the deposit's transaction left the chain after finality and was not re-mined: its coins cannot be released or returned |
 | retry_unknown | 404 | no withdrawal batch, sweep or rebalance with that id |
 | retry_not_set_aside | 409 | the withdrawal batch, sweep or rebalance is not set aside: there is nothing to retry |
+| deposit_not_found | 404 | no deposit with that id |
 | no_customer_accounts | 409 | a proof-of-reserves report needs at least one customer account of the asset to commit to |
 """
 from __future__ import annotations
@@ -62,6 +63,7 @@ class CustodyErrorCode(str, enum.Enum):
     destination_would_revert = "destination_would_revert"
     asset_not_withdrawable = "asset_not_withdrawable"
     withdrawal_not_found = "withdrawal_not_found"
+    deposit_not_found = "deposit_not_found"
     withdrawal_rejected = "withdrawal_rejected"
     requester_cannot_approve = "requester_cannot_approve"
     approval_signature_required = "approval_signature_required"
@@ -111,6 +113,7 @@ _STATUS = {
     CustodyErrorCode.destination_would_revert: 422,
     CustodyErrorCode.asset_not_withdrawable: 422,
     CustodyErrorCode.withdrawal_not_found: 404,
+    CustodyErrorCode.deposit_not_found: 404,
     CustodyErrorCode.withdrawal_rejected: 422,
     CustodyErrorCode.requester_cannot_approve: 403,
     CustodyErrorCode.approval_signature_required: 422,

@@ -28,6 +28,7 @@ def create_app(container: Container) -> FastAPI:
     )
     app.state.container = container
     errors.install(app)
+    errors.document(app)
     app.add_middleware(RefuseUnstorableText)  # before routing, authentication and any database work
     app.include_router(ledger_routes.router)
     app.include_router(deposit_routes.router)

@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from custody.api.params import Id
+from ledger.model import AccountKind
 from ledger.amounts import format_amount
 
 Key = Field(min_length=1, max_length=200, description="idempotency key chosen from business ids")
@@ -29,7 +30,7 @@ class AssetOut(BaseModel):
 
 class AccountIn(Strict):
     asset: str
-    kind: str
+    kind: AccountKind
     name: str = Field(min_length=1, max_length=200)
     owner: str | None = Field(default=None, max_length=200)
 
