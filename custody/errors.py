@@ -13,6 +13,7 @@
 | destination_would_revert | 422 | ethereum: the payout, simulated from the hot address with its exact value, data and gas, would revert |
 | asset_not_withdrawable | 422 | the asset has no chain configuration or no hot wallet |
 | withdrawal_not_found | 404 | no withdrawal with that id |
+| deposit_not_found | 404 | no deposit with that id |
 | withdrawal_rejected | 422 | the policy engine rejected the withdrawal (reasons in the detail); its hold was released |
 | requester_cannot_approve | 403 | the operator who requested a withdrawal may not approve it |
 | approval_signature_required | 422 | an approval must carry the approver's signature over the withdrawal's approval payload (`GET /v1/withdrawals/{id}/approval-payload`) |
@@ -43,7 +44,6 @@
 | deposit_reorged_out | 409 | the deposit's transaction left the chain after finality and was not re-mined: its coins cannot be released or returned |
 | retry_unknown | 404 | no withdrawal batch, sweep or rebalance with that id |
 | retry_not_set_aside | 409 | the withdrawal batch, sweep or rebalance is not set aside: there is nothing to retry |
-| deposit_not_found | 404 | no deposit with that id |
 | no_customer_accounts | 409 | a proof-of-reserves report needs at least one customer account of the asset to commit to |
 """
 from __future__ import annotations

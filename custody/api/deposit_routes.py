@@ -69,7 +69,7 @@ class IncidentOut(BaseModel):
     opened_at: dt.datetime
     resolved_at: dt.datetime | None
     resolved_by: str | None
-    resolution: str | None
+    resolution: dict[str, Any] | None = Field(description="the operator's comment and what the resolution did")
 
 
 class ReconciliationLineOut(BaseModel):

@@ -9,6 +9,8 @@ from fastapi import APIRouter, Query, Response
 from custody.api.deps import Admin, Auditor, Backend, ContainerDep, Reader
 from custody.api.errors import responses
 from custody.ledger_access import CallerLedger
+from custody.money_rules import may_read_transaction
+from ledger.errors import ErrorCode, LedgerError
 from custody.api.ledger_schemas import (
     AccountIn,
     AccountOut,
@@ -18,7 +20,9 @@ from custody.api.ledger_schemas import (
     CaptureIn,
     CheckOut,
     HoldIn,
+    EntryOut,
     HoldOut,
+    JournalTransactionOut,
     Money,
     ReverseIn,
     StatementLineOut,
@@ -141,6 +145,23 @@ def post_transaction(body: TransactionIn, c: ContainerDep, who: Backend, respons
     if not result.created:
         response.status_code = 200
     return TransactionOut(transaction_id=result.transaction_id, created=result.created)
+
+
+@router.get("/transactions/{transaction_id}", response_model=JournalTransactionOut,
+            responses=responses("transaction_not_found"))
+def get_transaction(transaction_id: IdPath, c: ContainerDep, who: Reader) -> JournalTransactionOut:
+    """A journal transaction with its entries (legs) and metadata. A backend reads only transactions
+    with a leg on a customer account (custody.money_rules.may_read_transaction); any other answers
+    `transaction_not_found`, as if it did not exist."""
+    t = c.ledger.get_transaction(transaction_id)
+    if not may_read_transaction(who.role, (e.account_kind for e in t.entries)):
+        raise LedgerError(ErrorCode.transaction_not_found, f"no journal transaction {transaction_id}")
+    decimals = {a: c.ledger.get_asset(a).decimals for a in {e.asset for e in t.entries}}
+    return JournalTransactionOut(
+        id=t.id, idempotency_key=t.idempotency_key, kind=t.kind, metadata=t.metadata, reverses_id=t.reverses_id,
+        created_at=t.created_at,
+        entries=[EntryOut(id=e.id, account_id=e.account_id, account_kind=e.account_kind.value, asset=e.asset,
+                          amount=Money.of(e.amount, decimals[e.asset]), hold_id=e.hold_id) for e in t.entries])
 
 
 @router.post("/transactions/{transaction_id}/reverse", response_model=TransactionOut, status_code=201, responses=responses(*MOVES, "transaction_not_found", "transaction_not_reversible", "already_reversed"))
