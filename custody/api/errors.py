@@ -48,6 +48,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from chain_adapters.errors import NodeUnavailable, WrongNetwork
 from custody.errors import CustodyError, CustodyErrorCode
@@ -194,6 +195,14 @@ def _complete(operation: dict) -> None:
         answers[str(status)] = _error_response(status, wanted[status])
 
 
+def _allowed(request: Request) -> str:
+    """Every method the request's path has: FastAPI keeps one route per method, and the first one
+    whose path matches would name only its own."""
+    methods = [m for m in ("GET", "POST", "PUT", "PATCH", "DELETE")
+               if any(route.matches({**request.scope, "method": m})[0] is Match.FULL for route in request.app.router.routes)]
+    return ", ".join(methods)
+
+
 class ApiError(Exception):
     def __init__(self, status: int, code: str, message: str) -> None:
         self.status, self.code, self.message = status, code, message
@@ -243,13 +252,16 @@ def install(app: FastAPI) -> None:
         return JSONResponse(body("invalid_request", "; ".join(parts) or "invalid request"), status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 400:  # FastAPI could not parse the body (e.g. not UTF-8): one code, one status
             return JSONResponse(body("invalid_request", str(exc.detail)), status_code=422)
         code = {401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed"}.get(
             exc.status_code, "http_error"
         )
-        return JSONResponse(body(code, str(exc.detail)), status_code=exc.status_code, headers=exc.headers)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = _allowed(request)
+        return JSONResponse(body(code, str(exc.detail)), status_code=exc.status_code, headers=headers or None)
 
     @app.exception_handler(DBAPIError)
     async def database_error(request: Request, exc: DBAPIError) -> JSONResponse:
