@@ -418,7 +418,7 @@ class Deposits:
         with self.engine.begin() as c:
             row = c.execute(text(f"{_OBS_SQL} WHERE id = :i FOR UPDATE"), {"i": obs_id}).first()
             if row is None:
-                raise LedgerError(ErrorCode.invalid_request, f"no deposit {obs_id}")
+                raise CustodyError(CustodyErrorCode.deposit_not_found, f"no deposit {obs_id}")
             key = f"{_deposit_key(row)}:release"
             if row.state == "released":
                 return c.execute(text("SELECT id FROM journal_transaction WHERE idempotency_key = :k"), {"k": key}).scalar_one()
@@ -448,7 +448,7 @@ class Deposits:
         with self.engine.connect() as c:
             row = c.execute(text(f"{_OBS_SQL} WHERE id = :i"), {"i": obs_id}).first()
         if row is None:
-            raise LedgerError(ErrorCode.invalid_request, f"no deposit {obs_id}")
+            raise CustodyError(CustodyErrorCode.deposit_not_found, f"no deposit {obs_id}")
         if row.state not in ("quarantined", "returned"):
             raise LedgerError(ErrorCode.invalid_request, f"deposit {obs_id} is {row.state}, not quarantined")
         destination = destination or (row.senders[0] if len(row.senders) == 1 else None)

@@ -13,6 +13,7 @@
 | destination_would_revert | 422 | ethereum: the payout, simulated from the hot address with its exact value, data and gas, would revert |
 | asset_not_withdrawable | 422 | the asset has no chain configuration or no hot wallet |
 | withdrawal_not_found | 404 | no withdrawal with that id |
+| deposit_not_found | 404 | no deposit with that id |
 | withdrawal_rejected | 422 | the policy engine rejected the withdrawal (reasons in the detail); its hold was released |
 | requester_cannot_approve | 403 | the operator who requested a withdrawal may not approve it |
 | approval_signature_required | 422 | an approval must carry the approver's signature over the withdrawal's approval payload (`GET /v1/withdrawals/{id}/approval-payload`) |
@@ -69,6 +70,7 @@ class CustodyErrorCode(str, enum.Enum):
     destination_would_revert = "destination_would_revert"
     asset_not_withdrawable = "asset_not_withdrawable"
     withdrawal_not_found = "withdrawal_not_found"
+    deposit_not_found = "deposit_not_found"
     withdrawal_rejected = "withdrawal_rejected"
     requester_cannot_approve = "requester_cannot_approve"
     approval_signature_required = "approval_signature_required"
@@ -125,6 +127,7 @@ _STATUS = {
     CustodyErrorCode.destination_would_revert: 422,
     CustodyErrorCode.asset_not_withdrawable: 422,
     CustodyErrorCode.withdrawal_not_found: 404,
+    CustodyErrorCode.deposit_not_found: 404,
     CustodyErrorCode.withdrawal_rejected: 422,
     CustodyErrorCode.requester_cannot_approve: 403,
     CustodyErrorCode.approval_signature_required: 422,

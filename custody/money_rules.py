@@ -25,6 +25,7 @@ The README's "Who may move money" table is this table in words; a test holds the
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 import re
 
 from custody.auth import Role
@@ -69,6 +70,16 @@ OWNER_PATTERN = re.compile(r"^[A-Za-z0-9._@+-]{1,100}$")
 
 def permitted(role: Role, action: MoneyAction, kind: AccountKind) -> bool:
     return kind in PERMITTED[role][action]
+
+
+def may_read_transaction(role: Role, kinds: Iterable[AccountKind]) -> bool:
+    """Who may read a journal transaction (`GET /v1/transactions/{id}`): operators, auditors and
+    admins every one; a backend only one with a leg on an account it may move money on itself
+    (debit: customer accounts), so the firm's own movements (sweeps, rebalances, treasury
+    adjustments) stay out of its reach. Otherwise the transaction answers as if it did not exist."""
+    if role is not Role.backend:
+        return True
+    return any(permitted(role, MoneyAction.debit, kind) for kind in kinds)
 
 
 def caller_namespace(key_name: str) -> str:

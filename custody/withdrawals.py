@@ -526,7 +526,7 @@ class Withdrawals:
     def _allowlist_account(self, account_id: int):
         account = self.ledger.get_account(account_id)
         if account.kind is not AccountKind.customer:
-            raise LedgerError(ErrorCode.invalid_request, "allowlists belong to customer accounts")
+            raise CustodyError(CustodyErrorCode.kind_not_permitted, "allowlists belong to customer accounts")
         return account
 
     # ---- reads ----------------------------------------------------------------------------

@@ -115,6 +115,31 @@ class Transfer:
 
 
 @dataclass(frozen=True)
+class Entry:
+    """One journal entry: `amount` is signed (positive credits the account), in minor units."""
+
+    id: int
+    account_id: int
+    account_kind: AccountKind
+    asset: str
+    amount: int
+    hold_id: int | None
+
+
+@dataclass(frozen=True)
+class JournalTransaction:
+    """A posted transaction as the journal holds it: its entries in order, pairs of debit and credit."""
+
+    id: int
+    idempotency_key: str
+    kind: str
+    metadata: dict
+    reverses_id: int | None
+    created_at: dt.datetime
+    entries: tuple[Entry, ...]
+
+
+@dataclass(frozen=True)
 class PostResult:
     transaction_id: int
     created: bool  # False: the key was posted before with the same content; nothing moved now

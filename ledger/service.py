@@ -50,9 +50,11 @@ from ledger.model import (
     Asset,
     Balance,
     CommandResult,
+    Entry,
     Hold,
     Headroom,
     HoldState,
+    JournalTransaction,
     LedgerCommand,
     PlaceHold,
     PostResult,
@@ -446,6 +448,17 @@ class Ledger:
             for debit, credit in zip(rows[0::2], rows[1::2])
         ]
 
+    def get_transaction(self, transaction_id: int, *, conn: Connection | None = None) -> JournalTransaction:
+        """A posted transaction with its entries (`transaction_not_found` if there is none)."""
+        with self._one(conn) as c:
+            head = c.execute(text(_TRANSACTION_SQL), {"t": transaction_id}).first()
+            if head is None:
+                raise LedgerError(ErrorCode.transaction_not_found, f"no journal transaction {transaction_id}")
+            rows = c.execute(text(_ENTRIES_SQL), {"t": transaction_id}).all()
+        entries = tuple(Entry(r.id, r.account_id, AccountKind(r.kind), r.asset, int(r.amount), r.hold_id) for r in rows)
+        return JournalTransaction(head.id, head.idempotency_key, head.kind, dict(head.metadata), head.reverses_id,
+                                  head.created_at, entries)
+
     # ---- holds ----------------------------------------------------------------------------
 
     def place_hold(
@@ -652,6 +665,21 @@ _ASSET_CODE = re.compile(r"[A-Z0-9][A-Z0-9_.-]{0,31}")
 
 
 MAX_KEY_LENGTH = 300  # a caller's 200 characters behind its namespace (custody.money_rules)
+
+
+_TRANSACTION_SQL = """
+SELECT id, idempotency_key, kind, metadata, reverses_id, created_at
+FROM journal_transaction
+WHERE id = :t
+"""
+
+_ENTRIES_SQL = """
+SELECT e.id, e.account_id, a.kind, e.asset, e.amount, e.hold_id
+FROM journal_entry e
+JOIN account a ON a.id = e.account_id
+WHERE e.transaction_id = :t
+ORDER BY e.id
+"""
 
 
 def _require_key(key: object) -> None:

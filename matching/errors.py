@@ -29,6 +29,7 @@ meaning; new ones are appended.
 | sequence_gap | 500 | a command's sequence number is not the next one; the journal is broken |
 | illegal_transition | 500 | an order state change not in the declared table was attempted (a bug) |
 | market_not_found | 404 | no market with that symbol is configured |
+| market_assets_must_be_different | 422 | a market's base and quote asset are the same |
 """
 from __future__ import annotations
 
@@ -58,6 +59,7 @@ class ErrorCode(str, enum.Enum):
     sequence_gap = "sequence_gap"
     illegal_transition = "illegal_transition"
     market_not_found = "market_not_found"
+    market_assets_must_be_different = "market_assets_must_be_different"
 
     @property
     def http_status(self) -> int:
@@ -89,6 +91,7 @@ _TABLE: dict[ErrorCode, tuple[int, str]] = {
     ErrorCode.sequence_gap: (500, "a command's sequence number is not the next one"),
     ErrorCode.illegal_transition: (500, "an undeclared order state change was attempted"),
     ErrorCode.market_not_found: (404, "no market with that symbol is configured"),
+    ErrorCode.market_assets_must_be_different: (422, "a market's base and quote asset are the same"),
 }
 
 

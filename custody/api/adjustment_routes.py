@@ -21,6 +21,7 @@ from custody.adjustments import AdjustmentView
 from custody.api.bodies import CommentIn
 from custody.api.params import Id, IdPath
 from custody.api.deps import Auditor, ContainerDep, OperatorOnly
+from custody.api.errors import responses
 from custody.api.ledger_schemas import Money
 from custody.container import Container
 from custody.money_rules import caller_key
@@ -77,7 +78,8 @@ def _out(c: Container, a: AdjustmentView) -> AdjustmentOut:
                          created_at=a.created_at)
 
 
-@router.post("/adjustments", response_model=AdjustmentOut, status_code=201)
+@router.post("/adjustments", response_model=AdjustmentOut, status_code=201,
+    responses=responses("account_not_found", "transaction_not_found", "invalid_amount", "excess_precision", "accounts_must_be_different", "asset_mismatch", "idempotency_conflict", "conflict"))
 def propose(body: AdjustmentIn, c: ContainerDep, who: OperatorOnly, response: Response) -> AdjustmentOut:
     legs = []
     for t in body.transfers:
@@ -90,12 +92,14 @@ def propose(body: AdjustmentIn, c: ContainerDep, who: OperatorOnly, response: Re
     return _out(c, view)
 
 
-@router.post("/adjustments/{adjustment_id}/approve", response_model=AdjustmentOut)
+@router.post("/adjustments/{adjustment_id}/approve", response_model=AdjustmentOut,
+    responses=responses("adjustment_not_found", "invalid_state", "proposer_cannot_approve", "already_acted", "insufficient_funds", "limit_exceeded", "account_closed", "account_not_found", "accounts_must_be_different", "asset_mismatch", "idempotency_conflict", "conflict"))
 def approve(adjustment_id: IdPath, body: CommentIn, c: ContainerDep, who: OperatorOnly) -> AdjustmentOut:
     return _out(c, c.adjustments.approve(adjustment_id, by=f"api:{who.name}", comment=body.comment))
 
 
-@router.post("/adjustments/{adjustment_id}/reject", response_model=AdjustmentOut)
+@router.post("/adjustments/{adjustment_id}/reject", response_model=AdjustmentOut,
+    responses=responses("adjustment_not_found", "invalid_state", "already_acted"))
 def reject(adjustment_id: IdPath, body: CommentIn, c: ContainerDep, who: OperatorOnly) -> AdjustmentOut:
     return _out(c, c.adjustments.reject(adjustment_id, by=f"api:{who.name}", comment=body.comment))
 
@@ -106,6 +110,7 @@ def list_adjustments(c: ContainerDep, _: Auditor,
     return [_out(c, a) for a in c.adjustments.list(state=state)]
 
 
-@router.get("/adjustments/{adjustment_id}", response_model=AdjustmentOut)
+@router.get("/adjustments/{adjustment_id}", response_model=AdjustmentOut,
+    responses=responses("adjustment_not_found"))
 def get_adjustment(adjustment_id: IdPath, c: ContainerDep, _: Auditor) -> AdjustmentOut:
     return _out(c, c.adjustments.get(adjustment_id))

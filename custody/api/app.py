@@ -25,10 +25,13 @@ def create_app(container: Container) -> FastAPI:
     app = FastAPI(
         title="Custody service",
         version="0.1.0",
-        description="Internal API: ledger, orders, deposits, withdrawals and treasury. Amounts are decimal strings.",
+        description="Internal API: ledger, orders, deposits, withdrawals and treasury. Amounts are decimal strings "
+                    "in requests and {value, minor} in answers. Text PostgreSQL cannot store (a NUL character, a "
+                    "lone surrogate) in any string or object key of a request is refused with invalid_request (422).",
     )
     app.state.container = container
     errors.install(app)
+    errors.document(app)
     app.add_middleware(RefuseUnstorableText)  # before routing, authentication and any database work
     app.include_router(ledger_routes.router)
     app.include_router(deposit_routes.router)

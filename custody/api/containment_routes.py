@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from custody.api.bodies import CommentIn
 from custody.api.deps import Auditor, ContainerDep, OperatorOnly
 from custody.api.params import IdPath
-from custody.api.errors import ApiError
+from custody.api.errors import ApiError, responses
 from custody.containment import Retried, set_aside_rows
 
 router = APIRouter(prefix="/v1", tags=["containment"])
@@ -64,19 +64,22 @@ def list_set_aside(c: ContainerDep, _: Auditor) -> list[SetAsideOut]:
                         times_set_aside=r.times) for r in set_aside_rows(c.engine)]
 
 
-@router.post("/withdrawal-batches/{batch_id}/retry", response_model=RetriedOut)
+@router.post("/withdrawal-batches/{batch_id}/retry", response_model=RetriedOut,
+    responses=responses("retry_unknown", "retry_not_set_aside", "chains_not_configured"))
 def retry_batch(batch_id: IdPath, body: CommentIn, c: ContainerDep, who: OperatorOnly) -> RetriedOut:
     """Operator decision: the cause of a set-aside withdrawal batch is fixed; work on it again."""
     return _out(_require(c.payouts, "withdrawal batches").retry_batch(batch_id, by=f"api:{who.name}", comment=body.comment))
 
 
-@router.post("/sweeps/{sweep_id}/retry", response_model=RetriedOut)
+@router.post("/sweeps/{sweep_id}/retry", response_model=RetriedOut,
+    responses=responses("retry_unknown", "retry_not_set_aside", "chains_not_configured"))
 def retry_sweep(sweep_id: IdPath, body: CommentIn, c: ContainerDep, who: OperatorOnly) -> RetriedOut:
     """Operator decision: the cause of a set-aside sweep is fixed; work on it again."""
     return _out(_require(c.sweeps, "sweeps").retry(sweep_id, by=f"api:{who.name}", comment=body.comment))
 
 
-@router.post("/rebalances/{rebalance_id}/retry", response_model=RetriedOut)
+@router.post("/rebalances/{rebalance_id}/retry", response_model=RetriedOut,
+    responses=responses("retry_unknown", "retry_not_set_aside", "chains_not_configured"))
 def retry_rebalance(rebalance_id: IdPath, body: CommentIn, c: ContainerDep, who: OperatorOnly) -> RetriedOut:
     """Operator decision: the cause of a set-aside rebalance is fixed; work on it again."""
     return _out(_require(c.rebalances, "rebalances").retry(rebalance_id, by=f"api:{who.name}", comment=body.comment))

@@ -2,14 +2,16 @@
 release action, incidents and the kill switch."""
 from __future__ import annotations
 
-from typing import Literal
+import datetime as dt
+from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from custody.api.bodies import CommentIn
 from custody.api.deps import Auditor, Backend, ContainerDep, Operator, OperatorOnly, Reader
-from custody.api.errors import ApiError
+from custody.api.errors import ApiError, responses
+from custody.api.ledger_schemas import Money
 from custody.api.params import Id, IdPath, IdQuery
 from custody.auth import Role
 from custody.controls import kill_switch, set_kill_switch
@@ -49,6 +51,103 @@ class DepositOut(BaseModel):
     block_height: int
     account_id: int
     journal_transaction_id: int | None
+    amounts: dict[str, Money] = Field(description="`amount` as {value, minor}")
+
+
+class DepositReturnOut(BaseModel):
+    deposit_id: int
+    withdrawal_id: int
+    state: str
+    decision_reasons: list[str]
+
+
+class IncidentOut(BaseModel):
+    id: int
+    kind: str
+    severity: str
+    detail: dict[str, Any]
+    opened_at: dt.datetime
+    resolved_at: dt.datetime | None
+    resolved_by: str | None
+    resolution: dict[str, Any] | None = Field(description="the operator's comment and what the resolution did")
+
+
+class ReconciliationLineOut(BaseModel):
+    """One location of one asset: what the chain holds against what the books say. The bare integers
+    are minor units (kept for existing clients); `amounts` gives each as {value, minor}."""
+
+    chain: str
+    asset: str
+    tier: str
+    on_chain: int
+    books: int
+    in_transit: int
+    booked_off_chain: int
+    observed_late: int
+    observation_mark: int
+    node: int | None = Field(None, description="bitcoin: the node's own figure for the tier (its watch-only wallet, read "
+                                               "at the same block), beside `on_chain` (custody's wallet index); null when "
+                                               "the node's view could not be read at that block")
+    difference: int
+    amounts: dict[str, Money] = Field(description="on_chain, books, in_transit, booked_off_chain, observed_late, "
+                                                  "difference as {value, minor}")
+
+
+class KillSwitchOut(BaseModel):
+    engaged: bool
+    reason: str
+    changed_by: str
+
+
+class ReserveAddressOut(BaseModel):
+    address: str
+    amount: str = Field(description="minor units (satoshi), as signed in `message`")
+    message: str
+    public_key: str
+    signature: str
+    amounts: dict[str, Money]
+
+
+class ReserveLiabilitiesOut(BaseModel):
+    root_hash: str
+    total: str = Field(description="minor units")
+    accounts: int
+    amounts: dict[str, Money]
+
+
+class ReserveHoldingsOut(BaseModel):
+    total: str = Field(description="minor units")
+    addresses: list[ReserveAddressOut]
+    amounts: dict[str, Money]
+
+
+class ReserveReportOut(BaseModel):
+    report_id: int
+    asset: str
+    height: int
+    block_hash: str
+    liabilities: ReserveLiabilitiesOut
+    holdings: ReserveHoldingsOut
+    disclaimer: str
+
+
+class ProofNodeOut(BaseModel):
+    hash: str
+    sum: str
+
+
+class ProofStepOut(ProofNodeOut):
+    left: bool
+
+
+class ReserveProofOut(BaseModel):
+    report_id: int
+    account_id: int
+    balance: str = Field(description="minor units, as committed in the tree")
+    salt: str
+    root: ProofNodeOut
+    steps: list[ProofStepOut]
+    amounts: dict[str, Money] = Field(description="`balance` as {value, minor}")
 
 
 class ReturnIn(CommentIn):
@@ -77,10 +176,21 @@ def _out(c, row: dict) -> DepositOut:
     return DepositOut(id=row["id"], chain=row["chain"], asset=row["asset"], txid=row["txid"], index=row["output_index"],
                       address=row["address"], amount=format_amount(int(row["amount"]), decimals), amount_minor=str(row["amount"]),
                       state=row["state"], confirmations=row["confirmations"], block_height=row["block_height"],
-                      account_id=row["account_id"], journal_transaction_id=row["journal_transaction_id"])
+                      account_id=row["account_id"], journal_transaction_id=row["journal_transaction_id"],
+                      amounts={"amount": Money.of(int(row["amount"]), decimals)})
 
 
-@router.post("/deposit-addresses", response_model=AddressOut, status_code=201)
+def _money(c, asset: str, figures: dict[str, Any]) -> dict[str, Money]:
+    decimals = c.ledger.get_asset(asset).decimals
+    return {name: Money.of(int(v), decimals) for name, v in figures.items()}
+
+
+NO_CHAINS = ("chains_not_configured",)
+
+
+@router.post("/deposit-addresses", response_model=AddressOut, status_code=201,
+             responses=responses("account_not_found", "kind_not_permitted", "asset_not_withdrawable", "invalid_request",
+                                 "idempotency_conflict", "conflict", *NO_CHAINS))
 def issue_address(body: AddressIn, c: ContainerDep, who: Backend, response: Response) -> AddressOut:
     """The next deposit address for a customer account; the same key (in the caller's namespace,
     like every idempotency key sent over the API) returns the same address."""
@@ -90,13 +200,14 @@ def issue_address(body: AddressIn, c: ContainerDep, who: Backend, response: Resp
     return AddressOut(id=a.id, chain=a.chain, address=a.address, derivation_index=a.derivation_index, account_id=a.account_id)
 
 
-@router.get("/accounts/{account_id}/deposits", response_model=list[DepositOut])
+@router.get("/accounts/{account_id}/deposits", response_model=list[DepositOut],
+            responses=responses("account_not_found", *NO_CHAINS))
 def account_deposits(account_id: IdPath, c: ContainerDep, _: Reader, limit: int = Query(200, ge=1, le=1000)) -> list[DepositOut]:
     c.ledger.get_account(account_id)
     return [_out(c, r) for r in _deposits(c).list(account_id=account_id, limit=limit)]
 
 
-@router.get("/deposits", response_model=list[DepositOut])
+@router.get("/deposits", response_model=list[DepositOut], responses=responses(*NO_CHAINS))
 def deposits_by_state(
     c: ContainerDep, _: Auditor,
     state: Literal["seen", "confirming", "final", "credited", "orphaned", "quarantined", "released", "dust"] = "quarantined",
@@ -105,15 +216,19 @@ def deposits_by_state(
     return [_out(c, r) for r in _deposits(c).list(state=state, limit=limit)]
 
 
-@router.post("/deposits/{deposit_id}/release", response_model=DepositOut)
+@router.post("/deposits/{deposit_id}/release", response_model=DepositOut,
+             responses=responses("deposit_not_found", "invalid_state", "deposit_reorged_out", *NO_CHAINS))
 def release(deposit_id: IdPath, body: CommentIn, c: ContainerDep, who: OperatorOnly) -> DepositOut:
     """Operator decision: credit a quarantined deposit to its customer (recorded in the audit log)."""
     _deposits(c).release_quarantined(deposit_id, operator=f"api:{who.name}", comment=body.comment)
     return _out(c, next(r for r in c.deposits.list(state="released", limit=1000) if r["id"] == deposit_id))
 
 
-@router.post("/deposits/{deposit_id}/return")
-def return_deposit(deposit_id: IdPath, body: ReturnIn, c: ContainerDep, who: OperatorOnly) -> dict:
+@router.post("/deposits/{deposit_id}/return", response_model=DepositReturnOut,
+             responses=responses("deposit_not_found", "invalid_state", "deposit_reorged_out", "invalid_destination",
+                                 "destination_internal", "withdrawals_halted", "withdrawal_rejected", "account_frozen",
+                                 "insufficient_funds", "node_unavailable", "wrong_network", *NO_CHAINS))
+def return_deposit(deposit_id: IdPath, body: ReturnIn, c: ContainerDep, who: OperatorOnly) -> DepositReturnOut:
     """Operator request: send a quarantined deposit back (a withdrawal from the quarantine account,
     subject to policy; it always waits for operators other than this one, and a destination other
     than the original sender is flagged in `decision_reasons`). Answers the withdrawal id."""
@@ -122,71 +237,95 @@ def return_deposit(deposit_id: IdPath, body: ReturnIn, c: ContainerDep, who: Ope
     wid = _deposits(c).return_quarantined(deposit_id, operator=f"api:{who.name}", comment=body.comment,
                                           withdrawals=c.withdrawals, destination=body.destination)
     w = c.withdrawals.get(wid)
-    return {"deposit_id": deposit_id, "withdrawal_id": wid, "state": w.state, "decision_reasons": list(w.decision_reasons)}
+    return DepositReturnOut(deposit_id=deposit_id, withdrawal_id=wid, state=w.state, decision_reasons=list(w.decision_reasons))
 
 
-@router.get("/incidents")
-def incidents(c: ContainerDep, _: Auditor, open_only: bool = True) -> list[dict]:
+@router.get("/incidents", response_model=list[IncidentOut])
+def incidents(c: ContainerDep, _: Auditor, open_only: bool = True) -> list[IncidentOut]:
     from sqlalchemy import text
 
     with c.engine.connect() as conn:
         rows = conn.execute(text("SELECT id, kind, severity, detail, opened_at, resolved_at, resolved_by, resolution "
                                  "FROM incident "
                                  "WHERE NOT :o OR resolved_at IS NULL ORDER BY id DESC LIMIT 500"), {"o": open_only}).all()
-    return [dict(r._mapping) for r in rows]
+    return [IncidentOut(**r._mapping) for r in rows]
 
 
-@router.post("/incidents/{incident_id}/resolve")
-def resolve_incident(incident_id: IdPath, body: ResolveIn, c: ContainerDep, who: OperatorOnly) -> dict:
+@router.post("/incidents/{incident_id}/resolve", response_model=IncidentOut,
+             responses=responses("incident_not_found", "incident_decision_invalid", "incident_remainder_held",
+                                 "invalid_state", "hold_not_found", "hold_already_resolved", "order_not_found",
+                                 "order_not_open", "market_not_found"))
+def resolve_incident(incident_id: IdPath, body: ResolveIn, c: ContainerDep, who: OperatorOnly) -> IncidentOut:
     """Operator decision: close an incident with a comment (audited); one that froze a reorged-out
     credit needs `decision` release or capture. The kill switch stays as it is."""
     trading = attach(c)
     i = Incidents(c.engine, c.ledger).resolve(incident_id, operator=f"api:{who.name}", comment=body.comment,
                                               decision=body.decision,
                                               cancel_order=lambda symbol, owner, order_id: trading.cancel(symbol, owner, order_id))
-    return {"id": i.id, "kind": i.kind, "severity": i.severity, "detail": i.detail, "opened_at": i.opened_at,
-            "resolved_at": i.resolved_at, "resolved_by": i.resolved_by, "resolution": i.resolution}
+    return IncidentOut(id=i.id, kind=i.kind, severity=i.severity, detail=i.detail, opened_at=i.opened_at,
+                       resolved_at=i.resolved_at, resolved_by=i.resolved_by, resolution=i.resolution)
 
 
-@router.post("/reconciliation")
-def reconcile(c: ContainerDep, _: Operator) -> list[dict]:
+@router.post("/reconciliation", response_model=list[ReconciliationLineOut],
+             responses=responses("node_unavailable", "wrong_network", *NO_CHAINS))
+def reconcile(c: ContainerDep, _: Operator) -> list[ReconciliationLineOut]:
     """Run a reconciliation pass now (every bitcoin and ethereum location, per asset) and answer its
     lines; a difference also opens an incident and engages the kill switch, so it is an operator's
     action (auditors read the incidents)."""
     if c.reconciliation is None:
         raise ApiError(503, "chains_not_configured", "no chain adapters are configured on this service")
+    out = []
     # prepare=False: recording coins and walking blocks are the worker's (custody_api may not write
     # them, migration 0022); in the deployed api the hook is absent anyway (custody.roots.common)
-    return [{**line.__dict__, "difference": line.difference} for line in c.reconciliation.run(prepare=False)]
+    for line in c.reconciliation.run(prepare=False):
+        figures = {k: getattr(line, k) for k in ("on_chain", "books", "in_transit", "booked_off_chain", "observed_late")}
+        out.append(ReconciliationLineOut(**line.__dict__, difference=line.difference,
+                                         amounts=_money(c, line.asset, {**figures, "difference": line.difference})))
+    return out
 
 
-@router.post("/reserves/reports", status_code=201)
-def publish_reserves(c: ContainerDep, _: Operator) -> dict:
+def _report_out(c, report: dict) -> ReserveReportOut:
+    asset = report["asset"]
+    liabilities, holdings = report["liabilities"], report["holdings"]
+    return ReserveReportOut(**{
+        **report,
+        "liabilities": {**liabilities, "amounts": _money(c, asset, {"total": liabilities["total"]})},
+        "holdings": {**holdings, "amounts": _money(c, asset, {"total": holdings["total"]}),
+                     "addresses": [{**a, "amounts": _money(c, asset, {"amount": a["amount"]})} for a in holdings["addresses"]]},
+    })
+
+
+@router.post("/reserves/reports", status_code=201, response_model=ReserveReportOut,
+             responses=responses("no_customer_accounts", "reserves_index_behind", "signer_refused", "node_unavailable", "wrong_network",
+                                 *NO_CHAINS))
+def publish_reserves(c: ContainerDep, _: Operator) -> ReserveReportOut:
     """Publish a proof-of-reserves report for BTC at the current tip (not a proof of solvency)."""
     if c.reserves is None:
         raise ApiError(503, "chains_not_configured", "no bitcoin adapter and signer are configured on this service")
-    return c.reserves.publish("BTC")
+    return _report_out(c, c.reserves.publish("BTC"))
 
 
-@router.get("/reserves/reports/{report_id}/proof")
-def reserves_proof(report_id: IdPath, account_id: IdQuery, c: ContainerDep, _: Reader) -> dict:
+@router.get("/reserves/reports/{report_id}/proof", response_model=ReserveProofOut,
+            responses=responses("not_found", *NO_CHAINS))
+def reserves_proof(report_id: IdPath, account_id: IdQuery, c: ContainerDep, _: Reader) -> ReserveProofOut:
     """A customer's inclusion proof in a report (the backend hands it to that customer only)."""
     if c.reserves is None:
         raise ApiError(503, "chains_not_configured", "no bitcoin adapter and signer are configured on this service")
     try:
-        return c.reserves.proof(report_id, account_id)
+        proof = c.reserves.proof(report_id, account_id)
     except LookupError as exc:
         raise ApiError(404, "not_found", str(exc)) from None
+    return ReserveProofOut(**proof, amounts=_money(c, "BTC", {"balance": proof["balance"]}))
 
 
-@router.get("/kill-switch")
-def get_kill_switch(c: ContainerDep, _: Reader) -> dict:
+@router.get("/kill-switch", response_model=KillSwitchOut)
+def get_kill_switch(c: ContainerDep, _: Reader) -> KillSwitchOut:
     ks = kill_switch(c.engine)
-    return {"engaged": ks.engaged, "reason": ks.reason, "changed_by": ks.changed_by}
+    return KillSwitchOut(engaged=ks.engaged, reason=ks.reason, changed_by=ks.changed_by)
 
 
-@router.post("/kill-switch")
-def change_kill_switch(body: KillSwitchIn, c: ContainerDep, who: Operator) -> dict:
+@router.post("/kill-switch", response_model=KillSwitchOut)
+def change_kill_switch(body: KillSwitchIn, c: ContainerDep, who: Operator) -> KillSwitchOut:
     """Operators may engage the kill switch; only an admin may release it."""
     if not body.engaged and who.role is not Role.admin:
         raise ApiError(403, "forbidden", "only an admin may release the kill switch")

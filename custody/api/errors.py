@@ -19,20 +19,42 @@ API adds its own codes, listed here in the order a request meets them:
 
 Database refusals mapped to 4xx (classes 22 and 23) are logged at error level with the request's
 method, path and SQLSTATE, so a service bug that surfaces as one is still seen.
+
+**The contract (OpenAPI).** Every route documents every status it can answer, each with the shared
+error schema whose `code` is an enum of exactly the codes that status can carry on that route, so a
+client (and `tests/integration/test_api_fuzz.py`, schemathesis with all its checks) can tell an
+undocumented code from a documented one. A route declares its own codes once, by name:
+
+    @router.get("/things/{id}", response_model=ThingOut, responses=errors.responses("thing_not_found"))
+
+`responses()` groups the codes by the HTTP status their table gives them (ledger, custody, matching,
+or this module's table). `document(app)` then adds what every route shares, when the served
+document is built: `invalid_request` (422: any request can carry text PostgreSQL cannot store),
+`internal_error` (500), `temporarily_unavailable` (503, with `Retry-After`), and, on a route that
+takes an API key (a `custody.api.deps` role dependency), `unauthorized` (401), `forbidden` (403)
+and the `ApiKey` security requirement. A 405 carries `Allow` (the methods the path has).
 """
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Iterable
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from chain_adapters.errors import NodeBusy, NodeUnavailable, WrongNetwork
-from custody.errors import CustodyError
+from custody.errors import CustodyError, CustodyErrorCode
+from ledger.errors import ErrorCode as LedgerCode
 from ledger.errors import LedgerError
+from matching.errors import ErrorCode as MatchingCode
 from matching.errors import MatchingError
 
 log = logging.getLogger(__name__)
@@ -67,6 +89,118 @@ def refused_input(exc: DBAPIError) -> tuple[int, str] | None:
     if isinstance(exc, DataError):
         return 422, "invalid_request"
     return None
+
+
+# The API's own codes, read from the table above (one place), then every context's codes.
+API_CODES: dict[str, int] = {code: int(status) for code, status in re.findall(r"^\| (\w+) \| (\d{3}) \|", __doc__, re.M)}
+CODE_STATUS: dict[str, int] = {
+    **{c.value: c.http_status for c in MatchingCode},
+    **{c.value: c.http_status for c in LedgerCode},
+    **{c.value: c.http_status for c in CustodyErrorCode},
+    **API_CODES,
+}
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(description="a stable code: the README's error tables say what each means")
+    message: str = Field(description="for people; never parse it")
+    detail: dict[str, Any] | None = Field(default=None, description="values the code refers to (integers as strings)")
+
+
+class ErrorOut(BaseModel):
+    """Every 4xx and 5xx answer."""
+
+    error: ErrorDetail
+
+
+_REASONS = {401: "no API key, or an unknown or revoked one", 403: "the key's role (or the money rules) refuse this",
+            404: "not found", 405: "method not allowed", 409: "conflict with the current state",
+            422: "the request is malformed or refused by a rule", 500: "a bug; see the service log",
+            503: "not available now; see the code"}
+
+
+def _error_schema(codes: Iterable[str]) -> dict:
+    return {"type": "object", "required": ["error"], "additionalProperties": False, "properties": {"error": {
+        "type": "object", "required": ["code", "message"], "additionalProperties": False, "properties": {
+            "code": {"type": "string", "enum": sorted(set(codes))},
+            "message": {"type": "string"},
+            "detail": {"anyOf": [{"type": "object"}, {"type": "null"}]}}}}}
+
+
+def _error_response(status: int, codes: Iterable[str]) -> dict:
+    codes = sorted(set(codes))
+    response: dict = {"description": f"{_REASONS.get(status, 'error')}: " + ", ".join(f"`{c}`" for c in codes),
+                      "content": {"application/json": {"schema": _error_schema(codes)}}}
+    if status == 503 and {"temporarily_unavailable", "node_unavailable"} & set(codes):
+        response["headers"] = {"Retry-After": {"description": "seconds to wait before sending the same request again "
+                                                              "(temporarily_unavailable, node_unavailable)",
+                                               "schema": {"type": "string"}}}
+    return response
+
+
+def responses(*codes: str) -> dict[int | str, dict[str, Any]]:
+    """The `responses=` of a route that can answer `codes` (besides what every route answers, see
+    `document`). Each code is grouped under the status its table gives it; an unknown code is a bug."""
+    by_status: dict[int, list[str]] = {}
+    for code in codes:
+        value = getattr(code, "value", code)
+        if value not in CODE_STATUS:
+            raise KeyError(f"error code {value!r} is in no table (ledger, custody, matching, custody.api.errors)")
+        by_status.setdefault(CODE_STATUS[value], []).append(value)
+    return {status: {"x-error-codes": sorted(set(found))} for status, found in by_status.items()}
+
+
+_SHARED = {422: ["invalid_request"], 500: ["internal_error"], 503: ["temporarily_unavailable"]}
+_AUTHENTICATED = {401: ["unauthorized"], 403: ["forbidden"]}
+SECURITY_SCHEME = "ApiKey"
+
+
+def document(app: FastAPI) -> None:
+    """Serve an OpenAPI document that states every status and code a route can answer (see the
+    module docstring). Built once, on the first request for it."""
+
+    def openapi() -> dict:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes,
+                          tags=app.openapi_tags, servers=app.servers)
+        for path in doc.get("paths", {}).values():
+            for operation in path.values():
+                _complete(operation)
+        schemas = doc.get("components", {}).get("schemas", {})
+        for unused in ("HTTPValidationError", "ValidationError"):
+            schemas.pop(unused, None)
+        app.openapi_schema = doc
+        return doc
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _complete(operation: dict) -> None:
+    answers = operation.setdefault("responses", {})
+    wanted: dict[int, set[str]] = {}
+    for status, response in list(answers.items()):
+        codes = response.pop("x-error-codes", None)
+        if codes is not None:
+            wanted.setdefault(int(status), set()).update(codes)
+            del answers[status]
+        elif int(status) >= 400:  # FastAPI's own 422 (`{"detail": [...]}`) is not what the API sends
+            del answers[status]
+    shared = dict(_SHARED)
+    if any(SECURITY_SCHEME in requirement for requirement in operation.get("security", [])):
+        shared.update(_AUTHENTICATED)
+    for status, codes in shared.items():
+        wanted.setdefault(status, set()).update(codes)
+    for status in sorted(wanted):
+        answers[str(status)] = _error_response(status, wanted[status])
+
+
+def _allowed(request: Request) -> str:
+    """Every method the request's path has: FastAPI keeps one route per method, and the first one
+    whose path matches would name only its own."""
+    methods = [m for m in ("GET", "POST", "PUT", "PATCH", "DELETE")
+               if any(route.matches({**request.scope, "method": m})[0] is Match.FULL for route in request.app.router.routes)]
+    return ", ".join(methods)
 
 
 class ApiError(Exception):
@@ -126,13 +260,16 @@ def install(app: FastAPI) -> None:
         return JSONResponse(body("invalid_request", "; ".join(parts) or "invalid request"), status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 400:  # FastAPI could not parse the body (e.g. not UTF-8): one code, one status
             return JSONResponse(body("invalid_request", str(exc.detail)), status_code=422)
         code = {401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed"}.get(
             exc.status_code, "http_error"
         )
-        return JSONResponse(body(code, str(exc.detail)), status_code=exc.status_code)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = _allowed(request)
+        return JSONResponse(body(code, str(exc.detail)), status_code=exc.status_code, headers=headers or None)
 
     @app.exception_handler(DBAPIError)
     async def database_error(request: Request, exc: DBAPIError) -> JSONResponse:

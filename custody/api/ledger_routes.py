@@ -7,7 +7,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Query, Response
 
 from custody.api.deps import Admin, Auditor, Backend, ContainerDep, Reader
+from custody.api.errors import responses
 from custody.ledger_access import CallerLedger
+from custody.money_rules import may_read_transaction
+from ledger.errors import ErrorCode, LedgerError
 from custody.api.ledger_schemas import (
     AccountIn,
     AccountOut,
@@ -17,7 +20,9 @@ from custody.api.ledger_schemas import (
     CaptureIn,
     CheckOut,
     HoldIn,
+    EntryOut,
     HoldOut,
+    JournalTransactionOut,
     Money,
     ReverseIn,
     StatementLineOut,
@@ -32,6 +37,13 @@ from ledger.model import Account, AccountKind, Hold, Transfer
 from ledger.service import Ledger
 
 router = APIRouter(prefix="/v1", tags=["ledger"])
+
+# What any command that moves money can answer, besides its own resource's codes: amounts, the
+# money rules (custody.money_rules), the ledger's balance and key checks, a racing duplicate.
+MOVES = ("invalid_amount", "excess_precision", "accounts_must_be_different", "asset_mismatch", "idempotency_conflict",
+         "insufficient_funds", "limit_exceeded", "account_closed", "account_not_found", "kind_not_permitted",
+         "account_frozen", "conflict")
+HOLD_STATE = ("hold_not_found", "hold_already_resolved", "hold_expired", "hold_owner_mismatch")
 
 
 def _decimals(ledger: Ledger, account_id: int) -> int:
@@ -51,7 +63,7 @@ def _hold_out(ledger: Ledger, h: Hold) -> HoldOut:
     )
 
 
-@router.post("/assets", response_model=AssetOut, status_code=201)
+@router.post("/assets", response_model=AssetOut, status_code=201, responses=responses("asset_exists_with_different_decimals", "conflict"))
 def create_asset(body: AssetIn, c: ContainerDep, _: Admin) -> AssetOut:
     """Create an asset and open its firm accounts (fees, equity, suspense, ...) under reserved names."""
     asset = c.ledger.create_asset(body.code, body.decimals)
@@ -64,7 +76,7 @@ def list_assets(c: ContainerDep, _: Reader) -> list[AssetOut]:
     return [AssetOut(code=a.code, decimals=a.decimals) for a in c.ledger.list_assets()]
 
 
-@router.post("/accounts", response_model=AccountOut, status_code=201)
+@router.post("/accounts", response_model=AccountOut, status_code=201, responses=responses("asset_not_found", "account_name_reserved", "kind_not_permitted", "conflict"))
 def open_account(body: AccountIn, c: ContainerDep, who: Backend) -> AccountOut:
     """Open a customer account named `customer:<owner>:...` (idempotent by name). Firm accounts are
     the service's own (`GET /v1/firm-accounts`)."""
@@ -78,18 +90,18 @@ def firm_accounts(c: ContainerDep, _: Reader, asset: str | None = Query(default=
     return [_account_out(a) for a in c.ledger.list_accounts(asset=asset, kinds=kinds)]
 
 
-@router.get("/accounts/{account_id}", response_model=AccountOut)
+@router.get("/accounts/{account_id}", response_model=AccountOut, responses=responses("account_not_found"))
 def get_account(account_id: IdPath, c: ContainerDep, _: Reader) -> AccountOut:
     return _account_out(c.ledger.get_account(account_id))
 
 
-@router.post("/accounts/{account_id}/close", response_model=AccountOut)
+@router.post("/accounts/{account_id}/close", response_model=AccountOut, responses=responses("account_not_found", "account_not_empty", "account_has_open_holds", "kind_not_permitted"))
 def close_account(account_id: IdPath, c: ContainerDep, who: Admin) -> AccountOut:
     """Close an empty customer account; firm accounts are never closed over the API."""
     return _account_out(CallerLedger(c.ledger, who).close_account(account_id))
 
 
-@router.get("/accounts/{account_id}/balance", response_model=BalanceOut)
+@router.get("/accounts/{account_id}/balance", response_model=BalanceOut, responses=responses("account_not_found"))
 def balance(account_id: IdPath, c: ContainerDep, _: Reader) -> BalanceOut:
     b = c.ledger.balance(account_id)
     d = c.ledger.get_asset(b.asset).decimals
@@ -99,7 +111,7 @@ def balance(account_id: IdPath, c: ContainerDep, _: Reader) -> BalanceOut:
     )
 
 
-@router.get("/accounts/{account_id}/statement", response_model=StatementOut)
+@router.get("/accounts/{account_id}/statement", response_model=StatementOut, responses=responses("account_not_found"))
 def statement(
     account_id: IdPath, c: ContainerDep, _: Reader,
     after: int | None = Query(default=None, ge=0, le=MAX_ID), limit: int = Query(default=100, ge=1, le=1000),
@@ -119,7 +131,7 @@ def statement(
     )
 
 
-@router.post("/transactions", response_model=TransactionOut, status_code=201)
+@router.post("/transactions", response_model=TransactionOut, status_code=201, responses=responses(*MOVES))
 def post_transaction(body: TransactionIn, c: ContainerDep, who: Backend, response: Response) -> TransactionOut:
     """Post a linked batch: every transfer commits or none does. A replay of the key answers 200.
     Debits customer accounts only; credits customer or fee-income accounts."""
@@ -135,7 +147,24 @@ def post_transaction(body: TransactionIn, c: ContainerDep, who: Backend, respons
     return TransactionOut(transaction_id=result.transaction_id, created=result.created)
 
 
-@router.post("/transactions/{transaction_id}/reverse", response_model=TransactionOut, status_code=201)
+@router.get("/transactions/{transaction_id}", response_model=JournalTransactionOut,
+            responses=responses("transaction_not_found"))
+def get_transaction(transaction_id: IdPath, c: ContainerDep, who: Reader) -> JournalTransactionOut:
+    """A journal transaction with its entries (legs) and metadata. A backend reads only transactions
+    with a leg on a customer account (custody.money_rules.may_read_transaction); any other answers
+    `transaction_not_found`, as if it did not exist."""
+    t = c.ledger.get_transaction(transaction_id)
+    if not may_read_transaction(who.role, (e.account_kind for e in t.entries)):
+        raise LedgerError(ErrorCode.transaction_not_found, f"no journal transaction {transaction_id}")
+    decimals = {a: c.ledger.get_asset(a).decimals for a in {e.asset for e in t.entries}}
+    return JournalTransactionOut(
+        id=t.id, idempotency_key=t.idempotency_key, kind=t.kind, metadata=t.metadata, reverses_id=t.reverses_id,
+        created_at=t.created_at,
+        entries=[EntryOut(id=e.id, account_id=e.account_id, account_kind=e.account_kind.value, asset=e.asset,
+                          amount=Money.of(e.amount, decimals[e.asset]), hold_id=e.hold_id) for e in t.entries])
+
+
+@router.post("/transactions/{transaction_id}/reverse", response_model=TransactionOut, status_code=201, responses=responses(*MOVES, "transaction_not_found", "transaction_not_reversible", "already_reversed"))
 def reverse(transaction_id: IdPath, body: ReverseIn, c: ContainerDep, who: Admin, response: Response) -> TransactionOut:
     """Reverse a transaction written over the API whose reversal debits customer accounts only; a
     subsystem's transaction is corrected by a treasury adjustment (`transaction_not_reversible`)."""
@@ -145,7 +174,7 @@ def reverse(transaction_id: IdPath, body: ReverseIn, c: ContainerDep, who: Admin
     return TransactionOut(transaction_id=result.transaction_id, created=result.created)
 
 
-@router.post("/holds", response_model=HoldOut, status_code=201)
+@router.post("/holds", response_model=HoldOut, status_code=201, responses=responses(*MOVES))
 def place_hold(body: HoldIn, c: ContainerDep, who: Backend, response: Response) -> HoldOut:
     """Place a hold owned by the calling API key; only that key may capture or release it."""
     amount = parse_amount(body.amount, _decimals(c.ledger, body.account_id))
@@ -156,12 +185,12 @@ def place_hold(body: HoldIn, c: ContainerDep, who: Backend, response: Response) 
     return _hold_out(c.ledger, hold)
 
 
-@router.get("/holds/{hold_id}", response_model=HoldOut)
+@router.get("/holds/{hold_id}", response_model=HoldOut, responses=responses("hold_not_found"))
 def get_hold(hold_id: IdPath, c: ContainerDep, _: Reader) -> HoldOut:
     return _hold_out(c.ledger, c.ledger.get_hold(hold_id))
 
 
-@router.post("/holds/{hold_id}/capture", response_model=TransactionOut, status_code=201)
+@router.post("/holds/{hold_id}/capture", response_model=TransactionOut, status_code=201, responses=responses(*MOVES, *HOLD_STATE, "hold_account_mismatch", "hold_exceeded"))
 def capture(hold_id: IdPath, body: CaptureIn, c: ContainerDep, who: Backend, response: Response) -> TransactionOut:
     hold = c.ledger.get_hold(hold_id)
     d = _decimals(c.ledger, hold.account_id)
@@ -172,7 +201,7 @@ def capture(hold_id: IdPath, body: CaptureIn, c: ContainerDep, who: Backend, res
     return TransactionOut(transaction_id=result.transaction_id, created=result.created)
 
 
-@router.post("/holds/{hold_id}/release", response_model=HoldOut)
+@router.post("/holds/{hold_id}/release", response_model=HoldOut, responses=responses(*HOLD_STATE, "kind_not_permitted", "account_frozen"))
 def release(hold_id: IdPath, c: ContainerDep, who: Backend) -> HoldOut:
     return _hold_out(c.ledger, CallerLedger(c.ledger, who).release(hold_id))
 

@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from custody.api.params import Id
+from ledger.model import AccountKind
 from ledger.amounts import format_amount
 
 Key = Field(min_length=1, max_length=200, description="idempotency key chosen from business ids")
@@ -29,7 +30,7 @@ class AssetOut(BaseModel):
 
 class AccountIn(Strict):
     asset: str
-    kind: str
+    kind: AccountKind
     name: str = Field(min_length=1, max_length=200)
     owner: str | None = Field(default=None, max_length=200)
 
@@ -52,6 +53,9 @@ class TransferIn(Strict):
 
 
 class TransactionIn(Strict):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
+        "idempotency_key": "trade-42-settle", "kind": "transfer", "metadata": {"trade": "42"},
+        "transfers": [{"debit_account_id": 7, "credit_account_id": 8, "amount": "0.25"}]}]})
     idempotency_key: str = Key
     kind: str = Field(default="transfer", min_length=1, max_length=64)
     metadata: dict[str, Any] = Field(default_factory=dict)
@@ -143,3 +147,24 @@ class CheckOut(BaseModel):
 class VerifyOut(BaseModel):
     ok: bool
     checks: list[CheckOut]
+
+
+class EntryOut(BaseModel):
+    """One leg of a journal transaction: `amount` signed as {value, minor} (negative debits the account)."""
+
+    id: int
+    account_id: int
+    account_kind: str
+    asset: str
+    amount: Money
+    hold_id: int | None
+
+
+class JournalTransactionOut(BaseModel):
+    id: int
+    idempotency_key: str
+    kind: str
+    metadata: dict[str, Any]
+    reverses_id: int | None
+    created_at: dt.datetime
+    entries: list[EntryOut]

@@ -8,12 +8,14 @@ string and the integer (`*_lots`, `*_ticks`) the engine uses.
 """
 from __future__ import annotations
 
+import datetime as dt
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from custody.api.deps import Admin, Backend, ContainerDep, Reader
+from custody.api.errors import responses
 from custody.api.params import MAX_ID
 from custody.money_rules import OWNER_PATTERN
 from custody.trading import attach, refuse_frozen_trader
@@ -93,6 +95,104 @@ class AmendIn(Strict):
     qty: str | None = None
     price: str | None = None
     stop_price: str | None = None
+
+
+class FeeTierOut(BaseModel):
+    maker_ppm: int
+    taker_ppm: int
+
+
+class MarketOut(BaseModel):
+    symbol: str
+    base_asset: str
+    quote_asset: str
+    lot_size: int
+    quote_per_tick_lot: int
+    min_notional: int
+    default_stp: str
+    fees: dict[str, FeeTierOut]
+    fee_account_id: int | None
+
+
+class OrderOut(BaseModel):
+    """An order as the engine holds it: decimal strings beside the integer lots and ticks."""
+
+    order_id: str
+    market: str
+    account: str
+    client_order_id: str
+    side: str
+    type: str
+    tif: str | None
+    post_only: bool
+    state: str
+    price: str | None
+    price_ticks: int | None
+    qty: str | None
+    qty_lots: int | None
+    filled: str | None
+    filled_lots: int
+    remaining: str | None
+    remaining_lots: int | None
+    display_qty: str | None
+    stop_price: str | None
+    budget: str | None
+    quote_traded: str
+    fees_paid: str
+    hold_id: int | None
+    reject_code: str | None
+    close_reason: str | None
+    seq: int | None
+    last_seq: int | None
+    created_at: dt.datetime
+    updated_at: dt.datetime
+
+
+class FillOut(BaseModel):
+    id: int
+    seq: int
+    match_no: int
+    maker_order_id: str
+    taker_order_id: str
+    maker_account: str
+    taker_account: str
+    taker_side: str
+    price: str | None
+    price_ticks: int
+    qty: str | None
+    qty_lots: int
+    quote_amount: str
+    maker_fee: str
+    taker_fee: str
+    journal_transaction_id: int | None
+    created_at: dt.datetime
+
+
+class FillsOut(BaseModel):
+    fills: list[FillOut]
+    next_after: int | None
+
+
+class LevelOut(BaseModel):
+    price: str | None
+    price_ticks: int
+    qty: str | None
+    qty_lots: int
+
+
+class DepthOut(BaseModel):
+    market: str
+    seq: int
+    bids: list[LevelOut]
+    asks: list[LevelOut]
+
+
+MARKET = ("market_not_found",)
+PLACE = ("invalid_quantity", "invalid_price", "invalid_budget", "invalid_stop_price", "invalid_display_quantity",
+         "invalid_time_in_force", "unknown_fee_tier", "below_min_notional", "duplicate_order_id", "hold_failed",
+         "account_frozen", "insufficient_funds", "invalid_amount", "excess_precision", "kind_not_permitted",
+         "account_closed", "withdrawals_halted", "conflict")
+ORDER = ("order_not_found", "order_owner_mismatch", "order_not_open")
 
 
 class _Units:
@@ -193,8 +293,11 @@ def _raise(code: str) -> None:
         raise LedgerError(LedgerCode(code)) from None
 
 
-@router.post("/markets", status_code=201)
+@router.post("/markets", status_code=201, response_model=MarketOut,
+             responses=responses("asset_not_found", "market_assets_must_be_different", "conflict"))
 def create_market(body: MarketIn, t: TradingDep, _: Admin) -> dict:
+    if body.base_asset == body.quote_asset:
+        raise MatchingError(ErrorCode.market_assets_must_be_different, "base and quote asset must differ")
     fees = FeeSchedule({name: FeeTier(f.maker_ppm, f.taker_ppm) for name, f in body.fees.items()})
     try:
         market = Market(body.symbol, body.base_asset, body.quote_asset, body.lot_size,
@@ -215,12 +318,13 @@ def _market_out(t: Trading, symbol: str) -> dict:
             "fee_account_id": row.fee_account_id}
 
 
-@router.get("/markets")
+@router.get("/markets", response_model=list[MarketOut])
 def list_markets(t: TradingDep, _: Reader) -> list[dict]:
     return [_market_out(t, r.market.symbol) for r in t.markets()]
 
 
-@router.post("/markets/{symbol}/orders", status_code=201)
+@router.post("/markets/{symbol}/orders", status_code=201, response_model=OrderOut,
+             responses=responses(*MARKET, *PLACE))
 def place_order(symbol: str, body: OrderIn, t: TradingDep, _: Backend, response: Response) -> dict:
     """Place an order. A retry with the same client order id answers 200 with the existing order.
     An order refused for funds, post-only crossing or self-trade prevention is answered 201 in
@@ -239,13 +343,15 @@ def place_order(symbol: str, body: OrderIn, t: TradingDep, _: Backend, response:
     return _answer(t, u, outcome, refuse=False)
 
 
-@router.post("/markets/{symbol}/orders/{order_id}/cancel")
+@router.post("/markets/{symbol}/orders/{order_id}/cancel", response_model=OrderOut,
+             responses=responses(*MARKET, *ORDER))
 def cancel_order(symbol: str, order_id: str, body: CancelIn, t: TradingDep, _: Backend) -> dict:
     u = _Units(t, symbol)
     return _answer(t, u, t.cancel(symbol, body.account, order_id), refuse=True)
 
 
-@router.post("/markets/{symbol}/orders/{order_id}/amend")
+@router.post("/markets/{symbol}/orders/{order_id}/amend", response_model=OrderOut,
+             responses=responses(*MARKET, *ORDER, *PLACE, "order_not_amendable"))
 def amend_order(symbol: str, order_id: str, body: AmendIn, t: TradingDep, _: Backend) -> dict:
     u = _Units(t, symbol)
     refuse_frozen_trader(t, t.db, symbol, body.account)
@@ -254,7 +360,8 @@ def amend_order(symbol: str, order_id: str, body: AmendIn, t: TradingDep, _: Bac
     return _answer(t, u, outcome, refuse=True)
 
 
-@router.get("/markets/{symbol}/orders/{order_id}")
+@router.get("/markets/{symbol}/orders/{order_id}", response_model=OrderOut,
+            responses=responses(*MARKET, "order_not_found"))
 def get_order(symbol: str, order_id: str, t: TradingDep, _: Reader) -> dict:
     u = _Units(t, symbol)
     row = t.order(order_id)
@@ -263,7 +370,8 @@ def get_order(symbol: str, order_id: str, t: TradingDep, _: Reader) -> dict:
     return _order_out(u, row)
 
 
-@router.get("/markets/{symbol}/orders")
+@router.get("/markets/{symbol}/orders", response_model=OrderOut,
+            responses=responses(*MARKET, "order_not_found"))
 def get_order_by_client_id(symbol: str, t: TradingDep, _: Reader, account: str = Query(),
                            client_order_id: str = Query()) -> dict:
     u = _Units(t, symbol)
@@ -273,7 +381,7 @@ def get_order_by_client_id(symbol: str, t: TradingDep, _: Reader, account: str =
     return _order_out(u, row)
 
 
-@router.get("/markets/{symbol}/fills")
+@router.get("/markets/{symbol}/fills", response_model=FillsOut, responses=responses(*MARKET))
 def list_fills(symbol: str, t: TradingDep, _: Reader, order_id: str | None = None,
                account: str | None = None, after: int = Query(default=0, ge=0, le=MAX_ID),
                limit: int = Query(default=100, ge=1, le=1000)) -> dict:
@@ -291,7 +399,7 @@ def list_fills(symbol: str, t: TradingDep, _: Reader, order_id: str | None = Non
         "next_after": rows[-1].id if len(rows) == limit else None}
 
 
-@router.get("/markets/{symbol}/depth")
+@router.get("/markets/{symbol}/depth", response_model=DepthOut, responses=responses(*MARKET))
 def depth(symbol: str, t: TradingDep, _: Reader, levels: int = Query(default=50, ge=1, le=1000)) -> dict:
     u = _Units(t, symbol)
     seq, bids, asks = t.depth(symbol, levels)

@@ -22,8 +22,7 @@ Without chain adapters the service answers `chains_not_configured` (503).
 """
 from __future__ import annotations
 
-import re
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
@@ -31,7 +30,7 @@ from sqlalchemy import text
 
 from custody.api.bodies import CommentIn
 from custody.api.deps import Auditor, ContainerDep, Operator
-from custody.api.errors import ApiError
+from custody.api.errors import ApiError, responses
 from custody.api.params import IdPath
 from custody.container import Container
 from custody.states import IllegalTransition
@@ -62,9 +61,11 @@ class RebalanceOut(BaseModel):
 
 
 class HotFundingIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    chain: str = Field(min_length=1, max_length=40)
-    txid: str = Field(min_length=1, max_length=100)
+    chain: Literal["ethereum"] = Field(description="ethereum only: bitcoin funding of the hot wallet is booked "
+                                                   "automatically by the hot-wallet sync")
+    txid: str = Field(pattern=r"^0x[0-9a-fA-F]{64}$", description="an ethereum transaction hash")
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"chain": "ethereum", "txid": "0x" + "ab" * 32}]})
 
 
 class HotFundingOut(BaseModel):
@@ -76,9 +77,6 @@ class HotFundingOut(BaseModel):
     amount_minor: str
     journal_transaction_id: int
     created: bool  # False: booked before; nothing moved now
-
-
-_ETH_TXID = re.compile(r"0x[0-9a-fA-F]{64}")
 
 
 def _rebalances(c: Container) -> Any:
@@ -115,7 +113,8 @@ def list_rebalances(c: ContainerDep, _: Auditor, state: str | None = Query(defau
     return _list(c, state=state, limit=limit)
 
 
-@router.post("/rebalances/run", response_model=list[RebalanceOut])
+@router.post("/rebalances/run", response_model=list[RebalanceOut],
+    responses=responses("chains_not_configured", "node_unavailable", "wrong_network", "signer_refused", "withdrawals_halted"))
 def run_rebalances(c: ContainerDep, _: Operator) -> list[RebalanceOut]:
     """Decide now (custody.rebalances `decide_bitcoin`: open a rebalance if one is due, nothing
     signed); answers the latest rebalances, a new `open` one first. The worker signs it next run."""
@@ -123,7 +122,8 @@ def run_rebalances(c: ContainerDep, _: Operator) -> list[RebalanceOut]:
     return _list(c, limit=10)
 
 
-@router.post("/rebalances/{rebalance_id}/abandon", response_model=RebalanceOut)
+@router.post("/rebalances/{rebalance_id}/abandon", response_model=RebalanceOut,
+    responses=responses("not_found", "invalid_state", "chains_not_configured"))
 def abandon_rebalance(rebalance_id: IdPath, body: CommentIn, c: ContainerDep, who: Operator) -> RebalanceOut:
     """Operator decision: give up an open rebalance (never signed and stored); its coins are freed."""
     rebalances = _rebalances(c)
@@ -141,16 +141,10 @@ def abandon_rebalance(rebalance_id: IdPath, body: CommentIn, c: ContainerDep, wh
     return row
 
 
-@router.post("/treasury/hot-funding", response_model=list[HotFundingOut])
+@router.post("/treasury/hot-funding", response_model=list[HotFundingOut],
+    responses=responses("chains_not_configured", "node_unavailable", "wrong_network", "funding_not_mined", "funding_reverted", "funding_not_final", "funding_not_to_hot", "funding_own_transaction", "conflict"))
 def book_hot_funding(body: HotFundingIn, c: ContainerDep, who: Operator) -> list[HotFundingOut]:
     """Operator action: book an ethereum hot-wallet funding transaction from the chain's figures."""
-    if body.chain == "bitcoin":
-        raise ApiError(422, "invalid_request", "bitcoin funding of the hot wallet is booked automatically by the "
-                                               "hot-wallet sync; nothing to book by hand")
-    if body.chain != "ethereum":
-        raise ApiError(422, "invalid_request", f"unknown chain {body.chain!r}; hot funding is booked for ethereum")
-    if not _ETH_TXID.fullmatch(body.txid):
-        raise ApiError(422, "invalid_request", "txid: an ethereum transaction hash is 0x and 64 hex digits")
     if c.payouts is None or "ethereum" not in c.adapters:
         raise ApiError(503, "chains_not_configured", "no ethereum adapter is configured on this service")
     items = c.payouts.book_ethereum_funding(body.txid, by=f"api:{who.name}")

@@ -18,7 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from custody.api.bodies import CommentIn
 from custody.api.params import Id, IdPath
 from custody.api.deps import Auditor, Backend, ContainerDep, OperatorOnly, Reader
-from custody.api.errors import ApiError
+from custody.api.errors import ApiError, responses
+from custody.api.ledger_schemas import Money
 from custody.errors import CustodyError, CustodyErrorCode
 from custody.withdrawals import AllowlistChangeView, AllowlistView, ApprovalPayloadView, WithdrawalView
 from signer.approvals import ApprovalSignature, b64url, format_expiry, webauthn_challenge
@@ -87,6 +88,20 @@ class WithdrawalOut(BaseModel):
     reject_reasons: list[str]
     decision_reasons: list[str] = Field(default_factory=list, description="why the decision needs operators (or rejected)")
     batch_id: int | None
+    hold_id: int | None = Field(description="the ledger hold on amount + fee_quoted (`GET /v1/holds/{hold_id}`); "
+                                            "null until it is placed")
+    amounts: dict[str, Money] = Field(description="`amount` and `fee_quoted` as {value, minor}")
+
+
+class DestinationRemovedOut(BaseModel):
+    account_id: int
+    address: str
+    removed: bool
+
+
+class DestinationAllowedOut(BaseModel):
+    account_id: int
+    address: str
 
 
 class ApprovalSignatureIn(BaseModel):
@@ -159,10 +174,18 @@ def _out(c, w: WithdrawalView) -> WithdrawalOut:
     return WithdrawalOut(id=w.id, client_withdrawal_id=w.client_withdrawal_id, account_id=w.account_id, asset=w.asset,
                          amount=format_amount(w.amount, d), fee_quoted=format_amount(w.fee_quoted, d), destination=w.destination,
                          priority=w.priority, state=w.state, reject_reasons=list(w.reject_reasons),
-                         decision_reasons=list(w.decision_reasons), batch_id=w.batch_id)
+                         decision_reasons=list(w.decision_reasons), batch_id=w.batch_id, hold_id=w.hold_id,
+                         amounts={"amount": Money.of(w.amount, d), "fee_quoted": Money.of(w.fee_quoted, d)})
 
 
-@router.post("/withdrawals", response_model=WithdrawalOut, status_code=201)
+NO_CHAINS = ("chains_not_configured",)
+DECIDE = ("withdrawal_not_found", "invalid_state", "already_acted", "decision_expired", "requester_cannot_approve",
+          "withdrawals_halted", *NO_CHAINS)
+ALLOWLIST = ("account_not_found", "kind_not_permitted", *NO_CHAINS)
+
+
+@router.post("/withdrawals", response_model=WithdrawalOut, status_code=201,
+    responses=responses("account_not_found", "invalid_amount", "excess_precision", "withdrawals_halted", "invalid_destination", "destination_zero_address", "destination_burn_address", "destination_precompile", "destination_token_contract", "destination_internal", "destination_contract_not_allowlisted", "destination_would_revert", "asset_not_withdrawable", "withdrawal_rejected", "insufficient_funds", "account_frozen", "account_closed", "kind_not_permitted", "idempotency_conflict", "conflict", "node_unavailable", "wrong_network", *NO_CHAINS))
 def request_withdrawal(body: WithdrawalIn, c: ContainerDep, who: Backend, response: Response) -> WithdrawalOut:
     """Request a withdrawal; the same client_withdrawal_id for the same account answers 200."""
     account = c.ledger.get_account(body.account_id)
@@ -174,19 +197,22 @@ def request_withdrawal(body: WithdrawalIn, c: ContainerDep, who: Backend, respon
     return _out(c, w)
 
 
-@router.get("/withdrawals/{withdrawal_id}", response_model=WithdrawalOut)
+@router.get("/withdrawals/{withdrawal_id}", response_model=WithdrawalOut,
+    responses=responses("withdrawal_not_found", *NO_CHAINS))
 def get_withdrawal(withdrawal_id: IdPath, c: ContainerDep, _: Reader) -> WithdrawalOut:
     return _out(c, _svc(c).get(withdrawal_id))
 
 
-@router.get("/withdrawals", response_model=list[WithdrawalOut])
+@router.get("/withdrawals", response_model=list[WithdrawalOut],
+    responses=responses(*NO_CHAINS))
 def list_withdrawals(c: ContainerDep, _: Auditor, state: str = "pending_approval",
                      limit: int = Query(200, ge=1, le=1000)) -> list[WithdrawalOut]:
     """The approval queue by default (state=pending_approval)."""
     return [_out(c, w) for w in _svc(c).list(state=state, limit=limit)]
 
 
-@router.get("/withdrawals/{withdrawal_id}/approval-payload", response_model=ApprovalPayloadOut)
+@router.get("/withdrawals/{withdrawal_id}/approval-payload", response_model=ApprovalPayloadOut,
+    responses=responses("withdrawal_not_found", "invalid_state", *NO_CHAINS))
 def approval_payload(withdrawal_id: IdPath, c: ContainerDep, _: Auditor) -> ApprovalPayloadOut:
     """The canonical payload an approver signs for this withdrawal under its current decision."""
     p: ApprovalPayloadView = _svc(c).approval_payload(withdrawal_id)
@@ -198,14 +224,16 @@ def approval_payload(withdrawal_id: IdPath, c: ContainerDep, _: Auditor) -> Appr
         challenge=b64url(webauthn_challenge(p.payload)))
 
 
-@router.post("/withdrawals/{withdrawal_id}/approve", response_model=WithdrawalOut)
+@router.post("/withdrawals/{withdrawal_id}/approve", response_model=WithdrawalOut,
+    responses=responses(*DECIDE, "approval_signature_required", "approval_signature_malformed", "approver_unknown", "approval_scheme_mismatch", "approval_signature_invalid", "approver_not_caller"))
 def approve(withdrawal_id: IdPath, body: ApproveIn, c: ContainerDep, who: OperatorOnly) -> WithdrawalOut:
     """Approve with the operator's own signature over `GET .../approval-payload` (see ApproveIn)."""
     return _out(c, _svc(c).approve(withdrawal_id, operator=f"api:{who.name}", comment=body.comment,
                                    signature=_signature(body)))
 
 
-@router.post("/withdrawals/{withdrawal_id}/reject", response_model=WithdrawalOut)
+@router.post("/withdrawals/{withdrawal_id}/reject", response_model=WithdrawalOut,
+    responses=responses(*DECIDE))
 def reject(withdrawal_id: IdPath, body: CommentIn, c: ContainerDep, who: OperatorOnly) -> WithdrawalOut:
     return _out(c, _svc(c).reject(withdrawal_id, operator=f"api:{who.name}", comment=body.comment))
 
@@ -222,7 +250,8 @@ def _allowlist_out(a: AllowlistView) -> AllowlistOut:
                         approvals=a.approvals, version=a.version, pending_change=_change_out(a.pending) if a.pending else None)
 
 
-@router.put("/accounts/{account_id}/allowlist", response_model=AllowlistOut)
+@router.put("/accounts/{account_id}/allowlist", response_model=AllowlistOut,
+    responses=responses(*ALLOWLIST, "kind_not_permitted"))
 def set_allowlist(account_id: IdPath, body: AllowlistPolicyIn, c: ContainerDep, who: Backend, response: Response) -> AllowlistOut:
     """Turn on or change an account's destination allowlist (the backend relays the customer's choice).
     What tightens applies at once (200); what loosens waits for an operator (202, `pending_change`)."""
@@ -233,19 +262,22 @@ def set_allowlist(account_id: IdPath, body: AllowlistPolicyIn, c: ContainerDep, 
     return _allowlist_out(view)
 
 
-@router.get("/accounts/{account_id}/allowlist", response_model=AllowlistOut)
+@router.get("/accounts/{account_id}/allowlist", response_model=AllowlistOut,
+    responses=responses(*ALLOWLIST))
 def get_allowlist(account_id: IdPath, c: ContainerDep, _: Reader) -> AllowlistOut:
     return _allowlist_out(_svc(c).allowlist(account_id))
 
 
-@router.delete("/accounts/{account_id}/allowlist/{address}")
+@router.delete("/accounts/{account_id}/allowlist/{address}", response_model=DestinationRemovedOut,
+               responses=responses(*ALLOWLIST, "kind_not_permitted"))
 def remove_destination(account_id: IdPath, address: str, c: ContainerDep, who: Backend) -> dict:
     """Take a destination off the allowlist (a tightening: at once)."""
     return {"account_id": account_id, "address": address,
             "removed": _svc(c).remove_destination(account_id, address, by=f"api:{who.name}")}
 
 
-@router.get("/allowlist-changes", response_model=list[AllowlistChangeOut])
+@router.get("/allowlist-changes", response_model=list[AllowlistChangeOut],
+    responses=responses(*NO_CHAINS))
 def allowlist_changes(c: ContainerDep, _: Auditor,
                       state: Literal["pending", "approved", "rejected", "superseded"] = "pending",
                       limit: int = Query(200, ge=1, le=1000)) -> list[AllowlistChangeOut]:
@@ -253,17 +285,22 @@ def allowlist_changes(c: ContainerDep, _: Auditor,
     return [_change_out(ch) for ch in _svc(c).allowlist_changes(state=state, limit=limit)]
 
 
-@router.post("/allowlist-changes/{change_id}/approve", response_model=AllowlistChangeOut)
+@router.post("/allowlist-changes/{change_id}/approve", response_model=AllowlistChangeOut,
+    responses=responses("allowlist_change_not_found", "invalid_state", "requester_cannot_approve", "already_acted", *NO_CHAINS))
 def approve_allowlist_change(change_id: IdPath, body: CommentIn, c: ContainerDep, who: OperatorOnly) -> AllowlistChangeOut:
     """Operator decision: the loosening takes effect (entries already added keep their cooling-off)."""
     return _change_out(_svc(c).approve_allowlist_change(change_id, operator=f"api:{who.name}", comment=body.comment))
 
 
-@router.post("/allowlist-changes/{change_id}/reject", response_model=AllowlistChangeOut)
+@router.post("/allowlist-changes/{change_id}/reject", response_model=AllowlistChangeOut,
+    responses=responses("allowlist_change_not_found", "invalid_state", "already_acted", *NO_CHAINS))
 def reject_allowlist_change(change_id: IdPath, body: CommentIn, c: ContainerDep, who: OperatorOnly) -> AllowlistChangeOut:
     return _change_out(_svc(c).reject_allowlist_change(change_id, operator=f"api:{who.name}", comment=body.comment))
 
 
-@router.post("/accounts/{account_id}/allowlist", status_code=201)
+@router.post("/accounts/{account_id}/allowlist", status_code=201, response_model=DestinationAllowedOut,
+             responses=responses(*ALLOWLIST, "kind_not_permitted", "invalid_destination", "destination_zero_address",
+                                 "destination_burn_address", "destination_precompile", "destination_token_contract",
+                                 "destination_internal", "invalid_state"))
 def allow_destination(account_id: IdPath, body: AllowlistEntryIn, c: ContainerDep, who: Backend) -> dict:
     return {"account_id": account_id, "address": _svc(c).allow_destination(account_id, body.address, by=f"api:{who.name}")}

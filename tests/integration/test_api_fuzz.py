@@ -36,8 +36,10 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
+from schemathesis.core.failures import FailureGroup
 
 from custody.api.app import create_app
+from custody.api.params import MAX_ID
 from custody.auth import Role, create_api_key
 from custody.container import Container
 from custody.settings import Settings
@@ -90,13 +92,55 @@ def seed(container: Container) -> None:
                           FeeSchedule({"default": FeeTier(1_000, 2_000)}), StpPolicy.cancel_newest)
 
 
-def server_errors(app, operation, key: str | None, statuses: Counter, *,
-                  allowed_503: frozenset[str] | set[str] = SERVICE_STATE_503,
-                  before: Callable[[], None] | None = None) -> list[str]:
-    """Fuzz one operation as one caller; every answer >= 500 that is not one of `allowed_503`. The
-    X-API-Key header is fixed rather than generated (a made-up key only meets the 401 path, and
-    made-up header values are mostly unsendable, which wastes the generation budget). `before`
-    runs before each request (the chains-attached run lifts the kill switch there)."""
+def served_schema(app):
+    """The OpenAPI document exactly as the app serves it (`GET /openapi.json`), requests sent to the app."""
+    return schemathesis.openapi.from_asgi("/openapi.json", app)
+
+
+def _code(response) -> str | None:
+    try:
+        return response.json()["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _excused(failure, response, allowed_503: frozenset[str] | set[str]) -> bool:
+    """The two findings the checks report that are not contract violations, each for a stated reason:
+
+    - `not_a_server_error` on a 503 whose code describes the service's state (`allowed_503`): the
+      answer is documented (status and code are in the document), the service is working as
+      configured (no chain adapters; the kill switch engaged by the fuzzing operator).
+    - `positive_data_acceptance` on a 422 with a code of a business rule (e.g. `excess_precision`,
+      `accounts_must_be_different`, `below_min_notional`, `invalid_destination`): a JSON schema
+      cannot state those rules, so schema-valid data may break them. A schema-valid request answered
+      `invalid_request` (the code of a malformed request) is still a finding: the schema should
+      have said so. One exception, the generator's: it reads the ids' maximum 2^63-1 as a float
+      (2^63) and sends integers up to ~1,000 above it as "valid" (e.g. 9223372036854775999); the
+      API refuses them as it should, by the documented maximum. And text PostgreSQL cannot store
+      (a NUL, a lone surrogate) in any string, refused by `custody.api.text_guard` for every route
+      alike (README "Input rules"): JSON Schema has no way to exclude a lone surrogate from every
+      string and every object key, so the document states the rule in words, not in each schema."""
+    name = type(failure).__name__
+    if name == "ServerError":
+        return response.status_code == 503 and _code(response) in allowed_503
+    if name == "RejectedPositiveData":
+        if response.status_code == 422 and f"less than or equal to {MAX_ID}" in response.text:
+            return True
+        if response.status_code == 422 and "text with a NUL character or a lone surrogate" in response.text:
+            return True
+        return response.status_code == 422 and _code(response) not in (None, "invalid_request")
+    return False
+
+
+def contract_failures(operation, key: str | None, statuses: Counter, *,
+                      allowed_503: frozenset[str] | set[str] = SERVICE_STATE_503,
+                      before: Callable[[], None] | None = None) -> list[str]:
+    """Fuzz one operation as one caller and run ALL of schemathesis's checks on every answer (server
+    errors, status code, content type, response headers and schema conformance, negative data
+    rejection, positive data acceptance, missing required header, ignored auth, ...); every failure
+    not `_excused`. The X-API-Key header is fixed rather than generated (a made-up key only meets the
+    401 path, and made-up header values are mostly unsendable, which wastes the generation budget).
+    `before` runs before each request (the chains-attached run lifts the kill switch there)."""
     found: list[str] = []
     for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
 
@@ -108,17 +152,15 @@ def server_errors(app, operation, key: str | None, statuses: Counter, *,
                 case.headers.pop("X-API-Key", None)
             if before is not None:
                 before()
-            response = case.call(app=app)
+            response = case.call()
             statuses[response.status_code] += 1
-            if response.status_code < 500:
-                return
             try:
-                code = response.json()["error"]["code"]
-            except (ValueError, KeyError, TypeError):
-                code = None
-            if response.status_code == 503 and code in allowed_503:
-                return
-            found.append(f"{response.status_code} {response.text[:200]}\n    {case.as_curl_command()}")
+                case.validate_response(response)
+            except FailureGroup as group:
+                for failure in group.exceptions:
+                    if not _excused(failure, response, allowed_503):
+                        found.append(f"{type(failure).__name__}: {failure.title}: {response.status_code} "
+                                     f"{response.text[:200]}\n    {str(failure)[:300]}\n    {case.as_curl_command()}")
 
         try:
             send()
@@ -128,16 +170,16 @@ def server_errors(app, operation, key: str | None, statuses: Counter, *,
 
 
 @pytest.mark.parametrize("caller", CALLERS, ids=lambda r: r.value if r else "no-key")
-def test_no_request_is_answered_with_a_server_error(service, caller):
+def test_every_answer_keeps_the_contract(service, caller):
     app, keys, container = service
-    schema = schemathesis.openapi.from_dict(app.openapi())
+    schema = served_schema(app)
     failures = []
     operations = [result.ok() for result in schema.get_all_operations()]
     log.info("fuzzing %d operations as %s, %d examples per mode", len(operations), caller or "no key", EXAMPLES)
     for operation in operations:
         statuses: Counter = Counter()
-        failures += [f"{operation.label}: {f}" for f in server_errors(app, operation, keys[caller] if caller else None,
-                                                                       statuses)]
+        failures += [f"{operation.label}: {f}" for f in contract_failures(operation, keys[caller] if caller else None,
+                                                                           statuses)]
         log.info("%s answered %s", operation.label, dict(sorted(statuses.items())))
     container.ledger.assert_verified()
-    assert not failures, f"{len(failures)} server errors:\n" + "\n".join(failures[:20])
+    assert not failures, f"{len(failures)} contract violations:\n" + "\n".join(failures[:20])
