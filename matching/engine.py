@@ -36,20 +36,20 @@ from __future__ import annotations
 
 from typing import Callable
 
-from matching import matcher
-from matching.book import Book
+from . import matcher
+from .book import Book
 from matching.errors import ErrorCode, SequenceError
 from matching.events import (CloseReason, Event, Fill, OrderAccepted, OrderAmended, OrderClosed,
                              OrderDecremented, OrderExists, OrderRejected, OrderStateChanged,
                              RequestRejected, Triggered, make)
 from matching.fees import PPM, FeeSchedule, fee_increment
-from matching.holds import hold_captured, hold_requirement, order_hold
+from .holds import hold_captured, hold_requirement, order_hold
 from matching.model import (ActivateTriggered, Amend, Cancel, Command, Evict, Market, Order,
                             OrderType, Place, RejectTriggered, Side, TimeInForce)
 from matching.states import OPEN, TERMINAL, OrderState, transition
-from matching.stops import StopBook
+from .stops import StopBook
 from matching.stp import DEFAULT_POLICY, StpPolicy
-from matching.validation import DEFAULT_TIF, check_shape, validate_place
+from .validation import DEFAULT_TIF, check_shape, validate_place
 
 S = OrderState
 _RECEIVED, _PENDING_NEW, _WORKING, _PARTIAL = (S.received, S.pending_new, S.working,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from itertools import chain
 
-from matching.book import Book
+from .book import Book
 from matching.fees import PPM, FeeSchedule, ceil_div
 from matching.model import Market, Order, OrderType, Side
 from matching.stp import StpPolicy, effective_policy

@@ -45,6 +45,7 @@ from ledger.errors import LedgerError
 from ledger.model import AccountKind
 from ledger.service import Ledger
 from matching import snapshot, store
+from matching.compiled import engine_class
 from matching.engine import Engine
 from matching.errors import ErrorCode, MatchingError
 from matching.events import Event, Fill, OrderClosed, OrderRejected, RequestRejected
@@ -214,7 +215,8 @@ class Trading:
         replayed = 0
         with self.db.connect() as conn:
             snap = store.latest_snapshot(conn, symbol)
-            engine = snapshot.restore(snap) if snap else Engine(row.market, row.fees, row.default_stp)
+            engine = (snapshot.restore(snap) if snap
+                      else engine_class()(row.market, row.fees, row.default_stp))
             for seq, command in store.load_commands(conn, symbol, engine.last_seq):
                 last_events = engine.apply(seq, command)
                 replayed += 1

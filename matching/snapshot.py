@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from matching.book import BookSide
+from matching.compiled import engine_class
 from matching.engine import Engine
 from matching.fees import FeeSchedule
 from matching.model import Command, Market, Order
@@ -71,13 +72,15 @@ def take(engine: Engine) -> Snapshot:
     return Snapshot(engine.last_seq, data, hashlib.sha256(data).hexdigest())
 
 
-def restore(snapshot: Snapshot) -> Engine:
-    """A new engine in exactly the snapshot's state (checked against its hash)."""
+def restore(snapshot: Snapshot, engine_cls: type[Engine] | None = None) -> Engine:
+    """A new engine in exactly the snapshot's state (checked against its hash), of `engine_cls`
+    (default: the one this process runs, `matching.compiled.engine_class()`)."""
     if hashlib.sha256(snapshot.data).hexdigest() != snapshot.hash:
         raise ValueError("snapshot data does not match its hash")
     record = json.loads(snapshot.data)
-    engine = Engine(Market(**record["market"]), FeeSchedule.from_record(record["fees"]),
-                    StpPolicy(record["default_stp"]))
+    cls = engine_cls or engine_class()
+    engine = cls(Market(**record["market"]), FeeSchedule.from_record(record["fees"]),
+                 StpPolicy(record["default_stp"]))
     engine.last_seq = record["last_seq"]
     engine.last_price = record["last_price"]
     for rec in record["orders"]:

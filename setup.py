@@ -1,0 +1,59 @@
+"""Build of the compiled matching core (the rest of the project is configured in pyproject.toml).
+
+The matching engine's hot modules (`COMPILED`) are compiled with Cython, from the very same source
+files that are the pure-Python reference, into the package `matching._compiled`: each source is
+copied to `build/compiled-src/` as `matching/_compiled/<name>.py`, with the sha256 of the original
+appended as `SOURCE_SHA256`, and compiled there. The modules of that set import each other
+relatively (`from .book import Book`), so the compiled engine uses the compiled book and matcher,
+and everything else (model, events, errors, states, fees, stp) is shared with the pure engine:
+the two engines take the same commands and emit the same event objects. `matching.compiled`
+picks the compiled engine only when every `SOURCE_SHA256` matches the source on disk, so a stale
+build is never used.
+
+    .venv/bin/python setup.py build_ext --inplace     # what scripts/bootstrap.sh runs
+    pip install -e .  /  pip install .                 # also build it (optional: see below)
+
+The extensions are `optional`: a machine without a C compiler still installs the project, and the
+service then runs the pure engine (it logs which one it uses). `scripts/bootstrap.sh` builds them
+itself and fails if the compiled engine is not importable afterwards.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from setuptools import Extension, setup
+
+ROOT = Path(__file__).resolve().parent
+COMPILED = ("engine", "book", "matcher", "stops", "holds", "validation")
+SOURCE_DIR = ROOT / "matching"
+GENERATED = ROOT / "build" / "compiled-src" / "matching" / "_compiled"
+
+
+def _generate() -> list[Extension]:
+    """Copy each hot module beside a marker of its source's hash; one Extension per module."""
+    GENERATED.mkdir(parents=True, exist_ok=True)
+    extensions = []
+    for name in COMPILED:
+        source = (SOURCE_DIR / f"{name}.py").read_bytes()
+        digest = hashlib.sha256(source).hexdigest()
+        target = GENERATED / f"{name}.py"
+        text = source + f"\n\nSOURCE_SHA256 = {digest!r}  # added by setup.py\n".encode()
+        if not target.exists() or target.read_bytes() != text:  # keep mtimes: no needless rebuild
+            target.write_bytes(text)
+        extensions.append(Extension(f"matching._compiled.{name}",
+                                    [str(target.relative_to(ROOT))], optional=True))
+    return extensions
+
+
+def _ext_modules() -> list:
+    extensions = _generate()
+    try:
+        from Cython.Build import cythonize
+    except ImportError:  # no Cython (an install without the build requirements): pure engine only
+        return []
+    return cythonize(extensions, language_level=3, quiet=True,
+                     compiler_directives={"binding": False})
+
+
+setup(ext_modules=_ext_modules())
