@@ -4,6 +4,8 @@
 # Installs, only when missing or out of date:
 #   - Debian packages needed to create a virtualenv and build the regtest nodes;
 #   - the Python virtualenv in .venv with this project and its dev extras;
+#   - the compiled matching core (matching/_compiled, Cython, see setup.py), rebuilt in place
+#     whenever matching/ or setup.py changes, with the machine's C compiler;
 #   - the regtest nodes (bitcoind built from source once into a cache, anvil and solc from npm),
 #     through `python -m regtest install`, which prints its progress.
 # Safe to run any number of times; a second run does almost nothing.
@@ -36,6 +38,10 @@ if [ -z "${BITCOIND:-}" ] && ! command -v bitcoind >/dev/null 2>&1; then
         dpkg -s "$deb" >/dev/null 2>&1 || need_debs+=("$deb")
     done
 fi
+# The compiled matching core needs a C compiler and the interpreter's headers (Python.h).
+command -v cc >/dev/null 2>&1 || need_debs+=(build-essential)
+"$PY" -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+    >/dev/null 2>&1 || need_debs+=(python3-dev)
 if [ "${#need_debs[@]}" -gt 0 ]; then
     log "installing Debian packages: ${need_debs[*]}"
     $SUDO apt-get update -qq
@@ -66,6 +72,23 @@ if [ ! -f "$stamp" ]; then
     fi
     rm -f .venv/.installed-*
     touch "$stamp"
+fi
+
+# The compiled matching core: `pip install -e` builds it too, but only when pyproject.toml
+# changes; this builds it whenever its sources change (a stale build is never run: the service
+# would fall back to the pure engine), then checks that the service will pick it.
+core_stamp=".venv/.compiled-$(cat setup.py matching/*.py | sha256sum | cut -c1-16)"
+if [ ! -f "$core_stamp" ] || ! ls matching/_compiled/engine.*.so >/dev/null 2>&1; then
+    log "building the compiled matching core (Cython)"
+    if ! .venv/bin/python setup.py -q build_ext --inplace >.venv/build_ext.log 2>&1; then
+        cat .venv/build_ext.log >&2; log "building the compiled matching core failed (log above)"; exit 1
+    fi
+    rm -f .venv/.compiled-*
+    touch "$core_stamp"
+fi
+if ! MATCHING_ENGINE=compiled .venv/bin/python -c 'from matching.compiled import engine_class; engine_class()'; then
+    cat .venv/build_ext.log >&2 2>/dev/null || true
+    log "the compiled matching core does not load (see above)"; exit 1
 fi
 
 if [ -f regtest/install.py ]; then
