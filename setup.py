@@ -25,7 +25,7 @@ from pathlib import Path
 from setuptools import Extension, setup
 
 ROOT = Path(__file__).resolve().parent
-COMPILED = ("engine", "book", "matcher", "stops", "holds", "validation")
+COMPILED = ("order", "engine", "book", "matcher", "stops", "holds", "validation")
 SOURCE_DIR = ROOT / "matching"
 GENERATED = ROOT / "build" / "compiled-src" / "matching" / "_compiled"
 
@@ -33,14 +33,22 @@ GENERATED = ROOT / "build" / "compiled-src" / "matching" / "_compiled"
 def _generate() -> list[Extension]:
     """Copy each hot module beside a marker of its source's hash; one Extension per module."""
     GENERATED.mkdir(parents=True, exist_ok=True)
+    for package in (GENERATED.parent, GENERATED):  # packages, so `cimport matching._compiled.x` works
+        (package / "__init__.py").touch()
     extensions = []
     for name in COMPILED:
         source = (SOURCE_DIR / f"{name}.py").read_bytes()
-        digest = hashlib.sha256(source).hexdigest()
+        declarations = SOURCE_DIR / "_compiled" / f"{name}.pxd"
+        typed = declarations.read_bytes() if declarations.exists() else b""
+        digest = hashlib.sha256(source + typed).hexdigest()  # as matching.compiled checks it
         target = GENERATED / f"{name}.py"
         text = source + f"\n\nSOURCE_SHA256 = {digest!r}  # added by setup.py\n".encode()
         if not target.exists() or target.read_bytes() != text:  # keep mtimes: no needless rebuild
             target.write_bytes(text)
+        if typed:  # static types for the compiled build (augmenting .pxd)
+            pxd = GENERATED / f"{name}.pxd"
+            if not pxd.exists() or pxd.read_bytes() != typed:
+                pxd.write_bytes(typed)
         extensions.append(Extension(f"matching._compiled.{name}",
                                     [str(target.relative_to(ROOT))], optional=True))
     return extensions
@@ -52,8 +60,13 @@ def _ext_modules() -> list:
         from Cython.Build import cythonize
     except ImportError:  # no Cython (an install without the build requirements): pure engine only
         return []
+    # annotation_typing off: annotations stay documentation, as in the pure modules (`seq: int`
+    # must not become a C int nor a runtime type check); nonecheck on: a typed order that is None
+    # raises AttributeError as in Python instead of crashing the process.
     return cythonize(extensions, language_level=3, quiet=True,
-                     compiler_directives={"binding": False})
+                     include_path=[str(GENERATED.parents[1])],
+                     compiler_directives={"binding": False, "annotation_typing": False,
+                                          "nonecheck": True})
 
 
 setup(ext_modules=_ext_modules())

@@ -13,8 +13,9 @@ from matching.engine import Engine
 from matching.errors import ErrorCode, MatchingError
 from matching.fees import FeeSchedule, FeeTier
 from matching.holds import hold_captured, hold_requirement
-from matching.model import (ActivateTriggered, Amend, Cancel, Command, Evict, Market, Order,
+from matching.model import (ActivateTriggered, Amend, Cancel, Command, Evict, Market,
                             OrderType, Place, RejectTriggered, Side, TimeInForce)
+from matching.order import Order
 from matching.sequencer import JournalSink, MemoryJournal, Sequencer, Submitted
 from matching.states import OrderState, transition
 from matching.stp import StpPolicy

@@ -30,7 +30,9 @@ from __future__ import annotations
 from bisect import insort
 from typing import Iterator
 
-from matching.model import Order, Side
+from matching.model import Side
+
+from .order import Order
 
 _BUY = Side.buy
 _MIN_LIMIT = 128  # keys a side may hold before it looks for empty levels to drop

@@ -29,7 +29,7 @@ from matching.engine import Engine
 
 log = logging.getLogger("matching")
 
-MODULES = ("engine", "book", "matcher", "stops", "holds", "validation")  # as in setup.py
+MODULES = ("order", "engine", "book", "matcher", "stops", "holds", "validation")  # as in setup.py
 _SOURCE_DIR = Path(__file__).resolve().parent
 ENV = "MATCHING_ENGINE"
 CHOICES = ("auto", "pure", "compiled")
@@ -37,6 +37,15 @@ CHOICES = ("auto", "pure", "compiled")
 
 class CompiledEngineUnavailable(RuntimeError):
     """`MATCHING_ENGINE=compiled` but the compiled core is not built, or built from other sources."""
+
+
+def source_sha256(name: str) -> str:
+    """sha256 of what module `name` is compiled from: `matching/<name>.py` followed by its static
+    declarations `matching/_compiled/<name>.pxd` if it has any (as `setup.py` computes it)."""
+    source = (_SOURCE_DIR / f"{name}.py").read_bytes()
+    declarations = _SOURCE_DIR / "_compiled" / f"{name}.pxd"
+    return hashlib.sha256(source + (declarations.read_bytes() if declarations.exists() else b""))\
+        .hexdigest()
 
 
 def compiled_engine() -> tuple[type[Engine] | None, str]:
@@ -48,8 +57,7 @@ def compiled_engine() -> tuple[type[Engine] | None, str]:
             return None, f"not built ({exc})"
         if not getattr(module, "__file__", "").endswith((".so", ".pyd")):
             return None, f"matching._compiled.{name} is not an extension module"
-        source = (_SOURCE_DIR / f"{name}.py").read_bytes()
-        if getattr(module, "SOURCE_SHA256", None) != hashlib.sha256(source).hexdigest():
+        if getattr(module, "SOURCE_SHA256", None) != source_sha256(name):
             return None, f"stale build: matching/{name}.py changed since it was compiled"
     return importlib.import_module("matching._compiled.engine").Engine, ""
 

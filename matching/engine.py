@@ -44,7 +44,8 @@ from matching.events import (CloseReason, Event, Fill, OrderAccepted, OrderAmend
                              RequestRejected, Triggered, make)
 from matching.fees import PPM, FeeSchedule, fee_increment
 from .holds import hold_captured, hold_requirement, order_hold
-from matching.model import (ActivateTriggered, Amend, Cancel, Command, Evict, Market, Order,
+from .order import Order
+from matching.model import (ActivateTriggered, Amend, Cancel, Command, Evict, Market,
                             OrderType, Place, RejectTriggered, Side, TimeInForce)
 from matching.states import OPEN, TERMINAL, OrderState, transition
 from .stops import StopBook
@@ -100,6 +101,11 @@ class Engine:
 
     def order(self, order_id: str) -> Order | None:
         return self.orders.get(order_id)
+
+    def restore_record(self, record: dict) -> None:
+        """Register an order from its snapshot record (`Order.to_record`), built as this engine's
+        own `Order` type (the compiled engine's is an extension type)."""
+        self.restore_order(Order.from_record(record))
 
     def restore_order(self, order: Order) -> None:
         """Register an order read from a snapshot (for `snapshot.restore` only)."""

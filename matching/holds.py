@@ -15,8 +15,10 @@ reserves nothing: call this when `Triggered` arrives (the event carries the resu
 from __future__ import annotations
 
 from matching.fees import PPM, FeeSchedule
-from matching.model import Market, Order, OrderType, Place, Side
+from matching.model import Market, OrderType, Place, Side
 from matching.states import OrderState
+
+from .order import Order
 
 _SELL = Side.sell
 _QUOTE_BUDGET_TYPES = (OrderType.market, OrderType.stop)

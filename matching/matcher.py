@@ -15,8 +15,9 @@ from __future__ import annotations
 from itertools import chain
 
 from .book import Book
+from .order import Order
 from matching.fees import PPM, FeeSchedule, ceil_div
-from matching.model import Market, Order, OrderType, Side
+from matching.model import Market, OrderType, Side
 from matching.stp import StpPolicy, effective_policy
 
 # Plan steps are small tuples: (FILL, maker, qty), (STP_CANCEL_MAKER, maker),

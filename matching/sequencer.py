@@ -16,7 +16,8 @@ from typing import Iterator, Protocol
 
 from matching.engine import Engine
 from matching.events import Event, OrderExists
-from matching.model import Command, Order, Place
+from matching.model import Command, Place
+from matching.order import Order
 from matching.validation import check_shape
 
 

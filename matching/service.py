@@ -51,8 +51,9 @@ from matching.errors import ErrorCode, MatchingError
 from matching.events import Event, Fill, OrderClosed, OrderRejected, RequestRejected
 from matching.fees import FeeSchedule
 from matching.holds import hold_requirement
-from matching.model import (ActivateTriggered, Amend, Cancel, Command, Evict, Market, Order,
+from matching.model import (ActivateTriggered, Amend, Cancel, Command, Evict, Market,
                             OrderType, Place, RejectTriggered)
+from matching.order import Order
 from matching.sequencer import Sequencer
 from matching.settlement import Settlement, order_row, rejected_row
 from matching.states import TERMINAL, OrderState

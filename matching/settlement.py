@@ -53,7 +53,8 @@ from ledger.service import Ledger
 from matching.engine import Engine
 from matching.errors import ErrorCode, MatchingError
 from matching.events import Event, Fill, OrderClosed, OrderRejected, Triggered
-from matching.model import Amend, Market, Order, OrderType, Place, Side
+from matching.model import Amend, Market, OrderType, Place, Side
+from matching.order import Order
 from matching.validation import check_shape, unstorable_field
 from matching.states import OrderState, transition
 from matching.store import UnitOfWork

@@ -22,7 +22,7 @@ from matching.book import BookSide
 from matching.compiled import engine_class
 from matching.engine import Engine
 from matching.fees import FeeSchedule
-from matching.model import Command, Market, Order
+from matching.model import Command, Market
 from matching.stp import StpPolicy
 
 FORMAT = 1
@@ -84,7 +84,7 @@ def restore(snapshot: Snapshot, engine_cls: type[Engine] | None = None) -> Engin
     engine.last_seq = record["last_seq"]
     engine.last_price = record["last_price"]
     for rec in record["orders"]:
-        engine.restore_order(Order.from_record(rec))
+        engine.restore_record(rec)
     for side in ("bids", "asks"):
         for _price, ids in reversed(record[side]):  # worst level first; order within kept
             for order_id in ids:

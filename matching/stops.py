@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 
-from matching.model import Order, Side
+from matching.model import Side
+
+from .order import Order
 
 
 class StopBook:

@@ -77,7 +77,7 @@ fi
 # The compiled matching core: `pip install -e` builds it too, but only when pyproject.toml
 # changes; this builds it whenever its sources change (a stale build is never run: the service
 # would fall back to the pure engine), then checks that the service will pick it.
-core_stamp=".venv/.compiled-$(cat setup.py matching/*.py | sha256sum | cut -c1-16)"
+core_stamp=".venv/.compiled-$(cat setup.py matching/*.py matching/_compiled/*.pxd | sha256sum | cut -c1-16)"
 if [ ! -f "$core_stamp" ] || ! ls matching/_compiled/engine.*.so >/dev/null 2>&1; then
     log "building the compiled matching core (Cython)"
     if ! .venv/bin/python setup.py -q build_ext --inplace >.venv/build_ext.log 2>&1; then

@@ -97,6 +97,8 @@ def test_the_compiled_engine_is_a_distinct_compiled_class(compiled_cls):
     assert compiled_cls is not Engine
     assert compiled_cls.__module__ == "matching._compiled.engine"
     assert sys.modules["matching._compiled.book"].__file__.endswith(".so")
+    with pytest.raises(AttributeError):  # an extension type: no attributes beyond its fields
+        compiled_cls(matching_peers.market(), matching_peers.fees()).unknown_field = 1
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -141,10 +143,19 @@ def test_matching_engine_env_chooses_the_engine(compiled_cls):
         compiled.select("fast")
 
 
-def test_a_build_older_than_its_source_is_not_used(tmp_path, monkeypatch, compiled_cls):
+def _sources_in(tmp_path: Path, monkeypatch) -> None:
+    """A copy of the compiled modules' sources and declarations, taken as the sources on disk."""
+    here = Path(compiled.__file__).parent
+    (tmp_path / "_compiled").mkdir()
     for name in compiled.MODULES:
-        shutil.copy(Path(compiled.__file__).with_name(f"{name}.py"), tmp_path / f"{name}.py")
+        shutil.copy(here / f"{name}.py", tmp_path / f"{name}.py")
+        if (here / "_compiled" / f"{name}.pxd").exists():
+            shutil.copy(here / "_compiled" / f"{name}.pxd", tmp_path / "_compiled" / f"{name}.pxd")
     monkeypatch.setattr(compiled, "_SOURCE_DIR", tmp_path)
+
+
+def test_a_build_older_than_its_source_is_not_used(tmp_path, monkeypatch, compiled_cls):
+    _sources_in(tmp_path, monkeypatch)
     assert compiled.compiled_engine() == (compiled_cls, "")
     with open(tmp_path / "book.py", "a") as f:
         f.write("\n# edited after the build\n")
@@ -156,6 +167,17 @@ def test_a_build_older_than_its_source_is_not_used(tmp_path, monkeypatch, compil
         compiled.select("compiled")
 
 
+def test_a_build_older_than_its_static_declarations_is_not_used(tmp_path, monkeypatch,
+                                                                compiled_cls):
+    _sources_in(tmp_path, monkeypatch)
+    with open(tmp_path / "_compiled" / "engine.pxd", "a") as f:
+        f.write("\n# edited after the build\n")
+    cls, why = compiled.compiled_engine()
+    assert cls is None and "stale build: matching/engine.py" in why
+
+
 def test_the_source_hash_is_the_one_setup_py_embeds(compiled_cls):
-    source = Path(compiled.__file__).with_name("engine.py").read_bytes()
+    here = Path(compiled.__file__).parent
+    source = (here / "engine.py").read_bytes() + (here / "_compiled" / "engine.pxd").read_bytes()
     assert sys.modules["matching._compiled.engine"].SOURCE_SHA256 == hashlib.sha256(source).hexdigest()
+    assert compiled.source_sha256("engine") == hashlib.sha256(source).hexdigest()
