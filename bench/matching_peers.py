@@ -26,9 +26,11 @@ stream is made comparable:
 - `lightmatchingengine` reports one aggressor trade per price level and one passive trade per
   maker: its passive trades are the fills compared (the aggressor is the order being added);
 - ours emits events for every state change, hold and fee, the peers a trade log only.
-Timing: commands/s over the whole stream per engine (median of --repeat runs, engines
-interleaved, wall clock and per CPU second of the engine's process), the ratios, and the load
-average before and after (other sessions share this machine).
+Timing: commands/s over the mixed commands per engine, after the book is built (median of
+--repeat rounds, each round running every engine once, so the load of this shared machine falls on
+all; wall clock and per CPU second of the engine's own process), the ratios, and the load average
+before and after. The peers' child processes and ours all freeze the pre-built stream out of the
+garbage collector's way (gc.freeze) and keep the collector on.
 """
 from __future__ import annotations
 
@@ -140,14 +142,17 @@ def _drive_lightmatchingengine(ops: list, record: bool):
     return run, fills
 
 
-def peer_main(peer: str, ops_file: str, repeat: int, out_file: str) -> None:
-    """In the benchmark virtualenv: one recorded run for the fills, then `repeat` timed runs."""
+def peer_main(peer: str, ops_file: str, repeat: int, out_file: str, record: bool) -> None:
+    """In the benchmark virtualenv: a recorded run for the fills if `record`, then `repeat` timed
+    runs."""
     with open(ops_file, "rb") as f:
         seed_ops, ops = pickle.load(f)
     drive = _drive_cython_orderbook if peer == "cython-orderbook" else _drive_lightmatchingengine
-    run, fills = drive(seed_ops + ops, record=True)
-    run()
-    recorded = fills()
+    recorded = None
+    if record:
+        run, fills = drive(seed_ops + ops, record=True)
+        run()
+        recorded = fills()
     rates = []
     gc.collect()
     gc.freeze()
@@ -308,9 +313,10 @@ def main() -> None:
     parser.add_argument("--peer", choices=PEERS, help=argparse.SUPPRESS)  # child process mode
     parser.add_argument("--ops", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--record", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.peer:
-        peer_main(args.peer, args.ops, args.repeat, args.out)
+        peer_main(args.peer, args.ops, args.repeat, args.out, args.record)
         return
 
     sys.path.insert(0, str(ROOT))
@@ -332,30 +338,31 @@ def main() -> None:
     expected = _our_fills(Engine, seeds + mixed)
     if _our_fills(compiled_cls, seeds + mixed) != expected:
         sys.exit("the compiled engine's fills differ from the pure engine's")
-    results: dict[str, list] = {}
+    results: dict[str, list] = {name: [] for name in (*PEERS, "ours, pure", "ours, compiled")}
+    gc.collect()
+    gc.freeze()
+    print(f"before: {load()}")
     with tempfile.TemporaryDirectory() as tmp:
         ops_file = os.path.join(tmp, "ops.pickle")
         with open(ops_file, "wb") as f:
             pickle.dump((to_ops(seeds), to_ops(mixed)), f)
-        for peer in PEERS:
-            out = os.path.join(tmp, f"{peer}.pickle")
-            subprocess.run([python, __file__, "--peer", peer, "--ops", ops_file, "--out", out,
-                            "--repeat", str(args.repeat)], check=True)
-            with open(out, "rb") as f:
-                got = pickle.load(f)
-            if got["fills"] != expected:
-                sys.exit(f"{peer}: fills differ from ours: {_first_difference(expected, got['fills'])}")
-            results[peer] = got["rates"]
+        # Rounds: each engine once per round, so that the machine's load (shared) falls on all.
+        for round_no in range(args.repeat):
+            for peer in PEERS:
+                out = os.path.join(tmp, f"{peer}.pickle")
+                subprocess.run([python, __file__, "--peer", peer, "--ops", ops_file, "--out", out,
+                                "--repeat", "1", *(["--record"] if round_no == 0 else [])],
+                               check=True)
+                with open(out, "rb") as f:
+                    got = pickle.load(f)
+                if round_no == 0 and got["fills"] != expected:
+                    sys.exit(f"{peer}: fills differ from ours: "
+                             f"{_first_difference(expected, got['fills'])}")
+                results[peer] += got["rates"]
+            results["ours, pure"].append(_timed(_our_runner(Engine, seeds, mixed)))
+            results["ours, compiled"].append(_timed(_our_runner(compiled_cls, seeds, mixed)))
     print(f"fills: identical in all four engines ({len(expected):,} fills, compared as "
           f"(maker, taker, price, lots) in order)")
-    print(f"before ours: {load()}")
-    ours: dict[str, list] = {"ours, pure": [], "ours, compiled": []}
-    gc.collect()
-    gc.freeze()
-    for _ in range(args.repeat):
-        ours["ours, pure"].append(_timed(_our_runner(Engine, seeds, mixed)))
-        ours["ours, compiled"].append(_timed(_our_runner(compiled_cls, seeds, mixed)))
-    results.update(ours)
     print(f"after:  {load()}")
     medians = {}
     for name, rates in results.items():
@@ -364,10 +371,12 @@ def main() -> None:
         medians[name] = (wall, cpu)
         print(f"{name:>20}: {wall:>11,.0f} commands/s wall, {cpu:>11,.0f}/s per CPU second "
               f"(median of {len(rates)})")
-    fastest = max(PEERS, key=lambda p: medians[p][1])
     for name in ("ours, compiled", "ours, pure"):
-        print(f"{name} / {fastest} (fastest peer): {medians[name][0] / medians[fastest][0]:.2f}x wall, "
-              f"{medians[name][1] / medians[fastest][1]:.2f}x per CPU second")
+        wall_peer = max(PEERS, key=lambda p: medians[p][0])
+        cpu_peer = max(PEERS, key=lambda p: medians[p][1])
+        print(f"{name} / fastest peer: {medians[name][0] / medians[wall_peer][0]:.2f}x wall "
+              f"({wall_peer}), {medians[name][1] / medians[cpu_peer][1]:.2f}x per CPU second "
+              f"({cpu_peer})")
     print(f"compiled / pure: {medians['ours, compiled'][1] / medians['ours, pure'][1]:.2f}x per CPU second")
     print(json.dumps({k: round(v[1]) for k, v in medians.items()}))
 
