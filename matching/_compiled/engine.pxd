@@ -1,6 +1,7 @@
 # Declarations for the compiled engine (matching/engine.py): the engine as an extension type whose
-# state is C struct members, and the hot commands (amend, cancel, place) and state changes as
-# C-callable methods with the order typed. Nothing here changes what the code does.
+# state is C struct members, and the hot commands (amend, cancel, place) and the steps they take
+# (entering, matching, fills, state changes) as C-callable methods with the orders typed. Nothing
+# here changes what the code does.
 cimport cython
 from matching._compiled.book cimport Book
 from matching._compiled.order cimport Order
@@ -17,5 +18,16 @@ cdef class Engine:
     cpdef list _cancel(self, seq, cmd)
     @cython.locals(order=Order, events=list)
     cpdef list _place(self, seq, cmd)
+    cpdef _take_out(self, Order order)
+    @cython.locals(book=Book)
+    cpdef _enter(self, Order order)
+    cpdef _match(self, Order order)
+    @cython.locals(maker=Order)
+    cpdef _execute(self, Order taker, plan)
+    cpdef _decrement(self, Order maker, Order taker, qty)
+    cpdef _fill(self, Order maker, Order taker, qty)
+    cpdef _finish(self, Order order, plan)
+    cpdef _end_unfilled(self, Order order, state, reason)
     cpdef _move(self, Order order, new)
     cpdef _close(self, Order order, state, reason)
+    cpdef _reject(self, Order order, code)
