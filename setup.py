@@ -3,7 +3,8 @@
 The matching engine's hot modules (`COMPILED`) are compiled with Cython, from the very same source
 files that are the pure-Python reference, into the package `matching._compiled`: each source is
 copied to `build/compiled-src/` as `matching/_compiled/<name>.py`, with the sha256 of the original
-appended as `SOURCE_SHA256`, and compiled there. The modules of that set import each other
+and of its static declarations (`matching/_compiled/<name>.pxd`, copied beside it: extension types
+and typed hot methods, no change of behaviour) appended as `SOURCE_SHA256`, and compiled there. The modules of that set import each other
 relatively (`from .book import Book`), so the compiled engine uses the compiled book and matcher,
 and everything else (model, events, errors, states, fees, stp) is shared with the pure engine:
 the two engines take the same commands and emit the same event objects. `matching.compiled`
@@ -23,6 +24,7 @@ import hashlib
 from pathlib import Path
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
 COMPILED = ("order", "engine", "book", "matcher", "stops", "holds", "validation")
@@ -69,4 +71,18 @@ def _ext_modules() -> list:
                                           "nonecheck": True})
 
 
-setup(ext_modules=_ext_modules())
+class BuildExt(build_ext):
+    """`--inplace` replaces each extension file (a new file under the old name) instead of writing
+    over it: a running process that mapped the old one keeps it intact (overwriting a mapped
+    shared object can crash that process, e.g. a service while bootstrap rebuilds)."""
+
+    def copy_extensions_to_source(self) -> None:
+        for ext in self.extensions:
+            name = self.get_ext_filename(ext.name)
+            built, installed = Path(self.build_lib) / name, ROOT / name
+            if built.exists() and installed.exists():
+                installed.unlink()
+        super().copy_extensions_to_source()
+
+
+setup(ext_modules=_ext_modules(), cmdclass={"build_ext": BuildExt})

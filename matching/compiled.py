@@ -2,11 +2,16 @@
 the pure-Python reference (`matching.engine.Engine`).
 
 The compiled core (`matching._compiled`, built by `setup.py build_ext --inplace`, which
-`scripts/bootstrap.sh` runs) is the same source compiled with Cython, so both engines emit the same
-events and reach the same state hash (`tests/unit/test_matching_compiled.py` replays seeded random
-streams through both). It is used only when every compiled module carries the sha256 of the source
-file it was built from and that file on disk still has it: an engine edited since the last build
-is never run compiled (bootstrap rebuilds it).
+`scripts/bootstrap.sh` runs) is the same source compiled with Cython, plus static declarations
+(`matching/_compiled/<module>.pxd`: the engine, book and order as extension types, the hot methods
+C-callable with typed orders) that change no behaviour; both engines emit the same events and reach
+the same state hash (`tests/unit/test_matching_compiled.py` replays seeded random streams through
+both in lockstep). It is used only when every compiled module carries the sha256 of the source and
+declarations it was built from (`source_sha256`) and the files on disk still have it: an engine
+edited since the last build is never run compiled (bootstrap rebuilds it).
+
+The compiled engine is an extension type: it (and its orders) take no attributes beyond their
+declared fields, and a subclass of the pure `Engine` is not one of it.
 
 `MATCHING_ENGINE` (environment) chooses:
 - `auto` (default): compiled when importable and current, else pure;
