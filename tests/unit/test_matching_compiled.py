@@ -181,3 +181,11 @@ def test_the_source_hash_is_the_one_setup_py_embeds(compiled_cls):
     source = (here / "engine.py").read_bytes() + (here / "_compiled" / "engine.pxd").read_bytes()
     assert sys.modules["matching._compiled.engine"].SOURCE_SHA256 == hashlib.sha256(source).hexdigest()
     assert compiled.source_sha256("engine") == hashlib.sha256(source).hexdigest()
+
+
+def test_the_order_class_is_still_reachable_from_the_model():
+    import matching.model
+    import matching.order
+    assert matching.model.Order is matching.order.Order
+    with pytest.raises(AttributeError):
+        matching.model.NoSuchThing  # noqa: B018
