@@ -5,7 +5,7 @@
 #   - Debian packages needed to create a virtualenv and build the regtest nodes;
 #   - the Python virtualenv in .venv with this project and its dev extras;
 #   - the compiled matching core (matching/_compiled, Cython, see setup.py), rebuilt in place
-#     whenever matching/ or setup.py changes, with the machine's C compiler;
+#     with the machine's C compiler whenever it is missing or older than its sources;
 #   - the regtest nodes (bitcoind built from source once into a cache, anvil and solc from npm),
 #     through `python -m regtest install`, which prints its progress.
 # Safe to run any number of times; a second run does almost nothing.
@@ -75,16 +75,16 @@ if [ ! -f "$stamp" ]; then
 fi
 
 # The compiled matching core: `pip install -e` builds it too, but only when pyproject.toml
-# changes; this builds it whenever its sources change (a stale build is never run: the service
-# would fall back to the pure engine), then checks that the service will pick it.
-core_stamp=".venv/.compiled-$(cat setup.py matching/*.py matching/_compiled/*.pxd | sha256sum | cut -c1-16)"
-if [ ! -f "$core_stamp" ] || ! ls matching/_compiled/engine.*.so >/dev/null 2>&1; then
+# changes; this builds it whenever it is missing or older than its sources (each compiled module
+# carries the sha256 of the source and declarations it was built from, which `matching.compiled`
+# compares with the files: a stale build is never run, the service would fall back to the pure
+# engine), then checks that the service will pick it.
+core_current='import sys; from matching.compiled import compiled_engine; sys.exit(compiled_engine()[0] is None)'
+if ! .venv/bin/python -c "$core_current" 2>/dev/null; then
     log "building the compiled matching core (Cython)"
     if ! .venv/bin/python setup.py -q build_ext --inplace >.venv/build_ext.log 2>&1; then
         cat .venv/build_ext.log >&2; log "building the compiled matching core failed (log above)"; exit 1
     fi
-    rm -f .venv/.compiled-*
-    touch "$core_stamp"
 fi
 if ! MATCHING_ENGINE=compiled .venv/bin/python -c 'from matching.compiled import engine_class; engine_class()'; then
     cat .venv/build_ext.log >&2 2>/dev/null || true
