@@ -39,6 +39,9 @@ Guarantees:
   only. Starting from the block where the previous range was set would be as safe but needs that
   point stored; starting later (e.g. "now") would hide a deposit to an address issued while the
   range was overtaken.
+- bitcoind also tops a ranged descriptor up by itself once an address near its end is used (to
+  the last used index + its `-keypool`, 1000 by default): ranges only grow, so that never hides a
+  coin; the coverage check below is what guarantees every issued address is watched.
 - `read(tip)` answers only when, before and after the reads, the wallet's last processed block and
   the node's tip are both `tip`, no rescan runs and the wallet's ranges did not change (an import
   by another process in between); and when every range covers what custody has issued.
@@ -103,10 +106,12 @@ class NodeHoldings:
 
 # ---- pure decisions --------------------------------------------------------------------------
 
-def wallet_name(network: str, deposit_xpub: str, hot_xpub: str, registered_at: str) -> str:
+def wallet_name(network: str, deposit_xpub: str, hot_xpub: str, registered_at: str, label: str = "") -> str:
     """The deployment's watch-only wallet name: deterministic, and another deployment (another
-    database registering the same keys at another time) gets another name."""
-    digest = hashlib.sha256("\n".join((network, deposit_xpub, hot_xpub, registered_at)).encode()).hexdigest()
+    database registering the same keys at another time) gets another name; so does another
+    `label` (a second, independent view of one deployment, e.g. a test's own)."""
+    parts = (network, deposit_xpub, hot_xpub, registered_at) + ((label,) if label else ())
+    digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()
     return f"custody-view-{digest[:24]}"
 
 
@@ -187,13 +192,14 @@ class NodeView:
     """The watch-only wallet of this deployment (see the module docstring)."""
 
     def __init__(self, engine: Engine, adapter: BitcoinAdapter, *, network: str,
-                 lookahead: int = DEFAULT_LOOKAHEAD) -> None:
+                 lookahead: int = DEFAULT_LOOKAHEAD, label: str = "") -> None:
         if lookahead < 2:
             raise ValueError("lookahead must be at least 2")
         self.engine = engine
         self.adapter = adapter
         self.network = network
         self.lookahead = lookahead
+        self.label = label  # wallet_name: another label, another wallet of its own
 
     # ---- reading the database ------------------------------------------------------------
 
@@ -207,7 +213,8 @@ class NodeView:
                 wallets = self._wallets(c)
         if "deposit" not in wallets or "hot" not in wallets:
             raise NodeViewNotReady("no bitcoin deposit and hot wallets are registered yet")
-        return wallet_name(self.network, wallets["deposit"].xpub, wallets["hot"].xpub, wallets["deposit"].registered)
+        return wallet_name(self.network, wallets["deposit"].xpub, wallets["hot"].xpub, wallets["deposit"].registered,
+                           self.label)
 
     @staticmethod
     def _issued_end(c: Connection, branch: Branch, wallets: dict[str, _Wallet]) -> int:
