@@ -44,6 +44,9 @@
 | retry_unknown | 404 | no withdrawal batch, sweep or rebalance with that id |
 | retry_not_set_aside | 409 | the withdrawal batch, sweep or rebalance is not set aside: there is nothing to retry |
 | no_customer_accounts | 409 | a proof-of-reserves report needs at least one customer account of the asset to commit to |
+| api_key_not_found | 404 | no API key with that id |
+| api_key_not_live | 409 | the API key is revoked already (or, to rotate, revoked or rotated already) |
+| api_key_name_taken | 409 | a key of that name was created before (a name is an idempotency namespace: it is never handed out again; rotate the key instead) |
 """
 from __future__ import annotations
 
@@ -93,6 +96,9 @@ class CustodyErrorCode(str, enum.Enum):
     retry_unknown = "retry_unknown"
     retry_not_set_aside = "retry_not_set_aside"
     no_customer_accounts = "no_customer_accounts"
+    api_key_not_found = "api_key_not_found"
+    api_key_not_live = "api_key_not_live"
+    api_key_name_taken = "api_key_name_taken"
 
     @property
     def http_status(self) -> int:
@@ -142,6 +148,9 @@ _STATUS = {
     CustodyErrorCode.retry_unknown: 404,
     CustodyErrorCode.retry_not_set_aside: 409,
     CustodyErrorCode.no_customer_accounts: 409,
+    CustodyErrorCode.api_key_not_found: 404,
+    CustodyErrorCode.api_key_not_live: 409,
+    CustodyErrorCode.api_key_name_taken: 409,
 }
 
 
