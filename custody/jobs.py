@@ -22,7 +22,11 @@ tick; what the dead one left half-done is finished by the idempotent steps (a ba
 made again; a signed transaction is stored before broadcast). Within one process a slow run is
 skipped, not stacked (APScheduler's max_instances=1). A run logs its exceptions instead of dying; a
 failed run is retried on the next tick, which is safe because every step is idempotent.
-APScheduler's own log lines name the job (`Running job "payouts (trigger: ...)"`). Within a job,
+APScheduler's own log lines name the job (`Running job "payouts (trigger: ...)"`) and are written
+at DEBUG (custody.observability); every log line written during a run carries the job's name
+(`job` in the JSON line). Each run is counted in `job_stat` (runs, failures, skips, seconds; one
+upsert on the lock's own connection after the run), which the api's `/metrics` reads
+(custody.metrics): a run fails when it raised, or when one of its steps raised. Within a job,
 each step runs even when an earlier one failed (`run_steps`: a node error while batching never
 stops broadcast and tracking), and within a step one batch, sweep or rebalance that fails is set
 aside and the others go on (custody.containment).
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import zlib
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
@@ -41,6 +46,7 @@ from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.exc import DBAPIError
 
 from chain_adapters.errors import NodeUnavailable
+from custody.observability import job_context
 
 log = logging.getLogger(__name__)
 
@@ -85,10 +91,17 @@ def verify_books(container: Any) -> list[str]:
     return [c.name for c in failed]
 
 
+class StepsFailed(Exception):
+    """One or more steps of a job raised (each was logged when it did); the run counts as failed."""
+
+
 def run_steps(name: str, steps: list[Callable[[], object]]) -> None:
-    """Run every step in order; one that raises is logged and the next one still runs."""
-    for step in steps:
-        _guard(f"{name}:{getattr(step, '__name__', 'step')}", step)()
+    """Run every step in order; one that raises is logged and the next one still runs. Raises
+    StepsFailed at the end, naming the steps that raised, when any did."""
+    failed = [label for step in steps
+              if not _guard(label := f"{name}:{getattr(step, '__name__', 'step')}", step)()]
+    if failed:
+        raise StepsFailed(", ".join(failed))
 
 
 def payouts_once(container: Any) -> None:
@@ -109,6 +122,8 @@ def _guard(name: str, fn: Callable[[], object]) -> Callable[[], bool]:
             return True
         except NodeUnavailable as exc:  # a node restarting or stopping: expected, retried next tick
             log.warning("job %s: node unavailable (%s); retrying next run", name, exc)
+        except StepsFailed as exc:  # each step's failure is logged already
+            log.warning("job %s: steps failed: %s", name, exc)
         except Exception:  # noqa: BLE001 - logged; the next tick retries an idempotent step
             log.exception("job %s failed", name)
         return False
@@ -181,16 +196,51 @@ def exclusive_job(name: str, fn: Callable[[], object], locks: JobLocks) -> Calla
     body = _guard(name, fn)
 
     def run() -> bool | None:
-        try:
-            with locks.hold(name) as got:
-                if not got:
-                    log.debug("job %s: held by another worker; skipped", name)
-                    return False
-                return True if body() else None
-        except Exception:  # noqa: BLE001 - the database is unreachable: the next tick tries again
-            log.exception("job %s: could not take its lock", name)
-            return None
+        with job_context(name):
+            try:
+                with locks.hold(name) as got:
+                    if not got:
+                        log.debug("job %s: held by another worker; skipped", name)
+                        record_run(locks.engine, name, skipped=True)
+                        return False
+                    started = time.perf_counter()
+                    ok = body()
+                    record_run(locks.engine, name, failed=not ok, seconds=time.perf_counter() - started)
+                    return True if ok else None
+            except Exception:  # noqa: BLE001 - the database is unreachable: the next tick tries again
+                log.exception("job %s: could not take its lock", name)
+                return None
+
+    run.__name__ = run.__qualname__ = name  # what APScheduler and tracebacks call it
     return run
+
+
+_RECORD_SQL = text("""
+INSERT INTO job_stat AS s (name, runs, failures, skipped, seconds_total, last_seconds, last_run_at, last_failure_at)
+VALUES (:n, :runs, :failures, :skipped, :seconds, :last_seconds,
+        CASE WHEN :runs = 1 THEN now() END, CASE WHEN :failures = 1 THEN now() END)
+ON CONFLICT (name) DO UPDATE SET
+    runs = s.runs + EXCLUDED.runs,
+    failures = s.failures + EXCLUDED.failures,
+    skipped = s.skipped + EXCLUDED.skipped,
+    seconds_total = s.seconds_total + EXCLUDED.seconds_total,
+    last_seconds = coalesce(EXCLUDED.last_seconds, s.last_seconds),
+    last_run_at = coalesce(EXCLUDED.last_run_at, s.last_run_at),
+    last_failure_at = coalesce(EXCLUDED.last_failure_at, s.last_failure_at)
+""")
+
+
+def record_run(engine: Engine, name: str, *, failed: bool = False, skipped: bool = False, seconds: float = 0.0) -> None:
+    """Count one run (or skip) of job `name` in `job_stat`; a failure to count is logged, never
+    raised (the count is for watching; the job's work is done)."""
+    ran = 0 if skipped else 1
+    try:
+        with engine.begin() as conn:
+            conn.execute(_RECORD_SQL, {"n": name, "runs": ran, "failures": int(failed and ran == 1),
+                                       "skipped": int(skipped), "seconds": seconds if ran else 0.0,
+                                       "last_seconds": seconds if ran else None})
+    except Exception as exc:  # noqa: BLE001
+        log.warning("job %s: its run was not counted in job_stat (%s)", name, exc)
 
 
 def build_scheduler(container: Any, *, sink: Callable[[str, dict], None] | None = None, scale: float = 1.0,

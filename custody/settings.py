@@ -8,6 +8,8 @@
 | `API_KEY_PEPPER` | dev value | HMAC key mixed into stored API-key hashes; refused at its default in production |
 | `API_HOST` / `API_PORT` | `127.0.0.1` / `8000` | where `python -m custody serve` listens |
 | `TREASURY_ADJUSTMENT_QUORUM` | `1` | operators other than the proposer who must approve a treasury adjustment |
+| `LOG_FORMAT` | `json` | `json`: one JSON object per line (custody.observability); `text`: one plain line per record, for developers |
+| `LOG_LEVEL` | `INFO` | `DEBUG`, `INFO`, `WARNING`, `ERROR`; `DEBUG` also shows the scheduler's per-run lines |
 """
 from __future__ import annotations
 
@@ -32,6 +34,8 @@ class Settings(BaseSettings):
     api_host: str = "127.0.0.1"
     api_port: int = 8000
     treasury_adjustment_quorum: int = Field(default=1, ge=1, le=10)
+    log_format: Literal["json", "text"] = "json"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @model_validator(mode="after")
     def _refuse_default_secrets(self) -> "Settings":
