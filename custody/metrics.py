@@ -42,6 +42,7 @@ from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import text
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger(__name__)
@@ -175,6 +176,19 @@ def build_registry(container: Any) -> CollectorRegistry:
     return registry
 
 
+def route_template(scope: Scope) -> str:
+    """The template of the route that served `scope` (`/v1/holds/{hold_id}`), a mount's prefix for
+    its files, or `<unmatched>`: never the raw path, so the label's values are bounded by the app's
+    routes."""
+    route = scope.get("route")
+    if route is None:  # routes FastAPI adds itself (/openapi.json) and mounts do not record it
+        for candidate in getattr(scope.get("router"), "routes", ()):
+            if candidate.matches(scope)[0] is Match.FULL:
+                route = candidate
+                break
+    return getattr(route, "path", None) or "<unmatched>"
+
+
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})  # any other: "other"
 
 
@@ -201,8 +215,7 @@ class HttpMetricsMiddleware:
         try:
             await self.app(scope, receive, send_recording)
         finally:
-            route = scope.get("route")
-            template = getattr(route, "path", None) or "<unmatched>"
+            template = route_template(scope)
             method = scope.get("method", "")
             seconds = time.perf_counter() - started
             HTTP_LATENCY.labels(method if method in _METHODS else "other", template, str(status["code"])).observe(seconds)
