@@ -16,9 +16,11 @@ command runs. Every line then carries:
 Settings (custody.settings): `LOG_FORMAT=json` (default) or `text` (one human line per record, for
 developers: `time level logger [process request job] message`); `LOG_LEVEL` (default `INFO`).
 
-APScheduler's per-run lines ("Running job ...", "... executed successfully", "Added job") are
-demoted to DEBUG (`DemoteToDebug`): at the default level they are not written, with
-`LOG_LEVEL=DEBUG` they are. A job's own failures are still logged by custody.jobs at WARNING/ERROR.
+APScheduler's per-run lines ("Running job ...", "... executed successfully", "Added job", and its
+warnings that a tick was skipped because the previous run still runs or was missed: by design, see
+custody.jobs) are demoted to DEBUG (`DemoteToDebug`, everything of theirs below ERROR): at the
+default level they are not written, with `LOG_LEVEL=DEBUG` they are. A job's own failures are
+logged by custody.jobs at WARNING/ERROR, with the job's name.
 
 Request ids: `RequestIdMiddleware` takes the incoming `X-Request-ID` when it is well-formed (1-64
 of `[A-Za-z0-9._-]`), else makes one (32 hex digits), binds it for every log line of the request
@@ -60,11 +62,11 @@ class ContextFilter(logging.Filter):
 
 
 class DemoteToDebug(logging.Filter):
-    """Records below WARNING become DEBUG (for a chatty library's per-run lines); the handlers'
+    """Records below ERROR become DEBUG (for a chatty library's per-run lines); the handlers'
     level then decides whether they are written."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.WARNING:
+        if record.levelno < logging.ERROR:
             record.levelno, record.levelname = logging.DEBUG, "DEBUG"
         return True
 
