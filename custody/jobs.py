@@ -92,26 +92,33 @@ def verify_books(container: Any) -> list[str]:
 
 
 class StepsFailed(Exception):
-    """One or more steps of a job raised (each was logged when it did); the run counts as failed."""
+    """One or more steps of a scheduled job raised (each was logged when it did): the run counts
+    as failed in job_stat."""
 
 
-def run_steps(name: str, steps: list[Callable[[], object]]) -> None:
-    """Run every step in order; one that raises is logged and the next one still runs. Raises
-    StepsFailed at the end, naming the steps that raised, when any did."""
-    failed = [label for step in steps
-              if not _guard(label := f"{name}:{getattr(step, '__name__', 'step')}", step)()]
-    if failed:
-        raise StepsFailed(", ".join(failed))
+def run_steps(name: str, steps: list[Callable[[], object]]) -> list[str]:
+    """Run every step in order; one that raises is logged and the next one still runs. Returns
+    the names of the steps that raised."""
+    return [label for step in steps if not _guard(label := f"{name}:{getattr(step, '__name__', 'step')}", step)()]
 
 
-def payouts_once(container: Any) -> None:
+def failing_when_steps_fail(fn: Callable[[], list[str] | None]) -> Callable[[], None]:
+    """The scheduled form of a job made of steps: raises StepsFailed when any step raised."""
+    def run() -> None:
+        failed = fn()
+        if failed:
+            raise StepsFailed(", ".join(failed))
+    return run
+
+
+def payouts_once(container: Any) -> list[str]:
     p = container.payouts
     steps: list[Callable[[], object]] = []
     if "bitcoin" in container.adapters:
         steps += [p.sync_hot_wallet, p.batch_bitcoin]
     if "ethereum" in container.adapters:
         steps.append(p.batch_ethereum)
-    run_steps("payouts", steps + [p.sign_open_batches, p.broadcast, p.track, p.bump_fees])
+    return run_steps("payouts", steps + [p.sign_open_batches, p.broadcast, p.track, p.bump_fees])
 
 
 def _guard(name: str, fn: Callable[[], object]) -> Callable[[], bool]:
@@ -266,15 +273,16 @@ def build_scheduler(container: Any, *, sink: Callable[[str, dict], None] | None 
         for chain in getattr(container, "adapters", {}):
             add(f"deposits:{chain}", lambda ch=chain: deposits.run_once([ch]), 2)
     if payouts is not None:
-        add("payouts", lambda: payouts_once(container), 3)
+        add("payouts", failing_when_steps_fail(lambda: payouts_once(container)), 3)
     if sweeps is not None:
-        add("sweeps", lambda: run_steps("sweeps", [sweeps.sweep_bitcoin, sweeps.broadcast, sweeps.track]), 30)
+        add("sweeps", failing_when_steps_fail(lambda: run_steps("sweeps", [sweeps.sweep_bitcoin, sweeps.broadcast,
+                                                                         sweeps.track])), 30)
     if rebalances is not None:
-        add("rebalances", lambda: run_steps("rebalances", [rebalances.rebalance_bitcoin, rebalances.broadcast,
-                                                           rebalances.track]), 30)
+        add("rebalances", failing_when_steps_fail(lambda: run_steps("rebalances", [
+            rebalances.rebalance_bitcoin, rebalances.broadcast, rebalances.track])), 30)
     add("expire-holds", container.ledger.expire_holds, 10)
     add("outbox", dispatcher.dispatch, 1)
-    add("verify", lambda: verify_books(container), 60)
+    add("verify", failing_when_steps_fail(lambda: verify_books(container)), 60)  # a failed check fails the run
     if reconciliation is not None:
         add("reconcile", reconciliation.run, 60)
     if trading is not None:

@@ -23,7 +23,7 @@ from fastapi.testclient import TestClient
 from chain_adapters.bitcoin import BitcoinAdapter
 from custody.api.app import create_app
 from custody.container import Container
-from custody.jobs import JobLocks, build_scheduler, exclusive_job, run_steps
+from custody.jobs import JobLocks, build_scheduler, exclusive_job, failing_when_steps_fail, run_steps
 from custody.launch import free_port
 from custody.observability import configure_logging
 from custody.settings import Settings
@@ -108,7 +108,7 @@ def test_jobs_are_named_in_their_lines_and_counted(engine, captured):
 
     try:
         assert exclusive_job(name, lambda: logging.getLogger("custody.test").info("working"), locks)() is True
-        assert exclusive_job(name, lambda: run_steps(name, [failing_step]), locks)() is None
+        assert exclusive_job(name, failing_when_steps_fail(lambda: run_steps(name, [failing_step])), locks)() is None
         other = JobLocks(engine)
         try:
             with other.hold(name):
