@@ -178,7 +178,7 @@ def run_demo_topology(*, state_dir: Path, api_port: int | None = None, exit_afte
     from custody.addresses import derive_btc_address
     from custody.auth import create_api_key
     from custody.broker import embedded_nats_url, stop_embedded
-    from custody.database import drop_database, embedded_server_url, ensure_database, make_engine, with_database
+    from custody.database import drop_database, embedded_database_url, ensure_database, make_engine
     from custody.demo import DemoWorld, run_demo
     from custody.settings import get_settings
     from regtest.cluster import start_cluster
@@ -186,8 +186,12 @@ def run_demo_topology(*, state_dir: Path, api_port: int | None = None, exit_afte
     root = state_dir / "demo"
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
-    owner_url = with_database(embedded_server_url(state_dir), "custody_demo")
-    drop_database(owner_url)  # the demo runs on fresh chains, so on a fresh database too
+    # The database the maintenance CLI uses without DATABASE_URL (custody.database.EMBEDDED_DATABASE),
+    # so `create-api-key` / `api-key` act on the running demo.
+    owner_url = embedded_database_url(state_dir)
+    log.info("the demo serves the embedded database %r (dropped and made again: fresh chains need fresh books)",
+             make_url(owner_url).database)
+    drop_database(owner_url)
     ensure_database(owner_url)
     log.info("starting bitcoind -regtest and anvil under %s", root / "chains")
     cluster = start_cluster(root / "chains")

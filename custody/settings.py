@@ -16,6 +16,8 @@
 | `WEBHOOK_TIMEOUT_SECONDS` | `5` | the whole of one attempt (connect, send, answer); longer counts as a failure |
 | `WEBHOOK_CONCURRENCY` | `8` | endpoints POSTed to at once by the worker's webhooks job |
 | `WEBHOOK_ROTATION_GRACE_SECONDS` | `86400` | default time the old secret keeps signing beside the new one after a rotation |
+| `LOG_FORMAT` | `json` | `json`: one JSON object per line (custody.observability); `text`: one plain line per record, for developers |
+| `LOG_LEVEL` | `INFO` | `DEBUG`, `INFO`, `WARNING`, `ERROR`; `DEBUG` also shows the scheduler's per-run lines |
 """
 from __future__ import annotations
 
@@ -56,6 +58,8 @@ class Settings(BaseSettings):
         if key is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", key.get_secret_value().strip()):
             raise ValueError("WEBHOOK_SECRET_KEY must be 64 hex digits (32 bytes: `openssl rand -hex 32`)")
         return key
+    log_format: Literal["json", "text"] = "json"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @model_validator(mode="after")
     def _refuse_default_secrets(self) -> "Settings":

@@ -62,8 +62,12 @@ def serve_api(root: ApiRoot) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: log.info("%s: the api has stopped serving", signal.Signals(signum).name))
     host, port = root.settings.api_host, root.settings.api_port
-    server = uvicorn.Server(uvicorn.Config(create_app(root), host=host, port=port, log_level="warning"))  # type: ignore[arg-type]
+    server = uvicorn.Server(uvicorn.Config(create_app(root), host=host, port=port, log_level="warning",
+                                                log_config=None, access_log=False))  # type: ignore[arg-type]
     log.info("custody api serving on http://%s:%d (OpenAPI at /docs); config %s", host, port, root.config.source)
+    # log_config=None: uvicorn's lines go through the process's own (JSON) logging
+    # (custody.observability); its access log is replaced by custody.api.access's, which carries
+    # the request id
     server.run()
     log.info("custody api stopped")
     return 0

@@ -43,7 +43,7 @@ WRITERS = (API, WORKER)
 INSUFFICIENT_PRIVILEGE = "42501"
 MIGRATION = Path(__file__).resolve().parents[2] / "migrations" / "versions" / "0020_process_roles.py"
 API_READ_ONLY = ["api_key", "btc_wallet_output", "chain_asset", "chain_cursor", "chain_transaction", "denylist_address",
-                 "eth_nonce", "matching_snapshot"]  # migrations 0022 and 0023 (the wallet index): custody_api may only read them
+                 "eth_nonce", "job_stat", "matching_snapshot"]  # migrations 0022, 0023 (the wallet index), 0025: custody_api may only read them
 
 
 def sqlstate(engine: Engine, role: str | None, sql: str, params: dict | None = None) -> str | None:
