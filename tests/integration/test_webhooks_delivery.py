@@ -316,3 +316,34 @@ def test_a_hanging_receiver_does_not_hold_up_the_others(world, engine):
         release.set()
         hanging.shutdown()
         hanging.server_close()
+
+
+def test_an_unreadable_webhook_key_answers_503_and_writes_nothing(world, engine, tmp_path):
+    """A service whose webhook key cannot be read or created (no WEBHOOK_SECRET_KEY, and its state
+    directory is a file) answers create and rotate with `webhook_key_unavailable` (503, documented)
+    and writes nothing; an endpoint that does not exist is still `webhook_endpoint_not_found`
+    first, the order custody.webhooks.endpoints states."""
+    container, client, receiver, topic = world
+    endpoint = client.post("/v1/webhook-endpoints", json={"url": receiver.url("/x"), "event_types": [topic]}).json()
+    endpoint_id = endpoint["endpoint"]["id"]
+    blocked = tmp_path / "state-is-a-file"
+    blocked.write_text("")
+    broken = Container(settings=container.settings.model_copy(update={"state_dir": blocked, "webhook_secret_key": None}),
+                       engine=engine, ledger=Ledger(engine))
+    keyless = TestClient(create_app(broken), raise_server_exceptions=False, headers=dict(client.headers))
+
+    def stored() -> tuple:
+        with engine.connect() as c:
+            return (c.execute(text("SELECT id, secret_enc, previous_secret_enc, updated_at FROM webhook_endpoint "
+                                   "ORDER BY id")).all(),
+                    c.execute(text("SELECT count(*) FROM audit_event WHERE action LIKE 'webhook_%'")).scalar_one())
+
+    before = stored()
+    for r in (keyless.post("/v1/webhook-endpoints", json={"url": receiver.url("/y"), "event_types": [topic]}),
+              keyless.post(f"/v1/webhook-endpoints/{endpoint_id}/rotate-secret", json={"grace_seconds": 0})):
+        code = r.json()["error"]["code"]
+        assert_equal((r.status_code, code), (503, "webhook_key_unavailable"))
+        assert code in documented_codes(keyless, r)
+    r = keyless.post("/v1/webhook-endpoints/987654321/rotate-secret", json={})
+    assert_equal((r.status_code, r.json()["error"]["code"]), (404, "webhook_endpoint_not_found"))
+    assert_equal(stored(), before)
