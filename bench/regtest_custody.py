@@ -30,13 +30,16 @@ def bench_keys() -> SignerKeys:
     return SignerKeys(seed_from_text(Secret(TEST_MNEMONIC)), "regtest")
 
 
-def bitcoin_container(url: str, node: BitcoinNode, signer_keys: SignerKeys | None) -> Container:
+def bitcoin_container(url: str, node: BitcoinNode, signer_keys: SignerKeys | None, *,
+                      node_view: bool = False) -> Container:
     """The custody container on the (migrated) database at `url` and `node`'s RPC; with
-    `signer_keys` the withdrawal side too (payouts, hot-wallet sync, reconciliation). The caller
+    `signer_keys` the withdrawal side too (payouts, hot-wallet sync, reconciliation); `node_view`:
+    reconciliation cross-checks against the node's watch-only wallet (custody.node_view). The caller
     disposes `container.engine`."""
     engine = make_engine(url)
     container = Container(settings=Settings(environment="test"), engine=engine, ledger=Ledger(engine))
-    container.with_chains({"bitcoin": BitcoinAdapter(node.rpc_url, network="regtest")}, signer_keys=signer_keys)
+    container.with_chains({"bitcoin": BitcoinAdapter(node.rpc_url, network="regtest")}, signer_keys=signer_keys,
+                          node_view=node_view)
     return container
 
 

@@ -12,7 +12,8 @@ What it prints, in one run (with the load average before and after, `os.getloada
    catching up (one call for the whole window); and their ratio (target: at most 1.5).
 2. On the small and the large chain: one hot-wallet sync (`Payouts.sync_hot_wallet`, once it has
    nothing new to record) and one bitcoin reconciliation pass (`Reconciliation.run(chains=["bitcoin"])`,
-   which runs a sync first), beside one `scantxoutset` call for the hot address on the same node;
+   which runs a sync first and cross-checks every line against the node's own watch-only wallet,
+   custody.node_view, as the deployed worker does; the first pass creates that wallet), beside one `scantxoutset` call for the hot address on the same node;
    and the ratio large/small of each (target for sync and reconciliation: independent of the UTXO
    set size, i.e. near 1). Under each figure: the node's RPC methods it caused, counted from the
    node's own log (`-debug=rpc`), so the figures say which path they measured.
@@ -377,7 +378,7 @@ def steady_state(dbs: Databases, template: str, tools: Tools, chain: Chain, root
     try:
         utxo_set = node.rpc("gettxoutsetinfo", "none")["txouts"]
         with dbs.clone(template, f"steady{chain.outputs}") as url:
-            container = bitcoin_container(url, node, keys)
+            container = bitcoin_container(url, node, keys, node_view=True)  # reconciliation as deployed
             try:
                 figures = Figures(utxo_set)
                 hot = container.payouts.hot_address("bitcoin")
@@ -427,6 +428,9 @@ def check_lines(lines, chain: Chain) -> None:
     if tiers != ["deposit", "hot"]:
         raise Invalid(f"reconciliation on the {chain.outputs:,}-output chain compared {tiers}, expected deposit and hot")
     for line in lines:
+        if line.node != line.on_chain:
+            raise Invalid(f"reconciliation on the {chain.outputs:,}-output chain: the node's own view of {line.tier} "
+                          f"({line.node}) is not the index's ({line.on_chain})")
         if line.difference != 0:
             raise Invalid(f"reconciliation on the {chain.outputs:,}-output chain: {line.tier} differs by "
                           f"{line.difference} (chain {line.on_chain}, books {line.books}, in transit {line.in_transit})")
