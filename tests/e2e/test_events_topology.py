@@ -116,7 +116,7 @@ class Projection:
 
 class Consumer:
     """A durable pull consumer with explicit acks, fetching on a thread (and event loop) of its own
-    until stopped. `crash()` makes it apply its next non-empty batch, not acknowledge it, and drop
+    until stopped. `arm_crash()` makes it apply its next non-empty batch, not acknowledge it, and drop
     its connection, as a process that dies between its effect and its ack."""
 
     def __init__(self, url: str, stream: str, prefix: str, durable: str, projection: Projection) -> None:
@@ -143,9 +143,12 @@ class Consumer:
         self.thread.join(15)
         assert not self.thread.is_alive() and self.error is None, self.error
 
-    def crash(self, timeout: float = 30.0) -> None:
-        """Ask for a crash and wait until it happened (a batch applied and left unacknowledged)."""
+    def arm_crash(self) -> None:
+        """Crash on the next non-empty batch (see the class docstring)."""
         self.crash_event.set()
+
+    def wait_crashed(self, timeout: float = 30.0) -> None:
+        """Wait until the armed crash happened (a batch applied and left unacknowledged)."""
         assert self.crashed.wait(timeout), "no batch arrived to crash on"
         self.thread.join(15)
         assert self.error is None, self.error
@@ -345,6 +348,7 @@ def test_projection_from_jetstream_survives_restarts_and_equals_the_api(deployme
     _ok(admin.post("/v1/markets", json={"symbol": symbol, "base_asset": "BTC", "quote_asset": "USDT", "lot_size": 10_000,
                                         "quote_per_tick_lot": 1, "fees": {"default": {"maker_ppm": 1_000, "taker_ppm": 2_000}}}),
         201)
+    _ok(admin.post("/v1/assets", json={"code": "USDT", "decimals": 6}), 201)  # idempotent; opens its firm accounts
     buyer_usdt = _customer(backend, buyer, "USDT")
     proposal = _ok(op1.post("/v1/treasury/adjustments", json={
         "idempotency_key": f"usdt-{run}", "reason": "events e2e: the buyer's opening balance",
@@ -377,11 +381,14 @@ def test_projection_from_jetstream_survives_restarts_and_equals_the_api(deployme
     _until("the outbox drained by the new worker", lambda: _undelivered(owner)[0] == 0, timeout=60)
     assert _stream_last_seq(nats_url, stream) >= published + waiting
 
-    log.info("The consumer crashes after applying a batch it never acknowledged, and starts again")
+    log.info("A withdrawal is requested; the consumer crashes after applying a batch it never acknowledged, and "
+             "starts again")
+    _until("the consumer caught up", lambda: _caught_up(nats_url, stream, durable))
+    consumer.arm_crash()
     dest = cluster.bitcoin.wallet("getnewaddress", "", "bech32")
     withdrawal = _ok(backend.post("/v1/withdrawals", json={"client_withdrawal_id": f"w-{run}", "account_id": seller_btc,
                                                          "amount": "0.1", "destination": dest}), 201)
-    consumer.crash()
+    consumer.wait_crashed()
     consumer = Consumer(nats_url, stream, prefix, durable, projection)
     consumer.start()
 
