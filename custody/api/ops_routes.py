@@ -9,7 +9,8 @@ anyway, as for every route):
   `{"status": "ready"|"not_ready", "checks": {name: {"ok": bool, "detail": str}}}`. Checks:
   `database` (`SELECT 1`), one per chain node (`bitcoin`, `ethereum`: the node's `tip()` through
   its network gate, so a node on the wrong chain fails too), `signer` (`ping()`, when the process
-  has a signer client) and `broker` (when the container has one with `ping()`: the events broker).
+  has a signer client) and `broker` (when the configuration names a NATS server, as the worker
+  resolves it: custody.broker_probe; reached from this process, cached 5 s, 2 s timeout).
   A check that raises is failed with the exception's class and message (never a 500).
 - `GET /health`: the same as `/health/live` (kept for existing probes and the launcher, which only
   ask whether the process serves; `/health/ready` is the one that checks dependencies).
@@ -28,6 +29,7 @@ from pydantic import BaseModel
 from sqlalchemy import text
 
 from custody.api.deps import ContainerDep
+from custody.broker_probe import broker_url, probe_for
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["ops"])
@@ -59,9 +61,9 @@ def readiness_checks(container: Any) -> dict[str, Callable[[], object]]:
     signer = getattr(container, "signer", None)
     if signer is not None and hasattr(signer, "ping"):
         checks["signer"] = lambda: "pong" if signer.ping() is not None else "no answer"
-    broker = getattr(container, "broker", None)
-    if broker is not None and hasattr(broker, "ping"):
-        checks["broker"] = broker.ping
+    url = broker_url(container)  # custody.broker_probe: connect + JetStream account info, cached a few seconds
+    if url is not None:
+        checks["broker"] = probe_for(url)
     return checks
 
 

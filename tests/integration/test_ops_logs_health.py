@@ -7,6 +7,8 @@ job runs are counted for /metrics.
 - a scheduled job's lines carry its name; APScheduler's per-run lines are DEBUG, not INFO;
 - `/health/ready` is 503 naming the node that does not answer (a real bitcoind adapter pointed at
   a port nothing listens on), 200 when every check passes; `/health/live` stays 200;
+- `/health/ready` reaches the configured NATS server from the api itself: 503 naming `broker` on a
+  dead port, 200 on the live one (NATS_URL, else the embedded server); one probe per 5 s;
 - `job_stat` counts runs, failures and skips, and `/metrics` shows them with the other families.
 """
 from __future__ import annotations
@@ -14,21 +16,27 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
+import socket
+import threading
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
 from chain_adapters.bitcoin import BitcoinAdapter
 from custody.api.app import create_app
+from custody.broker import BrokerUnavailable, embedded_nats_url
+from custody.broker_probe import BrokerProbe
 from custody.container import Container
 from custody.jobs import JobLocks, build_scheduler, exclusive_job, failing_when_steps_fail, run_steps
 from custody.launch import free_port
 from custody.observability import configure_logging
 from custody.settings import Settings
 from ledger.service import Ledger
-from regtest.util import assert_equal
+from regtest.util import assert_equal, wait_until
 
 FIELDS = {"time", "level", "logger", "message", "process", "request_id", "job"}
 
@@ -54,6 +62,11 @@ def lines(stream: io.StringIO) -> list[dict]:
     for entry in out:
         assert FIELDS <= set(entry), entry
     return out
+
+
+@pytest.fixture(scope="module")
+def live_nats_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return os.environ.get("NATS_URL") or embedded_nats_url(Path(tmp_path_factory.mktemp("state")))
 
 
 def dead_node() -> BitcoinAdapter:
@@ -93,9 +106,64 @@ def test_readiness_names_the_failed_dependency(engine):
                  ("not_ready", True, False))
     assert_equal(client.get("/health/live").status_code, 200)
     assert_equal(client.get("/health").status_code, 200)
-    up = TestClient(create_app(Container(settings=Settings(environment="test"), engine=engine, ledger=Ledger(engine))))
+    # no broker configured (nats_url=None overrides a NATS_URL in the environment): no broker check
+    up = TestClient(create_app(Container(settings=Settings(environment="test", nats_url=None), engine=engine,
+                                         ledger=Ledger(engine))))
     r = up.get("/health/ready")
     assert_equal((r.status_code, r.json()["status"], set(r.json()["checks"])), (200, "ready", {"database"}))
+
+
+def test_readiness_reaches_the_broker_from_this_process(engine, live_nats_url):
+    """The api process never publishes, yet its readiness connects to the configured NATS server
+    itself: a dead port is 503 naming `broker`; the live server (JetStream) is ready."""
+    dead = f"nats://127.0.0.1:{free_port()}"
+    client = TestClient(create_app(Container(settings=Settings(environment="test", nats_url=dead), engine=engine,
+                                             ledger=Ledger(engine))), raise_server_exceptions=False)
+    started = time.monotonic()
+    r = client.get("/health/ready")
+    assert time.monotonic() - started < 5  # a short timeout, never the request's whole budget
+    assert_equal(r.status_code, 503)
+    checks = r.json()["checks"]
+    assert_equal((checks["database"]["ok"], checks["broker"]["ok"]), (True, False))
+    assert checks["broker"]["detail"].startswith("BrokerUnavailable: " + dead), checks["broker"]
+
+    live = TestClient(create_app(Container(settings=Settings(environment="test", nats_url=live_nats_url), engine=engine,
+                                           ledger=Ledger(engine))))
+    r = live.get("/health/ready")
+    assert_equal((r.status_code, r.json()["checks"]["broker"]["ok"]), (200, True))
+    assert r.json()["checks"]["broker"]["detail"].startswith("jetstream: "), r.json()
+
+
+def test_a_broker_probe_is_cached_for_a_few_seconds():
+    """Each probe is one connection; within `cache_s` the answer is reused, after it asked again.
+    The 'server' is a TCP listener that counts connections and speaks no NATS (so each probe fails)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    accepted = []
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            accepted.append(conn)
+            conn.close()
+
+    threading.Thread(target=accept, daemon=True).start()
+    now = [1000.0]
+    probe = BrokerProbe(f"nats://127.0.0.1:{port}", timeout_s=1.0, cache_s=5.0, clock=lambda: now[0])
+    try:
+        for _ in range(3):
+            with pytest.raises(BrokerUnavailable, match=f"127.0.0.1:{port}"):
+                probe()
+        assert_equal(len(accepted), 1)
+        now[0] += 5.0
+        with pytest.raises(BrokerUnavailable):
+            probe()
+        wait_until(lambda: len(accepted) == 2, timeout=5, what="the second probe's connection")
+    finally:
+        listener.close()
 
 
 def test_jobs_are_named_in_their_lines_and_counted(engine, captured):
