@@ -11,8 +11,11 @@ Guarantees:
   (`api_key_name_taken`).
 - Rotation makes a new key of the same name and role and revokes the old one, at once or after a
   grace period (its `revoked_at` is then in the future); a key is rotated at most once.
-- Revocation takes effect on the next request: `authenticate` reads the row on every request, no
-  key is cached anywhere in the service.
+- Revocation takes effect within `AUTH_CACHE_SECONDS` (0.5 s) in every process, and at once in
+  the process that revoked or rotated the key: `authenticate` remembers a live key's principal
+  for at most that long (never past a rotation's grace period, never an unknown or revoked key),
+  keyed by the key's HMAC, per engine; `revoke_api_key` and `rotate_api_key` forget the engine's
+  entries. Nothing else about a key is cached.
 - Revoking and rotating go through the database functions `custody_revoke_api_key` and
   `custody_rotate_api_key` (SECURITY DEFINER), which also write the audit event; the api role may
   not write `api_key` directly.
@@ -28,6 +31,9 @@ import hashlib
 import hmac
 import re
 import secrets
+import threading
+import time
+import weakref
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -94,15 +100,44 @@ def create_api_key(engine: Engine, name: str, role: Role | str, pepper: str) -> 
     return key
 
 
+AUTH_CACHE_SECONDS = 0.5  # how long a live key's principal is remembered (a revocation's delay, at most)
+_AUTH_CACHE_SIZE = 10_000
+# engine -> {key hash: (monotonic deadline, principal)}; only live keys are entered
+_live: weakref.WeakKeyDictionary[Engine, dict[str, tuple[float, Principal]]] = weakref.WeakKeyDictionary()
+_live_lock = threading.Lock()
+
+
 def authenticate(engine: Engine, key: str, pepper: str) -> Principal | None:
     """The key's principal while it is live (not revoked, or in a rotation's grace period), else
-    None. Read from the database on every call: a revocation counts from its commit."""
+    None. Read from the database, then remembered for at most AUTH_CACHE_SECONDS (and never past
+    the key's own `revoked_at`): a revocation counts from its commit plus that much."""
+    digest = hash_key(key, pepper)
+    now = time.monotonic()
+    entry = _live.get(engine, {}).get(digest)
+    if entry is not None and entry[0] > now:
+        return entry[1]
     with engine.connect() as conn:
         row = conn.execute(
-            text("SELECT name, role FROM api_key WHERE key_hash = :h AND (revoked_at IS NULL OR revoked_at > now())"),
-            {"h": hash_key(key, pepper)},
+            text("SELECT name, role, EXTRACT(EPOCH FROM revoked_at - now()) AS grace FROM api_key "
+                 "WHERE key_hash = :h AND (revoked_at IS NULL OR revoked_at > now())"),
+            {"h": digest},
         ).first()
-    return Principal(row.name, Role(row.role)) if row else None
+    if row is None:
+        return None
+    principal = Principal(row.name, Role(row.role))
+    ttl = AUTH_CACHE_SECONDS if row.grace is None else min(AUTH_CACHE_SECONDS, float(row.grace))
+    with _live_lock:
+        entries = _live.setdefault(engine, {})
+        if len(entries) >= _AUTH_CACHE_SIZE:
+            entries.clear()
+        entries[digest] = (now + ttl, principal)
+    return principal
+
+
+def _forget_keys(engine: Engine) -> None:
+    """Drop the engine's remembered keys: this process revoked or rotated one."""
+    with _live_lock:
+        _live.pop(engine, None)
 
 
 @dataclass(frozen=True)
@@ -167,6 +202,7 @@ def revoke_api_key(engine: Engine, key_id: int, *, by: str) -> ApiKeyView:
         if refused is None:
             raise
         raise refused from None
+    _forget_keys(engine)
     return get_api_key(engine, key_id)
 
 
@@ -187,4 +223,5 @@ def rotate_api_key(engine: Engine, key_id: int, pepper: str, *, by: str,
         if refused is None:
             raise
         raise refused from None
+    _forget_keys(engine)
     return get_api_key(engine, new_id), key

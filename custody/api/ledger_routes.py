@@ -47,7 +47,7 @@ HOLD_STATE = ("hold_not_found", "hold_already_resolved", "hold_expired", "hold_o
 
 
 def _decimals(ledger: Ledger, account_id: int) -> int:
-    return ledger.get_asset(ledger.get_account(account_id).asset).decimals
+    return ledger.account_reference(account_id).decimals  # cached: no lookup per leg
 
 
 def _account_out(a: Account) -> AccountOut:

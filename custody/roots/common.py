@@ -126,7 +126,8 @@ class CustodyServices:
 def open_engine(config: DeploymentConfig, process: Process = "worker") -> Engine:
     """A pooled engine on the configured database, whose schema must be at head, connected as the
     process's own role (`role_problem`)."""
-    engine = make_engine(to_sqlalchemy_url(config.database_url))
+    # the api's pool holds a connection for each of its request threads (custody.roots.api.API_THREADS)
+    engine = make_engine(to_sqlalchemy_url(config.database_url), pool_size=20 if process == "api" else 10)
     try:
         current, head = schema_revision(engine)
         problem = None if current != head else role_problem(engine, process)

@@ -1,10 +1,12 @@
 """ops_api_keys: API keys are listed, revoked and rotated, over the admin API and the CLI.
 
 - over the API (every request runs as custody_api, tests/api_role.py): an admin lists keys (never a
-  key, only its prefix), revokes one (its next request is 401, well within a second: nothing caches
-  keys), rotates one (the new key, shown once, has the same name and role; the old one stops at once,
+  key, only its prefix), revokes one (its next request is 401: the revoking process forgets the
+  keys it remembered), rotates one (the new key, shown once, has the same name and role; the old one stops at once,
   or after the grace period); unknown ids, revoked keys, a second rotation and a grace period out
   of range answer their codes; other roles are refused;
+- a key revoked by another process (the CLI, another api) is refused 1.1 s later by an api that
+  had just authenticated it (custody.auth remembers a live key for at most 0.5 s);
 - the api role still may not write api_key itself;
 - a name is created once (`api_key_name_taken`), even after its key was revoked;
 - the CLI (`python -m custody api-key ...`) does the same against the database DATABASE_URL names,
@@ -177,3 +179,20 @@ def test_the_cli_lists_revokes_and_rotates(database_url, engine):
     missing = cli(database_url, "api-key", "revoke", "987654321")
     assert_equal(missing.returncode, 1)
     assert "no API key" in missing.stderr
+
+
+def test_a_key_revoked_elsewhere_is_refused_within_a_second(api, engine, database_url):
+    from custody.auth import revoke_api_key
+    from custody.database import make_engine
+
+    _, key, key_id = new_key(engine, "backend")
+    headers = {"X-API-Key": key}
+    assert_equal(api.get("/v1/assets", headers=headers).status_code, 200)  # remembered by this api now
+    other = make_engine(database_url, pool_size=1)  # another process's engine: this api's memory is not told
+    try:
+        revoke_api_key(other, key_id, by="cli")
+    finally:
+        other.dispose()
+    log.info("revoked through another engine; this api may serve the key for at most 0.5 s more")
+    time.sleep(1.1)
+    assert_equal(code(api.get("/v1/assets", headers=headers)), (401, "unauthorized"))
