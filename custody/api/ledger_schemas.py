@@ -135,7 +135,9 @@ class StatementOut(BaseModel):
     account_id: int
     asset: str
     lines: list[StatementLineOut]
-    next_after: int | None
+    next_after: int | None = Field(description="the entry id to send as `after` for the next page (kept for existing "
+                                               "clients; `next_cursor` is the same position as a cursor)")
+    next_cursor: str | None = Field(default=None, description="the next page's `cursor`; null on the last page")
 
 
 class CheckOut(BaseModel):
