@@ -41,7 +41,7 @@ class AdjustmentLegIn(BaseModel):
 
 
 class AdjustmentIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={'examples': [{'idempotency_key': 'adj-2026-11-fee-refund', 'reason': 'refund a fee charged twice, ticket 4713', 'transfers': [{'debit_account_id': 3, 'credit_account_id': 7, 'amount': '0.0001'}], 'corrects_transaction_id': 120}]})
     idempotency_key: str = Field(min_length=1, max_length=200)
     reason: str = Field(min_length=1, max_length=2000)
     transfers: list[AdjustmentLegIn] = Field(min_length=1, max_length=100)

@@ -28,7 +28,7 @@ IncidentsPage = pager("incidents", newest_first=True, default=500, maximum=1000)
 
 
 class AddressIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={'examples': [{'idempotency_key': 'alice-btc-address-1', 'account_id': 7}]})
     idempotency_key: str = Field(min_length=1, max_length=200)
     account_id: Id
 
@@ -155,16 +155,18 @@ class ReserveProofOut(BaseModel):
 
 
 class ReturnIn(CommentIn):
+    model_config = ConfigDict(json_schema_extra={'examples': [{'comment': 'sender asked for it back, ticket 4712', 'destination': 'bcrt1qw508d6qejxtdg4y5r3zarvary0c5xw7kygt080'}]})
     destination: str | None = Field(default=None, max_length=200, description="default: the deposit's single sender")
 
 
 class ResolveIn(CommentIn):
+    model_config = ConfigDict(json_schema_extra={'examples': [{'comment': 'deposit re-mined in block 812; release', 'decision': 'release'}]})
     decision: Literal["release", "capture"] | None = Field(
         default=None, description="for an incident that holds money: release it to the customer or capture it to suspense")
 
 
 class KillSwitchIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={'examples': [{'engaged': True, 'reason': 'reconciliation difference on the BTC hot wallet'}]})
     engaged: bool
     reason: str = Field(min_length=1, max_length=1000)
 

@@ -52,6 +52,7 @@ class FeeTierIn(Strict):
 
 
 class MarketIn(Strict):
+    model_config = ConfigDict(json_schema_extra={'examples': [{'symbol': 'BTC-USDT', 'base_asset': 'BTC', 'quote_asset': 'USDT', 'lot_size': 10000, 'quote_per_tick_lot': 1, 'min_notional': 0, 'fees': {'default': {'maker_ppm': 1000, 'taker_ppm': 2000}}, 'default_stp': 'cancel_newest'}]})
     symbol: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,40}$")
     base_asset: str
     quote_asset: str
@@ -69,6 +70,7 @@ Owner = Field(min_length=1, max_length=100, pattern=OWNER_PATTERN.pattern,
 
 
 class OrderIn(Strict):
+    model_config = ConfigDict(json_schema_extra={'examples': [{'account': 'alice', 'client_order_id': 'alice-0001', 'side': 'buy', 'type': 'limit', 'qty': '0.5', 'price': '60000', 'tif': 'gtc'}]})
     account: str = Owner
     client_order_id: str = Field(min_length=1, max_length=64)
     side: Side
@@ -91,10 +93,12 @@ AnyOwner = Field(min_length=1, max_length=120)
 
 
 class CancelIn(Strict):
+    model_config = ConfigDict(json_schema_extra={'examples': [{'account': 'alice'}]})
     account: str = AnyOwner
 
 
 class AmendIn(Strict):
+    model_config = ConfigDict(json_schema_extra={'examples': [{'account': 'alice', 'qty': '0.25'}]})
     account: str = AnyOwner
     qty: str | None = None
     price: str | None = None

@@ -32,7 +32,7 @@ AllowlistChangesPage = pager("allowlist-changes", newest_first=False, default=20
 
 
 class WithdrawalIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={'examples': [{'client_withdrawal_id': 'alice-w-0001', 'account_id': 7, 'amount': '0.25', 'destination': 'bcrt1qw508d6qejxtdg4y5r3zarvary0c5xw7kygt080', 'priority': 'normal'}]})
     client_withdrawal_id: str = Field(min_length=1, max_length=200)
     account_id: Id
     amount: str = Field(description='decimal string in the asset\'s units, e.g. "0.25"')
@@ -41,14 +41,14 @@ class WithdrawalIn(BaseModel):
 
 
 class AllowlistPolicyIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={'examples': [{'mode': 'enforce', 'cooling_off_seconds': 86400, 'approvals': 1}]})
     mode: Literal["enforce", "review"]
     cooling_off_seconds: int = Field(default=0, ge=0, le=90 * 86400)
     approvals: int = Field(default=1, ge=1, le=10)
 
 
 class AllowlistEntryIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={'examples': [{'address': 'bcrt1qw508d6qejxtdg4y5r3zarvary0c5xw7kygt080'}]})
     address: str = Field(min_length=1, max_length=200)
 
 
@@ -124,7 +124,7 @@ class ApproveIn(BaseModel):
     """An operator's approval: the comment for the audit log and their signature (required; a
     missing one is `approval_signature_required`)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={'examples': [{'comment': 'destination confirmed with the customer', 'signature': {'key_id': 'ops-anna-ed25519', 'scheme': 'ed25519', 'signature': 'c2lnbmF0dXJlIGJ5dGVzIGluIGJhc2U2NA=='}}]})
     comment: str = Field(min_length=1, max_length=1000)
     signature: ApprovalSignatureIn | None = None
 
