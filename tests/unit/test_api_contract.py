@@ -120,3 +120,20 @@ def test_every_list_route_is_paged_with_a_bounded_limit(app):
         assert "invalid_cursor" in str(op["responses"]["422"]), path
         assert "X-Next-Cursor" in op["responses"]["200"]["headers"], path
     assert len(lists) >= 14, lists
+
+
+def test_ops_answers_are_in_the_document(app):
+    """/health/ready's own 503 body and the error schema are both documented under 503; /metrics'
+    200 is text/plain (Prometheus text), not JSON."""
+    from jsonschema import Draft202012Validator
+
+    from custody.api.ops_routes import Check, Ready
+
+    doc = app.openapi()
+    schema = doc["paths"]["/health/ready"]["get"]["responses"]["503"]["content"]["application/json"]["schema"]
+    validator = Draft202012Validator({**schema, "components": doc["components"]})
+    not_ready = Ready(status="not_ready", checks={"database": Check(ok=False, detail="OperationalError: gone")})
+    assert not list(validator.iter_errors(not_ready.model_dump(mode="json")))
+    assert not list(validator.iter_errors({"error": {"code": "temporarily_unavailable", "message": "retry"}}))
+    assert list(validator.iter_errors({"error": {"code": "not_found", "message": "no"}}))
+    assert list(doc["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == ["text/plain"]
