@@ -168,11 +168,14 @@ def _view(row) -> ApiKeyView:  # noqa: ANN001 - a SQLAlchemy Row of _KEY_SQL
                       row.revoked_by, row.replaces, row.live)
 
 
-def list_api_keys(engine: Engine, *, include_revoked: bool = True) -> list[ApiKeyView]:
-    """Every key, oldest first (revoked ones too unless `include_revoked` is False)."""
-    where = "" if include_revoked else " WHERE revoked_at IS NULL OR revoked_at > now()"
+def list_api_keys(engine: Engine, *, include_revoked: bool = True, after_id: int | None = None,
+                  limit: int | None = None) -> list[ApiKeyView]:
+    """Every key, oldest first (revoked ones too unless `include_revoked` is False), from the one
+    after `after_id`, at most `limit` of them."""
+    live = "" if include_revoked else " AND (revoked_at IS NULL OR revoked_at > now())"
     with engine.connect() as conn:
-        return [_view(r) for r in conn.execute(text(_KEY_SQL + where + " ORDER BY id"))]
+        return [_view(r) for r in conn.execute(text(_KEY_SQL + " WHERE id > :after" + live + " ORDER BY id LIMIT :l"),
+                                               {"after": after_id or 0, "l": limit})]
 
 
 def get_api_key(engine: Engine, key_id: int) -> ApiKeyView:

@@ -515,11 +515,14 @@ class Deposits:
             advance(c, "deposit_observation", obs_id, "returned", "quarantined")
             audit(c, operator, "deposit.return_failed", f"observation:{obs_id}", {"error": str(error)[:500]})
 
-    def list(self, *, account_id: int | None = None, state: str | None = None, limit: int = 200) -> list[dict]:
+    def list(self, *, account_id: int | None = None, state: str | None = None, before_id: int | None = None,
+             limit: int = 200) -> list[dict]:
+        """Observations newest first (below `before_id` when given: the next page of a walk)."""
         with self.engine.connect() as c:
             rows = c.execute(
                 text(f"{_OBS_SQL} WHERE (CAST(:a AS bigint) IS NULL OR account_id = :a) AND (CAST(:s AS text) IS NULL OR state = :s) "
-                     "ORDER BY id DESC LIMIT :l"), {"a": account_id, "s": state, "l": limit},
+                     "AND (CAST(:b AS bigint) IS NULL OR id < :b) "
+                     "ORDER BY id DESC LIMIT :l"), {"a": account_id, "s": state, "b": before_id, "l": limit},
             ).all()
         return [dict(r._mapping) for r in rows]
 

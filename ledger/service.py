@@ -265,13 +265,15 @@ class Ledger:
         return _account(row)
 
     def list_accounts(self, *, asset: str | None = None, kinds: Sequence[AccountKind] | None = None,
-                      limit: int = 1000, conn: Connection | None = None) -> list[Account]:
-        """Accounts by id, optionally of one asset and of the given kinds."""
+                      after_id: int | None = None, limit: int = 1000, conn: Connection | None = None) -> list[Account]:
+        """Accounts by id, optionally of one asset and of the given kinds, after `after_id` when given."""
         with self._one(conn) as c:
             rows = c.execute(
                 text(f"{_ACCOUNT_SQL} WHERE (CAST(:a AS text) IS NULL OR asset = :a) "
-                     "AND (CAST(:k AS text[]) IS NULL OR kind = ANY(CAST(:k AS text[]))) ORDER BY id LIMIT :l"),
-                {"a": asset, "k": None if kinds is None else [AccountKind(k).value for k in kinds], "l": limit},
+                     "AND (CAST(:k AS text[]) IS NULL OR kind = ANY(CAST(:k AS text[]))) AND id > :after "
+                     "ORDER BY id LIMIT :l"),
+                {"a": asset, "k": None if kinds is None else [AccountKind(k).value for k in kinds],
+                 "after": after_id or 0, "l": limit},
             ).all()
         return [_account(r) for r in rows]
 

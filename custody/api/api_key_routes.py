@@ -1,6 +1,7 @@
 """API-key management under /v1 (admin only): list, revoke, rotate (custody.auth).
 
-- `GET /v1/api-keys`: every key, oldest first, with its id, name, role, prefix (its first 10
+- `GET /v1/api-keys`: every key, oldest first (paged: `cursor`, `limit` 1..1000, default 1000;
+  `next_cursor` in the answer and the `X-Next-Cursor` header, custody.api.paging), with its id, name, role, prefix (its first 10
   characters), when it was created and revoked, and the key it `replaces`; never the key itself.
   `?live=true` lists only the keys that authenticate now.
 - `POST /v1/api-keys/{key_id}/revoke`: the key stops working at the commit (keys are read from the
@@ -21,13 +22,16 @@ from __future__ import annotations
 from datetime import datetime
 
 from fastapi import APIRouter
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from custody.api.deps import Admin, ContainerDep
+from custody.api.errors import responses
+from custody.api.paging import PAGED, pager
 from custody.api.params import IdPath
 from custody.auth import MAX_GRACE_SECONDS, ApiKeyView, get_api_key, list_api_keys, revoke_api_key, rotate_api_key
 
 router = APIRouter(prefix="/v1/api-keys", tags=["api-keys"])
+KeysPage = pager("api-keys", newest_first=False, default=1000, maximum=1000)
 
 
 class ApiKeyOut(BaseModel):
@@ -44,9 +48,11 @@ class ApiKeyOut(BaseModel):
 
 class ApiKeyList(BaseModel):
     keys: list[ApiKeyOut]
+    next_cursor: str | None = Field(default=None, description="the next page's `cursor`; null on the last page")
 
 
 class RotateIn(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"grace_seconds": 3600}]})
     grace_seconds: int = Field(default=0, ge=0, le=MAX_GRACE_SECONDS,
                                description="how long the old key keeps working (0: stops at once)")
 
@@ -62,17 +68,19 @@ def _out(k: ApiKeyView) -> ApiKeyOut:
                      revoked_at=k.revoked_at, revoked_by=k.revoked_by, replaces=k.replaces, live=k.live)
 
 
-@router.get("", response_model=ApiKeyList)
-def api_keys(container: ContainerDep, _: Admin, live: bool = False) -> ApiKeyList:
-    return ApiKeyList(keys=[_out(k) for k in list_api_keys(container.engine, include_revoked=not live)])
+@router.get("", response_model=ApiKeyList, responses=responses(*PAGED))
+def api_keys(container: ContainerDep, _: Admin, page: KeysPage, live: bool = False) -> ApiKeyList:
+    keys = page.finish(list_api_keys(container.engine, include_revoked=not live, after_id=page.key, limit=page.fetch),
+                       key=lambda k: k.id)
+    return ApiKeyList(keys=[_out(k) for k in keys], next_cursor=page.next_cursor)
 
 
-@router.post("/{key_id}/revoke", response_model=ApiKeyOut)
+@router.post("/{key_id}/revoke", response_model=ApiKeyOut, responses=responses("api_key_not_found", "api_key_not_live"))
 def revoke(key_id: IdPath, container: ContainerDep, principal: Admin) -> ApiKeyOut:
     return _out(revoke_api_key(container.engine, key_id, by=f"api:{principal.name}"))
 
 
-@router.post("/{key_id}/rotate", response_model=RotatedOut)
+@router.post("/{key_id}/rotate", response_model=RotatedOut, responses=responses("api_key_not_found", "api_key_not_live"))
 def rotate(key_id: IdPath, body: RotateIn, container: ContainerDep, principal: Admin) -> RotatedOut:
     new, key = rotate_api_key(container.engine, key_id, container.settings.api_key_pepper,
                               by=f"api:{principal.name}", grace_seconds=body.grace_seconds)

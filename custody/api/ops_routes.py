@@ -23,7 +23,7 @@ import logging
 from typing import Any, Callable
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 from sqlalchemy import text
@@ -90,7 +90,7 @@ def health() -> Live:
     return Live(status="ok")
 
 
-@router.get("/health/ready", response_model=Ready, responses={503: {"model": Ready, "description": "a dependency failed"}})
+@router.get("/health/ready", response_model=Ready, responses={503: {"model": Ready, "description": "a dependency failed (`not_ready`)"}})
 def ready(container: ContainerDep) -> JSONResponse:
     checks = run_checks(readiness_checks(container))
     ok = all(c.ok for c in checks.values())
@@ -98,7 +98,11 @@ def ready(container: ContainerDep) -> JSONResponse:
     return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
 
 
-@router.get("/metrics", response_class=Response,
-            responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text format"}})
+@router.get("/metrics", response_class=PlainTextResponse,
+            responses={200: {"description": "Prometheus text exposition format (version 0.0.4 or 1.0.0, as "
+                                            "prometheus-client writes it)",
+                             "content": {"text/plain": {"schema": {"type": "string"},
+                                                        "example": "# TYPE custody_kill_switch_engaged gauge\n"
+                                                                   "custody_kill_switch_engaged 0.0\n"}}}})
 def metrics(request: Request) -> Response:
     return Response(generate_latest(request.app.state.metrics_registry), media_type=CONTENT_TYPE_LATEST)
