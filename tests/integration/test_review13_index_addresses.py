@@ -94,3 +94,30 @@ def test_raising_the_cold_next_index_does_not_make_the_index_watch_unpaid_cold_a
         cold = [a for a, o in index.addresses.items() if o.tier == "cold"]
         assert len(cold) <= handed_out, (f"the index derived and watches {len(cold)} cold addresses; rebalances were "
                                          f"told to pay {handed_out}")
+
+
+@pytest.mark.xfail(strict=True, reason="R1 finding 5 (low): WalletIndex.refresh follows withdrawal_batch ids with "
+                                        "'id > last seen'; a batch committed after a higher id (two payouts workers, a "
+                                        "job lock lost mid-run) never has its change address watched")
+def test_a_batch_committed_after_a_higher_one_has_its_change_address_watched(database_url):
+    with own_database(database_url, "r1_batch") as eng:
+        _setup(eng)
+        index = WalletIndex("bitcoin")
+        with eng.connect() as c:
+            index.refresh(c)
+        insert = text("INSERT INTO withdrawal_batch (chain, asset, state) VALUES ('bitcoin', 'BTC', 'open') RETURNING id")
+        with eng.connect() as slow, eng.connect() as fast:
+            slow.begin()
+            first = slow.execute(insert).scalar_one()  # worker A's batch: id taken, not committed yet
+            with fast.begin():
+                second = fast.execute(insert).scalar_one()  # worker B's batch commits first
+            assert second > first
+            with eng.connect() as c:
+                index.refresh(c)  # a scan runs now
+            slow.commit()
+        with eng.connect() as c:
+            index.refresh(c)  # and every scan after it
+        hot_xpub = KEYS.account_xpub("bitcoin", "hot")
+        for batch in (first, second):
+            change = derive_btc_address(hot_xpub, "regtest", 1, batch)
+            assert change in index.addresses, f"batch {batch}'s change address {change} is not watched"
