@@ -1,6 +1,7 @@
 """Review of issue 13 (R1): what the wallet index watches is decided by rows a compromised api may
-write. Each test below demonstrates a finding and is marked `xfail(strict=True)`: it fails on the
-code under review and passes once the finding is fixed.
+write. Each test below demonstrates a finding; it failed on the code under review (it was marked
+`xfail(strict=True)` then) and passes since branch fix13 fixed it (custody.wallet_index: verified
+deposit rows, cold addresses from rebalances, ids followed with their gaps; migration 0028).
 
 - The index takes every `deposit_address.address` as given (custody.wallet_index.WalletIndex.refresh):
   it never checks that the address is the deposit key's derivation at the row's index. custody_api
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import pytest
 from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 
 from custody.addresses import derive_btc_address
 from custody.destinations import HOT_RECEIVE_INDEX
@@ -51,8 +53,6 @@ def _as_api(eng, sql: str, params: dict) -> None:
         c.execute(text(sql), params)
 
 
-@pytest.mark.xfail(strict=True, reason="R1 finding 1: WalletIndex.refresh watches deposit_address.address as written "
-                                        "(custody_api may INSERT any address), never derived from the deposit key")
 @pytest.mark.parametrize("target", ["attacker_address", "hot_receive_address"])
 def test_the_index_watches_only_addresses_derived_from_our_keys(database_url, target):
     with own_database(database_url, "r1_addr") as eng:
@@ -76,8 +76,6 @@ def test_the_index_watches_only_addresses_derived_from_our_keys(database_url, ta
         assert index.addresses[hot].tier == "hot", "the hot receive address must stay in the hot tier"
 
 
-@pytest.mark.xfail(strict=True, reason="R1 finding 2: WalletIndex.refresh derives and watches every cold index below "
-                                        "wallet.next_index, which custody_api may UPDATE (O(next_index), unbounded)")
 def test_raising_the_cold_next_index_does_not_make_the_index_watch_unpaid_cold_addresses(database_url):
     with own_database(database_url, "r1_cold") as eng:
         wallets, ids, _account = _setup(eng)
@@ -87,7 +85,13 @@ def test_raising_the_cold_next_index_does_not_make_the_index_watch_unpaid_cold_a
         # custody_api may UPDATE wallet (next_index) (migration 0022): the api's own rebalance route takes
         # the next cold index; a compromised api sets any value (here small, for the test's time: at
         # ~0.6 ms per derivation, 2**31 - 1 would keep every worker scan busy for weeks)
-        _as_api(eng, "UPDATE wallet SET next_index = 3000 WHERE id = :w", {"w": ids["cold"]})
+        # (fixed: migration 0028's trigger refuses the jump for every role; what remains possible, one
+        # index at a time as the rebalance route takes it, must not make the index watch more)
+        with pytest.raises(DBAPIError) as refused:
+            _as_api(eng, "UPDATE wallet SET next_index = 3000 WHERE id = :w", {"w": ids["cold"]})
+        assert refused.value.orig.sqlstate == "23514", refused.value
+        for _ in range(3):
+            _as_api(eng, "UPDATE wallet SET next_index = next_index + 1 WHERE id = :w", {"w": ids["cold"]})
         with eng.connect() as c:
             index.refresh(c)
             handed_out = c.execute(text("SELECT count(DISTINCT destination) FROM rebalance")).scalar_one()
@@ -96,9 +100,6 @@ def test_raising_the_cold_next_index_does_not_make_the_index_watch_unpaid_cold_a
                                          f"told to pay {handed_out}")
 
 
-@pytest.mark.xfail(strict=True, reason="R1 finding 5 (low): WalletIndex.refresh follows withdrawal_batch ids with "
-                                        "'id > last seen'; a batch committed after a higher id (two payouts workers, a "
-                                        "job lock lost mid-run) never has its change address watched")
 def test_a_batch_committed_after_a_higher_one_has_its_change_address_watched(database_url):
     with own_database(database_url, "r1_batch") as eng:
         _setup(eng)
