@@ -1,6 +1,6 @@
 """Review of issue 13 (R1) against bitcoind: findings on the wallet index's readers and on the node
-view's cross-check. Each test is marked `xfail(strict=True)`: it fails on the code under review and
-passes once its finding is fixed.
+view's cross-check. Each test was marked `xfail(strict=True)`: it failed on the code under review and
+passed once its finding was fixed (branch fix13; the markers are gone).
 
 Each test runs a custody container of its own (own_database, a random seed: addresses nobody else
 in the session watches), so the forged rows, the reorg of its own coins and the incidents it opens
@@ -27,6 +27,7 @@ from decimal import Decimal
 
 import pytest
 from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 
 from custody.container import Container
 from custody.devchains import REGTEST_ASSETS
@@ -70,8 +71,6 @@ def _critical(container) -> list:
         return c.execute(text("SELECT kind, detail FROM incident WHERE severity = 'critical' ORDER BY id")).all()
 
 
-@pytest.mark.xfail(strict=True, reason="R1 finding 3: spendable_coins offers a recorded hot coin the wallet index no "
-                                        "longer holds (reorged out and double-spent): a payout built on a coin not on chain")
 def test_a_hot_coin_reorged_out_and_double_spent_is_not_offered_to_coin_selection(own, bitcoind, log):
     p = own.payouts
     hot = p.hot_address("bitcoin")
@@ -107,8 +106,6 @@ def test_a_hot_coin_reorged_out_and_double_spent_is_not_offered_to_coin_selectio
     assert (funding, vout) not in offered, "coin selection offers a coin that is not on chain"
 
 
-@pytest.mark.xfail(strict=True, reason="R1 finding 4: the node-view cross-check fails open (NodeViewNotReady: INFO log, "
-                                        "no incident); custody_api can blind it for good via wallet.next_index")
 def test_a_blinded_node_view_does_not_let_a_forged_deposit_reconcile_to_zero(own, bitcoind, log):
     p = own.payouts
     attacker = own.wallets.customer_account("mallory", "BTC")
@@ -126,7 +123,12 @@ def test_a_blinded_node_view_does_not_let_a_forged_deposit_reconcile_to_zero(own
         c.execute(text("INSERT INTO deposit_address (wallet_id, chain, address, derivation_index, account_id, owner, "
                        "idempotency_key) VALUES (:w, 'bitcoin', :a, 500000, :acc, 'mallory', 'mallory:1')"),
                   {"w": wallet_id, "a": mallory_address, "acc": attacker})
+    # (fixed: migration 0028's trigger refuses the jump; the forged row is refused by the index below,
+    # and a blinded view escalates: tests/e2e/custody/test_node_view_blind.py)
+    with pytest.raises(DBAPIError) as refused, own.engine.begin() as c:
+        c.execute(text("SET LOCAL ROLE custody_api"))
         c.execute(text("UPDATE wallet SET next_index = 1500000 WHERE id = :w"), {"w": wallet_id})
+    assert refused.value.orig.sqlstate == "23514", refused.value
     try:
         own.node_view.ensure()  # the worker's node-view job: bitcoind refuses a range this wide
     except Exception as exc:  # noqa: BLE001 - shown, not asserted: the pass below is what matters
