@@ -3,8 +3,8 @@
 What it is: the table `btc_wallet_output` (migration 0023) holds every output, in a main-chain
 block up to the deposit scanner's cursor (`chain_cursor`), that pays an address this service
 derived: deposit addresses (tier `deposit`), the hot receive address `<hot>/0/0` and the hot
-change addresses `<hot>/1/<batch id>` (tier `hot`), and the cold addresses `<cold>/0/i`,
-i < the cold wallet's `next_index` (tier `cold`); with the block that created it and, once a block
+change addresses `<hot>/1/<batch id>` (tier `hot`), and the cold addresses rebalances were told to
+pay (tier `cold`); with the block that created it and, once a block
 spends it, the spending transaction and block. It replaces `scantxoutset` (which walks the node's
 whole UTXO set: minutes on mainnet, one at a time per node) on every recurring path: the hot
 wallet sync, reconciliation and proof of reserves read it (`unspent`, `holdings`).
@@ -18,10 +18,28 @@ How it is kept (`WalletIndex`, one per chain per process, owned by custody.depos
   by block: the outputs those blocks created are deleted and the spends they recorded cleared
   (both indexed by block hash); then the new chain's blocks are applied.
 - Matching is a set lookup in the adapter: `addresses` (address -> `Ours`) is loaded once per
-  process and refreshed incrementally before each scan (`deposit_address` ids grow in commit order
-  per wallet because `Wallets.issue_address` inserts under the wallet's row lock; bitcoin batch
-  ids likewise, since batches are created by the payouts job alone, under its job lock; cold
-  addresses by the cold wallet's `next_index`). `outpoints`, the index's unspent outpoints, is
+  process and refreshed incrementally before each scan (`refresh`, in a transaction `prepare`
+  commits). The rows of `deposit_address`, `withdrawal_batch` and `rebalance` are followed by id
+  (`IdFollower`): every id above the highest seen, and every id skipped below it (taken by a
+  transaction that had not committed yet: two payouts workers, a job lock lost mid-run) until it
+  appears, or for `GAP_RECHECK_SECONDS` (an hour; a rolled-back transaction's id never comes). An
+  id committed later still is not watched: its coins then show as a difference against the
+  node's own view and the books (fail-closed, never a silent credit).
+- Nothing is watched on a row's word alone (custody_api may INSERT deposit addresses and
+  rebalances, and UPDATE `wallet.next_index`; review R1 of issue 13):
+  - a deposit address is watched once the deposit key derives its address at its
+    `derivation_index` and that index was handed out (below the wallet's `next_index`), and the
+    address is not watched in another tier (`deposit_address_refusal`). The verdict is recorded
+    once in `deposit_address_check` (migration 0028; custody_api may only read it), so a process
+    start derives only the rows that have none: O(new rows), about 0.6 ms each (a database
+    upgraded to 0028 with 100,000 addresses derives them once, about a minute, at the first scan).
+    A refused row is never watched and opens a critical `deposit_address_not_derived` incident;
+  - a cold address is watched once a rebalance was told to pay it and the cold key derives it at
+    the rebalance's index, below the cold wallet's `next_index` (`rebalance_refusal`; checked
+    once per process, rebalances are few); otherwise a critical
+    `rebalance_destination_not_derived` incident. Never `0 .. next_index`: `next_index` may only
+    step by 1 per update (migration 0028's trigger), and even so does not drive what is derived.
+- `outpoints`, the index's unspent outpoints, is
   loaded once, kept current from what the walk itself commits, and reloaded whenever the cursor
   in the database is not the one it was valid at (another worker scanned, a reorg, a lost
   compare-and-set).
@@ -199,6 +217,12 @@ ON CONFLICT (deposit_address_id) DO NOTHING
 
 _REBALANCE_ROWS_SQL = _followed("x.id, x.chain, x.destination_tier, x.destination, x.destination_index", "rebalance x")
 
+_INCIDENT_EXISTS_SQL = text("""
+SELECT 1
+FROM incident
+WHERE dedupe_key = :k
+""")
+
 _BATCH_IDS_SQL = _followed("x.id, x.chain", "withdrawal_batch x")
 
 
@@ -296,9 +320,11 @@ class WalletIndex:
             if reason is not None:
                 log.error("wallet index: rebalance %d's destination %s (index %d) is not watched: %s", r.id, r.destination,
                           r.destination_index, reason)
-                open_incident(c, "rebalance_destination_not_derived", f"rebalance_destination_not_derived:{r.id}",
-                              {"rebalance_id": r.id, "destination": r.destination, "destination_index": r.destination_index,
-                               "reason": reason})
+                key = f"rebalance_destination_not_derived:{r.id}"
+                if c.execute(_INCIDENT_EXISTS_SQL, {"k": key}).first() is None:  # once: not again at each process start
+                    open_incident(c, "rebalance_destination_not_derived", key,
+                                  {"rebalance_id": r.id, "destination": r.destination,
+                                   "destination_index": r.destination_index, "reason": reason})
                 continue
             if r.destination not in self.addresses:
                 self.addresses[r.destination] = Ours("cold", 0, r.destination_index)
