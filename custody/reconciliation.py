@@ -105,7 +105,7 @@ from typing import Callable
 from sqlalchemy import Connection, Engine, text
 
 from chain_adapters.base import BlockRef, ChainAdapter
-from chain_adapters.errors import ChainError
+from chain_adapters.errors import ChainError, NodeBusy, NodeUnavailable
 from custody import wallet_index
 from custody.addresses import derive_eth_address
 from custody.controls import open_incident
@@ -350,6 +350,10 @@ class Reconciliation:
                 error = exc.message
                 if attempt + 1 < NODE_VIEW_ATTEMPTS:
                     time.sleep(NODE_VIEW_WAIT)
+            except (NodeBusy, NodeUnavailable) as exc:  # the pass stops (a job skips its tick, the api answers 503)
+                if record:  # ... and still counts as blind: a node that stays busy must not blind us unnoticed
+                    self._blind(tip, str(exc))
+                raise
             except ChainError as exc:  # the node refused, or the wallet holds a coin we never imported
                 error = str(exc)
                 break
