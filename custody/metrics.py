@@ -19,6 +19,8 @@ queries and one `tip()` per chain node; a query or node that fails is reported i
 | `custody_withdrawals` | gauge | asset, state | withdrawal requests in each state |
 | `custody_location_balance_minor` | gauge | chain, tier, asset | what the books say the firm holds at each asset location (hot, deposit, cold...): minus the location account's posted balance, in minor units |
 | `custody_reconciliation_difference_minor` | gauge | chain, tier, asset | on chain - books - in transit at the line's last pass (`reconciliation_line`); 0 is the only good value |
+| `custody_node_view_missed_passes` | gauge | chain | consecutive worker reconciliation passes that could not read the node's own view (`node_view_health`; their lines answer `node` = null) |
+| `custody_node_view_blind_seconds` | gauge | chain | how long that run has lasted; 0 once a pass reads the view (a warning incident at `NODE_VIEW_WARN_AFTER_SECONDS`, critical at `NODE_VIEW_CRITICAL_AFTER_SECONDS`) |
 | `custody_kill_switch_engaged` | gauge | - | 1 while withdrawals are halted |
 | `custody_incidents_open` | gauge | severity | open incidents |
 | `custody_job_runs_total` | counter | job | runs that took the job's lock |
@@ -63,6 +65,8 @@ SELECT a.name, a.asset, coalesce(sum(b.posted), 0) AS posted
  GROUP BY a.id, a.name, a.asset
 """
 _RECONCILIATION_SQL = "SELECT chain, tier, asset, difference FROM reconciliation_line"
+_NODE_VIEW_SQL = ("SELECT chain, missed_passes, extract(epoch FROM now() - blind_since) AS blind_seconds "
+                  "FROM node_view_health")
 _INCIDENTS_SQL = "SELECT severity, count(*) AS n FROM incident WHERE resolved_at IS NULL GROUP BY severity"
 _JOBS_SQL = "SELECT name, runs, failures, skipped, seconds_total, last_run_at FROM job_stat"
 
@@ -131,6 +135,18 @@ class StateCollector(Collector):
         for r in query("reconciliation_line", _RECONCILIATION_SQL):
             difference.add_metric([r.chain, r.tier, r.asset], float(int(r.difference)))
         yield difference
+
+        missed = GaugeMetricFamily("custody_node_view_missed_passes",
+                                   "consecutive reconciliation passes without the node's own view (node = null)",
+                                   labels=["chain"])
+        blind = GaugeMetricFamily("custody_node_view_blind_seconds",
+                                  "seconds since the first of those passes (0 when the last pass read the node's view)",
+                                  labels=["chain"])
+        for r in query("node_view_health", _NODE_VIEW_SQL):
+            missed.add_metric([r.chain], float(r.missed_passes))
+            blind.add_metric([r.chain], float(r.blind_seconds or 0))
+        yield missed
+        yield blind
 
         kill = GaugeMetricFamily("custody_kill_switch_engaged", "1 while withdrawals are halted")
         try:
