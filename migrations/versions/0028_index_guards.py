@@ -1,7 +1,7 @@
 """Guards on what the wallet index watches and on the node view's health (issue 13, review R1).
 
 Revision ID: 0028_index_guards
-Revises: 0025_api_key_ops
+Revises: 0029_no_planner_trap
 
 Why: the worker's wallet index (custody.wallet_index) watched whatever address a `deposit_address`
 row held, and derived every cold index below `wallet.next_index`; custody_api may INSERT the first
@@ -28,7 +28,7 @@ What changes:
 from alembic import op
 
 revision = "0028_index_guards"
-down_revision = "0025_api_key_ops"
+down_revision = "0029_no_planner_trap"
 branch_labels = None
 depends_on = None
 
