@@ -1,4 +1,4 @@
-"""Smoke test of bench/http.py, the HTTP API's benchmark of record: its `--quick` mode with one
+"""Smoke test of bench/http_api.py, the HTTP API's benchmark of record: its `--quick` mode with one
 second per case starts the deployed topology (signer, worker until the reference data is applied,
 api) on fresh regtest nodes and the suite's database server, drives every case over keep-alive
 HTTP and prints a figure line per case; the bench itself exits 1 when a request gets an unexpected
@@ -21,7 +21,7 @@ LINE = (r"^{case} +{clients} clients +[\d,]+ req/s +p50 +[\d.]+ ms +p99 +[\d.]+ 
 
 
 def test_http_bench_quick_prints_every_case_and_the_ledger_verifies() -> None:
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "http.py"), "--quick", "--seconds", "1"],
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "http_api.py"), "--quick", "--seconds", "1"],
                           cwd=ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=600)
     out = proc.stdout
     assert proc.returncode == 0, f"exit {proc.returncode}\n{out}\n{proc.stderr[-3000:]}"

@@ -1,8 +1,8 @@
 """The HTTP API's benchmark of record (issue 20): the service as deployed, driven over keep-alive HTTP.
 
-    .venv/bin/python bench/http.py                 # every case at 1 / 16 / 64 clients (~3 minutes)
-    .venv/bin/python bench/http.py --quick         # one short run per case (~40 s with start-up)
-    .venv/bin/python bench/http.py --seconds 5 --clients 16
+    .venv/bin/python bench/http_api.py                 # every case at 1 / 16 / 64 clients (~3 minutes)
+    .venv/bin/python bench/http_api.py --quick         # one short run per case (~40 s with start-up)
+    .venv/bin/python bench/http_api.py --seconds 5 --clients 16
 
 What runs: fresh bitcoind -regtest and anvil (regtest.cluster), a fresh database on the configured
 server (DATABASE_URL, or the embedded PostgreSQL), and the deployed topology of custody.launch's
@@ -43,10 +43,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-# Run as a script, this file's directory is sys.path[0], where `http.py` would shadow the standard
-# library's `http` package (httpx and uvicorn import http.client): put the repository there instead.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository's packages
 
 import httpx  # noqa: E402
 
@@ -243,7 +240,7 @@ def run(args: argparse.Namespace) -> int:
             deployment.processes.kill("custody-worker", signal.SIGTERM)
         running = ", ".join(n for n, p in deployment.processes.procs.items() if p.poll() is None)
         server = Settings().database_url and "DATABASE_URL" or "the embedded PostgreSQL"
-        print(f"bench/http.py: {running} on {server}; api pid {api_pid}; {os.cpu_count()} cores; "
+        print(f"bench/http_api.py: {running} on {server}; api pid {api_pid}; {os.cpu_count()} cores; "
               f"load {os.getloadavg()[0]:.1f} before")
         results = []
         for case in args.cases:
@@ -260,7 +257,7 @@ def run(args: argparse.Namespace) -> int:
                 "load": r.load} for r in results], indent=2))
         return 1 if failed else 0
     except BenchError as exc:
-        print(f"bench/http.py: invalid run: {exc}", file=sys.stderr)
+        print(f"bench/http_api.py: invalid run: {exc}", file=sys.stderr)
         return 1
     finally:
         if deployment is not None:
