@@ -25,8 +25,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from custody.api.deps import Admin, ContainerDep
 from custody.api.errors import responses
-from custody.api.params import MAX_ID, IdPath
+from custody.api.paging import PAGED, pager
+from custody.api.params import IdPath
 from custody.webhooks.endpoints import MAX_TYPES, DeliveryView, EndpointView, EndpointWithSecret
+
+EndpointsPage = pager("webhook-endpoints", newest_first=False, default=1000, maximum=1000)
+DeliveriesPage = pager("webhook-deliveries", newest_first=False, default=100, maximum=500)
 
 router = APIRouter(prefix="/v1", tags=["webhooks"])
 NOT_FOUND = "webhook_endpoint_not_found"
@@ -114,9 +118,11 @@ def create_endpoint(body: EndpointIn, c: ContainerDep, who: Admin) -> EndpointSe
     return _with_secret(c.webhooks.create(body.url, body.event_types, body.description, by=f"api:{who.name}"))
 
 
-@router.get("/webhook-endpoints", response_model=list[EndpointOut])
-def list_endpoints(c: ContainerDep, _: Admin) -> list[EndpointOut]:
-    return [_endpoint(v) for v in c.webhooks.list()]
+@router.get("/webhook-endpoints", response_model=list[EndpointOut], responses=responses(*PAGED))
+def list_endpoints(c: ContainerDep, _: Admin, page: EndpointsPage) -> list[EndpointOut]:
+    """Registered endpoints, oldest first (paged: `X-Next-Cursor`)."""
+    views = c.webhooks.list(after_id=page.key, limit=page.fetch)
+    return [_endpoint(v) for v in page.finish(views, key=lambda v: v.id)]
 
 
 @router.get("/webhook-endpoints/{endpoint_id}", response_model=EndpointOut, responses=responses(NOT_FOUND))
@@ -142,12 +148,13 @@ def rotate_secret(endpoint_id: IdPath, body: RotateIn, c: ContainerDep, who: Adm
     return _with_secret(c.webhooks.rotate_secret(endpoint_id, by=f"api:{who.name}", grace_seconds=body.grace_seconds))
 
 
-@router.get("/webhook-endpoints/{endpoint_id}/deliveries", response_model=list[DeliveryOut], responses=responses(NOT_FOUND))
-def list_deliveries(endpoint_id: IdPath, c: ContainerDep, _: Admin,
-                    state: Annotated[Literal["pending", "delivered", "dead"] | None, Query()] = None,
-                    after: Annotated[int, Query(ge=0, le=MAX_ID, description="a delivery id; 0: from the start")] = 0,
-                    limit: Annotated[int, Query(ge=1, le=500)] = 100) -> list[DeliveryOut]:
-    return [_delivery(v) for v in c.webhooks.deliveries(endpoint_id, state=state, after=after, limit=limit)]
+@router.get("/webhook-endpoints/{endpoint_id}/deliveries", response_model=list[DeliveryOut],
+            responses=responses(NOT_FOUND, *PAGED))
+def list_deliveries(endpoint_id: IdPath, c: ContainerDep, _: Admin, page: DeliveriesPage,
+                    state: Annotated[Literal["pending", "delivered", "dead"] | None, Query()] = None) -> list[DeliveryOut]:
+    """An endpoint's deliveries, oldest first (paged: `X-Next-Cursor`)."""
+    views = c.webhooks.deliveries(endpoint_id, state=state, after=page.key or 0, limit=page.fetch)
+    return [_delivery(v) for v in page.finish(views, key=lambda v: v.id)]
 
 
 @router.post("/webhook-deliveries/{delivery_id}/replay", response_model=DeliveryOut,

@@ -164,9 +164,11 @@ class Webhooks:
             view = self._get(c, endpoint_id)
         return EndpointWithSecret(view, secret)
 
-    def list(self) -> list[EndpointView]:
+    def list(self, *, after_id: int | None = None, limit: int | None = None) -> list[EndpointView]:
+        """Endpoints by id, oldest first: those after `after_id`, at most `limit` (None: all)."""
         with self.engine.connect() as c:
-            return [_endpoint(r) for r in c.execute(text(_ENDPOINT_SQL + " ORDER BY id"))]
+            return [_endpoint(r) for r in c.execute(text(_ENDPOINT_SQL + " AND (CAST(:a AS bigint) IS NULL OR id > :a) "
+                                                         "ORDER BY id LIMIT :l"), {"a": after_id, "l": limit})]
 
     def get(self, endpoint_id: int) -> EndpointView:
         with self.engine.connect() as c:

@@ -163,6 +163,14 @@ def test_signed_webhooks_retry_dead_letter_replay_and_rotation(world, engine):
     assert_equal([(d["event_id"], d["state"], d["attempts"]) for d in flaky_rows],
                  [(ids[0], "delivered", 3), (ids[1], "delivered", 1), (ids[2], "delivered", 1)])
     assert_equal([s for p, _, _, s in receiver.requests if p == "/flaky"], [500, 500, 200, 200, 200])
+    walked, url = [], f"/v1/webhook-endpoints/{flaky}/deliveries?limit=2"  # paged like every list
+    while url:
+        r = client.get(url)
+        assert r.status_code == 200, r.text
+        walked += [d["id"] for d in r.json()]
+        url = f"/v1/webhook-endpoints/{flaky}/deliveries?limit=2&cursor={r.headers['X-Next-Cursor']}" \
+            if "X-Next-Cursor" in r.headers else None
+    assert_equal(walked, [d["id"] for d in flaky_rows])
 
     log.info("/down never answers 2xx: each delivery is dead after WEBHOOK_MAX_ATTEMPTS (4)")
     run_until(container, lambda: all(d["state"] == "dead" for d in deliveries(client, down)))
