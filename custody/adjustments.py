@@ -128,12 +128,14 @@ class TreasuryAdjustments:
         with self.engine.connect() as c:
             return self._load(c, adjustment_id=adjustment_id)
 
-    def list(self, *, state: str | None = None, limit: int = 200) -> list[AdjustmentView]:
+    def list(self, *, state: str | None = None, before_id: int | None = None, limit: int = 200) -> list[AdjustmentView]:
+        """Adjustments newest first, below `before_id` when given (the next page of a walk)."""
         with self.engine.connect() as c:
             ids = c.execute(
                 text("SELECT id FROM treasury_adjustment WHERE (CAST(:s AS text) IS NULL OR state = :s) "
+                     "AND (CAST(:b AS bigint) IS NULL OR id < :b) "
                      "ORDER BY id DESC LIMIT :l"),
-                {"s": state, "l": limit},
+                {"s": state, "b": before_id, "l": limit},
             ).scalars().all()
             return [self._load(c, adjustment_id=i) for i in ids]
 

@@ -2,12 +2,15 @@
 used when no broker is configured.
 
 - `JetStreamSink(url)` is an outbox sink (`sink(topic, envelope)`, custody.jobs.OutboxDispatcher):
-  it publishes the envelope as JSON to the subject `custody.<topic>` with the header
+  it publishes the envelope as JSON to the subject `<prefix>.<topic>` (prefix `custody` unless
+  [events] subject_prefix says otherwise) with the header
   `Nats-Msg-Id: <event_key>`, and returns only once JetStream acknowledged that the message is
   stored in the stream (a redelivery inside the stream's duplicate window is acknowledged as a
   duplicate and stored once). At its first connection, and after every reconnection, it creates
-  the stream (default `CUSTODY`, subjects `custody.>`, file storage, duplicate window 2 minutes)
-  or updates an existing one to that configuration: idempotent.
+  the stream (default `CUSTODY`, subjects `<prefix>.>`, file storage, duplicate window 2 minutes)
+  or updates an existing one to that configuration: idempotent. Two streams on one server may not
+  share subjects: a second deployment (or a test) on the same server takes a stream name and a
+  subject prefix of its own.
 - `BrokerUnavailable` is what it raises when the server cannot be reached or does not answer in
   time; the dispatcher then leaves the event in the outbox, logs one warning and retries on its
   next tick (nothing is lost: the outbox is the source of truth).
@@ -40,7 +43,7 @@ from nats.js.api import StorageType, StreamConfig
 from nats.js.errors import BadRequestError
 
 log = logging.getLogger(__name__)
-SUBJECT_PREFIX = "custody."
+DEFAULT_SUBJECT_PREFIX = "custody"
 DEFAULT_STREAM = "CUSTODY"
 DEFAULT_DUPLICATE_WINDOW_S = 120.0
 _STREAM_NAME_IN_USE = 10058  # JetStream's error code for "stream name already in use" (other config)
@@ -50,17 +53,19 @@ class BrokerUnavailable(Exception):
     """The broker could not be reached, or did not acknowledge in time; retried on the next tick."""
 
 
-def subject_for(topic: str) -> str:
-    return SUBJECT_PREFIX + topic
+def subject_for(topic: str, prefix: str = DEFAULT_SUBJECT_PREFIX) -> str:
+    """The subject an event of type `topic` is published on: `<prefix>.<topic>`."""
+    return f"{prefix}.{topic}"
 
 
 class JetStreamSink:
     """Synchronous publisher to one JetStream stream (see the module docstring)."""
 
-    def __init__(self, url: str, *, stream: str = DEFAULT_STREAM,
+    def __init__(self, url: str, *, stream: str = DEFAULT_STREAM, subject_prefix: str = DEFAULT_SUBJECT_PREFIX,
                  duplicate_window_s: float = DEFAULT_DUPLICATE_WINDOW_S, timeout_s: float = 5.0) -> None:
         self.url = url
         self.stream = stream
+        self.subject_prefix = subject_prefix
         self.duplicate_window_s = duplicate_window_s
         self.timeout_s = timeout_s
         self._loop = asyncio.new_event_loop()
@@ -70,7 +75,7 @@ class JetStreamSink:
         self._js = None
 
     def stream_config(self) -> StreamConfig:
-        return StreamConfig(name=self.stream, subjects=[SUBJECT_PREFIX + ">"], storage=StorageType.FILE,
+        return StreamConfig(name=self.stream, subjects=[f"{self.subject_prefix}.>"], storage=StorageType.FILE,
                             duplicate_window=self.duplicate_window_s)
 
     def __call__(self, topic: str, envelope: dict) -> None:
@@ -79,7 +84,7 @@ class JetStreamSink:
     def publish(self, topic: str, envelope: dict) -> bool:
         """Publish and wait for the stream's ack; True when the server had it already (duplicate)."""
         body = json.dumps(envelope, separators=(",", ":"), default=str).encode()
-        return self._call(self._publish(subject_for(topic), body, envelope["event_key"]))
+        return self._call(self._publish(subject_for(topic, self.subject_prefix), body, envelope["event_key"]))
 
     def ping(self) -> None:
         """Connect (and ensure the stream); BrokerUnavailable when that fails."""

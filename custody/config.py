@@ -50,7 +50,8 @@ own settings (`ENVIRONMENT`, `API_KEY_PEPPER`, `STATE_DIR`, `TREASURY_ADJUSTMENT
 | jobs | scale | 1.0 | multiplies every job interval (custody.jobs) |
 | events | sink | jetstream | where the worker's outbox dispatcher delivers events: `jetstream` (custody.broker) or `log` (a log line per event, no broker) |
 | events | nats_url | `NATS_URL` | the NATS server (`nats://host:port`); neither set: the embedded server in `STATE_DIR/nats` |
-| events | stream | CUSTODY | the JetStream stream (subjects `custody.>`), created or updated at start |
+| events | stream | CUSTODY | the JetStream stream (subjects `<subject_prefix>.>`), created or updated at start |
+| events | subject_prefix | custody | events are published on `<subject_prefix>.<type>`; a second deployment on the same NATS server needs its own stream and prefix (streams may not share subjects) |
 | events | duplicate_window_s | 120 | seconds within which JetStream drops a redelivered event (same `Nats-Msg-Id`) |
 
 Errors: `ConfigError`, whose message has one line per problem, `<file>: <key path>: <what>`.
@@ -347,6 +348,7 @@ class EventsSection(Section):
     sink: Literal["jetstream", "log"] = "jetstream"
     nats_url: str | None = None
     stream: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")] = "CUSTODY"
+    subject_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}(\.[A-Za-z0-9_-]{1,64}){0,3}$")] = "custody"
     duplicate_window_s: Annotated[float, Field(gt=0, le=86400)] = 120.0
 
     @field_validator("nats_url")

@@ -2,12 +2,14 @@
 wired together. The HTTP app, the CLI, the scheduler and the tests all get their services here."""
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from sqlalchemy import Engine
 
 from chain_adapters.base import ChainAdapter
+from chain_adapters.errors import ChainError
 from custody.adjustments import TreasuryAdjustments
 from custody.database import make_engine, migrate, server_url
 from custody.deposits import Deposits, ExternalScreener
@@ -18,6 +20,8 @@ from custody.webhooks.endpoints import Webhooks
 from ledger.service import Ledger
 from signer.approvals import ApproverRegistry, QuorumTable, quorum_table_from_policy
 from signer.assets import SignerAsset
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -116,10 +120,15 @@ class Container:
                 def before() -> None:  # the worker's `node-view` job, run here before each pass instead
                     if synced is not None:
                         synced()
-                    view.ensure()
+                    try:
+                        view.ensure()
+                    except ChainError as exc:  # recorded and reported by ensure; the pass runs blind and counts it
+                        log.warning("node view not ensured: %s", exc)
                 sync = before
             self.reconciliation = Reconciliation(self.engine, self.ledger, self.wallets, self.adapters,
-                                                 network=bitcoin_network, before=sync, node_view=self.node_view)
+                                                 network=bitcoin_network, before=sync, node_view=self.node_view,
+                                                 blind_warn_after=self.settings.node_view_warn_after_seconds,
+                                                 blind_critical_after=self.settings.node_view_critical_after_seconds)
         return self
 
 

@@ -47,11 +47,24 @@ def embedded_server_url(state_dir: Path) -> str:
     return to_sqlalchemy_url(_embedded[pgdata].get_uri())
 
 
+# The database on the embedded server that the maintenance CLI (migrate, create-api-key, api-key,
+# verify, expire-holds) and `python -m custody demo` both use when DATABASE_URL is unset: keys made
+# by `create-api-key` work against the running demo.
+EMBEDDED_DATABASE = "custody"
+
+
+def embedded_database_url(state_dir: Path) -> str:
+    """The embedded server's EMBEDDED_DATABASE (the server started if need be; the database not
+    created)."""
+    return with_database(embedded_server_url(state_dir), EMBEDDED_DATABASE)
+
+
 def server_url(settings: Settings) -> str:
-    """The configured server: DATABASE_URL, or the embedded one."""
+    """The configured server: DATABASE_URL, or the embedded one's EMBEDDED_DATABASE (created if
+    missing)."""
     if settings.database_url:
         return to_sqlalchemy_url(settings.database_url)
-    url = with_database(embedded_server_url(settings.state_dir), "custody")
+    url = embedded_database_url(settings.state_dir)
     ensure_database(url)
     return url
 

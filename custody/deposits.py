@@ -51,12 +51,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Mapping
 
 from sqlalchemy import Connection, Engine, text
 
-from chain_adapters.base import BlockRef, ChainAdapter, Observation, Watch
+from chain_adapters.base import BlockRef, ChainAdapter, Observation, ScanResult, Watch
 from chain_adapters.errors import ReorgTooDeep
 from custody.controls import audit, emit, open_incident
 from custody.errors import CustodyError, CustodyErrorCode
@@ -106,6 +106,7 @@ class ScanSummary:
     orphaned: int
     deep_reorg_incidents: int
     cursor: BlockRef
+    reorged: bool = False  # this scan undid blocks back to a fork point
 
 
 @dataclass(frozen=True)
@@ -154,7 +155,15 @@ class Deposits:
         transaction. Scans of one chain are serialised within the process (the payouts job's
         catch-up and the deposits job share the in-memory index state)."""
         with self._scan_locks.setdefault(chain, threading.Lock()):
-            return self._scan(chain, max_blocks)
+            first = self._scan(chain, max_blocks)
+            if not first.reorged:
+                return first
+            # A reorg is only undone by the scan that finds it (back to the fork point); the new
+            # branch is walked by a second scan, whose watched outpoints were reloaded after the undo,
+            # so a coin of ours spent in an undone block and spent again in the new branch is seen.
+            again = self._scan(chain, max_blocks)
+            return replace(again, orphaned=first.orphaned + again.orphaned,
+                           deep_reorg_incidents=first.deep_reorg_incidents + again.deep_reorg_incidents, reorged=True)
 
     def catch_up(self, chain: str, *, pages: int = 100) -> BlockRef | None:
         """Scan until the cursor is at the node's tip (or `pages` scans made); what the hot
@@ -179,6 +188,8 @@ class Deposits:
         tokens = {a.contract_address: a.asset for a in self.wallets.chain_assets(chain) if a.contract_address}
         try:
             result = adapter.scan(cursor, Watch(watched, tokens, outpoints=index.outpoints), max_blocks=max_blocks)
+            if result.reorg is not None:  # undo only: the new branch is walked next (see scan)
+                result = ScanResult(reorg=result.reorg, blocks=(), cursor=result.reorg.fork_point)
         except ReorgTooDeep as exc:
             # The node no longer has our cursor's chain and the adapter cannot find the fork point:
             # nothing is safe to credit until an operator has looked (critical: the kill switch).
@@ -219,7 +230,7 @@ class Deposits:
         if result.blocks or result.reorg:
             log.info("%s: scanned %d block(s) to %s: %d observation(s) recorded, %d orphaned",
                      chain, len(result.blocks), result.cursor.height, recorded, orphaned)
-        return ScanSummary(chain, len(result.blocks), recorded, orphaned, deep, result.cursor)
+        return ScanSummary(chain, len(result.blocks), recorded, orphaned, deep, result.cursor, result.reorg is not None)
 
     def _record(self, c: Connection, chain: str, obs: Observation, ours: Ours) -> int:
         address_id, account_id, owner = ours.deposit_address_id, ours.account_id, ours.owner
@@ -504,11 +515,14 @@ class Deposits:
             advance(c, "deposit_observation", obs_id, "returned", "quarantined")
             audit(c, operator, "deposit.return_failed", f"observation:{obs_id}", {"error": str(error)[:500]})
 
-    def list(self, *, account_id: int | None = None, state: str | None = None, limit: int = 200) -> list[dict]:
+    def list(self, *, account_id: int | None = None, state: str | None = None, before_id: int | None = None,
+             limit: int = 200) -> list[dict]:
+        """Observations newest first (below `before_id` when given: the next page of a walk)."""
         with self.engine.connect() as c:
             rows = c.execute(
                 text(f"{_OBS_SQL} WHERE (CAST(:a AS bigint) IS NULL OR account_id = :a) AND (CAST(:s AS text) IS NULL OR state = :s) "
-                     "ORDER BY id DESC LIMIT :l"), {"a": account_id, "s": state, "l": limit},
+                     "AND (CAST(:b AS bigint) IS NULL OR id < :b) "
+                     "ORDER BY id DESC LIMIT :l"), {"a": account_id, "s": state, "b": before_id, "l": limit},
             ).all()
         return [dict(r._mapping) for r in rows]
 

@@ -52,6 +52,9 @@
 | webhook_endpoint_not_found | 404 | no webhook endpoint with that id (or it was deleted) |
 | webhook_delivery_not_found | 404 | no webhook delivery with that id |
 | webhook_key_unavailable | 503 | the key that encrypts webhook secrets (`WEBHOOK_SECRET_KEY`, or the state directory's key file) cannot be read or created; nothing was written |
+| api_key_not_found | 404 | no API key with that id |
+| api_key_not_live | 409 | the API key is revoked already (or, to rotate, revoked or rotated already) |
+| api_key_name_taken | 409 | a key of that name was created before (a name is an idempotency namespace: it is never handed out again; rotate the key instead) |
 """
 from __future__ import annotations
 
@@ -109,6 +112,9 @@ class CustodyErrorCode(str, enum.Enum):
     webhook_endpoint_not_found = "webhook_endpoint_not_found"
     webhook_delivery_not_found = "webhook_delivery_not_found"
     webhook_key_unavailable = "webhook_key_unavailable"
+    api_key_not_found = "api_key_not_found"
+    api_key_not_live = "api_key_not_live"
+    api_key_name_taken = "api_key_name_taken"
 
     @property
     def http_status(self) -> int:
@@ -166,6 +172,9 @@ _STATUS = {
     CustodyErrorCode.webhook_endpoint_not_found: 404,
     CustodyErrorCode.webhook_delivery_not_found: 404,
     CustodyErrorCode.webhook_key_unavailable: 503,
+    CustodyErrorCode.api_key_not_found: 404,
+    CustodyErrorCode.api_key_not_live: 409,
+    CustodyErrorCode.api_key_name_taken: 409,
 }
 
 

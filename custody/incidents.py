@@ -157,6 +157,17 @@ class Incidents:
             audit(c, operator, "incident.resolve", f"incident:{incident_id}", {"kind": incident.kind, **resolution})
             return _view(c.execute(text(f"{_INCIDENT_SQL} WHERE id = :i"), {"i": incident_id}).one())
 
+    def list(self, *, open_only: bool = True, before_id: int | None = None, limit: int = 500) -> list[IncidentView]:
+        """Incidents newest first (only unresolved ones with `open_only`), below `before_id` when
+        given (the next page of a walk)."""
+        with self.engine.connect() as c:
+            rows = c.execute(text(f"{_INCIDENT_SQL} "
+                                  "WHERE (NOT :o OR resolved_at IS NULL) "
+                                  "AND (CAST(:b AS bigint) IS NULL OR id < :b) "
+                                  "ORDER BY id DESC LIMIT :l"),
+                             {"o": open_only, "b": before_id, "l": limit}).all()
+        return [_view(r) for r in rows]
+
     def _apply(self, c: Connection, incident: IncidentView, action: str) -> dict[str, Any]:
         hold_record = incident.detail["hold"]
         hold = self.ledger.get_hold(int(hold_record["id"]), conn=c) if hold_record.get("id") is not None else None

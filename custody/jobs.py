@@ -26,7 +26,11 @@ skipped, not stacked (APScheduler's max_instances=1). A run logs its exceptions 
 failed run is retried on the next tick, which is safe because every step is idempotent. A node that
 is unreachable (`NodeUnavailable`) or busy with a call it runs once at a time (`NodeBusy`: an
 operator's `scantxoutset`, a wallet rescan) costs one warning line and the tick, never a traceback.
-APScheduler's own log lines name the job (`Running job "payouts (trigger: ...)"`). Within a job,
+APScheduler's own log lines name the job (`Running job "payouts (trigger: ...)"`) and are written
+at DEBUG (custody.observability); every log line written during a run carries the job's name
+(`job` in the JSON line). Each run is counted in `job_stat` (runs, failures, skips, seconds; one
+upsert on the lock's own connection after the run), which the api's `/metrics` reads
+(custody.metrics): a run fails when it raised, or when one of its steps raised. Within a job,
 each step runs even when an earlier one failed (`run_steps`: a node error while batching never
 stops broadcast and tracking), and within a step one batch, sweep or rebalance that fails is set
 aside and the others go on (custody.containment).
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import zlib
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
@@ -45,6 +50,7 @@ from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.exc import DBAPIError
 
 from chain_adapters.errors import NodeBusy, NodeUnavailable
+from custody.observability import job_context
 
 log = logging.getLogger(__name__)
 
@@ -113,20 +119,34 @@ def verify_books(container: Any) -> list[str]:
     return [c.name for c in failed]
 
 
-def run_steps(name: str, steps: list[Callable[[], object]]) -> None:
-    """Run every step in order; one that raises is logged and the next one still runs."""
-    for step in steps:
-        _guard(f"{name}:{getattr(step, '__name__', 'step')}", step)()
+class StepsFailed(Exception):
+    """One or more steps of a scheduled job raised (each was logged when it did): the run counts
+    as failed in job_stat."""
 
 
-def payouts_once(container: Any) -> None:
+def run_steps(name: str, steps: list[Callable[[], object]]) -> list[str]:
+    """Run every step in order; one that raises is logged and the next one still runs. Returns
+    the names of the steps that raised."""
+    return [label for step in steps if not _guard(label := f"{name}:{getattr(step, '__name__', 'step')}", step)()]
+
+
+def failing_when_steps_fail(fn: Callable[[], list[str] | None]) -> Callable[[], None]:
+    """The scheduled form of a job made of steps: raises StepsFailed when any step raised."""
+    def run() -> None:
+        failed = fn()
+        if failed:
+            raise StepsFailed(", ".join(failed))
+    return run
+
+
+def payouts_once(container: Any) -> list[str]:
     p = container.payouts
     steps: list[Callable[[], object]] = []
     if "bitcoin" in container.adapters:
         steps += [p.sync_hot_wallet, p.batch_bitcoin]
     if "ethereum" in container.adapters:
         steps.append(p.batch_ethereum)
-    run_steps("payouts", steps + [p.sign_open_batches, p.broadcast, p.track, p.bump_fees])
+    return run_steps("payouts", steps + [p.sign_open_batches, p.broadcast, p.track, p.bump_fees])
 
 
 def _guard(name: str, fn: Callable[[], object]) -> Callable[[], bool]:
@@ -139,6 +159,8 @@ def _guard(name: str, fn: Callable[[], object]) -> Callable[[], bool]:
             log.warning("job %s: node unavailable (%s); retrying next run", name, exc)
         except NodeBusy as exc:  # the node runs a one-at-a-time call (a scan, a rescan): skip this tick
             log.warning("job %s: node busy (%s); skipped, retrying next run", name, exc.detail)
+        except StepsFailed as exc:  # each step's failure is logged already
+            log.warning("job %s: steps failed: %s", name, exc)
         except Exception:  # noqa: BLE001 - logged; the next tick retries an idempotent step
             log.exception("job %s failed", name)
         return False
@@ -211,16 +233,51 @@ def exclusive_job(name: str, fn: Callable[[], object], locks: JobLocks) -> Calla
     body = _guard(name, fn)
 
     def run() -> bool | None:
-        try:
-            with locks.hold(name) as got:
-                if not got:
-                    log.debug("job %s: held by another worker; skipped", name)
-                    return False
-                return True if body() else None
-        except Exception:  # noqa: BLE001 - the database is unreachable: the next tick tries again
-            log.exception("job %s: could not take its lock", name)
-            return None
+        with job_context(name):
+            try:
+                with locks.hold(name) as got:
+                    if not got:
+                        log.debug("job %s: held by another worker; skipped", name)
+                        record_run(locks.engine, name, skipped=True)
+                        return False
+                    started = time.perf_counter()
+                    ok = body()
+                    record_run(locks.engine, name, failed=not ok, seconds=time.perf_counter() - started)
+                    return True if ok else None
+            except Exception:  # noqa: BLE001 - the database is unreachable: the next tick tries again
+                log.exception("job %s: could not take its lock", name)
+                return None
+
+    run.__name__ = run.__qualname__ = name  # what APScheduler and tracebacks call it
     return run
+
+
+_RECORD_SQL = text("""
+INSERT INTO job_stat AS s (name, runs, failures, skipped, seconds_total, last_seconds, last_run_at, last_failure_at)
+VALUES (:n, :runs, :failures, :skipped, :seconds, :last_seconds,
+        CASE WHEN :runs = 1 THEN now() END, CASE WHEN :failures = 1 THEN now() END)
+ON CONFLICT (name) DO UPDATE SET
+    runs = s.runs + EXCLUDED.runs,
+    failures = s.failures + EXCLUDED.failures,
+    skipped = s.skipped + EXCLUDED.skipped,
+    seconds_total = s.seconds_total + EXCLUDED.seconds_total,
+    last_seconds = coalesce(EXCLUDED.last_seconds, s.last_seconds),
+    last_run_at = coalesce(EXCLUDED.last_run_at, s.last_run_at),
+    last_failure_at = coalesce(EXCLUDED.last_failure_at, s.last_failure_at)
+""")
+
+
+def record_run(engine: Engine, name: str, *, failed: bool = False, skipped: bool = False, seconds: float = 0.0) -> None:
+    """Count one run (or skip) of job `name` in `job_stat`; a failure to count is logged, never
+    raised (the count is for watching; the job's work is done)."""
+    ran = 0 if skipped else 1
+    try:
+        with engine.begin() as conn:
+            conn.execute(_RECORD_SQL, {"n": name, "runs": ran, "failures": int(failed and ran == 1),
+                                       "skipped": int(skipped), "seconds": seconds if ran else 0.0,
+                                       "last_seconds": seconds if ran else None})
+    except Exception as exc:  # noqa: BLE001
+        log.warning("job %s: its run was not counted in job_stat (%s)", name, exc)
 
 
 def build_scheduler(container: Any, *, sink: Callable[[str, dict], None] | None = None, scale: float = 1.0,
@@ -246,18 +303,19 @@ def build_scheduler(container: Any, *, sink: Callable[[str, dict], None] | None 
         for chain in getattr(container, "adapters", {}):
             add(f"deposits:{chain}", lambda ch=chain: deposits.run_once([ch]), 2)
     if payouts is not None:
-        add("payouts", lambda: payouts_once(container), 3)
+        add("payouts", failing_when_steps_fail(lambda: payouts_once(container)), 3)
     if sweeps is not None:
-        add("sweeps", lambda: run_steps("sweeps", [sweeps.sweep_bitcoin, sweeps.broadcast, sweeps.track]), 30)
+        add("sweeps", failing_when_steps_fail(lambda: run_steps("sweeps", [sweeps.sweep_bitcoin, sweeps.broadcast,
+                                                                         sweeps.track])), 30)
     if rebalances is not None:
-        add("rebalances", lambda: run_steps("rebalances", [rebalances.rebalance_bitcoin, rebalances.broadcast,
-                                                           rebalances.track]), 30)
+        add("rebalances", failing_when_steps_fail(lambda: run_steps("rebalances", [
+            rebalances.rebalance_bitcoin, rebalances.broadcast, rebalances.track])), 30)
     add("expire-holds", container.ledger.expire_holds, 10)
     add("outbox", dispatcher.dispatch, 1)
     webhooks = getattr(container, "webhooks", None)
     if webhooks is not None:
         add("webhooks", webhooks.run_once, 1)
-    add("verify", lambda: verify_books(container), 60)
+    add("verify", failing_when_steps_fail(lambda: verify_books(container)), 60)  # a failed check fails the run
     if reconciliation is not None:
         add("reconcile", reconciliation.run, 60)
     node_view = getattr(container, "node_view", None)

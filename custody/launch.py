@@ -18,7 +18,8 @@ first API keys) and the nodes' RPC endpoints, it:
    environment (`CUSTODY_API_DATABASE_URL`, `CUSTODY_API_SIGNER_CLIENT`,
    `CUSTODY_API_SIGNER_AUTH_KEY_FILE`: custody.config's per-process overrides);
 5. starts `python -m custody worker` and `python -m custody api` and waits for `/health`; the
-   worker publishes events to `nats_url` ([events] of custody.toml; the demo starts the embedded
+   worker publishes events to `nats_url` ([events] of custody.toml, with any other [events] keys
+   given as `events`, e.g. `{"stream": ..., "subject_prefix": ...}`; the demo starts the embedded
    NATS server with JetStream unless NATS_URL is set).
 
 Every process logs to `root/logs/<name>.log`; `Deployment.stop()` stops them in reverse order.
@@ -81,7 +82,7 @@ def _write_toml(path: Path, data: dict) -> Path:
 
 def deploy(root: Path, *, owner_url: str, nodes: Nodes, approvers: tuple[str, ...] = ("approver-1", "approver-2"),
            api_port: int | None = None, job_scale: float = 0.5, seed_file: Path | None = None,
-           pepper: str | None = None, nats_url: str | None = None) -> Deployment:
+           pepper: str | None = None, nats_url: str | None = None, events: dict | None = None) -> Deployment:
     from custody.approve_cli import approver_entry, load_private_key, new_key_file
     from custody.database import migrate
     from custody.policy_config import default_policy
@@ -138,7 +139,9 @@ def deploy(root: Path, *, owner_url: str, nodes: Nodes, approvers: tuple[str, ..
         "signer": {"endpoint": f"unix:{socket_path}", "client": "worker", "auth_key_file": str(client_keys["worker"])},
         "approvers": approver_entries,
         "jobs": {"scale": job_scale},
-        **({"events": {"nats_url": nats_url}} if nats_url else {}),  # else NATS_URL, else the worker's embedded one
+        # [events]: nats_url, else NATS_URL, else the worker's embedded server; `events` adds other keys
+        # (a stream and subject prefix of its own, for a second deployment on a shared server)
+        **({"events": {**(events or {}), **({"nats_url": nats_url} if nats_url else {})}} if nats_url or events else {}),
     }
     _write_toml(root / "custody.toml", custody_cfg)
     processes.env.update({"CUSTODY_API_DATABASE_URL": role_url(owner_url, "custody_api"),  # read by the api only
@@ -178,7 +181,7 @@ def run_demo_topology(*, state_dir: Path, api_port: int | None = None, exit_afte
     from custody.addresses import derive_btc_address
     from custody.auth import create_api_key
     from custody.broker import embedded_nats_url, stop_embedded
-    from custody.database import drop_database, embedded_server_url, ensure_database, make_engine, with_database
+    from custody.database import drop_database, embedded_database_url, ensure_database, make_engine
     from custody.demo import DemoWorld, run_demo
     from custody.settings import get_settings
     from regtest.cluster import start_cluster
@@ -186,8 +189,12 @@ def run_demo_topology(*, state_dir: Path, api_port: int | None = None, exit_afte
     root = state_dir / "demo"
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
-    owner_url = with_database(embedded_server_url(state_dir), "custody_demo")
-    drop_database(owner_url)  # the demo runs on fresh chains, so on a fresh database too
+    # The database the maintenance CLI uses without DATABASE_URL (custody.database.EMBEDDED_DATABASE),
+    # so `create-api-key` / `api-key` act on the running demo.
+    owner_url = embedded_database_url(state_dir)
+    log.info("the demo serves the embedded database %r (dropped and made again: fresh chains need fresh books)",
+             make_url(owner_url).database)
+    drop_database(owner_url)
     ensure_database(owner_url)
     log.info("starting bitcoind -regtest and anvil under %s", root / "chains")
     cluster = start_cluster(root / "chains")

@@ -62,7 +62,7 @@ class CallerLedger:
     def _violation(self, action: MoneyAction, account_ids: Iterable[int]) -> tuple[int, AccountKind] | None:
         """The first account (and its kind) that the caller may not `action`, or None."""
         for account_id in account_ids:
-            kind = self.account(account_id).kind
+            kind = self.ledger.account_reference(account_id).kind  # cached: a kind never changes
             if not permitted(self.caller.role, action, kind):
                 return account_id, kind
         return None

@@ -39,6 +39,9 @@ Guarantees:
   only. Starting from the block where the previous range was set would be as safe but needs that
   point stored; starting later (e.g. "now") would hide a deposit to an address issued while the
   range was overtaken.
+- bitcoind also tops a ranged descriptor up by itself once an address near its end is used (to
+  the last used index + its `-keypool`, 1000 by default): ranges only grow, so that never hides a
+  coin; the coverage check below is what guarantees every issued address is watched.
 - `read(tip)` answers only when, before and after the reads, the wallet's last processed block and
   the node's tip are both `tip`, no rescan runs and the wallet's ranges did not change (an import
   by another process in between); and when every range covers what custody has issued.
@@ -48,10 +51,27 @@ Guarantees:
   (`parent_descs`) and their derivation path; coins at indices custody has not issued (someone
   paid ahead of us) are reported apart, in `unissued`, never in a tier's figure.
 
+Limit of the node: bitcoind refuses a descriptor range 1,000,000 indices wide or wider ("Range is
+too large"), and a widened range must still start at 0, so one descriptor watches at most indices
+0..999,999 (`MAX_RANGE_END`). `ensure` refuses itself, before asking the node, a range that would
+end past it: a deployment that has issued about 999,000 deposit addresses (`999,999 - lookahead`)
+can no longer widen the deposit range, and from then on `read` answers NodeViewNotReady (the range
+does not cover what custody issued): the cross-check is blind, reconciliation escalates it
+(custody.reconciliation: a warning, then a critical incident, which halts withdrawals) and an
+operator must act. Going past it needs a second descriptor for the next million (the same key
+with its origin written out is another descriptor to bitcoind); that is not built. Migration 0028
+keeps custody_api from reaching the wall at will: `next_index` steps by 1 per update.
+
+Health (`node_view_health`, migration 0028, written by the worker only): `ensure` records a
+refusal there and opens a `node_view_refused` warning incident at once (once per distinct
+error); reconciliation counts its passes without the node's figure there (`record_blind`,
+`record_read`).
+
 Errors: `NodeViewNotReady` (custody code `node_view_not_ready`): the view cannot be read now; the
 next pass may. `NodeBusy` (chain_adapters.errors) from `ensure` while another rescan runs.
-`ChainError` for a wallet the node refuses to create or import into, or a coin of a descriptor we
-did not import (someone else imported into our wallet: investigate).
+`ChainError` for a wallet the node refuses to create or import into, a range past
+`MAX_RANGE_END`, or a coin of a descriptor we did not import (someone else imported into our
+wallet: investigate).
 """
 from __future__ import annotations
 
@@ -66,8 +86,9 @@ from sqlalchemy import Connection, Engine, text
 from chain_adapters.base import BlockRef
 from chain_adapters.bitcoin import BitcoinAdapter
 from chain_adapters.bitcoin_watch import WatchCoin, WatchImport, WatchedRange, strip_checksum
-from chain_adapters.errors import ChainError
+from chain_adapters.errors import ChainError, NodeBusy
 from custody.addresses import descriptor_for
+from custody.controls import open_incident
 from custody.destinations import HOT_RECEIVE_INDEX
 from custody.errors import CustodyError, CustodyErrorCode
 
@@ -75,6 +96,7 @@ log = logging.getLogger(__name__)
 
 TIERS = ("deposit", "hot", "cold")
 DEFAULT_LOOKAHEAD = 1000
+MAX_RANGE_END = 999_999  # bitcoind: a range [0, end] must be less than 1,000,000 indices wide
 
 
 class NodeViewNotReady(CustodyError):
@@ -103,10 +125,12 @@ class NodeHoldings:
 
 # ---- pure decisions --------------------------------------------------------------------------
 
-def wallet_name(network: str, deposit_xpub: str, hot_xpub: str, registered_at: str) -> str:
+def wallet_name(network: str, deposit_xpub: str, hot_xpub: str, registered_at: str, label: str = "") -> str:
     """The deployment's watch-only wallet name: deterministic, and another deployment (another
-    database registering the same keys at another time) gets another name."""
-    digest = hashlib.sha256("\n".join((network, deposit_xpub, hot_xpub, registered_at)).encode()).hexdigest()
+    database registering the same keys at another time) gets another name; so does another
+    `label` (a second, independent view of one deployment, e.g. a test's own)."""
+    parts = (network, deposit_xpub, hot_xpub, registered_at) + ((label,) if label else ())
+    digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()
     return f"custody-view-{digest[:24]}"
 
 
@@ -187,13 +211,14 @@ class NodeView:
     """The watch-only wallet of this deployment (see the module docstring)."""
 
     def __init__(self, engine: Engine, adapter: BitcoinAdapter, *, network: str,
-                 lookahead: int = DEFAULT_LOOKAHEAD) -> None:
+                 lookahead: int = DEFAULT_LOOKAHEAD, label: str = "") -> None:
         if lookahead < 2:
             raise ValueError("lookahead must be at least 2")
         self.engine = engine
         self.adapter = adapter
         self.network = network
         self.lookahead = lookahead
+        self.label = label  # wallet_name: another label, another wallet of its own
 
     # ---- reading the database ------------------------------------------------------------
 
@@ -207,7 +232,8 @@ class NodeView:
                 wallets = self._wallets(c)
         if "deposit" not in wallets or "hot" not in wallets:
             raise NodeViewNotReady("no bitcoin deposit and hot wallets are registered yet")
-        return wallet_name(self.network, wallets["deposit"].xpub, wallets["hot"].xpub, wallets["deposit"].registered)
+        return wallet_name(self.network, wallets["deposit"].xpub, wallets["hot"].xpub, wallets["deposit"].registered,
+                           self.label)
 
     @staticmethod
     def _issued_end(c: Connection, branch: Branch, wallets: dict[str, _Wallet]) -> int:
@@ -244,6 +270,17 @@ class NodeView:
             name = self.name(wallets)
             wanted = branches(self.network, {t: w.xpub for t, w in wallets.items() if t in TIERS})
             issued = {b.descriptor: self._issued_end(c, b, wallets) for b in wanted}
+        try:
+            return self._ensure(name, wanted, wallets, issued, read_at)
+        except NodeBusy:
+            raise
+        except ChainError as exc:  # the node refused (or would refuse) the wallet or a range: say so at once
+            with self.engine.begin() as c:
+                note_refusal(c, "bitcoin", name, str(exc))
+            raise
+
+    def _ensure(self, name: str, wanted: list[Branch], wallets: dict[str, _Wallet], issued: dict[str, int],
+                read_at: datetime) -> list[WatchImport]:
         created = self.adapter.watch_open(name)
         if created:
             log.info("node view: created the watch-only wallet %s", name)
@@ -254,6 +291,13 @@ class NodeView:
                 end = new_end(current.get(b.descriptor), issued[b.descriptor], self.lookahead)
                 if end is None:
                     continue
+                if end > MAX_RANGE_END:
+                    if issued[b.descriptor] > MAX_RANGE_END:
+                        raise ChainError(f"{b.tier}/{b.branch}: custody issued up to index {issued[b.descriptor]}, past what "
+                                         f"one bitcoind descriptor range covers (0..{MAX_RANGE_END}): the node's view is blind")
+                    end = MAX_RANGE_END  # the last widening bitcoind accepts; read() goes blind past it
+                    if current.get(b.descriptor) == end:
+                        continue
                 lo = 0 if b.descriptor not in current else current[b.descriptor] + 1
                 first = self._first_issued(c, b, wallets, lo, end)
                 imports.append(WatchImport(b.descriptor, end, rescan_from(first, read_at)))
@@ -324,3 +368,72 @@ class NodeView:
     def holdings(self, tip: BlockRef) -> dict[str, int]:
         """`read(tip).by_tier`: satoshis per tier (deposit, hot, cold when registered) at `tip`."""
         return self.read(tip).by_tier
+
+
+# ---- health (node_view_health, migration 0028; the worker writes it) -------------------------------
+
+_BLIND_SQL = text("""
+INSERT INTO node_view_health (chain, missed_passes, blind_since, last_error)
+VALUES (:chain, 1, now(), :error)
+ON CONFLICT (chain) DO UPDATE
+SET missed_passes = node_view_health.missed_passes + 1,
+    blind_since = coalesce(node_view_health.blind_since, now()),
+    last_error = EXCLUDED.last_error, updated_at = now()
+RETURNING missed_passes, blind_since, extract(epoch FROM now() - blind_since) AS blind_seconds, severity
+""")
+
+_READ_SQL = text("""
+INSERT INTO node_view_health (chain, missed_passes, last_read_at, last_read_height)
+VALUES (:chain, 0, now(), :height)
+ON CONFLICT (chain) DO UPDATE
+SET missed_passes = 0, blind_since = NULL, severity = NULL, last_error = NULL,
+    last_read_at = now(), last_read_height = EXCLUDED.last_read_height, updated_at = now()
+""")
+
+_ESCALATED_SQL = text("""
+UPDATE node_view_health
+SET severity = :severity
+WHERE chain = :chain
+""")
+
+_NOTE_ERROR_SQL = text("""
+INSERT INTO node_view_health (chain, last_error)
+VALUES (:chain, :error)
+ON CONFLICT (chain) DO UPDATE
+SET last_error = EXCLUDED.last_error, updated_at = now()
+""")
+
+
+@dataclass(frozen=True)
+class Blind:
+    """The current run of passes without the node's figure."""
+
+    missed_passes: int
+    blind_since: datetime
+    blind_seconds: float
+    severity: str | None  # the incident already opened for this run
+
+
+def record_blind(c: Connection, chain: str, error: str) -> Blind:
+    """One more pass without the node's figure."""
+    r = c.execute(_BLIND_SQL, {"chain": chain, "error": error[:1000]}).one()
+    return Blind(int(r.missed_passes), r.blind_since, float(r.blind_seconds), r.severity)
+
+
+def record_escalation(c: Connection, chain: str, severity: str) -> None:
+    c.execute(_ESCALATED_SQL, {"chain": chain, "severity": severity})
+
+
+def record_read(c: Connection, chain: str, tip: BlockRef) -> None:
+    """A pass read the node's figure: the run of blind passes ends."""
+    c.execute(_READ_SQL, {"chain": chain, "height": tip.height})
+
+
+def note_refusal(c: Connection, chain: str, wallet: str, error: str) -> None:
+    """The node refused the watch-only wallet or a range (or `ensure` refused a range past
+    `MAX_RANGE_END`): recorded, and a warning incident opened at once (once per distinct error)."""
+    log.error("node view: %s", error)
+    c.execute(_NOTE_ERROR_SQL, {"chain": chain, "error": error[:1000]})
+    digest = hashlib.sha256(error.encode()).hexdigest()[:16]
+    open_incident(c, "node_view_refused", f"node_view_refused:{chain}:{wallet}:{digest}",
+                  {"chain": chain, "wallet": wallet, "error": error[:1000]}, severity="warning")

@@ -173,10 +173,23 @@ def spendable_coins(c: Connection) -> list[BtcCoin]:
     """Unreserved, unspent hot coins whose creating transaction is confirmed (external ones are):
     a swept coin only once its sweep is final (booked), rebalance change once the rebalance is
     mined. They are locked (skipping coins another job has locked) for the caller's transaction,
-    so withdrawal batches and rebalances never reserve the same coin. A coin the wallet index
-    (custody.wallet_index) holds as spent in a block is never selected, whoever spent it (a
+    so withdrawal batches and rebalances never reserve the same coin.
+
+    Only a coin the wallet index (custody.wallet_index) holds, unspent, in the chain up to the
+    scanner's cursor is selected: not one it holds as spent in a block (whoever spent it: a
     transaction of ours marks its coins `spent_by` when signed; anything else spending a hot coin
-    is not ours to sign over again, and reconciliation reports the difference)."""
+    is not ours to sign over again, and reconciliation reports the difference), and not one it
+    does not hold at all (its block was reorged out and its transaction double-spent, or its
+    block is not walked yet: a confirmed change output becomes selectable once the scanner has
+    walked its block, which the payouts job's hot-wallet sync does first).
+
+    Databases older than the index (migration 0023): a coin recorded in `wallet_utxo` before the
+    index existed is in no block the index walked, so it is not selected (it stays in the books
+    and in reconciliation's hot line as a shortfall until it is indexed). No backfill is built:
+    before upgrading a live deployment past 0023, spend the hot wallet down to coins created after
+    the upgrade's cursor, or plan a one-off backfill of `btc_wallet_output` from `wallet_utxo` and
+    the node's `gettxout` (`python -m custody rescan --tier hot` shows what the UTXO set holds, and
+    writes nothing)."""
     rows = c.execute(text(
         "SELECT u.txid, u.vout, u.amount, u.derivation_change, u.derivation_index FROM wallet_utxo u "
         "LEFT JOIN chain_transaction t ON t.txid = u.txid LEFT JOIN sweep s ON s.txid = u.txid "
@@ -184,7 +197,7 @@ def spendable_coins(c: Connection) -> list[BtcCoin]:
         "WHERE u.spent_by IS NULL AND u.reserved_by IS NULL AND u.rebalance_id IS NULL "
         "AND (t.id IS NULL OR t.state IN ('confirmed', 'final')) AND (s.id IS NULL OR s.state = 'final') "
         "AND (r.id IS NULL OR r.state IN ('confirmed', 'final')) "
-        "AND NOT EXISTS (SELECT 1 FROM btc_wallet_output o WHERE o.txid = u.txid AND o.vout = u.vout AND o.spent_txid IS NOT NULL) "
+        "AND EXISTS (SELECT 1 FROM btc_wallet_output o WHERE o.txid = u.txid AND o.vout = u.vout AND o.spent_txid IS NULL) "
         "ORDER BY u.amount DESC FOR UPDATE OF u SKIP LOCKED")).all()
     return [BtcCoin(r.txid, r.vout, int(r.amount), r.derivation_change, r.derivation_index) for r in rows]
 

@@ -25,9 +25,18 @@ with an index this same code built):
 - rebalances mined but not yet final: gone from the hot wallet (- amount - fee; the change stays
   at the hot receive address) and arrived in the cold wallet (+ amount), booked only at finality.
 The cold wallet is reconciled once one is registered (tier `cold` in `wallet`): its addresses are
-the ones custody derived from its xpub (`<xpub>/0/0 .. next_index - 1`, every address a rebalance
-was ever told to pay), read like the others from the wallet index; it is watch-only, so nothing
-leaves it through this service.
+the ones rebalances were told to pay, each checked against the cold key's derivation at the
+rebalance's index (custody.wallet_index), read like the others from the wallet index; it is
+watch-only, so nothing leaves it through this service.
+
+The node's own view (custody.node_view) is put beside each bitcoin line (`Line.node`) and a tier
+where it differs from the index opens a critical `wallet_index_divergence` incident. The
+cross-check fails closed: a pass that cannot read the node's figure leaves `node` None (the API's
+answer shows null) and the worker's pass counts it in `node_view_health` (migration 0028; the
+metric `custody_node_view_blind_seconds`); a run of such passes opens a `node_view_blind` warning
+incident once it lasts `NODE_VIEW_WARN_AFTER_SECONDS` (300) and a critical one, which halts
+withdrawals, at `NODE_VIEW_CRITICAL_AFTER_SECONDS` (1800) (`blind_severity`). A range the node
+refuses opens a `node_view_refused` warning at once (custody.node_view.note_refusal).
 
 Ethereum (one line per asset: ether and every configured ERC-20, for the deposit addresses issued
 and for the hot address `<hot xpub>/0`; read with `eth_getBalance` and `balanceOf` at the pass's
@@ -96,17 +105,19 @@ from typing import Callable
 from sqlalchemy import Connection, Engine, text
 
 from chain_adapters.base import BlockRef, ChainAdapter
+from chain_adapters.errors import ChainError, NodeBusy, NodeUnavailable
 from custody import wallet_index
 from custody.addresses import derive_eth_address
 from custody.controls import open_incident
 from custody.firm_moves import unbooked
-from custody.node_view import NodeView, NodeViewNotReady
+from custody.node_view import NodeView, NodeViewNotReady, record_blind, record_escalation, record_read
 from custody.payouts import HOT_RECEIVE_INDEX
 from custody.wallets import ChainAsset, Wallets
 from ledger.service import Ledger
 
 log = logging.getLogger(__name__)
 NODE_VIEW_ATTEMPTS, NODE_VIEW_WAIT = 20, 0.1  # up to ~2 s for the node's wallet to reach the pinned tip
+BLIND_WARN_AFTER, BLIND_CRITICAL_AFTER = 300.0, 1800.0  # NODE_VIEW_WARN_AFTER_SECONDS, NODE_VIEW_CRITICAL_AFTER_SECONDS
 UNBOOKED_DEPOSITS = ("seen", "confirming", "final")
 # Journal kinds custody posts for a chain movement the line counts itself (on chain or in transit):
 # they never explain a change of the difference. Every other kind booked to a location account
@@ -164,6 +175,16 @@ def line_severity(line: Line, previous: PreviousPass | None = None) -> str | Non
     if line.difference < 0 or shortfall_since(previous, line) > 0:
         return "critical"
     return "warning" if line.difference > 0 else None
+
+
+def blind_severity(blind_seconds: float, warn_after: float, critical_after: float) -> str | None:
+    """The incident a run of passes without the node's figure calls for, `blind_seconds` after its
+    first pass: none at first (the wallet may be rescanning, a block just arrived), `warning` from
+    `warn_after`, `critical` from `critical_after` (the books have been compared only with the
+    index this code builds for that long)."""
+    if blind_seconds >= critical_after:
+        return "critical"
+    return "warning" if blind_seconds >= warn_after else None
 
 
 def incident_key(line: Line, tip: BlockRef, severity: str | None = None) -> str:
@@ -255,9 +276,12 @@ def hot_in_transit(unsettled: Iterable[Unsettled], asset: str, *, native: str = 
 
 class Reconciliation:
     def __init__(self, engine: Engine, ledger: Ledger, wallets: Wallets, adapters: Mapping[str, ChainAdapter], *,
-                 network: str, before: Callable[[], object] | None = None, node_view: NodeView | None = None) -> None:
-        self.before = before
-        self.node_view = node_view  # bitcoin: the independent cross-check of the index (custody.node_view)  # run before the bitcoin lines: the hot wallet sync books confirmed treasury funding
+                 network: str, before: Callable[[], object] | None = None, node_view: NodeView | None = None,
+                 blind_warn_after: float = BLIND_WARN_AFTER, blind_critical_after: float = BLIND_CRITICAL_AFTER) -> None:
+        self.before = before  # run before the bitcoin lines: the hot wallet sync books confirmed treasury funding
+        self.node_view = node_view  # bitcoin: the independent cross-check of the index (custody.node_view)
+        self.blind_warn_after = blind_warn_after  # seconds without the node's figure before a warning incident
+        self.blind_critical_after = blind_critical_after  # ... before a critical one (halts withdrawals)
         self.engine = engine
         self.ledger = ledger
         self.wallets = wallets
@@ -288,7 +312,7 @@ class Reconciliation:
             log.info("reconciliation of %s skipped: the chain kept moving", chain)
             return []
         if chain == "bitcoin":
-            lines = self._cross_check(lines, tip)
+            lines = self._cross_check(lines, tip, record=prepare)
         for line in lines:
             with self.engine.begin() as c:
                 previous = self._previous(c, line)
@@ -306,23 +330,42 @@ class Reconciliation:
                     line.tier, line.asset, tip.height, line.on_chain, line.books, line.in_transit, line.difference)
         return lines
 
-    def _cross_check(self, lines: list[Line], tip: BlockRef) -> list[Line]:
+    def _cross_check(self, lines: list[Line], tip: BlockRef, record: bool = True) -> list[Line]:
         """Put the node's own figure beside each bitcoin line (read at the same pinned tip) and
         open a critical incident for a tier where it differs from the index: the books were compared
-        with the index, and the index with the node, so books == node only when both agree."""
+        with the index, and the index with the node, so books == node only when both agree.
+
+        Fails closed: a pass that cannot read the node's figure leaves `node` None on its lines and
+        (`record`: the worker's passes; the api's may not write `node_view_health`) counts one more
+        blind pass; `blind_severity` opens a warning, then a critical incident, as the run lasts."""
         if self.node_view is None or not lines:
             return lines
         held = None
+        error = ""
         for attempt in range(NODE_VIEW_ATTEMPTS):  # the wallet processes a new block a moment after the node
             try:
                 held = self.node_view.holdings(tip)
                 break
             except NodeViewNotReady as exc:
-                if attempt + 1 == NODE_VIEW_ATTEMPTS:
-                    log.info("reconciliation of bitcoin at %d: the node's own view was not read (%s); lines compared "
-                             "with the wallet index only this pass", tip.height, exc.message)
-                    return lines
-                time.sleep(NODE_VIEW_WAIT)
+                error = exc.message
+                if attempt + 1 < NODE_VIEW_ATTEMPTS:
+                    time.sleep(NODE_VIEW_WAIT)
+            except (NodeBusy, NodeUnavailable) as exc:  # the pass stops (a job skips its tick, the api answers 503)
+                if record:  # ... and still counts as blind: a node that stays busy must not blind us unnoticed
+                    self._blind(tip, str(exc))
+                raise
+            except ChainError as exc:  # the node refused, or the wallet holds a coin we never imported
+                error = str(exc)
+                break
+        if held is None:
+            log.warning("reconciliation of bitcoin at %d: the node's own view was not read (%s); lines compared with "
+                        "the wallet index only this pass", tip.height, error)
+            if record:
+                self._blind(tip, error)
+            return lines
+        if record:
+            with self.engine.begin() as c:
+                record_read(c, "bitcoin", tip)
         checked = [replace(line, node=held.get(line.tier, 0)) for line in lines]
         for line in checked:
             if line.node != line.on_chain:
@@ -334,6 +377,21 @@ class Reconciliation:
                     open_incident(c, "wallet_index_divergence",
                                   f"wallet_index_divergence:bitcoin:{line.tier}:{tip.hash}:{line.on_chain}:{line.node}", detail)
         return checked
+
+    def _blind(self, tip: BlockRef, error: str) -> None:
+        """One more pass without the node's figure; escalate as `blind_severity` says."""
+        with self.engine.begin() as c:
+            blind = record_blind(c, "bitcoin", error)
+            severity = blind_severity(blind.blind_seconds, self.blind_warn_after, self.blind_critical_after)
+            if severity is None or severity == blind.severity:
+                return
+            log.error("the node's own view of bitcoin has not been read for %d pass(es) since %s: %s", blind.missed_passes,
+                      blind.blind_since, error)
+            open_incident(c, "node_view_blind", f"node_view_blind:bitcoin:{blind.blind_since.isoformat()}:{severity}",
+                          {"chain": "bitcoin", "missed_passes": blind.missed_passes, "blind_since": blind.blind_since,
+                           "blind_seconds": int(blind.blind_seconds), "last_error": error[:1000], "height": tip.height},
+                          severity=severity)
+            record_escalation(c, "bitcoin", severity)
 
     # ---- shared ---------------------------------------------------------------------------
 

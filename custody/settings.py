@@ -16,6 +16,10 @@
 | `WEBHOOK_TIMEOUT_SECONDS` | `5` | the whole of one attempt (connect, send, answer); longer counts as a failure |
 | `WEBHOOK_CONCURRENCY` | `8` | endpoints POSTed to at once by the worker's webhooks job |
 | `WEBHOOK_ROTATION_GRACE_SECONDS` | `86400` | default time the old secret keeps signing beside the new one after a rotation |
+| `NODE_VIEW_WARN_AFTER_SECONDS` | `300` | reconciliation passes without the node's own view of bitcoin (custody.node_view) for this long open a `node_view_blind` warning incident |
+| `NODE_VIEW_CRITICAL_AFTER_SECONDS` | `1800` | ... and for this long a critical one, which engages the kill switch |
+| `LOG_FORMAT` | `json` | `json`: one JSON object per line (custody.observability); `text`: one plain line per record, for developers |
+| `LOG_LEVEL` | `INFO` | `DEBUG`, `INFO`, `WARNING`, `ERROR`; `DEBUG` also shows the scheduler's per-run lines |
 """
 from __future__ import annotations
 
@@ -49,6 +53,8 @@ class Settings(BaseSettings):
     webhook_timeout_seconds: float = Field(default=5.0, gt=0, le=60)
     webhook_concurrency: int = Field(default=8, ge=1, le=256)
     webhook_rotation_grace_seconds: int = Field(default=86400, ge=0, le=7 * 86400)
+    node_view_warn_after_seconds: float = Field(default=300.0, ge=0, le=7 * 86400)
+    node_view_critical_after_seconds: float = Field(default=1800.0, ge=0, le=7 * 86400)
 
     @field_validator("webhook_secret_key")
     @classmethod
@@ -56,6 +62,8 @@ class Settings(BaseSettings):
         if key is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", key.get_secret_value().strip()):
             raise ValueError("WEBHOOK_SECRET_KEY must be 64 hex digits (32 bytes: `openssl rand -hex 32`)")
         return key
+    log_format: Literal["json", "text"] = "json"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @model_validator(mode="after")
     def _refuse_default_secrets(self) -> "Settings":

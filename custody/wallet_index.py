@@ -3,8 +3,8 @@
 What it is: the table `btc_wallet_output` (migration 0023) holds every output, in a main-chain
 block up to the deposit scanner's cursor (`chain_cursor`), that pays an address this service
 derived: deposit addresses (tier `deposit`), the hot receive address `<hot>/0/0` and the hot
-change addresses `<hot>/1/<batch id>` (tier `hot`), and the cold addresses `<cold>/0/i`,
-i < the cold wallet's `next_index` (tier `cold`); with the block that created it and, once a block
+change addresses `<hot>/1/<batch id>` (tier `hot`), and the cold addresses rebalances were told to
+pay (tier `cold`); with the block that created it and, once a block
 spends it, the spending transaction and block. It replaces `scantxoutset` (which walks the node's
 whole UTXO set: minutes on mainnet, one at a time per node) on every recurring path: the hot
 wallet sync, reconciliation and proof of reserves read it (`unspent`, `holdings`).
@@ -18,10 +18,28 @@ How it is kept (`WalletIndex`, one per chain per process, owned by custody.depos
   by block: the outputs those blocks created are deleted and the spends they recorded cleared
   (both indexed by block hash); then the new chain's blocks are applied.
 - Matching is a set lookup in the adapter: `addresses` (address -> `Ours`) is loaded once per
-  process and refreshed incrementally before each scan (`deposit_address` ids grow in commit order
-  per wallet because `Wallets.issue_address` inserts under the wallet's row lock; bitcoin batch
-  ids likewise, since batches are created by the payouts job alone, under its job lock; cold
-  addresses by the cold wallet's `next_index`). `outpoints`, the index's unspent outpoints, is
+  process and refreshed incrementally before each scan (`refresh`, in a transaction `prepare`
+  commits). The rows of `deposit_address`, `withdrawal_batch` and `rebalance` are followed by id
+  (`IdFollower`): every id above the highest seen, and every id skipped below it (taken by a
+  transaction that had not committed yet: two payouts workers, a job lock lost mid-run) until it
+  appears, or for `GAP_RECHECK_SECONDS` (an hour; a rolled-back transaction's id never comes). An
+  id committed later still is not watched: its coins then show as a difference against the
+  node's own view and the books (fail-closed, never a silent credit).
+- Nothing is watched on a row's word alone (custody_api may INSERT deposit addresses and
+  rebalances, and UPDATE `wallet.next_index`; review R1 of issue 13):
+  - a deposit address is watched once the deposit key derives its address at its
+    `derivation_index` and that index was handed out (below the wallet's `next_index`), and the
+    address is not watched in another tier (`deposit_address_refusal`). The verdict is recorded
+    once in `deposit_address_check` (migration 0028; custody_api may only read it), so a process
+    start derives only the rows that have none: O(new rows), about 0.6 ms each (a database
+    upgraded to 0028 with 100,000 addresses derives them once, about a minute, at the first scan).
+    A refused row is never watched and opens a critical `deposit_address_not_derived` incident;
+  - a cold address is watched once a rebalance was told to pay it and the cold key derives it at
+    the rebalance's index, below the cold wallet's `next_index` (`rebalance_refusal`; checked
+    once per process, rebalances are few); otherwise a critical
+    `rebalance_destination_not_derived` incident. Never `0 .. next_index`: `next_index` may only
+    step by 1 per update (migration 0028's trigger), and even so does not drive what is derived.
+- `outpoints`, the index's unspent outpoints, is
   loaded once, kept current from what the walk itself commits, and reloaded whenever the cursor
   in the database is not the one it was valid at (another worker scanned, a reorg, a lost
   compare-and-set).
@@ -50,13 +68,15 @@ so nothing is half applied).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine, TextClause, text
 
 from chain_adapters.base import BlockRef, ScanResult
-from custody.addresses import derive_btc_address
+from custody.addresses import derive_btc_address, derive_eth_address
+from custody.controls import open_incident
 from custody.destinations import HOT_RECEIVE_INDEX
 
 log = logging.getLogger(__name__)
@@ -90,6 +110,122 @@ class IndexedOutput:
     derivation_index: int
 
 
+GAP_RECHECK_SECONDS = 3600.0  # an id skipped by a commit is looked for this long (module docstring)
+
+
+def follow(last: int, gaps: list[tuple[int, int, float]], ids: Iterable[int], now: float,
+           window: float = GAP_RECHECK_SECONDS) -> tuple[int, list[tuple[int, int, float]], list[tuple[int, int]]]:
+    """The id follower's next state after reading `ids` (the rows above `last` and inside `gaps`):
+    (new last, gaps still open as (lo, hi, first seen), gaps given up after `window` seconds).
+    An id below the highest seen that was not seen yet is a gap: taken by a transaction that has
+    not committed (it will be looked for again) or rolled back (it never comes)."""
+    seen = sorted(set(ids))
+    ranges = list(gaps)
+    top = max([last, *seen])
+    if top > last + 1:
+        ranges.append((last + 1, top - 1, now))
+    open_: list[tuple[int, int, float]] = []
+    for lo, hi, since in ranges:
+        cut = [i for i in seen if lo <= i <= hi]  # few: the rows of one refresh
+        start = lo
+        for i in cut:
+            if i > start:
+                open_.append((start, i - 1, since))
+            start = i + 1
+        if start <= hi:
+            open_.append((start, hi, since))
+    kept = [g for g in open_ if now - g[2] <= window]
+    dropped = [(lo, hi) for lo, hi, since in open_ if now - since > window]
+    return top, kept, dropped
+
+
+class IdFollower:
+    """Reads a table's rows by id as they commit, out of order included: every id above the last
+    seen, and the ids skipped below it (gaps) until they appear or `GAP_RECHECK_SECONDS` pass."""
+
+    def __init__(self, table: str) -> None:
+        self.table = table
+        self.last = 0
+        self.gaps: list[tuple[int, int, float]] = []
+
+    def fetch(self, c: Connection, sql) -> list:
+        rows = c.execute(sql, {"last": self.last, "lo": [g[0] for g in self.gaps], "hi": [g[1] for g in self.gaps]}).all()
+        self.last, self.gaps, dropped = follow(self.last, self.gaps, [r.id for r in rows], time.monotonic())
+        for lo, hi in dropped:
+            log.warning("wallet index: %s ids %d..%d never committed within %d s; no longer looked for", self.table, lo, hi,
+                        GAP_RECHECK_SECONDS)
+        return rows
+
+
+def deposit_address_refusal(row, wallet, already: Ours | None) -> str | None:
+    """Why a deposit address row must not be watched, or None: it must name the chain's deposit
+    wallet, an index that wallet handed out (below its next_index), and the address that wallet's
+    key derives there; and the address must not be watched already in another tier."""
+    if wallet is None or wallet.tier != "deposit" or wallet.chain != row.chain:
+        return "its wallet is not the chain's deposit wallet"
+    if not 0 <= row.derivation_index < wallet.next_index:
+        return f"index {row.derivation_index} was never handed out (the wallet's next index is {wallet.next_index})"
+    derived = derive_btc_address(wallet.xpub, wallet.network, 0, row.derivation_index) if row.chain == "bitcoin" \
+        else derive_eth_address(wallet.xpub, row.derivation_index)
+    if derived != row.address:
+        return f"the deposit key derives {derived} at index {row.derivation_index}"
+    if already is not None and already.tier != "deposit":
+        return f"the address is watched already in the {already.tier} tier"
+    return None
+
+
+def rebalance_refusal(row, cold, already: Ours | None) -> str | None:
+    """Why a rebalance's destination must not be watched as a cold address, or None: the cold
+    wallet's key derives it at the rebalance's index, an index the wallet handed out."""
+    if row.destination_tier != "cold" or cold is None:
+        return "its destination is not the registered cold wallet"
+    if not 0 <= row.destination_index < cold.next_index:
+        return f"index {row.destination_index} was never handed out (the cold wallet's next index is {cold.next_index})"
+    derived = derive_btc_address(cold.xpub, cold.network, 0, row.destination_index)
+    if derived != row.destination:
+        return f"the cold key derives {derived} at index {row.destination_index}"
+    if already is not None and already.tier != "cold":
+        return f"the address is watched already in the {already.tier} tier"
+    return None
+
+
+def _followed(columns: str, source: str) -> TextClause:
+    """Rows of `source` (a FROM clause aliased `x`) above :last or inside the gaps :lo..:hi."""
+    return text(f"""
+SELECT {columns} FROM {source} WHERE x.id > :last
+UNION ALL
+SELECT {columns} FROM unnest(CAST(:lo AS bigint[]), CAST(:hi AS bigint[])) AS g(lo, hi)
+JOIN {source} ON x.id BETWEEN g.lo AND g.hi
+ORDER BY 1
+""")
+
+
+_WALLETS_SQL = text("""
+SELECT id, chain, tier, xpub, network, next_index
+FROM wallet
+""")
+
+_DEPOSIT_ROWS_SQL = _followed(
+    "x.id, x.chain, x.wallet_id, x.address, x.derivation_index, x.account_id, x.owner, k.derived",
+    "deposit_address x LEFT JOIN deposit_address_check k ON k.deposit_address_id = x.id")
+
+_RECORD_VERDICT_SQL = text("""
+INSERT INTO deposit_address_check (deposit_address_id, derived, reason)
+VALUES (:id, :d, :r)
+ON CONFLICT (deposit_address_id) DO NOTHING
+""")
+
+_REBALANCE_ROWS_SQL = _followed("x.id, x.chain, x.destination_tier, x.destination, x.destination_index", "rebalance x")
+
+_INCIDENT_EXISTS_SQL = text("""
+SELECT 1
+FROM incident
+WHERE dedupe_key = :k
+""")
+
+_BATCH_IDS_SQL = _followed("x.id, x.chain", "withdrawal_batch x")
+
+
 class WalletIndex:
     """Per-process state of one chain's walk: the watched addresses and (bitcoin) the unspent
     outpoints of the index. Not thread-safe: the caller serialises scans (Deposits holds a lock)."""
@@ -99,47 +235,100 @@ class WalletIndex:
         self.addresses: dict[str, Ours] = {}
         self.outpoints: set[tuple[str, int]] = set()
         self.valid_at: BlockRef | None = None  # the cursor `outpoints` is exact at; None: reload
-        self._last_deposit_id = 0
-        self._last_batch_id = 0
-        self._cold_next = 0
+        self._deposits = IdFollower("deposit_address")
+        self._batches = IdFollower("withdrawal_batch")
+        self._rebalances = IdFollower("rebalance")
         self._keys: dict[str, tuple[str, str]] = {}  # tier -> (xpub, network)
 
     # ---- the watched addresses -------------------------------------------------------------
 
     def refresh(self, c: Connection) -> int:
-        """Add what was issued since the last refresh; returns how many addresses were added."""
+        """Add what was issued since the last refresh; returns how many addresses were added.
+
+        Nothing is watched on a row's word alone: a deposit address is watched once it is the
+        deposit key's derivation at its index (checked once, the verdict kept in
+        `deposit_address_check`), a cold address once a rebalance was told to pay it and it is the
+        cold key's derivation at the rebalance's index. Refused rows open a critical incident (in
+        `c`: the caller commits it, `prepare` does). Run it in a transaction the worker commits."""
         added = 0
-        rows = c.execute(text(
-            "SELECT d.id, d.address, d.derivation_index, d.account_id, d.owner, d.wallet_id FROM deposit_address d "
-            "WHERE d.chain = :c AND d.id > :last ORDER BY d.id"), {"c": self.chain, "last": self._last_deposit_id}).all()
-        for r in rows:
-            self.addresses[r.address] = Ours("deposit", 0, r.derivation_index, r.id, r.account_id, r.owner, r.wallet_id)
-            self._last_deposit_id = r.id
-        added += len(rows)
+        wallets = {r.id: r for r in c.execute(_WALLETS_SQL)}
+        if self.chain == "bitcoin":
+            added += self._refresh_hot_and_cold_keys(c, wallets)
+        added += self._refresh_deposit_addresses(c, wallets)
         if self.chain != "bitcoin":
             return added
-        for tier, xpub, network, next_index in c.execute(text(
-                "SELECT tier, xpub, network, next_index FROM wallet WHERE chain = 'bitcoin' AND tier IN ('hot', 'cold')")):
-            if self._keys.get(tier, (xpub, network)) != (xpub, network):
-                raise RuntimeError(f"the bitcoin {tier} wallet's key changed under a running process")
-            if tier not in self._keys:
-                self._keys[tier] = (xpub, network)
-                if tier == "hot":
-                    self.addresses[derive_btc_address(xpub, network, 0, HOT_RECEIVE_INDEX)] = Ours("hot", 0, HOT_RECEIVE_INDEX)
-                    added += 1
-            if tier == "cold":
-                for i in range(self._cold_next, next_index):
-                    self.addresses[derive_btc_address(xpub, network, 0, i)] = Ours("cold", 0, i)
-                added += max(0, next_index - self._cold_next)
-                self._cold_next = max(self._cold_next, next_index)
+        added += self._refresh_cold(c, wallets)
         if "hot" in self._keys:
             xpub, network = self._keys["hot"]
-            batches = c.execute(text("SELECT id FROM withdrawal_batch WHERE chain = 'bitcoin' AND id > :last ORDER BY id"),
-                                {"last": self._last_batch_id}).scalars().all()
-            for b in batches:
-                self.addresses[derive_btc_address(xpub, network, 1, b)] = Ours("hot", 1, b)
-                self._last_batch_id = b
-            added += len(batches)
+            for b in self._batches.fetch(c, _BATCH_IDS_SQL):
+                if b.chain == "bitcoin":
+                    self.addresses[derive_btc_address(xpub, network, 1, b.id)] = Ours("hot", 1, b.id)
+                    added += 1
+        return added
+
+    def _refresh_hot_and_cold_keys(self, c: Connection, wallets: dict) -> int:
+        added = 0
+        for w in wallets.values():
+            if w.chain != "bitcoin" or w.tier not in ("hot", "cold"):
+                continue
+            if self._keys.get(w.tier, (w.xpub, w.network)) != (w.xpub, w.network):
+                raise RuntimeError(f"the bitcoin {w.tier} wallet's key changed under a running process")
+            if w.tier not in self._keys:
+                self._keys[w.tier] = (w.xpub, w.network)
+                if w.tier == "hot":
+                    self.addresses[derive_btc_address(w.xpub, w.network, 0, HOT_RECEIVE_INDEX)] = Ours("hot", 0, HOT_RECEIVE_INDEX)
+                    added += 1
+        return added
+
+    def _refresh_deposit_addresses(self, c: Connection, wallets: dict) -> int:
+        """Deposit address rows committed since the last refresh (ids followed gaps included):
+        rows with a verdict are watched or skipped as it says; rows without one are derived now,
+        and the verdict recorded."""
+        added = 0
+        verdicts = []
+        for r in self._deposits.fetch(c, _DEPOSIT_ROWS_SQL):
+            if r.chain != self.chain:
+                continue  # ids are shared by the chains: another chain's index takes it
+            if r.derived is None:
+                reason = deposit_address_refusal(r, wallets.get(r.wallet_id), self.addresses.get(r.address))
+                verdicts.append({"id": r.id, "d": reason is None, "r": reason})
+                if reason is not None:
+                    log.error("wallet index: deposit address row %d (%s at index %d) refused: %s", r.id, r.address,
+                              r.derivation_index, reason)
+                    open_incident(c, "deposit_address_not_derived", f"deposit_address_not_derived:{r.id}",
+                                  {"deposit_address_id": r.id, "chain": r.chain, "address": r.address,
+                                   "derivation_index": r.derivation_index, "account_id": r.account_id, "owner": r.owner,
+                                   "reason": reason})
+                    continue
+            elif not r.derived:
+                continue
+            self.addresses[r.address] = Ours("deposit", 0, r.derivation_index, r.id, r.account_id, r.owner, r.wallet_id)
+            added += 1
+        if verdicts:
+            c.execute(_RECORD_VERDICT_SQL, verdicts)
+        return added
+
+    def _refresh_cold(self, c: Connection, wallets: dict) -> int:
+        """The cold addresses rebalances were told to pay (never `0 .. next_index`: custody_api may
+        move next_index), each checked against the cold key once per process."""
+        added = 0
+        cold = next((w for w in wallets.values() if w.chain == "bitcoin" and w.tier == "cold"), None)
+        for r in self._rebalances.fetch(c, _REBALANCE_ROWS_SQL):
+            if r.chain != "bitcoin":
+                continue
+            reason = rebalance_refusal(r, cold, self.addresses.get(r.destination))
+            if reason is not None:
+                log.error("wallet index: rebalance %d's destination %s (index %d) is not watched: %s", r.id, r.destination,
+                          r.destination_index, reason)
+                key = f"rebalance_destination_not_derived:{r.id}"
+                if c.execute(_INCIDENT_EXISTS_SQL, {"k": key}).first() is None:  # once: not again at each process start
+                    open_incident(c, "rebalance_destination_not_derived", key,
+                                  {"rebalance_id": r.id, "destination": r.destination,
+                                   "destination_index": r.destination_index, "reason": reason})
+                continue
+            if r.destination not in self.addresses:
+                self.addresses[r.destination] = Ours("cold", 0, r.destination_index)
+                added += 1
         return added
 
     # ---- the unspent outpoints ---------------------------------------------------------------
@@ -155,7 +344,7 @@ class WalletIndex:
 
     def prepare(self, engine: Engine, cursor: BlockRef) -> None:
         """Before a scan from `cursor`: addresses refreshed; outpoints reloaded unless exact at it."""
-        with engine.connect() as c:
+        with engine.begin() as c:  # the verdicts and incidents of new rows commit
             self.refresh(c)
         if self.chain == "bitcoin" and self.valid_at != cursor:
             self.load_outpoints(engine)

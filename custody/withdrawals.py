@@ -479,10 +479,13 @@ class Withdrawals:
                 audit(c, by, "allowlist.remove", f"account:{account_id}", {"address": address})
         return bool(matching)
 
-    def allowlist_changes(self, *, state: str | None = "pending", limit: int = 200) -> list[AllowlistChangeView]:
+    def allowlist_changes(self, *, state: str | None = "pending", after_id: int | None = None,
+                          limit: int = 200) -> list[AllowlistChangeView]:
+        """Allowlist changes oldest first, after `after_id` when given (the next page of a walk)."""
         with self.engine.connect() as c:
-            rows = c.execute(text(f"{_CHANGE_SQL} WHERE (CAST(:s AS text) IS NULL OR state = :s) ORDER BY id LIMIT :l"),
-                             {"s": state, "l": limit}).all()
+            rows = c.execute(text(f"{_CHANGE_SQL} WHERE (CAST(:s AS text) IS NULL OR state = :s) AND id > :after "
+                                  "ORDER BY id LIMIT :l"),
+                             {"s": state, "after": after_id or 0, "l": limit}).all()
         return [_change_view(r) for r in rows]
 
     def approve_allowlist_change(self, change_id: int, *, operator: str, comment: str) -> AllowlistChangeView:
@@ -538,11 +541,14 @@ class Withdrawals:
             raise CustodyError(CustodyErrorCode.withdrawal_not_found, f"no withdrawal {wid}")
         return _view(row)
 
-    def list(self, *, state: str | None = None, account_id: int | None = None, limit: int = 200) -> list[WithdrawalView]:
+    def list(self, *, state: str | None = None, account_id: int | None = None, after_id: int | None = None,
+             limit: int = 200) -> list[WithdrawalView]:
+        """Withdrawals oldest first, after `after_id` when given (the next page of a walk)."""
         with self.engine.connect() as c:
             rows = c.execute(
                 text(f"{_W_SQL} WHERE (CAST(:s AS text) IS NULL OR state = :s) AND (CAST(:a AS bigint) IS NULL OR account_id = :a) "
-                     "ORDER BY id LIMIT :l"), {"s": state, "a": account_id, "l": limit}).all()
+                     "AND id > :after ORDER BY id LIMIT :l"),
+                {"s": state, "a": account_id, "after": after_id or 0, "l": limit}).all()
         return [_view(r) for r in rows]
 
 

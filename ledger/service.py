@@ -33,6 +33,8 @@ import datetime as dt
 import hashlib
 import json
 import re
+import threading
+from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 import psycopg
@@ -74,6 +76,12 @@ from ledger.model import (
 class Ledger:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        # account id -> (asset, kind, decimals): facts no statement ever changes (an account's asset
+        # and kind, an asset's decimals: `create_asset` refuses other decimals), so the cache
+        # needs no invalidation; what does change (closed, balances) is read under lock by the
+        # ledger's functions. Bounded: cleared when full.
+        self._reference: dict[int, AccountReference] = {}
+        self._reference_lock = threading.Lock()
 
     @contextlib.contextmanager
     def _tx(self, conn: Connection | None) -> Iterator[Connection]:
@@ -231,6 +239,24 @@ class Ledger:
             raise LedgerError(ErrorCode.account_not_found, f"no account {account_id}")
         return _account(row)
 
+    def account_reference(self, account_id: int) -> AccountReference:
+        """The account's asset, kind and the asset's decimals, from a per-process cache after the
+        first read (one query); `account_not_found` is not cached."""
+        found = self._reference.get(account_id)
+        if found is not None:
+            return found
+        with self._one(None) as c:
+            row = c.execute(text("SELECT a.asset, a.kind, s.decimals FROM account a JOIN asset s ON s.code = a.asset "
+                                 "WHERE a.id = :i"), {"i": account_id}).first()
+        if row is None:
+            raise LedgerError(ErrorCode.account_not_found, f"no account {account_id}")
+        found = AccountReference(row.asset, AccountKind(row.kind), row.decimals)
+        with self._reference_lock:
+            if len(self._reference) >= REFERENCE_CACHE_SIZE:
+                self._reference.clear()
+            self._reference[account_id] = found
+        return found
+
     def account_by_name(self, name: str, *, conn: Connection | None = None) -> Account:
         with self._one(conn) as c:
             row = c.execute(text(f"{_ACCOUNT_SQL} WHERE name = :n"), {"n": name}).first()
@@ -239,13 +265,15 @@ class Ledger:
         return _account(row)
 
     def list_accounts(self, *, asset: str | None = None, kinds: Sequence[AccountKind] | None = None,
-                      limit: int = 1000, conn: Connection | None = None) -> list[Account]:
-        """Accounts by id, optionally of one asset and of the given kinds."""
+                      after_id: int | None = None, limit: int = 1000, conn: Connection | None = None) -> list[Account]:
+        """Accounts by id, optionally of one asset and of the given kinds, after `after_id` when given."""
         with self._one(conn) as c:
             rows = c.execute(
                 text(f"{_ACCOUNT_SQL} WHERE (CAST(:a AS text) IS NULL OR asset = :a) "
-                     "AND (CAST(:k AS text[]) IS NULL OR kind = ANY(CAST(:k AS text[]))) ORDER BY id LIMIT :l"),
-                {"a": asset, "k": None if kinds is None else [AccountKind(k).value for k in kinds], "l": limit},
+                     "AND (CAST(:k AS text[]) IS NULL OR kind = ANY(CAST(:k AS text[]))) AND id > :after "
+                     "ORDER BY id LIMIT :l"),
+                {"a": asset, "k": None if kinds is None else [AccountKind(k).value for k in kinds],
+                 "after": after_id or 0, "l": limit},
             ).all()
         return [_account(r) for r in rows]
 
@@ -732,6 +760,18 @@ _POST_SQL = (
     "%s::text, %s::text, %s::text, %s::jsonb, %s::bigint[], %s::bigint[], %s::numeric[], %s::bigint[], "
     "%s::text, %s::bigint)"
 )
+REFERENCE_CACHE_SIZE = 200_000  # accounts whose asset, kind and decimals a Ledger remembers
+
+
+@dataclass(frozen=True)
+class AccountReference:
+    """What never changes about an account: its asset, its kind, and that asset's decimals."""
+
+    asset: str
+    kind: AccountKind
+    decimals: int
+
+
 _ACCOUNT_SQL = (
     "SELECT id, asset, kind, name, owner, may_go_negative, may_go_positive, closed_at IS NOT NULL AS closed, "
     "balance_shards FROM account"

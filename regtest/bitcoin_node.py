@@ -149,10 +149,13 @@ def chain_template(tools: Tools) -> Path:
     return target
 
 
-def start_bitcoind(tools: Tools, datadir: Path, *, detached: bool = False) -> BitcoinNode:
-    """A running node in `datadir` (copied from the chain template) with the faucet loaded."""
-    shutil.copytree(chain_template(tools), datadir, dirs_exist_ok=True)
+def start_bitcoind(tools: Tools, datadir: Path, *, detached: bool = False, template: Path | None = None,
+                   extra: tuple[str, ...] = ()) -> BitcoinNode:
+    """A running node in `datadir` (copied from the chain template, or from `template`: a stopped
+    node's data directory made from it, e.g. bench/wallet_scale.py's large chains) with the faucet
+    loaded; `extra` are more bitcoind arguments."""
+    shutil.copytree(template or chain_template(tools), datadir, dirs_exist_ok=True)
     node = BitcoinNode(tools.bitcoind, datadir)
-    node.start(detached=detached, extra=(f"-wallet={FAUCET}",))
+    node.start(detached=detached, extra=(f"-wallet={FAUCET}", *extra))
     node.mine(1)  # a fresh tip: leaves initial block download whatever the template's age
     return node

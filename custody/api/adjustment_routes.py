@@ -7,7 +7,7 @@
   approval that completes the quorum posts it; a ledger refusal answers the ledger's code and
   records nothing.
 - `POST /v1/treasury/adjustments/{id}/reject` (operator, with a comment): ends it unposted.
-- `GET /v1/treasury/adjustments[?state=]`, `GET /v1/treasury/adjustments/{id}` (auditor, operator).
+- `GET /v1/treasury/adjustments[?state=]` (newest first, paged: custody.api.paging), `GET /v1/treasury/adjustments/{id}` (auditor, operator).
 """
 from __future__ import annotations
 
@@ -23,12 +23,14 @@ from custody.api.params import Id, IdPath
 from custody.api.deps import Auditor, ContainerDep, OperatorOnly
 from custody.api.errors import responses
 from custody.api.ledger_schemas import Money
+from custody.api.paging import PAGED, pager
 from custody.container import Container
 from custody.money_rules import caller_key
 from ledger.amounts import parse_amount
 from ledger.model import Transfer
 
 router = APIRouter(prefix="/v1/treasury", tags=["treasury"])
+AdjustmentsPage = pager("adjustments", newest_first=True, default=200, maximum=1000)
 
 
 class AdjustmentLegIn(BaseModel):
@@ -39,7 +41,7 @@ class AdjustmentLegIn(BaseModel):
 
 
 class AdjustmentIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={'examples': [{'idempotency_key': 'adj-2026-11-fee-refund', 'reason': 'refund a fee charged twice, ticket 4713', 'transfers': [{'debit_account_id': 3, 'credit_account_id': 7, 'amount': '0.0001'}], 'corrects_transaction_id': 120}]})
     idempotency_key: str = Field(min_length=1, max_length=200)
     reason: str = Field(min_length=1, max_length=2000)
     transfers: list[AdjustmentLegIn] = Field(min_length=1, max_length=100)
@@ -104,10 +106,12 @@ def reject(adjustment_id: IdPath, body: CommentIn, c: ContainerDep, who: Operato
     return _out(c, c.adjustments.reject(adjustment_id, by=f"api:{who.name}", comment=body.comment))
 
 
-@router.get("/adjustments", response_model=list[AdjustmentOut])
-def list_adjustments(c: ContainerDep, _: Auditor,
+@router.get("/adjustments", response_model=list[AdjustmentOut], responses=responses(*PAGED))
+def list_adjustments(c: ContainerDep, _: Auditor, page: AdjustmentsPage,
                      state: Literal["proposed", "posted", "rejected"] | None = Query(default=None)) -> list[AdjustmentOut]:
-    return [_out(c, a) for a in c.adjustments.list(state=state)]
+    """Adjustments newest first (paged: `X-Next-Cursor`)."""
+    rows = c.adjustments.list(state=state, before_id=page.key, limit=page.fetch)
+    return [_out(c, a) for a in page.finish(rows, key=lambda a: a.id)]
 
 
 @router.get("/adjustments/{adjustment_id}", response_model=AdjustmentOut,

@@ -24,9 +24,11 @@ from custody.api.bodies import CommentIn
 from custody.api.deps import Auditor, ContainerDep, OperatorOnly
 from custody.api.params import IdPath
 from custody.api.errors import ApiError, responses
+from custody.api.paging import PAGED, pager
 from custody.containment import Retried, set_aside_rows
 
 router = APIRouter(prefix="/v1", tags=["containment"])
+SetAsidePage = pager("set-aside", newest_first=False, default=1000, maximum=1000, key_type=tuple)
 
 
 class RetriedOut(BaseModel):
@@ -58,10 +60,12 @@ def _require(service: object, what: str) -> object:
     return service
 
 
-@router.get("/set-aside", response_model=list[SetAsideOut])
-def list_set_aside(c: ContainerDep, _: Auditor) -> list[SetAsideOut]:
+@router.get("/set-aside", response_model=list[SetAsideOut], responses=responses(*PAGED))
+def list_set_aside(c: ContainerDep, _: Auditor, page: SetAsidePage) -> list[SetAsideOut]:
+    """Set-aside batches, sweeps and rebalances by kind, then id (paged: `X-Next-Cursor`)."""
+    rows = page.slice(set_aside_rows(c.engine), key=lambda r: (r.machine, r.row_id))
     return [SetAsideOut(kind=r.machine, id=r.row_id, state=r.state, failed_step=r.step, incident_id=r.incident_id,
-                        times_set_aside=r.times) for r in set_aside_rows(c.engine)]
+                        times_set_aside=r.times) for r in rows]
 
 
 @router.post("/withdrawal-batches/{batch_id}/retry", response_model=RetriedOut,

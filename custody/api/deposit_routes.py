@@ -5,26 +5,30 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Literal
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from custody.api.bodies import CommentIn
 from custody.api.deps import Auditor, Backend, ContainerDep, Operator, OperatorOnly, Reader
 from custody.api.errors import ApiError, responses
 from custody.api.ledger_schemas import Money
+from custody.api.paging import PAGED, pager
 from custody.api.params import Id, IdPath, IdQuery
 from custody.auth import Role
 from custody.controls import kill_switch, set_kill_switch
 from custody.money_rules import caller_key
 from custody.trading import attach
-from custody.incidents import Incidents
+from custody.incidents import Incidents, IncidentView
 from ledger.amounts import format_amount
 
 router = APIRouter(prefix="/v1", tags=["deposits"])
+AccountDepositsPage = pager("account-deposits", newest_first=True, default=200, maximum=1000)
+DepositsPage = pager("deposits", newest_first=True, default=200, maximum=1000)
+IncidentsPage = pager("incidents", newest_first=True, default=500, maximum=1000)
 
 
 class AddressIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={'examples': [{'idempotency_key': 'alice-btc-address-1', 'account_id': 7}]})
     idempotency_key: str = Field(min_length=1, max_length=200)
     account_id: Id
 
@@ -151,16 +155,18 @@ class ReserveProofOut(BaseModel):
 
 
 class ReturnIn(CommentIn):
+    model_config = ConfigDict(json_schema_extra={'examples': [{'comment': 'sender asked for it back, ticket 4712', 'destination': 'bcrt1qw508d6qejxtdg4y5r3zarvary0c5xw7kygt080'}]})
     destination: str | None = Field(default=None, max_length=200, description="default: the deposit's single sender")
 
 
 class ResolveIn(CommentIn):
+    model_config = ConfigDict(json_schema_extra={'examples': [{'comment': 'deposit re-mined in block 812; release', 'decision': 'release'}]})
     decision: Literal["release", "capture"] | None = Field(
         default=None, description="for an incident that holds money: release it to the customer or capture it to suspense")
 
 
 class KillSwitchIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={'examples': [{'engaged': True, 'reason': 'reconciliation difference on the BTC hot wallet'}]})
     engaged: bool
     reason: str = Field(min_length=1, max_length=1000)
 
@@ -201,19 +207,22 @@ def issue_address(body: AddressIn, c: ContainerDep, who: Backend, response: Resp
 
 
 @router.get("/accounts/{account_id}/deposits", response_model=list[DepositOut],
-            responses=responses("account_not_found", *NO_CHAINS))
-def account_deposits(account_id: IdPath, c: ContainerDep, _: Reader, limit: int = Query(200, ge=1, le=1000)) -> list[DepositOut]:
+            responses=responses("account_not_found", *PAGED, *NO_CHAINS))
+def account_deposits(account_id: IdPath, c: ContainerDep, _: Reader, page: AccountDepositsPage) -> list[DepositOut]:
+    """The account's deposits, newest first (paged: `X-Next-Cursor`)."""
     c.ledger.get_account(account_id)
-    return [_out(c, r) for r in _deposits(c).list(account_id=account_id, limit=limit)]
+    rows = _deposits(c).list(account_id=account_id, before_id=page.key, limit=page.fetch)
+    return [_out(c, r) for r in page.finish(rows, key=lambda r: r["id"])]
 
 
-@router.get("/deposits", response_model=list[DepositOut], responses=responses(*NO_CHAINS))
+@router.get("/deposits", response_model=list[DepositOut], responses=responses(*PAGED, *NO_CHAINS))
 def deposits_by_state(
-    c: ContainerDep, _: Auditor,
+    c: ContainerDep, _: Auditor, page: DepositsPage,
     state: Literal["seen", "confirming", "final", "credited", "orphaned", "quarantined", "released", "dust"] = "quarantined",
-    limit: int = Query(200, ge=1, le=1000),
 ) -> list[DepositOut]:
-    return [_out(c, r) for r in _deposits(c).list(state=state, limit=limit)]
+    """Deposits in one state, newest first (paged: `X-Next-Cursor`)."""
+    rows = _deposits(c).list(state=state, before_id=page.key, limit=page.fetch)
+    return [_out(c, r) for r in page.finish(rows, key=lambda r: r["id"])]
 
 
 @router.post("/deposits/{deposit_id}/release", response_model=DepositOut,
@@ -240,15 +249,16 @@ def return_deposit(deposit_id: IdPath, body: ReturnIn, c: ContainerDep, who: Ope
     return DepositReturnOut(deposit_id=deposit_id, withdrawal_id=wid, state=w.state, decision_reasons=list(w.decision_reasons))
 
 
-@router.get("/incidents", response_model=list[IncidentOut])
-def incidents(c: ContainerDep, _: Auditor, open_only: bool = True) -> list[IncidentOut]:
-    from sqlalchemy import text
+def _incident_out(i: IncidentView) -> IncidentOut:
+    return IncidentOut(id=i.id, kind=i.kind, severity=i.severity, detail=i.detail, opened_at=i.opened_at,
+                       resolved_at=i.resolved_at, resolved_by=i.resolved_by, resolution=i.resolution)
 
-    with c.engine.connect() as conn:
-        rows = conn.execute(text("SELECT id, kind, severity, detail, opened_at, resolved_at, resolved_by, resolution "
-                                 "FROM incident "
-                                 "WHERE NOT :o OR resolved_at IS NULL ORDER BY id DESC LIMIT 500"), {"o": open_only}).all()
-    return [IncidentOut(**r._mapping) for r in rows]
+
+@router.get("/incidents", response_model=list[IncidentOut], responses=responses(*PAGED))
+def incidents(c: ContainerDep, _: Auditor, page: IncidentsPage, open_only: bool = True) -> list[IncidentOut]:
+    """Incidents newest first, only unresolved ones unless `open_only=false` (paged: `X-Next-Cursor`)."""
+    rows = Incidents(c.engine, c.ledger).list(open_only=open_only, before_id=page.key, limit=page.fetch)
+    return [_incident_out(i) for i in page.finish(rows, key=lambda i: i.id)]
 
 
 @router.post("/incidents/{incident_id}/resolve", response_model=IncidentOut,
@@ -262,8 +272,7 @@ def resolve_incident(incident_id: IdPath, body: ResolveIn, c: ContainerDep, who:
     i = Incidents(c.engine, c.ledger).resolve(incident_id, operator=f"api:{who.name}", comment=body.comment,
                                               decision=body.decision,
                                               cancel_order=lambda symbol, owner, order_id: trading.cancel(symbol, owner, order_id))
-    return IncidentOut(id=i.id, kind=i.kind, severity=i.severity, detail=i.detail, opened_at=i.opened_at,
-                       resolved_at=i.resolved_at, resolved_by=i.resolved_by, resolution=i.resolution)
+    return _incident_out(i)
 
 
 @router.post("/reconciliation", response_model=list[ReconciliationLineOut],

@@ -6,6 +6,7 @@ API adds its own codes, listed here in the order a request meets them:
 | code | HTTP | meaning |
 | --- | --- | --- |
 | invalid_request | 422 | the request is malformed: a missing or ill-typed field, an id outside 1..2^63-1, a string PostgreSQL cannot store (NUL, a lone surrogate; refused before any database work, `custody.api.text_guard`), or a value the database refused as data (SQLSTATE class 22, e.g. out of range, invalid JSON number) |
+| invalid_cursor | 422 | a list's `cursor` that this list did not hand out: not decodable, edited (its checksum fails), or from another list (`custody.api.paging`); start again without a cursor |
 | unauthorized | 401 | no API key, or an unknown or revoked one |
 | forbidden | 403 | the key's role may not do this |
 | not_found | 404 | no such route (or a resource without a code of its own) |
@@ -179,13 +180,18 @@ def document(app: FastAPI) -> None:
 def _complete(operation: dict) -> None:
     answers = operation.setdefault("responses", {})
     wanted: dict[int, set[str]] = {}
+    own: dict[int, dict] = {}  # a route's own body for an error status (e.g. /health/ready's 503)
     for status, response in list(answers.items()):
         codes = response.pop("x-error-codes", None)
         if codes is not None:
             wanted.setdefault(int(status), set()).update(codes)
             del answers[status]
         elif int(status) >= 400:  # FastAPI's own 422 (`{"detail": [...]}`) is not what the API sends
-            del answers[status]
+            schema = response.get("content", {}).get("application/json", {}).get("schema", {})
+            if schema.get("$ref", "").endswith("/HTTPValidationError"):
+                del answers[status]
+            else:
+                own[int(status)] = answers.pop(status)
     shared = dict(_SHARED)
     if any(SECURITY_SCHEME in requirement for requirement in operation.get("security", [])):
         shared.update(_AUTHENTICATED)
@@ -193,6 +199,19 @@ def _complete(operation: dict) -> None:
         wanted.setdefault(status, set()).update(codes)
     for status in sorted(wanted):
         answers[str(status)] = _error_response(status, wanted[status])
+        if status in own:  # either the route's own body or the error schema
+            mine, error = own.pop(status), answers[str(status)]["content"]["application/json"]["schema"]
+            answers[str(status)]["description"] = f"{mine.get('description', '')}; or {answers[str(status)]['description']}"
+            answers[str(status)]["content"]["application/json"]["schema"] = {
+                "anyOf": [mine["content"]["application/json"]["schema"], error]}
+    for status, mine in own.items():
+        answers[str(status)] = mine
+    if any(p.get("name") == "cursor" and p.get("in") == "query" for p in operation.get("parameters", [])):
+        answers.get("200", {}).setdefault("headers", {}).update({  # a list route (custody.api.paging)
+            "X-Next-Cursor": {"description": "the next page's `cursor`; absent on the last page",
+                              "schema": {"type": "string"}},
+            "Link": {"description": 'the next page, `<path?query>; rel="next"`; absent on the last page',
+                     "schema": {"type": "string"}}})
 
 
 def _allowed(request: Request) -> str:

@@ -7,7 +7,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Query, Response
 
 from custody.api.deps import Admin, Auditor, Backend, ContainerDep, Reader
-from custody.api.errors import responses
+from custody.api.errors import ApiError, responses
+from custody.api.paging import PAGED, pager
 from custody.ledger_access import CallerLedger
 from custody.money_rules import may_read_transaction
 from ledger.errors import ErrorCode, LedgerError
@@ -37,6 +38,9 @@ from ledger.model import Account, AccountKind, Hold, Transfer
 from ledger.service import Ledger
 
 router = APIRouter(prefix="/v1", tags=["ledger"])
+AssetsPage = pager("assets", newest_first=False, default=1000, maximum=1000, key_type=str)
+FirmAccountsPage = pager("firm-accounts", newest_first=False, default=1000, maximum=1000)
+StatementPage = pager("statement", newest_first=False, default=100, maximum=1000)
 
 # What any command that moves money can answer, besides its own resource's codes: amounts, the
 # money rules (custody.money_rules), the ledger's balance and key checks, a racing duplicate.
@@ -47,7 +51,7 @@ HOLD_STATE = ("hold_not_found", "hold_already_resolved", "hold_expired", "hold_o
 
 
 def _decimals(ledger: Ledger, account_id: int) -> int:
-    return ledger.get_asset(ledger.get_account(account_id).asset).decimals
+    return ledger.account_reference(account_id).decimals  # cached: no lookup per leg
 
 
 def _account_out(a: Account) -> AccountOut:
@@ -71,9 +75,10 @@ def create_asset(body: AssetIn, c: ContainerDep, _: Admin) -> AssetOut:
     return AssetOut(code=asset.code, decimals=asset.decimals)
 
 
-@router.get("/assets", response_model=list[AssetOut])
-def list_assets(c: ContainerDep, _: Reader) -> list[AssetOut]:
-    return [AssetOut(code=a.code, decimals=a.decimals) for a in c.ledger.list_assets()]
+@router.get("/assets", response_model=list[AssetOut], responses=responses(*PAGED))
+def list_assets(c: ContainerDep, _: Reader, page: AssetsPage) -> list[AssetOut]:
+    """Assets by code (paged: `X-Next-Cursor`)."""
+    return [AssetOut(code=a.code, decimals=a.decimals) for a in page.slice(c.ledger.list_assets(), key=lambda a: a.code)]
 
 
 @router.post("/accounts", response_model=AccountOut, status_code=201, responses=responses("asset_not_found", "account_name_reserved", "kind_not_permitted", "conflict"))
@@ -83,11 +88,14 @@ def open_account(body: AccountIn, c: ContainerDep, who: Backend) -> AccountOut:
     return _account_out(CallerLedger(c.ledger, who).open_account(body.asset, body.kind, body.name, body.owner))
 
 
-@router.get("/firm-accounts", response_model=list[AccountOut])
-def firm_accounts(c: ContainerDep, _: Reader, asset: str | None = Query(default=None, max_length=32)) -> list[AccountOut]:
-    """The firm's own accounts (every kind but customer), e.g. `fees:<asset>` to credit a customer's fee to."""
+@router.get("/firm-accounts", response_model=list[AccountOut], responses=responses(*PAGED))
+def firm_accounts(c: ContainerDep, _: Reader, page: FirmAccountsPage,
+                  asset: str | None = Query(default=None, max_length=32)) -> list[AccountOut]:
+    """The firm's own accounts (every kind but customer), e.g. `fees:<asset>` to credit a customer's fee to;
+    by id (paged: `X-Next-Cursor`)."""
     kinds = [k for k in AccountKind if k is not AccountKind.customer]
-    return [_account_out(a) for a in c.ledger.list_accounts(asset=asset, kinds=kinds)]
+    rows = c.ledger.list_accounts(asset=asset, kinds=kinds, after_id=page.key, limit=page.fetch)
+    return [_account_out(a) for a in page.finish(rows, key=lambda a: a.id)]
 
 
 @router.get("/accounts/{account_id}", response_model=AccountOut, responses=responses("account_not_found"))
@@ -111,16 +119,23 @@ def balance(account_id: IdPath, c: ContainerDep, _: Reader) -> BalanceOut:
     )
 
 
-@router.get("/accounts/{account_id}/statement", response_model=StatementOut, responses=responses("account_not_found"))
+@router.get("/accounts/{account_id}/statement", response_model=StatementOut,
+            responses=responses("account_not_found", *PAGED))
 def statement(
-    account_id: IdPath, c: ContainerDep, _: Reader,
-    after: int | None = Query(default=None, ge=0, le=MAX_ID), limit: int = Query(default=100, ge=1, le=1000),
+    account_id: IdPath, c: ContainerDep, _: Reader, paging: StatementPage,
+    after: int | None = Query(default=None, ge=0, le=MAX_ID,
+                              description="older form of `cursor`: the last entry id of the previous page"),
 ) -> StatementOut:
+    """The account's entries in posting order with the balance after each (paged: `cursor`, or the
+    older `after`; not both). A full page always has a next cursor, which may lead to an empty page."""
+    if after is not None and paging.key is not None:
+        raise ApiError(422, "invalid_request", "send either cursor or after, not both")
     account = c.ledger.get_account(account_id)
     d = c.ledger.get_asset(account.asset).decimals
-    page = c.ledger.statement(account_id, after=after, limit=limit)
+    page = c.ledger.statement(account_id, after=paging.key if paging.key is not None else after, limit=paging.limit)
+    paging.next_at(page.next_after)
     return StatementOut(
-        account_id=account_id, asset=account.asset, next_after=page.next_after,
+        account_id=account_id, asset=account.asset, next_after=page.next_after, next_cursor=paging.next_cursor,
         lines=[
             StatementLineOut(
                 entry_id=l.entry_id, transaction_id=l.transaction_id, kind=l.kind, idempotency_key=l.idempotency_key,

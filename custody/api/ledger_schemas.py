@@ -19,6 +19,7 @@ class Strict(BaseModel):
 
 
 class AssetIn(Strict):
+    model_config = ConfigDict(json_schema_extra={'examples': [{'code': 'BTC', 'decimals': 8}]})
     code: str = Field(min_length=1, max_length=32, pattern=r"^[A-Z0-9][A-Z0-9_.-]*$")
     decimals: int = Field(ge=0, le=36)
 
@@ -29,6 +30,7 @@ class AssetOut(BaseModel):
 
 
 class AccountIn(Strict):
+    model_config = ConfigDict(json_schema_extra={'examples': [{'asset': 'BTC', 'kind': 'customer', 'name': 'customer:alice:BTC', 'owner': 'alice'}]})
     asset: str
     kind: AccountKind
     name: str = Field(min_length=1, max_length=200)
@@ -68,10 +70,12 @@ class TransactionOut(BaseModel):
 
 
 class ReverseIn(Strict):
+    model_config = ConfigDict(json_schema_extra={'examples': [{'idempotency_key': 'reverse-trade-42-settle'}]})
     idempotency_key: str = Key
 
 
 class HoldIn(Strict):
+    model_config = ConfigDict(json_schema_extra={'examples': [{'idempotency_key': 'order-17-hold', 'account_id': 7, 'amount': '0.25', 'reference': 'order:17', 'expires_at': '2030-01-01T00:00:00Z'}]})
     idempotency_key: str = Key
     account_id: Id
     amount: str
@@ -85,6 +89,7 @@ class CaptureLegIn(Strict):
 
 
 class CaptureIn(Strict):
+    model_config = ConfigDict(json_schema_extra={'examples': [{'idempotency_key': 'order-17-capture-1', 'final': True, 'transfers': [{'credit_account_id': 8, 'amount': '0.1'}]}]})
     idempotency_key: str = Key
     transfers: list[CaptureLegIn] = Field(min_length=1, max_length=1000)
     final: bool = False
@@ -135,7 +140,9 @@ class StatementOut(BaseModel):
     account_id: int
     asset: str
     lines: list[StatementLineOut]
-    next_after: int | None
+    next_after: int | None = Field(description="the entry id to send as `after` for the next page (kept for existing "
+                                               "clients; `next_cursor` is the same position as a cursor)")
+    next_cursor: str | None = Field(default=None, description="the next page's `cursor`; null on the last page")
 
 
 class CheckOut(BaseModel):

@@ -15,7 +15,9 @@ from fastapi import APIRouter, Depends, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from custody.api.deps import Admin, Backend, ContainerDep, Reader
-from custody.api.errors import responses
+from custody.api.errors import ApiError, responses
+from custody.api.ledger_schemas import Money
+from custody.api.paging import PAGED, pager
 from custody.api.params import MAX_ID
 from custody.money_rules import OWNER_PATTERN
 from custody.trading import attach, refuse_frozen_trader
@@ -29,6 +31,8 @@ from matching.service import Outcome, Trading
 from matching.stp import StpPolicy
 
 router = APIRouter(prefix="/v1", tags=["orders"])
+MarketsPage = pager("markets", newest_first=False, default=1000, maximum=1000, key_type=str)
+FillsPage = pager("fills", newest_first=False, default=100, maximum=1000)
 
 
 def _trading(container: ContainerDep) -> Trading:
@@ -48,6 +52,7 @@ class FeeTierIn(Strict):
 
 
 class MarketIn(Strict):
+    model_config = ConfigDict(json_schema_extra={'examples': [{'symbol': 'BTC-USDT', 'base_asset': 'BTC', 'quote_asset': 'USDT', 'lot_size': 10000, 'quote_per_tick_lot': 1, 'min_notional': 0, 'fees': {'default': {'maker_ppm': 1000, 'taker_ppm': 2000}}, 'default_stp': 'cancel_newest'}]})
     symbol: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,40}$")
     base_asset: str
     quote_asset: str
@@ -65,6 +70,7 @@ Owner = Field(min_length=1, max_length=100, pattern=OWNER_PATTERN.pattern,
 
 
 class OrderIn(Strict):
+    model_config = ConfigDict(json_schema_extra={'examples': [{'account': 'alice', 'client_order_id': 'alice-0001', 'side': 'buy', 'type': 'limit', 'qty': '0.5', 'price': '60000', 'tif': 'gtc'}]})
     account: str = Owner
     client_order_id: str = Field(min_length=1, max_length=64)
     side: Side
@@ -87,10 +93,12 @@ AnyOwner = Field(min_length=1, max_length=120)
 
 
 class CancelIn(Strict):
+    model_config = ConfigDict(json_schema_extra={'examples': [{'account': 'alice'}]})
     account: str = AnyOwner
 
 
 class AmendIn(Strict):
+    model_config = ConfigDict(json_schema_extra={'examples': [{'account': 'alice', 'qty': '0.25'}]})
     account: str = AnyOwner
     qty: str | None = None
     price: str | None = None
@@ -146,6 +154,10 @@ class OrderOut(BaseModel):
     last_seq: int | None
     created_at: dt.datetime
     updated_at: dt.datetime
+    amounts: dict[str, Money] = Field(description="the figures above as {value, minor}, in minor units of the base "
+                                                  "asset (qty, filled, remaining, display_qty) or the quote asset "
+                                                  "(budget, quote_traded, fees_paid; price and stop_price per whole "
+                                                  "base unit, when a whole number of quote minor units); absent when null")
 
 
 class FillOut(BaseModel):
@@ -166,11 +178,16 @@ class FillOut(BaseModel):
     taker_fee: str
     journal_transaction_id: int | None
     created_at: dt.datetime
+    amounts: dict[str, Money] = Field(description="qty (base asset), quote_amount, maker_fee, taker_fee and price "
+                                                  "(quote asset, per whole base unit, when a whole number of minor "
+                                                  "units) as {value, minor}")
 
 
 class FillsOut(BaseModel):
     fills: list[FillOut]
-    next_after: int | None
+    next_after: int | None = Field(description="the fill id to send as `after` for the next page (kept for existing "
+                                               "clients; `next_cursor` is the same position as a cursor)")
+    next_cursor: str | None = Field(default=None, description="the next page's `cursor`; null on the last page")
 
 
 class LevelOut(BaseModel):
@@ -242,6 +259,22 @@ class _Units:
     def fmt_quote(self, amount: Any) -> str:
         return format_amount(int(amount), self.qd)
 
+    def base_minor(self, lots: Any) -> int | None:
+        return None if lots is None else int(lots) * self.market.lot_size
+
+    def quote_minor_per_unit(self, ticks: Any) -> int | None:
+        """A price in quote minor units per whole base unit, or None (null, or not a whole number)."""
+        if ticks is None:
+            return None
+        num = int(ticks) * self.tick_num
+        return num // self.market.lot_size if num % self.market.lot_size == 0 else None
+
+    def amounts(self, *, base: dict[str, Any], quote: dict[str, Any]) -> dict[str, Money]:
+        """{name: Money} of the figures that are not None (base or quote asset minor units)."""
+        out = {name: Money.of(int(v), self.bd) for name, v in base.items() if v is not None}
+        out.update({name: Money.of(int(v), self.qd) for name, v in quote.items() if v is not None})
+        return out
+
 
 def _parse(text: str, decimals: int, code: ErrorCode, field: str) -> int:
     try:
@@ -268,6 +301,11 @@ def _order_out(u: _Units, row: Any) -> dict:
         "quote_traded": u.fmt_quote(row.quote_traded), "fees_paid": u.fmt_quote(row.fees_paid),
         "hold_id": row.hold_id, "reject_code": row.reject_code, "close_reason": row.close_reason,
         "seq": row.seq, "last_seq": row.last_seq, "created_at": row.created_at, "updated_at": row.updated_at,
+        "amounts": u.amounts(
+            base={"qty": u.base_minor(row.qty), "filled": u.base_minor(row.filled),
+                  "remaining": u.base_minor(row.remaining), "display_qty": u.base_minor(row.display_qty)},
+            quote={"price": u.quote_minor_per_unit(row.price), "stop_price": u.quote_minor_per_unit(row.stop_price),
+                   "budget": row.budget, "quote_traded": row.quote_traded, "fees_paid": row.fees_paid}),
     }
 
 
@@ -318,9 +356,10 @@ def _market_out(t: Trading, symbol: str) -> dict:
             "fee_account_id": row.fee_account_id}
 
 
-@router.get("/markets", response_model=list[MarketOut])
-def list_markets(t: TradingDep, _: Reader) -> list[dict]:
-    return [_market_out(t, r.market.symbol) for r in t.markets()]
+@router.get("/markets", response_model=list[MarketOut], responses=responses(*PAGED))
+def list_markets(t: TradingDep, _: Reader, page: MarketsPage) -> list[dict]:
+    """Markets by symbol (paged: `X-Next-Cursor`)."""
+    return [_market_out(t, r.market.symbol) for r in page.slice(t.markets(), key=lambda r: r.market.symbol)]
 
 
 @router.post("/markets/{symbol}/orders", status_code=201, response_model=OrderOut,
@@ -381,12 +420,17 @@ def get_order_by_client_id(symbol: str, t: TradingDep, _: Reader, account: str =
     return _order_out(u, row)
 
 
-@router.get("/markets/{symbol}/fills", response_model=FillsOut, responses=responses(*MARKET))
-def list_fills(symbol: str, t: TradingDep, _: Reader, order_id: str | None = None,
-               account: str | None = None, after: int = Query(default=0, ge=0, le=MAX_ID),
-               limit: int = Query(default=100, ge=1, le=1000)) -> dict:
+@router.get("/markets/{symbol}/fills", response_model=FillsOut, responses=responses(*MARKET, *PAGED))
+def list_fills(symbol: str, t: TradingDep, _: Reader, page: FillsPage, order_id: str | None = None,
+               account: str | None = None,
+               after: int | None = Query(default=None, ge=0, le=MAX_ID,
+                                         description="older form of `cursor`: the last fill id of the previous page")) -> dict:
+    """Fills oldest first (paged: `cursor`, or the older `after`; not both)."""
+    if after is not None and page.key is not None:
+        raise ApiError(422, "invalid_request", "send either cursor or after, not both")
     u = _Units(t, symbol)
-    rows = t.fills(symbol, order_id=order_id, account=account, after=after, limit=limit)
+    rows = page.finish(t.fills(symbol, order_id=order_id, account=account, after=page.key or after or 0, limit=page.fetch),
+                       key=lambda r: r.id)
     return {"fills": [{
         "id": r.id, "seq": r.seq, "match_no": r.match_no, "maker_order_id": r.maker_order_id,
         "taker_order_id": r.taker_order_id, "maker_account": r.maker_account,
@@ -395,8 +439,11 @@ def list_fills(symbol: str, t: TradingDep, _: Reader, order_id: str | None = Non
         "qty": u.fmt_lots(r.qty_lots), "qty_lots": int(r.qty_lots),
         "quote_amount": u.fmt_quote(r.quote_amount), "maker_fee": u.fmt_quote(r.maker_fee),
         "taker_fee": u.fmt_quote(r.taker_fee), "journal_transaction_id": r.journal_transaction_id,
-        "created_at": r.created_at} for r in rows],
-        "next_after": rows[-1].id if len(rows) == limit else None}
+        "created_at": r.created_at,
+        "amounts": u.amounts(base={"qty": u.base_minor(r.qty_lots)},
+                             quote={"price": u.quote_minor_per_unit(r.price_ticks), "quote_amount": r.quote_amount,
+                                    "maker_fee": r.maker_fee, "taker_fee": r.taker_fee})} for r in rows],
+        "next_after": rows[-1].id if page.next_cursor else None, "next_cursor": page.next_cursor}
 
 
 @router.get("/markets/{symbol}/depth", response_model=DepthOut, responses=responses(*MARKET))

@@ -3,7 +3,8 @@ and booking treasury funding of the ethereum hot wallet (custody.payouts).
 
 - `GET /v1/rebalances` (auditor, operator): the latest rebalances with their state, amounts (decimal
   strings and minor units), fee, the thresholds and spendable balance that triggered each, and the
-  transaction id once signed.
+  transaction id once signed; newest first, paged (custody.api.paging). Each figure is repeated in
+  `amounts` as {value, minor}.
 - `POST /v1/rebalances/run` (operator): decide now: open a hot -> cold rebalance if the thresholds
   call for one (its coins reserved, state `open`, no txid yet) and answer the latest rebalances,
   the new one first. Signing, broadcast and tracking stay with the worker's rebalance job (every
@@ -31,12 +32,15 @@ from sqlalchemy import text
 from custody.api.bodies import CommentIn
 from custody.api.deps import Auditor, ContainerDep, Operator
 from custody.api.errors import ApiError, responses
+from custody.api.ledger_schemas import Money
+from custody.api.paging import PAGED, pager
 from custody.api.params import IdPath
 from custody.container import Container
 from custody.states import IllegalTransition
 from ledger.amounts import format_amount
 
 router = APIRouter(prefix="/v1", tags=["treasury"])
+RebalancesPage = pager("rebalances", newest_first=True, default=50, maximum=500)
 
 
 class RebalanceOut(BaseModel):
@@ -58,6 +62,7 @@ class RebalanceOut(BaseModel):
     confirmations: int
     created_at: str
     updated_at: str
+    amounts: dict[str, Money] = Field(description="`amount`, `fee`, `spendable`, `ceiling` and `target` as {value, minor}")
 
 
 class HotFundingIn(BaseModel):
@@ -85,14 +90,17 @@ def _rebalances(c: Container) -> Any:
     return c.rebalances
 
 
-def _list(c: Container, *, state: str | None = None, limit: int = 1, rebalance_id: int | None = None) -> list[RebalanceOut]:
-    """The latest rebalances (optionally in one state), or the one with `rebalance_id`."""
+def _list(c: Container, *, state: str | None = None, limit: int = 1, rebalance_id: int | None = None,
+          before_id: int | None = None) -> list[RebalanceOut]:
+    """The latest rebalances (optionally in one state, below `before_id`: the next page of a
+    walk), or the one with `rebalance_id`."""
     with c.engine.connect() as conn:
         rows = conn.execute(text(
             "SELECT id, chain, asset, source_tier, destination_tier, state, destination, amount, fee, spendable, "
             "ceiling, target, txid, confirmations, created_at, updated_at FROM rebalance "
             "WHERE (CAST(:s AS text) IS NULL OR state = :s) AND (CAST(:i AS bigint) IS NULL OR id = :i) "
-            "ORDER BY id DESC LIMIT :l"), {"s": state, "i": rebalance_id, "l": limit}).all()
+            "AND (CAST(:b AS bigint) IS NULL OR id < :b) "
+            "ORDER BY id DESC LIMIT :l"), {"s": state, "i": rebalance_id, "b": before_id, "l": limit}).all()
     out = []
     for r in rows:
         decimals = c.ledger.get_asset(r.asset).decimals
@@ -103,14 +111,17 @@ def _list(c: Container, *, state: str | None = None, limit: int = 1, rebalance_i
             fee=format_amount(int(r.fee), decimals), fee_minor=str(int(r.fee)),
             spendable_minor=str(int(r.spendable)), ceiling_minor=str(int(r.ceiling)), target_minor=str(int(r.target)),
             txid=r.txid, confirmations=r.confirmations,
-            created_at=r.created_at.isoformat(), updated_at=r.updated_at.isoformat()))
+            created_at=r.created_at.isoformat(), updated_at=r.updated_at.isoformat(),
+            amounts={name: Money.of(int(getattr(r, name)), decimals)
+                     for name in ("amount", "fee", "spendable", "ceiling", "target")}))
     return out
 
 
-@router.get("/rebalances", response_model=list[RebalanceOut])
-def list_rebalances(c: ContainerDep, _: Auditor, state: str | None = Query(default=None, max_length=40),
-                    limit: int = Query(default=50, ge=1, le=500)) -> list[RebalanceOut]:
-    return _list(c, state=state, limit=limit)
+@router.get("/rebalances", response_model=list[RebalanceOut], responses=responses(*PAGED))
+def list_rebalances(c: ContainerDep, _: Auditor, page: RebalancesPage,
+                    state: str | None = Query(default=None, max_length=40)) -> list[RebalanceOut]:
+    """Rebalances newest first (paged: `X-Next-Cursor`)."""
+    return page.finish(_list(c, state=state, before_id=page.key, limit=page.fetch), key=lambda r: r.id)
 
 
 @router.post("/rebalances/run", response_model=list[RebalanceOut],

@@ -24,10 +24,16 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from custody.api.deps import Admin, ContainerDep
-from custody.api.params import MAX_ID, IdPath
+from custody.api.errors import responses
+from custody.api.paging import PAGED, pager
+from custody.api.params import IdPath
 from custody.webhooks.endpoints import MAX_TYPES, DeliveryView, EndpointView, EndpointWithSecret
 
+EndpointsPage = pager("webhook-endpoints", newest_first=False, default=1000, maximum=1000)
+DeliveriesPage = pager("webhook-deliveries", newest_first=False, default=100, maximum=500)
+
 router = APIRouter(prefix="/v1", tags=["webhooks"])
+NOT_FOUND = "webhook_endpoint_not_found"
 
 
 class Strict(BaseModel):
@@ -35,6 +41,9 @@ class Strict(BaseModel):
 
 
 class EndpointIn(Strict):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
+        "url": "https://hooks.example.com/custody", "event_types": ["deposit.credited", "withdrawal.final"],
+        "description": "treasury dashboard"}]})
     url: str = Field(min_length=1, max_length=2048, description="http:// or https://, no user or password")
     event_types: list[Annotated[str, Field(min_length=1, max_length=100)]] = Field(
         min_length=1, max_length=MAX_TYPES, description="event types like deposit.credited, or * for every type")
@@ -42,6 +51,8 @@ class EndpointIn(Strict):
 
 
 class EndpointPatch(Strict):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
+        "event_types": ["*"], "enabled": False, "description": "paused while the receiver moves"}]})
     event_types: list[Annotated[str, Field(min_length=1, max_length=100)]] | None = Field(
         default=None, min_length=1, max_length=MAX_TYPES)
     enabled: bool | None = None
@@ -49,6 +60,7 @@ class EndpointPatch(Strict):
 
 
 class RotateIn(Strict):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"grace_seconds": 3600}]})
     grace_seconds: int | None = Field(default=None, ge=0, le=7 * 86400,
                                       description="how long the old secret keeps signing too (default: the setting)")
 
@@ -100,50 +112,57 @@ def _delivery(v: DeliveryView) -> DeliveryOut:
     return DeliveryOut(**v.__dict__)
 
 
-@router.post("/webhook-endpoints", response_model=EndpointSecretOut, status_code=201)
+@router.post("/webhook-endpoints", response_model=EndpointSecretOut, status_code=201,
+             responses=responses("webhook_url_invalid", "webhook_event_types_invalid", "webhook_key_unavailable"))
 def create_endpoint(body: EndpointIn, c: ContainerDep, who: Admin) -> EndpointSecretOut:
     return _with_secret(c.webhooks.create(body.url, body.event_types, body.description, by=f"api:{who.name}"))
 
 
-@router.get("/webhook-endpoints", response_model=list[EndpointOut])
-def list_endpoints(c: ContainerDep, _: Admin) -> list[EndpointOut]:
-    return [_endpoint(v) for v in c.webhooks.list()]
+@router.get("/webhook-endpoints", response_model=list[EndpointOut], responses=responses(*PAGED))
+def list_endpoints(c: ContainerDep, _: Admin, page: EndpointsPage) -> list[EndpointOut]:
+    """Registered endpoints, oldest first (paged: `X-Next-Cursor`)."""
+    views = c.webhooks.list(after_id=page.key, limit=page.fetch)
+    return [_endpoint(v) for v in page.finish(views, key=lambda v: v.id)]
 
 
-@router.get("/webhook-endpoints/{endpoint_id}", response_model=EndpointOut)
+@router.get("/webhook-endpoints/{endpoint_id}", response_model=EndpointOut, responses=responses(NOT_FOUND))
 def get_endpoint(endpoint_id: IdPath, c: ContainerDep, _: Admin) -> EndpointOut:
     return _endpoint(c.webhooks.get(endpoint_id))
 
 
-@router.patch("/webhook-endpoints/{endpoint_id}", response_model=EndpointOut)
+@router.patch("/webhook-endpoints/{endpoint_id}", response_model=EndpointOut,
+              responses=responses("webhook_event_types_invalid", NOT_FOUND))
 def update_endpoint(endpoint_id: IdPath, body: EndpointPatch, c: ContainerDep, who: Admin) -> EndpointOut:
     return _endpoint(c.webhooks.update(endpoint_id, by=f"api:{who.name}", event_types=body.event_types,
                                        enabled=body.enabled, description=body.description))
 
 
-@router.delete("/webhook-endpoints/{endpoint_id}", response_model=EndpointOut)
+@router.delete("/webhook-endpoints/{endpoint_id}", response_model=EndpointOut, responses=responses(NOT_FOUND))
 def delete_endpoint(endpoint_id: IdPath, c: ContainerDep, who: Admin) -> EndpointOut:
     return _endpoint(c.webhooks.delete(endpoint_id, by=f"api:{who.name}"))
 
 
-@router.post("/webhook-endpoints/{endpoint_id}/rotate-secret", response_model=EndpointSecretOut)
+@router.post("/webhook-endpoints/{endpoint_id}/rotate-secret", response_model=EndpointSecretOut,
+             responses=responses(NOT_FOUND, "webhook_key_unavailable"))
 def rotate_secret(endpoint_id: IdPath, body: RotateIn, c: ContainerDep, who: Admin) -> EndpointSecretOut:
     return _with_secret(c.webhooks.rotate_secret(endpoint_id, by=f"api:{who.name}", grace_seconds=body.grace_seconds))
 
 
-@router.get("/webhook-endpoints/{endpoint_id}/deliveries", response_model=list[DeliveryOut])
-def list_deliveries(endpoint_id: IdPath, c: ContainerDep, _: Admin,
-                    state: Annotated[Literal["pending", "delivered", "dead"] | None, Query()] = None,
-                    after: Annotated[int, Query(ge=0, le=MAX_ID, description="a delivery id; 0: from the start")] = 0,
-                    limit: Annotated[int, Query(ge=1, le=500)] = 100) -> list[DeliveryOut]:
-    return [_delivery(v) for v in c.webhooks.deliveries(endpoint_id, state=state, after=after, limit=limit)]
+@router.get("/webhook-endpoints/{endpoint_id}/deliveries", response_model=list[DeliveryOut],
+            responses=responses(NOT_FOUND, *PAGED))
+def list_deliveries(endpoint_id: IdPath, c: ContainerDep, _: Admin, page: DeliveriesPage,
+                    state: Annotated[Literal["pending", "delivered", "dead"] | None, Query()] = None) -> list[DeliveryOut]:
+    """An endpoint's deliveries, oldest first (paged: `X-Next-Cursor`)."""
+    views = c.webhooks.deliveries(endpoint_id, state=state, after=page.key or 0, limit=page.fetch)
+    return [_delivery(v) for v in page.finish(views, key=lambda v: v.id)]
 
 
-@router.post("/webhook-deliveries/{delivery_id}/replay", response_model=DeliveryOut)
+@router.post("/webhook-deliveries/{delivery_id}/replay", response_model=DeliveryOut,
+             responses=responses("webhook_delivery_not_found"))
 def replay_delivery(delivery_id: IdPath, c: ContainerDep, who: Admin) -> DeliveryOut:
     return _delivery(c.webhooks.replay(delivery_id, by=f"api:{who.name}"))
 
 
-@router.post("/webhook-endpoints/{endpoint_id}/replay-dead", response_model=ReplayedOut)
+@router.post("/webhook-endpoints/{endpoint_id}/replay-dead", response_model=ReplayedOut, responses=responses(NOT_FOUND))
 def replay_dead(endpoint_id: IdPath, c: ContainerDep, who: Admin) -> ReplayedOut:
     return ReplayedOut(replayed=c.webhooks.replay_dead(endpoint_id, by=f"api:{who.name}"))

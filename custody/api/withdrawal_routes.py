@@ -20,16 +20,19 @@ from custody.api.params import Id, IdPath
 from custody.api.deps import Auditor, Backend, ContainerDep, OperatorOnly, Reader
 from custody.api.errors import ApiError, responses
 from custody.api.ledger_schemas import Money
+from custody.api.paging import PAGED, pager
 from custody.errors import CustodyError, CustodyErrorCode
 from custody.withdrawals import AllowlistChangeView, AllowlistView, ApprovalPayloadView, WithdrawalView
 from signer.approvals import ApprovalSignature, b64url, format_expiry, webauthn_challenge
 from ledger.amounts import format_amount, parse_amount
 
 router = APIRouter(prefix="/v1", tags=["withdrawals"])
+WithdrawalsPage = pager("withdrawals", newest_first=False, default=200, maximum=1000)
+AllowlistChangesPage = pager("allowlist-changes", newest_first=False, default=200, maximum=1000)
 
 
 class WithdrawalIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={'examples': [{'client_withdrawal_id': 'alice-w-0001', 'account_id': 7, 'amount': '0.25', 'destination': 'bcrt1qw508d6qejxtdg4y5r3zarvary0c5xw7kygt080', 'priority': 'normal'}]})
     client_withdrawal_id: str = Field(min_length=1, max_length=200)
     account_id: Id
     amount: str = Field(description='decimal string in the asset\'s units, e.g. "0.25"')
@@ -38,14 +41,14 @@ class WithdrawalIn(BaseModel):
 
 
 class AllowlistPolicyIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={'examples': [{'mode': 'enforce', 'cooling_off_seconds': 86400, 'approvals': 1}]})
     mode: Literal["enforce", "review"]
     cooling_off_seconds: int = Field(default=0, ge=0, le=90 * 86400)
     approvals: int = Field(default=1, ge=1, le=10)
 
 
 class AllowlistEntryIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={'examples': [{'address': 'bcrt1qw508d6qejxtdg4y5r3zarvary0c5xw7kygt080'}]})
     address: str = Field(min_length=1, max_length=200)
 
 
@@ -121,7 +124,7 @@ class ApproveIn(BaseModel):
     """An operator's approval: the comment for the audit log and their signature (required; a
     missing one is `approval_signature_required`)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={'examples': [{'comment': 'destination confirmed with the customer', 'signature': {'key_id': 'ops-anna-ed25519', 'scheme': 'ed25519', 'signature': 'c2lnbmF0dXJlIGJ5dGVzIGluIGJhc2U2NA=='}}]})
     comment: str = Field(min_length=1, max_length=1000)
     signature: ApprovalSignatureIn | None = None
 
@@ -204,11 +207,12 @@ def get_withdrawal(withdrawal_id: IdPath, c: ContainerDep, _: Reader) -> Withdra
 
 
 @router.get("/withdrawals", response_model=list[WithdrawalOut],
-    responses=responses(*NO_CHAINS))
-def list_withdrawals(c: ContainerDep, _: Auditor, state: str = "pending_approval",
-                     limit: int = Query(200, ge=1, le=1000)) -> list[WithdrawalOut]:
-    """The approval queue by default (state=pending_approval)."""
-    return [_out(c, w) for w in _svc(c).list(state=state, limit=limit)]
+    responses=responses(*PAGED, *NO_CHAINS))
+def list_withdrawals(c: ContainerDep, _: Auditor, page: WithdrawalsPage,
+                     state: str = Query("pending_approval", max_length=64)) -> list[WithdrawalOut]:
+    """The approval queue by default (state=pending_approval), oldest first (paged: `X-Next-Cursor`)."""
+    rows = _svc(c).list(state=state, after_id=page.key, limit=page.fetch)
+    return [_out(c, w) for w in page.finish(rows, key=lambda w: w.id)]
 
 
 @router.get("/withdrawals/{withdrawal_id}/approval-payload", response_model=ApprovalPayloadOut,
@@ -277,12 +281,12 @@ def remove_destination(account_id: IdPath, address: str, c: ContainerDep, who: B
 
 
 @router.get("/allowlist-changes", response_model=list[AllowlistChangeOut],
-    responses=responses(*NO_CHAINS))
-def allowlist_changes(c: ContainerDep, _: Auditor,
-                      state: Literal["pending", "approved", "rejected", "superseded"] = "pending",
-                      limit: int = Query(200, ge=1, le=1000)) -> list[AllowlistChangeOut]:
-    """The operators' queue of allowlist loosenings (pending by default)."""
-    return [_change_out(ch) for ch in _svc(c).allowlist_changes(state=state, limit=limit)]
+    responses=responses(*PAGED, *NO_CHAINS))
+def allowlist_changes(c: ContainerDep, _: Auditor, page: AllowlistChangesPage,
+                      state: Literal["pending", "approved", "rejected", "superseded"] = "pending") -> list[AllowlistChangeOut]:
+    """The operators' queue of allowlist loosenings (pending by default), oldest first (paged: `X-Next-Cursor`)."""
+    rows = _svc(c).allowlist_changes(state=state, after_id=page.key, limit=page.fetch)
+    return [_change_out(ch) for ch in page.finish(rows, key=lambda ch: ch.id)]
 
 
 @router.post("/allowlist-changes/{change_id}/approve", response_model=AllowlistChangeOut,

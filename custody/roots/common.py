@@ -126,7 +126,8 @@ class CustodyServices:
 def open_engine(config: DeploymentConfig, process: Process = "worker") -> Engine:
     """A pooled engine on the configured database, whose schema must be at head, connected as the
     process's own role (`role_problem`)."""
-    engine = make_engine(to_sqlalchemy_url(config.database_url))
+    # the api's pool holds a connection for each of its request threads (custody.roots.api.API_THREADS)
+    engine = make_engine(to_sqlalchemy_url(config.database_url), pool_size=20 if process == "api" else 10)
     try:
         current, head = schema_revision(engine)
         problem = None if current != head else role_problem(engine, process)
@@ -474,7 +475,8 @@ def _build(config: DeploymentConfig, process: Process, adapters: Mapping[str, Ch
     # may not write wallet_utxo rows, migration 0022), whose payouts job syncs every few seconds.
     sync = payouts.sync_hot_wallet if "bitcoin" in adapters and process == "worker" else None
     reconciliation = Reconciliation(engine, ledger, wallets, adapters, network=btc_network, before=sync,
-                                    node_view=node_view)
+                                    node_view=node_view, blind_warn_after=settings.node_view_warn_after_seconds,
+                                    blind_critical_after=settings.node_view_critical_after_seconds)
     adjustments = TreasuryAdjustments(engine, ledger, quorum=settings.treasury_adjustment_quorum)
     return CustodyServices(config=config, settings=settings, engine=engine, ledger=ledger, wallets=wallets,
                            adapters=adapters, signer=signer, deposits=deposits, withdrawals=withdrawals,

@@ -105,8 +105,9 @@ def event_sink(config: DeploymentConfig) -> JetStreamSink | None:
     if events.sink == "log":
         return None
     url = events.nats_url or config.settings.nats_url or embedded_nats_url(config.settings.state_dir)
-    log.info("events: publishing to JetStream stream %s at %s", events.stream, url)
-    return JetStreamSink(url, stream=events.stream, duplicate_window_s=events.duplicate_window_s)
+    log.info("events: publishing to JetStream stream %s (subjects %s.>) at %s", events.stream, events.subject_prefix, url)
+    return JetStreamSink(url, stream=events.stream, subject_prefix=events.subject_prefix,
+                         duplicate_window_s=events.duplicate_window_s)
 
 
 def run_worker(root: WorkerRoot, *, stop: threading.Event | None = None) -> int:

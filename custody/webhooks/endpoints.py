@@ -164,9 +164,11 @@ class Webhooks:
             view = self._get(c, endpoint_id)
         return EndpointWithSecret(view, secret)
 
-    def list(self) -> list[EndpointView]:
+    def list(self, *, after_id: int | None = None, limit: int | None = None) -> list[EndpointView]:
+        """Endpoints by id, oldest first: those after `after_id`, at most `limit` (None: all)."""
         with self.engine.connect() as c:
-            return [_endpoint(r) for r in c.execute(text(_ENDPOINT_SQL + " ORDER BY id"))]
+            return [_endpoint(r) for r in c.execute(text(_ENDPOINT_SQL + " AND (CAST(:a AS bigint) IS NULL OR id > :a) "
+                                                         "ORDER BY id LIMIT :l"), {"a": after_id, "l": limit})]
 
     def get(self, endpoint_id: int) -> EndpointView:
         with self.engine.connect() as c:
@@ -187,16 +189,16 @@ class Webhooks:
     def delete(self, endpoint_id: int, *, by: str) -> EndpointView:
         with self.engine.begin() as c:
             view = self._lock(c, endpoint_id)
-            c.execute(text("UPDATE webhook_endpoint SET enabled = false, deleted_at = now(), updated_at = now() "
-                           "WHERE id = :i"), {"i": endpoint_id})
+            updated_at = c.execute(text("UPDATE webhook_endpoint SET enabled = false, deleted_at = now(), updated_at = now() "
+                                        "WHERE id = :i RETURNING updated_at"), {"i": endpoint_id}).scalar_one()
             audit(c, by, "webhook_endpoint.delete", f"webhook_endpoint:{endpoint_id}", {"url": view.url})
-        return EndpointView(**{**view.__dict__, "enabled": False})
+        return EndpointView(**{**view.__dict__, "enabled": False, "updated_at": updated_at})
 
     def rotate_secret(self, endpoint_id: int, *, by: str, grace_seconds: int | None = None) -> EndpointWithSecret:
         grace = self.settings.webhook_rotation_grace_seconds if grace_seconds is None else grace_seconds
-        box, secret = self.box(), new_secret()
         with self.engine.begin() as c:
-            self._lock(c, endpoint_id)
+            self._lock(c, endpoint_id)  # a missing endpoint is webhook_endpoint_not_found before the key is needed
+            box, secret = self.box(), new_secret()
             current = c.execute(text("SELECT secret_enc FROM webhook_endpoint WHERE id = :i"), {"i": endpoint_id}).scalar_one()
             c.execute(text("UPDATE webhook_endpoint SET secret_enc = :s, updated_at = now(), "
                            "previous_secret_enc = CASE WHEN :g > 0 THEN CAST(:p AS bytea) END, "

@@ -213,6 +213,10 @@ def test_an_open_rebalance_can_be_abandoned(custody, bitcoind, engine, ledger, r
     assert_equal((row["state"], row["source_tier"], row["destination_tier"], row["txid"]), ("open", "hot", "cold", None))
     assert_equal(int(row["amount_minor"]), held - held // 2)
     assert_equal(row["amount"], f"{(held - held // 2) // BTC}.{(held - held // 2) % BTC:08d}")
+    assert_equal(row["amounts"]["amount"], {"value": row["amount"], "minor": row["amount_minor"]})
+    assert_equal(row["amounts"]["fee"], {"value": row["fee"], "minor": row["fee_minor"]})
+    assert_equal({k: row["amounts"][k]["minor"] for k in ("spendable", "ceiling", "target")},
+                 {k: row[f"{k}_minor"] for k in ("spendable", "ceiling", "target")})
     assert_equal(api("backend", "GET", "/v1/rebalances").status_code, 403)
     assert_equal(api("auditor", "POST", f"/v1/rebalances/{rb.id}/abandon", json={"comment": "x"}).status_code, 403)
     missing = api("operator", "POST", "/v1/rebalances/999999999/abandon", json={"comment": "x"})

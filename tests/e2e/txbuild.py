@@ -64,9 +64,17 @@ def script_for(address: str, hrp: str = REGTEST_HRP) -> bytes:
 def spend_p2wpkh(key: BtcKey, txid: str, vout: int, amount: int,
                  pay_to: list[tuple[str, int]], *, sequence: int = RBF_SEQUENCE) -> bytes:
     """A signed transaction spending one P2WPKH output of `key`; fee = amount - sum(outputs)."""
+    return spend_p2wpkh_to_scripts(key, txid, vout, amount, [(script_for(addr), value) for addr, value in pay_to],
+                                   sequence=sequence)
+
+
+def spend_p2wpkh_to_scripts(key: BtcKey, txid: str, vout: int, amount: int,
+                            outputs: list[tuple[bytes, int]], *, sequence: int = RBF_SEQUENCE) -> bytes:
+    """`spend_p2wpkh` with the outputs given as (scriptPubKey, satoshis): no address decoding, for
+    transactions of thousands of outputs (bench/wallet_scale.py)."""
     tx = CMutableTransaction(
         [CMutableTxIn(COutPoint(lx(txid), vout), nSequence=sequence)],
-        [CMutableTxOut(value, CScript(script_for(addr))) for addr, value in pay_to])
+        [CMutableTxOut(value, CScript(script)) for script, value in outputs])
     script_code = CScript([OP_DUP, OP_HASH160, Hash160(key.key.pub), OP_EQUALVERIFY, OP_CHECKSIG])
     sighash = SignatureHash(script_code, tx, 0, SIGHASH_ALL, amount=amount, sigversion=SIGVERSION_WITNESS_V0)
     sig = key.key.sign(sighash) + bytes([SIGHASH_ALL])

@@ -43,7 +43,8 @@ WRITERS = (API, WORKER)
 INSUFFICIENT_PRIVILEGE = "42501"
 MIGRATION = Path(__file__).resolve().parents[2] / "migrations" / "versions" / "0020_process_roles.py"
 API_READ_ONLY = ["api_key", "btc_wallet_output", "chain_asset", "chain_cursor", "chain_transaction", "denylist_address",
-                 "eth_nonce", "matching_snapshot"]  # migrations 0022 and 0023 (the wallet index): custody_api may only read them
+                 "deposit_address_check", "eth_nonce", "job_stat", "matching_snapshot", "node_view_health"]
+# migrations 0022, 0023 (the wallet index), 0025, 0028 (the index's verdicts, the node view's health): custody_api may only read them
 
 
 def sqlstate(engine: Engine, role: str | None, sql: str, params: dict | None = None) -> str | None:
@@ -220,6 +221,10 @@ API_FORBIDDEN = {
     "delete_account_balance": "DELETE FROM account_balance WHERE false",
     "rewrite_journal_transaction": "UPDATE journal_transaction SET kind = kind WHERE false",
     "setval_rebalance_id": "SELECT setval('rebalance_id_seq', 1)",
+    # the worker's verdicts on deposit addresses and its count of passes without the node's view (0028)
+    "vouch_for_deposit_address": "INSERT INTO deposit_address_check (deposit_address_id, derived) SELECT id, true FROM "
+                                 "deposit_address WHERE false",
+    "reset_node_view_health": "UPDATE node_view_health SET missed_passes = 0, blind_since = NULL WHERE false",
 }
 
 # What the api keeps, at the same statement level (its routes exercise them in their own tests).

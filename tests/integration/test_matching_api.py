@@ -79,6 +79,18 @@ def test_place_fill_cancel_round_trip_in_decimal_strings(api, market, ledger):
     fills = call(api, Role.backend, "GET", f"{base}/fills", params={"order_id": bid.json()["order_id"]}).json()
     assert [(f["qty"], f["price"], f["taker_fee"]) for f in fills["fills"]] == [("0.20000000", "59900.000000", "23.960000")]
 
+    # the same figures in the one amount format, {value, minor}, beside the older fields
+    assert bid.json()["amounts"] == {
+        "qty": {"value": "0.50000000", "minor": "50000000"}, "filled": {"value": "0.20000000", "minor": "20000000"},
+        "remaining": {"value": "0.30000000", "minor": "30000000"}, "price": {"value": "60000.000000", "minor": "60000000000"},
+        "quote_traded": {"value": "11980.000000", "minor": "11980000000"}, "fees_paid": {"value": "23.960000", "minor": "23960000"}}
+    [fill] = fills["fills"]
+    assert fill["amounts"] == {
+        "qty": {"value": "0.20000000", "minor": "20000000"}, "price": {"value": "59900.000000", "minor": "59900000000"},
+        "quote_amount": {"value": "11980.000000", "minor": "11980000000"},
+        "maker_fee": {"value": "11.980000", "minor": "11980000"}, "taker_fee": {"value": "23.960000", "minor": "23960000"}}
+    assert fills["next_after"] is None and fills["next_cursor"] is None
+
     oid = bid.json()["order_id"]
     cancel = call(api, Role.backend, "POST", f"{base}/orders/{oid}/cancel", json={"account": f"{run}-buyer"})
     assert cancel.status_code == 200 and cancel.json()["state"] == "cancelled"

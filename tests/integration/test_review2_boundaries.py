@@ -31,6 +31,7 @@ from custody.errors import CustodyError
 from custody.controls import set_kill_switch
 from custody.incidents import Incidents
 from custody.payouts import Payouts
+from custody.wallet_index import Ours
 from regtest.util import assert_equal
 from tests.integration.test_review_deposit_boundaries import Chain, api, btc_usdt_market, customer, refusal  # noqa: F401 - fixture
 
@@ -167,7 +168,7 @@ def test_a_deposit_re_mined_in_its_original_block_is_not_seen_as_re_mined(api, l
         address_id = c.execute(text("SELECT id FROM deposit_address WHERE address = :a"), {"a": obs.address}).scalar_one()
     owner = ledger.get_account(alice).owner
     with api.custody.engine.begin() as c:
-        recorded = api.custody.deposits._record(c, chain.name, obs, {obs.address: (address_id, alice, owner)})
+        recorded = api.custody.deposits._record(c, chain.name, obs, Ours("deposit", 0, 0, address_id, alice, owner))
     after_remine = ledger.balance(suspense).posted - before
     frozen = ledger.balance(alice).held
     log.info("recorded %d; suspense still short by %d; %d of alice's credit held", recorded, after_remine, frozen)
@@ -197,7 +198,7 @@ def test_a_deposit_reorged_out_of_the_same_block_twice_is_compensated_twice(api,
     with api.custody.engine.connect() as c:
         address_id = c.execute(text("SELECT id FROM deposit_address WHERE address = :a"), {"a": obs.address}).scalar_one()
     with api.custody.engine.begin() as c:  # X is back: the same observation in the same block
-        api.custody.deposits._record(c, chain.name, obs, {obs.address: (address_id, bob, ledger.get_account(bob).owner)})
+        api.custody.deposits._record(c, chain.name, obs, Ours("deposit", 0, 0, address_id, bob, ledger.get_account(bob).owner))
     with api.custody.engine.begin() as c:  # and X is out again
         outcome = api.custody.deposits._orphan(c, chain.name, obs)
     short, held = before - ledger.balance(suspense).posted, ledger.balance(bob).held

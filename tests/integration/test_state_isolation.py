@@ -1,7 +1,7 @@
 """state_isolation: a test run never touches a developer's running demo.
 
 `scripts/run` keeps its state in STATE_DIR (default `<repo>/.state`): the embedded PostgreSQL
-(`pgdata`, database `custody_demo`), the demo's chains (`demo-chains`, wiped at each start) and the
+(`pgdata`, database `custody`: custody.database.EMBEDDED_DATABASE), the demo's chains (`demo-chains`, wiped at each start) and the
 state file of `python -m regtest up` (`regtest/state.json`). tests/conftest.py gives every pytest
 session a temporary STATE_DIR and REGTEST_STATE_DIR of its own, exported to every subprocess.
 
@@ -168,4 +168,6 @@ def test_the_session_database_is_not_on_the_developers_server(database_url: str)
         assert pgdata.is_relative_to(state), pgdata
     if not os.environ.get("DATABASE_URL"):
         assert database._embedded, "no embedded server was started for the session database"
-    assert "custody_demo" not in database_url
+    from sqlalchemy import make_url
+
+    assert make_url(database_url).database != database.EMBEDDED_DATABASE  # the demo's and the CLI's

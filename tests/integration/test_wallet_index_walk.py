@@ -99,8 +99,14 @@ def world(database_url):
         wallets.configure_asset("BTC", 8, "bitcoin", finality=2)
         for tier in ("deposit", "hot", "cold"):
             wallets.register_wallet("bitcoin", tier, "regtest", KEYS.account_xpub("bitcoin", tier))
-        with eng.begin() as c:
-            c.execute(text("UPDATE wallet SET next_index = 2 WHERE chain = 'bitcoin' AND tier = 'cold'"))
+        cold_xpub = KEYS.account_xpub("bitcoin", "cold")
+        with eng.begin() as c:  # two rebalances were told to pay cold 0/0 and 0/1 (as Rebalances._open records them)
+            for i in (0, 1):
+                c.execute(text("UPDATE wallet SET next_index = next_index + 1 WHERE chain = 'bitcoin' AND tier = 'cold'"))
+                c.execute(text("INSERT INTO rebalance (chain, asset, source_tier, destination_tier, state, destination, "
+                               "destination_index, amount, fee, fee_rate, spendable, ceiling, target) VALUES ('bitcoin', "
+                               "'BTC', 'hot', 'cold', 'abandoned', :d, :i, 1000, 0, 1000, 0, 0, 0)"),
+                          {"d": derive_btc_address(cold_xpub, "regtest", 0, i), "i": i})
             batch = c.execute(text("INSERT INTO withdrawal_batch (chain, asset, state, fee_rate) VALUES ('bitcoin', 'BTC', "
                                    "'open', 1000) RETURNING id")).scalar_one()
         account = ledger.open_account("BTC", AccountKind.customer, "customer:alice:BTC", owner="alice").id

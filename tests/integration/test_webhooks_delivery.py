@@ -8,10 +8,15 @@ is "fixed". The worker's job (`Webhooks.run_once`, run here by hand) delivers th
 refused by the receiver's check; a replay of a delivered event is de-duplicated by the receiver;
 the operator's replay of /down's dead letters delivers them. Then the secret is rotated: during
 the grace period both the old and the new secret verify a delivery; after it only the new one.
+
+The admin routes' errors are checked against the served OpenAPI document too (each status and code
+documented for its operation), including those of a deleted endpoint, which the fuzzer never meets.
 """
 from __future__ import annotations
 
+import datetime as dt
 import logging
+import re
 import threading
 import time
 import uuid
@@ -158,6 +163,14 @@ def test_signed_webhooks_retry_dead_letter_replay_and_rotation(world, engine):
     assert_equal([(d["event_id"], d["state"], d["attempts"]) for d in flaky_rows],
                  [(ids[0], "delivered", 3), (ids[1], "delivered", 1), (ids[2], "delivered", 1)])
     assert_equal([s for p, _, _, s in receiver.requests if p == "/flaky"], [500, 500, 200, 200, 200])
+    walked, url = [], f"/v1/webhook-endpoints/{flaky}/deliveries?limit=2"  # paged like every list
+    while url:
+        r = client.get(url)
+        assert r.status_code == 200, r.text
+        walked += [d["id"] for d in r.json()]
+        url = f"/v1/webhook-endpoints/{flaky}/deliveries?limit=2&cursor={r.headers['X-Next-Cursor']}" \
+            if "X-Next-Cursor" in r.headers else None
+    assert_equal(walked, [d["id"] for d in flaky_rows])
 
     log.info("/down never answers 2xx: each delivery is dead after WEBHOOK_MAX_ATTEMPTS (4)")
     run_until(container, lambda: all(d["state"] == "dead" for d in deliveries(client, down)))
@@ -222,11 +235,25 @@ def test_signed_webhooks_retry_dead_letter_replay_and_rotation(world, engine):
     assert expires
 
 
+def documented_codes(client, r) -> list[str]:
+    """The codes the served OpenAPI document allows for the request's operation and answer status."""
+    for template, item in client.get("/openapi.json").json()["paths"].items():
+        operation = item.get(r.request.method.lower())
+        if operation is not None and re.fullmatch(re.sub(r"\{[^}]+\}", "[^/]+", template), r.request.url.path):
+            answer = operation["responses"].get(str(r.status_code))
+            return answer["content"]["application/json"]["schema"]["properties"]["error"]["properties"]["code"]["enum"] if answer else []
+    raise AssertionError(f"{r.request.method} {r.request.url.path} is in no path of the document")
+
+
 def test_endpoint_admin_errors_and_delete(world, engine):
     container, client, receiver, topic = world
 
     def answer(r):
-        return r.status_code, r.json()["error"]["code"]
+        """Status and code, after checking the document states them for this operation (the contract:
+        custody.api.errors), including on paths the fuzzer cannot reach (a deleted endpoint)."""
+        code = r.json()["error"]["code"]
+        assert code in documented_codes(client, r), (r.request.method, r.request.url.path, r.status_code, code)
+        return r.status_code, code
 
     for bad_url in ("ftp://example.com/hook", "https://user:secret@example.com/hook", "https://example.com/#x", "hook"):
         assert_equal(answer(client.post("/v1/webhook-endpoints", json={"url": bad_url, "event_types": [topic]})),
@@ -252,12 +279,20 @@ def test_endpoint_admin_errors_and_delete(world, engine):
     container.webhooks.run_once()
     assert_equal(deliveries(client, endpoint), [])
 
-    log.info("A deleted endpoint is gone from the API and gets nothing")
-    assert_equal(client.delete(f"/v1/webhook-endpoints/{endpoint}").status_code, 200)
+    log.info("A deleted endpoint is gone from the API and gets nothing; the answer states the row as stored")
+    r = client.delete(f"/v1/webhook-endpoints/{endpoint}")
+    assert_equal((r.status_code, r.json()["enabled"]), (200, False))
+    with engine.connect() as c:
+        stored = c.execute(text("SELECT updated_at FROM webhook_endpoint WHERE id = :i"), {"i": endpoint}).scalar_one()
+    assert_equal(dt.datetime.fromisoformat(r.json()["updated_at"]), stored)
     assert_equal(answer(client.get(f"/v1/webhook-endpoints/{endpoint}")), (404, "webhook_endpoint_not_found"))
     assert endpoint not in [e["id"] for e in client.get("/v1/webhook-endpoints").json()]
-    assert_equal(answer(client.patch(f"/v1/webhook-endpoints/{endpoint}", json={"enabled": True})),
-                 (404, "webhook_endpoint_not_found"))
+    for r in (client.patch(f"/v1/webhook-endpoints/{endpoint}", json={"enabled": True}),
+              client.delete(f"/v1/webhook-endpoints/{endpoint}"),
+              client.post(f"/v1/webhook-endpoints/{endpoint}/rotate-secret", json={}),
+              client.get(f"/v1/webhook-endpoints/{endpoint}/deliveries"),
+              client.post(f"/v1/webhook-endpoints/{endpoint}/replay-dead")):
+        assert_equal(answer(r), (404, "webhook_endpoint_not_found"))
     with engine.connect() as c:
         actions = c.execute(text("SELECT action FROM audit_event WHERE subject = :s ORDER BY id"),
                             {"s": f"webhook_endpoint:{endpoint}"}).scalars().all()
@@ -289,3 +324,34 @@ def test_a_hanging_receiver_does_not_hold_up_the_others(world, engine):
         release.set()
         hanging.shutdown()
         hanging.server_close()
+
+
+def test_an_unreadable_webhook_key_answers_503_and_writes_nothing(world, engine, tmp_path):
+    """A service whose webhook key cannot be read or created (no WEBHOOK_SECRET_KEY, and its state
+    directory is a file) answers create and rotate with `webhook_key_unavailable` (503, documented)
+    and writes nothing; an endpoint that does not exist is still `webhook_endpoint_not_found`
+    first, the order custody.webhooks.endpoints states."""
+    container, client, receiver, topic = world
+    endpoint = client.post("/v1/webhook-endpoints", json={"url": receiver.url("/x"), "event_types": [topic]}).json()
+    endpoint_id = endpoint["endpoint"]["id"]
+    blocked = tmp_path / "state-is-a-file"
+    blocked.write_text("")
+    broken = Container(settings=container.settings.model_copy(update={"state_dir": blocked, "webhook_secret_key": None}),
+                       engine=engine, ledger=Ledger(engine))
+    keyless = TestClient(create_app(broken), raise_server_exceptions=False, headers=dict(client.headers))
+
+    def stored() -> tuple:
+        with engine.connect() as c:
+            return (c.execute(text("SELECT id, secret_enc, previous_secret_enc, updated_at FROM webhook_endpoint "
+                                   "ORDER BY id")).all(),
+                    c.execute(text("SELECT count(*) FROM audit_event WHERE action LIKE 'webhook_%'")).scalar_one())
+
+    before = stored()
+    for r in (keyless.post("/v1/webhook-endpoints", json={"url": receiver.url("/y"), "event_types": [topic]}),
+              keyless.post(f"/v1/webhook-endpoints/{endpoint_id}/rotate-secret", json={"grace_seconds": 0})):
+        code = r.json()["error"]["code"]
+        assert_equal((r.status_code, code), (503, "webhook_key_unavailable"))
+        assert code in documented_codes(keyless, r)
+    r = keyless.post("/v1/webhook-endpoints/987654321/rotate-secret", json={})
+    assert_equal((r.status_code, r.json()["error"]["code"]), (404, "webhook_endpoint_not_found"))
+    assert_equal(stored(), before)

@@ -268,3 +268,24 @@ def test_each_custody_process_holds_its_own_signer_key_only(compose: dict) -> No
     worker_env = services["custody-worker"]["environment"]
     assert_equal((worker_env["CUSTODY_WORKER_SIGNER_CLIENT"], worker_env["CUSTODY_WORKER_SIGNER_AUTH_KEY_FILE"]),
                  ("worker", f"/run/secrets/{secret_of['worker']}"))
+
+
+def test_the_worker_and_the_api_are_given_the_stacks_nats(compose: dict) -> None:
+    """Both processes read [events] nats_url from the custody.toml they mount: the stack's `nats`
+    service on a network each is on, and each waits for its health check (the worker publishes
+    there; the api's /health/ready checks it). Without it the worker would start an embedded
+    nats-server in its own container, which no consumer outside that container can reach."""
+    import tomllib
+    from urllib.parse import urlsplit
+
+    services = compose["services"]
+    nats_port = 4222  # nats-server's default client port (the service's command sets no other)
+    assert "-p" not in services["nats"]["command"] and "--port" not in services["nats"]["command"]
+    for name in ("custody-worker", "custody-api"):
+        source = next(s for t, s in _binds(services[name]).items() if Path(s).name == "custody.toml")
+        events = tomllib.loads((ROOT / source).read_text()).get("events", {})
+        url = urlsplit(events.get("nats_url", ""))
+        assert_equal((url.scheme, url.hostname, url.port or nats_port), ("nats", "nats", nats_port))
+        assert events.get("sink", "jetstream") == "jetstream", name
+        assert set(services[name]["networks"]) & set(services["nats"]["networks"]), name
+        assert_equal(services[name]["depends_on"]["nats"], {"condition": "service_healthy"})

@@ -42,7 +42,8 @@ def view_at_tip(view: NodeView, adapter) -> dict[str, int]:
 def test_the_node_view_equals_the_utxo_set_through_deposits_a_sweep_and_a_reorg(custody, customer, bitcoind, engine,
                                                                               ledger, log):
     adapter = custody.adapters["bitcoin"]
-    view = NodeView(engine, adapter, network="regtest", lookahead=8)
+    # a wallet of the test's own (label): the session's container keeps another, with a wide range
+    view = NodeView(engine, adapter, network="regtest", lookahead=8, label="test-node-view")
     view.ensure()
     assert_equal(view_at_tip(view, adapter), utxo_set(custody, engine))
 
@@ -74,7 +75,9 @@ def test_the_node_view_equals_the_utxo_set_through_deposits_a_sweep_and_a_reorg(
     assert_equal(view_at_tip(view, adapter), utxo_set(custody, engine))
 
     log.info("addresses issued past the range and paid before the range is widened: the rescan finds them")
-    late = [customer("BTC") for _ in range(12)]
+    # bitcoind tops a ranged descriptor up by itself to the last used index + its keypool (-keypool=20
+    # on the test node): 25 more addresses put the paid one past both that and the view's own range
+    late = [customer("BTC") for _ in range(25)]
     for a in late:
         custody.wallets.issue_address(f"nv-late:{a}", a)
     paid = custody.wallets.issue_address(f"nv-late:{late[-1]}", late[-1]).address

@@ -1,0 +1,293 @@
+"""The HTTP API's benchmark of record (issue 20): the service as deployed, driven over keep-alive HTTP.
+
+    .venv/bin/python bench/http_api.py                 # every case at 1 / 16 / 64 clients (~3 minutes)
+    .venv/bin/python bench/http_api.py --quick         # one short run per case (~40 s with start-up)
+    .venv/bin/python bench/http_api.py --seconds 5 --clients 16
+
+What runs: fresh bitcoind -regtest and anvil (regtest.cluster), a fresh database on the configured
+server (DATABASE_URL, or the embedded PostgreSQL), and the deployed topology of custody.launch's
+`deploy()`: `python -m signer serve`, `python -m custody worker` (it applies the reference data:
+assets, wallets) and `python -m custody api`, each with its configuration file and its own
+database role. Once the api answers, the worker is stopped (SIGTERM) unless `--with-worker`: the
+api alone serves postings and orders, and its scheduled jobs would otherwise take turns on the same
+two cores. The signer and the nodes stay up, idle.
+
+Cases (each request a real one, with a new idempotency key, as the exchange backend sends it):
+- `health`: `GET /health/live`;
+- `single`: `POST /v1/transactions`, one transfer between two of 200 customer accounts;
+- `batch100`: `POST /v1/transactions`, a linked batch of 100 transfers (figures in transfers/s too);
+- `orders`: `POST /v1/markets/BTC-USDT/orders`, limit orders of 0.01 BTC priced around 60,000 so
+  that about half cross; a third of the orders left resting are cancelled
+  (`POST .../orders/{id}/cancel`) by the same client. req/s counts places and cancels.
+
+Clients are threads of this process, one `httpx.Client` (one keep-alive connection) each; the
+client, the server and PostgreSQL share this machine's cores, so the load average is printed with
+every line. Per line: requests/s, p50 and p99 latency, the api process's CPU per request (utime +
+stime from /proc/<pid>/stat before and after the run, in ms) and the 1-minute load average. A
+request answered with anything but its expected status stops the run (exit 1) with the answer.
+At the end the ledger's self-checks run (`Ledger.verify()`); any failed check exits 1.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository's packages
+
+import httpx  # noqa: E402
+
+from custody.auth import create_api_key  # noqa: E402
+from custody.database import drop_database, ensure_database, make_engine, server_url, with_database  # noqa: E402
+from custody.launch import Deployment, Nodes, deploy  # noqa: E402
+from custody.settings import Settings  # noqa: E402
+from ledger.model import AccountKind, Transfer  # noqa: E402
+from ledger.service import Ledger  # noqa: E402
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+ACCOUNTS = 200
+SYMBOL = "BTC-USDT"
+
+
+class BenchError(Exception):
+    """A request was answered with an unexpected status: the run is invalid."""
+
+
+def process_cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime (fields 14, 15)
+
+
+@dataclass(frozen=True)
+class World:
+    base: str
+    key: str
+    accounts: tuple[int, ...]
+    traders: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Result:
+    case: str
+    clients: int
+    requests: int
+    seconds: float
+    latencies: tuple[float, ...]
+    cpu_seconds: float
+    load: float
+    items_per_request: int = 1
+
+    def line(self) -> str:
+        lat = sorted(self.latencies)
+        p50 = lat[len(lat) // 2] * 1000
+        p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000
+        rate = self.requests / self.seconds
+        extra = f"  ({rate * self.items_per_request:,.0f} transfers/s)" if self.items_per_request > 1 else ""
+        return (f"{self.case:9s} {self.clients:3d} clients  {rate:8,.0f} req/s  p50 {p50:6.1f} ms  p99 {p99:6.1f} ms  "
+                f"api CPU {self.cpu_seconds / self.requests * 1000:5.2f} ms/req  load {self.load:4.1f}{extra}")
+
+
+def _expect(r: httpx.Response, *statuses: int) -> dict:
+    if r.status_code not in statuses:
+        raise BenchError(f"{r.request.method} {r.request.url.path}: {r.status_code} {r.text[:500]}")
+    return r.json()
+
+
+def _single(client: httpx.Client, world: World, rng: random.Random, run: str, n: int) -> int:
+    a, b = rng.sample(world.accounts, 2)
+    _expect(client.post("/v1/transactions", json={"idempotency_key": f"{run}:{n}", "transfers": [
+        {"debit_account_id": a, "credit_account_id": b, "amount": "0.000001"}]}), 201)
+    return 1
+
+
+def _batch(client: httpx.Client, world: World, rng: random.Random, run: str, n: int) -> int:
+    transfers = []
+    for _ in range(100):
+        a, b = rng.sample(world.accounts, 2)
+        transfers.append({"debit_account_id": a, "credit_account_id": b, "amount": "0.000001"})
+    _expect(client.post("/v1/transactions", json={"idempotency_key": f"{run}:{n}", "transfers": transfers}), 201)
+    return 1
+
+
+def _health(client: httpx.Client, world: World, rng: random.Random, run: str, n: int) -> int:
+    _expect(client.get("/health/live"), 200)
+    return 1
+
+
+def _order(client: httpx.Client, world: World, rng: random.Random, run: str, n: int) -> int:
+    trader = rng.choice(world.traders)
+    side = rng.choice(("buy", "sell"))
+    # buys at 59,995-60,004 and sells at 59,996-60,005: about half of them cross the other side
+    price = 59_995 + rng.randrange(10) + (1 if side == "sell" else 0)
+    order = _expect(client.post(f"/v1/markets/{SYMBOL}/orders", json={
+        "account": trader, "client_order_id": f"{run}-{n}", "side": side, "qty": "0.01", "price": str(price)}), 201)
+    if order["state"] in ("working", "partially_filled") and rng.random() < 1 / 3:
+        _expect(client.post(f"/v1/markets/{SYMBOL}/orders/{order['order_id']}/cancel", json={"account": trader}),
+                200, 409)  # 409 order_not_open: another client's order filled it meanwhile
+        return 2
+    return 1
+
+
+CASES = {"health": (_health, 1), "single": (_single, 1), "batch100": (_batch, 100), "orders": (_order, 1)}
+
+
+def drive(world: World, api_pid: int, case: str, clients: int, seconds: float) -> Result:
+    fn, items = CASES[case]
+    run = f"{case}-{clients}-{uuid.uuid4().hex[:8]}"
+    start, stop = threading.Barrier(clients + 1), threading.Event()
+    latencies: list[list[float]] = [[] for _ in range(clients)]
+    counts = [0] * clients
+    errors: list[BaseException] = []
+
+    def client_loop(i: int) -> None:
+        rng = random.Random(f"{run}:{i}")
+        with httpx.Client(base_url=world.base, headers={"X-API-Key": world.key}, timeout=30) as client:
+            _expect(client.get("/health/live"), 200)  # the connection is open before the clock starts
+            start.wait()
+            n = 0
+            try:
+                while not stop.is_set():
+                    t0 = time.perf_counter()
+                    done = fn(client, world, rng, f"{run}:{i}", n)
+                    elapsed = time.perf_counter() - t0
+                    latencies[i].extend([elapsed / done] * done)
+                    counts[i] += done
+                    n += 1
+            except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+                errors.append(exc)
+                stop.set()
+
+    threads = [threading.Thread(target=client_loop, args=(i,), daemon=True) for i in range(clients)]
+    for t in threads:
+        t.start()
+    start.wait()
+    cpu0, t0 = process_cpu_seconds(api_pid), time.perf_counter()
+    stop.wait(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    elapsed, cpu = time.perf_counter() - t0, process_cpu_seconds(api_pid) - cpu0
+    if errors:
+        raise errors[0]
+    return Result(case, clients, sum(counts), elapsed, tuple(x for lat in latencies for x in lat), cpu,
+                  os.getloadavg()[0], items)
+
+
+def prepare(deployment: Deployment, owner_url: str, pepper: str) -> World:
+    """An admin-made market, a backend key, 200 funded customer accounts and 16 funded traders."""
+    engine = make_engine(owner_url, pool_size=2)
+    try:
+        ledger = Ledger(engine)
+        admin = create_api_key(engine, "bench-admin", "admin", pepper)
+        key = create_api_key(engine, "bench-backend", "backend", pepper)
+        with httpx.Client(base_url=deployment.api_base, headers={"X-API-Key": admin}, timeout=30) as client:
+            _expect(client.post("/v1/markets", json={
+                "symbol": SYMBOL, "base_asset": "BTC", "quote_asset": "USDT", "lot_size": 10_000,
+                "quote_per_tick_lot": 1, "fees": {"default": {"maker_ppm": 1_000, "taker_ppm": 2_000}}}), 201)
+        world = {asset: ledger.open_account(asset, AccountKind.equity, f"bench:world:{asset}").id
+                 for asset in ("BTC", "USDT")}
+        accounts = []
+        with httpx.Client(base_url=deployment.api_base, headers={"X-API-Key": key}, timeout=30) as client:
+            for i in range(ACCOUNTS):
+                owner = f"bench-{i}"
+                account = _expect(client.post("/v1/accounts", json={
+                    "asset": "USDT", "kind": "customer", "name": f"customer:{owner}:USDT:main", "owner": owner}), 201)
+                ledger.post(f"bench:fund:{i}", [Transfer(world["USDT"], account["id"], 10**15)])
+                accounts.append(account["id"])
+        traders = tuple(f"trader-{i}" for i in range(16))
+        for owner in traders:
+            for asset, amount in (("BTC", 10**12), ("USDT", 10**15)):
+                account = ledger.open_account(asset, AccountKind.customer, f"customer:{owner}:{asset}", owner=owner)
+                ledger.post(f"bench:fund:{owner}:{asset}", [Transfer(world[asset], account.id, amount)])
+        return World(deployment.api_base, key, tuple(accounts), traders)
+    finally:
+        engine.dispose()
+
+
+def verify(owner_url: str) -> list[str]:
+    engine = make_engine(owner_url, pool_size=1)
+    try:
+        return [f"{c.name}: {c.detail}" for c in Ledger(engine).verify() if not c.ok]
+    finally:
+        engine.dispose()
+
+
+def run(args: argparse.Namespace) -> int:
+    from regtest.cluster import start_cluster
+
+    pepper = "bench-pepper-" + uuid.uuid4().hex
+    root = Path(tempfile.mkdtemp(prefix="bench-http-"))
+    owner_url = with_database(server_url(Settings()), f"bench_http_{uuid.uuid4().hex[:8]}")
+    ensure_database(owner_url)
+    cluster = start_cluster(root / "chains")
+    deployment = None
+    try:
+        nodes = Nodes(cluster.bitcoin.rpc_url, cluster.anvil.rpc_url, cluster.token.address)
+        deployment = deploy(root / "service", owner_url=owner_url, nodes=nodes, pepper=pepper, job_scale=1.0)
+        api_pid = deployment.processes.pid("custody-api")
+        world = prepare(deployment, owner_url, pepper)
+        if not args.with_worker:
+            deployment.processes.kill("custody-worker", signal.SIGTERM)
+        running = ", ".join(n for n, p in deployment.processes.procs.items() if p.poll() is None)
+        server = Settings().database_url and "DATABASE_URL" or "the embedded PostgreSQL"
+        print(f"bench/http_api.py: {running} on {server}; api pid {api_pid}; {os.cpu_count()} cores; "
+              f"load {os.getloadavg()[0]:.1f} before")
+        results = []
+        for case in args.cases:
+            for clients in args.clients_for(case):
+                result = drive(world, api_pid, case, clients, args.seconds)
+                results.append(result)
+                print(result.line(), flush=True)
+        failed = verify(owner_url)
+        print("ledger verify:", "all checks ok" if not failed else "FAILED " + "; ".join(failed))
+        if args.json:
+            Path(args.json).write_text(json.dumps([{
+                "case": r.case, "clients": r.clients, "requests": r.requests, "seconds": r.seconds,
+                "req_per_s": r.requests / r.seconds, "cpu_ms_per_req": r.cpu_seconds / r.requests * 1000,
+                "load": r.load} for r in results], indent=2))
+        return 1 if failed else 0
+    except BenchError as exc:
+        print(f"bench/http_api.py: invalid run: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if deployment is not None:
+            deployment.stop()
+        cluster.stop()
+        drop_database(owner_url)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="one short run per case (16 clients; 4 for batches)")
+    parser.add_argument("--seconds", type=float, default=None, help="per run (default 8; --quick 2)")
+    parser.add_argument("--clients", type=int, nargs="+", default=None, help="client counts (default 1 16 64)")
+    parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
+    parser.add_argument("--with-worker", action="store_true", help="keep the worker running during the runs")
+    parser.add_argument("--json", default=None, help="also write the figures to this file")
+    args = parser.parse_args(argv)
+    args.seconds = args.seconds or (2.0 if args.quick else 8.0)
+
+    def clients_for(case: str) -> list[int]:
+        if args.clients:
+            return args.clients
+        if args.quick:
+            return [4] if case == "batch100" else [16]
+        return [1, 4, 16] if case == "batch100" else [1, 16, 64]
+
+    args.clients_for = clients_for
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

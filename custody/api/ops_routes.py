@@ -1,0 +1,108 @@
+"""Health and metrics: what a load balancer, an orchestrator and Prometheus ask the api process.
+
+No API key is needed for these (they reveal no customer data; keep the api's port off the internet
+anyway, as for every route):
+
+- `GET /health/live`: 200 `{"status": "ok"}` while the process serves HTTP at all; nothing else is
+  checked (a liveness probe that restarts the process must not fail because a node is down).
+- `GET /health/ready`: 200 when every dependency answers, else 503 naming the failed ones;
+  `{"status": "ready"|"not_ready", "checks": {name: {"ok": bool, "detail": str}}}`. Checks:
+  `database` (`SELECT 1`), one per chain node (`bitcoin`, `ethereum`: the node's `tip()` through
+  its network gate, so a node on the wrong chain fails too), `signer` (`ping()`, when the process
+  has a signer client) and `broker` (when the configuration names a NATS server, as the worker
+  resolves it: custody.broker_probe; reached from this process, cached 5 s, 2 s timeout).
+  A check that raises is failed with the exception's class and message (never a 500).
+- `GET /health`: the same as `/health/live` (kept for existing probes and the launcher, which only
+  ask whether the process serves; `/health/ready` is the one that checks dependencies).
+- `GET /metrics`: Prometheus text format (custody.metrics: the api's request latencies, and the
+  worker's numbers read from the database on each scrape).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel
+from sqlalchemy import text
+
+from custody.api.deps import ContainerDep
+from custody.broker_probe import broker_url, probe_for
+
+log = logging.getLogger(__name__)
+router = APIRouter(tags=["ops"])
+
+
+class Live(BaseModel):
+    status: str
+
+
+class Check(BaseModel):
+    ok: bool
+    detail: str
+
+
+class Ready(BaseModel):
+    status: str  # ready | not_ready
+    checks: dict[str, Check]
+
+
+def readiness_checks(container: Any) -> dict[str, Callable[[], object]]:
+    """The checks `/health/ready` runs for this container, by name."""
+    def database() -> object:
+        with container.engine.connect() as conn:
+            return conn.execute(text("SELECT 1")).scalar_one()
+
+    checks: dict[str, Callable[[], object]] = {"database": database}
+    for chain, adapter in sorted(getattr(container, "adapters", {}).items()):
+        checks[chain] = lambda a=adapter: f"tip {a.tip().height}"
+    signer = getattr(container, "signer", None)
+    if signer is not None and hasattr(signer, "ping"):
+        checks["signer"] = lambda: "pong" if signer.ping() is not None else "no answer"
+    url = broker_url(container)  # custody.broker_probe: connect + JetStream account info, cached a few seconds
+    if url is not None:
+        checks["broker"] = probe_for(url)
+    return checks
+
+
+def run_checks(checks: dict[str, Callable[[], object]]) -> dict[str, Check]:
+    out = {}
+    for name, check in checks.items():
+        try:
+            result = check()
+            out[name] = Check(ok=True, detail=str(result) if result is not None else "ok")
+        except Exception as exc:  # noqa: BLE001 - a failed dependency is the answer, not an error
+            log.warning("readiness: %s failed: %s: %s", name, type(exc).__name__, exc)
+            out[name] = Check(ok=False, detail=f"{type(exc).__name__}: {exc}"[:300])
+    return out
+
+
+@router.get("/health/live", response_model=Live)
+def live() -> Live:
+    return Live(status="ok")
+
+
+@router.get("/health", response_model=Live)
+def health() -> Live:
+    """Liveness, as `/health/live` (dependencies: `/health/ready`)."""
+    return Live(status="ok")
+
+
+@router.get("/health/ready", response_model=Ready, responses={503: {"model": Ready, "description": "a dependency failed (`not_ready`)"}})
+def ready(container: ContainerDep) -> JSONResponse:
+    checks = run_checks(readiness_checks(container))
+    ok = all(c.ok for c in checks.values())
+    body = Ready(status="ready" if ok else "not_ready", checks=checks)
+    return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
+
+
+@router.get("/metrics", response_class=PlainTextResponse,
+            responses={200: {"description": "Prometheus text exposition format (version 0.0.4 or 1.0.0, as "
+                                            "prometheus-client writes it)",
+                             "content": {"text/plain": {"schema": {"type": "string"},
+                                                        "example": "# TYPE custody_kill_switch_engaged gauge\n"
+                                                                   "custody_kill_switch_engaged 0.0\n"}}}})
+def metrics(request: Request) -> Response:
+    return Response(generate_latest(request.app.state.metrics_registry), media_type=CONTENT_TYPE_LATEST)
