@@ -38,7 +38,7 @@ from custody.jobs import build_scheduler
 from custody.roots.common import CustodyServices, build_services, install_module_dump
 from custody.roots.guards import signer_gated
 from matching import snapshot, store
-from matching.engine import Engine as BookEngine
+from matching.compiled import engine_class
 from signer.protocol import SignerPort
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ class JournalSnapshots:
             if not snapshot.due(last, latest.seq if latest else 0, age, every_commands=self.snapshot_every_commands,
                                 every_seconds=self.snapshot_every_seconds):
                 return None
-            book = snapshot.restore(latest) if latest else BookEngine(row.market, row.fees, row.default_stp)
+            book = snapshot.restore(latest) if latest else engine_class()(row.market, row.fees, row.default_stp)
             for seq, command in store.load_commands(c, symbol, book.last_seq):
                 if seq > last:
                     break  # appended since we looked: the next run takes them
