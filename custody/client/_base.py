@@ -157,8 +157,7 @@ class SyncCore:
         while True:
             response, failure = None, None
             try:
-                response = self._http.request(method, url, params=_clean(params), json=body, headers=s.headers(),
-                                              timeout=s.timeout)
+                response = self._http.request(method, url, params=_clean(params), json=body, headers=s.headers())
             except httpx.TransportError as exc:
                 failure = exc
             if response is not None and response.status_code < 400:
@@ -221,8 +220,7 @@ class AsyncCore:
         while True:
             response, failure = None, None
             try:
-                response = await self._http.request(method, url, params=_clean(params), json=body, headers=s.headers(),
-                                                    timeout=s.timeout)
+                response = await self._http.request(method, url, params=_clean(params), json=body, headers=s.headers())
             except httpx.TransportError as exc:
                 failure = exc
             if response is not None and response.status_code < 400:
