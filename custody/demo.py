@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from decimal import Decimal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -16,6 +17,7 @@ from typing import Callable
 import httpx
 
 from custody.approve_cli import ApiRefused, PayloadRefused, approve_over_http, load_private_key
+from custody.client import CustodyApiError, CustodyClient, models
 
 log = logging.getLogger("demo")
 
@@ -53,9 +55,14 @@ def run_demo(base: str, world: DemoWorld) -> bool:
         with (httpx.Client(base_url=base, headers={"X-API-Key": world.admin_key}, timeout=10) as c,
               httpx.Client(base_url=base, headers={"X-API-Key": world.operator_keys[0]}, timeout=10) as op,
               httpx.Client(base_url=base, headers={"X-API-Key": world.operator_keys[1]}, timeout=10) as op2):
-            _ledger_demo(c, op, op2, run)
+            api = CustodyClient(base, world.admin_key, timeout=10)
+            typed_ops = (api.with_key(world.operator_keys[0]), api.with_key(world.operator_keys[1]))
+            _ledger_demo(api, typed_ops, run)
             if world.fund_btc is not None:
                 _chain_demo(c, (op, op2), world, run)
+    except CustodyApiError as exc:
+        log.error("demo failed: %s", exc)
+        return False
     except DemoFailed as exc:
         log.error("demo failed: %s", exc)
         return False
@@ -79,20 +86,29 @@ def _wait(what: str, probe, done, timeout: float = 90.0):
         time.sleep(0.5)
 
 
-def _adjust(maker: httpx.Client, checker: httpx.Client, key: str, debit: int, credit: int, amount: str, reason: str) -> dict:
+def _refused(expected: int, call: Callable[[], object]) -> str:
+    """The error code of a call the demo expects the API to refuse with HTTP status `expected`."""
+    try:
+        answer = call()
+    except CustodyApiError as exc:
+        if exc.status != expected:
+            raise DemoFailed(f"expected {expected}, got {exc}") from None
+        return exc.code
+    raise DemoFailed(f"expected {expected}, the API accepted: {answer}")
+
+
+def _adjust(maker: CustodyClient, checker: CustodyClient, key: str, debit: int, credit: int, amount: str, reason: str):
     """A treasury adjustment: one operator proposes, another approves; only then is it posted."""
-    proposal = _call(maker, "POST", "/v1/treasury/adjustments", 201, json={
-        "idempotency_key": key, "reason": reason,
-        "transfers": [{"debit_account_id": debit, "credit_account_id": credit, "amount": amount}]})
-    posted = _call(checker, "POST", f"/v1/treasury/adjustments/{proposal['id']}/approve", 200,
-                   json={"comment": "demo: checked against the ticket"})
-    if posted["state"] != "posted":
+    proposal = maker.propose_adjustment(idempotency_key=key, reason=reason, transfers=[
+        {"debit_account_id": debit, "credit_account_id": credit, "amount": amount}])
+    posted = checker.approve_adjustment(proposal.id, comment="demo: checked against the ticket")
+    if posted.state != "posted":
         raise DemoFailed(f"adjustment not posted: {posted}")
     return posted
 
 
-def _firm_account(c: httpx.Client, name: str, asset: str) -> int:
-    return next(a["id"] for a in _call(c, "GET", "/v1/firm-accounts", 200, params={"asset": asset}) if a["name"] == name)
+def _firm_account(api: CustodyClient, name: str, asset: str) -> int:
+    return next(a.id for a in api.iter_firm_accounts(asset=asset) if a.name == name)
 
 
 def _chain_demo(c: httpx.Client, ops: tuple[httpx.Client, httpx.Client], world: DemoWorld, run: str) -> None:
@@ -142,14 +158,16 @@ def _chain_demo(c: httpx.Client, ops: tuple[httpx.Client, httpx.Client], world: 
                  line["on_chain"], line["books"], line["in_transit"], line["difference"])
     if any(line["difference"] != 0 for line in lines):
         raise DemoFailed(f"reconciliation found a difference: {lines}")
-    _matching_demo(c, ops[0], ops[1], run, owner)
+    api = CustodyClient(str(c.base_url), c.headers["X-API-Key"], timeout=10)
+    _matching_demo(c, api, (api.with_key(ops[0].headers["X-API-Key"]), api.with_key(ops[1].headers["X-API-Key"])), run, owner)
     verify = _call(c, "GET", "/v1/verify", 200)
     if not verify["ok"]:
         raise DemoFailed("ledger verification failed")
     log.info("ledger: verify passed after the chain and matching demo")
 
 
-def _matching_demo(c: httpx.Client, op: httpx.Client, op2: httpx.Client, run: str, seller: str) -> None:
+def _matching_demo(c: httpx.Client, api: CustodyClient, ops: tuple[CustodyClient, CustodyClient], run: str,
+                   seller: str) -> None:
     """The Bitsten scenario over the API: price improvement must return to the buyer."""
     symbol = f"BTC-USDT-{run}"
     _call(c, "POST", "/v1/markets", 201, json={
@@ -158,7 +176,7 @@ def _matching_demo(c: httpx.Client, op: httpx.Client, op2: httpx.Client, run: st
     buyer = f"demo-alice-{run}"
     usdt = _call(c, "POST", "/v1/accounts", 201, json={"asset": "USDT", "kind": "customer", "name": f"customer:{buyer}:USDT",
                                                        "owner": buyer})["id"]
-    _adjust(op, op2, f"demo:{run}:usdt", _firm_account(c, "equity:USDT", "USDT"), usdt, "40000",
+    _adjust(ops[0], ops[1], f"demo:{run}:usdt", _firm_account(api, "equity:USDT", "USDT"), usdt, "40000",
             "demo: alice's USDT opening balance")
     log.info("matching: market %s (lot 0.0001 BTC, tick 0.01 USDT, maker 0.1%% / taker 0.2%%); alice has 40,000 USDT", symbol)
     ask = _call(c, "POST", f"/v1/markets/{symbol}/orders", 201, json={
@@ -177,56 +195,61 @@ def _matching_demo(c: httpx.Client, op: httpx.Client, op2: httpx.Client, run: st
         raise DemoFailed(f"the buyer's price improvement did not come back exactly: {bal}")
 
 
-def _ledger_demo(c: httpx.Client, op: httpx.Client, op2: httpx.Client, run: str) -> None:
+def _v(money) -> str:  # noqa: ANN001
+    """A Money's value as the API wrote it ("0.00000000", not Decimal's "0E-8")."""
+    return format(money.value, "f")
+
+
+def _ledger_demo(api: CustodyClient, ops: tuple[CustodyClient, CustodyClient], run: str) -> None:
     log.info("ledger: creating assets BTC (8 decimals) and USDT (6 decimals); each comes with its firm accounts")
-    _call(c, "POST", "/v1/assets", 201, json={"code": "BTC", "decimals": 8})
-    _call(c, "POST", "/v1/assets", 201, json={"code": "USDT", "decimals": 6})
+    api.create_asset(code="BTC", decimals=8)
+    api.create_asset(code="USDT", decimals=6)
     acct = {}
     for name in ("alice", "carol"):
         owner = f"demo-{name}-{run}"
-        acct[name] = _call(c, "POST", "/v1/accounts", 201, json={
-            "asset": "BTC", "kind": "customer", "name": f"customer:{owner}:BTC", "owner": owner})["id"]
-    acct["fees"] = _firm_account(c, "fees:BTC", "BTC")
-    acct["equity"] = _firm_account(c, "equity:BTC", "BTC")
+        acct[name] = api.open_account(asset="BTC", kind="customer", name=f"customer:{owner}:BTC", owner=owner).id
+    acct["fees"] = _firm_account(api, "fees:BTC", "BTC")
+    acct["equity"] = _firm_account(api, "equity:BTC", "BTC")
     log.info("ledger: opened customer accounts %s; the firm's fee income is fees:BTC (%d)",
              {k: acct[k] for k in ("alice", "carol")}, acct["fees"])
-    err = _call(c, "POST", "/v1/transactions", 403, json={"idempotency_key": f"demo:{run}:mint", "transfers": [
-        {"debit_account_id": acct["equity"], "credit_account_id": acct["alice"], "amount": "0.5"}]})
-    log.info("ledger: an API key posting from the firm's equity is refused: %s", err["error"]["code"])
+    code = _refused(403, lambda: api.post_transaction(idempotency_key=f"demo:{run}:mint", transfers=[
+        {"debit_account_id": acct["equity"], "credit_account_id": acct["alice"], "amount": Decimal("0.5")}]))
+    log.info("ledger: an API key posting from the firm's equity is refused: %s", code)
 
-    posted = _adjust(op, op2, f"demo:{run}:opening", acct["equity"], acct["alice"], "0.5", "demo: alice's opening balance")
+    posted = _adjust(ops[0], ops[1], f"demo:{run}:opening", acct["equity"], acct["alice"], "0.5",
+                     "demo: alice's opening balance")
     log.info("ledger: a treasury adjustment (proposed by one operator, approved by another) credited alice 0.5 BTC "
-             "(transaction %s)", posted["transaction_id"])
-    transfer = {"idempotency_key": f"demo:{run}:gift", "kind": "transfer",
-                "transfers": [{"debit_account_id": acct["alice"], "credit_account_id": acct["carol"], "amount": "0.05"}]}
-    tx = _call(c, "POST", "/v1/transactions", 201, json=transfer)
-    log.info("ledger: alice sent carol 0.05 BTC (transaction %s)", tx["transaction_id"])
-    again = _call(c, "POST", "/v1/transactions", 200, json=transfer)
-    log.info("ledger: the same key again answers 200 with transaction %s and moves nothing", again["transaction_id"])
-    err = _call(c, "POST", "/v1/transactions", 422, json={**transfer, "idempotency_key": f"demo:{run}:bad",
-                "transfers": [{**transfer["transfers"][0], "amount": "0.123456789"}]})
-    log.info("ledger: 9 decimals for BTC is refused: %s", err["error"]["code"])
+             "(transaction %s)", posted.transaction_id)
+    transfer = models.TransactionIn(idempotency_key=f"demo:{run}:gift", kind="transfer", transfers=[
+        models.TransferIn(debit_account_id=acct["alice"], credit_account_id=acct["carol"], amount=Decimal("0.05"))])
+    tx = api.post_transaction(transfer)
+    log.info("ledger: alice sent carol 0.05 BTC (transaction %s)", tx.transaction_id)
+    again = api.post_transaction(transfer)
+    if again.created or again.transaction_id != tx.transaction_id:
+        raise DemoFailed(f"the same key moved money again: {again}")
+    log.info("ledger: the same key again answers 200 with transaction %s and moves nothing", again.transaction_id)
+    too_fine = transfer.model_copy(update={"idempotency_key": f"demo:{run}:bad", "transfers": [
+        transfer.transfers[0].model_copy(update={"amount": Decimal("0.123456789")})]})
+    code = _refused(422, lambda: api.post_transaction(too_fine))
+    log.info("ledger: 9 decimals for BTC is refused: %s", code)
 
-    hold = _call(c, "POST", "/v1/holds", 201, json={"idempotency_key": f"demo:{run}:hold", "account_id": acct["alice"],
-                                                    "amount": "0.2", "reference": "withdrawal demo"})
-    bal = _call(c, "GET", f"/v1/accounts/{acct['alice']}/balance", 200)
-    log.info("ledger: held 0.2 BTC: posted %s, held %s, available %s",
-             bal["posted"]["value"], bal["held"]["value"], bal["available"]["value"])
-    _call(c, "POST", f"/v1/holds/{hold['id']}/capture", 201, json={
-        "idempotency_key": f"demo:{run}:capture", "final": True,
-        "transfers": [{"credit_account_id": acct["carol"], "amount": "0.15"},
-                      {"credit_account_id": acct["fees"], "amount": "0.0001"}]})
-    bal = _call(c, "GET", f"/v1/accounts/{acct['alice']}/balance", 200)
+    hold = api.place_hold(idempotency_key=f"demo:{run}:hold", account_id=acct["alice"], amount=Decimal("0.2"),
+                          reference="withdrawal demo")
+    bal = api.get_balance(acct["alice"])
+    log.info("ledger: held 0.2 BTC: posted %s, held %s, available %s", _v(bal.posted), _v(bal.held), _v(bal.available))
+    api.capture_hold(hold.id, idempotency_key=f"demo:{run}:capture", final=True, transfers=[
+        {"credit_account_id": acct["carol"], "amount": Decimal("0.15")},
+        {"credit_account_id": acct["fees"], "amount": Decimal("0.0001")}])
+    bal = api.get_balance(acct["alice"])
     log.info("ledger: captured 0.15 to carol + 0.0001 fee, released the rest: alice posted %s, held %s",
-             bal["posted"]["value"], bal["held"]["value"])
-    if bal["posted"]["value"] != "0.29990000" or bal["held"]["value"] != "0.00000000":
+             _v(bal.posted), _v(bal.held))
+    if (bal.posted.minor, bal.held.minor) != (29_990_000, 0):
         raise DemoFailed(f"unexpected balance {bal}")
-    stmt = _call(c, "GET", f"/v1/accounts/{acct['alice']}/statement", 200)
-    for line in stmt["lines"]:
-        log.info("ledger: statement  %-10s %14s -> %s", line["kind"], line["amount"]["value"], line["balance_after"]["value"])
-    totals = _call(c, "GET", "/v1/totals", 200)
-    log.info("ledger: totals per asset (always zero): %s", {k: v["value"] for k, v in totals.items()})
-    verify = _call(c, "GET", "/v1/verify", 200)
-    log.info("ledger: verify: %s", ", ".join(f"{x['name']}={'ok' if x['ok'] else 'FAIL'}" for x in verify["checks"]))
-    if not verify["ok"]:
+    for line in api.iter_statement(acct["alice"]):
+        log.info("ledger: statement  %-10s %14s -> %s", line.kind, _v(line.amount), _v(line.balance_after))
+    totals = api.get_totals()
+    log.info("ledger: totals per asset (always zero): %s", {k: _v(v) for k, v in totals.items()})
+    verify = api.verify()
+    log.info("ledger: verify: %s", ", ".join(f"{x.name}={'ok' if x.ok else 'FAIL'}" for x in verify.checks))
+    if not verify.ok:
         raise DemoFailed("ledger verification failed")
