@@ -317,3 +317,63 @@ def wait_answering(node: BitcoinNode | AnvilNode, timeout: float = 30) -> None:
         wait_until(lambda: node.rpc("getblockcount") is not None, timeout=timeout, what="bitcoind to answer")
     else:
         wait_until(lambda: node.w3.eth.block_number is not None, timeout=timeout, what="anvil to answer")
+
+
+class ChainControl:
+    """The helpers above bound to one cluster's nodes (what the `custody_chain` fixture returns):
+    `chain.mine("bitcoin", 3)`, `chain.reorg_bitcoin(2, drop=[txid])`, `with chain.hang("bitcoind"):`."""
+
+    def __init__(self, cluster, tools: Tools) -> None:  # cluster: regtest.cluster.Cluster
+        self.cluster, self.tools = cluster, tools
+        self.bitcoin, self.anvil, self.token = cluster.bitcoin, cluster.anvil, cluster.token
+
+    def node(self, name: str) -> BitcoinNode | AnvilNode:
+        """"bitcoin"/"bitcoind" or "ethereum"/"anvil"."""
+        if name in ("bitcoin", "bitcoind"):
+            return self.bitcoin
+        if name in ("ethereum", "anvil"):
+            return self.anvil
+        raise ControlError(f"no node {name!r}: bitcoin or ethereum")
+
+    def mine(self, chain: str, n: int = 1, address: str | None = None) -> None:
+        mine(self.node(chain), n, address)
+
+    def mine_until_confirmed(self, chain: str, txid: str, confirmations_wanted: int = 1) -> int:
+        return mine_until_confirmed(self.node(chain), txid, confirmations_wanted=confirmations_wanted)
+
+    def confirmations(self, chain: str, txid: str) -> int:
+        return confirmations(self.node(chain), txid)
+
+    def reorg_bitcoin(self, depth: int, *, drop: Iterable[str] = (), replace: Mapping[str, bytes] | None = None,
+                      extra_blocks: int = 1) -> list[str]:
+        return reorg_bitcoin(self.bitcoin, depth, drop=drop, replace=replace, extra_blocks=extra_blocks)
+
+    def reorg_ethereum(self, depth: int, *, keep: Iterable[tuple[bytes, int]] = ()) -> None:
+        reorg_ethereum(self.anvil, depth, keep=keep)
+
+    def fee_spike(self, sat_per_vb: int, *, fill: int = 20) -> FeeSpike:
+        return FeeSpike(self.bitcoin, sat_per_vb, fill=fill)
+
+    def stop(self, chain: str) -> None:
+        stop_node(self.node(chain))
+
+    def start(self, chain: str) -> None:
+        start_node(self.node(chain))
+
+    def hang(self, chain: str):
+        return hang_node(self.node(chain))
+
+    def advance_time(self, seconds: int) -> int:
+        return advance_time(self.anvil, seconds)
+
+    def deploy_erc20(self, symbol: str = "TOK") -> TestToken:
+        return deploy_erc20(self.anvil, self.tools, symbol)
+
+    def mint(self, to: str, amount: int, token: TestToken | None = None) -> str:
+        return mint(token or self.token, to, amount)
+
+    def faucet_bitcoin(self, address: str, sat: int, *, confirm: bool = False) -> str:
+        return faucet_bitcoin(self.bitcoin, address, sat, confirm=confirm)
+
+    def faucet_ether(self, address: str, wei: int) -> str:
+        return faucet_ether(self.anvil, address, wei)
