@@ -91,11 +91,13 @@ class ScriptedApprover:
 
 @pytest.fixture(scope="session")
 def custody_regtest_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's temporary directory: node data, service config and logs, embedded PostgreSQL."""
     return tmp_path_factory.mktemp("custody-regtest")
 
 
 @pytest.fixture(scope="session")
 def custody_nodes(custody_regtest_dir: Path) -> Iterator[Cluster]:
+    """bitcoind -regtest and anvil (with the test USDT) on free ports; stopped at session end."""
     from regtest.cluster import start_cluster
     from regtest.install import find_tools
 
@@ -108,6 +110,7 @@ def custody_nodes(custody_regtest_dir: Path) -> Iterator[Cluster]:
 
 @pytest.fixture(scope="session")
 def custody_chain(custody_nodes: Cluster):
+    """regtest.control.ChainControl on the session's nodes (mine, reorg, fee spike, hang, ...)."""
     from regtest.control import ChainControl
     from regtest.install import find_tools
 
@@ -116,6 +119,7 @@ def custody_chain(custody_nodes: Cluster):
 
 @pytest.fixture(scope="session")
 def custody_database(custody_regtest_dir: Path) -> Iterator[str]:
+    """The owner URL of a fresh database (on DATABASE_URL's server, else an embedded one); dropped at the end."""
     import os
 
     from custody.database import drop_database, embedded_server_url, ensure_database, to_sqlalchemy_url, with_database
@@ -132,6 +136,7 @@ def custody_database(custody_regtest_dir: Path) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def custody_service(custody_regtest_dir: Path, custody_nodes: Cluster, custody_database: str) -> Iterator[Service]:
+    """Signer, worker and api processes on the nodes and database; API keys per role; hot wallet funded."""
     from sqlalchemy import create_engine
 
     from custody.addresses import derive_btc_address
@@ -160,6 +165,7 @@ def custody_service(custody_regtest_dir: Path, custody_nodes: Cluster, custody_d
 
 @pytest.fixture(scope="session")
 def custody_http(custody_service: Service) -> Iterator[Callable[[str], httpx.Client]]:
+    """role -> httpx.Client on the api with that role's API key."""
     made: dict[str, httpx.Client] = {}
 
     def client(role: str) -> httpx.Client:
@@ -175,6 +181,7 @@ def custody_http(custody_service: Service) -> Iterator[Callable[[str], httpx.Cli
 
 @pytest.fixture(scope="session")
 def custody_client(custody_service: Service, custody_http) -> Iterator[Callable[[str], object]]:
+    """role -> the typed custody.client.CustodyClient when present, else an httpx.Client."""
     try:
         from custody.client import CustodyClient  # the typed client, when this build ships it
     except ImportError:
@@ -194,6 +201,7 @@ def custody_client(custody_service: Service, custody_http) -> Iterator[Callable[
 
 @pytest.fixture(scope="session")
 def custody_approvers(custody_service: Service, custody_http) -> list[ScriptedApprover]:
+    """The deployment's scripted approvers: `.approve(withdrawal_id, comment)` signs with their own key."""
     return [ScriptedApprover(name, custody_http(name), key_file)
             for name, key_file in custody_service.deployment.approver_keys.items()]
 
