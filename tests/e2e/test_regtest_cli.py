@@ -40,3 +40,45 @@ def test_cli_up_status_mine_down(tmp_path, log, cluster):  # `cluster`: installe
     assert down.returncode == 0, down.stderr
     assert not any(pid_alive(p) for p in pids), "a node outlived `regtest down`"
     assert_equal(_cli(env, "status").stdout.strip(), "down")
+
+
+def test_cli_chain_control(tmp_path, cluster):  # `cluster`: installed tools are present
+    """The chain-control commands on the nodes of `up`: faucet + mine until confirmed, a reorg that
+    drops that payment, a fee spike, hang/resume, anvil's clock, an ERC-20 deployed and minted."""
+    from regtest import control
+    from regtest.cluster import cluster_from_state
+    from regtest.install import find_tools
+
+    env = {**os.environ, "REGTEST_STATE_DIR": str(tmp_path / "state")}
+    up = _cli(env, "up")
+    assert up.returncode == 0, up.stderr
+    nodes = cluster_from_state(json.loads(up.stdout), find_tools())
+    try:
+        addr = nodes.bitcoin.wallet("getnewaddress", "", "bech32")
+        paid = _cli(env, "faucet", "bitcoin", addr, "150000", "--confirm")
+        assert paid.returncode == 0, paid.stderr
+        txid = paid.stdout.strip()
+        assert_equal(control.confirmations(nodes.bitcoin, txid), 1)
+        reorg = _cli(env, "reorg", "--chain", "bitcoin", "--depth", "1", "--drop", txid)
+        assert reorg.returncode == 0, reorg.stderr
+        assert_equal(control.confirmations(nodes.bitcoin, txid), 0)
+        assert txid not in nodes.bitcoin.rpc("getrawmempool")
+        refused = _cli(env, "reorg", "--chain", "bitcoin", "--depth", "1", "--drop", txid)  # no longer in a block
+        assert refused.returncode == 1 and "not in the last 1 blocks" in refused.stderr
+        spike = _cli(env, "fee-spike", "40", "--blocks", "3")
+        assert spike.returncode == 0, spike.stderr
+        assert int(spike.stdout.split("estimatesmartfee now ")[1].split()[0]) >= 40, spike.stdout
+        assert _cli(env, "hang", "anvil").returncode == 0
+        assert_equal(control._state(nodes.anvil.pid), "T")
+        assert _cli(env, "resume", "anvil").returncode == 0
+        before = nodes.anvil.w3.eth.get_block("latest")["timestamp"]
+        assert _cli(env, "advance-time", "86400").returncode == 0
+        assert nodes.anvil.w3.eth.get_block("latest")["timestamp"] >= before + 86400
+        token = _cli(env, "deploy-erc20", "DAI").stdout.strip()
+        dead = "0x000000000000000000000000000000000000dEaD"
+        assert _cli(env, "mint", dead, "1234567", "--token", token).returncode == 0
+        from regtest.anvil_node import TestToken, compile_token
+        assert_equal(TestToken(nodes.anvil.w3, token, compile_token(find_tools()).abi).balance_of(dead), 1234567)
+    finally:
+        down = _cli(env, "down")
+    assert down.returncode == 0, down.stderr

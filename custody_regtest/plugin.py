@@ -1,0 +1,241 @@
+"""Fixtures for a downstream end-to-end suite: real regtest nodes, the deployed service on them,
+API clients per role, funded customers and scripted approvers, one line each.
+
+Enable with `pytest -p custody_regtest` (or `pytest_plugins = ["custody_regtest"]` in the suite's
+root conftest.py). Needs the nodes installed once (`python -m regtest install`) and PostgreSQL:
+`DATABASE_URL` names a server the plugin may create a database on (it creates a fresh one and drops
+it at the end); without it an embedded PostgreSQL is started in the session's temporary directory.
+
+Session fixtures (started once, on first use; everything they start is stopped at session end,
+whether tests passed or failed):
+- `custody_nodes`     regtest.cluster.Cluster: bitcoind (`.bitcoin`) and anvil (`.anvil`) on free
+                      ports with the test ERC-20 (`.token`, USDT, 6 decimals), data in a temp dir
+- `custody_chain`     regtest.control.ChainControl on those nodes: mine, mine_until_confirmed,
+                      reorg_bitcoin / reorg_ethereum, fee_spike, stop / start / hang, advance_time,
+                      deploy_erc20, mint, faucet_bitcoin / faucet_ether
+- `custody_database`  the owner URL of a fresh database (dropped at the end)
+- `custody_service`   Service: signer, worker and api processes (custody.launch.deploy) on those
+                      nodes and that database; `.base_url`, `.api_key(role)`, `.deployment`; its
+                      bitcoin hot wallet is funded with 50 BTC so payouts can be paid
+- `custody_client`    role -> API client ("backend", "admin", "operator", "auditor"): the typed
+                      `custody.client.CustodyClient` when the package has it, else `custody_http`'s
+- `custody_http`      role -> an `httpx.Client` on the api with that role's key (`X-API-Key`)
+- `custody_approvers` the scripted approvers (one per key of the deployment's approver quorum):
+                      `approver.approve(withdrawal_id, comment)` fetches the payload, checks and
+                      signs it with the approver's own Ed25519 key and submits it (custody approve)
+
+Function fixture:
+- `custody_funded_customer`  (owner=None, asset="BTC", amount=100_000_000) -> FundedCustomer: an
+                      account opened over the API, a deposit address issued, the amount (minor
+                      units) paid on chain by the faucet and blocks mined until it is credited
+
+Errors: a missing tool raises regtest.install.InstallError (run `python -m regtest install`); a
+process that does not come up raises with the path of its log under the session's directory.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+from regtest.cluster import Cluster
+
+ROLES = ("backend", "admin", "operator", "auditor")
+HOT_WALLET_SAT = 50 * 100_000_000
+
+
+@dataclass
+class Service:
+    """The deployed service: its api's base URL, an API key per role and the launch Deployment."""
+
+    base_url: str
+    owner_url: str
+    deployment: object  # custody.launch.Deployment
+    keys: dict[str, str] = field(default_factory=dict)
+
+    def api_key(self, role: str) -> str:
+        if role not in self.keys:
+            raise KeyError(f"no API key for role {role!r}; roles: {sorted(self.keys)}")
+        return self.keys[role]
+
+
+@dataclass
+class FundedCustomer:
+    owner: str
+    account_id: int
+    asset: str
+    amount: int  # minor units credited
+    address: str
+    txid: str
+
+
+@dataclass
+class ScriptedApprover:
+    """An operator who approves with their own Ed25519 key, as `custody approve` does."""
+
+    name: str
+    client: httpx.Client
+    key_file: Path
+
+    def approve(self, withdrawal_id: int, comment: str = "checked by the test suite") -> dict:
+        from custody.approve_cli import approve_over_http, load_private_key
+
+        return approve_over_http(self.client, withdrawal_id, load_private_key(self.key_file), comment=comment,
+                                 show=lambda line: None)
+
+
+@pytest.fixture(scope="session")
+def custody_regtest_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's temporary directory: node data, service config and logs, embedded PostgreSQL."""
+    return tmp_path_factory.mktemp("custody-regtest")
+
+
+@pytest.fixture(scope="session")
+def custody_nodes(custody_regtest_dir: Path) -> Iterator[Cluster]:
+    """bitcoind -regtest and anvil (with the test USDT) on free ports; stopped at session end."""
+    from regtest.cluster import start_cluster
+    from regtest.install import find_tools
+
+    cluster = start_cluster(custody_regtest_dir / "chains", tools=find_tools())
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def custody_chain(custody_nodes: Cluster):
+    """regtest.control.ChainControl on the session's nodes (mine, reorg, fee spike, hang, ...)."""
+    from regtest.control import ChainControl
+    from regtest.install import find_tools
+
+    return ChainControl(custody_nodes, find_tools())
+
+
+@pytest.fixture(scope="session")
+def custody_database(custody_regtest_dir: Path) -> Iterator[str]:
+    """The owner URL of a fresh database (on DATABASE_URL's server, else an embedded one); dropped at the end."""
+    import os
+
+    from custody.database import drop_database, embedded_server_url, ensure_database, to_sqlalchemy_url, with_database
+
+    server = (to_sqlalchemy_url(os.environ["DATABASE_URL"]) if os.environ.get("DATABASE_URL")
+              else embedded_server_url(custody_regtest_dir / "postgres"))
+    url = with_database(server, f"custody_regtest_{uuid.uuid4().hex[:12]}")
+    ensure_database(url)
+    try:
+        yield url
+    finally:
+        drop_database(url)
+
+
+@pytest.fixture(scope="session")
+def custody_service(custody_regtest_dir: Path, custody_nodes: Cluster, custody_database: str) -> Iterator[Service]:
+    """Signer, worker and api processes on the nodes and database; API keys per role; hot wallet funded."""
+    from sqlalchemy import create_engine
+
+    from custody.addresses import derive_btc_address
+    from custody.auth import create_api_key
+    from custody.launch import Nodes, deploy
+    from custody.settings import get_settings
+
+    nodes = Nodes(custody_nodes.bitcoin.rpc_url, custody_nodes.anvil.rpc_url, custody_nodes.token.address)
+    deployment = deploy(custody_regtest_dir / "service", owner_url=custody_database, nodes=nodes, job_scale=0.2)
+    try:
+        engine = create_engine(custody_database)
+        try:
+            pepper = get_settings().api_key_pepper
+            keys = {role: create_api_key(engine, f"regtest-{role}", role, pepper) for role in ROLES}
+            for name in deployment.approver_keys:  # an approver approves with a key of its own name
+                keys[name] = create_api_key(engine, name, "operator", pepper)
+        finally:
+            engine.dispose()
+        hot = derive_btc_address(deployment.xpubs["bitcoin"]["hot"], "regtest", 0, 0)
+        custody_nodes.bitcoin.fund(hot, HOT_WALLET_SAT)
+        custody_nodes.bitcoin.mine(1)  # the hot wallet spends confirmed coins only
+        yield Service(deployment.api_base, custody_database, deployment, keys)
+    finally:
+        deployment.stop()
+
+
+@pytest.fixture(scope="session")
+def custody_http(custody_service: Service) -> Iterator[Callable[[str], httpx.Client]]:
+    """role -> httpx.Client on the api with that role's API key."""
+    made: dict[str, httpx.Client] = {}
+
+    def client(role: str) -> httpx.Client:
+        if role not in made:
+            made[role] = httpx.Client(base_url=custody_service.base_url,
+                                      headers={"X-API-Key": custody_service.api_key(role)}, timeout=60)
+        return made[role]
+
+    yield client
+    for c in made.values():
+        c.close()
+
+
+@pytest.fixture(scope="session")
+def custody_client(custody_service: Service, custody_http) -> Iterator[Callable[[str], object]]:
+    """role -> the typed custody.client.CustodyClient when present, else an httpx.Client."""
+    try:
+        from custody.client import CustodyClient  # the typed client, when this build ships it
+    except ImportError:
+        yield custody_http
+        return
+    made: dict[str, object] = {}
+
+    def client(role: str):
+        if role not in made:
+            made[role] = CustodyClient(custody_service.base_url, custody_service.api_key(role))
+        return made[role]
+
+    yield client
+    for c in made.values():
+        getattr(c, "close", lambda: None)()
+
+
+@pytest.fixture(scope="session")
+def custody_approvers(custody_service: Service, custody_http) -> list[ScriptedApprover]:
+    """The deployment's scripted approvers: `.approve(withdrawal_id, comment)` signs with their own key."""
+    return [ScriptedApprover(name, custody_http(name), key_file)
+            for name, key_file in custody_service.deployment.approver_keys.items()]
+
+
+def _ok(r: httpx.Response, *status: int) -> dict:
+    if r.status_code not in (status or (200,)):
+        raise AssertionError(f"{r.request.method} {r.request.url.path}: {r.status_code} {r.text[:500]}")
+    return r.json()
+
+
+@pytest.fixture
+def custody_funded_customer(custody_http, custody_nodes: Cluster) -> Callable[..., FundedCustomer]:
+    """(owner=None, asset="BTC", amount=1 BTC in satoshis, timeout=180) -> a FundedCustomer."""
+    backend = custody_http("backend")
+
+    def fund(owner: str | None = None, asset: str = "BTC", amount: int = 100_000_000,
+             timeout: float = 180) -> FundedCustomer:
+        owner = owner or f"cust-{uuid.uuid4().hex[:8]}"
+        acct = _ok(backend.post("/v1/accounts", json={"asset": asset, "kind": "customer",
+                                                       "name": f"customer:{owner}:{asset}", "owner": owner}), 200, 201)["id"]
+        address = _ok(backend.post("/v1/deposit-addresses", json={"idempotency_key": f"fund-{acct}-{uuid.uuid4().hex[:6]}",
+                                                                    "account_id": acct}), 200, 201)["address"]
+        if asset == "BTC":
+            txid, mine = custody_nodes.bitcoin.fund(address, amount), lambda: custody_nodes.bitcoin.mine(1)
+        elif asset == "ETH":
+            txid, mine = custody_nodes.anvil.fund(address, amount), lambda: custody_nodes.anvil.mine(1)
+        else:  # the test ERC-20 of the nodes
+            txid, mine = custody_nodes.token.mint(address, amount), lambda: custody_nodes.anvil.mine(1)
+        deadline = time.monotonic() + timeout
+        while not any(d["state"] == "credited" for d in _ok(backend.get(f"/v1/accounts/{acct}/deposits"))):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"deposit {txid} to {address} not credited after {timeout}s")
+            mine()
+            time.sleep(0.5)
+        return FundedCustomer(owner, acct, asset, amount, address, txid)
+
+    return fund

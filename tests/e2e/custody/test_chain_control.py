@@ -1,0 +1,105 @@
+"""chain_control: regtest.control's helpers put the custody pipelines under real network conditions.
+
+- a reorg that drops a deposit before finality: the deposit ends `orphaned`, never credited;
+- a fee spike: blocks full of transactions paying more than the payout, so its first fee is too low
+  and it is not mined; the worker's bump pays enough and is the version that confirms;
+- a hung bitcoind (SIGSTOP): `/health/ready` is 503 naming `bitcoin`, the deposit job fails with
+  `node_unavailable` and records nothing; once the node continues both carry on by themselves.
+"""
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import text
+
+from chain_adapters.bitcoin import BitcoinAdapter
+from chain_adapters.errors import ChainError
+from custody.api.app import create_app
+from custody.container import Container
+from ledger.service import Ledger
+from regtest import control
+from regtest.util import assert_equal
+from tests.e2e.custody.conftest import BTC_FINALITY
+from tests.e2e.custody.test_withdrawal_signer_refusals import fund
+
+SAT = 100_000_000
+
+
+def observations(engine, txid: str) -> list[str]:
+    with engine.connect() as c:
+        return list(c.execute(text("SELECT state FROM deposit_observation WHERE txid = :t"), {"t": txid}).scalars())
+
+
+def test_reorg_drops_a_deposit_before_finality(custody, customer, bitcoind, engine, ledger, log):
+    acct = customer("BTC")
+    address = custody.wallets.issue_address(f"addr:{acct}", acct).address
+    txid = control.faucet_bitcoin(bitcoind, address, 30_000_000, confirm=True)
+    custody.deposits.run_once(["bitcoin"])
+    assert_equal(observations(engine, txid), ["confirming"])  # 1 of 3 confirmations
+    log.info("reorg depth 1 dropping %s (1 of %d confirmations)", txid, BTC_FINALITY)
+    control.reorg_bitcoin(bitcoind, 1, drop=[txid])
+    bitcoind.mine(BTC_FINALITY)
+    custody.deposits.run_once(["bitcoin"])
+    assert_equal(observations(engine, txid), ["orphaned"])
+    assert_equal(control.confirmations(bitcoind, txid), 0)
+    assert_equal(ledger.balance(acct).posted, 0)
+
+
+def test_fee_spike_makes_the_first_fee_too_low_and_the_bump_confirms(custody, customer, bitcoind, engine, ledger, log):
+    w, p = custody.withdrawals, custody.payouts
+    [acct] = fund(custody, customer, bitcoind, 1)
+    dest = bitcoind.wallet("getnewaddress", "", "bech32")
+    wd = w.request(client_withdrawal_id=f"spike-{acct}", account_id=acct, amount=10_000_000, destination=dest,
+                   requested_by="backend")
+    p.batch_bitcoin()
+    [first] = p.sign_open_batches()
+    p.broadcast()
+    entry = bitcoind.rpc("getmempoolentry", first)
+    first_rate = Decimal(str(entry["fees"]["base"])) * SAT / entry["vsize"]
+    spike_rate = int(first_rate * Decimal("1.25")) + 1  # above the first fee, below a 50 % bump
+    log.info("first version pays %.1f sat/vB; the spike's blocks need %d", first_rate, spike_rate)
+    with control.FeeSpike(bitcoind, spike_rate, fill=10) as spike:
+        spike.mine(p.config.stuck_blocks)
+        assert_equal(control.confirmations(bitcoind, first), 0)
+        [second] = p.bump_fees()
+        p.broadcast()
+        spike.mine(1)
+    assert_equal(control.confirmations(bitcoind, second), 1)
+    assert_equal(control.confirmations(bitcoind, first), 0)
+    bitcoind.mine(BTC_FINALITY)
+    p.track()
+    assert_equal(w.get(wd.id).state, "final")
+    assert_equal(int(Decimal(str(bitcoind.wallet("getreceivedbyaddress", dest))) * SAT), 10_000_000)
+
+
+@pytest.fixture
+def quick(custody, bitcoind, engine):
+    """A second api container on the session database whose bitcoin adapter gives up after 2 s."""
+    adapter = BitcoinAdapter(bitcoind.rpc_url, network="regtest", timeout=2)
+    container = Container(settings=custody.settings, engine=engine, ledger=Ledger(engine)).with_chains({"bitcoin": adapter})
+    yield container
+    adapter.close()
+
+
+def test_a_hung_node_shows_in_readiness_and_jobs_wait(custody, customer, bitcoind, engine, quick, ledger, log):
+    api = TestClient(create_app(quick), raise_server_exceptions=False)
+    assert_equal(api.get("/health/ready").status_code, 200)
+    acct = customer("BTC")
+    txid = bitcoind.fund(custody.wallets.issue_address(f"addr:{acct}", acct).address, 20_000_000)
+    bitcoind.mine(BTC_FINALITY)
+    with control.hang_node(bitcoind):
+        r = api.get("/health/ready")
+        assert_equal(r.status_code, 503)
+        assert r.json()["checks"]["bitcoin"]["ok"] is False, r.json()
+        assert r.json()["checks"]["database"]["ok"] is True
+        with pytest.raises(ChainError) as refused:
+            quick.deposits.run_once(["bitcoin"])
+        assert_equal(refused.value.code.value, "node_unavailable")
+        assert_equal(observations(engine, txid), [])
+    control.wait_answering(bitcoind)
+    assert_equal(api.get("/health/ready").status_code, 200)
+    custody.deposits.run_once(["bitcoin"])
+    assert_equal(observations(engine, txid), ["credited"])
+    assert_equal(ledger.balance(acct).posted, 20_000_000)
