@@ -40,6 +40,7 @@ from signer.assets import assets_from_entries
 from tests.approvers import approve, registry
 from tests.integration.own_database import own_database
 from tests.integration.test_review12w_lost_lock import DEST, HOT_COIN, KEYS, StandInBitcoin
+from tests.integration.hot_coins import index_hot_coin
 
 log = logging.getLogger(__name__)
 ETH_DEST = "0x5aAeb6053F3E94C9b9A09f33669435E7Ef1BeAed"  # EIP-55 test vector: not ours
@@ -161,6 +162,7 @@ def make_world(eng, chain: str, *, policy=None, amounts: tuple[int, ...] = ()) -
             with eng.begin() as conn:
                 conn.execute(text("INSERT INTO wallet_utxo (txid, vout, address, derivation_change, derivation_index, amount) "
                                   "VALUES (:t, 0, :a, 0, 0, :m)"), {"t": txid, "a": hot, "m": HOT_COIN})
+                index_hot_coin(conn, txid, 0, hot, HOT_COIN)
                 c.payouts.book_hot_funding("bitcoin", "BTC", HOT_COIN, f"hot-funding:bitcoin:{txid}:0", conn=conn)
         amounts, dest, funding = amounts or (10_000_000,), DEST, 100_000_000
     else:

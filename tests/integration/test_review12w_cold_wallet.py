@@ -33,6 +33,7 @@ from signer.keys import Secret, SignerKeys, seed_from_text
 from signer.protocol import BtcCoin, RefusalCode, SigningRefused
 from signer.service import Signer
 from tests.integration.own_database import own_database
+from tests.integration.hot_coins import index_hot_coin
 
 log = logging.getLogger(__name__)
 KEYS = SignerKeys(seed_from_text(Secret("abandon " * 11 + "about")), "regtest")
@@ -52,6 +53,7 @@ def test_a_custody_role_cannot_make_the_signer_pay_a_cold_key_of_its_own(databas
         with eng.begin() as c:  # a confirmed hot coin, as sync_hot_wallet records one
             c.execute(text("INSERT INTO wallet_utxo (txid, vout, address, derivation_change, derivation_index, amount) "
                            "VALUES (:t, 0, :a, 0, 0, :m)"), {"t": coin.txid, "a": hot, "m": COIN})
+            index_hot_coin(c, coin.txid, 0, hot, COIN)
 
         attacker_key = canonical_btc_account_key(ATTACKER.account_xpub("bitcoin", "hot"), "regtest")
         theirs = derive_btc_address(attacker_key, "regtest", 0, 0)

@@ -44,6 +44,7 @@ from regtest.util import assert_equal
 from signer.keys import Secret, SignerKeys, seed_from_text
 from tests.approvers import registry
 from tests.integration.own_database import own_database
+from tests.integration.hot_coins import index_hot_coin
 
 log = logging.getLogger(__name__)
 KEYS = SignerKeys(seed_from_text(Secret("abandon " * 11 + "about")), "regtest")
@@ -111,6 +112,7 @@ def world(database_url):
         with eng.begin() as conn:
             conn.execute(text("INSERT INTO wallet_utxo (txid, vout, address, derivation_change, derivation_index, amount) "
                               "VALUES (:t, 0, :a, 0, 0, :m)"), {"t": txid, "a": hot, "m": HOT_COIN})
+            index_hot_coin(conn, txid, 0, hot, HOT_COIN)
             c.payouts.book_hot_funding("bitcoin", "BTC", HOT_COIN, f"hot-funding:bitcoin:{txid}:0", conn=conn)
         equity = c.wallets.firm_account("equity", "BTC")
         acct = ledger.open_account("BTC", AccountKind.customer, "r12w:alice", owner="r12w-alice").id

@@ -37,6 +37,7 @@ from signer.wire import SignerUnavailable
 from tests.approvers import registry
 from tests.integration.own_database import own_database
 from tests.integration.test_review12w_lost_lock import DEST, HOT_COIN, KEYS, StandInBitcoin
+from tests.integration.hot_coins import index_hot_coin
 
 log = logging.getLogger(__name__)
 TTL = dt.timedelta(seconds=2)
@@ -74,6 +75,7 @@ def test_a_batch_whose_decisions_expired_while_the_signer_was_down_is_paid_after
         with eng.begin() as conn:
             conn.execute(text("INSERT INTO wallet_utxo (txid, vout, address, derivation_change, derivation_index, amount) "
                               "VALUES (:t, 0, :a, 0, 0, :m)"), {"t": txid, "a": hot, "m": HOT_COIN})
+            index_hot_coin(conn, txid, 0, hot, HOT_COIN)
             c.payouts.book_hot_funding("bitcoin", "BTC", HOT_COIN, f"hot-funding:bitcoin:{txid}:0", conn=conn)
         equity = c.wallets.firm_account("equity", "BTC")
         acct = ledger.open_account("BTC", AccountKind.customer, "r12w:bob", owner="r12w-bob").id
