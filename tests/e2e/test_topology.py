@@ -12,7 +12,10 @@ config files written, `signer serve`, `custody worker` and `custody api` as sepa
   `approved`) are refused by the signer process; nothing is broadcast;
 - faults: the signer SIGKILLed while a batch waits on it, then restarted: exactly one payment; the
   worker holding the payout job SIGKILLed while a second worker runs: the second takes over, one
-  batch; bitcoind restarted while the workers run: a new deposit is credited without anyone acting.
+  batch; bitcoind restarted while the workers run: a new deposit is credited without anyone acting;
+  bitcoind hung (SIGSTOP): the api process's `/health/ready` answers 503 naming `bitcoin` within a
+  few seconds (READINESS_TIMEOUT_SECONDS, not the adapter's 60 s RPC timeout), a probe repeated
+  meanwhile too, and 200 again once the node continues.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from custody.launch import Deployment, Nodes, deploy, role_url
+from regtest import control
 from regtest.cluster import cluster_from_state
 from regtest.install import find_tools
 
@@ -363,3 +367,20 @@ def test_bitcoind_restart_needs_no_operator(deployment, nodes_up, clients):
     assert _ok(clients["admin"].get("/v1/verify"))["ok"]
     alive = [name for name, proc in deployment.processes.procs.items() if proc.poll() is None]
     assert {"custody-signer", "custody-api"} <= set(alive) and any(n.startswith("custody-worker") for n in alive), alive
+
+
+def test_a_hung_bitcoind_makes_readiness_503_within_seconds(deployment, nodes_up):
+    cluster, _ = nodes_up
+    with httpx.Client(base_url=deployment.api_base, timeout=90) as probe:
+        assert _until("ready", lambda: probe.get("/health/ready").status_code == 200, timeout=60)
+        with control.hang_node(cluster.bitcoin):
+            for attempt in (1, 2):  # the second finds the first probe's call still waiting on the node
+                started = time.monotonic()
+                r = probe.get("/health/ready")
+                took = time.monotonic() - started
+                checks = r.json()["checks"]
+                assert (r.status_code, checks["bitcoin"]["ok"], checks["database"]["ok"]) == (503, False, True), r.text
+                assert checks["bitcoin"]["detail"].startswith("TimeoutError: "), checks["bitcoin"]
+                assert took < 6, f"probe {attempt} took {took:.1f} s"
+        control.wait_answering(cluster.bitcoin)
+        assert _until("ready again", lambda: probe.get("/health/ready").status_code == 200, timeout=60)
