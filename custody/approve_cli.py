@@ -51,7 +51,7 @@ import os
 import stat
 import sys
 from pathlib import Path
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -60,6 +60,10 @@ from cryptography.hazmat.primitives.serialization import (Encoding, NoEncryption
 
 from ledger.amounts import format_amount
 from signer.approvals import PayloadFields, format_expiry, read_payload
+
+if TYPE_CHECKING:
+    from custody.client import CustodyClient
+    from custody.client.models import WithdrawalOut
 
 COMMANDS = ("approve", "approver-key")  # the subcommands of `python -m custody` that main() serves
 DEFAULT_API = "http://127.0.0.1:8000"
@@ -197,13 +201,32 @@ def approve_over_http(client: httpx.Client, withdrawal_id: int, key: Ed25519Priv
     """GET the payload, check it (`checked_payload`: PayloadRefused otherwise), `show` what its bytes
     pay, sign those exact bytes, POST the approval; the withdrawal."""
     answer = _answer(client.get(f"/v1/withdrawals/{withdrawal_id}/approval-payload"))
+    signature = signed_approval(answer, withdrawal_id, key, key_id=key_id, show=show, decimals=decimals)
+    return _answer(client.post(f"/v1/withdrawals/{withdrawal_id}/approve", json={"comment": comment, "signature": signature}))
+
+
+def approve_with_client(api: CustodyClient, withdrawal_id: int, key: Ed25519PrivateKey, *, comment: str,
+                        key_id: str | None = None, show=print, decimals: Mapping[str, int] | None = None) -> WithdrawalOut:
+    """`approve_over_http` through the typed client (`custody.client`, the operator's key): the same
+    checks on the payload before anything is signed; the API's refusals raise the client's
+    `CustodyApiError` (with its code) instead of `ApiRefused`. The payload answer is checked as the
+    client parsed it (`amount_minor` an integer sent back as its decimal string)."""
+    answer = api.get_approval_payload(withdrawal_id).model_dump(mode="json")
+    signature = signed_approval(answer, withdrawal_id, key, key_id=key_id, show=show, decimals=decimals)
+    return api.approve_withdrawal(withdrawal_id, comment=comment, signature=signature)
+
+
+def signed_approval(answer: object, withdrawal_id: int, key: Ed25519PrivateKey, *, key_id: str | None = None,
+                    show=print, decimals: Mapping[str, int] | None = None) -> dict[str, str]:
+    """Check an approval-payload answer (`checked_payload`), `show` what its bytes pay, and sign those
+    exact bytes: the `signature` object of the approve request."""
     payload, f = checked_payload(answer, withdrawal_id)
-    show(f"withdrawal {f.withdrawal_id} ({shown(answer.get('state', 'state unknown'))}): pay {describe_amount(f, decimals)} "
+    state = answer.get("state", "state unknown") if isinstance(answer, dict) else "state unknown"
+    show(f"withdrawal {f.withdrawal_id} ({shown(state)}): pay {describe_amount(f, decimals)} "
          f"on {shown(f.chain)} to {shown(f.destination)}")
     show(f"amount {f.amount} minor units; decision {f.decision_id} under policy {shown(f.policy_version)}, valid until "
          f"{format_expiry(f.expires_at)}")
-    signature = {"key_id": key_id or key_id_of(key), "scheme": "ed25519", "signature": base64.b64encode(key.sign(payload)).decode()}
-    return _answer(client.post(f"/v1/withdrawals/{withdrawal_id}/approve", json={"comment": comment, "signature": signature}))
+    return {"key_id": key_id or key_id_of(key), "scheme": "ed25519", "signature": base64.b64encode(key.sign(payload)).decode()}
 
 
 def _decimals(values: list[str]) -> dict[str, int]:

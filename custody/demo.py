@@ -1,8 +1,12 @@
 """The end-to-end demo that `scripts/run` performs against the running API, narrated step by step.
 
-It uses only the public HTTP API with API keys made for it (custody.launch creates them), so what
-it shows is what the exchange backend sees; operators approve by signing the withdrawal's payload
-with their own Ed25519 keys, as `python -m custody approve --key FILE ID` does. Each run uses its own account names, so it can be repeated on one database.
+It uses only the public HTTP API, through the typed client `custody.client` (what another team's
+backend would use), with API keys made for it (custody.launch creates them), so what it shows is
+what the exchange backend sees; operators approve by signing the withdrawal's payload with their own
+Ed25519 keys, as `python -m custody approve --key FILE ID` does (`approve_with_client`). Each run
+uses its own account names, so it can be repeated on one database. A step the API refuses (the
+client's `CustodyApiError`, with its code) or an answer the demo did not expect (`DemoFailed`) ends
+the demo with "demo failed: ..." and `run_demo` answers False.
 """
 from __future__ import annotations
 
@@ -14,9 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import httpx
-
-from custody.approve_cli import ApiRefused, PayloadRefused, approve_over_http, load_private_key
+from custody.approve_cli import PayloadRefused, approve_with_client, load_private_key
 from custody.client import CustodyApiError, CustodyClient, models
 
 log = logging.getLogger("demo")
@@ -24,13 +26,6 @@ log = logging.getLogger("demo")
 
 class DemoFailed(Exception):
     pass
-
-
-def _call(client: httpx.Client, method: str, path: str, expect: int, **kw) -> dict:
-    r = client.request(method, path, **kw)
-    if r.status_code != expect:
-        raise DemoFailed(f"{method} {path}: expected {expect}, got {r.status_code}: {r.text}")
-    return r.json()
 
 
 @dataclass
@@ -52,14 +47,11 @@ def run_demo(base: str, world: DemoWorld) -> bool:
     run = uuid.uuid4().hex[:8]
     log.info("admin API key for this demo: %s (send it as X-API-Key)", world.admin_key)
     try:
-        with (httpx.Client(base_url=base, headers={"X-API-Key": world.admin_key}, timeout=10) as c,
-              httpx.Client(base_url=base, headers={"X-API-Key": world.operator_keys[0]}, timeout=10) as op,
-              httpx.Client(base_url=base, headers={"X-API-Key": world.operator_keys[1]}, timeout=10) as op2):
-            api = CustodyClient(base, world.admin_key, timeout=10)
-            typed_ops = (api.with_key(world.operator_keys[0]), api.with_key(world.operator_keys[1]))
-            _ledger_demo(api, typed_ops, run)
+        with CustodyClient(base, world.admin_key, timeout=10) as api:
+            ops = (api.with_key(world.operator_keys[0]), api.with_key(world.operator_keys[1]))
+            _ledger_demo(api, ops, run)
             if world.fund_btc is not None:
-                _chain_demo(c, (op, op2), world, run)
+                _chain_demo(api, ops, world, run)
     except CustodyApiError as exc:
         log.error("demo failed: %s", exc)
         return False
@@ -111,87 +103,80 @@ def _firm_account(api: CustodyClient, name: str, asset: str) -> int:
     return next(a.id for a in api.iter_firm_accounts(asset=asset) if a.name == name)
 
 
-def _chain_demo(c: httpx.Client, ops: tuple[httpx.Client, httpx.Client], world: DemoWorld, run: str) -> None:
+def _chain_demo(api: CustodyClient, ops: tuple[CustodyClient, CustodyClient], world: DemoWorld, run: str) -> None:
     hot = world.hot_btc_address
     world.fund_btc(hot, 10 * 100_000_000)
     log.info("treasury: 10 BTC into the hot wallet %s (booked equity -> hot location once confirmed)", hot)
     owner = f"demo-bob-{run}"
-    acct = _call(c, "POST", "/v1/accounts", 201, json={"asset": "BTC", "kind": "customer", "name": f"customer:{owner}:BTC",
-                                                       "owner": owner})["id"]
-    addr = _call(c, "POST", "/v1/deposit-addresses", 201, json={"idempotency_key": f"demo:{run}:addr", "account_id": acct})
-    log.info("deposits: issued %s (BIP84 index %d) to customer account %d", addr["address"], addr["derivation_index"], acct)
-    txid = world.fund_btc(addr["address"], 500_000_000)
+    acct = api.open_account(asset="BTC", kind="customer", name=f"customer:{owner}:BTC", owner=owner).id
+    addr = api.issue_deposit_address(idempotency_key=f"demo:{run}:addr", account_id=acct)
+    log.info("deposits: issued %s (BIP84 index %d) to customer account %d", addr.address, addr.derivation_index, acct)
+    txid = world.fund_btc(addr.address, 500_000_000)
     log.info("deposits: the regtest faucet paid 5 BTC in %s; a block is mined every 2 s", txid)
-    _wait("deposit", lambda: [(d["state"], d["confirmations"]) for d in _call(c, "GET", f"/v1/accounts/{acct}/deposits", 200)],
+    _wait("deposit", lambda: [(d.state, d.confirmations) for d in api.list_account_deposits(acct)],
           lambda v: v and v[0][0] == "credited")
-    bal = _call(c, "GET", f"/v1/accounts/{acct}/balance", 200)
-    log.info("deposits: credited once at finality (3 confirmations): available %s BTC", bal["available"]["value"])
+    bal = api.get_balance(acct)
+    log.info("deposits: credited once at finality (3 confirmations): available %s BTC", _v(bal.available))
 
     dest = world.external_btc_address()
-    small = _call(c, "POST", "/v1/withdrawals", 201, json={"client_withdrawal_id": f"demo-{run}-1", "account_id": acct,
-                                                         "amount": "0.1", "destination": dest})
-    log.info("withdrawals: 0.1 BTC to %s -> %s by policy", dest, small["state"])
-    big = _call(c, "POST", "/v1/withdrawals", 201, json={"client_withdrawal_id": f"demo-{run}-2", "account_id": acct,
-                                                       "amount": "2.5", "destination": dest})
-    log.info("withdrawals: 2.5 BTC -> %s (the two-approver tier)", big["state"])
-    for n, (client, key_file) in enumerate(zip(ops, world.approver_key_files), 1):
+    small = api.request_withdrawal(client_withdrawal_id=f"demo-{run}-1", account_id=acct, amount=Decimal("0.1"),
+                                   destination=dest)
+    log.info("withdrawals: 0.1 BTC to %s -> %s by policy", dest, small.state)
+    big = api.request_withdrawal(client_withdrawal_id=f"demo-{run}-2", account_id=acct, amount=Decimal("2.5"),
+                                 destination=dest)
+    log.info("withdrawals: 2.5 BTC -> %s (the two-approver tier)", big.state)
+    for n, (op, key_file) in enumerate(zip(ops, world.approver_key_files), 1):
         try:
-            approved = approve_over_http(client, big["id"], load_private_key(key_file),
-                                         comment=f"demo: approver {n} verified by phone",
-                                         show=lambda line: log.info("operators: %s", line))
-        except ApiRefused as exc:
+            approved = approve_with_client(op, big.id, load_private_key(key_file),
+                                           comment=f"demo: approver {n} verified by phone",
+                                           show=lambda line: log.info("operators: %s", line))
+        except CustodyApiError as exc:
             raise DemoFailed(f"approval refused: {exc}") from None
         except PayloadRefused as exc:
             raise DemoFailed(f"approver {n} did not sign: {exc}") from None
-        log.info("operators: approver %d signed that payload with its own Ed25519 key -> %s", n, approved["state"])
+        log.info("operators: approver %d signed that payload with its own Ed25519 key -> %s", n, approved.state)
     for w in (small, big):
-        _wait(f"withdrawal {w['id']}", lambda w=w: _call(c, "GET", f"/v1/withdrawals/{w['id']}", 200)["state"],
-              lambda s: s == "final")
-    bal = _call(c, "GET", f"/v1/accounts/{acct}/balance", 200)
+        _wait(f"withdrawal {w.id}", lambda w=w: api.get_withdrawal(w.id).state, lambda s: s == "final")
+    bal = api.get_balance(acct)
     log.info("withdrawals: both final after batching, signing by the signer process, broadcast and 3 confirmations; "
-             "bob has %s BTC (5 - 0.1 - 2.5 - 2 x 0.00005 quoted fee)", bal["posted"]["value"])
-    if bal["posted"]["value"] != "2.39990000":
+             "bob has %s BTC (5 - 0.1 - 2.5 - 2 x 0.00005 quoted fee)", _v(bal.posted))
+    if bal.posted.minor != 239_990_000:
         raise DemoFailed(f"unexpected balance {bal}")
-    lines = _call(c, "POST", "/v1/reconciliation", 200)
+    lines = api.reconcile()
     for line in lines:
-        log.info("reconciliation: %s %s: chain %s = books %s + in transit %s (difference %s)", line["tier"], line["asset"],
-                 line["on_chain"], line["books"], line["in_transit"], line["difference"])
-    if any(line["difference"] != 0 for line in lines):
+        log.info("reconciliation: %s %s: chain %s = books %s + in transit %s (difference %s)", line.tier, line.asset,
+                 line.on_chain, line.books, line.in_transit, line.difference)
+    if any(line.difference != 0 for line in lines):
         raise DemoFailed(f"reconciliation found a difference: {lines}")
-    api = CustodyClient(str(c.base_url), c.headers["X-API-Key"], timeout=10)
-    _matching_demo(c, api, (api.with_key(ops[0].headers["X-API-Key"]), api.with_key(ops[1].headers["X-API-Key"])), run, owner)
-    verify = _call(c, "GET", "/v1/verify", 200)
-    if not verify["ok"]:
+    _matching_demo(api, ops, run, owner)
+    if not api.verify().ok:
         raise DemoFailed("ledger verification failed")
     log.info("ledger: verify passed after the chain and matching demo")
 
 
-def _matching_demo(c: httpx.Client, api: CustodyClient, ops: tuple[CustodyClient, CustodyClient], run: str,
-                   seller: str) -> None:
+def _matching_demo(api: CustodyClient, ops: tuple[CustodyClient, CustodyClient], run: str, seller: str) -> None:
     """The Bitsten scenario over the API: price improvement must return to the buyer."""
     symbol = f"BTC-USDT-{run}"
-    _call(c, "POST", "/v1/markets", 201, json={
-        "symbol": symbol, "base_asset": "BTC", "quote_asset": "USDT", "lot_size": 10_000, "quote_per_tick_lot": 1,
-        "fees": {"default": {"maker_ppm": 1_000, "taker_ppm": 2_000}}})
+    api.create_market(symbol=symbol, base_asset="BTC", quote_asset="USDT", lot_size=10_000, quote_per_tick_lot=1,
+                      fees={"default": {"maker_ppm": 1_000, "taker_ppm": 2_000}})
     buyer = f"demo-alice-{run}"
-    usdt = _call(c, "POST", "/v1/accounts", 201, json={"asset": "USDT", "kind": "customer", "name": f"customer:{buyer}:USDT",
-                                                       "owner": buyer})["id"]
+    usdt = api.open_account(asset="USDT", kind="customer", name=f"customer:{buyer}:USDT", owner=buyer).id
     _adjust(ops[0], ops[1], f"demo:{run}:usdt", _firm_account(api, "equity:USDT", "USDT"), usdt, "40000",
             "demo: alice's USDT opening balance")
     log.info("matching: market %s (lot 0.0001 BTC, tick 0.01 USDT, maker 0.1%% / taker 0.2%%); alice has 40,000 USDT", symbol)
-    ask = _call(c, "POST", f"/v1/markets/{symbol}/orders", 201, json={
-        "account": seller, "client_order_id": "ask-1", "side": "sell", "qty": "0.2", "price": "59900"})
-    log.info("matching: bob rests an ask, 0.2 BTC at 59,900 -> %s", ask["state"])
-    bid = _call(c, "POST", f"/v1/markets/{symbol}/orders", 201, json={
-        "account": buyer, "client_order_id": "bid-1", "side": "buy", "qty": "0.5", "price": "60000"})
-    bal = _call(c, "GET", f"/v1/accounts/{usdt}/balance", 200)
+    ask = api.place_order(symbol, account=seller, client_order_id="ask-1", side="sell", qty=Decimal("0.2"),
+                          price=Decimal("59900"))
+    log.info("matching: bob rests an ask, 0.2 BTC at 59,900 -> %s", ask.state)
+    bid = api.place_order(symbol, account=buyer, client_order_id="bid-1", side="buy", qty=Decimal("0.5"),
+                          price=Decimal("60000"))
+    bal = api.get_balance(usdt)
     log.info("matching: alice bids 0.5 BTC at 60,000 -> %s, filled %s at the maker's price; USDT held %s",
-             bid["state"], bid["filled"], bal["held"]["value"])
-    cancelled = _call(c, "POST", f"/v1/markets/{symbol}/orders/{bid['order_id']}/cancel", 200, json={"account": buyer})
-    bal = _call(c, "GET", f"/v1/accounts/{usdt}/balance", 200)
+             bid.state, format(bid.filled, "f"), _v(bal.held))
+    cancelled = api.cancel_order(symbol, bid.order_id, account=buyer)
+    bal = api.get_balance(usdt)
     log.info("matching: alice cancels (%s): USDT %s = 40,000 - 11,980 - 23.96 taker fee, held %s",
-             cancelled["state"], bal["posted"]["value"], bal["held"]["value"])
-    if (bal["posted"]["value"], bal["held"]["value"]) != ("27996.040000", "0.000000"):
+             cancelled.state, _v(bal.posted), _v(bal.held))
+    if (bal.posted.minor, bal.held.minor) != (27_996_040_000, 0):
         raise DemoFailed(f"the buyer's price improvement did not come back exactly: {bal}")
 
 

@@ -12,6 +12,13 @@ anyway, as for every route):
   has a signer client) and `broker` (when the configuration names a NATS server, as the worker
   resolves it: custody.broker_probe; reached from this process, cached 5 s, 2 s timeout).
   A check that raises is failed with the exception's class and message (never a 500).
+  The checks run at once, each in a thread of its own, and the answer waits for none longer than
+  `READINESS_TIMEOUT_SECONDS` (default 3): a node that accepts connections and never answers
+  (wedged, overloaded, SIGSTOPped) fails its check with `TimeoutError: no answer within 3 s`
+  instead of holding the probe for the adapter's RPC timeout (60 s). The abandoned call finishes
+  in its thread (the adapter's own timeout ends it); until it has, the same check is not started
+  again but failed at once (`still waiting for the probe started N s ago`), so a hung node never
+  piles up threads however often the orchestrator probes.
 - `GET /health`: the same as `/health/live` (kept for existing probes and the launcher, which only
   ask whether the process serves; `/health/ready` is the one that checks dependencies).
 - `GET /metrics`: Prometheus text format (custody.metrics: the api's request latencies, and the
@@ -20,6 +27,9 @@ anyway, as for every route):
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from concurrent.futures import Future, wait
 from typing import Any, Callable
 
 from fastapi import APIRouter, Request
@@ -67,16 +77,61 @@ def readiness_checks(container: Any) -> dict[str, Callable[[], object]]:
     return checks
 
 
-def run_checks(checks: dict[str, Callable[[], object]]) -> dict[str, Check]:
-    out = {}
-    for name, check in checks.items():
-        try:
-            result = check()
-            out[name] = Check(ok=True, detail=str(result) if result is not None else "ok")
-        except Exception as exc:  # noqa: BLE001 - a failed dependency is the answer, not an error
-            log.warning("readiness: %s failed: %s: %s", name, type(exc).__name__, exc)
-            out[name] = Check(ok=False, detail=f"{type(exc).__name__}: {exc}"[:300])
-    return out
+class Probes:
+    """Runs readiness checks concurrently, each bounded by `timeout` seconds, at most one call of a
+    check in flight (module docstring). One per app (`app.state.readiness`)."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._inflight: dict[str, tuple[Future, float]] = {}
+
+    def _start(self, name: str, check: Callable[[], object]) -> Future | float:
+        """The call's future, or the start time of the call of this check still in flight."""
+        with self._lock:
+            running = self._inflight.get(name)
+            if running is not None and not running[0].done():
+                return running[1]
+            future: Future = Future()
+            self._inflight[name] = (future, time.monotonic())
+
+        def call() -> None:
+            try:
+                future.set_result(check())
+            except Exception as exc:  # noqa: BLE001 - handed to the waiting request
+                future.set_exception(exc)
+
+        threading.Thread(target=call, name=f"readiness-{name}", daemon=True).start()
+        return future
+
+    def run(self, checks: dict[str, Callable[[], object]]) -> dict[str, Check]:
+        started = {name: self._start(name, check) for name, check in checks.items()}
+        deadline = time.monotonic() + self.timeout
+        out = {}
+        for name, future in started.items():
+            if not isinstance(future, Future):
+                out[name] = _failed(name, f"TimeoutError: still waiting for the probe started "
+                                          f"{time.monotonic() - future:.0f} s ago")
+                continue
+            wait([future], timeout=max(0.0, deadline - time.monotonic()))
+            if not future.done():
+                out[name] = _failed(name, f"TimeoutError: no answer within {self.timeout:g} s")
+            elif (exc := future.exception()) is not None:  # a failed dependency is the answer, not an error
+                out[name] = _failed(name, f"{type(exc).__name__}: {exc}")
+            else:
+                result = future.result()
+                out[name] = Check(ok=True, detail=str(result) if result is not None else "ok")
+        return out
+
+
+def _failed(name: str, detail: str) -> Check:
+    log.warning("readiness: %s failed: %s", name, detail)
+    return Check(ok=False, detail=detail[:300])
+
+
+def run_checks(checks: dict[str, Callable[[], object]], timeout: float = 3.0) -> dict[str, Check]:
+    """Run `checks` once, each bounded by `timeout` seconds (a `Probes` of its own)."""
+    return Probes(timeout).run(checks)
 
 
 @router.get("/health/live", response_model=Live)
@@ -91,8 +146,11 @@ def health() -> Live:
 
 
 @router.get("/health/ready", response_model=Ready, responses={503: {"model": Ready, "description": "a dependency failed (`not_ready`)"}})
-def ready(container: ContainerDep) -> JSONResponse:
-    checks = run_checks(readiness_checks(container))
+def ready(container: ContainerDep, request: Request) -> JSONResponse:
+    probes = getattr(request.app.state, "readiness", None)
+    if probes is None:
+        probes = request.app.state.readiness = Probes(getattr(getattr(container, "settings", None), "readiness_timeout_seconds", 3.0))
+    checks = probes.run(readiness_checks(container))
     ok = all(c.ok for c in checks.values())
     body = Ready(status="ready" if ok else "not_ready", checks=checks)
     return JSONResponse(body.model_dump(), status_code=200 if ok else 503)

@@ -12,7 +12,10 @@ config files written, `signer serve`, `custody worker` and `custody api` as sepa
   `approved`) are refused by the signer process; nothing is broadcast;
 - faults: the signer SIGKILLed while a batch waits on it, then restarted: exactly one payment; the
   worker holding the payout job SIGKILLed while a second worker runs: the second takes over, one
-  batch; bitcoind restarted while the workers run: a new deposit is credited without anyone acting.
+  batch; bitcoind restarted while the workers run: a new deposit is credited without anyone acting;
+  bitcoind hung (SIGSTOP): the api process's `/health/ready` answers 503 naming `bitcoin` within a
+  few seconds (READINESS_TIMEOUT_SECONDS, not the adapter's 60 s RPC timeout), a probe repeated
+  meanwhile too, and 200 again once the node continues.
 """
 from __future__ import annotations
 
@@ -23,13 +26,17 @@ import subprocess
 import sys
 import time
 import uuid
+from decimal import Decimal
 from pathlib import Path
 
 import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
+from custody.client import CustodyClient
+from custody.client.models import WithdrawalOut
 from custody.launch import Deployment, Nodes, deploy, role_url
+from regtest import control
 from regtest.cluster import cluster_from_state
 from regtest.install import find_tools
 
@@ -102,10 +109,9 @@ def keys(deployment, owner_url):
 
 @pytest.fixture(scope="module")
 def clients(deployment, keys):
-    made = {name: httpx.Client(base_url=deployment.api_base, headers={"X-API-Key": k}, timeout=30) for name, k in keys.items()}
-    yield made
-    for c in made.values():
-        c.close()
+    """The typed client (custody.client) for each key, on one connection pool to the api process."""
+    with CustodyClient(deployment.api_base, None, timeout=30) as base:
+        yield {name: base.with_key(k) for name, k in keys.items()}
 
 
 @pytest.fixture(scope="module")
@@ -115,33 +121,27 @@ def owner(owner_url):
     engine.dispose()
 
 
-def _ok(r: httpx.Response, status: int = 200) -> dict:
-    assert r.status_code == status, f"{r.request.method} {r.request.url}: {r.status_code} {r.text}"
-    return r.json()
-
-
 def _funded_customer(clients, cluster, sat: int) -> int:
     backend = clients["backend"]
     owner_name = f"cust-{uuid.uuid4().hex[:8]}"
-    acct = _ok(backend.post("/v1/accounts", json={"asset": "BTC", "kind": "customer", "name": f"customer:{owner_name}:BTC",
-                                                   "owner": owner_name}), 201)["id"]
-    addr = _ok(backend.post("/v1/deposit-addresses", json={"idempotency_key": f"addr-{acct}", "account_id": acct}), 201)
-    cluster.bitcoin.fund(addr["address"], sat)
+    acct = backend.open_account(asset="BTC", kind="customer", name=f"customer:{owner_name}:BTC", owner=owner_name).id
+    addr = backend.issue_deposit_address(idempotency_key=f"addr-{acct}", account_id=acct)
+    cluster.bitcoin.fund(addr.address, sat)
 
     def credited():
         cluster.bitcoin.mine(1)
-        return any(d["state"] == "credited" for d in _ok(backend.get(f"/v1/accounts/{acct}/deposits")))
+        return any(d.state == "credited" for d in backend.list_account_deposits(acct))
     _until("deposit credited", credited, every=1.0)
     return acct
 
 
-def _withdraw(clients, acct: int, amount: str, dest: str) -> dict:
-    return _ok(clients["backend"].post("/v1/withdrawals", json={
-        "client_withdrawal_id": f"w-{uuid.uuid4().hex[:10]}", "account_id": acct, "amount": amount, "destination": dest}), 201)
+def _withdraw(clients, acct: int, amount: str, dest: str) -> WithdrawalOut:
+    return clients["backend"].request_withdrawal(client_withdrawal_id=f"w-{uuid.uuid4().hex[:10]}", account_id=acct,
+                                                 amount=Decimal(amount), destination=dest)
 
 
 def _state(clients, wid: int) -> str:
-    return _ok(clients["admin"].get(f"/v1/withdrawals/{wid}"))["state"]
+    return clients["admin"].get_withdrawal(wid).state
 
 
 def _until_final(clients, cluster, wid: int, timeout: float = 180.0) -> None:
@@ -160,7 +160,7 @@ def _payments_to(cluster, dest: str) -> int:
 
 
 def test_money_path_on_three_processes(deployment, nodes_up, clients, owner):
-    from custody.launch import sign_and_approve
+    from custody.approve_cli import approve_with_client, load_private_key
 
     cluster, _ = nodes_up
     acct = _funded_customer(clients, cluster, 5 * BTC)
@@ -171,23 +171,25 @@ def test_money_path_on_three_processes(deployment, nodes_up, clients, owner):
     cluster.bitcoin.fund(hot, 10 * BTC)
     cluster.bitcoin.mine(1)  # the hot wallet counts confirmed coins only (scantxoutset)
     w = _withdraw(clients, acct, "2.5", dest)
-    assert w["state"] == "pending_approval", w
+    assert w.state == "pending_approval", w
     names = list(deployment.approver_keys)
-    first = sign_and_approve(clients[names[0]], w["id"], deployment.approver_keys[names[0]], "checked with the customer")
-    assert first["state"] == "pending_approval", first
-    second = sign_and_approve(clients[names[1]], w["id"], deployment.approver_keys[names[1]], "second pair of eyes")
-    assert second["state"] == "approved", second
-    _until_final(clients, cluster, w["id"])
+    first = approve_with_client(clients[names[0]], w.id, load_private_key(deployment.approver_keys[names[0]]),
+                                comment="checked with the customer")
+    assert first.state == "pending_approval", first
+    second = approve_with_client(clients[names[1]], w.id, load_private_key(deployment.approver_keys[names[1]]),
+                                 comment="second pair of eyes")
+    assert second.state == "approved", second
+    _until_final(clients, cluster, w.id)
     with owner.connect() as c:
         signed = c.execute(text("SELECT count(*) FROM signer_audit WHERE outcome = 'signed' AND batch_id = "
-                                "(SELECT batch_id FROM withdrawal_request WHERE id = :w)"), {"w": w["id"]}).scalar()
+                                "(SELECT batch_id FROM withdrawal_request WHERE id = :w)"), {"w": w.id}).scalar()
     assert signed >= 1
     assert _payments_to(cluster, dest) == 1
-    balance = _ok(clients["admin"].get(f"/v1/accounts/{acct}/balance"))
-    assert balance["posted"]["value"] == "2.49995000", balance
-    lines = _ok(clients["admin"].post("/v1/reconciliation"))
-    assert lines and all(line["difference"] == 0 for line in lines), lines
-    assert _ok(clients["admin"].get("/v1/verify"))["ok"]
+    balance = clients["admin"].get_balance(acct)
+    assert balance.posted.minor == 249_995_000, balance
+    lines = clients["admin"].reconcile()
+    assert lines and all(line.difference == 0 for line in lines), lines
+    assert clients["admin"].verify().ok
 
 
 def test_api_and_worker_never_load_key_code_or_the_seed(deployment):
@@ -256,10 +258,10 @@ def test_the_api_process_may_not_ask_the_signer_to_move_money(deployment, nodes_
 
     acct = _funded_customer(clients, cluster, 1 * BTC)  # a customer to commit to, coins to prove
     operator = clients[next(iter(deployment.approver_keys))]
-    report = _ok(operator.post("/v1/reserves/reports"), 201)  # signed through the api's restricted client
+    report = operator.publish_reserve_report().model_dump(mode="json")  # signed through the api's restricted client
     assert report["holdings"]["addresses"] and all(verify_control(e, "regtest") for e in report["holdings"]["addresses"])
-    assert _ok(clients["backend"].get(f"/v1/reserves/reports/{report['report_id']}/proof", params={"account_id": acct}))
-    assert _ok(operator.post("/v1/rebalances/run")) is not None  # decides only; no signing method needed
+    assert clients["backend"].get_reserve_proof(report["report_id"], account_id=acct)
+    assert operator.run_rebalances() is not None  # decides only; no signing method needed
 
 
 def test_signer_role_cannot_write_what_it_checks(owner_url):
@@ -283,25 +285,25 @@ def test_approvals_forged_in_the_database_are_refused_by_the_signer_process(depl
     acct = _funded_customer(clients, cluster, 4 * BTC)
     dest = cluster.bitcoin.wallet("getnewaddress", "", "bech32")
     w = _withdraw(clients, acct, "2.5", dest)
-    assert w["state"] == "pending_approval"
+    assert w.state == "pending_approval"
     with owner.begin() as c:  # a database writer approves it twice and moves it on
-        decision = c.execute(text("SELECT decision_id FROM withdrawal_request WHERE id = :w"), {"w": w["id"]}).scalar()
+        decision = c.execute(text("SELECT decision_id FROM withdrawal_request WHERE id = :w"), {"w": w.id}).scalar()
         for op in deployment.approver_keys:
             c.execute(text("INSERT INTO approval (withdrawal_id, decision_id, operator, action, comment) "
-                           "VALUES (:w, :d, :o, 'approve', 'looks fine')"), {"w": w["id"], "d": decision, "o": f"api:{op}"})
-        c.execute(text("UPDATE withdrawal_request SET state = 'approved' WHERE id = :w"), {"w": w["id"]})
+                           "VALUES (:w, :d, :o, 'approve', 'looks fine')"), {"w": w.id, "d": decision, "o": f"api:{op}"})
+        c.execute(text("UPDATE withdrawal_request SET state = 'approved' WHERE id = :w"), {"w": w.id})
 
     def refused():  # the batch it was in (custody takes a refused withdrawal out: custody.payouts drop_refused)
         with owner.connect() as c:
             return c.execute(text("SELECT batch_id FROM batch_output WHERE withdrawal_id = :w UNION "
                                   "SELECT (detail->>'batch_id')::bigint FROM audit_event WHERE action = 'batch.drop_refused' "
-                                  "AND (detail->>'withdrawal_id')::bigint = :w"), {"w": w["id"]}).scalar()
+                                  "AND (detail->>'withdrawal_id')::bigint = :w"), {"w": w.id}).scalar()
     batch = _until("batched", refused)
     def code():
         with owner.connect() as c:
             return c.execute(text("SELECT code FROM signer_audit WHERE outcome = 'refused' AND batch_id = :b"), {"b": batch}).scalar()
     assert _until("the signer's refusal", code) == "approval_unsigned"
-    _until("back to the operators", lambda: _state(clients, w["id"]) == "pending_approval")
+    _until("back to the operators", lambda: _state(clients, w.id) == "pending_approval")
     cluster.bitcoin.mine(2)
     assert _payments_to(cluster, dest) == 0
     with owner.connect() as c:
@@ -315,15 +317,15 @@ def test_signer_killed_mid_batch_pays_exactly_once(deployment, nodes_up, clients
     procs = deployment.processes
     procs.kill("custody-signer", signal.SIGSTOP)  # the worker's signing call will hang on it
     w = _withdraw(clients, acct, "0.3", dest)
-    _until("batched", lambda: _state(clients, w["id"]) == "batched")
+    _until("batched", lambda: _state(clients, w.id) == "batched")
     time.sleep(1.0)  # the worker is now waiting on the stopped signer
     procs.kill("custody-signer", signal.SIGKILL)
     procs.start("custody-signer")
-    _until_final(clients, cluster, w["id"])
+    _until_final(clients, cluster, w.id)
     assert _payments_to(cluster, dest) == 1
     with owner.connect() as c:
         assert c.execute(text("SELECT count(DISTINCT batch_id) FROM batch_output WHERE withdrawal_id = :w"),
-                         {"w": w["id"]}).scalar() == 1
+                         {"w": w.id}).scalar() == 1
 
 
 def test_second_worker_takes_over_the_payout_job(deployment, nodes_up, clients, owner):
@@ -343,11 +345,11 @@ def test_second_worker_takes_over_the_payout_job(deployment, nodes_up, clients, 
     dests = [cluster.bitcoin.wallet("getnewaddress", "", "bech32") for _ in range(3)]
     ws = [_withdraw(clients, acct, "0.2", d) for d in dests]
     for w in ws:
-        _until_final(clients, cluster, w["id"])
+        _until_final(clients, cluster, w.id)
     assert [_payments_to(cluster, d) for d in dests] == [1, 1, 1]
     with owner.connect() as c:
         per_withdrawal = c.execute(text("SELECT count(DISTINCT batch_id) FROM batch_output WHERE withdrawal_id = ANY(:w) "
-                                        "GROUP BY withdrawal_id"), {"w": [w["id"] for w in ws]}).scalars().all()
+                                        "GROUP BY withdrawal_id"), {"w": [w.id for w in ws]}).scalars().all()
     assert per_withdrawal == [1, 1, 1]
     assert procs.procs[survivor].poll() is None
 
@@ -359,7 +361,24 @@ def test_bitcoind_restart_needs_no_operator(deployment, nodes_up, clients):
     cluster.bitcoin.start(detached=True)
     cluster.bitcoin.ensure_faucet()  # the test's own funding wallet is not loaded again by itself
     acct = _funded_customer(clients, cluster, 1 * BTC)
-    assert _ok(clients["admin"].get(f"/v1/accounts/{acct}/balance"))["posted"]["value"] == "1.00000000"
-    assert _ok(clients["admin"].get("/v1/verify"))["ok"]
+    assert clients["admin"].get_balance(acct).posted.minor == 1 * BTC
+    assert clients["admin"].verify().ok
     alive = [name for name, proc in deployment.processes.procs.items() if proc.poll() is None]
     assert {"custody-signer", "custody-api"} <= set(alive) and any(n.startswith("custody-worker") for n in alive), alive
+
+
+def test_a_hung_bitcoind_makes_readiness_503_within_seconds(deployment, nodes_up):
+    cluster, _ = nodes_up
+    with httpx.Client(base_url=deployment.api_base, timeout=90) as probe:
+        assert _until("ready", lambda: probe.get("/health/ready").status_code == 200, timeout=60)
+        with control.hang_node(cluster.bitcoin):
+            for attempt in (1, 2):  # the second finds the first probe's call still waiting on the node
+                started = time.monotonic()
+                r = probe.get("/health/ready")
+                took = time.monotonic() - started
+                checks = r.json()["checks"]
+                assert (r.status_code, checks["bitcoin"]["ok"], checks["database"]["ok"]) == (503, False, True), r.text
+                assert checks["bitcoin"]["detail"].startswith("TimeoutError: "), checks["bitcoin"]
+                assert took < 6, f"probe {attempt} took {took:.1f} s"
+        control.wait_answering(cluster.bitcoin)
+        assert _until("ready again", lambda: probe.get("/health/ready").status_code == 200, timeout=60)

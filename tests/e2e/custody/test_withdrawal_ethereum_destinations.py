@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
+from custody.client import CustodyApiError
 from regtest.anvil_node import compile_contract, deploy_contract
 from regtest.install import find_tools
 from regtest.util import assert_equal
@@ -63,17 +64,18 @@ def test_ethereum_destinations_that_swallow_value_are_refused(custody, customer,
              (usdt_acct, "1", rejecter, "destination_contract_not_allowlisted")]
     answers, expected = [], []
     for acct, amount, destination, code in cases:
-        answers.append(refused(withdraw(api, acct, amount, destination)))
+        answers.append(refused(lambda: withdraw(api, acct, amount, destination)))
         expected.append((422, code))
         log.info("%s %s to %s -> %s", amount, "USDT" if acct == usdt_acct else "ETH", destination, answers[-1])
     assert_equal(answers, expected)
 
     log.info("the customer allowlists the contract: ether is still refused, the simulated payout reverts")
     for acct in (eth_acct, usdt_acct):
-        assert_equal(api.post(f"/v1/accounts/{acct}/allowlist", json={"address": rejecter}).status_code, 201)
-    r = withdraw(api, eth_acct, "0.01", rejecter)
-    assert_equal(refused(r), (422, "destination_would_revert"))
-    log.info("refused: %s", r.json()["error"]["message"])
+        assert_equal(api.allow_destination(acct, address=rejecter).account_id, acct)
+    with pytest.raises(CustodyApiError) as r:
+        withdraw(api, eth_acct, "0.01", rejecter)
+    assert_equal((r.value.status, r.value.code), (422, "destination_would_revert"))
+    log.info("refused: %s", r.value.message)
     for acct in (eth_acct, usdt_acct):
         assert_equal(ledger.balance(acct).held, 0)
         assert_equal(w.list(account_id=acct, state=None), [])  # nothing was written
@@ -83,17 +85,17 @@ def test_ethereum_destinations_that_swallow_value_are_refused(custody, customer,
     log.info("USDT to the allowlisted contract is paid: a token transfer runs no code of the destination")
     token_amt = 12_345_678
     r = withdraw(api, usdt_acct, "12.345678", rejecter)
-    assert_equal((r.status_code, r.json()["state"]), (201, "approved"))
-    paid = r.json()["id"]
+    assert_equal(r.state, "approved")
+    paid = r.id
 
     log.info("ether withdrawals to two plain addresses (one allowlisted) are approved; both gain reverting code")
     plain, listed = txbuild.eth_new_address(f"grows-code-{owner}"), txbuild.eth_new_address(f"grows-code-listed-{owner}")
-    assert_equal(api.post(f"/v1/accounts/{eth_acct}/allowlist", json={"address": listed}).status_code, 201)
+    assert_equal(api.allow_destination(eth_acct, address=listed).account_id, eth_acct)
     grows = []
     for destination in (plain, listed):
         r = withdraw(api, eth_acct, "0.02", destination)
-        assert_equal((r.status_code, r.json()["state"]), (201, "approved"))
-        grows.append(r.json()["id"])
+        assert_equal(r.state, "approved")
+        grows.append(r.id)
         anvil.call("anvil_setCode", destination, REVERT_CODE)
 
     log.info("batching checks again: both rejected, holds released; the USDT payout goes on")
