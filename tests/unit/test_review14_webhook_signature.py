@@ -38,3 +38,21 @@ def test_a_captured_delivery_resent_with_another_event_id_is_not_a_new_event():
     except WebhookSignatureError:
         return  # refused: fixed
     assert returned == event_id, f"the receiver would de-duplicate on the forged id {returned!r}"
+
+
+@pytest.mark.xfail(strict=True, reason="review14 F7: a webhook URL may name loopback, link-local (cloud metadata) and "
+                                       "private addresses: the worker POSTs from inside the network and records the "
+                                       "status/error of each attempt (a port-scan oracle for an admin key)")
+@pytest.mark.parametrize("url", [
+    "http://169.254.169.254/latest/meta-data/",  # cloud instance metadata
+    "http://127.0.0.1:18443/",                   # a local bitcoind's RPC port
+    "http://[::1]:8545/",                        # a local anvil / geth JSON-RPC (no auth)
+    "http://10.0.0.5:5432/",                     # the database's private address
+])
+def test_a_webhook_url_may_not_name_an_internal_address(url):
+    from custody.errors import CustodyError
+    from custody.webhooks.endpoints import check_url
+
+    with pytest.raises(CustodyError) as refused:
+        check_url(url)
+    assert refused.value.code.value == "webhook_url_invalid"
