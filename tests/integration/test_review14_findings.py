@@ -14,6 +14,9 @@ turns it into an XPASS, which fails the run until the mark is removed. See each 
   `GET /v1/transactions/{id}` (custody.money_rules.may_read_transaction) hides from it.
 - F5: `/metrics` answers without an API key and shows what the books say each hot/cold location
   holds, reconciliation differences and open incidents.
+- F6: an admin key left working for a rotation's grace period rotates the key that replaced it
+  (custody_rotate_api_key only asks that the target be live and not rotated yet).
+F1 and F7 (webhook signing, webhook URLs) are in tests/unit/test_review14_webhook_signature.py.
 """
 from __future__ import annotations
 
