@@ -21,9 +21,6 @@ from custody.webhooks.signing import WebhookSignatureError, delivery_headers, ev
 SECRET = "whsec_" + "5a" * 32
 
 
-@pytest.mark.xfail(strict=True, reason="review14 F1: Custody-Event-Id is not covered by the signature; "
-                                       "verify_signature returns the unsigned header, so a replay with a new id "
-                                       "passes receivers' de-duplication")
 def test_a_captured_delivery_resent_with_another_event_id_is_not_a_new_event():
     event_id = "deposit.credited:41"
     body = event_body(event_id, "deposit.credited", "2026-12-01T16:00:00+00:00",

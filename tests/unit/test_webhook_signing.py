@@ -81,6 +81,26 @@ def test_during_a_rotation_either_secret_verifies():
     assert_equal(verify_signature([OTHER, SECRET], signed()[0], body, now=NOW), "deposit.credited:7")  # receiver rolling over
 
 
+def test_the_event_id_and_type_come_from_the_signed_body_and_unsigned_headers_that_differ_are_refused():
+    from custody.webhooks import verify_event
+    headers, body = signed()
+    event = verify_event(SECRET, headers, body, now=NOW)
+    assert_equal((event["id"], event["type"], event["data"]), ("deposit.credited:7", "deposit.credited",
+                                                              {"amount": "50000000", "deposit_id": 7}))
+    assert_equal(code_of(verify_signature, SECRET, {**headers, "Custody-Event-Id": "deposit.credited:8"}, body, now=NOW),
+                 "event_id_mismatch")
+    assert_equal(code_of(verify_signature, SECRET, {**headers, "Custody-Event-Type": "fill.created"}, body, now=NOW),
+                 "event_type_mismatch")
+    bare = {k: v for k, v in headers.items() if k not in ("Custody-Event-Id", "Custody-Event-Type")}
+    assert_equal(verify_signature(SECRET, bare, body, now=NOW), "deposit.credited:7")  # the body is enough
+
+
+def test_a_signed_body_that_is_not_an_event_is_refused():
+    for body in (b"not json", b"[1, 2]", b'{"id": 7, "type": "x"}', b'{"type": "x"}'):
+        headers = delivery_headers([SECRET], "x", "x", NOW, body)
+        assert_equal(code_of(verify_signature, SECRET, headers, body, now=NOW), "body_invalid")
+
+
 def test_backoff_doubles_within_its_jitter_and_is_capped():
     assert_equal([backoff_seconds(n, base=10, cap=3600, jitter=1.0) for n in (1, 2, 3, 4)], [10, 20, 40, 80])
     assert_equal(backoff_seconds(3, base=10, cap=3600, jitter=0.0), 20)  # half of 40 at the least
