@@ -37,9 +37,6 @@ def test_a_captured_delivery_resent_with_another_event_id_is_not_a_new_event():
     assert returned == event_id, f"the receiver would de-duplicate on the forged id {returned!r}"
 
 
-@pytest.mark.xfail(strict=True, reason="review14 F7: a webhook URL may name loopback, link-local (cloud metadata) and "
-                                       "private addresses: the worker POSTs from inside the network and records the "
-                                       "status/error of each attempt (a port-scan oracle for an admin key)")
 @pytest.mark.parametrize("url", [
     "http://169.254.169.254/latest/meta-data/",  # cloud instance metadata
     "http://127.0.0.1:18443/",                   # a local bitcoind's RPC port
