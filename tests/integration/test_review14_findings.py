@@ -240,9 +240,6 @@ def test_metrics_do_not_show_the_firms_holdings_to_anyone(database_url):
 
 # ---- F6: a key in its rotation grace period takes over its successor ------------------------------
 
-@pytest.mark.xfail(strict=True, reason="review14 F6: an admin key kept working for a rotation's grace period can "
-                                       "rotate (or revoke) the key that replaced it: whoever holds the leaked old "
-                                       "key ends up with the only live key of the name")
 def test_a_key_in_its_grace_period_cannot_rotate_its_successor(engine, ledger):
     run = uuid.uuid4().hex[:8]
     client, settings = _client(engine, ledger)
