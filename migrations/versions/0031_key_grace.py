@@ -14,8 +14,9 @@ What changes:
   making the call, which must be an admin key that is not revoked and not in a grace period
   (`revoked_at IS NULL`); otherwise SQLSTATE 42501 (`insufficient_privilege`). The api calls these.
 - The two functions without a caller (migration 0025) stay for the owner's CLI (`python -m custody
-  revoke-api-key` / `rotate-api-key`), but EXECUTE on them is revoked from PUBLIC: the api role can
-  no longer reach them. (A compromised api could still name some other live admin key as caller;
+  revoke-api-key` / `rotate-api-key`) and now call the new ones with no caller, which a service
+  role (custody_api, custody_worker, custody_signer: the session's login or its SET ROLE) is refused
+  (42501). EXECUTE grants cannot do this: `custody_apply_role_grants()` grants every function. (A compromised api could still name some other live admin key as caller;
   the check stops a key in its grace period from being used through the service, not a process
   that holds the database role.)
 """
@@ -27,41 +28,137 @@ branch_labels = None
 depends_on = None
 
 SQL = """
-CREATE FUNCTION custody_check_key_manager(p_caller bigint) RETURNS void
-    LANGUAGE plpgsql SECURITY DEFINER SET search_path = public AS $$
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM api_key WHERE id = p_caller AND role = 'admin' AND revoked_at IS NULL) THEN
-        RAISE EXCEPTION 'api key % may not manage keys (not an admin key, revoked, or in a rotation''s grace period)',
-            p_caller USING ERRCODE = 'insufficient_privilege';
-    END IF;
-END $$;
+-- Is the calling session one of the service roles (logged in as one, or SET ROLE to one)? Inside a
+-- SECURITY DEFINER function current_user is the owner, but session_user and the `role` setting
+-- still name the caller.
+CREATE FUNCTION custody_called_by_service_role() RETURNS boolean
+    LANGUAGE sql STABLE SET search_path = public AS $$
+    SELECT session_user::text IN ('custody_api', 'custody_worker', 'custody_signer')
+        OR current_setting('role') IN ('custody_api', 'custody_worker', 'custody_signer') $$;
 
 CREATE FUNCTION custody_revoke_api_key(p_id bigint, p_by text, p_caller bigint) RETURNS timestamptz
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = public AS $$
+DECLARE
+    k api_key%ROWTYPE;
 BEGIN
-    PERFORM custody_check_key_manager(p_caller);
-    RETURN custody_revoke_api_key(p_id, p_by);
+    IF p_caller IS NULL AND custody_called_by_service_role() THEN
+        RAISE EXCEPTION 'a service role must name the calling key' USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    IF p_caller IS NOT NULL AND NOT EXISTS (SELECT 1 FROM api_key WHERE id = p_caller AND role = 'admin'
+                                                                    AND revoked_at IS NULL) THEN
+        RAISE EXCEPTION 'api key % may not manage keys (not an admin key, revoked, or in a rotation''s grace period)',
+            p_caller USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    SELECT * INTO k FROM api_key WHERE id = p_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'api key % does not exist', p_id USING ERRCODE = 'no_data_found';
+    END IF;
+    IF k.revoked_at IS NOT NULL AND k.revoked_at <= now() THEN
+        RAISE EXCEPTION 'api key % is revoked already', p_id USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    UPDATE api_key SET revoked_at = now(), revoked_by = p_by WHERE id = p_id;
+    INSERT INTO audit_event (actor, action, subject, detail)
+    VALUES (p_by, 'api_key.revoke', k.name, jsonb_build_object('id', p_id, 'role', k.role));
+    RETURN now();
 END $$;
 
 CREATE FUNCTION custody_rotate_api_key(p_id bigint, p_prefix text, p_hash text, p_grace_seconds integer, p_by text,
                                        p_caller bigint)
     RETURNS bigint LANGUAGE plpgsql SECURITY DEFINER SET search_path = public AS $$
+DECLARE
+    k api_key%ROWTYPE;
+    v_new bigint;
 BEGIN
-    PERFORM custody_check_key_manager(p_caller);
-    RETURN custody_rotate_api_key(p_id, p_prefix, p_hash, p_grace_seconds, p_by);
+    IF p_caller IS NULL AND custody_called_by_service_role() THEN
+        RAISE EXCEPTION 'a service role must name the calling key' USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    IF p_caller IS NOT NULL AND NOT EXISTS (SELECT 1 FROM api_key WHERE id = p_caller AND role = 'admin'
+                                                                    AND revoked_at IS NULL) THEN
+        RAISE EXCEPTION 'api key % may not manage keys (not an admin key, revoked, or in a rotation''s grace period)',
+            p_caller USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    IF p_grace_seconds IS NULL OR p_grace_seconds < 0 OR p_grace_seconds > 604800 THEN
+        RAISE EXCEPTION 'grace period % s is outside 0..604800', p_grace_seconds USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT * INTO k FROM api_key WHERE id = p_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'api key % does not exist', p_id USING ERRCODE = 'no_data_found';
+    END IF;
+    IF k.revoked_at IS NOT NULL OR EXISTS (SELECT 1 FROM api_key WHERE replaces = p_id) THEN
+        RAISE EXCEPTION 'api key % is revoked or rotated already', p_id USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    INSERT INTO api_key (name, role, key_prefix, key_hash, replaces)
+    VALUES (k.name, k.role, p_prefix, p_hash, p_id) RETURNING id INTO v_new;
+    UPDATE api_key SET revoked_at = now() + make_interval(secs => p_grace_seconds), revoked_by = p_by
+     WHERE id = p_id;
+    INSERT INTO audit_event (actor, action, subject, detail)
+    VALUES (p_by, 'api_key.rotate', k.name,
+            jsonb_build_object('id', p_id, 'new_id', v_new, 'role', k.role, 'grace_seconds', p_grace_seconds));
+    RETURN v_new;
 END $$;
 
-REVOKE EXECUTE ON FUNCTION custody_check_key_manager(bigint) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION custody_revoke_api_key(bigint, text) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION custody_rotate_api_key(bigint, text, text, integer, text) FROM PUBLIC;
+-- Migration 0025's caller-less signatures, for the owner's CLI: the same checks with no caller.
+CREATE OR REPLACE FUNCTION custody_revoke_api_key(p_id bigint, p_by text) RETURNS timestamptz
+    LANGUAGE sql SECURITY DEFINER SET search_path = public AS $$ SELECT custody_revoke_api_key(p_id, p_by, NULL) $$;
+CREATE OR REPLACE FUNCTION custody_rotate_api_key(p_id bigint, p_prefix text, p_hash text, p_grace_seconds integer,
+                                                  p_by text)
+    RETURNS bigint LANGUAGE sql SECURITY DEFINER SET search_path = public
+    AS $$ SELECT custody_rotate_api_key(p_id, p_prefix, p_hash, p_grace_seconds, p_by, NULL) $$;
+CALL custody_apply_role_grants();
 """
 
 DOWN = """
-GRANT EXECUTE ON FUNCTION custody_revoke_api_key(bigint, text) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION custody_rotate_api_key(bigint, text, text, integer, text) TO PUBLIC;
 DROP FUNCTION custody_rotate_api_key(bigint, text, text, integer, text, bigint);
 DROP FUNCTION custody_revoke_api_key(bigint, text, bigint);
-DROP FUNCTION custody_check_key_manager(bigint);
+DROP FUNCTION custody_called_by_service_role();
+"""
+
+# migration 0025's caller-less functions as they were (the downgrade puts them back)
+_RESTORE_0025 = """
+CREATE OR REPLACE FUNCTION custody_revoke_api_key(p_id bigint, p_by text) RETURNS timestamptz
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = public AS $$
+DECLARE
+    k api_key%ROWTYPE;
+BEGIN
+    SELECT * INTO k FROM api_key WHERE id = p_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'api key % does not exist', p_id USING ERRCODE = 'no_data_found';
+    END IF;
+    IF k.revoked_at IS NOT NULL AND k.revoked_at <= now() THEN
+        RAISE EXCEPTION 'api key % is revoked already', p_id USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    UPDATE api_key SET revoked_at = now(), revoked_by = p_by WHERE id = p_id;
+    INSERT INTO audit_event (actor, action, subject, detail)
+    VALUES (p_by, 'api_key.revoke', k.name, jsonb_build_object('id', p_id, 'role', k.role));
+    RETURN now();
+END $$;
+
+CREATE OR REPLACE FUNCTION custody_rotate_api_key(p_id bigint, p_prefix text, p_hash text, p_grace_seconds integer, p_by text)
+    RETURNS bigint LANGUAGE plpgsql SECURITY DEFINER SET search_path = public AS $$
+DECLARE
+    k api_key%ROWTYPE;
+    v_new bigint;
+BEGIN
+    IF p_grace_seconds IS NULL OR p_grace_seconds < 0 OR p_grace_seconds > 604800 THEN
+        RAISE EXCEPTION 'grace period % s is outside 0..604800', p_grace_seconds USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT * INTO k FROM api_key WHERE id = p_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'api key % does not exist', p_id USING ERRCODE = 'no_data_found';
+    END IF;
+    IF k.revoked_at IS NOT NULL OR EXISTS (SELECT 1 FROM api_key WHERE replaces = p_id) THEN
+        RAISE EXCEPTION 'api key % is revoked or rotated already', p_id USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    INSERT INTO api_key (name, role, key_prefix, key_hash, replaces)
+    VALUES (k.name, k.role, p_prefix, p_hash, p_id) RETURNING id INTO v_new;
+    UPDATE api_key SET revoked_at = now() + make_interval(secs => p_grace_seconds), revoked_by = p_by
+     WHERE id = p_id;
+    INSERT INTO audit_event (actor, action, subject, detail)
+    VALUES (p_by, 'api_key.rotate', k.name,
+            jsonb_build_object('id', p_id, 'new_id', v_new, 'role', k.role, 'grace_seconds', p_grace_seconds));
+    RETURN v_new;
+END $$;
+
 """
 
 
@@ -70,4 +167,5 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.execute(_RESTORE_0025)  # first: they no longer call the functions dropped next
     op.execute(DOWN)

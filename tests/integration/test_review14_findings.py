@@ -263,3 +263,35 @@ def test_a_key_in_its_grace_period_cannot_rotate_its_successor(engine, ledger):
         for k in list_api_keys(engine, include_revoked=False):
             if k.name == name:
                 revoke_api_key(engine, k.id, by="review14-test")
+
+
+def test_the_database_refuses_key_management_by_a_key_in_its_grace_period(engine):
+    """Migration 0031: as custody_api, the caller-less functions are not executable, and the ones
+    with a caller refuse a key whose revoked_at is set (42501), whatever the api checked."""
+    from custody.auth import get_api_key, hash_key, rotate_api_key
+    run = uuid.uuid4().hex[:8]
+    pepper = Settings(environment="test").api_key_pepper
+    name = f"r14-db-{run}"
+    create_api_key(engine, name, Role.admin, pepper)
+    old_id = next(k.id for k in list_api_keys(engine, include_revoked=False) if k.name == name)
+    new, _ = rotate_api_key(engine, old_id, pepper, by="review14-test", grace_seconds=3600)
+    states = []
+    try:
+        for sql, args in (("SELECT custody_revoke_api_key(:i, 'x')", {"i": new.id}),
+                          ("SELECT custody_revoke_api_key(:i, 'x', :c)", {"i": new.id, "c": old_id}),
+                          ("SELECT custody_rotate_api_key(:i, 'csk_x', :h, 0, 'x', :c)",
+                           {"i": new.id, "h": hash_key(f"csk_{run}", pepper), "c": old_id})):
+            with engine.connect() as c:
+                c.execute(text("SET LOCAL ROLE custody_api"))
+                try:
+                    c.execute(text(sql), args)
+                    states.append("done")
+                except DBAPIError as exc:
+                    states.append(getattr(exc.orig, "sqlstate", None))
+                c.rollback()
+        assert_equal(states, ["42501", "42501", "42501"])
+        assert_equal(get_api_key(engine, new.id).revoked_at, None)  # the successor is untouched
+    finally:
+        for k in list_api_keys(engine, include_revoked=False):
+            if k.name == name:
+                revoke_api_key(engine, k.id, by="review14-test")
