@@ -20,8 +20,11 @@ Guarantees:
   `custody_rotate_api_key` (SECURITY DEFINER), which also write the audit event; the api role may
   not write `api_key` directly.
 
+- A key in its rotation grace period may not revoke or rotate keys (migration 0031: the functions'
+  `caller`; the api refuses first): a leaked key its owner rotated cannot take over its successor.
+
 Errors (custody.errors): `api_key_not_found` (404), `api_key_not_live` (409: revoked already, or
-rotated already), `api_key_name_taken` (409); a name that is not 1-64 of `[A-Za-z0-9._-]` is a
+rotated already), `api_key_in_grace_period` (403: the caller's key is in its grace period), `api_key_name_taken` (409); a name that is not 1-64 of `[A-Za-z0-9._-]` is a
 ValueError (the CLI's exit 1; the API's schema refuses it first).
 """
 from __future__ import annotations
@@ -54,6 +57,8 @@ class Role(str, enum.Enum):
 class Principal:
     name: str
     role: Role
+    key_id: int | None = None  # the authenticated key's id
+    retiring: bool = False  # the key is in a rotation's grace period: it may not manage keys
 
     def has(self, *roles: Role) -> bool:
         return self.role is Role.admin or self.role in roles
@@ -118,13 +123,13 @@ def authenticate(engine: Engine, key: str, pepper: str) -> Principal | None:
         return entry[1]
     with engine.connect() as conn:
         row = conn.execute(
-            text("SELECT name, role, EXTRACT(EPOCH FROM revoked_at - now()) AS grace FROM api_key "
+            text("SELECT id, name, role, EXTRACT(EPOCH FROM revoked_at - now()) AS grace FROM api_key "
                  "WHERE key_hash = :h AND (revoked_at IS NULL OR revoked_at > now())"),
             {"h": digest},
         ).first()
     if row is None:
         return None
-    principal = Principal(row.name, Role(row.role))
+    principal = Principal(row.name, Role(row.role), key_id=row.id, retiring=row.grace is not None)
     ttl = AUTH_CACHE_SECONDS if row.grace is None else min(AUTH_CACHE_SECONDS, float(row.grace))
     with _live_lock:
         entries = _live.setdefault(engine, {})
@@ -190,16 +195,24 @@ def _refusal(exc: DBAPIError, key_id: int) -> CustodyError | None:
     state = getattr(exc.orig, "sqlstate", None)
     if state == "P0002":
         return CustodyError(CustodyErrorCode.api_key_not_found, f"no API key with id {key_id}")
+    if state == "42501":
+        return CustodyError(CustodyErrorCode.api_key_in_grace_period, "a key in its rotation grace period (or not an admin key) "
+                                                        "may not revoke or rotate keys; use the key that replaced it")
     if state == "55000":
         return CustodyError(CustodyErrorCode.api_key_not_live, f"API key {key_id} is revoked or rotated already")
     return None
 
 
-def revoke_api_key(engine: Engine, key_id: int, *, by: str) -> ApiKeyView:
-    """Revoke the key now (a rotated key in its grace period too); audited as `by`."""
+def revoke_api_key(engine: Engine, key_id: int, *, by: str, caller: int | None = None) -> ApiKeyView:
+    """Revoke the key now (a rotated key in its grace period too); audited as `by`. `caller`: the
+    id of the API key asking (the api passes it; it must be an admin key not in a grace period);
+    None only for the database owner (the CLI)."""
     try:
         with engine.begin() as conn:
-            conn.execute(text("SELECT custody_revoke_api_key(:i, :b)"), {"i": key_id, "b": by})
+            if caller is None:
+                conn.execute(text("SELECT custody_revoke_api_key(:i, :b)"), {"i": key_id, "b": by})
+            else:
+                conn.execute(text("SELECT custody_revoke_api_key(:i, :b, :c)"), {"i": key_id, "b": by, "c": caller})
     except DBAPIError as exc:
         refused = _refusal(exc, key_id)
         if refused is None:
@@ -210,17 +223,17 @@ def revoke_api_key(engine: Engine, key_id: int, *, by: str) -> ApiKeyView:
 
 
 def rotate_api_key(engine: Engine, key_id: int, pepper: str, *, by: str,
-                   grace_seconds: int = 0) -> tuple[ApiKeyView, str]:
+                   grace_seconds: int = 0, caller: int | None = None) -> tuple[ApiKeyView, str]:
     """A new key for the same name and role (returned once, with its view); the old one stops
-    working after `grace_seconds` (0: at once). Audited as `by`."""
+    working after `grace_seconds` (0: at once). Audited as `by`; `caller` as in revoke_api_key."""
     if not 0 <= grace_seconds <= MAX_GRACE_SECONDS:
         raise ValueError(f"the grace period is 0..{MAX_GRACE_SECONDS} seconds")
     key = new_key()
     try:
         with engine.begin() as conn:
-            new_id = conn.execute(text("SELECT custody_rotate_api_key(:i, :p, :h, :g, :b)"),
-                                  {"i": key_id, "p": key[:10], "h": hash_key(key, pepper), "g": grace_seconds,
-                                   "b": by}).scalar_one()
+            args = {"i": key_id, "p": key[:10], "h": hash_key(key, pepper), "g": grace_seconds, "b": by, "c": caller}
+            new_id = conn.execute(text("SELECT custody_rotate_api_key(:i, :p, :h, :g, :b)" if caller is None else
+                                       "SELECT custody_rotate_api_key(:i, :p, :h, :g, :b, :c)"), args).scalar_one()
     except DBAPIError as exc:
         refused = _refusal(exc, key_id)
         if refused is None:

@@ -47,7 +47,7 @@
 | no_customer_accounts | 409 | a proof-of-reserves report needs at least one customer account of the asset to commit to |
 | reserves_index_behind | 503 | the wallet index's block (the deposit scanner's cursor) is no longer in the node's main chain: a reorg the scanner has not walked yet; ask again shortly |
 | node_view_not_ready | 503 | the node's watch-only wallet (custody.node_view) is not at the pinned tip, is rescanning, or does not yet cover every address custody issued: its holdings cannot be read now (a reconciliation pass skips the cross-check, logged) |
-| webhook_url_invalid | 422 | a webhook URL must be http:// or https:// with a host, at most 2,048 characters, without user or password and without a fragment |
+| webhook_url_invalid | 422 | a webhook URL must be http:// or https:// with a host, at most 2,048 characters, without user or password and without a fragment, naming no internal address (unless `WEBHOOK_ALLOW_PRIVATE_HOSTS` lists it) |
 | webhook_event_types_invalid | 422 | a webhook endpoint's event types are 1 to 100 types of the event catalogue (README "Events", e.g. `deposit.credited`), or `*` for every type |
 | webhook_endpoint_not_found | 404 | no webhook endpoint with that id (or it was deleted) |
 | webhook_delivery_not_found | 404 | no webhook delivery with that id |
@@ -55,6 +55,7 @@
 | api_key_not_found | 404 | no API key with that id |
 | api_key_not_live | 409 | the API key is revoked already (or, to rotate, revoked or rotated already) |
 | api_key_name_taken | 409 | a key of that name was created before (a name is an idempotency namespace: it is never handed out again; rotate the key instead) |
+| api_key_in_grace_period | 403 | the calling key is in its rotation grace period (or is not an admin key): it may not revoke or rotate keys; use the key that replaced it |
 """
 from __future__ import annotations
 
@@ -115,6 +116,7 @@ class CustodyErrorCode(str, enum.Enum):
     api_key_not_found = "api_key_not_found"
     api_key_not_live = "api_key_not_live"
     api_key_name_taken = "api_key_name_taken"
+    api_key_in_grace_period = "api_key_in_grace_period"
 
     @property
     def http_status(self) -> int:
@@ -175,6 +177,7 @@ _STATUS = {
     CustodyErrorCode.api_key_not_found: 404,
     CustodyErrorCode.api_key_not_live: 409,
     CustodyErrorCode.api_key_name_taken: 409,
+    CustodyErrorCode.api_key_in_grace_period: 403,
 }
 
 

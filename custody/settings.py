@@ -15,6 +15,7 @@
 | `WEBHOOK_BACKOFF_MAX_SECONDS` | `3600` | the longest wait between two attempts of one delivery |
 | `WEBHOOK_TIMEOUT_SECONDS` | `5` | the whole of one attempt (connect, send, answer); longer counts as a failure |
 | `WEBHOOK_CONCURRENCY` | `8` | endpoints POSTed to at once by the worker's webhooks job |
+| `WEBHOOK_ALLOW_PRIVATE_HOSTS` | empty | comma-separated IP addresses or CIDR networks that webhook URLs may name although internal (loopback, private, link-local, ...: refused otherwise, custody.webhooks.egress); e.g. `127.0.0.1` for a receiver on the same host |
 | `WEBHOOK_ROTATION_GRACE_SECONDS` | `86400` | default time the old secret keeps signing beside the new one after a rotation |
 | `NODE_VIEW_WARN_AFTER_SECONDS` | `300` | reconciliation passes without the node's own view of bitcoin (custody.node_view) for this long open a `node_view_blind` warning incident |
 | `NODE_VIEW_CRITICAL_AFTER_SECONDS` | `1800` | ... and for this long a critical one, which engages the kill switch |
@@ -54,6 +55,7 @@ class Settings(BaseSettings):
     webhook_timeout_seconds: float = Field(default=5.0, gt=0, le=60)
     webhook_concurrency: int = Field(default=8, ge=1, le=256)
     webhook_rotation_grace_seconds: int = Field(default=86400, ge=0, le=7 * 86400)
+    webhook_allow_private_hosts: str = ""
     node_view_warn_after_seconds: float = Field(default=300.0, ge=0, le=7 * 86400)
     node_view_critical_after_seconds: float = Field(default=1800.0, ge=0, le=7 * 86400)
     readiness_timeout_seconds: float = Field(default=3.0, gt=0, le=60)
@@ -64,6 +66,13 @@ class Settings(BaseSettings):
         if key is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", key.get_secret_value().strip()):
             raise ValueError("WEBHOOK_SECRET_KEY must be 64 hex digits (32 bytes: `openssl rand -hex 32`)")
         return key
+
+    @field_validator("webhook_allow_private_hosts")
+    @classmethod
+    def _webhook_private_hosts(cls, spec: str) -> str:
+        from custody.webhooks.egress import parse_allowed
+        parse_allowed(spec)  # raises ValueError naming the bad entry
+        return spec
     log_format: Literal["json", "text"] = "json"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 

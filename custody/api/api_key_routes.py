@@ -4,14 +4,17 @@
   `next_cursor` in the answer and the `X-Next-Cursor` header, custody.api.paging), with its id, name, role, prefix (its first 10
   characters), when it was created and revoked, and the key it `replaces`; never the key itself.
   `?live=true` lists only the keys that authenticate now.
-- `POST /v1/api-keys/{key_id}/revoke`: the key stops working at the commit (keys are read from the
-  database on every request; nothing caches them). Revoking your own key is allowed (the answer
+- `POST /v1/api-keys/{key_id}/revoke`: the key stops working at the commit in this process, and
+  within `AUTH_CACHE_SECONDS` (0.5 s) in every other one (custody.auth remembers a live key that
+  briefly). Revoking your own key is allowed (the answer
   is the last thing it does).
 - `POST /v1/api-keys/{key_id}/rotate` with `{"grace_seconds": 0..604800}` (default 0): a new key
   of the same name and role, shown once in the answer's `key`; the old one keeps working for the
   grace period, then stops.
 
-Both changes are audited in the admin key's name (`api:<name>`). Errors: `api_key_not_found`
+Both changes are audited in the admin key's name (`api:<name>`). A key in its own rotation grace
+period may not make them (`api_key_in_grace_period`, 403: a leaked key its owner rotated must not
+take over the key that replaced it). Errors: `api_key_not_found`
 (404), `api_key_not_live` (409: revoked already, or rotated already), `invalid_request` (422: a
 grace period outside 0..604800, an id outside 1..2^63-1). New keys of a new name are made with the
 owner's CLI only (`python -m custody create-api-key`): the api process may not write `api_key`,
@@ -26,9 +29,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from custody.api.deps import Admin, ContainerDep
 from custody.api.errors import responses
+from custody.errors import CustodyError, CustodyErrorCode
 from custody.api.paging import PAGED, pager
 from custody.api.params import IdPath
-from custody.auth import MAX_GRACE_SECONDS, ApiKeyView, get_api_key, list_api_keys, revoke_api_key, rotate_api_key
+from custody.auth import MAX_GRACE_SECONDS, ApiKeyView, Principal, get_api_key, list_api_keys, revoke_api_key, rotate_api_key
 
 router = APIRouter(prefix="/v1/api-keys", tags=["api-keys"])
 KeysPage = pager("api-keys", newest_first=False, default=1000, maximum=1000)
@@ -75,14 +79,28 @@ def api_keys(container: ContainerDep, _: Admin, page: KeysPage, live: bool = Fal
     return ApiKeyList(keys=[_out(k) for k in keys], next_cursor=page.next_cursor)
 
 
-@router.post("/{key_id}/revoke", response_model=ApiKeyOut, responses=responses("api_key_not_found", "api_key_not_live"))
+def _manager(principal: Principal) -> int | None:
+    """The caller's key id, after refusing a key in its rotation grace period (the database
+    functions refuse it too, migration 0031)."""
+    if principal.retiring:
+        raise CustodyError(CustodyErrorCode.api_key_in_grace_period,
+                           "this key is in its rotation grace period: it may not revoke or rotate keys; "
+                           "use the key that replaced it")
+    return principal.key_id
+
+
+_REFUSALS = ("api_key_in_grace_period", "api_key_not_found", "api_key_not_live")
+
+
+@router.post("/{key_id}/revoke", response_model=ApiKeyOut, responses=responses(*_REFUSALS))
 def revoke(key_id: IdPath, container: ContainerDep, principal: Admin) -> ApiKeyOut:
-    return _out(revoke_api_key(container.engine, key_id, by=f"api:{principal.name}"))
+    return _out(revoke_api_key(container.engine, key_id, by=f"api:{principal.name}", caller=_manager(principal)))
 
 
-@router.post("/{key_id}/rotate", response_model=RotatedOut, responses=responses("api_key_not_found", "api_key_not_live"))
+@router.post("/{key_id}/rotate", response_model=RotatedOut, responses=responses(*_REFUSALS))
 def rotate(key_id: IdPath, body: RotateIn, container: ContainerDep, principal: Admin) -> RotatedOut:
     new, key = rotate_api_key(container.engine, key_id, container.settings.api_key_pepper,
-                              by=f"api:{principal.name}", grace_seconds=body.grace_seconds)
+                              by=f"api:{principal.name}", grace_seconds=body.grace_seconds,
+                              caller=_manager(principal))
     old = get_api_key(container.engine, key_id)
     return RotatedOut(new=_out(new), key=key, old_key_stops_at=old.revoked_at or new.created_at)

@@ -23,10 +23,15 @@ that answered after the timeout, or a worker that stopped between the POST and r
 the event again; de-duplicate on the event id.
 
 SSRF: the worker POSTs to whatever URL an admin registered, from inside the network (it can
-reach the database, the nodes and the signer's host). Only admins register endpoints (audited),
-redirects are not followed and the answer's body is never read or stored; run the worker
-behind an egress proxy or firewall that allows only the receivers' hosts (httpx honours
-`HTTPS_PROXY` / `HTTP_PROXY` / `NO_PROXY`).
+reach the database, the nodes and the signer's host). Before each POST the URL's host is resolved
+again and every address checked (custody.webhooks.egress: internal addresses are refused unless
+`WEBHOOK_ALLOW_PRIVATE_HOSTS` lists them), and the POST goes to the checked address (DNS rebinding
+cannot redirect it). Redirects are not followed and the answer's body is never read. A failed
+attempt stores only its status and a coarse class in `last_error` (`timeout`, `connect_failed`,
+`tls_failed`, `request_failed`, `address_refused`, `resolve_failed`, `http_status`), never the
+exception's text, so the API does not become a port scanner; the detail is logged at info level by
+the worker. Running the worker behind an egress proxy or firewall that allows only the receivers'
+hosts remains good practice (httpx honours `HTTPS_PROXY` / `HTTP_PROXY` / `NO_PROXY`).
 
 A secret that does not decrypt (the worker's webhook key differs from the api's) sends nothing
 for that endpoint and counts no attempt: it is logged at error level on every run until fixed.
@@ -45,6 +50,7 @@ import httpx
 from sqlalchemy import Engine, text
 
 from custody.settings import Settings
+from custody.webhooks import egress
 from custody.webhooks.keys import SecretBox, SecretUnreadable
 from custody.webhooks.signing import delivery_headers, event_body
 
@@ -53,7 +59,6 @@ log = logging.getLogger(__name__)
 FAN_OUT_BATCH = 500
 DUE_BATCH = 500
 PER_ENDPOINT = 20
-_ERROR_TEXT = 500  # characters of a failure kept in last_error
 
 
 @dataclass(frozen=True)
@@ -156,25 +161,44 @@ def due_attempts(engine: Engine, box: SecretBox, *, limit: int = DUE_BATCH, per_
     return [g for g in groups.values() if g]
 
 
-async def _post(client: httpx.AsyncClient, a: Attempt, timeout: float) -> Outcome:
+def _error_class(exc: httpx.HTTPError) -> str:
+    if isinstance(exc, httpx.TimeoutException):
+        return "timeout"
+    if isinstance(exc, httpx.ConnectError):
+        cause = exc.__cause__ or exc.__context__
+        return "tls_failed" if "ssl" in type(cause).__module__.lower() or "SSL" in str(exc) else "connect_failed"
+    return "request_failed"
+
+
+async def _post(client: httpx.AsyncClient, a: Attempt, timeout: float, allowed: tuple[egress.IPNetwork, ...]) -> Outcome:
     headers = delivery_headers(a.secrets, a.event_id, a.event_type, int(time.time()), a.body)
 
     async def send() -> int:
-        async with client.stream("POST", a.url, content=a.body, headers=headers) as response:
+        target = await egress.pinned_target(a.url, allowed)  # resolved and checked now, then used as is
+        extensions = {"sni_hostname": target.sni_hostname} if target.sni_hostname else {}
+        async with client.stream("POST", target.url, content=a.body, headers={**headers, "Host": target.host_header},
+                                 extensions=extensions) as response:
             return response.status_code  # the body is never read
 
     try:
         status = await asyncio.wait_for(send(), timeout)
     except asyncio.TimeoutError:
-        return Outcome(a, None, f"no answer within {timeout:g} s")
+        log.info("webhook delivery %s to endpoint %s: no answer within %g s", a.delivery_id, a.endpoint_id, timeout)
+        return Outcome(a, None, "timeout")
+    except egress.EgressRefused as exc:
+        log.warning("webhook delivery %s to endpoint %s refused: %s", a.delivery_id, a.endpoint_id, exc)
+        return Outcome(a, None, exc.reason)
     except httpx.HTTPError as exc:
-        return Outcome(a, None, f"{type(exc).__name__}: {exc}"[:_ERROR_TEXT])
+        log.info("webhook delivery %s to endpoint %s failed: %s: %s", a.delivery_id, a.endpoint_id,
+                 type(exc).__name__, exc)
+        return Outcome(a, None, _error_class(exc))
     if 200 <= status < 300:
         return Outcome(a, status, None)
-    return Outcome(a, status, f"HTTP {status}")
+    return Outcome(a, status, "http_status")
 
 
-async def _send_all(groups: list[list[Attempt]], *, timeout: float, concurrency: int) -> list[Outcome]:
+async def _send_all(groups: list[list[Attempt]], *, timeout: float, concurrency: int,
+                    allowed: tuple[egress.IPNetwork, ...] = ()) -> list[Outcome]:
     limit = asyncio.Semaphore(concurrency)
     transport_timeout = httpx.Timeout(timeout + 1.0)  # the wait_for below is the deadline; this only backs it up
     async with httpx.AsyncClient(follow_redirects=False, timeout=transport_timeout) as client:
@@ -182,7 +206,7 @@ async def _send_all(groups: list[list[Attempt]], *, timeout: float, concurrency:
             outcomes: list[Outcome] = []
             async with limit:
                 for a in group:
-                    outcomes.append(await _post(client, a, timeout))
+                    outcomes.append(await _post(client, a, timeout, allowed))
                     if not outcomes[-1].ok:
                         break  # this endpoint's turn ends; the rest wait for the next run, unattempted
             return outcomes
@@ -237,6 +261,7 @@ def run_once(engine: Engine, box: Callable[[], SecretBox], settings: Settings) -
     if not groups:
         return RunResult(fanned, 0, 0, 0)
     outcomes = asyncio.run(_send_all(groups, timeout=settings.webhook_timeout_seconds,
-                                     concurrency=settings.webhook_concurrency))
+                                     concurrency=settings.webhook_concurrency,
+                                     allowed=egress.parse_allowed(settings.webhook_allow_private_hosts)))
     delivered, failed, dead = record(engine, outcomes, settings)
     return RunResult(fanned, delivered, failed, dead)

@@ -4,7 +4,9 @@ Guarantees:
 - A secret leaves the service exactly twice: in the answer to create and to rotate. It is
   stored only encrypted (custody.webhooks.keys).
 - A URL is http:// or https:// with a host, at most 2,048 characters, with no user, password or
-  fragment (`webhook_url_invalid`); event types are 1-100 dotted lowercase names or `*`
+  fragment, whose host is not an internal address (loopback, private, link-local, ...: a literal
+  one, or a name resolving to one; `WEBHOOK_ALLOW_PRIVATE_HOSTS` lists exceptions;
+  custody.webhooks.egress) (`webhook_url_invalid`); event types are 1-100 dotted lowercase names or `*`
   (`webhook_event_types_invalid`). A URL never changes: register a new endpoint instead.
 - Rotating keeps the previous secret signing beside the new one until `grace_seconds` have
   passed (both `v1` values in the header); rotating again within the grace drops the older one.
@@ -31,7 +33,7 @@ from custody.controls import audit
 from custody.errors import CustodyError, CustodyErrorCode
 from custody.events import EVENT_TYPES
 from custody.settings import Settings
-from custody.webhooks import delivery
+from custody.webhooks import delivery, egress
 from custody.webhooks.keys import SecretBox, load_key, new_secret
 
 MAX_URL = 2048
@@ -41,8 +43,9 @@ _EVENT_TYPE = re.compile(r"[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*")
 DELIVERY_STATES = ("pending", "delivered", "dead")
 
 
-def check_url(url: str) -> str:
-    """The URL as given, or CustodyError(webhook_url_invalid) saying why."""
+def check_url(url: str, allowed: tuple[egress.IPNetwork, ...] = ()) -> str:
+    """The URL as given, or CustodyError(webhook_url_invalid) saying why. `allowed`: the internal
+    networks it may name anyway (Settings.webhook_allow_private_hosts, parsed)."""
     def bad(why: str) -> CustodyError:
         return CustodyError(CustodyErrorCode.webhook_url_invalid, why)
 
@@ -61,6 +64,10 @@ def check_url(url: str) -> str:
         raise bad("a webhook URL must not carry a user or password: the delivery's signature authenticates it")
     if parts.fragment or url.endswith("#"):
         raise bad("a webhook URL must not have a fragment (#...)")
+    try:
+        egress.check_host(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80), allowed)
+    except egress.EgressRefused as exc:
+        raise bad(str(exc)) from None
     return url
 
 
@@ -153,7 +160,8 @@ class Webhooks:
     # ---- endpoints -----------------------------------------------------------------------------
 
     def create(self, url: str, event_types: list[str], description: str, *, by: str) -> EndpointWithSecret:
-        url, types = check_url(url), check_event_types(event_types)
+        url = check_url(url, egress.parse_allowed(self.settings.webhook_allow_private_hosts))
+        types = check_event_types(event_types)
         box, secret = self.box(), new_secret()
         with self.engine.begin() as c:
             endpoint_id = c.execute(text("SELECT nextval(pg_get_serial_sequence('webhook_endpoint', 'id'))")).scalar_one()

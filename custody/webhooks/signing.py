@@ -5,8 +5,8 @@ Every delivery is an HTTP POST whose body is the event as JSON (UTF-8, keys sort
 
 | header | value |
 | --- | --- |
-| `Custody-Event-Id` | the event key: the same on every attempt and replay of one event (de-duplicate on it) |
-| `Custody-Event-Type` | the event type (`deposit.credited`, ...) |
+| `Custody-Event-Id` | the event key: the same on every attempt and replay of one event (a copy of the body's `id`) |
+| `Custody-Event-Type` | the event type (`deposit.credited`, ...) (a copy of the body's `type`) |
 | `Custody-Timestamp` | the attempt's time, whole seconds since the Unix epoch |
 | `Custody-Signature` | `v1=<hex>`, or `v1=<hex>,v1=<hex>` while a rotated secret's grace period runs |
 
@@ -20,8 +20,12 @@ included), one value per secret that is valid for signing. The receiver:
    until the grace period ends, one that has the new one verifies at once);
 3. refuses a timestamp more than `tolerance` seconds (default 300) from its own clock, so a
    captured delivery cannot be replayed later;
-4. de-duplicates on `Custody-Event-Id`: delivery is at least once (a receiver that answered 2xx
-   too late, or an operator's replay, sends the same event again).
+4. takes the event id and type from the signed body (`id`, `type`), never from the headers: the
+   signature covers the body and the timestamp only, so `Custody-Event-Id` and `Custody-Event-Type`
+   are conveniences for routing that a replayer could change; a header that differs from the
+   body's value is refused;
+5. de-duplicates on that signed id: delivery is at least once (a receiver that answered 2xx too
+   late, or an operator's replay, sends the same event again).
 
     from custody.webhooks import verify_signature, WebhookSignatureError
     try:
@@ -32,7 +36,11 @@ included), one value per secret that is valid for signing. The receiver:
 `verify_signature` raises `WebhookSignatureError` with `code`: `header_missing` (no timestamp or
 signature header), `timestamp_invalid` (not an integer), `timestamp_outside_tolerance` (too old or
 too far in the future), `signature_mismatch` (no `v1` value matches any of the given secrets: the
-body or timestamp was changed, or the secret is wrong).
+body or timestamp was changed, or the secret is wrong), `body_invalid` (signed, but not a JSON
+object with a string `id` and `type`), `event_id_mismatch` (a `Custody-Event-Id` header that is not
+the signed body's `id`: a captured delivery re-sent under another id), `event_type_mismatch` (the
+same for `Custody-Event-Type`). It returns the id read from the signed body; `verify_event` returns
+the whole parsed body.
 """
 from __future__ import annotations
 
@@ -81,9 +89,16 @@ def delivery_headers(secrets: Iterable[str], event_id: str, event_type: str, tim
 
 def verify_signature(secret: str | Iterable[str], headers: Mapping[str, str], body: bytes, *,
                      tolerance: int = DEFAULT_TOLERANCE_SECONDS, now: float | None = None) -> str:
-    """Check one delivery as a receiver: returns its event id, or raises WebhookSignatureError.
-    `secret` is the endpoint's secret, or several (old and new, while rolling over); `headers` any
-    mapping (matched case-insensitively); `body` the raw request body bytes."""
+    """Check one delivery as a receiver: returns its event id (the signed body's `id`), or raises
+    WebhookSignatureError. `secret` is the endpoint's secret, or several (old and new, while rolling
+    over); `headers` any mapping (matched case-insensitively); `body` the raw request body bytes."""
+    return str(verify_event(secret, headers, body, tolerance=tolerance, now=now)["id"])
+
+
+def verify_event(secret: str | Iterable[str], headers: Mapping[str, str], body: bytes, *,
+                 tolerance: int = DEFAULT_TOLERANCE_SECONDS, now: float | None = None) -> dict[str, object]:
+    """Like `verify_signature`, but returns the parsed, signed event (`id`, `type`, `created_at`,
+    `data`): parse the body only after it is verified, and only with this."""
     lower = {k.lower(): v for k, v in headers.items()}
     stamp, signatures = lower.get(TIMESTAMP_HEADER.lower()), lower.get(SIGNATURE_HEADER.lower())
     if not stamp or not signatures:
@@ -98,8 +113,16 @@ def verify_signature(secret: str | Iterable[str], headers: Mapping[str, str], bo
                                     f"{TIMESTAMP_HEADER} is {int(current - timestamp)} s from now (tolerance {tolerance} s)")
     secrets = [secret] if isinstance(secret, str) else list(secret)
     offered = [v.strip() for part in signatures.split(",") for k, _, v in [part.strip().partition("=")] if k == SCHEME]
-    for s in secrets:
-        expected = sign(s, timestamp, body)
-        if any(hmac.compare_digest(expected, candidate) for candidate in offered):
-            return lower.get(ID_HEADER.lower(), "")
-    raise WebhookSignatureError("signature_mismatch", "no v1 signature matches the body, timestamp and secret")
+    if not any(hmac.compare_digest(sign(s, timestamp, body), candidate) for s in secrets for candidate in offered):
+        raise WebhookSignatureError("signature_mismatch", "no v1 signature matches the body, timestamp and secret")
+    try:
+        event = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise WebhookSignatureError("body_invalid", "the signed body is not JSON") from None
+    if not isinstance(event, dict) or not isinstance(event.get("id"), str) or not isinstance(event.get("type"), str):
+        raise WebhookSignatureError("body_invalid", "the signed body has no string `id` and `type`")
+    for header, field, code in ((ID_HEADER, "id", "event_id_mismatch"), (TYPE_HEADER, "type", "event_type_mismatch")):
+        claimed = lower.get(header.lower())
+        if claimed is not None and claimed != event[field]:
+            raise WebhookSignatureError(code, f"{header} is not the signed body's `{field}`: the header is not signed")
+    return event

@@ -107,7 +107,8 @@ def engine(database_url):
 @pytest.fixture()
 def world(engine):
     settings = Settings(environment="test", webhook_backoff_seconds=0.05, webhook_backoff_max_seconds=0.2,
-                        webhook_max_attempts=4, webhook_timeout_seconds=2)
+                        webhook_max_attempts=4, webhook_timeout_seconds=2,
+                        webhook_allow_private_hosts="127.0.0.1")  # the receivers run on this host
     container = Container(settings=settings, engine=engine, ledger=Ledger(engine))
     run = uuid.uuid4().hex[:8]
     admin = create_api_key(engine, f"webhooks-admin-{run}", Role.admin, settings.api_key_pepper)
@@ -319,7 +320,7 @@ def test_a_hanging_receiver_does_not_hold_up_the_others(world, engine):
         assert_equal(sorted(receiver.processed["/fast"]), sorted(ids))
         assert_equal((result.delivered, result.failed), (2, 1))
         assert_equal([(d["state"], d["attempts"], d["last_error"]) for d in deliveries(client, hang)],
-                     [("pending", 1, "no answer within 0.5 s"), ("pending", 0, None)])
+                     [("pending", 1, "timeout"), ("pending", 0, None)])
     finally:
         release.set()
         hanging.shutdown()
@@ -355,3 +356,24 @@ def test_an_unreadable_webhook_key_answers_503_and_writes_nothing(world, engine,
     r = keyless.post("/v1/webhook-endpoints/987654321/rotate-secret", json={})
     assert_equal((r.status_code, r.json()["error"]["code"]), (404, "webhook_endpoint_not_found"))
     assert_equal(stored(), before)
+
+
+def test_the_worker_checks_the_address_again_before_each_post(world, engine):
+    """An endpoint registered while its address was allowed gets nothing once it is not (the check
+    at send time, which also catches a name re-pointed at an internal address after registration):
+    the attempt fails with the coarse class `address_refused`, nothing reaches the receiver, and a
+    URL naming an internal address is refused at registration without the allow-list."""
+    container, client, receiver, topic = world
+    made = client.post("/v1/webhook-endpoints", json={"url": receiver.url("/x"), "event_types": [topic]}).json()
+    endpoint = made["endpoint"]["id"]
+    receiver.secrets["/x"], receiver.processed["/x"] = [made["secret"]], {}
+    container.webhooks.settings = container.settings.model_copy(update={"webhook_allow_private_hosts": ""})
+    emit_events(engine, topic, "refused")
+    result = container.webhooks.run_once()
+    assert_equal((result.delivered, result.failed), (0, 1))
+    assert_equal([(d["state"], d["attempts"], d["last_status"], d["last_error"]) for d in deliveries(client, endpoint)],
+                 [("pending", 1, None, "address_refused")])
+    assert_equal(receiver.requests, [])
+    for internal in (receiver.url("/y"), "http://localhost:8545/", "http://169.254.169.254/latest/meta-data/"):
+        r = client.post("/v1/webhook-endpoints", json={"url": internal, "event_types": [topic]})
+        assert_equal((r.status_code, r.json()["error"]["code"]), (422, "webhook_url_invalid"))

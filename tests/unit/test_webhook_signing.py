@@ -81,6 +81,26 @@ def test_during_a_rotation_either_secret_verifies():
     assert_equal(verify_signature([OTHER, SECRET], signed()[0], body, now=NOW), "deposit.credited:7")  # receiver rolling over
 
 
+def test_the_event_id_and_type_come_from_the_signed_body_and_unsigned_headers_that_differ_are_refused():
+    from custody.webhooks import verify_event
+    headers, body = signed()
+    event = verify_event(SECRET, headers, body, now=NOW)
+    assert_equal((event["id"], event["type"], event["data"]), ("deposit.credited:7", "deposit.credited",
+                                                              {"amount": "50000000", "deposit_id": 7}))
+    assert_equal(code_of(verify_signature, SECRET, {**headers, "Custody-Event-Id": "deposit.credited:8"}, body, now=NOW),
+                 "event_id_mismatch")
+    assert_equal(code_of(verify_signature, SECRET, {**headers, "Custody-Event-Type": "fill.created"}, body, now=NOW),
+                 "event_type_mismatch")
+    bare = {k: v for k, v in headers.items() if k not in ("Custody-Event-Id", "Custody-Event-Type")}
+    assert_equal(verify_signature(SECRET, bare, body, now=NOW), "deposit.credited:7")  # the body is enough
+
+
+def test_a_signed_body_that_is_not_an_event_is_refused():
+    for body in (b"not json", b"[1, 2]", b'{"id": 7, "type": "x"}', b'{"type": "x"}'):
+        headers = delivery_headers([SECRET], "x", "x", NOW, body)
+        assert_equal(code_of(verify_signature, SECRET, headers, body, now=NOW), "body_invalid")
+
+
 def test_backoff_doubles_within_its_jitter_and_is_capped():
     assert_equal([backoff_seconds(n, base=10, cap=3600, jitter=1.0) for n in (1, 2, 3, 4)], [10, 20, 40, 80])
     assert_equal(backoff_seconds(3, base=10, cap=3600, jitter=0.0), 20)  # half of 40 at the least
@@ -88,9 +108,32 @@ def test_backoff_doubles_within_its_jitter_and_is_capped():
     assert_equal(backoff_seconds(10_000, base=10, cap=3600, jitter=0.5), 2700)  # no overflow
 
 
-@pytest.mark.parametrize("url", ["https://hooks.example.com/custody", "http://10.0.0.5:8080/in?x=1"])
+@pytest.mark.parametrize("url", ["https://hooks.example.com/custody", "http://93.184.216.34:8080/in?x=1",
+                                 "https://[2606:4700::1111]/in"])
 def test_urls_accepted(url):
     assert_equal(check_url(url), url)
+
+
+@pytest.mark.parametrize("url", ["http://localhost:8545/", "http://[::ffff:127.0.0.1]/", "http://0.0.0.0:5432/",
+                                 "http://100.64.0.1/", "http://[fe80::1]/", "http://[fd00::5]/", "http://192.168.1.1/"])
+def test_internal_addresses_and_names_resolving_to_them_are_refused(url):
+    with pytest.raises(CustodyError) as info:
+        check_url(url)
+    assert info.value.code is CustodyErrorCode.webhook_url_invalid
+    assert "internal address" in info.value.message
+
+
+def test_the_allow_list_admits_only_its_networks():
+    from custody.settings import Settings
+    from custody.webhooks.egress import parse_allowed
+    allowed = parse_allowed("10.0.0.0/8, 127.0.0.1")
+    assert_equal(check_url("http://10.0.0.5:8080/in?x=1", allowed), "http://10.0.0.5:8080/in?x=1")
+    assert_equal(check_url("http://127.0.0.1:9/", allowed), "http://127.0.0.1:9/")
+    for still_refused in ("http://127.0.0.2/", "http://169.254.169.254/", "http://[::1]/"):
+        with pytest.raises(CustodyError):
+            check_url(still_refused, allowed)
+    with pytest.raises(ValueError, match="WEBHOOK_ALLOW_PRIVATE_HOSTS"):
+        Settings(environment="test", webhook_allow_private_hosts="10.0.0.0/8,intranet")
 
 
 @pytest.mark.parametrize("url", ["ftp://example.com/x", "https://user:pw@example.com/", "https://user@example.com/",
