@@ -1,11 +1,13 @@
-"""Prometheus metrics of the service, served by the api process at `GET /metrics` (prometheus-client).
+"""Prometheus metrics of the service, served by the api process at `GET /metrics` (prometheus-client;
+an auditor's or operator's API key: the figures include the firm's holdings).
 
 The worker has no HTTP server, so its numbers reach Prometheus through the database: each job run
 is counted in `job_stat` by the worker (custody.jobs), and everything else the worker moves
 (cursors, deposits, withdrawals, balances, reconciliation lines, the kill switch) is a row already.
 `StateCollector` reads them on every scrape, so one scrape of the api shows the whole service, the
-counters survive a worker restart, and two workers add up. A scrape costs a handful of indexed
-queries and one `tip()` per chain node; a query or node that fails is reported in
+counters survive a worker restart, and two workers add up. A scrape costs a handful of queries
+(some are GROUP BY counts over whole tables: scrape every 15-60 s, not faster) and at most one
+`tip()` per chain node per 5 s (`StateCollector.TIP_TTL`); a query or node that fails is reported in
 `custody_scrape_errors{source}` instead of failing the scrape.
 
 | metric | type | labels | what |
@@ -74,8 +76,24 @@ _JOBS_SQL = "SELECT name, runs, failures, skipped, seconds_total, last_run_at FR
 class StateCollector(Collector):
     """The service's state, read from the database (and the chain nodes' tips) on each scrape."""
 
+    TIP_TTL = 5.0  # seconds a node's tip is reused: scrapes (however frequent) ask each node at most this often
+
     def __init__(self, container: Any) -> None:
         self.container = container
+        self._tips: dict[str, tuple[float, int | None]] = {}  # chain -> (monotonic time asked, height or None)
+
+    def _tip(self, chain: str, adapter: Any) -> int | None:
+        """The node's tip height (None: it did not answer), asked at most once per TIP_TTL."""
+        asked = self._tips.get(chain)
+        if asked is not None and time.monotonic() - asked[0] < self.TIP_TTL:
+            return asked[1]
+        try:
+            height: int | None = int(adapter.tip().height)
+        except Exception as exc:  # noqa: BLE001 - unreachable or refused: the node is down for us
+            log.warning("metrics: %s node did not answer tip() (%s)", chain, exc)
+            height = None
+        self._tips[chain] = (time.monotonic(), height)
+        return height
 
     def collect(self) -> Iterable[Metric]:
         errors: list[str] = []
@@ -98,10 +116,8 @@ class StateCollector(Collector):
         for chain, height in sorted(cursors.items()):
             scan.add_metric([chain], height)
         for chain, adapter in sorted(getattr(self.container, "adapters", {}).items()):
-            try:
-                tip = int(adapter.tip().height)
-            except Exception as exc:  # noqa: BLE001 - unreachable or refused: the node is down for us
-                log.warning("metrics: %s node did not answer tip() (%s)", chain, exc)
+            tip = self._tip(chain, adapter)
+            if tip is None:
                 up.add_metric([chain], 0)
                 continue
             up.add_metric([chain], 1)

@@ -1,7 +1,10 @@
 """Health and metrics: what a load balancer, an orchestrator and Prometheus ask the api process.
 
-No API key is needed for these (they reveal no customer data; keep the api's port off the internet
-anyway, as for every route):
+The health routes need no API key (a load balancer and an orchestrator ask them); what they answer
+names dependencies and says ok or failed with the error's class only (never its message: it can name
+hosts, ports and file paths). `/metrics` shows the firm's holdings per location, reconciliation
+differences and incidents, so it needs an auditor's or an operator's key (`X-API-Key`; Prometheus
+sends it with `http_headers` in its scrape config). Keep the api's port off the internet anyway:
 
 - `GET /health/live`: 200 `{"status": "ok"}` while the process serves HTTP at all; nothing else is
   checked (a liveness probe that restarts the process must not fail because a node is down).
@@ -11,7 +14,7 @@ anyway, as for every route):
   its network gate, so a node on the wrong chain fails too), `signer` (`ping()`, when the process
   has a signer client) and `broker` (when the configuration names a NATS server, as the worker
   resolves it: custody.broker_probe; reached from this process, cached 5 s, 2 s timeout).
-  A check that raises is failed with the exception's class and message (never a 500).
+  A check that raises is failed with the exception's class (the message goes to the log only; never a 500).
   The checks run at once, each in a thread of its own, and the answer waits for none longer than
   `READINESS_TIMEOUT_SECONDS` (default 3): a node that accepts connections and never answers
   (wedged, overloaded, SIGSTOPped) fails its check with `TimeoutError: no answer within 3 s`
@@ -21,8 +24,9 @@ anyway, as for every route):
   piles up threads however often the orchestrator probes.
 - `GET /health`: the same as `/health/live` (kept for existing probes and the launcher, which only
   ask whether the process serves; `/health/ready` is the one that checks dependencies).
-- `GET /metrics`: Prometheus text format (custody.metrics: the api's request latencies, and the
-  worker's numbers read from the database on each scrape).
+- `GET /metrics` (auditor or operator key): Prometheus text format (custody.metrics: the api's
+  request latencies, and the worker's numbers read from the database on each scrape; node tips are
+  asked at most once per 5 s whatever the scrape rate).
 """
 from __future__ import annotations
 
@@ -38,7 +42,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 from sqlalchemy import text
 
-from custody.api.deps import ContainerDep
+from custody.api.deps import Auditor, ContainerDep
 from custody.broker_probe import broker_url, probe_for
 
 log = logging.getLogger(__name__)
@@ -117,7 +121,8 @@ class Probes:
             if not future.done():
                 out[name] = _failed(name, f"TimeoutError: no answer within {self.timeout:g} s")
             elif (exc := future.exception()) is not None:  # a failed dependency is the answer, not an error
-                out[name] = _failed(name, f"{type(exc).__name__}: {exc}")
+                log.warning("readiness: %s failed: %s: %s", name, type(exc).__name__, exc)
+                out[name] = _failed(name, type(exc).__name__)
             else:
                 result = future.result()
                 out[name] = Check(ok=True, detail=str(result) if result is not None else "ok")
@@ -162,5 +167,5 @@ def ready(container: ContainerDep, request: Request) -> JSONResponse:
                              "content": {"text/plain": {"schema": {"type": "string"},
                                                         "example": "# TYPE custody_kill_switch_engaged gauge\n"
                                                                    "custody_kill_switch_engaged 0.0\n"}}}})
-def metrics(request: Request) -> Response:
+def metrics(request: Request, _: Auditor) -> Response:
     return Response(generate_latest(request.app.state.metrics_registry), media_type=CONTENT_TYPE_LATEST)

@@ -216,8 +216,6 @@ def test_a_backend_does_not_see_firm_movements_through_a_statement(engine, ledge
 
 # ---- F5: /metrics is public and shows the firm's holdings ----------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="review14 F5: /metrics needs no API key and exposes the books' balance of "
-                                       "every hot/cold location, reconciliation differences and open incidents")
 def test_metrics_do_not_show_the_firms_holdings_to_anyone(database_url):
     run = uuid.uuid4().hex[:8]
     with own_database(database_url, "r14metrics") as engine:  # a location account of its own, seen by nobody else

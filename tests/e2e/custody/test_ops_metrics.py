@@ -9,11 +9,13 @@ is parsed with prometheus-client's own parser.
 from __future__ import annotations
 
 import logging
+import uuid
 
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from custody.api.app import create_app
+from custody.auth import Role, create_api_key
 from custody.jobs import JobLocks, build_scheduler
 from regtest.util import assert_equal
 from tests.e2e.custody.conftest import BTC_FINALITY
@@ -21,8 +23,14 @@ from tests.e2e.custody.conftest import BTC_FINALITY
 log = logging.getLogger(__name__)
 
 
+def auditor(custody) -> TestClient:
+    """A client with an auditor's key: /metrics shows the firm's holdings, so it needs one."""
+    key = create_api_key(custody.engine, f"metrics-{uuid.uuid4().hex[:8]}", Role.auditor, custody.settings.api_key_pepper)
+    return TestClient(create_app(custody), headers={"X-API-Key": key})
+
+
 def scrape(custody) -> dict[str, dict[tuple, float]]:
-    text = TestClient(create_app(custody)).get("/metrics").text
+    text = auditor(custody).get("/metrics").text
     out: dict[str, dict[tuple, float]] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -88,7 +96,7 @@ def test_metrics_after_a_deposit_and_a_withdrawal(custody, customer, bitcoind, l
     assert not m.get("custody_scrape_errors"), m.get("custody_scrape_errors")
 
     log.info("a second scrape records the first one's latency under the route template")
-    client = TestClient(create_app(custody))
+    client = auditor(custody)
     client.get("/metrics")
     again = {s.name: s for f in text_string_to_metric_families(client.get("/metrics").text) for s in f.samples
              if s.name == "custody_http_request_duration_seconds_count" and s.labels.get("route") == "/metrics"}
