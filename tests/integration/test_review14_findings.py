@@ -54,9 +54,6 @@ def _client(engine, ledger) -> tuple[TestClient, Settings]:
 
 # ---- F2: the api role writes the outbox directly ------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="review14 F2: custody_api may INSERT outbox rows of any type (and call "
-                                       "custody_emit with any topic): a compromised api forges "
-                                       "ledger.transaction_posted / deposit.credited for every consumer")
 def test_the_api_role_cannot_forge_a_ledger_event(engine):
     run = uuid.uuid4().hex[:8]
     forged_payload = ('{"transaction_id": 999999999, "kind": "deposit", "legs": '
@@ -85,9 +82,6 @@ def test_the_api_role_cannot_forge_a_ledger_event(engine):
     assert_equal(refused, ["INSERT outbox", "custody_emit"])
 
 
-@pytest.mark.xfail(strict=True, reason="review14 F2: custody_api may UPDATE outbox_aggregate; rewinding a hold's "
-                                       "last_seq makes custody_emit's ON CONFLICT (event_key) DO NOTHING drop the "
-                                       "hold's next event silently while the release commits")
 def test_the_api_role_cannot_make_a_hold_event_disappear(engine, ledger):
     run = uuid.uuid4().hex[:8]
     asset = f"R{run[:6].upper()}"
