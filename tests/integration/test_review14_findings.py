@@ -186,9 +186,6 @@ def test_one_large_transaction_does_not_stop_every_later_event(database_url, nat
 
 # ---- F4: a firm account's statement shows what GET /v1/transactions/{id} hides -----------------
 
-@pytest.mark.xfail(strict=True, reason="review14 F4: GET /v1/accounts/{firm account}/statement answers a backend "
-                                       "every firm-internal posting (transaction id, idempotency key, kind, amount) "
-                                       "that may_read_transaction refuses to show it")
 def test_a_backend_does_not_see_firm_movements_through_a_statement(engine, ledger):
     run = uuid.uuid4().hex[:8]
     client, settings = _client(engine, ledger)
