@@ -31,6 +31,11 @@ What changes:
 - F3: `journal_transaction.metadata` is at most 16,384 bytes as JSON text
   (`journal_transaction_metadata_size`, a CHECK NOT VALID: rows already written stay), so that no
   posting makes an event the broker refuses for its size.
+- F3: `outbox.dead_lettered_at`, `dead_letter_reason`: an event the broker refused for good
+  (custody.broker.EventRefused: larger than the server's max_payload, a refusal that is not a
+  connection failure or a timeout) is set aside by the dispatcher, which opens an incident
+  (`event_dead_lettered`, warning); only the later events of its own aggregate wait behind it.
+  Re-queued by clearing `dead_lettered_at` (the owner) once the cause is fixed.
 """
 from alembic import op
 
@@ -151,9 +156,16 @@ END $$;
 
 ALTER TABLE journal_transaction ADD CONSTRAINT journal_transaction_metadata_size
     CHECK (octet_length(metadata::text) <= 16384) NOT VALID;
+
+-- An event the broker refused for good (custody.jobs.OutboxDispatcher): set aside with the reason;
+-- its aggregate's later events wait behind it, every other aggregate's go on.
+ALTER TABLE outbox ADD COLUMN dead_lettered_at timestamptz, ADD COLUMN dead_letter_reason text;
+CREATE INDEX outbox_dead_lettered ON outbox (aggregate, aggregate_seq) WHERE dead_lettered_at IS NOT NULL;
 """
 
 DOWNGRADE = r"""
+DROP INDEX outbox_dead_lettered;
+ALTER TABLE outbox DROP COLUMN dead_lettered_at, DROP COLUMN dead_letter_reason;
 ALTER TABLE journal_transaction DROP CONSTRAINT journal_transaction_metadata_size;
 DROP FUNCTION custody_emit(text, text, text, integer, jsonb);
 DROP FUNCTION custody_api_event_topics();
