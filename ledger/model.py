@@ -26,6 +26,16 @@ from ledger.errors import ErrorCode, LedgerError
 
 MAX_AMOUNT = 10**78 - 1  # NUMERIC(78,0): wide enough for uint256
 MAX_BATCH = 10_000
+# A journal transaction's metadata, as JSON text, is at most this many bytes (the database's
+# CHECK journal_transaction_metadata_size, migration 0032): its `ledger.transaction_posted` event
+# carries it, and an event larger than the broker's max_payload could never be published.
+MAX_METADATA_BYTES = 16_384
+
+
+def metadata_size(metadata: dict | None) -> int:
+    """The size in bytes of `metadata` as the database stores it (jsonb text: `", "` and `": "`)."""
+    import json
+    return len(json.dumps(metadata or {}, ensure_ascii=False, default=str).encode())
 
 
 class AccountKind(str, enum.Enum):

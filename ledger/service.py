@@ -46,7 +46,9 @@ from ledger.errors import ErrorCode, LedgerError
 from ledger.model import (
     DEFAULT_LIMITS,
     DEFAULT_SHARDS,
+    MAX_METADATA_BYTES,
     MAX_SHARDS,
+    metadata_size,
     Account,
     AccountKind,
     Asset,
@@ -319,6 +321,7 @@ class Ledger:
         """
         _require_key(key)
         validate_transfers(transfers)
+        _require_small_metadata(metadata)
         digest = content_hash(kind, transfers, {"metadata": metadata or {}, "reverses": _reverses})
         row = self._call(conn, _POST_SQL, (
             key,
@@ -352,6 +355,7 @@ class Ledger:
             if kind is PostTransfers:
                 _require_key(command.key)
                 validate_transfers(command.transfers)
+                _require_small_metadata(command.metadata)
                 ops.append("post")
                 keys.append(command.key)
                 hashes.append(content_hash(command.kind, command.transfers,
@@ -713,6 +717,12 @@ ORDER BY e.id
 def _require_key(key: object) -> None:
     if not isinstance(key, str) or not 1 <= len(key) <= MAX_KEY_LENGTH:
         raise LedgerError(ErrorCode.invalid_request, f"an idempotency key of 1-{MAX_KEY_LENGTH} characters is required")
+
+
+def _require_small_metadata(metadata: dict | None) -> None:
+    if metadata_size(metadata) > MAX_METADATA_BYTES:
+        raise LedgerError(ErrorCode.invalid_request,
+                          f"metadata is at most {MAX_METADATA_BYTES} bytes as JSON (it travels in the posting's event)")
 
 
 def _int_array(values: list[int | None]) -> str:

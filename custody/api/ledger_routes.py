@@ -10,7 +10,7 @@ from custody.api.deps import Admin, Auditor, Backend, ContainerDep, Reader
 from custody.api.errors import ApiError, responses
 from custody.api.paging import PAGED, pager
 from custody.ledger_access import CallerLedger
-from custody.money_rules import may_read_transaction
+from custody.money_rules import may_read_statement, may_read_transaction
 from ledger.errors import ErrorCode, LedgerError
 from custody.api.ledger_schemas import (
     AccountIn,
@@ -122,15 +122,20 @@ def balance(account_id: IdPath, c: ContainerDep, _: Reader) -> BalanceOut:
 @router.get("/accounts/{account_id}/statement", response_model=StatementOut,
             responses=responses("account_not_found", *PAGED))
 def statement(
-    account_id: IdPath, c: ContainerDep, _: Reader, paging: StatementPage,
+    account_id: IdPath, c: ContainerDep, who: Reader, paging: StatementPage,
     after: int | None = Query(default=None, ge=0, le=MAX_ID,
                               description="older form of `cursor`: the last entry id of the previous page"),
 ) -> StatementOut:
     """The account's entries in posting order with the balance after each (paged: `cursor`, or the
-    older `after`; not both). A full page always has a next cursor, which may lead to an empty page."""
+    older `after`; not both). A full page always has a next cursor, which may lead to an empty page.
+    A backend reads only the statements of accounts it may debit (customer accounts,
+    custody.money_rules.may_read_statement); a firm account's answers `account_not_found`, as if it
+    did not exist, like a firm-only transaction on `GET /v1/transactions/{id}`."""
     if after is not None and paging.key is not None:
         raise ApiError(422, "invalid_request", "send either cursor or after, not both")
     account = c.ledger.get_account(account_id)
+    if not may_read_statement(who.role, account.kind):
+        raise LedgerError(ErrorCode.account_not_found, f"no account {account_id}")
     d = c.ledger.get_asset(account.asset).decimals
     page = c.ledger.statement(account_id, after=paging.key if paging.key is not None else after, limit=paging.limit)
     paging.next_at(page.next_after)

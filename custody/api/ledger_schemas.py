@@ -5,10 +5,10 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from custody.api.params import Id
-from ledger.model import AccountKind
+from ledger.model import MAX_METADATA_BYTES, AccountKind, metadata_size
 from ledger.amounts import format_amount
 
 Key = Field(min_length=1, max_length=200, description="idempotency key chosen from business ids")
@@ -60,8 +60,16 @@ class TransactionIn(Strict):
         "transfers": [{"debit_account_id": 7, "credit_account_id": 8, "amount": "0.25"}]}]})
     idempotency_key: str = Key
     kind: str = Field(default="transfer", min_length=1, max_length=64)
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(default_factory=dict, description=(
+        f"free JSON object, at most {MAX_METADATA_BYTES} bytes as JSON text (it travels in the posting's event)"))
     transfers: list[TransferIn] = Field(min_length=1, max_length=10_000)
+
+    @field_validator("metadata")
+    @classmethod
+    def _small_metadata(cls, metadata: dict[str, Any]) -> dict[str, Any]:
+        if metadata_size(metadata) > MAX_METADATA_BYTES:
+            raise ValueError(f"metadata is at most {MAX_METADATA_BYTES} bytes as JSON")
+        return metadata
 
 
 class TransactionOut(BaseModel):

@@ -43,8 +43,10 @@ WRITERS = (API, WORKER)
 INSUFFICIENT_PRIVILEGE = "42501"
 MIGRATION = Path(__file__).resolve().parents[2] / "migrations" / "versions" / "0020_process_roles.py"
 API_READ_ONLY = ["api_key", "btc_wallet_output", "chain_asset", "chain_cursor", "chain_transaction", "denylist_address",
-                 "deposit_address_check", "eth_nonce", "job_stat", "matching_snapshot", "node_view_health"]
-# migrations 0022, 0023 (the wallet index), 0025, 0028 (the index's verdicts, the node view's health): custody_api may only read them
+                 "deposit_address_check", "eth_nonce", "job_stat", "matching_snapshot", "node_view_health", "outbox",
+                 "outbox_aggregate"]
+# migrations 0022, 0023 (the wallet index), 0025, 0028 (the index's verdicts, the node view's health), 0032 (events:
+# written through the owner's custody_emit only): custody_api may only read them
 
 
 def sqlstate(engine: Engine, role: str | None, sql: str, params: dict | None = None) -> str | None:
@@ -218,6 +220,13 @@ API_FORBIDDEN = {
     "delete_policy_decision": "DELETE FROM policy_decision WHERE false",
     "delete_reconciliation_line": "DELETE FROM reconciliation_line WHERE false",
     "rewrite_outbox": "UPDATE outbox SET delivered_at = now() WHERE false",
+    # events are written by the owner's functions only (0032): no forged event, no rewound numbering
+    "forge_outbox_event": "INSERT INTO outbox SELECT * FROM outbox WHERE false",
+    "rewind_outbox_aggregate": "UPDATE outbox_aggregate SET last_seq = 0 WHERE false",
+    "number_outbox_aggregate": "INSERT INTO outbox_aggregate SELECT * FROM outbox_aggregate WHERE false",
+    "emit_ledger_event": "SELECT custody_emit('ledger.transaction_posted', NULL, 'r:forged', 1, '{}'::jsonb)",
+    "emit_fill_event": "SELECT custody_emit('fill.executed', NULL, 'r:forged', 1, '{}'::jsonb)",
+    "emit_deposit_event": "SELECT custody_emit('deposit.credited', 'deposit.credited:0', 'deposit:0', 2, '{}'::jsonb)",
     "delete_account_balance": "DELETE FROM account_balance WHERE false",
     "rewrite_journal_transaction": "UPDATE journal_transaction SET kind = kind WHERE false",
     "setval_rebalance_id": "SELECT setval('rebalance_id_seq', 1)",

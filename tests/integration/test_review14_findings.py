@@ -10,6 +10,9 @@ turns it into an XPASS, which fails the run until the mark is removed. See each 
 - F3: one backend request with a large `metadata` stops the whole event stream: the JetStream
   publish of its `ledger.transaction_posted` is refused (NATS max_payload), the sink reports every
   failure as `BrokerUnavailable`, and the dispatcher never gets past it (head-of-line blocking).
+  Fixed (fix14b): metadata is bounded (16 KB), so the test now shows the 422 and, for an event
+  the broker still refuses (written by the owner), the dead letter, its incident and that only its
+  own aggregate waits.
 - F4: a backend reads the firm's own movements through a firm account's statement, which
   `GET /v1/transactions/{id}` (custody.money_rules.may_read_transaction) hides from it.
 - F5: `/metrics` answers without an API key and shows what the books say each hot/cold location
@@ -54,9 +57,6 @@ def _client(engine, ledger) -> tuple[TestClient, Settings]:
 
 # ---- F2: the api role writes the outbox directly ------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="review14 F2: custody_api may INSERT outbox rows of any type (and call "
-                                       "custody_emit with any topic): a compromised api forges "
-                                       "ledger.transaction_posted / deposit.credited for every consumer")
 def test_the_api_role_cannot_forge_a_ledger_event(engine):
     run = uuid.uuid4().hex[:8]
     forged_payload = ('{"transaction_id": 999999999, "kind": "deposit", "legs": '
@@ -85,9 +85,6 @@ def test_the_api_role_cannot_forge_a_ledger_event(engine):
     assert_equal(refused, ["INSERT outbox", "custody_emit"])
 
 
-@pytest.mark.xfail(strict=True, reason="review14 F2: custody_api may UPDATE outbox_aggregate; rewinding a hold's "
-                                       "last_seq makes custody_emit's ON CONFLICT (event_key) DO NOTHING drop the "
-                                       "hold's next event silently while the release commits")
 def test_the_api_role_cannot_make_a_hold_event_disappear(engine, ledger):
     run = uuid.uuid4().hex[:8]
     asset = f"R{run[:6].upper()}"
@@ -145,9 +142,6 @@ def _delete_stream(url: str, stream: str) -> None:
     asyncio.run(go())
 
 
-@pytest.mark.xfail(strict=True, reason="review14 F3: a backend's transaction with ~1.1 MB of metadata makes an event "
-                                       "larger than NATS max_payload; the dispatcher retries it forever as "
-                                       "'broker unavailable' and no later event (deposits, withdrawals) is published")
 def test_one_large_transaction_does_not_stop_every_later_event(database_url, nats_url):
     run = uuid.uuid4().hex[:8]
     stream, prefix = f"R14POISON{run.upper()}", f"r14p{run}"
@@ -169,7 +163,18 @@ def test_one_large_transaction_does_not_stop_every_later_event(database_url, nat
             assert_equal(r.status_code, 201)
             return r.json()["transaction_id"]
 
-        big = post("big", {"note": "x" * 1_100_000})  # accepted: no bound on metadata
+        # fix14b: a backend's metadata is bounded now (16 KB as JSON, schema and CHECK, migration 0032)...
+        r = client.post("/v1/transactions", headers={"X-API-Key": key}, json={
+            "idempotency_key": "big", "kind": "transfer", "metadata": {"note": "x" * 1_100_000},
+            "transfers": [{"debit_account_id": alice, "credit_account_id": bob, "amount": "0.0001"}]})
+        assert_equal((r.status_code, r.json()["error"]["code"]), (422, "invalid_request"))
+        # ...but an event may still be one the broker refuses (written before the bound, a larger
+        # subsystem payload): the owner writes such an event, then a second one on its aggregate
+        poison = f"r14:{run}:poison"
+        with engine.begin() as c:
+            for n, size in ((1, 1_100_000), (2, 10)):
+                c.execute(text("SELECT custody_emit('ledger.transaction_posted', :k, :a, 1, CAST(:p AS jsonb))"),
+                          {"k": f"{poison}:{n}", "a": poison, "p": '{"note": "%s"}' % ("x" * size)})
         small = post("small", {"trade": "43"})
         sink = JetStreamSink(nats_url, stream=stream, subject_prefix=prefix, timeout_s=2.0)
         try:
@@ -179,7 +184,10 @@ def test_one_large_transaction_does_not_stop_every_later_event(database_url, nat
             with engine.connect() as c:
                 delivered = dict(c.execute(text(
                     "SELECT event_key, delivered_at IS NOT NULL FROM outbox WHERE event_key = ANY (:k)"),
-                    {"k": [f"ledger.transaction_posted:{big}", f"ledger.transaction_posted:{small}"]}).all())
+                    {"k": [f"{poison}:1", f"{poison}:2", f"ledger.transaction_posted:{small}"]}).all())
+                dead = c.execute(text("SELECT event_key FROM outbox WHERE dead_lettered_at IS NOT NULL")).scalars().all()
+                incidents = c.execute(text("SELECT kind, severity FROM incident WHERE dedupe_key = :d"),
+                                      {"d": f"event_dead_lettered:{poison}:1"}).all()
             log.info("delivered: %s", delivered)
         finally:
             sink.close()
@@ -188,13 +196,14 @@ def test_one_large_transaction_does_not_stop_every_later_event(database_url, nat
         client.close()
     # the small transaction's event (and every later one) must not wait behind the one that cannot be published
     assert_equal(delivered[f"ledger.transaction_posted:{small}"], True)
+    # the refused one is set aside with an incident; its own aggregate's next event waits behind it
+    assert_equal(dead, [f"{poison}:1"])
+    assert_equal([tuple(i) for i in incidents], [("event_dead_lettered", "warning")])
+    assert_equal((delivered[f"{poison}:1"], delivered[f"{poison}:2"]), (False, False))
 
 
 # ---- F4: a firm account's statement shows what GET /v1/transactions/{id} hides -----------------
 
-@pytest.mark.xfail(strict=True, reason="review14 F4: GET /v1/accounts/{firm account}/statement answers a backend "
-                                       "every firm-internal posting (transaction id, idempotency key, kind, amount) "
-                                       "that may_read_transaction refuses to show it")
 def test_a_backend_does_not_see_firm_movements_through_a_statement(engine, ledger):
     run = uuid.uuid4().hex[:8]
     client, settings = _client(engine, ledger)
