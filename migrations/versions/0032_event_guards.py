@@ -1,7 +1,7 @@
 """Guards on the event stream: who may write events, and how large a transaction's metadata may be (review 14).
 
 Revision ID: 0032_event_guards
-Revises: 0028_index_guards
+Revises: 0031_key_grace
 
 Why (review 14, F2): migration 0026 let custody_api INSERT `outbox` rows and INSERT/UPDATE
 `outbox_aggregate`, and `custody_emit` ran as its caller: a compromised api could forge any event
@@ -40,7 +40,7 @@ What changes:
 from alembic import op
 
 revision = "0032_event_guards"
-down_revision = "0028_index_guards"
+down_revision = "0031_key_grace"
 branch_labels = None
 depends_on = None
 
