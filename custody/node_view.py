@@ -77,7 +77,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -91,6 +90,7 @@ from custody.addresses import descriptor_for
 from custody.controls import open_incident
 from custody.destinations import HOT_RECEIVE_INDEX
 from custody.errors import CustodyError, CustodyErrorCode
+from custody.wallet_index import issued_rule
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +121,9 @@ class NodeHoldings:
     by_tier: dict[str, int]  # satoshis at addresses custody issued, per tier
     unissued: dict[str, int] = field(default_factory=dict)  # satoshis at watched addresses custody has not issued
     coins: tuple[WatchCoin, ...] = ()
+    # satoshis at issued addresses in coins the wallet index does not hold (paid before the index
+    # watched the address: see the module docstring); in no tier's figure
+    unindexed: dict[str, int] = field(default_factory=dict)
 
 
 # ---- pure decisions --------------------------------------------------------------------------
@@ -191,11 +194,10 @@ WHERE chain = 'bitcoin'
 AND id BETWEEN :lo AND :hi
 """)
 
-_BATCHES_SQL = text("""
-SELECT id
-FROM withdrawal_batch
-WHERE chain = 'bitcoin'
-AND id = ANY(:ids)
+_INDEXED_SQL = text("""
+SELECT o.txid, o.vout
+FROM btc_wallet_output o
+JOIN unnest(CAST(:t AS text[]), CAST(:v AS int[])) AS n(txid, vout) ON o.txid = n.txid AND o.vout = n.vout
 """)
 
 
@@ -345,25 +347,25 @@ class NodeView:
                                            f"{ranges.get(b.descriptor)}, custody issued up to {issued_end}")
             change = [coin.index for coin in coins
                       if coin.descriptor in by_descriptor and (by_descriptor[coin.descriptor].tier, coin.branch) == ("hot", 1)]
-            batches = set(c.execute(_BATCHES_SQL, {"ids": change}).scalars().all()) if change else set()
+            issued = issued_rule(c, change)
+            outpoints = [(coin.txid, coin.vout) for coin in coins]
+            indexed = {(r.txid, r.vout) for r in c.execute(_INDEXED_SQL, {"t": [o[0] for o in outpoints],
+                                                                          "v": [o[1] for o in outpoints]})} if coins else set()
         by_tier = {t: 0 for t in TIERS if t in wallets}
         unissued: dict[str, int] = {}
+        unindexed: dict[str, int] = {}
         for coin in coins:
             b = by_descriptor.get(coin.descriptor)
             if b is None or coin.branch != b.branch:
                 raise ChainError(f"wallet {name} holds coin {coin.txid}:{coin.vout} of a descriptor custody did not "
                                  f"import ({coin.descriptor})")
-            if self._issued(b, coin.index, wallets, batches):
+            if not issued(b.tier, coin.branch, coin.index):
+                unissued[b.tier] = unissued.get(b.tier, 0) + coin.amount
+            elif (coin.txid, coin.vout) in indexed:
                 by_tier[b.tier] += coin.amount
             else:
-                unissued[b.tier] = unissued.get(b.tier, 0) + coin.amount
-        return NodeHoldings(tip, by_tier, unissued, tuple(coins))
-
-    @staticmethod
-    def _issued(b: Branch, index: int, wallets: dict[str, _Wallet], batches: Iterable[int]) -> bool:
-        if b.tier == "hot":
-            return index == HOT_RECEIVE_INDEX if b.branch == 0 else index in batches
-        return index < wallets[b.tier].next_index
+                unindexed[b.tier] = unindexed.get(b.tier, 0) + coin.amount
+        return NodeHoldings(tip, by_tier, unissued, tuple(coins), unindexed)
 
     def holdings(self, tip: BlockRef) -> dict[str, int]:
         """`read(tip).by_tier`: satoshis per tier (deposit, hot, cold when registered) at `tip`."""
