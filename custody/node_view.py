@@ -124,6 +124,7 @@ class NodeHoldings:
     # satoshis at issued addresses in coins the wallet index does not hold (paid before the index
     # watched the address: see the module docstring); in no tier's figure
     unindexed: dict[str, int] = field(default_factory=dict)
+    unindexed_coins: tuple[WatchCoin, ...] = ()
 
 
 # ---- pure decisions --------------------------------------------------------------------------
@@ -354,6 +355,7 @@ class NodeView:
         by_tier = {t: 0 for t in TIERS if t in wallets}
         unissued: dict[str, int] = {}
         unindexed: dict[str, int] = {}
+        missed: list[WatchCoin] = []
         for coin in coins:
             b = by_descriptor.get(coin.descriptor)
             if b is None or coin.branch != b.branch:
@@ -365,7 +367,8 @@ class NodeView:
                 by_tier[b.tier] += coin.amount
             else:
                 unindexed[b.tier] = unindexed.get(b.tier, 0) + coin.amount
-        return NodeHoldings(tip, by_tier, unissued, tuple(coins), unindexed)
+                missed.append(coin)
+        return NodeHoldings(tip, by_tier, unissued, tuple(coins), unindexed, tuple(missed))
 
     def holdings(self, tip: BlockRef) -> dict[str, int]:
         """`read(tip).by_tier`: satoshis per tier (deposit, hot, cold when registered) at `tip`."""
