@@ -49,7 +49,18 @@ Guarantees:
   count): a coin an unconfirmed transaction spends (our payout in the mempool) is added back
   (chain_adapters.bitcoin_watch). Coins are classified by the descriptor bitcoind reports
   (`parent_descs`) and their derivation path; coins at indices custody has not issued (someone
-  paid ahead of us) are reported apart, in `unissued`, never in a tier's figure.
+  paid ahead of us) are reported apart, in `unissued`, never in a tier's figure; "issued" is
+  custody.wallet_index.Issued, the one rule the index's readers count by too.
+- Coins at issued indices that custody's wallet index does not hold are reported apart as well,
+  in `unindexed` (reconciliation opens a `wallet_index_unindexed` warning): the index watches
+  only `wallet_index.WATCH_AHEAD` past what is issued and never walks a block again, while an
+  import here rescans from shortly before an index was issued (bitcoind two hours earlier
+  still) and bitcoind tops a range up by `-keypool` past a used address, so the node finds coins
+  paid to an address before custody issued it, beyond the index's window. Such a coin is on
+  chain and in no book: a surplus anyone who knows an xpub can cause, so never the kill switch.
+  The node still decides, for every coin the index holds, whether it exists and is unspent at
+  the tip and its amount: an index that counts a coin the node does not see unspent (a forged or
+  missed spend, a wrong amount) differs from the node's figure, which is critical.
 
 Limit of the node: bitcoind refuses a descriptor range 1,000,000 indices wide or wider ("Range is
 too large"), and a widened range must still start at 0, so one descriptor watches at most indices

@@ -30,7 +30,10 @@ rebalance's index (custody.wallet_index), read like the others from the wallet i
 watch-only, so nothing leaves it through this service.
 
 The node's own view (custody.node_view) is put beside each bitcoin line (`Line.node`) and a tier
-where it differs from the index opens a critical `wallet_index_divergence` incident. The
+where it differs from the index opens a critical `wallet_index_divergence` incident (both count
+coins at issued indices only, by one rule, custody.wallet_index.Issued; coins the node finds at
+issued addresses that the index does not hold, paid before the index watched them, are in neither
+figure and open a `wallet_index_unindexed` warning, once per tier and amount). The
 cross-check fails closed: a pass that cannot read the node's figure leaves `node` None (the API's
 answer shows null) and the worker's pass counts it in `node_view_health` (migration 0028; the
 metric `custody_node_view_blind_seconds`); a run of such passes opens a `node_view_blind` warning

@@ -4,7 +4,8 @@ What it is: the table `btc_wallet_output` (migration 0023) holds every output, i
 block up to the deposit scanner's cursor (`chain_cursor`), that pays an address this service
 derived: deposit addresses (tier `deposit`), the hot receive address `<hot>/0/0` and the hot
 change addresses `<hot>/1/<batch id>` (tier `hot`), and the cold addresses rebalances were told to
-pay (tier `cold`); with the block that created it and, once a block
+pay (tier `cold`), and on each branch the addresses `WATCH_AHEAD` past those (below, "Watched
+ahead"); with the block that created it and, once a block
 spends it, the spending transaction and block. It replaces `scantxoutset` (which walks the node's
 whole UTXO set: minutes on mainnet, one at a time per node) on every recurring path: the hot
 wallet sync, reconciliation and proof of reserves read it (`unspent`, `holdings`).
@@ -37,16 +38,34 @@ How it is kept (`WalletIndex`, one per chain per process, owned by custody.depos
   - a cold address is watched once a rebalance was told to pay it and the cold key derives it at
     the rebalance's index, below the cold wallet's `next_index` (`rebalance_refusal`; checked
     once per process, rebalances are few); otherwise a critical
-    `rebalance_destination_not_derived` incident. Never `0 .. next_index`: `next_index` may only
-    step by 1 per update (migration 0028's trigger), and even so does not drive what is derived.
+    `rebalance_destination_not_derived` incident. `next_index` may only step by 1 per update
+    (migration 0028's trigger), so it drives the window below one derivation at a time.
+- Watched ahead (issue 13, branch lookahead): as the node's own view (custody.node_view) watches
+  ranged descriptors past what is issued, the index watches each bitcoin branch `WATCH_AHEAD`
+  indices past what custody issued: hot change `1/<b>` up to the highest bitcoin batch id +
+  WATCH_AHEAD, deposit and cold `0/<i>` up to the wallet's next_index + WATCH_AHEAD (`Ours`
+  without a row: `deposit_address_id` None). Each index is derived once per process
+  (`derive_btc_addresses`, about 0.3 ms each; at a process start only from what is issued on, as
+  the rows below it are checked one by one, cold from 0) and the per-block walk stays a set
+  lookup. What the key derives is ours by construction, so these need no verdict. An output
+  paying such an address is stored here like any other, but `Deposits` records no observation
+  for it (no deposit_address row: nobody can be credited), and every reader counts a coin in a
+  tier only once its index is issued (`Issued`, the same rule the node's view counts by).
+  A deposit address issued after it was paid: its earlier coins are the firm's, not the deposit
+  of the customer given it later; the deposit line shows them as a surplus warning until an
+  operator books them. A change coin whose batch appears later is taken by the hot-wallet sync
+  then, booked as `hot_coin_origin` says. A coin paid beyond the window is never here: the node's
+  view may find it (its import rescans from shortly before the address was issued) and counts
+  it apart (`unindexed`), a warning, not a divergence.
 - `outpoints`, the index's unspent outpoints, is
   loaded once, kept current from what the walk itself commits, and reloaded whenever the cursor
   in the database is not the one it was valid at (another worker scanned, a reorg, a lost
   compare-and-set).
 - An address issued while a scan is running is seen by the next scan's refresh; a block already
-  walked is not walked again for it (as before for deposit addresses). On bitcoin this cannot
-  lose one of our change or cold outputs: a batch or rebalance is committed before its
-  transaction is even signed, so its address is watched long before any block can pay it.
+  walked is not walked again for it: what was paid before is seen only inside the window above.
+  On bitcoin this cannot lose one of our change or cold outputs: a batch or rebalance is
+  committed before its transaction is even signed, so its address is watched long before any
+  block can pay it.
 
 How it fits with our own broadcasts: the index knows only blocks. A payout, sweep or rebalance of
 ours is followed from broadcast to finality by its own record (`chain_transaction` via
@@ -60,7 +79,8 @@ from the index (confirmed = in a block up to the cursor) into `wallet_utxo`, whe
 happens.
 
 Readers: `unspent(conn, tier, addresses=None)` and `holdings(conn, tier)` read the table as of
-the cursor; `cursor(conn)` says where that is. They never write. Errors: `apply` raises whatever
+the cursor, at issued indices only (`unissued(conn)`: the rest); `cursor(conn)` says where that
+is. They never write. Errors: `apply` raises whatever
 the database raises (an output recorded twice means the index and the cursor disagree: the scan's
 transaction rolls back, the cursor does not move, the job logs the error and the next run retries,
 so nothing is half applied).
