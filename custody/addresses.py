@@ -184,7 +184,7 @@ def derive_btc_address(account_xpub: str, network: str, change: int, index: int)
 
 def derive_btc_addresses(account_xpub: str, network: str, change: int, start: int, stop: int) -> list[str]:
     """The addresses at `<account>/<change>/<start .. stop-1>`, in order: `derive_btc_address` for
-    a run of indices, with the branch key derived once (about half the cost per address)."""
+    a run of indices, with the branch key derived once rather than per address."""
     if start < 0 or stop < start:
         raise AddressError(f"invalid index range {start}..{stop}")
     _check_child(change, start)

@@ -45,7 +45,7 @@ How it is kept (`WalletIndex`, one per chain per process, owned by custody.depos
   indices past what custody issued: hot change `1/<b>` up to the highest bitcoin batch id +
   WATCH_AHEAD, deposit and cold `0/<i>` up to the wallet's next_index + WATCH_AHEAD (`Ours`
   without a row: `deposit_address_id` None). Each index is derived once per process
-  (`derive_btc_addresses`, about 0.3 ms each; at a process start only from what is issued on, as
+  (`derive_btc_addresses`: the branch key once per run; at a process start only from what is issued on, as
   the rows below it are checked one by one, cold from 0) and the per-block walk stays a set
   lookup. What the key derives is ours by construction, so these need no verdict. An output
   paying such an address is stored here like any other, but `Deposits` records no observation
