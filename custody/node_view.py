@@ -51,8 +51,9 @@ Guarantees:
   (`parent_descs`) and their derivation path; coins at indices custody has not issued (someone
   paid ahead of us) are reported apart, in `unissued`, never in a tier's figure; "issued" is
   custody.wallet_index.Issued, the one rule the index's readers count by too.
-- Coins at issued indices that custody's wallet index does not hold are reported apart as well,
-  in `unindexed` (reconciliation opens a `wallet_index_unindexed` warning): the index watches
+- Of those, the coins custody's wallet index does not hold are also reported in `unindexed`
+  (`by_tier` stays the node's own figure; reconciliation, with the index at the same tip, compares
+  the index with `by_tier - unindexed` and opens a `wallet_index_unindexed` warning): the index watches
   only `wallet_index.WATCH_AHEAD` past what is issued and never walks a block again, while an
   import here rescans from shortly before an index was issued (bitcoind two hours earlier
   still) and bitcoind tops a range up by `-keypool` past a used address, so the node finds coins
@@ -132,8 +133,8 @@ class NodeHoldings:
     by_tier: dict[str, int]  # satoshis at addresses custody issued, per tier
     unissued: dict[str, int] = field(default_factory=dict)  # satoshis at watched addresses custody has not issued
     coins: tuple[WatchCoin, ...] = ()
-    # satoshis at issued addresses in coins the wallet index does not hold (paid before the index
-    # watched the address: see the module docstring); in no tier's figure
+    # of by_tier, the satoshis in coins the wallet index does not hold (paid before the index watched
+    # the address, see the module docstring; or in blocks the index has not walked yet)
     unindexed: dict[str, int] = field(default_factory=dict)
     unindexed_coins: tuple[WatchCoin, ...] = ()
 
@@ -374,9 +375,9 @@ class NodeView:
                                  f"import ({coin.descriptor})")
             if not issued(b.tier, coin.branch, coin.index):
                 unissued[b.tier] = unissued.get(b.tier, 0) + coin.amount
-            elif (coin.txid, coin.vout) in indexed:
-                by_tier[b.tier] += coin.amount
-            else:
+                continue
+            by_tier[b.tier] += coin.amount
+            if (coin.txid, coin.vout) not in indexed:
                 unindexed[b.tier] = unindexed.get(b.tier, 0) + coin.amount
                 missed.append(coin)
         return NodeHoldings(tip, by_tier, unissued, tuple(coins), unindexed, tuple(missed))

@@ -348,7 +348,9 @@ class Reconciliation:
         for attempt in range(NODE_VIEW_ATTEMPTS):  # the wallet processes a new block a moment after the node
             try:
                 view = self.node_view.read(tip)
-                held = view.by_tier
+                # the coins the index does not hold are compared apart (below): the lines were read
+                # with the index at this very tip
+                held = {t: amount - view.unindexed.get(t, 0) for t, amount in view.by_tier.items()}
                 break
             except NodeViewNotReady as exc:
                 error = exc.message

@@ -55,8 +55,9 @@ How it is kept (`WalletIndex`, one per chain per process, owned by custody.depos
   of the customer given it later; the deposit line shows them as a surplus warning until an
   operator books them. A change coin whose batch appears later is taken by the hot-wallet sync
   then, booked as `hot_coin_origin` says. A coin paid beyond the window is never here: the node's
-  view may find it (its import rescans from shortly before the address was issued) and counts
-  it apart (`unindexed`), a warning, not a divergence.
+  view may find it (its import rescans from shortly before the address was issued) and reports
+  it as `unindexed`; reconciliation compares the index with the node's figure less those and
+  opens a warning, not a divergence.
 - `outpoints`, the index's unspent outpoints, is
   loaded once, kept current from what the walk itself commits, and reloaded whenever the cursor
   in the database is not the one it was valid at (another worker scanned, a reorg, a lost

@@ -85,7 +85,7 @@ def test_a_view_not_at_the_tip_is_waited_for_then_the_lines_stay_index_only(engi
 def test_coins_the_index_does_not_hold_are_a_warning_beside_agreeing_figures(engine):
     # the node's import rescan found a coin paid to an address before the index watched it: the
     # node counts it apart (unindexed), the tier figures agree, and a warning names it once
-    held = NodeHoldings(TIP, {"deposit": 7_000, "hot": 3_000}, unindexed={"hot": 1_000_000})
+    held = NodeHoldings(TIP, {"deposit": 7_000, "hot": 1_003_000}, unindexed={"hot": 1_000_000})
     for _ in range(2):
         checked = reconciliation(engine, StandInView(held))._cross_check(LINES, TIP)
     assert [(ln.tier, ln.node) for ln in checked] == [("deposit", 7_000), ("hot", 3_000)]

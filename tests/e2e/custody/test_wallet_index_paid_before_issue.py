@@ -11,9 +11,9 @@ before custody handed it out, against bitcoind; the wallet index and the node's 
   not that customer's deposit. A payment the customer makes after the issue is credited as usual.
 - A hot change address `1/<b>` paid beyond the index's window: the index never sees the coin. When
   batch `b` exists, the node's view widens its range and its import rescans from shortly before
-  `b` was created (bitcoind goes two hours further back), so the node DOES find the coin; it counts
-  it apart (`unindexed`: a coin the index does not hold), so both tier figures agree and a
-  `wallet_index_unindexed` warning names it. Nothing halts: anyone who knows the xpub can cause this.
+  `b` was created (bitcoind goes two hours further back), so the node DOES find the coin; it reports
+  it as `unindexed` (a coin the index does not hold), reconciliation compares the index with the
+  node's figure less it, so both agree (0), and a `wallet_index_unindexed` warning names it. Nothing halts: anyone who knows the xpub can cause this.
 
 Each test runs a custody container of its own (own_database, fresh keys), sharing the session's
 bitcoind, so its surplus and incidents never reach the session's database.
@@ -142,7 +142,7 @@ def test_a_change_address_paid_beyond_the_window_is_seen_by_neither_figure(own, 
         indexed = c.execute(text("SELECT count(*) FROM btc_wallet_output WHERE address = :a"), {"a": far}).scalar_one()
     log.info("hot line: index %d, node %d; node's unindexed %s", hot.on_chain, hot.node, held.unindexed)
     assert_equal((indexed, hot.on_chain, hot.node, hot.difference), (0, 0, 0, 0))
-    assert_equal(held.unindexed, {"hot": AHEAD})  # the node's import rescan found it: counted apart
+    assert_equal((held.by_tier["hot"], held.unindexed), (AHEAD, {"hot": AHEAD}))  # the node's import rescan found it
     found = [(s, d["tier"], d["amount"]) for k, s, d in incidents(own) if k == "wallet_index_unindexed"]
     assert_equal(found, [("warning", "hot", AHEAD)])
     assert not any(s == "critical" for _, s, _ in incidents(own)), incidents(own)
