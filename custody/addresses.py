@@ -182,6 +182,18 @@ def derive_btc_address(account_xpub: str, network: str, change: int, index: int)
     return account.Change(chain).AddressIndex(index).PublicKey().ToAddress()
 
 
+def derive_btc_addresses(account_xpub: str, network: str, change: int, start: int, stop: int) -> list[str]:
+    """The addresses at `<account>/<change>/<start .. stop-1>`, in order: `derive_btc_address` for
+    a run of indices, with the branch key derived once rather than per address."""
+    if start < 0 or stop < start:
+        raise AddressError(f"invalid index range {start}..{stop}")
+    _check_child(change, start)
+    if stop > start:
+        _check_child(change, stop - 1)
+    branch = _btc_account(account_xpub, network).Change(Bip44Changes.CHAIN_EXT if change == 0 else Bip44Changes.CHAIN_INT)
+    return [branch.AddressIndex(i).PublicKey().ToAddress() for i in range(start, stop)]
+
+
 def derive_eth_address(account_xpub: str, index: int) -> str:
     """The EIP-55 checksummed ethereum address at `<account>/0/<index>` (BIP44, coin 60).
 

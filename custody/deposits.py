@@ -213,15 +213,17 @@ class Deposits:
                 if result.reorg is not None:
                     log.warning("%s: reorg, fork point %s, %d block(s) undone", chain, result.reorg.fork_point, len(result.reorg.undone))
                     for obs in result.reorg.orphaned:
-                        if watched.get(obs.address, _NOT_OURS).tier != "deposit":
-                            continue  # hot and cold outputs: the wallet index undoes them below
+                        if watched.get(obs.address, _NOT_OURS).deposit_address_id is None:
+                            continue  # hot, cold and not-yet-issued outputs: the wallet index undoes them below
                         outcome = self._orphan(c, chain, obs)
                         orphaned += outcome == "orphaned"
                         deep += outcome == "incident"
                 created, spent = index.apply(c, result)
                 for obs in result.observations:
                     ours = watched[obs.address]
-                    if ours.tier == "deposit":  # hot and cold outputs live in the wallet index only
+                    # hot and cold outputs, and outputs paying a deposit address before it was
+                    # issued (watched ahead: no row, nobody to credit), live in the wallet index only
+                    if ours.tier == "deposit" and ours.deposit_address_id is not None:
                         recorded += self._record(c, chain, obs, ours)
         except BaseException:
             index.invalidate()  # the transaction rolled back: reload the outpoints from the table

@@ -49,7 +49,19 @@ Guarantees:
   count): a coin an unconfirmed transaction spends (our payout in the mempool) is added back
   (chain_adapters.bitcoin_watch). Coins are classified by the descriptor bitcoind reports
   (`parent_descs`) and their derivation path; coins at indices custody has not issued (someone
-  paid ahead of us) are reported apart, in `unissued`, never in a tier's figure.
+  paid ahead of us) are reported apart, in `unissued`, never in a tier's figure; "issued" is
+  custody.wallet_index.Issued, the one rule the index's readers count by too.
+- Of those, the coins custody's wallet index does not hold are also reported in `unindexed`
+  (`by_tier` stays the node's own figure; reconciliation, with the index at the same tip, compares
+  the index with `by_tier - unindexed` and opens a `wallet_index_unindexed` warning): the index watches
+  only `wallet_index.WATCH_AHEAD` past what is issued and never walks a block again, while an
+  import here rescans from shortly before an index was issued (bitcoind two hours earlier
+  still) and bitcoind tops a range up by `-keypool` past a used address, so the node finds coins
+  paid to an address before custody issued it, beyond the index's window. Such a coin is on
+  chain and in no book: a surplus anyone who knows an xpub can cause, so never the kill switch.
+  The node still decides, for every coin the index holds, whether it exists and is unspent at
+  the tip and its amount: an index that counts a coin the node does not see unspent (a forged or
+  missed spend, a wrong amount) differs from the node's figure, which is critical.
 
 Limit of the node: bitcoind refuses a descriptor range 1,000,000 indices wide or wider ("Range is
 too large"), and a widened range must still start at 0, so one descriptor watches at most indices
@@ -77,7 +89,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -91,6 +102,7 @@ from custody.addresses import descriptor_for
 from custody.controls import open_incident
 from custody.destinations import HOT_RECEIVE_INDEX
 from custody.errors import CustodyError, CustodyErrorCode
+from custody.wallet_index import issued_rule
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +133,10 @@ class NodeHoldings:
     by_tier: dict[str, int]  # satoshis at addresses custody issued, per tier
     unissued: dict[str, int] = field(default_factory=dict)  # satoshis at watched addresses custody has not issued
     coins: tuple[WatchCoin, ...] = ()
+    # of by_tier, the satoshis in coins the wallet index does not hold (paid before the index watched
+    # the address, see the module docstring; or in blocks the index has not walked yet)
+    unindexed: dict[str, int] = field(default_factory=dict)
+    unindexed_coins: tuple[WatchCoin, ...] = ()
 
 
 # ---- pure decisions --------------------------------------------------------------------------
@@ -191,11 +207,10 @@ WHERE chain = 'bitcoin'
 AND id BETWEEN :lo AND :hi
 """)
 
-_BATCHES_SQL = text("""
-SELECT id
-FROM withdrawal_batch
-WHERE chain = 'bitcoin'
-AND id = ANY(:ids)
+_INDEXED_SQL = text("""
+SELECT o.txid, o.vout
+FROM btc_wallet_output o
+JOIN unnest(CAST(:t AS text[]), CAST(:v AS int[])) AS n(txid, vout) ON o.txid = n.txid AND o.vout = n.vout
 """)
 
 
@@ -345,25 +360,27 @@ class NodeView:
                                            f"{ranges.get(b.descriptor)}, custody issued up to {issued_end}")
             change = [coin.index for coin in coins
                       if coin.descriptor in by_descriptor and (by_descriptor[coin.descriptor].tier, coin.branch) == ("hot", 1)]
-            batches = set(c.execute(_BATCHES_SQL, {"ids": change}).scalars().all()) if change else set()
+            issued = issued_rule(c, change)
+            outpoints = [(coin.txid, coin.vout) for coin in coins]
+            indexed = {(r.txid, r.vout) for r in c.execute(_INDEXED_SQL, {"t": [o[0] for o in outpoints],
+                                                                          "v": [o[1] for o in outpoints]})} if coins else set()
         by_tier = {t: 0 for t in TIERS if t in wallets}
         unissued: dict[str, int] = {}
+        unindexed: dict[str, int] = {}
+        missed: list[WatchCoin] = []
         for coin in coins:
             b = by_descriptor.get(coin.descriptor)
             if b is None or coin.branch != b.branch:
                 raise ChainError(f"wallet {name} holds coin {coin.txid}:{coin.vout} of a descriptor custody did not "
                                  f"import ({coin.descriptor})")
-            if self._issued(b, coin.index, wallets, batches):
-                by_tier[b.tier] += coin.amount
-            else:
+            if not issued(b.tier, coin.branch, coin.index):
                 unissued[b.tier] = unissued.get(b.tier, 0) + coin.amount
-        return NodeHoldings(tip, by_tier, unissued, tuple(coins))
-
-    @staticmethod
-    def _issued(b: Branch, index: int, wallets: dict[str, _Wallet], batches: Iterable[int]) -> bool:
-        if b.tier == "hot":
-            return index == HOT_RECEIVE_INDEX if b.branch == 0 else index in batches
-        return index < wallets[b.tier].next_index
+                continue
+            by_tier[b.tier] += coin.amount
+            if (coin.txid, coin.vout) not in indexed:
+                unindexed[b.tier] = unindexed.get(b.tier, 0) + coin.amount
+                missed.append(coin)
+        return NodeHoldings(tip, by_tier, unissued, tuple(coins), unindexed, tuple(missed))
 
     def holdings(self, tip: BlockRef) -> dict[str, int]:
         """`read(tip).by_tier`: satoshis per tier (deposit, hot, cold when registered) at `tip`."""

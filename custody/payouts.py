@@ -84,6 +84,7 @@ from custody.destinations import HOT_RECEIVE_INDEX, DestinationGuard, eth_payout
 from custody.errors import CustodyError, CustodyErrorCode
 from custody.incidents import frozen_accounts
 from custody.states import advance, advance_many
+from custody.wallet_index import issued_rule
 from custody.wallets import Wallets
 from custody.withdrawals import HOLD_OWNER
 from ledger.errors import ErrorCode, LedgerError
@@ -307,15 +308,22 @@ class Payouts:
         and the worker) runs first, so right after a block is mined the sync sees it, as it did
         when it asked the node. Without `catch_up` (a process that may not write the index) it
         reads the index as the worker's deposits job left it. A coin the index holds as spent is
-        not taken (a coin already recorded stays as it is: payouts mark their own spends)."""
+        not taken (a coin already recorded stays as it is: payouts mark their own spends).
+
+        Only coins at issued indices are taken (custody.wallet_index.Issued, the rule the node's
+        view counts by): a coin paid to the change address of a batch that does not exist yet
+        (the index watches ahead) waits in the index, in no tier's figure, until that batch
+        exists; then it is taken like any other (booked as `hot_coin_origin` says)."""
         if self.catch_up is not None:
             self.catch_up()
-        with self.engine.connect() as c:
-            coins = c.execute(text(
+        with self.engine.connect() as c, c.begin():
+            found = c.execute(text(
                 "SELECT o.txid, o.vout, o.address, o.amount, o.derivation_change, o.derivation_index FROM btc_wallet_output o "
                 "WHERE o.tier = 'hot' AND o.spent_txid IS NULL "
                 "AND NOT EXISTS (SELECT 1 FROM wallet_utxo u WHERE u.txid = o.txid AND u.vout = o.vout) "
                 "ORDER BY o.block_height, o.txid, o.vout")).all()
+            issued = issued_rule(c, [r.derivation_index for r in found if r.derivation_change == 1])
+        coins = [r for r in found if issued("hot", r.derivation_change, r.derivation_index)]
         added = 0
         for r in coins:
             u = Utxo(r.txid, r.vout, r.address, int(r.amount), 0, b"")

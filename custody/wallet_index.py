@@ -4,7 +4,8 @@ What it is: the table `btc_wallet_output` (migration 0023) holds every output, i
 block up to the deposit scanner's cursor (`chain_cursor`), that pays an address this service
 derived: deposit addresses (tier `deposit`), the hot receive address `<hot>/0/0` and the hot
 change addresses `<hot>/1/<batch id>` (tier `hot`), and the cold addresses rebalances were told to
-pay (tier `cold`); with the block that created it and, once a block
+pay (tier `cold`), and on each branch the addresses `WATCH_AHEAD` past those (below, "Watched
+ahead"); with the block that created it and, once a block
 spends it, the spending transaction and block. It replaces `scantxoutset` (which walks the node's
 whole UTXO set: minutes on mainnet, one at a time per node) on every recurring path: the hot
 wallet sync, reconciliation and proof of reserves read it (`unspent`, `holdings`).
@@ -37,16 +38,35 @@ How it is kept (`WalletIndex`, one per chain per process, owned by custody.depos
   - a cold address is watched once a rebalance was told to pay it and the cold key derives it at
     the rebalance's index, below the cold wallet's `next_index` (`rebalance_refusal`; checked
     once per process, rebalances are few); otherwise a critical
-    `rebalance_destination_not_derived` incident. Never `0 .. next_index`: `next_index` may only
-    step by 1 per update (migration 0028's trigger), and even so does not drive what is derived.
+    `rebalance_destination_not_derived` incident. `next_index` may only step by 1 per update
+    (migration 0028's trigger), so it drives the window below one derivation at a time.
+- Watched ahead (issue 13, branch lookahead): as the node's own view (custody.node_view) watches
+  ranged descriptors past what is issued, the index watches each bitcoin branch `WATCH_AHEAD`
+  indices past what custody issued: hot change `1/<b>` up to the highest bitcoin batch id +
+  WATCH_AHEAD, deposit and cold `0/<i>` up to the wallet's next_index + WATCH_AHEAD (`Ours`
+  without a row: `deposit_address_id` None). Each index is derived once per process
+  (`derive_btc_addresses`: the branch key once per run; at a process start only from what is issued on, as
+  the rows below it are checked one by one, cold from 0) and the per-block walk stays a set
+  lookup. What the key derives is ours by construction, so these need no verdict. An output
+  paying such an address is stored here like any other, but `Deposits` records no observation
+  for it (no deposit_address row: nobody can be credited), and every reader counts a coin in a
+  tier only once its index is issued (`Issued`, the same rule the node's view counts by).
+  A deposit address issued after it was paid: its earlier coins are the firm's, not the deposit
+  of the customer given it later; the deposit line shows them as a surplus warning until an
+  operator books them. A change coin whose batch appears later is taken by the hot-wallet sync
+  then, booked as `hot_coin_origin` says. A coin paid beyond the window is never here: the node's
+  view may find it (its import rescans from shortly before the address was issued) and reports
+  it as `unindexed`; reconciliation compares the index with the node's figure less those and
+  opens a warning, not a divergence.
 - `outpoints`, the index's unspent outpoints, is
   loaded once, kept current from what the walk itself commits, and reloaded whenever the cursor
   in the database is not the one it was valid at (another worker scanned, a reorg, a lost
   compare-and-set).
 - An address issued while a scan is running is seen by the next scan's refresh; a block already
-  walked is not walked again for it (as before for deposit addresses). On bitcoin this cannot
-  lose one of our change or cold outputs: a batch or rebalance is committed before its
-  transaction is even signed, so its address is watched long before any block can pay it.
+  walked is not walked again for it: what was paid before is seen only inside the window above.
+  On bitcoin this cannot lose one of our change or cold outputs: a batch or rebalance is
+  committed before its transaction is even signed, so its address is watched long before any
+  block can pay it.
 
 How it fits with our own broadcasts: the index knows only blocks. A payout, sweep or rebalance of
 ours is followed from broadcast to finality by its own record (`chain_transaction` via
@@ -60,7 +80,8 @@ from the index (confirmed = in a block up to the cursor) into `wallet_utxo`, whe
 happens.
 
 Readers: `unspent(conn, tier, addresses=None)` and `holdings(conn, tier)` read the table as of
-the cursor; `cursor(conn)` says where that is. They never write. Errors: `apply` raises whatever
+the cursor, at issued indices only (`unissued(conn)`: the rest); `cursor(conn)` says where that
+is. They never write. Errors: `apply` raises whatever
 the database raises (an output recorded twice means the index and the cursor disagree: the scan's
 transaction rolls back, the cursor does not move, the job logs the error and the next run retries,
 so nothing is half applied).
@@ -75,9 +96,9 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, Engine, TextClause, text
 
 from chain_adapters.base import BlockRef, ScanResult
-from custody.addresses import derive_btc_address, derive_eth_address
+from custody.addresses import derive_btc_address, derive_btc_addresses, derive_eth_address
 from custody.controls import open_incident
-from custody.destinations import HOT_RECEIVE_INDEX
+from custody.destinations import CHANGE_LOOKAHEAD, HOT_RECEIVE_INDEX
 
 log = logging.getLogger(__name__)
 TIERS = ("deposit", "hot", "cold")
@@ -111,6 +132,51 @@ class IndexedOutput:
 
 
 GAP_RECHECK_SECONDS = 3600.0  # an id skipped by a commit is looked for this long (module docstring)
+# Bitcoin indices watched past what custody issued, on each branch (module docstring, "Watched
+# ahead"): twice the change window custody.destinations and the signer refuse, so a payout to a
+# change address just past those windows is still seen.
+WATCH_AHEAD = 2 * CHANGE_LOOKAHEAD
+WINDOWS = (("deposit", 0), ("hot", 1), ("cold", 0))  # the branches watched ahead
+
+
+@dataclass(frozen=True, slots=True)
+class Issued:
+    """Which bitcoin indices custody has handed out: the ONE rule by which a coin counts in its
+    tier, for the index's readers (`unspent`, `holdings`, the hot-wallet sync) and for the node's
+    own view (custody.node_view), so both count the same coins. Hot receive: `0/HOT_RECEIVE_INDEX`
+    only; hot change `1/<b>`: a bitcoin withdrawal batch `b` exists; deposit and cold `0/<i>`: `i`
+    is below the wallet's `next_index`. Anything else was paid before custody handed it out (or
+    never will be): on chain, but nobody's yet, and in no tier's figure."""
+
+    next_index: dict[str, int]  # tier -> the bitcoin wallet's next_index (deposit, cold)
+    batches: frozenset[int]  # bitcoin batch ids (at least those among the change indices asked about)
+
+    def __call__(self, tier: str, change: int, index: int) -> bool:
+        if tier == "hot":
+            return index == HOT_RECEIVE_INDEX if change == 0 else change == 1 and index in self.batches
+        return change == 0 and 0 <= index < self.next_index.get(tier, 0)
+
+
+_NEXT_INDEX_SQL = text("""
+SELECT tier, next_index
+FROM wallet
+WHERE chain = 'bitcoin'
+""")
+
+_BATCHES_AMONG_SQL = text("""
+SELECT id
+FROM withdrawal_batch
+WHERE chain = 'bitcoin'
+AND id = ANY(:ids)
+""")
+
+
+def issued_rule(c: Connection, change_indices: Iterable[int] = ()) -> Issued:
+    """`Issued` as the database says now; `change_indices`: the hot change indices to be asked
+    about (only those batches are read)."""
+    wanted = sorted(set(change_indices))
+    batches = frozenset(c.execute(_BATCHES_AMONG_SQL, {"ids": wanted}).scalars().all()) if wanted else frozenset()
+    return Issued({r.tier: int(r.next_index) for r in c.execute(_NEXT_INDEX_SQL)}, batches)
 
 
 def follow(last: int, gaps: list[tuple[int, int, float]], ids: Iterable[int], now: float,
@@ -239,6 +305,8 @@ class WalletIndex:
         self._batches = IdFollower("withdrawal_batch")
         self._rebalances = IdFollower("rebalance")
         self._keys: dict[str, tuple[str, str]] = {}  # tier -> (xpub, network)
+        self._ahead: dict[tuple[str, int], int] = {}  # (tier, change) -> indices 0..n-1 watched ahead
+        self._max_batch = -1  # the highest bitcoin batch id seen
 
     # ---- the watched addresses -------------------------------------------------------------
 
@@ -258,12 +326,43 @@ class WalletIndex:
         if self.chain != "bitcoin":
             return added
         added += self._refresh_cold(c, wallets)
+        for b in self._batches.fetch(c, _BATCH_IDS_SQL):
+            if b.chain == "bitcoin":
+                self._max_batch = max(self._max_batch, b.id)
+                if "hot" in self._keys:  # each batch's own change address (the window may have jumped past it)
+                    xpub, network = self._keys["hot"]
+                    address = derive_btc_address(xpub, network, 1, b.id)
+                    added += address not in self.addresses
+                    self.addresses[address] = Ours("hot", 1, b.id)
+        return added + self._refresh_ahead(wallets)
+
+    def _refresh_ahead(self, wallets: dict) -> int:
+        """Watch each bitcoin branch `WATCH_AHEAD` indices past what custody issued on it (hot
+        change: the highest bitcoin batch id; deposit and cold: the wallet's next_index), deriving
+        only the indices not derived yet. What the key derives is ours by construction, so these
+        need no row and no verdict; an address already watched keeps what it is."""
+        added = 0
+        keys = {w.tier: (w.xpub, w.network, int(w.next_index)) for w in wallets.values()
+                if w.chain == "bitcoin" and w.tier in ("deposit", "cold")}
         if "hot" in self._keys:
-            xpub, network = self._keys["hot"]
-            for b in self._batches.fetch(c, _BATCH_IDS_SQL):
-                if b.chain == "bitcoin":
-                    self.addresses[derive_btc_address(xpub, network, 1, b.id)] = Ours("hot", 1, b.id)
+            keys["hot"] = (*self._keys["hot"], self._max_batch + 1)
+        for tier, change in WINDOWS:
+            if tier not in keys:
+                continue
+            xpub, network, issued_end = keys[tier]
+            # Below what is issued, the rows name the addresses (deposit rows, batches; each derived
+            # or checked one by one), so neither a process start nor a jump of batch ids derives
+            # through them; cold indices are few and rebalances need not name each, so they are.
+            done = self._ahead.get((tier, change))
+            start = (0 if tier == "cold" else issued_end) if done is None else max(done, issued_end)
+            stop = issued_end + WATCH_AHEAD
+            if stop <= start:
+                continue
+            for i, address in enumerate(derive_btc_addresses(xpub, network, change, start, stop), start):
+                if address not in self.addresses:
+                    self.addresses[address] = Ours(tier, change, i)
                     added += 1
+            self._ahead[(tier, change)] = stop
         return added
 
     def _refresh_hot_and_cold_keys(self, c: Connection, wallets: dict) -> int:
@@ -437,20 +536,47 @@ def cursor(conn: Connection, chain: str = "bitcoin") -> BlockRef | None:
 
 def unspent(conn: Connection, tier: str, addresses: Iterable[str] | None = None) -> list[IndexedOutput]:
     """Our unspent outputs of `tier` in the chain up to the cursor (optionally only at
-    `addresses`), oldest first."""
+    `addresses`), oldest first: those at indices custody has issued (`Issued`, read in `conn`)."""
     if tier not in TIERS:
         raise ValueError(f"unknown tier {tier!r}")
-    rows = conn.execute(text(
-        "SELECT txid, vout, address, amount, block_height, tier, derivation_change, derivation_index FROM btc_wallet_output "
-        "WHERE spent_txid IS NULL AND tier = :t AND (CAST(:a AS text[]) IS NULL OR address = ANY(:a)) "
-        "ORDER BY block_height, txid, vout"), {"t": tier, "a": None if addresses is None else sorted(set(addresses))}).all()
+    rows = conn.execute(_UNSPENT_SQL, {"t": tier, "a": None if addresses is None else sorted(set(addresses))}).all()
+    issued = issued_rule(conn, [r.derivation_index for r in rows if r.derivation_change == 1])
     return [IndexedOutput(r.txid, r.vout, r.address, int(r.amount), int(r.block_height), r.tier, r.derivation_change,
-                          r.derivation_index) for r in rows]
+                          r.derivation_index) for r in rows if issued(r.tier, r.derivation_change, r.derivation_index)]
 
 
 def holdings(conn: Connection, tier: str) -> int:
-    """What our unspent outputs of `tier` hold, in satoshis, in the chain up to the cursor."""
+    """What our unspent outputs of `tier` at issued indices (`Issued`) hold, in satoshis, in the
+    chain up to the cursor. Summed per address in the database, judged per address here."""
     if tier not in TIERS:
         raise ValueError(f"unknown tier {tier!r}")
-    return int(conn.execute(text("SELECT coalesce(sum(amount), 0) FROM btc_wallet_output WHERE spent_txid IS NULL AND tier = :t"),
-                            {"t": tier}).scalar_one())
+    rows = conn.execute(_HOLDINGS_SQL, {"t": tier}).all()
+    issued = issued_rule(conn, [r.derivation_index for r in rows if r.derivation_change == 1])
+    return sum(int(r.amount) for r in rows if issued(tier, r.derivation_change, r.derivation_index))
+
+
+def unissued(conn: Connection) -> list[IndexedOutput]:
+    """Our unspent outputs at indices custody has not issued (paid ahead of us): in the index,
+    in no tier's figure."""
+    rows = conn.execute(_UNSPENT_SQL, {"t": None, "a": None}).all()
+    issued = issued_rule(conn, [r.derivation_index for r in rows if r.derivation_change == 1])
+    return [IndexedOutput(r.txid, r.vout, r.address, int(r.amount), int(r.block_height), r.tier, r.derivation_change,
+                          r.derivation_index) for r in rows if not issued(r.tier, r.derivation_change, r.derivation_index)]
+
+
+_UNSPENT_SQL = text("""
+SELECT txid, vout, address, amount, block_height, tier, derivation_change, derivation_index
+FROM btc_wallet_output
+WHERE spent_txid IS NULL
+AND (CAST(:t AS text) IS NULL OR tier = :t)
+AND (CAST(:a AS text[]) IS NULL OR address = ANY(:a))
+ORDER BY block_height, txid, vout
+""")
+
+_HOLDINGS_SQL = text("""
+SELECT derivation_change, derivation_index, sum(amount) AS amount
+FROM btc_wallet_output
+WHERE spent_txid IS NULL
+AND tier = :t
+GROUP BY derivation_change, derivation_index
+""")

@@ -15,7 +15,7 @@ from sqlalchemy import text
 from chain_adapters.base import BlockRef
 from custody import reconciliation as rec
 from custody.controls import kill_switch
-from custody.node_view import NodeViewNotReady
+from custody.node_view import NodeHoldings, NodeViewNotReady
 from custody.reconciliation import Line, Reconciliation
 from ledger.service import Ledger
 from custody.wallets import Wallets
@@ -28,12 +28,12 @@ class StandInView:
     def __init__(self, answer):
         self.answer, self.calls = answer, 0
 
-    def holdings(self, tip: BlockRef) -> dict[str, int]:
+    def read(self, tip: BlockRef) -> NodeHoldings:
         self.calls += 1
         assert tip == TIP  # read at the pass's pinned tip, never another
         if isinstance(self.answer, Exception):
             raise self.answer
-        return self.answer
+        return self.answer if isinstance(self.answer, NodeHoldings) else NodeHoldings(tip, self.answer)
 
 
 @pytest.fixture
@@ -80,3 +80,15 @@ def test_a_view_not_at_the_tip_is_waited_for_then_the_lines_stay_index_only(engi
     assert view.calls == rec.NODE_VIEW_ATTEMPTS
     assert [ln.node for ln in checked] == [None, None]
     assert incidents(engine) == []
+
+
+def test_coins_the_index_does_not_hold_are_a_warning_beside_agreeing_figures(engine):
+    # the node's import rescan found a coin paid to an address before the index watched it: the
+    # node counts it apart (unindexed), the tier figures agree, and a warning names it once
+    held = NodeHoldings(TIP, {"deposit": 7_000, "hot": 1_003_000}, unindexed={"hot": 1_000_000})
+    for _ in range(2):
+        checked = reconciliation(engine, StandInView(held))._cross_check(LINES, TIP)
+    assert [(ln.tier, ln.node) for ln in checked] == [("deposit", 7_000), ("hot", 3_000)]
+    [(kind, severity, detail)] = incidents(engine)
+    assert (kind, severity, detail["tier"], detail["amount"]) == ("wallet_index_unindexed", "warning", "hot", 1_000_000)
+    assert not kill_switch(engine).engaged

@@ -24,7 +24,7 @@ from sqlalchemy.exc import DBAPIError
 
 from custody.addresses import derive_btc_address
 from custody.destinations import HOT_RECEIVE_INDEX
-from custody.wallet_index import WalletIndex
+from custody.wallet_index import WATCH_AHEAD, WalletIndex
 from custody.wallets import Wallets
 from ledger.model import AccountKind
 from ledger.service import Ledger
@@ -90,14 +90,20 @@ def test_raising_the_cold_next_index_does_not_make_the_index_watch_unpaid_cold_a
         with pytest.raises(DBAPIError) as refused:
             _as_api(eng, "UPDATE wallet SET next_index = 3000 WHERE id = :w", {"w": ids["cold"]})
         assert refused.value.orig.sqlstate == "23514", refused.value
+        # (branch lookahead: the index watches the cold key's addresses WATCH_AHEAD past next_index, as
+        # the node's own view does; each step of next_index then costs one derivation, never a jump)
+        before = {a for a, o in index.addresses.items() if o.tier == "cold"}
         for _ in range(3):
             _as_api(eng, "UPDATE wallet SET next_index = next_index + 1 WHERE id = :w", {"w": ids["cold"]})
         with eng.connect() as c:
             index.refresh(c)
-            handed_out = c.execute(text("SELECT count(DISTINCT destination) FROM rebalance")).scalar_one()
-        cold = [a for a, o in index.addresses.items() if o.tier == "cold"]
-        assert len(cold) <= handed_out, (f"the index derived and watches {len(cold)} cold addresses; rebalances were "
-                                         f"told to pay {handed_out}")
+            next_index = c.execute(text("SELECT next_index FROM wallet WHERE id = :w"), {"w": ids["cold"]}).scalar_one()
+        cold = {a: o.index for a, o in index.addresses.items() if o.tier == "cold"}
+        assert len(cold) == next_index + WATCH_AHEAD and len(set(cold) - before) == 3, (
+            f"the index derived and watches {len(cold)} cold addresses ({len(set(cold) - before)} new) for next_index "
+            f"{next_index}")
+        cold_xpub = KEYS.account_xpub("bitcoin", "cold")
+        assert all(derive_btc_address(cold_xpub, "regtest", 0, i) == a for a, i in cold.items())
 
 
 def test_a_batch_committed_after_a_higher_one_has_its_change_address_watched(database_url):

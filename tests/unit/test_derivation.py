@@ -21,6 +21,7 @@ from custody.addresses import (
     add_descriptor_checksum,
     canonical_btc_account_key,
     derive_btc_address,
+    derive_btc_addresses,
     derive_eth_address,
     descriptor_for,
     descriptor_checksum,
@@ -320,3 +321,14 @@ def test_addresses_module_depends_on_bip_utils_only() -> None:
             continue
         for root in roots:
             assert root == "bip_utils" or root == "__future__" or root in sys.stdlib_module_names, root
+
+
+@settings(max_examples=20, deadline=None)
+@given(change=st.sampled_from([0, 1]), start=st.integers(0, 2**31 - 50), n=st.integers(0, 5))
+def test_a_run_of_btc_addresses_is_each_index_derived_alone(change, start, n):
+    """derive_btc_addresses (the wallet index's window) equals derive_btc_address index by index."""
+    xpub = SignerKeys(seed_from_text(Secret(MNEMONIC)), "regtest").account_xpub("bitcoin", "hot")
+    assert derive_btc_addresses(xpub, "regtest", change, start, start + n) == \
+        [derive_btc_address(xpub, "regtest", change, i) for i in range(start, start + n)]
+    with pytest.raises(AddressError):
+        derive_btc_addresses(xpub, "regtest", change, 2**31 - 1, 2**31 + 1)  # past the last non-hardened index

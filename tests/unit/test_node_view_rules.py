@@ -61,3 +61,17 @@ def test_an_import_rescans_from_the_first_hand_out_of_a_newly_covered_index_neve
     issued = T0 + timedelta(days=2)
     assert_equal(rescan_from(issued, read_at), int(issued.timestamp()))  # overtaken: from the first hand-out
     assert_equal(rescan_from(read_at + timedelta(seconds=5), read_at), int(read_at.timestamp()))
+
+
+def test_one_issued_rule_for_the_index_and_the_node_view():
+    """custody.wallet_index.Issued: hot receive is 0/0 only, hot change 1/<b> once batch b exists,
+    deposit and cold 0/<i> below the wallet's next_index; nothing else (branch 1 of deposit)."""
+    from custody.wallet_index import Issued
+
+    issued = Issued({"deposit": 5, "cold": 2}, frozenset({3, 9}))
+    assert [issued("hot", 0, i) for i in (0, 1)] == [True, False]
+    assert [issued("hot", 1, b) for b in (2, 3, 9, 10)] == [False, True, True, False]
+    assert [issued("deposit", 0, i) for i in (0, 4, 5)] == [True, True, False]
+    assert [issued("cold", 0, i) for i in (1, 2)] == [True, False]
+    assert not issued("deposit", 1, 0)
+    assert not Issued({}, frozenset())("cold", 0, 0)  # no cold wallet registered: nothing is issued
