@@ -89,4 +89,12 @@ def test_the_node_view_equals_the_utxo_set_through_deposits_a_sweep_and_a_reorg(
     imports = view.ensure()
     assert imports, "the deposit range should have been widened"
     assert_equal(view_at_tip(view, adapter), utxo_set(custody, engine))
+
+    log.info("the sweep taken to finality and booked, and the late deposit credited: nothing left open for later tests")
+    bitcoind.mine(BTC_FINALITY)
+    custody.sweeps.track()
+    custody.deposits.run_once(["bitcoin"])
+    with engine.connect() as c:
+        open_sweeps = c.execute(text("SELECT count(*) FROM sweep WHERE state NOT IN ('final', 'abandoned')")).scalar_one()
+    assert_equal(open_sweeps, 0)
     ledger.assert_verified()
