@@ -137,4 +137,17 @@ def test_index_follows_deposits_sweep_payout_and_a_reorg(custody, customer, bitc
     custody.reserves.publish("BTC")
     assert "scantxoutset" not in recorder.methods, sorted(set(recorder.methods))
     assert {"getblock", "getblockhash"} <= set(recorder.methods)  # the recorder saw the jobs' calls
+
+    log.info("the payout and the sweep taken to finality and booked: nothing left in flight for later tests")
+    bitcoind.mine(BTC_FINALITY)
+    custody.deposits.run_once(["bitcoin"])
+    p.track()
+    custody.sweeps.track()
+    with engine.connect() as c:
+        in_flight = c.execute(text("SELECT (SELECT count(*) FROM withdrawal_batch WHERE chain = 'bitcoin' AND state NOT IN "
+                                   "('final', 'failed', 'abandoned')) + (SELECT count(*) FROM sweep WHERE state NOT IN "
+                                   "('final', 'dropped', 'abandoned'))")).scalar_one()
+    assert_equal(in_flight, 0)
+    index_agrees_with_node(custody, engine, recorder)
+    reconciled(custody)
     ledger.assert_verified()
