@@ -223,6 +223,8 @@ class Deposits:
                     ours = watched[obs.address]
                     # hot and cold outputs, and outputs paying a deposit address before it was
                     # issued (watched ahead: no row, nobody to credit), live in the wallet index only
+                    if ours.tier == "deposit" and ours.deposit_address_id is None:
+                        ours = self._issued_meanwhile(c, chain, obs.address, ours)
                     if ours.tier == "deposit" and ours.deposit_address_id is not None:
                         recorded += self._record(c, chain, obs, ours)
         except BaseException:
@@ -233,6 +235,25 @@ class Deposits:
             log.info("%s: scanned %d block(s) to %s: %d observation(s) recorded, %d orphaned",
                      chain, len(result.blocks), result.cursor.height, recorded, orphaned)
         return ScanSummary(chain, len(result.blocks), recorded, orphaned, deep, result.cursor, result.reorg is not None)
+
+    @staticmethod
+    def _issued_meanwhile(c: Connection, chain: str, address: str, ours: Ours) -> Ours:
+        """A deposit address watched ahead (no row when this scan refreshed its map) that was issued
+        since: the row is read now, in the scan's transaction, so a payment the walk found is
+        credited whenever the row was committed before the walk read the block (it always is: an
+        address is handed out after its row commits, and paid after it is handed out). Only the
+        row at the very index the watched address was derived at counts (a row naming our
+        derivation at another index, or on another branch, is not ours to trust here; the index's
+        own check of rows sees it). What a lagging scanner cannot tell: a payment made before the
+        address was issued, walked only after, is credited to the customer issued the address."""
+        if ours.change != 0:
+            return ours
+        row = c.execute(text(
+            "SELECT d.id, d.account_id, d.owner, d.derivation_index FROM deposit_address d JOIN wallet w ON w.id = d.wallet_id "
+            "WHERE d.chain = :c AND d.address = :a AND w.chain = :c AND w.tier = 'deposit'"), {"c": chain, "a": address}).first()
+        if row is None or row.derivation_index != ours.index:
+            return ours
+        return replace(ours, deposit_address_id=row.id, account_id=row.account_id, owner=row.owner)
 
     def _record(self, c: Connection, chain: str, obs: Observation, ours: Ours) -> int:
         address_id, account_id, owner = ours.deposit_address_id, ours.account_id, ours.owner

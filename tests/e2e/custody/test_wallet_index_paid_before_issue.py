@@ -147,3 +147,39 @@ def test_a_change_address_paid_beyond_the_window_is_seen_by_neither_figure(own, 
     assert_equal(found, [("warning", "hot", AHEAD)])
     assert not any(s == "critical" for _, s, _ in incidents(own)), incidents(own)
     assert not kill_switch(own.engine).engaged
+
+
+def test_an_address_issued_while_a_scan_prepares_is_credited(own, bitcoind, log, monkeypatch):
+    """The race the deployed topology met (a fresh worker's first scan derives its windows for
+    seconds): the scan refreshes its address map, THEN the address is issued, paid and mined, THEN
+    the same scan walks the block. The address is watched ahead (no row when the map was read); the
+    scan reads the row issued meanwhile in its own transaction and credits the deposit. Before the
+    fix the coin stayed in the index only: the deposit line showed it as a surplus forever and the
+    customer was never credited."""
+    deposits = own.deposits
+    deposits.run_once(["bitcoin"])
+    index = deposits.index("bitcoin")
+    customer = own.wallets.customer_account("racing-customer", "BTC")
+    real, paid = index.prepare, {}
+
+    def prepare(engine, cursor):  # the map is read first; the customer is served and pays meanwhile
+        real(engine, cursor)
+        if not paid:
+            address = own.wallets.issue_address(f"race:{customer}", customer).address
+            bitcoind.fund(address, LATER)
+            bitcoind.mine(1)
+            paid["address"] = address
+    monkeypatch.setattr(index, "prepare", prepare)
+    deposits.scan("bitcoin")
+    monkeypatch.undo()
+    with own.engine.connect() as c:
+        observed = c.execute(text("SELECT account_id, amount FROM deposit_observation WHERE address = :a"),
+                             {"a": paid["address"]}).all()
+    assert_equal([(r.account_id, int(r.amount)) for r in observed], [(customer, LATER)])
+    bitcoind.mine(BTC_FINALITY)
+    for _ in range(3):
+        deposits.run_once(["bitcoin"])
+    assert_equal(own.ledger.balance(customer).posted, LATER)
+    dep = lines(own)["deposit"]
+    assert_equal((dep.on_chain, dep.node, dep.difference), (LATER, LATER, 0))
+    assert all(c.ok for c in own.ledger.verify())
