@@ -169,7 +169,7 @@ def test_money_path_on_three_processes(deployment, nodes_up, clients, owner):
 
     hot = derive_btc_address(deployment.xpubs["bitcoin"]["hot"], "regtest", 0, 0)
     cluster.bitcoin.fund(hot, 10 * BTC)
-    cluster.bitcoin.mine(1)  # the hot wallet counts confirmed coins only (scantxoutset)
+    cluster.bitcoin.mine(1)  # the hot wallet counts confirmed coins only (the wallet index: walked blocks)
     w = _withdraw(clients, acct, "2.5", dest)
     assert w.state == "pending_approval", w
     names = list(deployment.approver_keys)
