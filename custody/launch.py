@@ -156,13 +156,6 @@ def deploy(root: Path, *, owner_url: str, nodes: Nodes, approvers: tuple[str, ..
     return Deployment(root, owner_url, processes, base, xpubs, approver_keys, client_keys)
 
 
-def sign_and_approve(client: httpx.Client, withdrawal_id: int, key_file: Path, comment: str) -> dict:
-    """What a scripted approver does: fetch the payload, sign it with its own key, submit."""
-    from custody.approve_cli import approve_over_http, load_private_key
-
-    return approve_over_http(client, withdrawal_id, load_private_key(key_file), comment=comment, show=log.info)
-
-
 def run_demo_topology(*, state_dir: Path, api_port: int | None = None, exit_after_demo: bool = False,
                       mine_every: float = 2.0, pepper: str | None = None) -> int:
     """`python -m custody demo`: the embedded PostgreSQL, fresh regtest nodes, the three processes,
