@@ -40,6 +40,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import nats
 import nats.errors
@@ -197,11 +198,31 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def configured_nats_url(events: Any, settings: Any) -> str | None:
+    """The NATS server a deployment names: `[events] nats_url` (custody.config; `events` may be
+    None for an in-process container), else `NATS_URL` (custody.settings); None: the embedded one
+    (the worker starts it, `embedded_nats_url`; the api only looks for it, `running_embedded_url`)."""
+    return (events.nats_url if events is not None else None) or settings.nats_url
+
+
+def _port_file(state_dir: Path) -> Path:
+    """Where the embedded server's port is written once it answers (removed when it stops)."""
+    return (state_dir / "nats").resolve() / "port"
+
+
+def running_embedded_url(state_dir: Path) -> str | None:
+    """The embedded server's URL as its port file says, without starting one (None: no port file)."""
+    try:
+        return f"nats://127.0.0.1:{int(_port_file(state_dir).read_text().strip())}"
+    except (OSError, ValueError):
+        return None
+
+
 def embedded_nats_url(state_dir: Path, *, timeout_s: float = 20.0) -> str:
     """Start (or attach to) the embedded NATS server with JetStream under `state_dir/nats`."""
-    store = (state_dir / "nats").resolve()
+    port_file = _port_file(state_dir)
+    store = port_file.parent
     store.mkdir(parents=True, exist_ok=True)
-    port_file = store / "port"
     if port_file.exists():
         port = int(port_file.read_text().strip() or 0)
         if port and _answers(port):
@@ -233,7 +254,7 @@ def stop_embedded() -> None:
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
-        (store / "port").unlink(missing_ok=True)
+        _port_file(store.parent).unlink(missing_ok=True)
 
 
 atexit.register(stop_embedded)

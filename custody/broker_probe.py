@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import nats
 
-from custody.broker import BrokerUnavailable
+from custody.broker import BrokerUnavailable, configured_nats_url, running_embedded_url
 
 log = logging.getLogger(__name__)
 NO_EMBEDDED = "embedded:absent"
@@ -37,14 +37,7 @@ def broker_url(container: Any) -> str | None:
         return settings.nats_url
     if events.sink == "log":
         return None
-    if events.nats_url or settings.nats_url:
-        return events.nats_url or settings.nats_url
-    port_file = settings.state_dir / "nats" / "port"
-    try:
-        port = int(port_file.read_text().strip())
-    except (OSError, ValueError):
-        return NO_EMBEDDED
-    return f"nats://127.0.0.1:{port}"
+    return configured_nats_url(events, settings) or running_embedded_url(settings.state_dir) or NO_EMBEDDED
 
 
 class BrokerProbe:

@@ -32,7 +32,7 @@ from typing import Mapping
 from sqlalchemy import Engine, text
 
 from chain_adapters.base import ChainAdapter
-from custody.broker import JetStreamSink, embedded_nats_url
+from custody.broker import JetStreamSink, configured_nats_url, embedded_nats_url
 from custody.config import DeploymentConfig
 from custody.jobs import build_scheduler
 from custody.roots.common import CustodyServices, build_services, install_module_dump
@@ -104,7 +104,7 @@ def event_sink(config: DeploymentConfig) -> JetStreamSink | None:
     events = config.events
     if events.sink == "log":
         return None
-    url = events.nats_url or config.settings.nats_url or embedded_nats_url(config.settings.state_dir)
+    url = configured_nats_url(events, config.settings) or embedded_nats_url(config.settings.state_dir)
     log.info("events: publishing to JetStream stream %s (subjects %s.>) at %s", events.stream, events.subject_prefix, url)
     return JetStreamSink(url, stream=events.stream, subject_prefix=events.subject_prefix,
                          duplicate_window_s=events.duplicate_window_s)
