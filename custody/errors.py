@@ -56,6 +56,14 @@
 | api_key_not_live | 409 | the API key is revoked already (or, to rotate, revoked or rotated already) |
 | api_key_name_taken | 409 | a key of that name was created before (a name is an idempotency namespace: it is never handed out again; rotate the key instead) |
 | api_key_in_grace_period | 403 | the calling key is in its rotation grace period (or is not an admin key): it may not revoke or rotate keys; use the key that replaced it |
+| console_sign_in_required | 401 | the console route needs a signed-in session (the `custody_console` cookie): none was sent, or it names no session |
+| console_session_expired | 401 | the console session ended: idle longer than `CONSOLE_IDLE_SECONDS`, past `CONSOLE_SESSION_MAX_SECONDS`, signed out, or its credential was revoked; sign in again |
+| console_csrf_invalid | 403 | a state change made with a console session did not carry the session's CSRF token in `X-CSRF-Token` |
+| console_challenge_invalid | 401 | the WebAuthn response names no challenge this service handed out for this step, or one already used or expired (a replayed assertion): ask for new options |
+| console_assertion_invalid | 401 | the WebAuthn registration or assertion does not verify (origin, relying party, user verification, signature, or a sign count that went backwards) |
+| console_credential_unknown | 401 | the assertion's credential is not an active console credential (unknown, pending an admin's approval, or revoked) |
+| console_credential_not_found | 404 | no console credential with that id |
+| console_self_approval | 403 | nobody approves their own console enrolment |
 """
 from __future__ import annotations
 
@@ -117,6 +125,14 @@ class CustodyErrorCode(str, enum.Enum):
     api_key_not_live = "api_key_not_live"
     api_key_name_taken = "api_key_name_taken"
     api_key_in_grace_period = "api_key_in_grace_period"
+    console_sign_in_required = "console_sign_in_required"
+    console_session_expired = "console_session_expired"
+    console_csrf_invalid = "console_csrf_invalid"
+    console_challenge_invalid = "console_challenge_invalid"
+    console_assertion_invalid = "console_assertion_invalid"
+    console_credential_unknown = "console_credential_unknown"
+    console_credential_not_found = "console_credential_not_found"
+    console_self_approval = "console_self_approval"
 
     @property
     def http_status(self) -> int:
@@ -178,6 +194,14 @@ _STATUS = {
     CustodyErrorCode.api_key_not_live: 409,
     CustodyErrorCode.api_key_name_taken: 409,
     CustodyErrorCode.api_key_in_grace_period: 403,
+    CustodyErrorCode.console_sign_in_required: 401,
+    CustodyErrorCode.console_session_expired: 401,
+    CustodyErrorCode.console_csrf_invalid: 403,
+    CustodyErrorCode.console_challenge_invalid: 401,
+    CustodyErrorCode.console_assertion_invalid: 401,
+    CustodyErrorCode.console_credential_unknown: 401,
+    CustodyErrorCode.console_credential_not_found: 404,
+    CustodyErrorCode.console_self_approval: 403,
 }
 
 

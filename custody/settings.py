@@ -20,6 +20,11 @@
 | `NODE_VIEW_WARN_AFTER_SECONDS` | `300` | reconciliation passes without the node's own view of bitcoin (custody.node_view) for this long open a `node_view_blind` warning incident |
 | `NODE_VIEW_CRITICAL_AFTER_SECONDS` | `1800` | ... and for this long a critical one, which engages the kill switch |
 | `READINESS_TIMEOUT_SECONDS` | `3` | the longest `/health/ready` waits for its checks (database, each chain node, the signer, the broker; they run at once); a check without an answer by then fails with `TimeoutError` (above the broker probe's own 2 s, so its own reason shows) |
+| `CONSOLE_RP_ID` | `localhost` | the WebAuthn relying party id of the operator console: its host name (credentials are scoped to it) |
+| `CONSOLE_ORIGIN` | `http://localhost:8000` | the console's origin exactly as the browser sends it (scheme, host, port); sign-in and enrolment from any other origin are refused, and the session cookie is `Secure` when it is https |
+| `CONSOLE_IDLE_SECONDS` | `900` | a console session unused for this long ends (`console_session_expired`) |
+| `CONSOLE_SESSION_MAX_SECONDS` | `43200` | a console session ends this long after sign-in, used or not |
+| `CONSOLE_CHALLENGE_SECONDS` | `120` | how long a sign-in or enrolment challenge can be answered (each is answered once) |
 | `LOG_FORMAT` | `json` | `json`: one JSON object per line (custody.observability); `text`: one plain line per record, for developers |
 | `LOG_LEVEL` | `INFO` | `DEBUG`, `INFO`, `WARNING`, `ERROR`; `DEBUG` also shows the scheduler's per-run lines |
 """
@@ -59,6 +64,11 @@ class Settings(BaseSettings):
     node_view_warn_after_seconds: float = Field(default=300.0, ge=0, le=7 * 86400)
     node_view_critical_after_seconds: float = Field(default=1800.0, ge=0, le=7 * 86400)
     readiness_timeout_seconds: float = Field(default=3.0, gt=0, le=60)
+    console_rp_id: str = Field(default="localhost", min_length=1, max_length=253)
+    console_origin: str = Field(default="http://localhost:8000", pattern=r"^https?://[^/\s]+$")
+    console_idle_seconds: int = Field(default=900, ge=10, le=86400)
+    console_session_max_seconds: int = Field(default=43200, ge=60, le=7 * 86400)
+    console_challenge_seconds: int = Field(default=120, ge=10, le=3600)
 
     @field_validator("webhook_secret_key")
     @classmethod

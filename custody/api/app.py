@@ -9,15 +9,13 @@ request id on every log line and in the `X-Request-ID` answer header), `HttpMetr
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 from fastapi import FastAPI
-from fastapi.responses import HTMLResponse
 from fastapi_offline import FastAPIOffline
 
 from custody.api import (
     adjustment_routes,
     api_key_routes,
+    console_routes,
     containment_routes,
     deposit_routes,
     errors,
@@ -59,13 +57,5 @@ def create_app(container: Container) -> FastAPI:
     app.include_router(webhook_routes.router)
     app.include_router(api_key_routes.router)
     app.include_router(ops_routes.router)
-
-    console = Path(__file__).resolve().parents[1] / "console" / "index.html"
-
-    @app.get("/console", include_in_schema=False)
-    def operator_console() -> HTMLResponse:
-        """The treasury operators' page: a thin client of the /v1 API (every action is authorised
-        and audited there, with the operator's own API key)."""
-        return HTMLResponse(console.read_text())
-
+    app.include_router(console_routes.router)  # the operators' page (custody.api.console_routes)
     return app

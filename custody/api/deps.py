@@ -1,4 +1,7 @@
-"""Typed dependencies shared by the routers: the wired services and the caller's role."""
+"""Typed dependencies shared by the routers: the wired services and the caller's role.
+
+The caller is an API key (`X-API-Key`) or, without one, a signed-in console session (the
+`custody_console` cookie, custody.console.auth); a session's state changes need its CSRF token."""
 from __future__ import annotations
 
 from typing import Annotated, Callable
@@ -8,7 +11,11 @@ from fastapi.security import APIKeyHeader
 
 from custody.api.errors import SECURITY_SCHEME, ApiError
 from custody.auth import Principal, Role, authenticate
+from custody.console.auth import COOKIE, CSRF_HEADER, ConsoleAuth
 from custody.container import Container
+from custody.errors import CustodyError, CustodyErrorCode
+
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 
 
 def get_container(request: Request) -> Container:
@@ -24,13 +31,32 @@ API_KEY = APIKeyHeader(name="X-API-Key", scheme_name=SECURITY_SCHEME, auto_error
                        description="an API key made by `custody create-api-key`; its role decides what it may do")
 
 
-def _principal(container: ContainerDep, x_api_key: Annotated[str | None, Security(API_KEY)] = None) -> Principal:
+def _principal(request: Request, container: ContainerDep,
+               x_api_key: Annotated[str | None, Security(API_KEY)] = None) -> Principal:
+    if not x_api_key and request.cookies.get(COOKIE):
+        return console_principal(request, container)
     if not x_api_key:
         raise ApiError(401, "unauthorized", "send an API key in the X-API-Key header")
     principal = authenticate(container.engine, x_api_key, container.settings.api_key_pepper)
     if principal is None:
         raise ApiError(401, "unauthorized", "unknown or revoked API key")
     return principal
+
+
+def console_principal(request: Request, container: Container) -> Principal:
+    """The principal of the console session named by the request's cookie (custody.console.auth):
+    on /v1 a dead session is `unauthorized` and a state change without the session's CSRF token
+    `forbidden`, the codes every /v1 route documents; the reason is in the message."""
+    auth = ConsoleAuth(container.engine, container.settings)
+    token = request.cookies.get(COOKIE)
+    try:
+        session = auth.session(token)
+        if request.method not in SAFE_METHODS:
+            auth.check_csrf(token, request.headers.get(CSRF_HEADER))
+    except CustodyError as exc:
+        status, code = (403, "forbidden") if exc.code is CustodyErrorCode.console_csrf_invalid else (401, "unauthorized")
+        raise ApiError(status, code, f"{exc.code.value}: {exc.message}") from None
+    return session.principal()
 
 
 def require(*roles: Role) -> Callable[..., Principal]:

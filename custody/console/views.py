@@ -1,0 +1,176 @@
+"""The console's read models: what an operator needs on one screen to decide, read straight from
+the tables (read-only SQL; every change still goes through the /v1 routes and their services).
+
+- `approval_queue(engine, me)`: withdrawals pending approval with who asked, the customer (the
+  account's owner), the amount in units with the asset's code, the destination with its allowlist
+  status (on the account's allowlist since when, or not) and when the service first saw it as a
+  withdrawal destination, the policy reasons, k-of-n progress with the approvers' names, the age
+  and the decision's expiry, and whether `me` may approve it (`mine`: they requested it; `acted`:
+  they approved or rejected this decision already).
+- `audit_trail(engine, q, before_id, limit)`: the audit log newest first, searched by actor,
+  action or subject (substring, case-insensitive) and paged by id.
+- `balances(engine)`: the books' balance of every asset-location account (chain, tier, asset) in
+  units. `reconciliation(engine)`: each reconciliation line in units, with the line's audit history.
+- `payouts(engine)`: recent withdrawal batches (with their transactions), sweeps and rebalances.
+- `kill_switch_backlog(engine)`: what the kill switch holds back (withdrawals approved or pending,
+  per asset, in units) - the backlog that drains when it is released.
+
+Amounts leave as decimal strings in units (`ledger.amounts.format_amount`) beside their minor units;
+never a float.
+"""
+from __future__ import annotations
+
+import datetime as dt
+
+from sqlalchemy import Engine, text
+
+from ledger.amounts import format_amount
+from signer.approvals import operator_identity
+
+_QUEUE_SQL = """
+SELECT w.id, w.created_at, w.requested_by, w.account_id, a.owner, a.name AS account_name, w.asset, s.decimals, w.chain,
+       w.amount, w.fee_quoted, w.destination, w.decision_id, w.return_of_deposit,
+       d.reasons, d.required_approvals, d.expires_at, d.policy_version,
+       e.added_at AS allowlisted_at,
+       (SELECT EXISTS (SELECT 1 FROM allowlist_policy p WHERE p.account_id = w.account_id)) AS has_allowlist,
+       (SELECT min(o.created_at) FROM withdrawal_request o WHERE o.destination = w.destination) AS first_seen,
+       (SELECT count(*) FROM withdrawal_request o WHERE o.destination = w.destination AND o.id <> w.id) AS seen_before
+  FROM withdrawal_request w
+  JOIN account a ON a.id = w.account_id
+  JOIN asset s ON s.code = w.asset
+  LEFT JOIN policy_decision d ON d.id = w.decision_id
+  LEFT JOIN allowlist_entry e ON e.account_id = w.account_id AND e.address = w.destination
+ WHERE w.state = 'pending_approval'
+ ORDER BY w.id
+ LIMIT :l
+"""
+
+
+def _iso(value: dt.datetime | None) -> str | None:
+    return value.astimezone(dt.timezone.utc).isoformat() if value is not None else None
+
+
+def approval_queue(engine: Engine, me: str, *, limit: int = 200) -> list[dict]:
+    now = dt.datetime.now(dt.timezone.utc)
+    with engine.connect() as c:
+        rows = c.execute(text(_QUEUE_SQL), {"l": limit}).all()
+        acts = c.execute(text("SELECT decision_id, operator, action, at, comment FROM approval WHERE decision_id = ANY(:d) "
+                              "ORDER BY id"), {"d": [r.decision_id for r in rows if r.decision_id]}).all()
+    me_id = operator_identity(me)
+    out = []
+    for r in rows:
+        mine_acts = [a for a in acts if a.decision_id == r.decision_id]
+        approvers = [operator_identity(a.operator) for a in mine_acts if a.action == "approve"]
+        out.append({
+            "id": r.id, "requested_by": r.requested_by, "requested_at": _iso(r.created_at),
+            "age_seconds": int((now - r.created_at).total_seconds()),
+            "account_id": r.account_id, "customer": r.owner or r.account_name,
+            "return_of_deposit": r.return_of_deposit,
+            "asset": r.asset, "chain": r.chain, "amount": format_amount(int(r.amount), r.decimals),
+            "amount_minor": str(int(r.amount)), "fee": format_amount(int(r.fee_quoted), r.decimals),
+            "destination": r.destination,
+            "allowlist": ("allowlisted" if r.allowlisted_at is not None else
+                          "not on the account's allowlist" if r.has_allowlist else "account has no allowlist"),
+            "allowlisted_at": _iso(r.allowlisted_at),
+            "destination_first_seen": _iso(r.first_seen), "destination_seen_before": int(r.seen_before),
+            "policy_reasons": list(r.reasons or ()), "policy_version": r.policy_version,
+            "required_approvals": r.required_approvals, "approvals": approvers,
+            "decisions": [{"operator": a.operator, "action": a.action, "at": _iso(a.at), "comment": a.comment}
+                          for a in mine_acts],
+            "expires_at": _iso(r.expires_at),
+            "expires_in_seconds": int((r.expires_at - now).total_seconds()) if r.expires_at else None,
+            "mine": operator_identity(r.requested_by) == me_id,
+            "acted": any(operator_identity(a.operator) == me_id for a in mine_acts),
+        })
+    return out
+
+
+def audit_trail(engine: Engine, *, q: str | None, before_id: int | None, limit: int) -> tuple[list[dict], int | None]:
+    """(rows newest first, the `before` id of the next page or None)."""
+    pattern = None if not q else "%" + q.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+    with engine.connect() as c:
+        rows = c.execute(text(
+            "SELECT id, at, actor, action, subject, detail FROM audit_event "
+            "WHERE (CAST(:p AS text) IS NULL OR actor ILIKE :p OR action ILIKE :p OR subject ILIKE :p "
+            "       OR detail ->> 'comment' ILIKE :p) "
+            "AND (CAST(:b AS bigint) IS NULL OR id < :b) ORDER BY id DESC LIMIT :l"),
+            {"p": pattern, "b": before_id, "l": limit + 1}).all()
+    more = len(rows) > limit
+    rows = rows[:limit]
+    out = [{"id": r.id, "at": _iso(r.at), "actor": r.actor, "action": r.action, "subject": r.subject,
+            "comment": (r.detail or {}).get("comment") or (r.detail or {}).get("note") or (r.detail or {}).get("reason"),
+            "detail": r.detail} for r in rows]
+    return out, (rows[-1].id if more else None)
+
+
+def balances(engine: Engine) -> list[dict]:
+    """Every asset-location account (`location:<chain>:<tier>:<asset>`) with its posted and held
+    balance in units."""
+    with engine.connect() as c:
+        rows = c.execute(text(
+            "SELECT a.id, a.name, a.asset, s.decimals, coalesce(sum(b.posted), 0) AS posted, coalesce(sum(b.held), 0) AS held "
+            "FROM account a JOIN asset s ON s.code = a.asset LEFT JOIN account_balance b ON b.account_id = a.id "
+            "WHERE a.kind = 'asset_location' GROUP BY a.id, a.name, a.asset, s.decimals ORDER BY a.name")).all()
+    out = []
+    for r in rows:
+        parts = r.name.split(":")
+        chain, tier = (parts[1], parts[2]) if len(parts) >= 4 else ("?", "?")
+        out.append({"account_id": r.id, "chain": chain, "tier": tier, "asset": r.asset,
+                    "posted": format_amount(int(r.posted), r.decimals), "held": format_amount(int(r.held), r.decimals),
+                    "posted_minor": str(int(r.posted))})
+    return out
+
+
+def reconciliation(engine: Engine) -> list[dict]:
+    with engine.connect() as c:
+        rows = c.execute(text(
+            "SELECT l.chain, l.tier, l.asset, s.decimals, l.difference, l.booked_off_chain, l.height, l.updated_at "
+            "FROM reconciliation_line l JOIN asset s ON s.code = l.asset ORDER BY l.chain, l.tier, l.asset")).all()
+        history = c.execute(text(
+            "SELECT id, at, actor, action, subject, detail FROM audit_event WHERE action ILIKE 'reconciliation%' "
+            "ORDER BY id DESC LIMIT 200")).all()
+    lines = []
+    for r in rows:
+        key = f"{r.chain}:{r.tier}:{r.asset}"
+        lines.append({"chain": r.chain, "tier": r.tier, "asset": r.asset,
+                      "difference": format_amount(int(r.difference), r.decimals), "difference_minor": str(int(r.difference)),
+                      "booked_off_chain": format_amount(int(r.booked_off_chain), r.decimals), "height": r.height,
+                      "updated_at": _iso(r.updated_at),
+                      "history": [{"at": _iso(h.at), "actor": h.actor, "action": h.action, "detail": h.detail}
+                                  for h in history if key in h.subject or key in str(h.detail)][:20]})
+    return lines
+
+
+def payouts(engine: Engine, *, limit: int = 50) -> dict:
+    with engine.connect() as c:
+        batches = c.execute(text(
+            "SELECT b.id, b.chain, b.asset, b.state, b.created_at, s.decimals, "
+            "(SELECT coalesce(sum(o.amount), 0) FROM batch_output o WHERE o.batch_id = b.id) AS total, "
+            "(SELECT count(*) FROM batch_output o WHERE o.batch_id = b.id) AS outputs, "
+            "(SELECT array_agg(t.txid ORDER BY t.id) FROM chain_transaction t WHERE t.batch_id = b.id) AS txids "
+            "FROM withdrawal_batch b JOIN asset s ON s.code = b.asset ORDER BY b.id DESC LIMIT :l"), {"l": limit}).all()
+        sweeps = c.execute(text(
+            "SELECT w.id, w.chain, w.asset, w.state, w.amount, w.txid, w.created_at, s.decimals FROM sweep w "
+            "JOIN asset s ON s.code = w.asset ORDER BY w.id DESC LIMIT :l"), {"l": limit}).all()
+        rebalances = c.execute(text(
+            "SELECT r.id, r.chain, r.asset, r.state, r.amount, r.txid, r.source_tier, r.destination_tier, r.created_at, "
+            "s.decimals FROM rebalance r JOIN asset s ON s.code = r.asset ORDER BY r.id DESC LIMIT :l"), {"l": limit}).all()
+    return {
+        "batches": [{"id": b.id, "chain": b.chain, "asset": b.asset, "state": b.state, "created_at": _iso(b.created_at),
+                     "outputs": b.outputs, "total": format_amount(int(b.total), b.decimals), "txids": list(b.txids or ())}
+                    for b in batches],
+        "sweeps": [{"id": s.id, "chain": s.chain, "asset": s.asset, "state": s.state, "created_at": _iso(s.created_at),
+                    "amount": format_amount(int(s.amount), s.decimals), "txids": [s.txid] if s.txid else []} for s in sweeps],
+        "rebalances": [{"id": r.id, "chain": r.chain, "asset": r.asset, "state": r.state, "created_at": _iso(r.created_at),
+                        "from": r.source_tier, "to": r.destination_tier, "amount": format_amount(int(r.amount), r.decimals),
+                        "txids": [r.txid] if r.txid else []} for r in rebalances],
+    }
+
+
+def kill_switch_backlog(engine: Engine) -> list[dict]:
+    with engine.connect() as c:
+        rows = c.execute(text(
+            "SELECT w.asset, s.decimals, w.state, count(*) AS n, sum(w.amount) AS total FROM withdrawal_request w "
+            "JOIN asset s ON s.code = w.asset WHERE w.state IN ('pending_approval', 'approved') "
+            "GROUP BY w.asset, s.decimals, w.state ORDER BY w.asset, w.state")).all()
+    return [{"asset": r.asset, "state": r.state, "count": r.n, "total": format_amount(int(r.total), r.decimals)} for r in rows]
