@@ -69,7 +69,7 @@ LIMITED_0032 = """
         ('webhook_delivery', 'UPDATE (state, attempts, next_attempt_at, updated_at)')"""
 CONSOLE_ROWS = """,
         ('console_credential', 'INSERT, UPDATE (role, state, decided_by, decided_at, sign_count, last_used_at)'),
-        ('console_challenge', 'INSERT, UPDATE (used_at)'),
+        ('console_challenge', 'INSERT, UPDATE (used_at), DELETE'),
         ('console_session', 'INSERT, UPDATE (last_seen_at, ended_at, ended_reason)')"""
 LIMITED_0034 = LIMITED_0032 + CONSOLE_ROWS
 

@@ -1,0 +1,68 @@
+"""The console over HTTP for the integration tests: an app on a container, an admin API key (the
+bootstrap admin: approves the first enrolments), and people who enrol a software passkey
+(tests/console_passkey.py), have it approved with a role, and sign in with it, each in a client of
+their own (its own cookie jar, as a browser tab would have)."""
+from __future__ import annotations
+
+import uuid
+
+from fastapi.testclient import TestClient
+
+from custody.api.app import create_app
+from custody.auth import create_api_key
+from tests.console_passkey import SoftPasskey
+
+ORIGIN = "http://localhost:8000"
+
+
+class Console:
+    def __init__(self, container) -> None:
+        self.container = container
+        self.app = create_app(container)
+        self.run = uuid.uuid4().hex[:6]
+        self.admin_key = self.client()
+        self.admin_key.headers["X-API-Key"] = create_api_key(container.engine, f"console-admin-{self.run}", "admin",
+                                                             container.settings.api_key_pepper)
+
+    def client(self) -> TestClient:
+        return TestClient(self.app, base_url="http://localhost:8000", raise_server_exceptions=False)
+
+    def name(self, who: str) -> str:
+        return f"{who}-{self.run}"
+
+    def enrol(self, client: TestClient, username: str, passkey: SoftPasskey) -> dict:
+        options = client.post("/console/enrol/options", json={"username": username})
+        assert options.status_code == 200, options.text
+        r = client.post("/console/enrol", json={"credential": passkey.registration(options.json())})
+        assert r.status_code == 201, r.text
+        return r.json()
+
+    def approve_enrolment(self, credential_id: int, role: str) -> dict:
+        r = self.admin_key.post(f"/console/api/credentials/{credential_id}/approve", json={"role": role})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def sign_in(self, client: TestClient, username: str, passkey: SoftPasskey, **overrides):
+        options = client.post("/console/sign-in/options", json={"username": username})
+        assert options.status_code == 200, options.text
+        return client.post("/console/sign-in", json={"credential": passkey.sign_in(options.json(), **overrides)})
+
+    def person(self, who: str, role: str) -> tuple[TestClient, SoftPasskey, dict]:
+        """A person enrolled, approved as `role` and signed in: (their client, passkey, session)."""
+        username = self.name(who)
+        passkey = SoftPasskey(username, origin=ORIGIN)
+        client = self.client()
+        credential = self.enrol(client, username, passkey)
+        self.approve_enrolment(credential["id"], role)
+        r = self.sign_in(client, username, passkey)
+        assert r.status_code == 200, r.text
+        session = r.json()
+        session["credential_id"] = credential["id"]
+        return client, passkey, session
+
+
+def code(r) -> str | None:
+    try:
+        return r.json()["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return None
