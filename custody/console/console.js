@@ -245,8 +245,11 @@ async function renderQueue() {
       el("td", {title: w.expires_at || ""}, expiry),
       el("td", {"data-testid": `actions-${w.id}`}, actions, note(key)));
   });
+  const shown = new Set(rows.map((w) => `w:${w.id}`));
+  const left = Object.keys(rowNotes).filter((k) => k.startsWith("w:") && !shown.has(k))  // decided rows leave the queue
+    .map((k) => el("p", {}, `Withdrawal #${k.slice(2)}: `, note(k)));
   $("queue").replaceChildren(table(["", "Requested by", "Customer", "Amount", "Destination", "Policy reasons",
-                                    "Approvals", "Age", "Expires", ""], body));
+                                    "Approvals", "Age", "Expires", ""], body), ...left);
 }
 
 function decimalsOf(units) { return units.includes(".") ? units.split(".")[1].length : 0; }

@@ -1,0 +1,142 @@
+"""console in a browser (issue 15, must show 1, without chain nodes): Playwright drives Debian's
+Chromium with a DevTools virtual authenticator per person (tests/browser.py).
+
+An admin, two operators and an auditor enrol their keys in the page; the admin (approved by the
+bootstrap admin API key) approves the others in the Enrolments tab and copies the operators'
+approver entries from the page, which configure custody's approver keys. Then, each step
+screenshotted into test-artifacts/console/<test>/:
+- a 5 BTC withdrawal (two operators) is approved by both through the page: the confirmation repeats
+  asset, amount in units with the symbol, destination with allowlist status and first sight,
+  requester and policy reasons; the second operator's row shows "1 of 2" with the first's name;
+- the first operator's own request shows as theirs, with no Approve button (the service refuses it
+  too: tests/integration/test_console_approvals.py);
+- a failed action (rejecting a withdrawal another operator already rejected) shows its error next to
+  the row;
+- the auditor sees the queue and the kill switch but no action button;
+- cancelling the kill-switch dialog engages nothing; engaging needs a typed reason; only the admin
+  releases it.
+The payout on regtest after approvals in the page: tests/e2e/custody/test_console_payout.py.
+"""
+from __future__ import annotations
+
+import logging
+import uuid
+
+import pytest
+
+from custody.settings import Settings
+from regtest.util import assert_equal
+from tests.browser import Browser, artifacts_dir, free_port, needs_browser, serve
+from tests.console_team import approve_in_page, enrol_team
+from tests.integration.console_helpers import Console
+from tests.integration.withdrawal_api import DEST, WithdrawalApi
+
+pytestmark = [needs_browser, pytest.mark.timeout(600)]
+log = logging.getLogger(__name__)
+
+
+@pytest.fixture
+def browser(request):
+    b = Browser(artifacts_dir(request))
+    yield b
+    b.close()
+
+
+def test_the_team_works_in_the_console(engine, ledger, browser):
+    port = free_port()
+    origin = f"http://localhost:{port}"
+    settings = Settings(environment="test", console_origin=origin, console_rp_id="localhost")
+    run = uuid.uuid4().hex[:6]
+    api = WithdrawalApi(engine)
+    api.custody.settings = settings
+    console = Console(api.custody)
+    with serve(console.app, port):
+        team = enrol_team(browser, console, origin, {"anna": "operator", "ben": "operator", "audrey": "auditor"}, run)
+        log.info("the operators' approver entries, as an admin adds them to the signer's and custody's configuration")
+        api_with_keys = WithdrawalApi(engine, extra_approvers=tuple(team.entries.values()))
+        api_with_keys.custody.settings = settings
+        console.app.state.container = api_with_keys.custody  # "restart" custody with the new approvers
+        api = api_with_keys
+        anna, ben, audrey, admin = team["anna"], team["ben"], team["audrey"], team["admin"]
+
+        acct = api.open_customer(f"browser-{run}")
+        w = api.withdraw(acct, "5")
+        own = api.custody.withdrawals.request(client_withdrawal_id=uuid.uuid4().hex, account_id=acct, amount=100_000_000,
+                                              destination=DEST, requested_by=f"api:{anna.name}")  # e.g. a quarantine return
+        doomed = api.withdraw(acct, "3")
+        assert_equal((w["state"], own.state, doomed["state"]), ("pending_approval",) * 3)
+
+        for person in (anna, ben, audrey):
+            person.sign_in()
+        anna.shot("queue")
+        own_row = anna.page.locator(f"tr[data-withdrawal='{own.id}']")
+        assert_equal(own_row.get_by_role("button", name="Approve").count(), 0)
+        assert "your request" in own_row.inner_text()
+
+        log.info("anna approves the 5 BTC withdrawal through the page")
+        facts = approve_in_page(anna, w["id"], "destination confirmed with the customer by phone")
+        assert_equal(facts["Amount"], "5.00000000 BTC")
+        assert_equal((facts["Destination"], facts["Requested by"]), (DEST, f"api:backend-1-{api.run}"))
+        assert facts["Allowlist"] and facts["Policy reasons"] != "none" and facts["Destination first seen"]
+        note = anna.page.get_by_test_id(f"note-w:{w['id']}")
+        assert "pending_approval" in note.inner_text(), note.inner_text()
+        anna.shot("approved-first")
+
+        log.info("ben sees 1 of 2 by anna and gives the second approval")
+        ben.page.reload()
+        ben.page.get_by_test_id(f"progress-{w['id']}").filter(has_text="1 of 2").wait_for()
+        assert anna.name in ben.page.get_by_test_id(f"progress-{w['id']}").inner_text()
+        ben.shot("queue-1-of-2")
+        approve_in_page(ben, w["id"], "second pair of eyes")
+        assert "approved" in ben.page.get_by_test_id(f"note-w:{w['id']}").inner_text()
+        ben.shot("approved-second")
+        assert_equal(api.custody.withdrawals.get(w["id"]).state, "approved")
+
+        log.info("a failed action shows its error next to its row")
+        ben.page.reload()
+        ben.page.locator(f"tr[data-withdrawal='{doomed['id']}']").wait_for()
+        api.custody.withdrawals.reject(doomed["id"], operator="op-elsewhere", comment="rejected meanwhile")
+        ben.page.locator(f"tr[data-withdrawal='{doomed['id']}']").get_by_role("button", name="Reject").click()
+        ben.page.fill("#confirm-input", "not ours")
+        ben.page.click("#confirm-ok")
+        error = ben.page.get_by_test_id(f"note-w:{doomed['id']}")
+        error.wait_for()
+        assert "invalid_state" in error.inner_text() and "row-error" in error.get_attribute("class")
+        ben.shot("error-next-to-row")
+
+        log.info("the auditor sees everything and no action")
+        audrey.page.reload()
+        audrey.page.locator(f"tr[data-withdrawal='{own.id}']").wait_for()
+        assert_equal(audrey.page.locator("#queue button").count(), 0)
+        assert "(auditor)" in audrey.page.get_by_test_id("who").inner_text()
+        audrey.tab("kill")
+        audrey.page.get_by_test_id("kill-state").wait_for()
+        assert_equal(audrey.page.locator("#kill button").count(), 0)
+        audrey.shot("auditor-no-actions")
+
+        log.info("cancelling the kill-switch dialog engages nothing; a typed reason engages it; the admin releases it")
+        anna.tab("kill")
+        anna.page.click("#engage")
+        anna.page.locator("#confirm").wait_for()
+        anna.shot("kill-dialog")
+        anna.page.click("#confirm-cancel")
+        anna.page.get_by_test_id("note-kill").wait_for()
+        assert "Off" in anna.page.get_by_test_id("kill-state").inner_text()
+        assert_equal(console.admin_key.get("/v1/kill-switch").json()["engaged"], False)
+        anna.shot("kill-cancelled")
+        anna.page.click("#engage")
+        anna.page.click("#confirm-ok")  # without a reason: refused in the dialog
+        assert "required" in anna.page.locator("#confirm-error").inner_text()
+        anna.page.fill("#confirm-input", "browser test: suspicious activity")
+        anna.page.click("#confirm-ok")
+        anna.page.get_by_test_id("kill-state").filter(has_text="ENGAGED").wait_for()
+        assert_equal(anna.page.locator("#release").count(), 0)  # an operator cannot release it
+        anna.shot("kill-engaged")
+        admin.tab("kill")
+        admin.page.click("#release")
+        admin.page.fill("#confirm-input", "false alarm, checked")
+        admin.page.click("#confirm-ok")
+        admin.page.get_by_test_id("kill-state").filter(has_text="Off").wait_for()
+        admin.shot("kill-released")
+        assert_equal(console.admin_key.get("/v1/kill-switch").json()["engaged"], False)
+        api.reject_all(acct)
