@@ -2,7 +2,8 @@
 # Idempotent set-up shared by scripts/run and scripts/test.
 #
 # Installs, only when missing or out of date:
-#   - Debian packages needed to create a virtualenv and build the regtest nodes;
+#   - Debian packages needed to create a virtualenv and build the regtest nodes, and chromium
+#     (the console's browser tests);
 #   - the Python virtualenv in .venv with this project and its dev extras;
 #   - the compiled matching core (matching/_compiled, Cython, see setup.py), rebuilt in place
 #     with the machine's C compiler whenever it is missing or older than its sources;
@@ -32,6 +33,8 @@ need_debs=()
 command -v "$PY" >/dev/null 2>&1 || need_debs+=(python3)
 "$PY" -c 'import venv, ensurepip' >/dev/null 2>&1 || need_debs+=(python3-venv)
 command -v npm >/dev/null 2>&1 || need_debs+=(nodejs npm)
+# The operator console's browser tests drive Debian's Chromium with Playwright (tests/browser.py).
+[ -x /usr/bin/chromium ] || need_debs+=(chromium)
 if [ -z "${BITCOIND:-}" ] && ! command -v bitcoind >/dev/null 2>&1; then
     # Build dependencies of bitcoind (built from source by `python -m regtest install`).
     for deb in build-essential cmake pkgconf libboost-dev libevent-dev libsqlite3-dev; do

@@ -237,7 +237,7 @@ async function renderQueue() {
       el("td", {class: "num big"}, `${w.amount} ${w.asset}`),
       el("td", {class: "mono"}, w.destination,
          el("div", {}, el("span", {class: w.allowlist === "allowlisted" ? "tag ok" : "tag warn"}, w.allowlist)),
-         el("div", {class: "muted"}, w.destination_seen_before ? `first seen ${w.destination_first_seen}` : "never paid before")),
+         el("div", {class: "muted"}, w.destination_seen_before ? `first seen ${w.destination_first_seen} (${w.destination_seen_before} earlier)` : "first time seen")),
       el("td", {}, w.policy_reasons.map((r) => el("div", {class: "tag warn"}, r))),
       el("td", {"data-testid": `progress-${w.id}`}, `${w.approvals.length} of ${w.required_approvals}`,
          el("div", {class: "muted"}, w.approvals.length ? `by ${w.approvals.join(", ")}` : "no approval yet")),
@@ -269,7 +269,7 @@ async function approve(w) {
       inputName: "Comment for the audit log (required)", payload: text,
       facts: [["Asset", `${p.asset} on ${p.chain}`], ["Amount", amount], ["Destination", p.destination],
               ["Allowlist", w.allowlist + (w.allowlisted_at ? ` since ${w.allowlisted_at}` : "")],
-              ["Destination first seen", w.destination_seen_before ? w.destination_first_seen : "never paid before"],
+              ["Destination first seen", w.destination_seen_before ? `${w.destination_first_seen} (${w.destination_seen_before} earlier withdrawals)` : "now: no earlier withdrawal named it"],
               ["Requested by", w.requested_by], ["Customer", w.customer],
               ["Policy reasons", w.policy_reasons.join(", ") || "none"],
               ["Approvals so far", `${w.approvals.length} of ${w.required_approvals}${w.approvals.length ? ": " + w.approvals.join(", ") : ""}`],
@@ -299,13 +299,17 @@ async function reject(w) {
 
 // ---- audit trail ----------------------------------------------------------------------------------
 
+let auditSeq = 0; // a newer search wins over an older answer arriving late
+
 async function renderAudit(fresh) {
+  const seq = ++auditSeq;
   if (fresh) auditBefore = null;
   const q = $("audit-q").value.trim();
   const params = new URLSearchParams({limit: "50"});
   if (q) params.set("q", q);
   if (auditBefore) params.set("before", auditBefore);
   const page = await call("GET", `/console/api/audit?${params}`);
+  if (seq !== auditSeq) return;
   const rows = page.events.map((e) => el("tr", {},
     el("td", {}, e.at), el("td", {}, e.actor), el("td", {}, e.action), el("td", {class: "mono"}, e.subject),
     el("td", {}, e.comment || ""), el("td", {}, el("details", {}, el("summary", {}, "detail"), el("pre", {}, JSON.stringify(e.detail, null, 1))))));
@@ -354,13 +358,13 @@ async function renderKill() {
   const actions = [];
   if (!ks.engaged && canOperate()) actions.push(el("button", {class: "danger", id: "engage", onclick: engage}, "Engage the kill switch"));
   if (ks.engaged && me.role === "admin") actions.push(el("button", {id: "release", onclick: release}, "Release the kill switch"));
-  $("kill").replaceChildren(
+  $("kill").replaceChildren(el("div", {},
     el("p", {class: "big", "data-testid": "kill-state"}, ks.engaged ? "ENGAGED: withdrawals are halted" : "Off: withdrawals flow"),
     ks.reason ? el("p", {}, `Reason: ${ks.reason} (by ${ks.changed_by})`) : null,
     el("h2", {}, "Backlog waiting behind it (drains when released)"),
     table(["Asset", "State", "Withdrawals", "Total"], ks.backlog.map((b) => el("tr", {},
       el("td", {}, b.asset), el("td", {}, b.state), el("td", {class: "num"}, b.count), el("td", {class: "num"}, `${b.total} ${b.asset}`)))),
-    el("div", {class: "buttons"}, actions), note("kill"));
+    el("div", {class: "buttons"}, actions), note("kill")));
 }
 
 async function engage() {

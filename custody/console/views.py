@@ -3,8 +3,8 @@ the tables (read-only SQL; every change still goes through the /v1 routes and th
 
 - `approval_queue(engine, me)`: withdrawals pending approval with who asked, the customer (the
   account's owner), the amount in units with the asset's code, the destination with its allowlist
-  status (on the account's allowlist since when, or not) and when the service first saw it as a
-  withdrawal destination, the policy reasons, k-of-n progress with the approvers' names, the age
+  status (on the account's allowlist since when, or not) and when an earlier withdrawal first named
+  it (and how many did; none: the first time it is seen), the policy reasons, k-of-n progress with the approvers' names, the age
   and the decision's expiry, and whether `me` may approve it (`mine`: they requested it; `acted`:
   they approved or rejected this decision already).
 - `audit_trail(engine, q, before_id, limit)`: the audit log newest first, searched by actor,
@@ -33,8 +33,8 @@ SELECT w.id, w.created_at, w.requested_by, w.account_id, a.owner, a.name AS acco
        d.reasons, d.required_approvals, d.expires_at, d.policy_version,
        e.added_at AS allowlisted_at,
        (SELECT EXISTS (SELECT 1 FROM allowlist_policy p WHERE p.account_id = w.account_id)) AS has_allowlist,
-       (SELECT min(o.created_at) FROM withdrawal_request o WHERE o.destination = w.destination) AS first_seen,
-       (SELECT count(*) FROM withdrawal_request o WHERE o.destination = w.destination AND o.id <> w.id) AS seen_before
+       (SELECT min(o.created_at) FROM withdrawal_request o WHERE o.destination = w.destination AND o.id < w.id) AS first_seen,
+       (SELECT count(*) FROM withdrawal_request o WHERE o.destination = w.destination AND o.id < w.id) AS seen_before
   FROM withdrawal_request w
   JOIN account a ON a.id = w.account_id
   JOIN asset s ON s.code = w.asset

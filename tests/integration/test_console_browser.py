@@ -10,8 +10,9 @@ screenshotted into test-artifacts/console/<test>/:
   requester and policy reasons; the second operator's row shows "1 of 2" with the first's name;
 - the first operator's own request shows as theirs, with no Approve button (the service refuses it
   too: tests/integration/test_console_approvals.py);
-- a failed action (rejecting a withdrawal another operator already rejected) shows its error next to
-  the row;
+- a failed action (approving a withdrawal whose decision expired (two days later by custody's clock) while the
+  page was open) shows its
+  error in the row;
 - the auditor sees the queue and the kill switch but no action button;
 - cancelling the kill-switch dialog engages nothing; engaging needs a typed reason; only the admin
   releases it.
@@ -19,10 +20,13 @@ The payout on regtest after approvals in the page: tests/e2e/custody/test_consol
 """
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import uuid
 
 import pytest
+
+from playwright.sync_api import expect
 
 from custody.settings import Settings
 from regtest.util import assert_equal
@@ -92,16 +96,17 @@ def test_the_team_works_in_the_console(engine, ledger, browser):
         ben.shot("approved-second")
         assert_equal(api.custody.withdrawals.get(w["id"]).state, "approved")
 
-        log.info("a failed action shows its error next to its row")
+        log.info("a failed action shows its error next to its row: the decision expired while the page was open")
         ben.page.reload()
         ben.page.locator(f"tr[data-withdrawal='{doomed['id']}']").wait_for()
-        api.custody.withdrawals.reject(doomed["id"], operator="op-elsewhere", comment="rejected meanwhile")
-        ben.page.locator(f"tr[data-withdrawal='{doomed['id']}']").get_by_role("button", name="Reject").click()
-        ben.page.fill("#confirm-input", "not ours")
-        ben.page.click("#confirm-ok")
-        error = ben.page.get_by_test_id(f"note-w:{doomed['id']}")
-        error.wait_for()
-        assert "invalid_state" in error.inner_text() and "row-error" in error.get_attribute("class")
+        withdrawals = api.custody.withdrawals
+        withdrawals.clock = lambda: dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=2)  # the decision lives 24 h
+        approve_in_page(ben, doomed["id"], "looks fine")
+        withdrawals.clock = lambda: dt.datetime.now(dt.timezone.utc)
+        row = ben.page.locator(f"tr[data-withdrawal='{doomed['id']}']")
+        error = row.get_by_test_id(f"note-w:{doomed['id']}")
+        assert "decision_expired" in error.inner_text() and "row-error" in error.get_attribute("class")
+        assert_equal(api.custody.withdrawals.get(doomed["id"]).state, "pending_approval")
         ben.shot("error-next-to-row")
 
         log.info("the auditor sees everything and no action")
@@ -139,4 +144,18 @@ def test_the_team_works_in_the_console(engine, ledger, browser):
         admin.page.get_by_test_id("kill-state").filter(has_text="Off").wait_for()
         admin.shot("kill-released")
         assert_equal(console.admin_key.get("/v1/kill-switch").json()["engaged"], False)
+
+        log.info("every page renders for the auditor, the audit trail finds anna's approval")
+        for tab in ("audit", "incidents", "deposits", "adjustments", "balances", "reconciliation", "payouts", "queue"):
+            audrey.tab(tab)
+            audrey.page.locator(f"#tab-{tab} table, #tab-{tab} p.muted").first.wait_for()
+            assert_equal((tab, audrey.page.locator(f"#tab-{tab} p.message").count()), (tab, 0))
+            assert_equal((tab, audrey.page.locator(f"#tab-{tab} button:visible:not(#audit-search):not(#audit-more)").count()), (tab, 0))
+        audrey.tab("audit")
+        audrey.page.fill("#audit-q", anna.name)
+        audrey.page.click("#audit-search")
+        rows = audrey.page.locator("#audit tr", has_text="withdrawal.approve").filter(has_text=f"withdrawal:{w['id']}")
+        expect(rows).to_have_count(1)  # anna's approval, not ben's
+        assert "destination confirmed with the customer by phone" in audrey.page.locator("#audit").inner_text()
+        audrey.shot("audit-trail")
         api.reject_all(acct)
