@@ -416,7 +416,7 @@ async function renderAdjustments() {
   const rows = await call("GET", "/v1/treasury/adjustments");
   $("adjustments").replaceChildren(table(["", "State", "Proposed by", "Reason", "Transfers", "Approvals", ""], rows.map((a) => {
     const own = me.username && a.proposed_by === `api:${me.username}`;
-    const actions = a.state !== "pending" ? [] : own ? [el("span", {class: "tag mine"}, "your proposal")] : canDecide() ?
+    const actions = a.state !== "proposed" ? [] : own ? [el("span", {class: "tag mine"}, "your proposal")] : canDecide() ?
       [el("button", {onclick: () => adjustmentDecision(a, "approve")}, "Approve"), " ",
        el("button", {class: "danger", onclick: () => adjustmentDecision(a, "reject")}, "Reject")] : [];
     return el("tr", {"data-adjustment": a.id}, el("td", {}, `#${a.id}`), el("td", {}, a.state), el("td", {}, a.proposed_by),

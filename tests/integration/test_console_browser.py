@@ -15,7 +15,10 @@ screenshotted into test-artifacts/console/<test>/:
   error in the row;
 - the auditor sees the queue and the kill switch but no action button;
 - cancelling the kill-switch dialog engages nothing; engaging needs a typed reason; only the admin
-  releases it.
+  releases it;
+- a treasury adjustment proposed in the page is marked as the proposer's own; another operator
+  approves it there and it is posted; every page renders for the auditor without a button, and
+  the audit trail finds the approvals with their comments.
 The payout on regtest after approvals in the page: tests/e2e/custody/test_console_payout.py.
 """
 from __future__ import annotations
@@ -144,6 +147,26 @@ def test_the_team_works_in_the_console(engine, ledger, browser):
         admin.page.get_by_test_id("kill-state").filter(has_text="Off").wait_for()
         admin.shot("kill-released")
         assert_equal(console.admin_key.get("/v1/kill-switch").json()["engaged"], False)
+
+        log.info("anna proposes a treasury adjustment in the page; it is hers to wait on; ben approves it")
+        equity, suspense = (api.custody.wallets.firm_account(role, "BTC") for role in ("equity", "suspense"))
+        anna.tab("adjustments")
+        form = anna.page.locator("#propose")
+        form.locator("[name=debit]").fill(str(equity))
+        form.locator("[name=credit]").fill(str(suspense))
+        form.locator("[name=amount]").fill("0.001")
+        form.locator("[name=reason]").fill(f"browser test {run}: move to suspense")
+        form.get_by_role("button", name="Propose").click()
+        mine = anna.page.locator("#adjustments tr", has_text=f"browser test {run}")
+        mine.filter(has_text="your proposal").wait_for()
+        anna.shot("adjustment-proposed")
+        ben.tab("adjustments")
+        ben.page.locator("#adjustments tr", has_text=f"browser test {run}").get_by_role("button", name="Approve").click()
+        ben.page.fill("#confirm-input", "checked the ticket")
+        ben.page.click("#confirm-ok")
+        ben.page.locator("#adjustments tr", has_text=f"browser test {run}").filter(has_text="posted").wait_for()
+        ben.shot("adjustment-posted")
+        assert_equal(api.custody.ledger.balance(suspense).posted >= 100_000, True)
 
         log.info("every page renders for the auditor, the audit trail finds anna's approval")
         for tab in ("audit", "incidents", "deposits", "adjustments", "balances", "reconciliation", "payouts", "queue"):
