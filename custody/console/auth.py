@@ -246,15 +246,16 @@ class ConsoleAuth:
             return _credential(c.execute(text(f"{_CRED_SQL} WHERE id = :i"), {"i": credential_id}).one())
 
     def approver_entry(self, credential_id: int) -> dict:
-        """The signer's `[[approvers]]` entry for an active credential (module docstring)."""
+        """The signer's `[[approvers]]` entry for an active operator's credential (module docstring);
+        `invalid_state` for any other (pending, revoked, an auditor's or admin's)."""
         with self.engine.connect() as c:
-            row = c.execute(text("SELECT username, state, credential_id, public_key, rp_id, origin FROM console_credential "
+            row = c.execute(text("SELECT username, role, state, credential_id, public_key, rp_id, origin FROM console_credential "
                                  "WHERE id = :i"), {"i": credential_id}).first()
         if row is None:
             raise CustodyError(CustodyErrorCode.console_credential_not_found, f"no console credential {credential_id}")
-        if row.state != "active":
-            raise CustodyError(CustodyErrorCode.invalid_state, f"console credential {credential_id} is {row.state}",
-                               state=row.state)
+        if row.state != "active" or row.role != "operator":
+            raise CustodyError(CustodyErrorCode.invalid_state, f"console credential {credential_id} is {row.state} "
+                               f"({row.role or 'no role'}): only an active operator's key approves payments", state=row.state)
         return {"key_id": approver_key_id(bytes(row.credential_id)), "operator": row.username, "scheme": "webauthn",
                 "public_key": base64.b64encode(bytes(row.public_key)).decode("ascii"), "rp_id": row.rp_id,
                 "origin": row.origin}

@@ -490,7 +490,7 @@ async function renderEnrolments() {
     const role = el("select", {"aria-label": "role"}, ["operator", "auditor", "admin"].map((r) => el("option", {value: r}, r)));
     const actions = [];
     if (k.state === "pending") actions.push(role, " ", el("button", {class: "primary", onclick: () => credentialAction(k, "approve", role.value)}, "Approve"), " ");
-    if (k.state === "active") actions.push(el("button", {onclick: () => showEntry(k)}, "Approver entry"), " ");
+    if (k.state === "active" && k.role === "operator") actions.push(el("button", {onclick: () => showEntry(k)}, "Approver entry"), " ");
     if (k.state !== "revoked") actions.push(el("button", {class: "danger", onclick: () => credentialAction(k, "revoke")}, "Revoke"));
     return el("tr", {"data-credential": k.id}, el("td", {}, `#${k.id}`), el("td", {}, k.username), el("td", {}, k.state),
       el("td", {}, k.role || ""), el("td", {class: "mono"}, k.fingerprint), el("td", {}, k.requested_at), el("td", {}, k.decided_by || ""),
