@@ -459,13 +459,20 @@ async function renderBalances() {
 }
 
 async function renderReconciliation() {
-  const rows = await call("GET", "/console/api/reconciliation");
-  $("reconciliation").replaceChildren(table(["Chain", "Tier", "Asset", "Difference", "Booked off chain", "Height", "Updated", "History"],
+  const [rows, verify] = await Promise.all([call("GET", "/console/api/reconciliation"), call("GET", "/v1/verify")]);
+  const run = canOperate() ? el("button", {id: "run-reconciliation", onclick: runReconciliation}, "Run a reconciliation pass") : null;
+  $("reconciliation").replaceChildren(el("div", {},
+    el("p", {"data-testid": "ledger-verify"}, verify.ok ? "Ledger self-check: every balance equals its journal" :
+       `Ledger self-check FAILED: ${JSON.stringify(verify)}`), el("div", {class: "buttons"}, run, note("recon"))), table(["Chain", "Tier", "Asset", "Difference", "Booked off chain", "Height", "Updated", "History"],
     rows.map((l) => el("tr", {}, el("td", {}, l.chain), el("td", {}, l.tier), el("td", {}, l.asset),
       el("td", {class: "num"}, el("span", {class: l.difference_minor === "0" ? "tag ok" : "tag warn"}, `${l.difference} ${l.asset}`)),
       el("td", {class: "num"}, `${l.booked_off_chain} ${l.asset}`), el("td", {class: "num"}, l.height), el("td", {}, l.updated_at),
       el("td", {}, l.history.length ? el("details", {}, el("summary", {}, `${l.history.length} events`),
         l.history.map((h) => el("div", {class: "muted"}, `${h.at} ${h.actor} ${h.action}`))) : "")))));
+}
+
+async function runReconciliation() {
+  await act("recon", () => call("POST", "/v1/reconciliation"), "pass done", renderReconciliation);
 }
 
 async function renderPayouts() {

@@ -171,11 +171,15 @@ def test_settings_refuse_default_secrets_in_production():
 
 
 def test_console_page_is_served_and_uses_the_api(api):
+    """The console is served with its script, which uses the API with its session (no API key:
+    tests/integration/test_console_sessions.py, tests/integration/test_console_browser.py)."""
     client, _, _ = api
     r = client.get("/console")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
-    assert "Custody console" in r.text and "/v1/withdrawals?state=pending_approval" in r.text and "X-API-Key" in r.text
-    assert "/v1/rebalances" in r.text and "/v1/reconciliation" in r.text
+    assert "Custody console" in r.text and "/console/assets/console.js" in r.text
+    script = client.get("/console/assets/console.js").text
+    assert "/console/api/queue" in script and "/v1/withdrawals/${w.id}/approve" in script and "X-API-Key" not in script
+    assert "/v1/reconciliation" in script and "/v1/verify" in script
 
 
 @pytest.mark.parametrize("error, status, code", [
