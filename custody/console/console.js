@@ -468,7 +468,9 @@ async function renderReconciliation() {
       el("td", {class: "num"}, el("span", {class: l.difference_minor === "0" ? "tag ok" : "tag warn"}, `${l.difference} ${l.asset}`)),
       el("td", {class: "num"}, `${l.booked_off_chain} ${l.asset}`), el("td", {class: "num"}, l.height), el("td", {}, l.updated_at),
       el("td", {}, l.history.length ? el("details", {}, el("summary", {}, `${l.history.length} events`),
-        l.history.map((h) => el("div", {class: "muted"}, `${h.at} ${h.actor} ${h.action}`))) : "")))));
+        l.history.map((h) => el("div", {class: "muted"}, `${h.at} at height ${h.height}: ${h.difference} ${l.asset} ` +
+          `(before: ${h.previous_difference ?? "none"}), ${h.severity}, ` +
+          (h.resolved_at ? `resolved by ${h.resolved_by}` : `incident #${h.incident_id} open`)))) : "none")))));
 }
 
 async function runReconciliation() {

@@ -10,7 +10,8 @@ the tables (read-only SQL; every change still goes through the /v1 routes and th
 - `audit_trail(engine, q, before_id, limit)`: the audit log newest first, searched by actor,
   action or subject (substring, case-insensitive) and paged by id.
 - `balances(engine)`: the books' balance of every asset-location account (chain, tier, asset) in
-  units. `reconciliation(engine)`: each reconciliation line in units, with the line's audit history.
+  units. `reconciliation(engine)`: each reconciliation line in units, with the differences passes
+  recorded for it (its incidents).
 - `payouts(engine)`: recent withdrawal batches (with their transactions), sweeps and rebalances.
 - `kill_switch_backlog(engine)`: what the kill switch holds back (withdrawals approved or pending,
   per asset, in units) - the backlog that drains when it is released.
@@ -122,22 +123,30 @@ def balances(engine: Engine) -> list[dict]:
 
 
 def reconciliation(engine: Engine) -> list[dict]:
+    """Each line in units, with its history: the differences a pass recorded for it
+    (`reconciliation_difference` incidents: difference, the one before, the block height, when
+    resolved), newest first, at most 20 per line."""
     with engine.connect() as c:
         rows = c.execute(text(
             "SELECT l.chain, l.tier, l.asset, s.decimals, l.difference, l.booked_off_chain, l.height, l.updated_at "
             "FROM reconciliation_line l JOIN asset s ON s.code = l.asset ORDER BY l.chain, l.tier, l.asset")).all()
         history = c.execute(text(
-            "SELECT id, at, actor, action, subject, detail FROM audit_event WHERE action ILIKE 'reconciliation%' "
-            "ORDER BY id DESC LIMIT 200")).all()
+            "SELECT i.id, i.severity, i.opened_at, i.resolved_at, i.resolved_by, i.detail ->> 'chain' AS chain, "
+            "i.detail ->> 'tier' AS tier, i.detail ->> 'asset' AS asset, i.detail ->> 'difference' AS difference, "
+            "i.detail ->> 'previous_difference' AS previous, i.detail ->> 'height' AS height FROM incident i "
+            "WHERE i.kind = 'reconciliation_difference' ORDER BY i.id DESC LIMIT 1000")).all()
     lines = []
     for r in rows:
-        key = f"{r.chain}:{r.tier}:{r.asset}"
+        mine = [h for h in history if (h.chain, h.tier, h.asset) == (r.chain, r.tier, r.asset)][:20]
+        units = (lambda v: None if v is None else format_amount(int(v), r.decimals))
         lines.append({"chain": r.chain, "tier": r.tier, "asset": r.asset,
                       "difference": format_amount(int(r.difference), r.decimals), "difference_minor": str(int(r.difference)),
                       "booked_off_chain": format_amount(int(r.booked_off_chain), r.decimals), "height": r.height,
                       "updated_at": _iso(r.updated_at),
-                      "history": [{"at": _iso(h.at), "actor": h.actor, "action": h.action, "detail": h.detail}
-                                  for h in history if key in h.subject or key in str(h.detail)][:20]})
+                      "history": [{"incident_id": h.id, "severity": h.severity, "at": _iso(h.opened_at),
+                                   "difference": units(h.difference), "previous_difference": units(h.previous),
+                                   "height": h.height, "resolved_at": _iso(h.resolved_at), "resolved_by": h.resolved_by}
+                                  for h in mine]})
     return lines
 
 
