@@ -82,3 +82,19 @@ def test_the_kill_switch_backlog_and_batches(world):
                                "RETURNING id")).scalar_one()
     [b] = client.get("/console/api/payouts").json()["batches"]
     assert_equal((b["id"], b["state"], b["total"], b["txids"]), (batch, "open", "0.00000000", []))
+
+
+def test_an_operator_acknowledges_an_incident_with_a_note(world):
+    eng, _, _, auditor = world
+    with eng.begin() as c:
+        incident = c.execute(text("INSERT INTO incident (kind, severity, dedupe_key) VALUES ('test_kind', 'warning', :k) RETURNING id"),
+                             {"k": uuid.uuid4().hex}).scalar_one()
+    console = Console(Container(settings=Settings(environment="test"), engine=eng, ledger=Ledger(eng)))
+    client, _, session = console.person("acker", "operator")
+    csrf = {"X-CSRF-Token": session["csrf_token"]}
+    r = client.post(f"/console/api/incidents/{incident}/ack", json={"note": "looking at it"}, headers=csrf)
+    assert_equal((r.status_code, r.json()["acknowledged_by"]), (200, f"api:{session['username']}"))
+    r = client.post(f"/console/api/incidents/{incident + 1000}/ack", json={"note": "x"}, headers=csrf)
+    assert_equal((r.status_code, r.json()["error"]["code"]), (404, "incident_not_found"))
+    [event] = auditor.get("/console/api/audit", params={"q": "incident.acknowledge"}).json()["events"]
+    assert_equal((event["subject"], event["comment"]), (f"incident:{incident}", "looking at it"))
