@@ -63,13 +63,26 @@ def serve(app, port: int) -> Iterator[None]:
         thread.join(timeout=30)
 
 
+class _ArtifactsSummary:
+    """Names the screenshot directories in pytest's terminal summary (registered on first use)."""
+
+    def __init__(self) -> None:
+        self.paths: list[Path] = []
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:  # noqa: ANN001 - pytest's reporter
+        for path in self.paths:
+            terminalreporter.write_line(f"console screenshots: {path}")
+
+
 def artifacts_dir(request: pytest.FixtureRequest) -> Path:
     path = REPO / "test-artifacts" / "console" / request.node.name
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True)
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        request.addfinalizer(lambda: reporter.write_line(f"console screenshots: {path}"))
+    summary = request.config.pluginmanager.get_plugin("console-artifacts")
+    if summary is None:
+        summary = _ArtifactsSummary()
+        request.config.pluginmanager.register(summary, "console-artifacts")
+    summary.paths.append(path)
     return path
 
 
