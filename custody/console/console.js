@@ -480,9 +480,14 @@ async function runReconciliation() {
 async function renderPayouts() {
   const p = await call("GET", "/console/api/payouts");
   const tx = (ids) => ids.map((t) => el("div", {class: "mono"}, el("a", {href: `#tx-${t}`, id: `tx-${t}`}, t)));
-  $("batches").replaceChildren(table(["", "Chain", "State", "Outputs", "Total", "Transactions", "Created"], p.batches.map((b) => el("tr", {"data-batch": b.id},
+  const batchTxs = (b) => b.transactions.map((t) => el("div", {class: "mono", id: `tx-${t.txid}`},
+    el("a", {href: `#tx-${t.txid}`}, t.txid), ` ${t.state}, ${t.confirmations} conf.` +
+    (t.block_height ? ` at ${t.block_height}` : "") + `, fee ${t.fee} ${b.asset}` + (t.replacement ? " (replacement)" : "")));
+  const paid = (b) => b.withdrawals.length ? el("details", {}, el("summary", {}, `${b.withdrawals.length} withdrawals`),
+    b.withdrawals.map((w) => el("div", {class: "muted"}, `#${w.id}: ${w.amount} ${b.asset} to ${w.destination} (${w.state})`))) : "";
+  $("batches").replaceChildren(table(["", "Chain", "State", "Outputs", "Total", "Transactions", "Pays", "Created"], p.batches.map((b) => el("tr", {"data-batch": b.id},
     el("td", {}, `#${b.id}`), el("td", {}, b.chain), el("td", {}, b.state), el("td", {class: "num"}, b.outputs),
-    el("td", {class: "num"}, `${b.total} ${b.asset}`), el("td", {}, tx(b.txids)), el("td", {}, b.created_at)))));
+    el("td", {class: "num"}, `${b.total} ${b.asset}`), el("td", {}, batchTxs(b)), el("td", {}, paid(b)), el("td", {}, b.created_at)))));
   $("sweeps").replaceChildren(table(["", "Chain", "State", "Amount", "Transaction", "Created"], p.sweeps.map((s) => el("tr", {},
     el("td", {}, `#${s.id}`), el("td", {}, s.chain), el("td", {}, s.state), el("td", {class: "num"}, `${s.amount} ${s.asset}`),
     el("td", {}, tx(s.txids)), el("td", {}, s.created_at)))));

@@ -12,7 +12,8 @@ the tables (read-only SQL; every change still goes through the /v1 routes and th
 - `balances(engine)`: the books' balance of every asset-location account (chain, tier, asset) in
   units. `reconciliation(engine)`: each reconciliation line in units, with the differences passes
   recorded for it (its incidents).
-- `payouts(engine)`: recent withdrawal batches (with their transactions), sweeps and rebalances.
+- `payouts(engine)`: recent withdrawal batches (their transactions with state, confirmations and
+  fee, and the withdrawals they pay), sweeps and rebalances (their transaction ids).
 - `kill_switch_backlog(engine)`: what the kill switch holds back (withdrawals approved or pending,
   per asset, in units) - the backlog that drains when it is released.
 
@@ -158,6 +159,14 @@ def payouts(engine: Engine, *, limit: int = 50) -> dict:
             "(SELECT count(*) FROM batch_output o WHERE o.batch_id = b.id) AS outputs, "
             "(SELECT array_agg(t.txid ORDER BY t.id) FROM chain_transaction t WHERE t.batch_id = b.id) AS txids "
             "FROM withdrawal_batch b JOIN asset s ON s.code = b.asset ORDER BY b.id DESC LIMIT :l"), {"l": limit}).all()
+        ids = [b.id for b in batches]
+        txs = c.execute(text(
+            "SELECT batch_id, txid, state, confirmations, fee, block_height, replaces_id IS NOT NULL AS replacement "
+            "FROM chain_transaction WHERE batch_id = ANY(:b) ORDER BY id"), {"b": ids}).all()
+        outs = c.execute(text(
+            "SELECT o.batch_id, o.withdrawal_id, o.amount, w.destination, w.state FROM batch_output o "
+            "JOIN withdrawal_request w ON w.id = o.withdrawal_id WHERE o.batch_id = ANY(:b) ORDER BY o.withdrawal_id"),
+            {"b": ids}).all()
         sweeps = c.execute(text(
             "SELECT w.id, w.chain, w.asset, w.state, w.amount, w.txid, w.created_at, s.decimals FROM sweep w "
             "JOIN asset s ON s.code = w.asset ORDER BY w.id DESC LIMIT :l"), {"l": limit}).all()
@@ -166,7 +175,12 @@ def payouts(engine: Engine, *, limit: int = 50) -> dict:
             "s.decimals FROM rebalance r JOIN asset s ON s.code = r.asset ORDER BY r.id DESC LIMIT :l"), {"l": limit}).all()
     return {
         "batches": [{"id": b.id, "chain": b.chain, "asset": b.asset, "state": b.state, "created_at": _iso(b.created_at),
-                     "outputs": b.outputs, "total": format_amount(int(b.total), b.decimals), "txids": list(b.txids or ())}
+                     "outputs": b.outputs, "total": format_amount(int(b.total), b.decimals), "txids": list(b.txids or ()),
+                     "transactions": [{"txid": t.txid, "state": t.state, "confirmations": t.confirmations,
+                                       "block_height": t.block_height, "replacement": t.replacement,
+                                       "fee": format_amount(int(t.fee), b.decimals)} for t in txs if t.batch_id == b.id],
+                     "withdrawals": [{"id": o.withdrawal_id, "amount": format_amount(int(o.amount), b.decimals),
+                                      "destination": o.destination, "state": o.state} for o in outs if o.batch_id == b.id]}
                     for b in batches],
         "sweeps": [{"id": s.id, "chain": s.chain, "asset": s.asset, "state": s.state, "created_at": _iso(s.created_at),
                     "amount": format_amount(int(s.amount), s.decimals), "txids": [s.txid] if s.txid else []} for s in sweeps],

@@ -81,7 +81,8 @@ def test_the_kill_switch_backlog_and_batches(world):
         batch = c.execute(text("INSERT INTO withdrawal_batch (chain, asset, state, fee_rate) VALUES ('bitcoin', 'BTC', 'open', 1000) "
                                "RETURNING id")).scalar_one()
     [b] = client.get("/console/api/payouts").json()["batches"]
-    assert_equal((b["id"], b["state"], b["total"], b["txids"]), (batch, "open", "0.00000000", []))
+    assert_equal((b["id"], b["state"], b["total"], b["txids"], b["transactions"], b["withdrawals"]),
+                 (batch, "open", "0.00000000", [], [], []))
 
 
 def test_an_operator_acknowledges_an_incident_with_a_note(world):

@@ -99,7 +99,11 @@ def test_two_operators_approve_in_the_console_and_the_payout_is_final(custody, e
         assert_equal(int(received * 100_000_000), AMOUNT)
 
         ben.tab("payouts")
-        ben.page.locator("#batches a", has_text=txid).wait_for()
+        batch = ben.page.locator("#batches tr", has_text=txid)
+        batch.wait_for()
+        assert f"{txid} final, {BTC_FINALITY} conf." in batch.inner_text()
+        batch.locator("summary").click()
+        assert f"#{w.id}: 2.50000000 BTC to {destination} (final)" in batch.inner_text()
         ben.shot("payout-final")
         ben.tab("balances")
         ben.page.locator("#balances td", has_text="hot").first.wait_for()
