@@ -7,7 +7,8 @@ downloaded), the app served by uvicorn on a loopback port, and one DevTools virt
 - `free_port()`;
 - `Browser(artifacts)`: Chromium launched once; `person(name, origin)` opens a context (its own
   cookies) and a page with its own authenticator; `Person.enrol()`, `.sign_in()`, `.shot(step)`
-  (a full-page screenshot into the artifacts directory, numbered in order);
+  (a full-page screenshot into the artifacts directory, numbered in order); `errors()`: every
+  page's script and console errors (a Content-Security-Policy violation is one);
 - `artifacts_dir(request)`: `test-artifacts/console/<test name>/` (gitignored), emptied first, its
   path printed in the terminal summary.
 Tests using it are skipped with a reason when /usr/bin/chromium or the package is missing
@@ -92,6 +93,10 @@ class Person:
         self.context = browser.chromium.new_context(base_url=origin, viewport={"width": 1400, "height": 900})
         self.page: Page = self.context.new_page()
         self.page.set_default_timeout(30_000)
+        self.errors: list[str] = []  # script errors and console errors (a CSP violation is one), not 4xx answers
+        self.page.on("pageerror", lambda exc: self.errors.append(f"pageerror: {exc}"))
+        self.page.on("console", lambda m: self.errors.append(f"console: {m.text}") if m.type == "error"
+                     and "Failed to load resource" not in m.text else None)
         self.cdp = self.context.new_cdp_session(self.page)
         self.cdp.send("WebAuthn.enable")
         self.authenticator = self.cdp.send("WebAuthn.addVirtualAuthenticator", {"options": {
@@ -132,11 +137,18 @@ class Browser:
     def __init__(self, artifacts: Path) -> None:
         self.artifacts = artifacts
         self.counter = itertools.count(1)
+        self.people: list[Person] = []
         self._playwright = sync_playwright().start()
         self.chromium = self._playwright.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
 
     def person(self, name: str, origin: str) -> Person:
-        return Person(self, name, origin)
+        person = Person(self, name, origin)
+        self.people.append(person)
+        return person
+
+    def errors(self) -> list[str]:
+        """Every person's page errors so far (a test ends asserting there are none)."""
+        return [f"{p.name}: {e}" for p in self.people for e in p.errors]
 
     def close(self) -> None:
         self.chromium.close()

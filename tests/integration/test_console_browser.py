@@ -182,3 +182,4 @@ def test_the_team_works_in_the_console(engine, ledger, browser):
         assert "destination confirmed with the customer by phone" in audrey.page.locator("#audit").inner_text()
         audrey.shot("audit-trail")
         api.reject_all(acct)
+    assert_equal(browser.errors(), [])

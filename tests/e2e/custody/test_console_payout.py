@@ -108,3 +108,4 @@ def test_two_operators_approve_in_the_console_and_the_payout_is_final(custody, e
         ben.tab("balances")
         ben.page.locator("#balances td", has_text="hot").first.wait_for()
         ben.shot("balances")
+    assert_equal(browser.errors(), [])
