@@ -150,6 +150,11 @@ def reconciliation(c: ContainerDep, _: Auditor) -> list[dict]:
     return views.reconciliation(c.engine)
 
 
+@router.get("/api/quarantine")
+def quarantine(c: ContainerDep, _: Auditor) -> list[dict]:
+    return views.quarantine(c.engine)
+
+
 @router.get("/api/payouts")
 def payouts(c: ContainerDep, _: Auditor) -> dict:
     return views.payouts(c.engine)

@@ -388,23 +388,30 @@ async function release() {
 // ---- quarantined deposits -----------------------------------------------------------------------
 
 async function renderDeposits() {
-  const [quarantined, released] = await Promise.all([call("GET", "/v1/deposits?state=quarantined"),
-                                                     call("GET", "/v1/deposits?state=released&limit=50")]);
-  const row = (d, actions) => el("tr", {"data-deposit": d.id}, el("td", {}, `#${d.id}`), el("td", {}, d.chain),
-    el("td", {class: "num"}, d.amounts && d.amounts.amount ? `${d.amounts.amount.value} ${d.asset}` : `${d.amount} ${d.asset}`),
-    el("td", {class: "mono"}, d.txid || ""), el("td", {}, d.state),
-    el("td", {}, d.return_withdrawal_id ? `return: withdrawal #${d.return_withdrawal_id}` : ""), el("td", {}, actions, note(`d:${d.id}`)));
-  const actions = (d) => canDecide() ? [el("button", {onclick: () => depositAction(d, "release")}, "Release to customer"), " ",
-                                        el("button", {onclick: () => depositAction(d, "return")}, "Return to sender")] : [];
-  $("deposits").replaceChildren(table(["", "Chain", "Amount", "Transaction", "State", "Return", ""], quarantined.map((d) => row(d, actions(d)))),
-                                el("h2", {}, "Released recently"), table(["", "Chain", "Amount", "Transaction", "State", "Return", ""], released.map((d) => row(d, []))));
+  const rows = await call("GET", "/console/api/quarantine");
+  const header = ["", "Chain", "Amount", "From", "Transaction", "Screening", "Return", ""];
+  const row = (d) => {
+    const actions = d.state === "quarantined" && !d.return_withdrawal_id && canDecide() ?
+      [el("button", {onclick: () => depositAction(d, "release")}, "Release to customer"), " ",
+       el("button", {onclick: () => depositAction(d, "return")}, "Return to sender")] : [];
+    return el("tr", {"data-deposit": d.id}, el("td", {}, `#${d.id}`), el("td", {}, d.chain),
+      el("td", {class: "num"}, `${d.amount} ${d.asset}`), el("td", {class: "mono"}, d.senders.join(", ") || "unknown"),
+      el("td", {class: "mono"}, `${d.txid}:${d.output_index}`),
+      el("td", {}, d.screening ? el("details", {}, el("summary", {}, "verdict"), el("pre", {}, JSON.stringify(d.screening, null, 1))) : ""),
+      el("td", {}, d.return_withdrawal_id ? `withdrawal #${d.return_withdrawal_id} (${d.return_state}) to ${d.return_destination}` : ""),
+      el("td", {}, actions, note(`d:${d.id}`)));
+  };
+  $("deposits").replaceChildren(
+    table(header, rows.filter((d) => d.state === "quarantined" && !d.return_withdrawal_id).map(row)),
+    el("h2", {}, "Returns (each waits in the approval queue for operators other than its requester)"),
+    table(header, rows.filter((d) => d.return_withdrawal_id).map(row)));
 }
 
 async function depositAction(d, what) {
   await act(`d:${d.id}`, async () => {
     const comment = await ask({title: `${what === "release" ? "Release" : "Return"} deposit #${d.id}`, inputName: "Comment (required)",
                                okText: what === "release" ? "Release" : "Request the return (other operators approve it)",
-                               facts: [["Amount", `${d.amount} ${d.asset}`]]});
+                               facts: [["Amount", `${d.amount} ${d.asset}`], ["From", d.senders.join(", ") || "unknown"]]});
     if (comment === null) throw new Error("cancelled");
     await call("POST", `/v1/deposits/${d.id}/${what}`, {comment});
   }, what === "release" ? "released" : "return requested: it waits in the approval queue", renderDeposits);

@@ -12,6 +12,7 @@ the tables (read-only SQL; every change still goes through the /v1 routes and th
 - `balances(engine)`: the books' balance of every asset-location account (chain, tier, asset) in
   units. `reconciliation(engine)`: each reconciliation line in units, with the differences passes
   recorded for it (its incidents).
+- `quarantine(engine)`: quarantined deposits and their returns (the return withdrawal's state).
 - `payouts(engine)`: recent withdrawal batches (their transactions with state, confirmations and
   fee, and the withdrawals they pay), sweeps and rebalances (their transaction ids).
 - `kill_switch_backlog(engine)`: what the kill switch holds back (withdrawals approved or pending,
@@ -149,6 +150,24 @@ def reconciliation(engine: Engine) -> list[dict]:
                                    "height": h.height, "resolved_at": _iso(h.resolved_at), "resolved_by": h.resolved_by}
                                   for h in mine]})
     return lines
+
+
+def quarantine(engine: Engine, *, limit: int = 200) -> list[dict]:
+    """Quarantined deposits and those on their way back (a return withdrawal, through the operators'
+    quorum), newest first: amount in units, senders, the screening verdict, the return's state."""
+    with engine.connect() as c:
+        rows = c.execute(text(
+            "SELECT o.id, o.chain, o.asset, s.decimals, o.txid, o.output_index, o.address, o.senders, o.amount, o.state, "
+            "o.screening, o.account_id, o.created_at, o.return_withdrawal_id, w.state AS return_state, "
+            "w.destination AS return_destination FROM deposit_observation o JOIN asset s ON s.code = o.asset "
+            "LEFT JOIN withdrawal_request w ON w.id = o.return_withdrawal_id "
+            "WHERE o.state = 'quarantined' OR o.return_withdrawal_id IS NOT NULL ORDER BY o.id DESC LIMIT :l"),
+            {"l": limit}).all()
+    return [{"id": r.id, "chain": r.chain, "asset": r.asset, "txid": r.txid, "output_index": r.output_index,
+             "address": r.address, "senders": list(r.senders or ()), "amount": format_amount(int(r.amount), r.decimals),
+             "state": r.state, "screening": r.screening, "account_id": r.account_id, "seen_at": _iso(r.created_at),
+             "return_withdrawal_id": r.return_withdrawal_id, "return_state": r.return_state,
+             "return_destination": r.return_destination} for r in rows]
 
 
 def payouts(engine: Engine, *, limit: int = 50) -> dict:

@@ -99,3 +99,24 @@ def test_an_operator_acknowledges_an_incident_with_a_note(world):
     assert_equal((r.status_code, r.json()["error"]["code"]), (404, "incident_not_found"))
     [event] = auditor.get("/console/api/audit", params={"q": "incident.acknowledge"}).json()["events"]
     assert_equal((event["subject"], event["comment"]), (f"incident:{incident}", "looking at it"))
+
+
+def test_quarantined_deposits_in_units_with_their_senders(world):
+    from signer.keys import Secret, SignerKeys, seed_from_text
+
+    eng, _, wallets, client = world
+    keys = SignerKeys(seed_from_text(Secret("abandon " * 11 + "about")), "regtest")
+    wallets.register_wallet("bitcoin", "deposit", "regtest", keys.account_xpub("bitcoin", "deposit"))
+    account = wallets.customer_account(f"q-{uuid.uuid4().hex[:6]}", "BTC")
+    address = wallets.issue_address(f"q:{uuid.uuid4().hex}", account)
+    with eng.begin() as c:
+        deposit = c.execute(text(
+            "INSERT INTO deposit_observation (chain, asset, txid, output_index, address, senders, amount, block_hash, "
+            "block_height, state, deposit_address_id, account_id, screening) SELECT 'bitcoin', 'BTC', :t, 0, address, "
+            "ARRAY['bcrt1qsender'], 12345678, 'h', 5, 'quarantined', id, :a, CAST(:s AS jsonb) FROM deposit_address "
+            "WHERE address = :addr RETURNING id"),
+            {"t": uuid.uuid4().hex * 2, "a": account, "addr": address.address,
+             "s": json.dumps({"verdict": "denylisted sender"})}).scalar_one()
+    row = next(d for d in client.get("/console/api/quarantine").json() if d["id"] == deposit)
+    assert_equal((row["amount"], row["senders"], row["state"], row["return_withdrawal_id"], row["screening"]),
+                 ("0.12345678", ["bcrt1qsender"], "quarantined", None, {"verdict": "denylisted sender"}))
