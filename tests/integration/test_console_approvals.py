@@ -15,17 +15,21 @@ theirs in the queue and is refused to them.
 from __future__ import annotations
 
 import base64
+import json
+import tomllib
 import uuid
 
 import pytest
 from sqlalchemy import text
 
+from custody.config import ApproverEntry as CustodyApproverEntry
 from custody.container import Container
 from custody.settings import Settings
 from ledger.service import Ledger
 from regtest.util import assert_equal
 from signer.approvals import ApproverRegistry, quorum_table_from_policy, verify_approval, webauthn_challenge
 from signer.bitcoin_tx import address_to_script
+from signer.config import ApproverEntry as SignerApproverEntry
 from signer.service import Signer
 from custody.policy_config import default_policy
 from tests.approvers import signature_json
@@ -46,8 +50,13 @@ def world(database_url):
             assert r.status_code == 200, r.text
             people[who] = (passkey, session, r.json())
         entries = tuple(entry for _, _, entry in people.values())
-        api = WithdrawalApi(eng, extra_approvers=entries)  # custody's door check: the same entries
-        signer = Signer(eng, KEYS, bitcoin_network="regtest", approvers=ApproverRegistry.from_entries(list(entries)),
+        # the entries as TOML in each process's configuration: the signer's [[approvers]] (its own
+        # model), custody's `approvers` (the early check at the door)
+        toml = "".join("[[approvers]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in e.items()) for e in entries)
+        signer_entries = [SignerApproverEntry(**e).model_dump(exclude_none=True) for e in tomllib.loads(toml)["approvers"]]
+        custody_entries = [CustodyApproverEntry(**e).model_dump(exclude_none=True) for e in tomllib.loads(toml)["approvers"]]
+        api = WithdrawalApi(eng, extra_approvers=tuple(custody_entries))
+        signer = Signer(eng, KEYS, bitcoin_network="regtest", approvers=ApproverRegistry.from_entries(signer_entries),
                         quorum=quorum_table_from_policy(default_policy()))
         console = Console(api.custody)
         signed_in = {}
