@@ -510,6 +510,8 @@ async function renderEnrolments() {
   $("enrolments").replaceChildren(table(["", "User", "State", "Role", "Fingerprint", "Requested", "Decided by", ""], rows.map((k) => {
     const role = el("select", {"aria-label": "role"}, ["operator", "auditor", "admin"].map((r) => el("option", {value: r}, r)));
     const actions = [];
+    const known = rows.some((o) => o.id !== k.id && o.username === k.username && o.state === "active");
+    if (k.state === "pending" && known) actions.push(el("span", {class: "tag warn"}, "this user already has an active key: confirm with them"), " ");
     if (k.state === "pending") actions.push(role, " ", el("button", {class: "primary", onclick: () => credentialAction(k, "approve", role.value)}, "Approve"), " ");
     if (k.state === "active" && k.role === "operator") actions.push(el("button", {onclick: () => showEntry(k)}, "Approver entry"), " ");
     if (k.state !== "revoked") actions.push(el("button", {class: "danger", onclick: () => credentialAction(k, "revoke")}, "Revoke"));
