@@ -22,6 +22,7 @@ from sqlalchemy import Connection, Engine, text
 
 from custody.addresses import canonical_btc_account_key, derive_btc_address, derive_eth_address
 from custody.controls import audit, open_incident
+from custody.errors import CustodyError, CustodyErrorCode
 from ledger.errors import ErrorCode, LedgerError
 from ledger.model import AccountKind
 from ledger.service import Ledger
@@ -155,7 +156,8 @@ class Wallets:
             raise LedgerError(ErrorCode.invalid_request, "an idempotency key of 1-300 characters is required")
         account = self.ledger.get_account(account_id)
         if account.kind is not AccountKind.customer:
-            raise LedgerError(ErrorCode.invalid_request, "deposit addresses are issued for customer accounts only")
+            raise CustodyError(CustodyErrorCode.kind_not_permitted, "deposit addresses are issued for customer accounts only",
+                                  account_id=account.id, kind=account.kind.value)
         if account.closed:
             raise LedgerError(ErrorCode.account_closed)
         chain = self.chain_asset(account.asset).chain

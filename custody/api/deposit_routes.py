@@ -154,7 +154,14 @@ class ReserveProofOut(BaseModel):
     amounts: dict[str, Money] = Field(description="`balance` as {value, minor}")
 
 
-class ReturnIn(CommentIn):
+class ReasonIn(CommentIn):
+    """A deposit decision's comment: it must say something (not only whitespace), as the audit
+    log records why money was released or returned."""
+
+    comment: str = Field(min_length=1, max_length=1000, pattern=r"\S")
+
+
+class ReturnIn(ReasonIn):
     model_config = ConfigDict(json_schema_extra={'examples': [{'comment': 'sender asked for it back, ticket 4712', 'destination': 'bcrt1qw508d6qejxtdg4y5r3zarvary0c5xw7kygt080'}]})
     destination: str | None = Field(default=None, max_length=200, description="default: the deposit's single sender")
 
@@ -227,7 +234,7 @@ def deposits_by_state(
 
 @router.post("/deposits/{deposit_id}/release", response_model=DepositOut,
              responses=responses("deposit_not_found", "invalid_state", "deposit_reorged_out", *NO_CHAINS))
-def release(deposit_id: IdPath, body: CommentIn, c: ContainerDep, who: OperatorOnly) -> DepositOut:
+def release(deposit_id: IdPath, body: ReasonIn, c: ContainerDep, who: OperatorOnly) -> DepositOut:
     """Operator decision: credit a quarantined deposit to its customer (recorded in the audit log)."""
     _deposits(c).release_quarantined(deposit_id, operator=f"api:{who.name}", comment=body.comment)
     return _out(c, next(r for r in c.deposits.list(state="released", limit=1000) if r["id"] == deposit_id))
