@@ -19,6 +19,7 @@ from custody.api import (
     adjustment_routes,
     api_key_routes,
     containment_routes,
+    convert_routes,
     deposit_routes,
     errors,
     ledger_routes,
@@ -59,6 +60,7 @@ def create_app(container: Container) -> FastAPI:
     app.include_router(webhook_routes.router)
     app.include_router(api_key_routes.router)
     app.include_router(ops_routes.router)
+    app.include_router(convert_routes.router)
 
     console = Path(__file__).resolve().parents[1] / "console" / "index.html"
 

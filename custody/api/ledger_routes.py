@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query, Response
 from custody.api.deps import Admin, Auditor, Backend, ContainerDep, Reader
 from custody.api.errors import ApiError, responses
 from custody.api.paging import PAGED, pager
+from custody.convert.service import Convert
 from custody.ledger_access import CallerLedger
 from custody.money_rules import may_read_statement, may_read_transaction
 from ledger.errors import ErrorCode, LedgerError
@@ -69,9 +70,11 @@ def _hold_out(ledger: Ledger, h: Hold) -> HoldOut:
 
 @router.post("/assets", response_model=AssetOut, status_code=201, responses=responses("asset_exists_with_different_decimals", "conflict"))
 def create_asset(body: AssetIn, c: ContainerDep, _: Admin) -> AssetOut:
-    """Create an asset and open its firm accounts (fees, equity, suspense, ...) under reserved names."""
+    """Create an asset and open its firm accounts (fees, equity, suspense, ..., and convert's
+    liquidity account `convert:liquidity:<asset>`) under reserved names."""
     asset = c.ledger.create_asset(body.code, body.decimals)
     c.wallets.open_firm_accounts(asset.code)
+    Convert(c.engine, c.ledger, c.settings).open_accounts(asset.code)
     return AssetOut(code=asset.code, decimals=asset.decimals)
 
 
