@@ -260,11 +260,9 @@ _CUSTODY_REFUSALS = {
 def _market_of(books: Books | None, from_asset: str, to_asset: str) -> BookMarket | None:
     if books is None:
         return None
-    for row in books.markets():
-        market: BookMarket = row.market  # type: ignore[attr-defined]
-        if {market.base_asset, market.quote_asset} == {from_asset, to_asset}:
-            return market
-    return None
+    found = [row.market for row in books.markets()  # type: ignore[attr-defined]
+             if {row.market.base_asset, row.market.quote_asset} == {from_asset, to_asset}]  # type: ignore[attr-defined]
+    return min(found, key=lambda m: m.symbol) if found else None  # several markets of one pair: the first by symbol
 
 
 def _levels(market: BookMarket, levels: list, *, selling_base: bool) -> list[Level]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from fractions import Fraction
 import uuid
 
 import pytest
@@ -218,3 +219,45 @@ def test_concurrent_accepts_of_one_quote_book_once(desk):
         assert status == 201 or (status, transaction_id) == (200, tid) or (status, code) == (409, "quote_already_used"), answers
     assert_equal(desk.booked(q["id"]), 1)
     assert_equal(desk.posted(alice), 50_00)
+
+
+def test_a_pair_with_a_market_is_priced_from_its_book(desk):
+    run = desk.run.upper()[:6]
+    base, quote, other = f"X{run}", f"Y{run}", f"Z{run}"
+    for code, decimals in ((base, 8), (quote, 6), (other, 2)):
+        assert desk.call("admin", "POST", "/v1/assets", json={"code": code, "decimals": decimals}).status_code == 201
+    symbol = f"{base}-{quote}"
+    r = desk.call("admin", "POST", "/v1/markets", json={
+        "symbol": symbol, "base_asset": base, "quote_asset": quote, "lot_size": 10_000, "quote_per_tick_lot": 1,
+        "fees": {"default": {"maker_ppm": 0, "taker_ppm": 0}}})
+    assert r.status_code == 201, r.text
+    seller, owner = f"cv{desk.run}-maker", f"cv{desk.run}-taker"
+    equity = {a: desk.ledger.account_by_name(f"equity:{a}").id for a in (base, quote)}
+    maker = desk.ledger.open_account(base, AccountKind.customer, f"customer:{seller}:{base}", owner=seller).id
+    desk.ledger.transfer(f"test:{desk.run}:maker", equity[base], maker, 10**8)
+    taker = desk.ledger.open_account(quote, AccountKind.customer, f"customer:{owner}:{quote}", owner=owner).id
+    desk.ledger.transfer(f"test:{desk.run}:taker", equity[quote], taker, 20_000 * 10**6)
+    desk.adjust(equity[base], desk.liquidity(base)["account_id"], "1", f"fund-{base}")
+    for cid, price in (("a1", "60000"), ("a2", "61000")):
+        r = desk.call("backend", "POST", f"/v1/markets/{symbol}/orders", json={
+            "account": seller, "client_order_id": cid, "side": "sell", "qty": "0.1", "price": price})
+        assert r.status_code == 201, r.text
+
+    log.info("9,000 %s buys through both ask levels: the rate is their average for the net amount", quote)
+    r = desk.call("backend", "POST", "/v1/quotes", json={"account_id": taker, "to_asset": base, "from_amount": "9000"})
+    assert r.status_code == 201, r.text
+    q = r.json()
+    net = 9_000 * 10**6 - 22_500_000  # 0.25% fee
+    got = Fraction(10**7) + Fraction((net - 6_000 * 10**6) * 10**7, 6_100 * 10**6)  # 0.1 at 60,000, the rest at 61,000
+    assert_equal((q["source"], q["fee"]["minor"], q["net"]["minor"]), (f"book:{symbol}", "22500000", str(net)))
+    assert_equal(q["to_amount"]["minor"], str(got.numerator // got.denominator))
+    assert_equal(Fraction(int(q["rate"]["numerator"]), int(q["rate"]["denominator"])), got / net)
+    r = desk.accept(q["id"], "book-1")
+    assert_equal(r.status_code, 201)
+    assert_equal(desk.posted(q["receive_account_id"]), got.numerator // got.denominator)
+
+    log.info("more than the book holds cannot be priced; a pair with neither book nor price is unavailable")
+    r = desk.call("backend", "POST", "/v1/quotes", json={"account_id": taker, "to_asset": base, "from_amount": "13000"})
+    assert_equal((r.status_code, r.json()["error"]["code"]), (409, "convert_depth_insufficient"))
+    r = desk.call("backend", "POST", "/v1/quotes", json={"account_id": taker, "to_asset": other, "to_amount": "5"})
+    assert_equal((r.status_code, r.json()["error"]["code"]), (422, "convert_pair_unavailable"))
