@@ -22,11 +22,8 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import shutil
 import signal
 import sys
-import tempfile
-import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling harness
@@ -36,9 +33,7 @@ import httpx  # noqa: E402
 
 import http_api  # noqa: E402  (bench/http_api.py: deployment, client threads, figures)
 from custody.auth import create_api_key  # noqa: E402
-from custody.database import drop_database, ensure_database, make_engine, server_url, with_database  # noqa: E402
-from custody.launch import Nodes, deploy  # noqa: E402
-from custody.settings import Settings  # noqa: E402
+from custody.database import make_engine  # noqa: E402
 from ledger.model import AccountKind, Transfer  # noqa: E402
 from ledger.service import Ledger  # noqa: E402
 
@@ -88,37 +83,23 @@ def prepare(api_base: str, owner_url: str, pepper: str) -> http_api.World:
 
 
 def run(args: argparse.Namespace) -> int:
-    from regtest.cluster import start_cluster
-
-    pepper = "bench-pepper-" + uuid.uuid4().hex
-    root = Path(tempfile.mkdtemp(prefix="bench-convert-"))
-    owner_url = with_database(server_url(Settings()), f"bench_convert_{uuid.uuid4().hex[:8]}")
-    ensure_database(owner_url)
-    cluster = start_cluster(root / "chains")
-    deployment = None
     try:
-        nodes = Nodes(cluster.bitcoin.rpc_url, cluster.anvil.rpc_url, cluster.token.address)
-        deployment = deploy(root / "service", owner_url=owner_url, nodes=nodes, pepper=pepper, job_scale=1.0)
-        api_pid = deployment.processes.pid("custody-api")
-        world = prepare(deployment.api_base, owner_url, pepper)
-        if not args.with_worker:
-            deployment.processes.kill("custody-worker", signal.SIGTERM)
-        print(f"bench/convert.py: api pid {api_pid}; {os.cpu_count()} cores; load {os.getloadavg()[0]:.1f} before")
-        for clients in args.clients:
-            result = http_api.drive(world, api_pid, "convert", clients, args.seconds)
-            print(result.line().replace("req/s", "accepted quotes/s"), flush=True)
-        failed = http_api.verify(owner_url)
-        print("ledger verify:", "all checks ok" if not failed else "FAILED " + "; ".join(failed))
-        return 1 if failed else 0
+        with http_api.deployed("convert") as (deployment, owner_url, pepper):
+            api_pid = deployment.processes.pid("custody-api")
+            world = prepare(deployment.api_base, owner_url, pepper)
+            if not args.with_worker:
+                deployment.processes.kill("custody-worker", signal.SIGTERM)
+            print(f"bench/convert.py: api pid {api_pid}; {os.cpu_count()} cores; "
+                  f"load {os.getloadavg()[0]:.1f} before")
+            for clients in args.clients:
+                result = http_api.drive(world, api_pid, "convert", clients, args.seconds)
+                print(result.line().replace("req/s", "accepted quotes/s"), flush=True)
+            failed = http_api.verify(owner_url)
+            print("ledger verify:", "all checks ok" if not failed else "FAILED " + "; ".join(failed))
+            return 1 if failed else 0
     except http_api.BenchError as exc:
         print(f"bench/convert.py: invalid run: {exc}", file=sys.stderr)
         return 1
-    finally:
-        if deployment is not None:
-            deployment.stop()
-        cluster.stop()
-        drop_database(owner_url)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
