@@ -223,6 +223,8 @@ class Convert:
             assert to_amount is not None
             return source, pricing.figures_for_to(to_amount, rate, self.fee_ppm)
         except PricingRefused as refused:
+            if refused.reason == "too_large":
+                raise LedgerError(ErrorCode.invalid_amount, str(refused)) from None
             code = {"depth": CustodyErrorCode.convert_depth_insufficient}.get(
                 refused.reason, CustodyErrorCode.convert_amount_too_small)
             raise CustodyError(code, str(refused)) from None
