@@ -42,7 +42,8 @@ ACCOUNTS = 200
 
 def _convert(client: httpx.Client, world: http_api.World, rng: random.Random, run: str, n: int) -> int:
     quote = http_api._expect(client.post("/v1/quotes", json={
-        "account_id": rng.choice(world.accounts), "to_asset": "BTC", "from_amount": "10"}), 201)
+        "idempotency_key": f"{run}:{n}", "account_id": rng.choice(world.accounts), "to_asset": "BTC",
+        "from_amount": "10"}), 201)
     http_api._expect(client.post(f"/v1/quotes/{quote['id']}/accept", json={"idempotency_key": f"{run}:{n}"}), 201)
     return 1
 

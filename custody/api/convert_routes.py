@@ -44,7 +44,8 @@ AssetPath = Path(min_length=1, max_length=32, pattern=r"^[A-Z0-9][A-Z0-9_.-]*$")
 
 class QuoteIn(BaseModel):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"account_id": 7, "to_asset": "BTC", "from_amount": "100.00"}]})
+        {"idempotency_key": "convert-881-quote", "account_id": 7, "to_asset": "BTC", "from_amount": "100.00"}]})
+    idempotency_key: str = Key
     account_id: Id = Field(description="the customer account that sells (its asset is the from-asset)")
     to_asset: str = Field(min_length=1, max_length=32, pattern=r"^[A-Z0-9][A-Z0-9_.-]*$")
     from_amount: str | None = Field(default=None, max_length=100,
@@ -164,8 +165,9 @@ def _price(c: Container, q: QuoteView) -> str | None:
 
 
 @router.post("/quotes", response_model=QuoteOut, status_code=201, responses=responses(*QUOTE_CODES))
-def create_quote(body: QuoteIn, c: ContainerDep, who: Backend) -> QuoteOut:
-    """Quote a conversion for a customer account; nothing moves until it is accepted."""
+def create_quote(body: QuoteIn, c: ContainerDep, who: Backend, response: Response) -> QuoteOut:
+    """Quote a conversion for a customer account; nothing moves until it is accepted. A replay of
+    the idempotency key with the same request answers 200 with the quote it made."""
     convert = _convert(c)
     account = c.ledger.get_account(body.account_id)
     if account.kind.value != "customer":
@@ -177,8 +179,11 @@ def create_quote(body: QuoteIn, c: ContainerDep, who: Backend) -> QuoteOut:
     from_amount = None if body.from_amount is None else parse_amount(body.from_amount, from_decimals)
     to_amount = None if body.to_amount is None else parse_amount(body.to_amount, to_decimals)
     books = c.trading if c.trading is not None else attach(c)
-    quote = convert.quote(caller=who.name, account_id=body.account_id, to_asset=body.to_asset,
-                          from_amount=from_amount, to_amount=to_amount, books=books)
+    quote, created = convert.quote(caller=who.name, key=caller_key(who.name, body.idempotency_key),
+                                   account_id=body.account_id, to_asset=body.to_asset, from_amount=from_amount,
+                                   to_amount=to_amount, books=books)
+    if not created:
+        response.status_code = 200
     return _quote_out(c, quote)
 
 

@@ -711,6 +711,7 @@ class ProofStepOut(BaseModel):
 class QuoteIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    idempotency_key: str = Field(default_factory=new_key)
     account_id: int
     to_asset: str
     from_amount: Amount | None = None

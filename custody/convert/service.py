@@ -19,7 +19,8 @@ Guarantees:
   api or the worker (`journal_entry_liquidity_guard`). A quote the liquidity cannot pay is refused
   when asked for, and an accept it can no longer pay is refused with `insufficient_liquidity`.
 
-Codes, in the order they are checked. Quote: the ledger's `account_not_found` / `asset_not_found`
+Codes, in the order they are checked. Quote: `idempotency_conflict` (the key made a quote for
+another request; the same request answers the quote it made), the ledger's `account_not_found` / `asset_not_found`
 / `invalid_amount` / `excess_precision` / `invalid_request` (the account is not a customer
 account, one asset twice, both amounts or neither), `account_frozen`,
 `convert_pair_unavailable`, `convert_depth_insufficient`, `convert_amount_too_small`,
@@ -31,6 +32,8 @@ house), then whatever else the ledger answers (`account_closed`, ...).
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import json
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Protocol, Sequence
@@ -155,12 +158,19 @@ class Convert:
 
     # ---- quotes ---------------------------------------------------------------------------
 
-    def quote(self, *, caller: str, account_id: int, to_asset: str, from_amount: int | None,
-              to_amount: int | None, books: Books | None) -> QuoteView:
+    def quote(self, *, caller: str, key: str, account_id: int, to_asset: str, from_amount: int | None,
+              to_amount: int | None, books: Books | None) -> tuple[QuoteView, bool]:
         """Price and store a quote for customer account `account_id` selling its asset for
-        `to_asset`: exactly `from_amount` sold (fee included), or at least `to_amount` received."""
+        `to_asset`: exactly `from_amount` sold (fee included), or at least `to_amount` received.
+        Idempotent per `key` (the caller's namespaced key): (the quote, True) when made now, (the
+        quote made before, False) for a replay of the same request, whatever the price now."""
         if (from_amount is None) == (to_amount is None):
             raise LedgerError(ErrorCode.invalid_request, "give from_amount or to_amount, not both")
+        request_hash = _digest([caller, account_id, to_asset, from_amount, to_amount])
+        with self.engine.connect() as c:
+            before = c.execute(text(_QUOTE_BY_KEY_SQL), {"k": key}).first()
+        if before is not None:
+            return _replayed(before, request_hash), False
         account = self.ledger.get_account(account_id)
         if account.kind is not AccountKind.customer or account.owner is None:
             raise LedgerError(ErrorCode.invalid_request, "a quote converts from a customer account")
@@ -182,12 +192,14 @@ class Convert:
             raise CustodyError(CustodyErrorCode.insufficient_liquidity,
                                f"the house's {to_asset} liquidity cannot pay this amount", asset=to_asset)
         with self.engine.begin() as c:
-            quote_id = c.execute(text(_CREATE_SQL), {
+            made = c.execute(text(_CREATE_SQL), {
                 "by": caller, "customer": account_id, "receive": receive.id, "from_amount": figures.from_amount,
                 "fee": figures.fee, "to_amount": figures.to_amount, "num": figures.rate.numerator,
                 "den": figures.rate.denominator, "fee_ppm": self.fee_ppm, "spread_ppm": self.spread_ppm,
-                "source": source, "ttl": self.ttl_seconds}).scalar_one()
-            return _quote(c.execute(text(_QUOTE_SQL), {"i": quote_id}).one())
+                "source": source, "ttl": self.ttl_seconds, "key": key, "hash": request_hash}).one()
+            if made.status == "idempotency_conflict":
+                raise LedgerError(ErrorCode.idempotency_conflict, "the key was used for another quote request")
+            return _quote(c.execute(text(_QUOTE_SQL), {"i": made.quote_id}).one()), made.status == "created"
 
     def _price(self, from_asset: str, to_asset: str, from_amount: int | None, to_amount: int | None,
                books: Books | None) -> tuple[str, Figures]:
@@ -294,19 +306,31 @@ WHERE (base_asset, quote_asset) IN ((:a, :b), (:b, :a))
 """
 
 _CREATE_SQL = """
-SELECT convert_quote_create(:by, :customer, :receive, :from_amount, :fee, :to_amount, :num, :den,
-                            :fee_ppm, :spread_ppm, :source, :ttl)
+SELECT quote_id, status
+FROM convert_quote_create(:by, :customer, :receive, :from_amount, :fee, :to_amount, :num, :den,
+                          :fee_ppm, :spread_ppm, :source, :ttl, :key, :hash)
 """
 
-_QUOTE_SQL = """
+_QUOTE_COLUMNS = """
 SELECT id, created_by, customer_account_id, receive_account_id, from_asset, to_asset, from_amount, fee_amount,
        to_amount, rate_num, rate_den, fee_ppm, spread_ppm, source, liquidity_in_account_id,
-       liquidity_out_account_id, fee_account_id, expires_at, state, transaction_id, created_at
+       liquidity_out_account_id, fee_account_id, expires_at, state, transaction_id, created_at, request_hash
 FROM convert_quote
-WHERE id = :i
 """
+_QUOTE_SQL = _QUOTE_COLUMNS + "WHERE id = :i"
+_QUOTE_BY_KEY_SQL = _QUOTE_COLUMNS + "WHERE request_key = :k"
 
 _ACCEPT_SQL = "SELECT status, transaction_id FROM convert_accept(:q, :caller, :key)"
+
+
+def _digest(parts: list) -> str:
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()
+
+
+def _replayed(row: object, request_hash: str) -> QuoteView:
+    if row.request_hash != request_hash:  # type: ignore[attr-defined]
+        raise LedgerError(ErrorCode.idempotency_conflict, "the key was used for another quote request")
+    return _quote(row)
 
 
 def _quote(row: object) -> QuoteView:

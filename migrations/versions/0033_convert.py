@@ -12,7 +12,8 @@ in Python:
 - `convert_quote` (operational): a quote's exact figures. custody_api may only READ it
   (`custody_api_read_only_tables()` gains it): quotes are written by two SECURITY DEFINER
   functions (owner, `search_path` pinned), which the api may call:
-  - `convert_quote_create(...)` re-derives what it can: the customer and receiving accounts are
+  - `convert_quote_create(...)` answers a request replayed under its idempotency key with the
+    quote it made (another request under that key: `idempotency_conflict`), and re-derives what it can: the customer and receiving accounts are
     customer accounts of one owner in the quote's two assets; the liquidity accounts
     (`convert:liquidity:<asset>`, kind liquidity) and the fee account (`fees:<from asset>`, kind
     fee_income) are looked up BY NAME here, never taken from the caller; the fee is exactly
@@ -147,6 +148,8 @@ CREATE TABLE convert_quote (
     accept_key                text UNIQUE,
     transaction_id            bigint UNIQUE REFERENCES journal_transaction(id),
     accepted_at               timestamptz,
+    request_key               text NOT NULL UNIQUE CHECK (length(request_key) BETWEEN 1 AND 300),
+    request_hash              text NOT NULL,
     created_at                timestamptz NOT NULL DEFAULT now(),
     CHECK (from_asset <> to_asset),
     CHECK ((state = 'accepted') = (accept_key IS NOT NULL AND transaction_id IS NOT NULL AND accepted_at IS NOT NULL))
@@ -155,10 +158,11 @@ CREATE TABLE convert_quote (
 CREATE FUNCTION convert_quote_create(
     p_created_by text, p_customer bigint, p_receive bigint, p_from_amount numeric, p_fee numeric,
     p_to_amount numeric, p_rate_num numeric, p_rate_den numeric, p_fee_ppm integer, p_spread_ppm integer,
-    p_source text, p_ttl_seconds integer
-) RETURNS bigint
+    p_source text, p_ttl_seconds integer, p_request_key text, p_request_hash text
+) RETURNS TABLE (quote_id bigint, status text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
+    v_existing convert_quote;
     v_from account;
     v_to account;
     v_in bigint;
@@ -168,6 +172,13 @@ DECLARE
     v_base text;
     v_id bigint;
 BEGIN
+    -- A request replayed under its key answers the quote it made (same request) or a conflict.
+    SELECT * INTO v_existing FROM convert_quote c WHERE c.request_key = p_request_key;
+    IF FOUND THEN
+        RETURN QUERY SELECT v_existing.id, CASE WHEN v_existing.request_hash = p_request_hash
+                                               THEN 'exists' ELSE 'idempotency_conflict' END;
+        RETURN;
+    END IF;
     SELECT * INTO v_from FROM account WHERE id = p_customer;
     SELECT * INTO v_to FROM account WHERE id = p_receive;
     IF v_from.kind IS DISTINCT FROM 'customer' OR v_to.kind IS DISTINCT FROM 'customer'
@@ -209,12 +220,13 @@ BEGIN
     END IF;
     INSERT INTO convert_quote (created_by, customer_account_id, receive_account_id, from_asset, to_asset, from_amount,
                                fee_amount, to_amount, rate_num, rate_den, fee_ppm, spread_ppm, source,
-                               liquidity_in_account_id, liquidity_out_account_id, fee_account_id, expires_at)
+                               liquidity_in_account_id, liquidity_out_account_id, fee_account_id, expires_at,
+                               request_key, request_hash)
     VALUES (p_created_by, p_customer, p_receive, v_from.asset, v_to.asset, p_from_amount, p_fee, p_to_amount,
             p_rate_num, p_rate_den, p_fee_ppm, p_spread_ppm, p_source, v_in, v_out, v_fees,
-            now() + make_interval(secs => p_ttl_seconds))
+            now() + make_interval(secs => p_ttl_seconds), p_request_key, p_request_hash)
     RETURNING id INTO v_id;
-    RETURN v_id;
+    RETURN QUERY SELECT v_id, 'created'::text;
 END $$;
 
 CREATE FUNCTION convert_accept(p_quote_id bigint, p_caller text, p_key text)
@@ -321,7 +333,7 @@ DROP TRIGGER journal_entry_liquidity_guard ON journal_entry;
 DROP FUNCTION convert_guard_liquidity_debit();
 DROP FUNCTION convert_accept(bigint, text, text);
 DROP FUNCTION convert_quote_create(text, bigint, bigint, numeric, numeric, numeric, numeric, numeric, integer, integer,
-                                   text, integer);
+                                   text, integer, text, text);
 DROP TABLE convert_quote;
 DROP TABLE convert_price;
 ALTER TABLE fill DROP COLUMN settlement_version;

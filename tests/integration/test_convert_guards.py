@@ -99,9 +99,10 @@ def test_quotes_are_written_only_through_their_checked_function(engine, ledger, 
     assert refused(engine, "INSERT INTO convert_quote (created_by) VALUES ('x')", {}) == "42501"
 
     convert.set_price(by="ops", base=btc, quote=eur, price_minor=5_800_000)
-    create = ("SELECT convert_quote_create('b', :cust, :recv, :frm, :fee, :to, :num, :den, 2500, 0, :src, :ttl) AS id")
+    create = ("SELECT quote_id AS id FROM convert_quote_create('b', :cust, :recv, :frm, :fee, :to, :num, :den, "
+              "2500, 0, :src, :ttl, :key, 'h')")
     honest = {"cust": world["alice"], "recv": world["alice_btc"], "frm": 10_000, "fee": 25, "to": 171_982,
-              "num": 500, "den": 29, "src": "operator", "ttl": 10}
+              "num": 500, "den": 29, "src": "operator", "ttl": 10, "key": f"guard-{world['run']}"}
     log.info("figures that do not follow from each other are refused")
     for forged in ({"to": 171_983}, {"fee": 24}, {"ttl": 61}, {"num": 501, "to": 172_326},
                    {"recv": world["liquidity"][btc]}):

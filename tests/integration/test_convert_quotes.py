@@ -79,7 +79,8 @@ class Desk:
         return self.ledger.balance(account_id).posted
 
     def quote(self, account_id: int, **amount) -> dict:
-        r = self.call("backend", "POST", "/v1/quotes", json={"account_id": account_id, "to_asset": "BTC", **amount})
+        r = self.call("backend", "POST", "/v1/quotes", json={"idempotency_key": uuid.uuid4().hex,
+                                                             "account_id": account_id, "to_asset": "BTC", **amount})
         assert r.status_code == 201, r.text
         return r.json()
 
@@ -123,6 +124,13 @@ def test_the_worked_example_sells_100_eur_for_btc(desk):
                  ("58000.00", {"numerator": "500", "denominator": "29"}, {"numerator": "22", "denominator": "29"},
                   "operator", "open"))
     assert_equal(q["remainder_account_id"], btc_liquidity)
+    log.info("the same request under the same key answers the quote it made; another request is refused")
+    request = {"idempotency_key": "wx-quote", "account_id": alice, "to_asset": "BTC", "from_amount": "100.00"}
+    first = desk.call("backend", "POST", "/v1/quotes", json=request)
+    again = desk.call("backend", "POST", "/v1/quotes", json=request)
+    assert_equal((first.status_code, again.status_code, again.json()["id"]), (201, 200, first.json()["id"]))
+    r = desk.call("backend", "POST", "/v1/quotes", json={**request, "from_amount": "50.00"})
+    assert_equal(refusal(r), (409, "idempotency_conflict"))
 
     log.info("accepting books one linked transaction")
     r = desk.accept(q["id"], "wx-1")
@@ -195,7 +203,7 @@ def test_refusals_book_nothing_each_with_its_code(desk):
     assert_equal((desk.posted(rich), int(desk.liquidity("BTC")["posted"]["minor"])), (990_00, keep))
 
     log.info("and a quote the liquidity cannot pay is not even made")
-    r = desk.call("backend", "POST", "/v1/quotes", json={"account_id": rich, "to_asset": "BTC", "from_amount": "500.00"})
+    r = desk.call("backend", "POST", "/v1/quotes", json={"idempotency_key": uuid.uuid4().hex, "account_id": rich, "to_asset": "BTC", "from_amount": "500.00"})
     assert_equal(refusal(r), (409, "insufficient_liquidity"))
 
 
@@ -248,7 +256,7 @@ def test_a_pair_with_a_market_is_priced_from_its_book(desk):
         assert r.status_code == 201, r.text
 
     log.info("9,000 %s buys through both ask levels: the rate is their average for the net amount", quote)
-    r = desk.call("backend", "POST", "/v1/quotes", json={"account_id": taker, "to_asset": base, "from_amount": "9000"})
+    r = desk.call("backend", "POST", "/v1/quotes", json={"idempotency_key": uuid.uuid4().hex, "account_id": taker, "to_asset": base, "from_amount": "9000"})
     assert r.status_code == 201, r.text
     q = r.json()
     net = 9_000 * 10**6 - 22_500_000  # 0.25% fee
@@ -261,7 +269,7 @@ def test_a_pair_with_a_market_is_priced_from_its_book(desk):
     assert_equal(desk.posted(q["receive_account_id"]), got.numerator // got.denominator)
 
     log.info("more than the book holds cannot be priced; a pair with neither book nor price is unavailable")
-    r = desk.call("backend", "POST", "/v1/quotes", json={"account_id": taker, "to_asset": base, "from_amount": "13000"})
+    r = desk.call("backend", "POST", "/v1/quotes", json={"idempotency_key": uuid.uuid4().hex, "account_id": taker, "to_asset": base, "from_amount": "13000"})
     assert_equal(refusal(r), (409, "convert_depth_insufficient"))
-    r = desk.call("backend", "POST", "/v1/quotes", json={"account_id": taker, "to_asset": other, "to_amount": "5"})
+    r = desk.call("backend", "POST", "/v1/quotes", json={"idempotency_key": uuid.uuid4().hex, "account_id": taker, "to_asset": other, "to_amount": "5"})
     assert_equal(refusal(r), (422, "convert_pair_unavailable"))
