@@ -123,7 +123,10 @@ class LiquidityOut(BaseModel):
 
 
 def _convert(c: Container) -> Convert:
-    return Convert(c.engine, c.ledger, c.settings)
+    """The process's convert service, built on the first request (like `trading`)."""
+    if c.convert is None:
+        c.convert = Convert(c.engine, c.ledger, c.settings)
+    return c.convert
 
 
 def _ratio(value: Fraction) -> Ratio:
@@ -131,8 +134,7 @@ def _ratio(value: Fraction) -> Ratio:
 
 
 def _quote_out(c: Container, q: QuoteView) -> QuoteOut:
-    fd = c.ledger.get_asset(q.from_asset).decimals
-    td = c.ledger.get_asset(q.to_asset).decimals
+    fd, td = _convert(c).decimals(q.from_asset), _convert(c).decimals(q.to_asset)
     return QuoteOut(
         id=q.id, state=q.state, account_id=q.customer_account_id, receive_account_id=q.receive_account_id,
         from_asset=q.from_asset, to_asset=q.to_asset, from_amount=Money.of(q.from_amount, fd),
@@ -158,10 +160,10 @@ def _price(c: Container, q: QuoteView) -> str | None:
     selling_base = base == q.from_asset
     quote = q.to_asset if selling_base else q.from_asset
     per_base_minor = q.rate if selling_base else 1 / q.rate
-    value = per_base_minor * 10 ** c.ledger.get_asset(base).decimals
+    value = per_base_minor * 10 ** _convert(c).decimals(base)
     if value.denominator != 1:
         return None
-    return format_amount(value.numerator, c.ledger.get_asset(quote).decimals)
+    return format_amount(value.numerator, _convert(c).decimals(quote))
 
 
 @router.post("/quotes", response_model=QuoteOut, status_code=201, responses=responses(*QUOTE_CODES))
@@ -174,8 +176,7 @@ def create_quote(body: QuoteIn, c: ContainerDep, who: Backend, response: Respons
         raise CustodyError(CustodyErrorCode.kind_not_permitted,
                            f"role {who.role.value} may not convert from a {account.kind.value} account",
                            account_id=account.id, action="debit", kind=account.kind.value)
-    to_decimals = c.ledger.get_asset(body.to_asset).decimals
-    from_decimals = c.ledger.get_asset(account.asset).decimals
+    to_decimals, from_decimals = convert.decimals(body.to_asset), convert.decimals(account.asset)
     from_amount = None if body.from_amount is None else parse_amount(body.from_amount, from_decimals)
     to_amount = None if body.to_amount is None else parse_amount(body.to_amount, to_decimals)
     books = c.trading if c.trading is not None else attach(c)

@@ -129,14 +129,29 @@ class Convert:
         self.ttl_seconds = settings.convert_quote_ttl_seconds
         self.fee_ppm = settings.convert_fee_ppm
         self.spread_ppm = settings.convert_spread_ppm
+        # Facts that never change once read (an account's id and kind by name, an asset's decimals),
+        # kept per process; bounded by the number of assets.
+        self._liquidity: dict[str, Account] = {}
+        self._decimals: dict[str, int] = {}
 
     # ---- accounts and prices --------------------------------------------------------------
 
     def open_accounts(self, asset: str) -> Account:
         """Open (idempotently) the asset's liquidity account and the fee account convert credits;
         return the liquidity account."""
-        self.ledger.open_account(asset, AccountKind.fee_income, fee_account_name(asset))
-        return self.ledger.open_account(asset, AccountKind.liquidity, liquidity_account_name(asset))
+        found = self._liquidity.get(asset)
+        if found is None:
+            self.ledger.open_account(asset, AccountKind.fee_income, fee_account_name(asset))
+            found = self._liquidity[asset] = self.ledger.open_account(asset, AccountKind.liquidity,
+                                                                       liquidity_account_name(asset))
+        return found
+
+    def decimals(self, asset: str) -> int:
+        """The asset's decimals (`asset_not_found` if there is no such asset)."""
+        found = self._decimals.get(asset)
+        if found is None:
+            found = self._decimals[asset] = self.ledger.get_asset(asset).decimals
+        return found
 
     def set_price(self, *, by: str, base: str, quote: str, price_minor: int) -> PriceView:
         """Set the operator's price of a pair (quote minor units per whole base unit), audited.
@@ -178,7 +193,7 @@ class Convert:
             raise LedgerError(ErrorCode.invalid_request, "a quote converts between two different assets")
         if account.closed:
             raise LedgerError(ErrorCode.account_closed, f"account {account_id} is closed")
-        self.ledger.get_asset(to_asset)  # asset_not_found
+        self.decimals(to_asset)  # asset_not_found
         refuse_frozen(self.engine, [account_id])
         receive = self.ledger.open_account(to_asset, AccountKind.customer, f"customer:{account.owner}:{to_asset}",
                                            owner=account.owner)
@@ -225,7 +240,7 @@ class Convert:
                 if price is None:
                     raise CustodyError(CustodyErrorCode.convert_pair_unavailable,
                                        f"no market and no operator price for {from_asset} -> {to_asset}")
-                base_decimals = self.ledger.get_asset(price.base_asset).decimals
+                base_decimals = self.decimals(price.base_asset)
                 reference = pricing.operator_rate(price.quote_minor_per_base_unit, base_decimals,
                                                   selling_base=from_asset == price.base_asset)
                 source = "operator"
