@@ -152,6 +152,18 @@ def test_the_worked_example_sells_100_eur_for_btc(desk):
                  sorted([(alice, -99_75), (eur_liquidity, 99_75), (btc_liquidity, -171_982), (receive, 171_982),
                          (alice, -25), (fees, 25)]))
 
+    log.info("the backend reads the legs back: each names its role, its counterpart and the other legs")
+    legs = desk.call("backend", "GET", f"/v1/transactions/{tid}").json()["entries"]
+    assert_equal([(l["metadata"]["role"], l["account_id"], l["amount"]["value"]) for l in legs], [
+        ("customer_pays", alice, "-99.75"), ("customer_pays", eur_liquidity, "99.75"),
+        ("house_pays", btc_liquidity, "-0.00171982"), ("house_pays", receive, "0.00171982"),
+        ("fee", alice, "-0.25"), ("fee", fees, "0.25")])
+    for i, leg in enumerate(legs):
+        assert_equal((leg["counterpart_entry_id"], len(leg["references"])), (legs[i ^ 1]["id"], 5))
+    lines = desk.call("backend", "GET", f"/v1/accounts/{alice}/statement").json()["lines"]
+    assert_equal([(l["amount"]["value"], l["counterpart_account_id"]) for l in lines if l["kind"] == "convert"],
+                 [("-99.75", eur_liquidity), ("-0.25", fees)])
+
     log.info("a replay of the key answers the original; the quote reads as accepted")
     r = desk.accept(q["id"], "wx-1")
     assert_equal((r.status_code, r.json()["transaction_id"], r.json()["created"]), (200, tid, False))
