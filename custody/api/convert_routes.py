@@ -68,19 +68,22 @@ class QuoteOut(BaseModel):
     to_asset: str
     from_amount: Money = Field(description="debited from the customer in total")
     fee: Money = Field(description="from-asset, to fee income; rounded up")
-    net: Money = Field(description="from-asset, to the house's liquidity: from_amount - fee")
-    to_amount: Money = Field(description="credited to the customer; rounded down")
+    net: Money = Field(description="from-asset converted: from_amount - fee = cost + rounding")
+    to_amount: Money = Field(description="credited to the customer: floor(net * rate), rounded down")
+    cost: Money = Field(description="from-asset, to the house's liquidity: ceil(to_amount / rate), rounded up")
+    rounding: Money = Field(description="from-asset minor units the payout's rounding left (net - cost), booked to "
+                                        "rounding_account_id")
     rate: Ratio = Field(description="exact to-asset minor units per from-asset minor unit, after the spread")
     price: str | None = Field(description="the rate as quote-asset units per base unit of the pair, when exact")
-    remainder: Ratio = Field(description="to-asset minor units rounded off the payout (< 1); kept by the "
-                                         "to-asset liquidity account (remainder_account_id)")
-    remainder_account_id: int
+    remainder: Ratio = Field(description="the part of one from-asset minor unit (< 1) the house keeps beyond the "
+                                         "rounding: cost - to_amount / rate")
     fee_ppm: int
     spread_ppm: int
     source: str = Field(description="book:<market symbol> or operator")
     liquidity_in_account_id: int
     liquidity_out_account_id: int
     fee_account_id: int
+    rounding_account_id: int
     expires_at: dt.datetime
     transaction_id: int | None
     created_at: dt.datetime
@@ -135,14 +138,16 @@ def _ratio(value: Fraction) -> Ratio:
 
 def _quote_out(c: Container, q: QuoteView) -> QuoteOut:
     fd, td = _convert(c).decimals(q.from_asset), _convert(c).decimals(q.to_asset)
+    f = q.figures
     return QuoteOut(
         id=q.id, state=q.state, account_id=q.customer_account_id, receive_account_id=q.receive_account_id,
         from_asset=q.from_asset, to_asset=q.to_asset, from_amount=Money.of(q.from_amount, fd),
-        fee=Money.of(q.fee, fd), net=Money.of(q.net, fd), to_amount=Money.of(q.to_amount, td),
-        rate=_ratio(q.rate), price=_price(c, q), remainder=_ratio(q.remainder),
-        remainder_account_id=q.liquidity_out_account_id, fee_ppm=q.fee_ppm, spread_ppm=q.spread_ppm,
+        fee=Money.of(q.fee, fd), net=Money.of(f.net, fd), to_amount=Money.of(q.to_amount, td),
+        cost=Money.of(f.cost, fd), rounding=Money.of(f.rounding, fd), rate=_ratio(q.rate), price=_price(c, q),
+        remainder=_ratio(f.remainder), fee_ppm=q.fee_ppm, spread_ppm=q.spread_ppm,
         source=q.source, liquidity_in_account_id=q.liquidity_in_account_id,
         liquidity_out_account_id=q.liquidity_out_account_id, fee_account_id=q.fee_account_id,
+        rounding_account_id=q.rounding_account_id,
         expires_at=q.expires_at, transaction_id=q.transaction_id, created_at=q.created_at)
 
 

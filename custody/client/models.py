@@ -731,16 +731,18 @@ class QuoteOut(BaseModel):
     fee: Money
     net: Money
     to_amount: Money
+    cost: Money
+    rounding: Money
     rate: Ratio
     price: Amount | None
     remainder: Ratio
-    remainder_account_id: int
     fee_ppm: int
     spread_ppm: int
     source: str
     liquidity_in_account_id: int
     liquidity_out_account_id: int
     fee_account_id: int
+    rounding_account_id: int
     expires_at: datetime
     transaction_id: int | None
     created_at: datetime

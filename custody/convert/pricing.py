@@ -5,10 +5,15 @@ A rate is an exact fraction: minor units of the to-asset per minor unit of the f
 
 - **fee**: `ceil(from_amount * fee_ppm / 10^6)` from-asset minor units, rounded UP (the house's
   favour), charged out of the amount the customer sells;
-- **payout**: `floor((from_amount - fee) * rate)` to-asset minor units, rounded DOWN (the house's
-  favour). What is rounded off, `(from_amount - fee) * rate - payout`, is less than one minor unit
-  of the to-asset: the quote states it exactly (`remainder`) and it stays in the to-asset's
-  liquidity account (the house keeps what it did not pay), so no minor unit is unaccounted for;
+- **payout**: `floor(net * rate)` to-asset minor units (`net = from_amount - fee`), rounded DOWN
+  (the house's favour);
+- **cost**: `ceil(payout / rate)`, the from-asset minor units the payout costs at the rate, rounded
+  UP (the house's favour): what the house's liquidity account of the from-asset receives;
+- **rounding**: `net - cost`, the whole from-asset minor units of the sale that bought nothing
+  because the payout was rounded down: booked to the named account `convert:rounding:<asset>`
+  (kind dust), never lost and never mixed into the liquidity;
+- **remainder**: `cost - payout / rate`, the part of one from-asset minor unit (< 1) the house keeps
+  beyond that; it cannot be booked in whole minor units, so the quote states it exactly;
 - **spread**: the house's rate is the reference rate times `(10^6 - spread_ppm) / 10^6`;
 - **long rates**: a book's average rate whose denominator exceeds 10^30 is rounded DOWN to a
   denominator of 10^30 (the database stores numerator and denominator as NUMERIC(78,0)).
@@ -17,7 +22,8 @@ The reference rate comes from an order book's depth (the average price of fillin
 `spend_through` / `receive_through` over levels best first) or from an operator's price for a pair
 without a market (`operator_rate`). The worked example of the README: selling 100.00 EUR
 (10,000 cents) at 58,000.00 EUR/BTC with a 0.25% fee: fee 25 cents, payout
-floor(9,975 * 10^8 / 5,800,000) = 171,982 satoshi (0.00171982 BTC), remainder 22/29 satoshi.
+floor(9,975 * 500 / 29) = 171,982 satoshi (0.00171982 BTC), cost ceil(171,982 * 29 / 500) = 9,975
+cents, rounding 0, remainder 11/250 of a cent.
 """
 from __future__ import annotations
 
@@ -56,12 +62,28 @@ class Figures:
     fee: int  # from-asset, to fee income
     to_amount: int  # what the customer receives
     rate: Fraction
-    remainder: Fraction  # to-asset minor units rounded off the payout (< 1), kept by liquidity
 
     @property
     def net(self) -> int:
-        """From-asset minor units that go to the house's liquidity account."""
+        """From-asset minor units converted: the liquidity's cost plus the rounding."""
         return self.from_amount - self.fee
+
+    @property
+    def cost(self) -> int:
+        return cost_of(self.to_amount, self.rate)
+
+    @property
+    def rounding(self) -> int:
+        return self.net - self.cost
+
+    @property
+    def remainder(self) -> Fraction:
+        return self.cost - self.to_amount / self.rate
+
+
+def cost_of(payout: int, rate: Fraction) -> int:
+    """The from-asset minor units `payout` costs at `rate`, rounded up."""
+    return ceil_div(payout * rate.denominator, rate.numerator)
 
 
 def ceil_div(numerator: int, denominator: int) -> int:
@@ -118,7 +140,7 @@ def figures_for_from(from_amount: int, rate: Fraction, fee_ppm: int) -> Figures:
     to_amount = exact.numerator // exact.denominator
     if to_amount <= 0:
         raise PricingRefused("too_small", "the payout rounds down to nothing")
-    return _bounded(Figures(from_amount, fee, to_amount, rate, exact - to_amount))
+    return _bounded(Figures(from_amount, fee, to_amount, rate))
 
 
 def figures_for_to(to_amount: int, rate: Fraction, fee_ppm: int) -> Figures:

@@ -9,8 +9,9 @@ Guarantees:
   the liquidity and fee accounts up itself, and bounds an operator-priced rate by the operator's
   price; the api role cannot write quotes otherwise;
 - accepting books ONE journal transaction (`convert:<quote id>`, kind `convert`): customer ->
-  liquidity (from-asset, net of the fee), liquidity -> customer (to-asset), customer -> fee income
-  (from-asset), through `convert_accept`, which re-reads the locked quote row; concurrent accepts
+  liquidity (from-asset: the payout's cost at the rate, rounded up), liquidity -> customer
+  (to-asset), customer -> fee income (from-asset), customer -> `convert:rounding:<from asset>`
+  (the whole minor units the payout's rounding left, when any), through `convert_accept`, which re-reads the locked quote row; concurrent accepts
   book once, a replay of the same key answers the original transaction, and a refusal books
   nothing;
 - the house's liquidity per asset is the account `convert:liquidity:<asset>` (kind liquidity:
@@ -62,6 +63,10 @@ def fee_account_name(asset: str) -> str:
     return f"fees:{asset}"  # the asset's firm fee income account (custody.wallets.FIRM_ACCOUNTS)
 
 
+def rounding_account_name(asset: str) -> str:
+    return f"convert:rounding:{asset}"  # kind dust: what the payout's rounding leaves of a sale
+
+
 class BookMarket(Protocol):
     """What a market row offers (matching.store.MarketRow.market)."""
 
@@ -98,19 +103,15 @@ class QuoteView:
     liquidity_in_account_id: int
     liquidity_out_account_id: int
     fee_account_id: int
+    rounding_account_id: int
     expires_at: dt.datetime
     state: str
     transaction_id: int | None
     created_at: dt.datetime
 
     @property
-    def net(self) -> int:
-        return self.from_amount - self.fee
-
-    @property
-    def remainder(self) -> Fraction:
-        """To-asset minor units rounded off the payout; they stay in the to-asset's liquidity."""
-        return self.net * self.rate - self.to_amount
+    def figures(self) -> Figures:
+        return Figures(self.from_amount, self.fee, self.to_amount, self.rate)
 
 
 @dataclass(frozen=True)
@@ -137,11 +138,12 @@ class Convert:
     # ---- accounts and prices --------------------------------------------------------------
 
     def open_accounts(self, asset: str) -> Account:
-        """Open (idempotently) the asset's liquidity account and the fee account convert credits;
-        return the liquidity account."""
+        """Open (idempotently) the asset's liquidity account and the fee and rounding accounts
+        convert credits; return the liquidity account."""
         found = self._liquidity.get(asset)
         if found is None:
             self.ledger.open_account(asset, AccountKind.fee_income, fee_account_name(asset))
+            self.ledger.open_account(asset, AccountKind.dust, rounding_account_name(asset))
             found = self._liquidity[asset] = self.ledger.open_account(asset, AccountKind.liquidity,
                                                                        liquidity_account_name(asset))
         return found
@@ -329,7 +331,8 @@ FROM convert_quote_create(:by, :customer, :receive, :from_amount, :fee, :to_amou
 _QUOTE_COLUMNS = """
 SELECT id, created_by, customer_account_id, receive_account_id, from_asset, to_asset, from_amount, fee_amount,
        to_amount, rate_num, rate_den, fee_ppm, spread_ppm, source, liquidity_in_account_id,
-       liquidity_out_account_id, fee_account_id, expires_at, state, transaction_id, created_at, request_hash
+       liquidity_out_account_id, fee_account_id, rounding_account_id, expires_at, state, transaction_id,
+       created_at, request_hash
 FROM convert_quote
 """
 _QUOTE_SQL = _QUOTE_COLUMNS + "WHERE id = :i"
@@ -355,6 +358,7 @@ def _quote(row: object) -> QuoteView:
         int(r.from_amount), int(r.fee_amount), int(r.to_amount),  # type: ignore[attr-defined]
         Fraction(int(r.rate_num), int(r.rate_den)), r.fee_ppm, r.spread_ppm, r.source,  # type: ignore[attr-defined]
         r.liquidity_in_account_id, r.liquidity_out_account_id, r.fee_account_id,  # type: ignore[attr-defined]
+        r.rounding_account_id,  # type: ignore[attr-defined]
         r.expires_at, r.state, r.transaction_id, r.created_at)  # type: ignore[attr-defined]
 
 

@@ -13,18 +13,21 @@ in Python:
   (`custody_api_read_only_tables()` gains it): quotes are written by two SECURITY DEFINER
   functions (owner, `search_path` pinned), which the api may call:
   - `convert_quote_create(...)` answers a request replayed under its idempotency key with the
-    quote it made (another request under that key: `idempotency_conflict`), and re-derives what it can: the customer and receiving accounts are
-    customer accounts of one owner in the quote's two assets; the liquidity accounts
-    (`convert:liquidity:<asset>`, kind liquidity) and the fee account (`fees:<from asset>`, kind
-    fee_income) are looked up BY NAME here, never taken from the caller; the fee is exactly
+    quote it made (another request under that key: `idempotency_conflict`), and re-derives what it
+    can: the customer and receiving accounts are customer accounts of one owner in the quote's two
+    assets; the liquidity accounts (`convert:liquidity:<asset>`, kind liquidity), the fee account
+    (`fees:<from asset>`, kind fee_income) and the rounding account (`convert:rounding:<from
+    asset>`, kind dust) are looked up BY NAME here, never taken from the caller; the fee is exactly
     ceil(from_amount * fee_ppm / 10^6) and the payout exactly floor((from_amount - fee) * rate);
     the expiry is 1 to 60 seconds from the database's clock; for an operator-priced pair the rate is
     at most the operator's price (`convert_price`) less the spread.
   - `convert_accept(quote_id, caller, key)` locks the quote row, refuses an expired or used one,
     answers a replay of the same key with the original transaction, and posts the one linked
     transaction from the ROW's figures (key `convert:<quote id>`, kind `convert`) through
-    `ledger_post`: customer -> liquidity (from asset, net of the fee), liquidity -> customer (to
-    asset), customer -> fee income. A refusal books nothing and answers its own code
+    `ledger_post`: customer -> liquidity (from asset: the payout's cost at the rate, rounded up),
+    liquidity -> customer (to asset), customer -> fee income, and customer ->
+    `convert:rounding:<from asset>` (kind dust) for whole minor units the payout's rounding left,
+    when there are any. A refusal books nothing and answers its own code
     (`insufficient_funds` for the customer, `insufficient_liquidity` for the house).
 - `journal_entry_liquidity_guard`: a debit of a liquidity account written by custody_api or
   custody_worker (their own rights, i.e. not inside a SECURITY DEFINER function such as
@@ -143,6 +146,7 @@ CREATE TABLE convert_quote (
     liquidity_in_account_id   bigint NOT NULL REFERENCES account(id),
     liquidity_out_account_id  bigint NOT NULL REFERENCES account(id),
     fee_account_id            bigint NOT NULL REFERENCES account(id),
+    rounding_account_id       bigint NOT NULL REFERENCES account(id),
     expires_at                timestamptz NOT NULL,
     state                     text NOT NULL DEFAULT 'open' CHECK (state IN ('open', 'accepted')),
     accept_key                text UNIQUE,
@@ -168,6 +172,7 @@ DECLARE
     v_in bigint;
     v_out bigint;
     v_fees bigint;
+    v_rounding bigint;
     v_price numeric;
     v_base text;
     v_id bigint;
@@ -189,7 +194,8 @@ BEGIN
     SELECT id INTO v_in FROM account WHERE name = 'convert:liquidity:' || v_from.asset AND kind = 'liquidity';
     SELECT id INTO v_out FROM account WHERE name = 'convert:liquidity:' || v_to.asset AND kind = 'liquidity';
     SELECT id INTO v_fees FROM account WHERE name = 'fees:' || v_from.asset AND kind = 'fee_income';
-    IF v_in IS NULL OR v_out IS NULL OR v_fees IS NULL THEN
+    SELECT id INTO v_rounding FROM account WHERE name = 'convert:rounding:' || v_from.asset AND kind = 'dust';
+    IF v_in IS NULL OR v_out IS NULL OR v_fees IS NULL OR v_rounding IS NULL THEN
         RAISE EXCEPTION 'convert: the liquidity or fee account of % / % is not open', v_from.asset, v_to.asset
             USING ERRCODE = 'insufficient_privilege';
     END IF;
@@ -220,10 +226,10 @@ BEGIN
     END IF;
     INSERT INTO convert_quote (created_by, customer_account_id, receive_account_id, from_asset, to_asset, from_amount,
                                fee_amount, to_amount, rate_num, rate_den, fee_ppm, spread_ppm, source,
-                               liquidity_in_account_id, liquidity_out_account_id, fee_account_id, expires_at,
-                               request_key, request_hash)
+                               liquidity_in_account_id, liquidity_out_account_id, fee_account_id,
+                               rounding_account_id, expires_at, request_key, request_hash)
     VALUES (p_created_by, p_customer, p_receive, v_from.asset, v_to.asset, p_from_amount, p_fee, p_to_amount,
-            p_rate_num, p_rate_den, p_fee_ppm, p_spread_ppm, p_source, v_in, v_out, v_fees,
+            p_rate_num, p_rate_den, p_fee_ppm, p_spread_ppm, p_source, v_in, v_out, v_fees, v_rounding,
             now() + make_interval(secs => p_ttl_seconds), p_request_key, p_request_hash)
     RETURNING id INTO v_id;
     RETURN QUERY SELECT v_id, 'created'::text;
@@ -239,6 +245,8 @@ DECLARE
     v_debits bigint[];
     v_credits bigint[];
     v_amounts numeric[];
+    v_roles text[];
+    v_cost numeric;
     v_metadata jsonb;
 BEGIN
     SELECT * INTO q FROM convert_quote c WHERE c.id = p_quote_id AND c.created_by = p_caller FOR UPDATE;
@@ -263,25 +271,32 @@ BEGIN
         RETURN;
     END IF;
     v_key := 'convert:' || q.id;
-    -- Leg 0: the customer pays the house (net of the fee); leg 1: the house pays the customer;
-    -- leg 2: the customer pays the fee. Each leg's metadata names the others (references).
+    -- The payout's cost at the rate, rounded up; what the sale's rounding left is booked apart.
+    v_cost := div(q.to_amount * q.rate_den + q.rate_num - 1, q.rate_num);
+    -- Leg 0: the customer pays the house the cost; leg 1: the house pays the customer; then the
+    -- customer's fee and the rounding, when not zero. Each leg's metadata says what it is.
     v_debits := ARRAY[q.customer_account_id, q.liquidity_out_account_id];
     v_credits := ARRAY[q.liquidity_in_account_id, q.receive_account_id];
-    v_amounts := ARRAY[q.from_amount - q.fee_amount, q.to_amount];
+    v_amounts := ARRAY[v_cost, q.to_amount];
+    v_roles := ARRAY['customer_pays', 'house_pays'];
     IF q.fee_amount > 0 THEN
         v_debits := v_debits || q.customer_account_id;
         v_credits := v_credits || q.fee_account_id;
         v_amounts := v_amounts || q.fee_amount;
+        v_roles := v_roles || 'fee'::text;
+    END IF;
+    IF q.from_amount - q.fee_amount - v_cost > 0 THEN
+        v_debits := v_debits || q.customer_account_id;
+        v_credits := v_credits || q.rounding_account_id;
+        v_amounts := v_amounts || (q.from_amount - q.fee_amount - v_cost);
+        v_roles := v_roles || 'rounding'::text;
     END IF;
     v_metadata := jsonb_build_object(
         'quote_id', q.id, 'from_asset', q.from_asset, 'to_asset', q.to_asset,
         'from_amount', q.from_amount::text, 'fee_amount', q.fee_amount::text, 'to_amount', q.to_amount::text,
         'rate', q.rate_num::text || '/' || q.rate_den::text, 'source', q.source,
-        'legs', (SELECT jsonb_agg(x.leg) FROM (VALUES
-                    (0, jsonb_build_object('role', 'customer_pays', 'asset', q.from_asset)),
-                    (1, jsonb_build_object('role', 'house_pays', 'asset', q.to_asset)),
-                    (2, jsonb_build_object('role', 'fee', 'asset', q.from_asset))) AS x(i, leg)
-                  WHERE x.i < cardinality(v_amounts)));
+        'legs', (SELECT jsonb_agg(jsonb_build_object('role', u.role) ORDER BY u.i)
+                   FROM unnest(v_roles) WITH ORDINALITY AS u(role, i)));
     SELECT * INTO r FROM ledger_post(v_key, encode(sha256(convert_to(v_key, 'UTF8')), 'hex'), 'convert', v_metadata,
                                      v_debits, v_credits, v_amounts, array_fill(NULL::bigint, ARRAY[cardinality(v_amounts)]),
                                      NULL, NULL);

@@ -124,10 +124,10 @@ def test_the_worked_example_sells_100_eur_for_btc(desk):
     q = desk.quote(alice, from_amount="100.00")
     assert_equal((q["from_amount"]["value"], q["fee"]["value"], q["net"]["value"], q["to_amount"]["value"]),
                  ("100.00", "0.25", "99.75", "0.00171982"))
+    assert_equal((q["cost"]["value"], q["rounding"]["value"]), ("99.75", "0.00"))
     assert_equal((q["price"], q["rate"], q["remainder"], q["source"], q["state"]),
-                 ("58000.00", {"numerator": "500", "denominator": "29"}, {"numerator": "22", "denominator": "29"},
+                 ("58000.00", {"numerator": "500", "denominator": "29"}, {"numerator": "11", "denominator": "250"},
                   "operator", "open"))
-    assert_equal(q["remainder_account_id"], btc_liquidity)
     log.info("the same request under the same key answers the quote it made; another request is refused")
     request = {"idempotency_key": "wx-quote", "account_id": alice, "to_asset": "BTC", "from_amount": "100.00"}
     first = desk.call("backend", "POST", "/v1/quotes", json=request)
@@ -290,3 +290,29 @@ def test_a_pair_with_a_market_is_priced_from_its_book(desk):
     assert_equal(refusal(r), (409, "convert_depth_insufficient"))
     r = desk.ask(taker, other, to_amount="5")
     assert_equal(refusal(r), (422, "convert_pair_unavailable"))
+
+
+def test_what_the_payouts_rounding_leaves_is_booked_to_its_own_account(desk):
+    owner = f"cv{desk.run}-seller"
+    seller = desk.ledger.open_account("BTC", AccountKind.customer, f"customer:{owner}:BTC", owner=owner).id
+    location = desk.container.wallets.location_account(f"test{desk.run}", "deposit", "BTC")
+    desk.ledger.transfer(f"test:{desk.run}:fund:btc-seller", location, seller, 172_000, kind="deposit")
+    eur_liquidity = desk.liquidity("EUR")["account_id"]
+    desk.adjust(desk.ledger.account_by_name("equity:EUR").id, eur_liquidity, "100.00", f"fund-eur-{desk.run}")
+    rounding = desk.ledger.account_by_name("convert:rounding:BTC").id
+    before = {a: desk.posted(a) for a in (eur_liquidity, rounding)}
+
+    log.info("selling 0.00172000 BTC at 58,000 EUR/BTC: 9,951 cents cost 171,569 satoshi; 1 satoshi bought nothing")
+    r = desk.ask(seller, "EUR", from_amount="0.00172000")
+    assert_equal(r.status_code, 201)
+    q = r.json()
+    assert_equal((q["fee"]["minor"], q["net"]["minor"], q["to_amount"]["value"], q["cost"]["minor"],
+                  q["rounding"]["minor"], q["rounding_account_id"]), ("430", "171570", "99.51", "171569", "1", rounding))
+    r = desk.accept(q["id"], "round-1")
+    assert_equal(r.status_code, 201)
+    t = desk.ledger.get_transaction(r.json()["transaction_id"])
+    assert_equal([(e.metadata["role"], e.account_id, e.amount) for e in t.entries if e.amount < 0], [
+        ("customer_pays", seller, -171_569), ("house_pays", eur_liquidity, -99_51), ("fee", seller, -430),
+        ("rounding", seller, -1)])
+    assert_equal((desk.posted(seller), desk.posted(rounding) - before[rounding],
+                  desk.posted(eur_liquidity) - before[eur_liquidity]), (0, 1, -99_51))

@@ -32,7 +32,17 @@ def test_the_worked_example():
     rate = apply_spread(operator_rate(EUR_PER_BTC, 8, selling_base=False), 0)
     assert_equal(rate, Fraction(500, 29))  # satoshi per cent
     f = figures_for_from(100_00, rate, 2_500)
-    assert_equal((f.fee, f.net, f.to_amount, f.remainder), (25, 99_75, 171_982, Fraction(22, 29)))
+    assert_equal((f.fee, f.net, f.to_amount, f.cost, f.rounding, f.remainder),
+                 (25, 99_75, 171_982, 99_75, 0, Fraction(11, 250)))
+
+
+def test_whole_units_that_bought_nothing_are_rounding():
+    rate = operator_rate(EUR_PER_BTC, 8, selling_base=True)  # 0.058 cents per satoshi
+    f = figures_for_from(172_000, rate, 2_500)  # 0.00172000 BTC
+    # fee ceil(430.0) = 430; net 171,570 buys floor(9,951.06) = 9,951 cents, which cost
+    # ceil(9,951 / 0.058) = 171,569 satoshi: 1 satoshi bought nothing
+    assert_equal((f.fee, f.to_amount, f.cost, f.rounding), (430, 9_951, 171_569, 1))
+    assert 0 <= f.remainder < 1
 
 
 def test_selling_the_base_uses_the_price_directly():
@@ -59,7 +69,10 @@ def test_figures_are_exact_and_in_the_house_favour(amount, num, den, fee_ppm):
         assert (amount - fee_for(amount, fee_ppm)) * rate < 1
         return
     assert f.fee * 10**6 >= amount * fee_ppm > (f.fee - 1) * 10**6
-    assert f.net * rate == f.to_amount + f.remainder and 0 <= f.remainder < 1
+    assert f.to_amount == (f.net * rate).numerator // (f.net * rate).denominator
+    assert f.net == f.cost + f.rounding and f.rounding >= 0
+    assert f.cost * rate >= f.to_amount > (f.cost - 1) * rate  # the least that pays the payout
+    assert f.remainder == f.cost - f.to_amount / rate and 0 <= f.remainder < 1
 
 
 @given(wanted=st.integers(1, 10**12), num=st.integers(1, 10**9), den=st.integers(1, 10**9),
