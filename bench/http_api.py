@@ -30,6 +30,7 @@ At the end the ledger's self-checks run (`Ledger.verify()`); any failed check ex
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -42,6 +43,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository's packages
 
@@ -222,49 +224,62 @@ def verify(owner_url: str) -> list[str]:
         engine.dispose()
 
 
-def run(args: argparse.Namespace) -> int:
+@contextlib.contextmanager
+def deployed(name: str) -> Iterator[tuple[Deployment, str, str]]:
+    """Fresh regtest nodes, a fresh database and the deployed service on them: (deployment, the
+    database owner's URL, the API key pepper). Everything is stopped and dropped afterwards."""
     from regtest.cluster import start_cluster
 
     pepper = "bench-pepper-" + uuid.uuid4().hex
-    root = Path(tempfile.mkdtemp(prefix="bench-http-"))
-    owner_url = with_database(server_url(Settings()), f"bench_http_{uuid.uuid4().hex[:8]}")
+    root = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
+    owner_url = with_database(server_url(Settings()), f"bench_{name}_{uuid.uuid4().hex[:8]}")
     ensure_database(owner_url)
     cluster = start_cluster(root / "chains")
     deployment = None
     try:
         nodes = Nodes(cluster.bitcoin.rpc_url, cluster.anvil.rpc_url, cluster.token.address)
         deployment = deploy(root / "service", owner_url=owner_url, nodes=nodes, pepper=pepper, job_scale=1.0)
-        api_pid = deployment.processes.pid("custody-api")
-        world = prepare(deployment, owner_url, pepper)
-        if not args.with_worker:
-            deployment.processes.kill("custody-worker", signal.SIGTERM)
-        running = ", ".join(n for n, p in deployment.processes.procs.items() if p.poll() is None)
-        server = Settings().database_url and "DATABASE_URL" or "the embedded PostgreSQL"
-        print(f"bench/http_api.py: {running} on {server}; api pid {api_pid}; {os.cpu_count()} cores; "
-              f"load {os.getloadavg()[0]:.1f} before")
-        results = []
-        for case in args.cases:
-            for clients in args.clients_for(case):
-                result = drive(world, api_pid, case, clients, args.seconds)
-                results.append(result)
-                print(result.line(), flush=True)
-        failed = verify(owner_url)
-        print("ledger verify:", "all checks ok" if not failed else "FAILED " + "; ".join(failed))
-        if args.json:
-            Path(args.json).write_text(json.dumps([{
-                "case": r.case, "clients": r.clients, "requests": r.requests, "seconds": r.seconds,
-                "req_per_s": r.requests / r.seconds, "cpu_ms_per_req": r.cpu_seconds / r.requests * 1000,
-                "load": r.load} for r in results], indent=2))
-        return 1 if failed else 0
-    except BenchError as exc:
-        print(f"bench/http_api.py: invalid run: {exc}", file=sys.stderr)
-        return 1
+        yield deployment, owner_url, pepper
     finally:
         if deployment is not None:
             deployment.stop()
         cluster.stop()
         drop_database(owner_url)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        with deployed("http") as (deployment, owner_url, pepper):
+            return _run(args, deployment, owner_url, pepper)
+    except BenchError as exc:
+        print(f"bench/http_api.py: invalid run: {exc}", file=sys.stderr)
+        return 1
+
+
+def _run(args: argparse.Namespace, deployment: Deployment, owner_url: str, pepper: str) -> int:
+    api_pid = deployment.processes.pid("custody-api")
+    world = prepare(deployment, owner_url, pepper)
+    if not args.with_worker:
+        deployment.processes.kill("custody-worker", signal.SIGTERM)
+    running = ", ".join(n for n, p in deployment.processes.procs.items() if p.poll() is None)
+    server = Settings().database_url and "DATABASE_URL" or "the embedded PostgreSQL"
+    print(f"bench/http_api.py: {running} on {server}; api pid {api_pid}; {os.cpu_count()} cores; "
+          f"load {os.getloadavg()[0]:.1f} before")
+    results = []
+    for case in args.cases:
+        for clients in args.clients_for(case):
+            result = drive(world, api_pid, case, clients, args.seconds)
+            results.append(result)
+            print(result.line(), flush=True)
+    failed = verify(owner_url)
+    print("ledger verify:", "all checks ok" if not failed else "FAILED " + "; ".join(failed))
+    if args.json:
+        Path(args.json).write_text(json.dumps([{
+            "case": r.case, "clients": r.clients, "requests": r.requests, "seconds": r.seconds,
+            "req_per_s": r.requests / r.seconds, "cpu_ms_per_req": r.cpu_seconds / r.requests * 1000,
+            "load": r.load} for r in results], indent=2))
+    return 1 if failed else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,6 +33,7 @@ class Container:
     adapters: Mapping[str, ChainAdapter] = field(default_factory=dict)
     deposits: Deposits | None = None
     trading: Any = None  # custody.trading.Trading, attached by custody.trading.attach()
+    convert: Any = None  # custody.convert.service.Convert, built by the convert routes on first use
     withdrawals: Any = None  # custody.withdrawals.Withdrawals, with chains and a signer
     payouts: Any = None  # custody.payouts.Payouts
     reconciliation: Any = None  # custody.reconciliation.Reconciliation (every attached chain)

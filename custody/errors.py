@@ -64,6 +64,13 @@
 | console_credential_unknown | 401 | the assertion's credential is not an active console credential (unknown, pending an admin's approval, or revoked) |
 | console_credential_not_found | 404 | no console credential with that id |
 | console_self_approval | 403 | nobody approves their own console enrolment |
+| quote_not_found | 404 | no convert quote with that id for this caller (a backend sees only the quotes its own key asked for) |
+| quote_expired | 409 | the quote's expiry (`CONVERT_QUOTE_TTL_SECONDS` after it was made) has passed: ask for a new quote; nothing was booked |
+| quote_already_used | 409 | the quote was accepted before under another idempotency key: a quote books once; nothing was booked now |
+| insufficient_liquidity | 409 | the house's liquidity account of the asset the customer would receive cannot pay the amount (it is funded by treasury adjustments); nothing was booked |
+| convert_pair_unavailable | 422 | the pair has neither a market whose book prices it nor an operator-set price (`POST /v1/convert/prices`) |
+| convert_depth_insufficient | 409 | the market's order book is not deep enough to price the whole amount |
+| convert_amount_too_small | 422 | the payout rounds down to nothing (or the amount is smaller than the fee) |
 """
 from __future__ import annotations
 
@@ -133,6 +140,13 @@ class CustodyErrorCode(str, enum.Enum):
     console_credential_unknown = "console_credential_unknown"
     console_credential_not_found = "console_credential_not_found"
     console_self_approval = "console_self_approval"
+    quote_not_found = "quote_not_found"
+    quote_expired = "quote_expired"
+    quote_already_used = "quote_already_used"
+    insufficient_liquidity = "insufficient_liquidity"
+    convert_pair_unavailable = "convert_pair_unavailable"
+    convert_depth_insufficient = "convert_depth_insufficient"
+    convert_amount_too_small = "convert_amount_too_small"
 
     @property
     def http_status(self) -> int:
@@ -202,6 +216,13 @@ _STATUS = {
     CustodyErrorCode.console_credential_unknown: 401,
     CustodyErrorCode.console_credential_not_found: 404,
     CustodyErrorCode.console_self_approval: 403,
+    CustodyErrorCode.quote_not_found: 404,
+    CustodyErrorCode.quote_expired: 409,
+    CustodyErrorCode.quote_already_used: 409,
+    CustodyErrorCode.insufficient_liquidity: 409,
+    CustodyErrorCode.convert_pair_unavailable: 422,
+    CustodyErrorCode.convert_depth_insufficient: 409,
+    CustodyErrorCode.convert_amount_too_small: 422,
 }
 
 

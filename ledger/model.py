@@ -126,7 +126,11 @@ class Transfer:
 
 @dataclass(frozen=True)
 class Entry:
-    """One journal entry: `amount` is signed (positive credits the account), in minor units."""
+    """One journal entry, a leg of its transaction: `amount` is signed (positive credits the
+    account), in minor units. The entries of a transaction are pairs (debit, credit), one pair per
+    transfer in the order posted: `transfer_index` names the pair, `counterpart_entry_id` and
+    `counterpart_account_id` the other side of it, `metadata` the transfer's own (the
+    transaction's metadata `legs[transfer_index]`, when its poster gave one per transfer)."""
 
     id: int
     account_id: int
@@ -134,6 +138,10 @@ class Entry:
     asset: str
     amount: int
     hold_id: int | None
+    transfer_index: int = 0
+    counterpart_entry_id: int | None = None
+    counterpart_account_id: int | None = None
+    metadata: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -265,13 +273,34 @@ class Balance:
 
 @dataclass(frozen=True)
 class StatementLine:
-    entry_id: int
+    entry_id: int  # the leg's own id
     transaction_id: int
     amount: int  # signed: positive credits the account
     balance_after: int  # stored for one-shard accounts, computed at read time for sharded ones
     kind: str
     idempotency_key: str
     created_at: dt.datetime
+    counterpart_entry_id: int | None = None  # the other side of this leg's transfer
+    counterpart_account_id: int | None = None
+
+
+def pair_entries(entries: Sequence[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """For a transaction's entries [(id, account id)] in id order: [(transfer index, counterpart
+    entry id, counterpart account id)] each. Entries are written as (debit, credit) pairs."""
+    out = []
+    for k in range(len(entries)):
+        other = entries[k ^ 1] if (k ^ 1) < len(entries) else (None, None)
+        out.append((k // 2, other[0], other[1]))
+    return out
+
+
+def leg_metadata(metadata: dict, transfer_index: int) -> dict:
+    """A transfer's own metadata: `metadata["legs"][transfer_index]` when the poster gave a list of
+    objects there (convert and fills do), else {}."""
+    legs = metadata.get("legs") if isinstance(metadata, dict) else None
+    if isinstance(legs, list) and transfer_index < len(legs) and isinstance(legs[transfer_index], dict):
+        return legs[transfer_index]
+    return {}
 
 
 @dataclass(frozen=True)

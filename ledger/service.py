@@ -69,6 +69,8 @@ from ledger.model import (
     StatementPage,
     Transfer,
     content_hash,
+    leg_metadata,
+    pair_entries,
     require_amount,
     reversal_of,
     validate_transfers,
@@ -487,8 +489,12 @@ class Ledger:
             if head is None:
                 raise LedgerError(ErrorCode.transaction_not_found, f"no journal transaction {transaction_id}")
             rows = c.execute(text(_ENTRIES_SQL), {"t": transaction_id}).all()
-        entries = tuple(Entry(r.id, r.account_id, AccountKind(r.kind), r.asset, int(r.amount), r.hold_id) for r in rows)
-        return JournalTransaction(head.id, head.idempotency_key, head.kind, dict(head.metadata), head.reverses_id,
+        metadata = dict(head.metadata)
+        pairs = pair_entries([(r.id, r.account_id) for r in rows])
+        entries = tuple(Entry(r.id, r.account_id, AccountKind(r.kind), r.asset, int(r.amount), r.hold_id, index,
+                              other_id, other_account, leg_metadata(metadata, index))
+                        for r, (index, other_id, other_account) in zip(rows, pairs))
+        return JournalTransaction(head.id, head.idempotency_key, head.kind, metadata, head.reverses_id,
                                   head.created_at, entries)
 
     # ---- holds ----------------------------------------------------------------------------
@@ -630,14 +636,7 @@ class Ledger:
                     text("SELECT coalesce(sum(amount), 0) FROM journal_entry WHERE account_id = :a AND id <= :after"),
                     {"a": account_id, "after": after or 0},
                 ).scalar_one())
-            rows = c.execute(
-                text(
-                    "SELECT e.id, e.transaction_id, e.amount, e.balance_after, t.kind, t.idempotency_key, "
-                    "t.created_at FROM journal_entry e JOIN journal_transaction t ON t.id = e.transaction_id "
-                    "WHERE e.account_id = :a AND e.id > :after ORDER BY e.id LIMIT :lim"
-                ),
-                {"a": account_id, "after": after or 0, "lim": limit + 1},
-            ).all()
+            rows = c.execute(_STATEMENT_SQL, {"a": account_id, "after": after or 0, "lim": limit + 1}).all()
         lines = []
         for r in rows[:limit]:
             if running is None:
@@ -646,7 +645,8 @@ class Ledger:
                 running += int(r.amount)
                 balance_after = running
             lines.append(
-                StatementLine(r.id, r.transaction_id, int(r.amount), balance_after, r.kind, r.idempotency_key, r.created_at)
+                StatementLine(r.id, r.transaction_id, int(r.amount), balance_after, r.kind, r.idempotency_key, r.created_at,
+                              r.counterpart_entry_id, r.counterpart_account_id)
             )
         return StatementPage(account_id, lines, lines[-1].entry_id if len(rows) > limit else None)
 
@@ -704,6 +704,27 @@ SELECT id, idempotency_key, kind, metadata, reverses_id, created_at
 FROM journal_transaction
 WHERE id = :t
 """
+
+# A statement's lines, each with the other side of its transfer: entries are written as (debit,
+# credit) pairs in id order, so the counterpart of the k-th entry of its transaction is the (k XOR 1)-th.
+_STATEMENT_SQL = text("""
+SELECT e.id, e.transaction_id, e.amount, e.balance_after, t.kind, t.idempotency_key, t.created_at,
+       p.id AS counterpart_entry_id, p.account_id AS counterpart_account_id
+FROM journal_entry e
+JOIN journal_transaction t ON t.id = e.transaction_id
+LEFT JOIN LATERAL (
+    SELECT c.id, c.account_id
+    FROM journal_entry c
+    WHERE c.transaction_id = e.transaction_id
+    ORDER BY c.id
+    OFFSET ((SELECT count(*) FROM journal_entry b WHERE b.transaction_id = e.transaction_id AND b.id < e.id) # 1)
+    LIMIT 1
+) p ON true
+WHERE e.account_id = :a
+  AND e.id > :after
+ORDER BY e.id
+LIMIT :lim
+""")
 
 _ENTRIES_SQL = """
 SELECT e.id, e.account_id, a.kind, e.asset, e.amount, e.hold_id

@@ -7,12 +7,18 @@ Guarantees (checked by the integration tests and by `Ledger.verify`):
   by the ledger itself while rebuilding. Its row is written in the same database transaction as
   the command's journal row, so no committed state has one without the other;
 - each `Fill` is ONE balanced journal transaction, key `fill:<market>:<seq>:<match_no>`, posted on
-  the caller's connection, i.e. in the same database transaction as the fill row:
-      buyer quote (captured from the buyer's hold) -> seller quote   quote - seller fee
-      buyer quote (captured from the buyer's hold) -> fee income     maker fee + taker fee
+  the caller's connection, i.e. in the same database transaction as the fill row. Each party pays
+  its own fee, so each statement shows only its own (settlement version 2, `SETTLEMENT_VERSION`):
+      buyer quote (captured from the buyer's hold) -> seller quote   quote amount (full notional)
+      seller quote -> fee income                                      seller's fee
+      buyer quote (captured from the buyer's hold) -> fee income     buyer's fee
       seller base (captured from the seller's hold) -> buyer base    base amount
   Fees are in the quote asset, rounded up on each order's cumulative fee (`matching.fees`), so
   there is no dust: every rounded unit is fee income;
+- the fill row records the format it was settled with (`fill.settlement_version`, migration 0033).
+  Version 1, every fill before it, posted buyer -> seller `quote - seller fee` and buyer -> fee
+  income both fees (`fill_legs`): re-settling a fill (a market rebuilt from its journal) posts the
+  format its row names, so the journal answers `exists` and an old fill keeps its postings;
 - on `OrderClosed` / `OrderRejected` the remaining hold is released exactly (hold - captured), which
   returns a bid's price improvement and unused fee allowance to its owner. Before releasing, the
   captures recorded for the order must equal the event's `hold_captured`, or settlement stops;
@@ -60,6 +66,9 @@ from matching.states import OrderState, transition
 from matching.store import UnitOfWork
 
 _STOP_TYPES = (OrderType.stop, OrderType.stop_limit)
+
+# The posting format of new fills (recorded on each fill row): 2 = each party pays its own fee.
+SETTLEMENT_VERSION = 2
 
 # A hold that cannot be placed for these reasons rejects the order; anything else is a failure.
 _REFUSALS = (LedgerCode.insufficient_funds, LedgerCode.account_closed)
@@ -351,24 +360,21 @@ class Settlement:
         buyer, seller = fill.buyer_account, fill.seller_account
         buyer_hold = self._live_hold(conn, fill.buyer_order_id)
         seller_hold = self._live_hold(conn, fill.seller_order_id)
-        buyer_quote = self.account_id(conn, buyer, quote)
-        legs = []
-        if fill.seller_receives:
-            legs.append(Transfer(buyer_quote, self.account_id(conn, seller, quote),
-                                 fill.seller_receives, buyer_hold.hold_id))
-        if fill.maker_fee + fill.taker_fee:
-            legs.append(Transfer(buyer_quote, self.fee_account_id, fill.maker_fee + fill.taker_fee,
-                                 buyer_hold.hold_id))
-        legs.append(Transfer(self.account_id(conn, seller, base), self.account_id(conn, buyer, base),
-                             fill.base_amount, seller_hold.hold_id))
         symbol = self.market.symbol
+        # A fill settled before (re-settled while rebuilding) keeps the format its row records.
+        version = self._settled_version(conn, symbol, fill) if self.immediate else SETTLEMENT_VERSION
+        legs, roles = fill_legs(version, fill, buyer_quote=self.account_id(conn, buyer, quote),
+                         seller_quote=self.account_id(conn, seller, quote),
+                         buyer_base=self.account_id(conn, buyer, base), seller_base=self.account_id(conn, seller, base),
+                         fee_account=self.fee_account_id, buyer_hold=buyer_hold.hold_id,
+                         seller_hold=seller_hold.hold_id)
         row = {"market": symbol, "seq": fill.seq, "match_no": fill.match_no,
                "maker_order_id": fill.maker_order_id, "taker_order_id": fill.taker_order_id,
                "maker_account": fill.maker_account, "taker_account": fill.taker_account,
                "taker_side": fill.taker_side.value, "price_ticks": fill.price_ticks,
                "qty_lots": fill.qty_lots, "base_amount": fill.base_amount,
                "quote_amount": fill.quote_amount, "maker_fee": fill.maker_fee,
-               "taker_fee": fill.taker_fee, "journal_transaction_id": None}
+               "taker_fee": fill.taker_fee, "journal_transaction_id": None, "settlement_version": version}
         key = f"fill:{symbol}:{fill.seq}:{fill.match_no}"
         immediate = self.immediate
 
@@ -385,10 +391,18 @@ class Settlement:
             if fill.seller_receives:
                 self._credit(self.account_id(conn, seller, quote), fill.seller_receives)
             self._credit(self.account_id(conn, buyer, base), fill.base_amount)
-        self._send(conn, PostTransfers(key, tuple(legs), "fill",
-                                       {"market": symbol, "seq": fill.seq, "match_no": fill.match_no},
-                                       self.owner), posted)
+        metadata: dict = {"market": symbol, "seq": fill.seq, "match_no": fill.match_no}
+        if version >= 2:  # each leg says what it is (version 1's metadata stays as it was posted)
+            metadata["legs"] = [{"role": role} for role in roles]
+        self._send(conn, PostTransfers(key, legs, "fill", metadata, self.owner), posted)
         uow.fill(row)
+
+    @staticmethod
+    def _settled_version(conn: Connection, symbol: str, fill: Fill) -> int:
+        """The settlement version of a fill row written before, else the current one."""
+        found = conn.execute(text("SELECT settlement_version FROM fill WHERE market = :m AND seq = :s AND match_no = :n"),
+                             {"m": symbol, "s": fill.seq, "n": fill.match_no}).scalar()
+        return SETTLEMENT_VERSION if found is None else int(found)
 
     def _live_hold(self, conn: Connection, order_id: str) -> OrderHold:
         held = self.hold(conn, order_id)
@@ -408,6 +422,28 @@ class Settlement:
             if held.account_id is not None:
                 self._credit(held.account_id, held.remaining)
         held.released = True
+
+
+def fill_legs(version: int, fill: Fill, *, buyer_quote: int, seller_quote: int, buyer_base: int, seller_base: int,
+              fee_account: int, buyer_hold: int, seller_hold: int) -> tuple[tuple[Transfer, ...], tuple[str, ...]]:
+    """The transfers of a fill in settlement format `version` (see the module docstring) and what
+    each one is. Both formats move the same net amounts: only the legs, and so the statements, differ."""
+    legs: list[tuple[Transfer, str]] = []
+    if version == 1:  # buyer -> seller net of the seller's fee; the buyer pays both fees
+        if fill.seller_receives:
+            legs.append((Transfer(buyer_quote, seller_quote, fill.seller_receives, buyer_hold), "quote_net"))
+        if fill.maker_fee + fill.taker_fee:
+            legs.append((Transfer(buyer_quote, fee_account, fill.maker_fee + fill.taker_fee, buyer_hold), "fees"))
+    elif version == 2:  # the full notional, then each party's own fee
+        legs.append((Transfer(buyer_quote, seller_quote, fill.quote_amount, buyer_hold), "quote"))
+        if fill.seller_fee:
+            legs.append((Transfer(seller_quote, fee_account, fill.seller_fee), "seller_fee"))
+        if fill.buyer_fee:
+            legs.append((Transfer(buyer_quote, fee_account, fill.buyer_fee, buyer_hold), "buyer_fee"))
+    else:
+        raise SettlementError(f"unknown settlement version {version}")
+    legs.append((Transfer(seller_base, buyer_base, fill.base_amount, seller_hold), "base"))
+    return tuple(t for t, _ in legs), tuple(role for _, role in legs)
 
 
 def _placed(hold_id: int) -> Callable[[CommandResult], None]:

@@ -112,8 +112,9 @@ _UPSERT_ORDERS = (
     "ON CONFLICT (id) DO UPDATE SET "
     + ", ".join(f"{c} = EXCLUDED.{c}" for c in _ORDER_COLUMNS[5:]) + ", updated_at = now()")
 _INSERT_FILLS = (
-    f"INSERT INTO fill ({', '.join(_FILL_COLUMNS)}) "
-    f"SELECT {', '.join('r.' + c for c in _FILL_COLUMNS)} FROM json_populate_recordset(NULL::fill, %s::json) r "
+    f"INSERT INTO fill ({', '.join(_FILL_COLUMNS)}, settlement_version) "
+    f"SELECT {', '.join('r.' + c for c in _FILL_COLUMNS)}, r.settlement_version "
+    "FROM json_populate_recordset(NULL::fill, %s::json) r "
     "ON CONFLICT (market, seq, match_no) DO NOTHING")
 
 

@@ -100,6 +100,11 @@ NAMES: dict[tuple[str, str], str] = {
     ("GET", "/v1/api-keys"): "list_api_keys",
     ("POST", "/v1/api-keys/{key_id}/revoke"): "revoke_api_key",
     ("POST", "/v1/api-keys/{key_id}/rotate"): "rotate_api_key",
+    ("POST", "/v1/quotes"): "create_quote",
+    ("GET", "/v1/quotes/{quote_id}"): "get_quote",
+    ("POST", "/v1/quotes/{quote_id}/accept"): "accept_quote",
+    ("POST", "/v1/convert/prices"): "set_convert_price",
+    ("GET", "/v1/convert/liquidity/{asset}"): "get_convert_liquidity",
     ("GET", "/health/live"): "health_live",
     ("GET", "/health"): "health",
     ("GET", "/health/ready"): "health_ready",
@@ -116,7 +121,8 @@ KEY_FIELDS = ("idempotency_key", "client_order_id", "client_withdrawal_id")
 
 # Decimal strings in the asset's units (custody.client.types.Amount).
 AMOUNT_FIELDS = {"amount", "qty", "price", "stop_price", "budget", "display_qty", "filled", "remaining",
-                 "quote_traded", "fees_paid", "quote_amount", "maker_fee", "taker_fee", "fee", "fee_quoted"}
+                 "quote_traded", "fees_paid", "quote_amount", "maker_fee", "taker_fee", "fee", "fee_quoted",
+                 "from_amount", "to_amount"}
 # Strings that are integer minor units although their name does not end in _minor (Minor).
 MINOR_FIELDS = {("ReserveProofOut", "balance"), ("ReserveHoldingsOut", "total"), ("ReserveLiabilitiesOut", "total"),
                 ("ReserveAddressOut", "amount"), ("ProofNodeOut", "sum"), ("ProofStepOut", "sum")}

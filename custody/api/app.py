@@ -17,6 +17,7 @@ from custody.api import (
     api_key_routes,
     console_routes,
     containment_routes,
+    convert_routes,
     deposit_routes,
     errors,
     ledger_routes,
@@ -58,4 +59,5 @@ def create_app(container: Container) -> FastAPI:
     app.include_router(api_key_routes.router)
     app.include_router(ops_routes.router)
     app.include_router(console_routes.router)  # the operators' page (custody.api.console_routes)
+    app.include_router(convert_routes.router)
     return app

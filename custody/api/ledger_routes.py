@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query, Response
 from custody.api.deps import Admin, Auditor, Backend, ContainerDep, Reader
 from custody.api.errors import ApiError, responses
 from custody.api.paging import PAGED, pager
+from custody.convert.service import Convert
 from custody.ledger_access import CallerLedger
 from custody.money_rules import may_read_statement, may_read_transaction
 from ledger.errors import ErrorCode, LedgerError
@@ -47,6 +48,9 @@ StatementPage = pager("statement", newest_first=False, default=100, maximum=1000
 MOVES = ("invalid_amount", "excess_precision", "accounts_must_be_different", "asset_mismatch", "idempotency_conflict",
          "insufficient_funds", "limit_exceeded", "account_closed", "account_not_found", "kind_not_permitted",
          "account_frozen", "conflict")
+# A leg lists the ids of the other legs of its transaction when there are at most this many (a
+# linked batch of thousands would repeat its ids quadratically: read `entries` instead).
+MAX_REFERENCED_LEGS = 64
 HOLD_STATE = ("hold_not_found", "hold_already_resolved", "hold_expired", "hold_owner_mismatch")
 
 
@@ -69,9 +73,11 @@ def _hold_out(ledger: Ledger, h: Hold) -> HoldOut:
 
 @router.post("/assets", response_model=AssetOut, status_code=201, responses=responses("asset_exists_with_different_decimals", "conflict"))
 def create_asset(body: AssetIn, c: ContainerDep, _: Admin) -> AssetOut:
-    """Create an asset and open its firm accounts (fees, equity, suspense, ...) under reserved names."""
+    """Create an asset and open its firm accounts (fees, equity, suspense, ..., and convert's
+    liquidity account `convert:liquidity:<asset>`) under reserved names."""
     asset = c.ledger.create_asset(body.code, body.decimals)
     c.wallets.open_firm_accounts(asset.code)
+    Convert(c.engine, c.ledger, c.settings).open_accounts(asset.code)
     return AssetOut(code=asset.code, decimals=asset.decimals)
 
 
@@ -145,6 +151,7 @@ def statement(
             StatementLineOut(
                 entry_id=l.entry_id, transaction_id=l.transaction_id, kind=l.kind, idempotency_key=l.idempotency_key,
                 amount=Money.of(l.amount, d), balance_after=Money.of(l.balance_after, d), created_at=l.created_at,
+                counterpart_entry_id=l.counterpart_entry_id, counterpart_account_id=l.counterpart_account_id,
             )
             for l in page.lines
         ],
@@ -170,7 +177,9 @@ def post_transaction(body: TransactionIn, c: ContainerDep, who: Backend, respons
 @router.get("/transactions/{transaction_id}", response_model=JournalTransactionOut,
             responses=responses("transaction_not_found"))
 def get_transaction(transaction_id: IdPath, c: ContainerDep, who: Reader) -> JournalTransactionOut:
-    """A journal transaction with its entries (legs) and metadata. A backend reads only transactions
+    """A journal transaction with its legs (`entries`: each with its own id, account, signed amount,
+    the counterpart leg of its transfer, references to the other legs, and its own metadata) and
+    the transaction's metadata. A backend reads only transactions
     with a leg on a customer account (custody.money_rules.may_read_transaction); any other answers
     `transaction_not_found`, as if it did not exist."""
     t = c.ledger.get_transaction(transaction_id)
@@ -181,7 +190,12 @@ def get_transaction(transaction_id: IdPath, c: ContainerDep, who: Reader) -> Jou
         id=t.id, idempotency_key=t.idempotency_key, kind=t.kind, metadata=t.metadata, reverses_id=t.reverses_id,
         created_at=t.created_at,
         entries=[EntryOut(id=e.id, account_id=e.account_id, account_kind=e.account_kind.value, asset=e.asset,
-                          amount=Money.of(e.amount, decimals[e.asset]), hold_id=e.hold_id) for e in t.entries])
+                          amount=Money.of(e.amount, decimals[e.asset]), hold_id=e.hold_id,
+                          transfer_index=e.transfer_index, counterpart_entry_id=e.counterpart_entry_id,
+                          counterpart_account_id=e.counterpart_account_id,
+                          references=[o.id for o in t.entries if o.id != e.id] if len(t.entries) <= MAX_REFERENCED_LEGS
+                          else [], metadata=e.metadata)
+                 for e in t.entries])
 
 
 @router.post("/transactions/{transaction_id}/reverse", response_model=TransactionOut, status_code=201, responses=responses(*MOVES, "transaction_not_found", "transaction_not_reversible", "already_reversed"))

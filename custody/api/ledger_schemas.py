@@ -135,13 +135,15 @@ class BalanceOut(BaseModel):
 
 
 class StatementLineOut(BaseModel):
-    entry_id: int
+    entry_id: int = Field(description="this leg's own id (`GET /v1/transactions/{transaction_id}` lists it)")
     transaction_id: int
     kind: str
     idempotency_key: str
     amount: Money
     balance_after: Money
     created_at: dt.datetime
+    counterpart_entry_id: int | None = Field(default=None, description="the other side of this leg's transfer")
+    counterpart_account_id: int | None = Field(default=None, description="the account of the counterpart leg")
 
 
 class StatementOut(BaseModel):
@@ -165,7 +167,11 @@ class VerifyOut(BaseModel):
 
 
 class EntryOut(BaseModel):
-    """One leg of a journal transaction: `amount` signed as {value, minor} (negative debits the account)."""
+    """One leg of a journal transaction: `amount` signed as {value, minor} (negative debits the
+    account). Legs come in pairs, one pair per transfer (`transfer_index`); `counterpart_entry_id`
+    is the other side of this leg's transfer, `references` every other leg of the transaction (they
+    commit together or not at all; empty when it has more than 64 legs), `metadata` the transfer's own (`metadata.legs[transfer_index]`
+    of the transaction, when its poster gave one per transfer; else empty)."""
 
     id: int
     account_id: int
@@ -173,6 +179,11 @@ class EntryOut(BaseModel):
     asset: str
     amount: Money
     hold_id: int | None
+    transfer_index: int = 0
+    counterpart_entry_id: int | None = None
+    counterpart_account_id: int | None = None
+    references: list[int] = Field(default_factory=list)
+    metadata: dict[str, Any] = Field(default_factory=dict)
 
 
 class JournalTransactionOut(BaseModel):

@@ -19,6 +19,7 @@ from custody.client.models import AccountKind, OrderType, Side, StpPolicy, TimeI
 from custody.client.types import Money  # noqa: F401
 
 # The answer types, each parsed by one TypeAdapter built at import.
+_ACCEPTOUT: TypeAdapter[Any] = TypeAdapter(AcceptOut)
 _ACCOUNTOUT: TypeAdapter[Any] = TypeAdapter(AccountOut)
 _ADDRESSOUT: TypeAdapter[Any] = TypeAdapter(AddressOut)
 _ADJUSTMENTOUT: TypeAdapter[Any] = TypeAdapter(AdjustmentOut)
@@ -42,9 +43,12 @@ _HOLDOUT: TypeAdapter[Any] = TypeAdapter(HoldOut)
 _INCIDENTOUT: TypeAdapter[Any] = TypeAdapter(IncidentOut)
 _JOURNALTRANSACTIONOUT: TypeAdapter[Any] = TypeAdapter(JournalTransactionOut)
 _KILLSWITCHOUT: TypeAdapter[Any] = TypeAdapter(KillSwitchOut)
+_LIQUIDITYOUT: TypeAdapter[Any] = TypeAdapter(LiquidityOut)
 _LIVE: TypeAdapter[Any] = TypeAdapter(Live)
 _MARKETOUT: TypeAdapter[Any] = TypeAdapter(MarketOut)
 _ORDEROUT: TypeAdapter[Any] = TypeAdapter(OrderOut)
+_PRICEOUT: TypeAdapter[Any] = TypeAdapter(PriceOut)
+_QUOTEOUT: TypeAdapter[Any] = TypeAdapter(QuoteOut)
 _READY: TypeAdapter[Any] = TypeAdapter(Ready)
 _REBALANCEOUT: TypeAdapter[Any] = TypeAdapter(RebalanceOut)
 _REPLAYEDOUT: TypeAdapter[Any] = TypeAdapter(ReplayedOut)
@@ -176,9 +180,9 @@ class SyncMethods:
         'Every item of GET /v1/deposits, page after page (follows X-Next-Cursor).'
         return self._walk(lambda cursor: self._page('GET', '/v1/deposits', params={'state': state, 'cursor': cursor, 'limit': limit}, answer=_LIST_DEPOSITOUT), None)
 
-    def release_deposit(self, deposit_id: int, body: CommentIn | Mapping[str, Any] | None = None, /, **fields: Any) -> DepositOut:
+    def release_deposit(self, deposit_id: int, body: ReasonIn | Mapping[str, Any] | None = None, /, **fields: Any) -> DepositOut:
         'POST /v1/deposits/{deposit_id}/release: Release'
-        return self._call('POST', f'/v1/deposits/{_seg(deposit_id)}/release', params=None, body=_body(CommentIn, body, fields), answer=_DEPOSITOUT)
+        return self._call('POST', f'/v1/deposits/{_seg(deposit_id)}/release', params=None, body=_body(ReasonIn, body, fields), answer=_DEPOSITOUT)
 
     def return_deposit(self, deposit_id: int, body: ReturnIn | Mapping[str, Any] | None = None, /, **fields: Any) -> DepositReturnOut:
         'POST /v1/deposits/{deposit_id}/return: Return Deposit'
@@ -460,6 +464,26 @@ class SyncMethods:
         'GET /metrics: Metrics'
         return self._call('GET', '/metrics', params=None, body=None, answer=None)
 
+    def create_quote(self, body: QuoteIn | Mapping[str, Any] | None = None, /, **fields: Any) -> QuoteOut:
+        'POST /v1/quotes: Create Quote'
+        return self._call('POST', '/v1/quotes', params=None, body=_body(QuoteIn, body, fields), answer=_QUOTEOUT)
+
+    def get_quote(self, quote_id: int, /) -> QuoteOut:
+        'GET /v1/quotes/{quote_id}: Get Quote'
+        return self._call('GET', f'/v1/quotes/{_seg(quote_id)}', params=None, body=None, answer=_QUOTEOUT)
+
+    def accept_quote(self, quote_id: int, body: AcceptIn | Mapping[str, Any] | None = None, /, **fields: Any) -> AcceptOut:
+        'POST /v1/quotes/{quote_id}/accept: Accept Quote'
+        return self._call('POST', f'/v1/quotes/{_seg(quote_id)}/accept', params=None, body=_body(AcceptIn, body, fields), answer=_ACCEPTOUT)
+
+    def set_convert_price(self, body: PriceIn | Mapping[str, Any] | None = None, /, **fields: Any) -> PriceOut:
+        'POST /v1/convert/prices: Set Price'
+        return self._call('POST', '/v1/convert/prices', params=None, body=_body(PriceIn, body, fields), answer=_PRICEOUT)
+
+    def get_convert_liquidity(self, asset: str, /) -> LiquidityOut:
+        'GET /v1/convert/liquidity/{asset}: Liquidity'
+        return self._call('GET', f'/v1/convert/liquidity/{_seg(asset)}', params=None, body=None, answer=_LIQUIDITYOUT)
+
 
 class AsyncMethods:
     """The routes, awaitable (httpx.AsyncClient)."""
@@ -564,9 +588,9 @@ class AsyncMethods:
         'Every item of GET /v1/deposits, page after page (follows X-Next-Cursor).'
         return self._walk(lambda cursor: self._page('GET', '/v1/deposits', params={'state': state, 'cursor': cursor, 'limit': limit}, answer=_LIST_DEPOSITOUT), None)
 
-    async def release_deposit(self, deposit_id: int, body: CommentIn | Mapping[str, Any] | None = None, /, **fields: Any) -> DepositOut:
+    async def release_deposit(self, deposit_id: int, body: ReasonIn | Mapping[str, Any] | None = None, /, **fields: Any) -> DepositOut:
         'POST /v1/deposits/{deposit_id}/release: Release'
-        return await self._call('POST', f'/v1/deposits/{_seg(deposit_id)}/release', params=None, body=_body(CommentIn, body, fields), answer=_DEPOSITOUT)
+        return await self._call('POST', f'/v1/deposits/{_seg(deposit_id)}/release', params=None, body=_body(ReasonIn, body, fields), answer=_DEPOSITOUT)
 
     async def return_deposit(self, deposit_id: int, body: ReturnIn | Mapping[str, Any] | None = None, /, **fields: Any) -> DepositReturnOut:
         'POST /v1/deposits/{deposit_id}/return: Return Deposit'
@@ -847,3 +871,23 @@ class AsyncMethods:
     async def metrics(self) -> str:
         'GET /metrics: Metrics'
         return await self._call('GET', '/metrics', params=None, body=None, answer=None)
+
+    async def create_quote(self, body: QuoteIn | Mapping[str, Any] | None = None, /, **fields: Any) -> QuoteOut:
+        'POST /v1/quotes: Create Quote'
+        return await self._call('POST', '/v1/quotes', params=None, body=_body(QuoteIn, body, fields), answer=_QUOTEOUT)
+
+    async def get_quote(self, quote_id: int, /) -> QuoteOut:
+        'GET /v1/quotes/{quote_id}: Get Quote'
+        return await self._call('GET', f'/v1/quotes/{_seg(quote_id)}', params=None, body=None, answer=_QUOTEOUT)
+
+    async def accept_quote(self, quote_id: int, body: AcceptIn | Mapping[str, Any] | None = None, /, **fields: Any) -> AcceptOut:
+        'POST /v1/quotes/{quote_id}/accept: Accept Quote'
+        return await self._call('POST', f'/v1/quotes/{_seg(quote_id)}/accept', params=None, body=_body(AcceptIn, body, fields), answer=_ACCEPTOUT)
+
+    async def set_convert_price(self, body: PriceIn | Mapping[str, Any] | None = None, /, **fields: Any) -> PriceOut:
+        'POST /v1/convert/prices: Set Price'
+        return await self._call('POST', '/v1/convert/prices', params=None, body=_body(PriceIn, body, fields), answer=_PRICEOUT)
+
+    async def get_convert_liquidity(self, asset: str, /) -> LiquidityOut:
+        'GET /v1/convert/liquidity/{asset}: Liquidity'
+        return await self._call('GET', f'/v1/convert/liquidity/{_seg(asset)}', params=None, body=None, answer=_LIQUIDITYOUT)

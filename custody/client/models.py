@@ -35,6 +35,20 @@ StpPolicy = Literal['cancel_newest', 'cancel_oldest', 'decrement_both']
 TimeInForce = Literal['gtc', 'ioc', 'fok']
 
 
+class AcceptIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    idempotency_key: str = Field(default_factory=new_key)
+
+
+class AcceptOut(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    transaction_id: int
+    created: bool
+    quote: QuoteOut
+
+
 class AccountIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -405,7 +419,7 @@ class EndpointSecretOut(BaseModel):
 
 
 class EntryOut(BaseModel):
-    'One leg of a journal transaction: `amount` signed as {value, minor} (negative debits the account).'
+    'One leg of a journal transaction: `amount` signed as {value, minor} (negative debits the'
 
     model_config = ConfigDict(extra="ignore")
 
@@ -415,6 +429,11 @@ class EntryOut(BaseModel):
     asset: str
     amount: Money
     hold_id: int | None
+    transfer_index: int = 0
+    counterpart_entry_id: int | None = None
+    counterpart_account_id: int | None = None
+    references: list[int] | None = None
+    metadata: dict[str, Any] | None = None
 
 
 class FeeTierIn(BaseModel):
@@ -556,6 +575,17 @@ class LevelOut(BaseModel):
     qty_lots: int
 
 
+class LiquidityOut(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    asset: str
+    account_id: int
+    name: str
+    posted: Money
+    held: Money
+    available: Money
+
+
 class Live(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -645,6 +675,24 @@ class OrderOut(BaseModel):
     amounts: dict[str, Money]
 
 
+class PriceIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    base_asset: str
+    quote_asset: str
+    price: Amount
+
+
+class PriceOut(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    base_asset: str
+    quote_asset: str
+    price: Money
+    set_by: str
+    updated_at: datetime
+
+
 class ProofNodeOut(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -660,11 +708,66 @@ class ProofStepOut(BaseModel):
     left: bool
 
 
+class QuoteIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    idempotency_key: str = Field(default_factory=new_key)
+    account_id: int
+    to_asset: str
+    from_amount: Amount | None = None
+    to_amount: Amount | None = None
+
+
+class QuoteOut(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    id: int
+    state: str
+    account_id: int
+    receive_account_id: int
+    from_asset: str
+    to_asset: str
+    from_amount: Money
+    fee: Money
+    net: Money
+    to_amount: Money
+    cost: Money
+    rounding: Money
+    rate: Ratio
+    price: Amount | None
+    remainder: Ratio
+    fee_ppm: int
+    spread_ppm: int
+    source: str
+    liquidity_in_account_id: int
+    liquidity_out_account_id: int
+    fee_account_id: int
+    rounding_account_id: int
+    expires_at: datetime
+    transaction_id: int | None
+    created_at: datetime
+
+
+class Ratio(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    numerator: str
+    denominator: str
+
+
 class Ready(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     status: str
     checks: dict[str, Check]
+
+
+class ReasonIn(BaseModel):
+    "A deposit decision's comment: it must say something (not only whitespace), as the audit"
+
+    model_config = ConfigDict(extra="forbid")
+
+    comment: str
 
 
 class RebalanceOut(BaseModel):
@@ -828,6 +931,8 @@ class StatementLineOut(BaseModel):
     amount: Money
     balance_after: Money
     created_at: datetime
+    counterpart_entry_id: int | None = None
+    counterpart_account_id: int | None = None
 
 
 class StatementOut(BaseModel):

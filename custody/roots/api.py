@@ -30,6 +30,7 @@ from sqlalchemy import Engine
 from chain_adapters.base import ChainAdapter
 from custody.api.app import create_app
 from custody.config import DeploymentConfig
+from custody.convert.service import Convert
 from custody.roots.common import REFERENCE_WAIT_SECONDS, CustodyServices, build_services, install_module_dump
 from custody.trading import attach
 from matching.service import Trading
@@ -41,6 +42,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class ApiRoot(CustodyServices):
     trading: Trading | None = None  # the sequencer; custody.trading.attach() builds it
+    convert: Convert | None = None  # custody.convert's quotes; custody.api.convert_routes builds it
 
 
 async def _serve(server: uvicorn.Server) -> None:

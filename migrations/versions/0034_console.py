@@ -27,7 +27,7 @@ configuration (signer.approvals), never against this table.
 from alembic import op
 
 revision = "0034_console"
-down_revision = "0032_event_guards"
+down_revision = "0033_convert"
 branch_labels = None
 depends_on = None
 
@@ -71,7 +71,10 @@ CONSOLE_ROWS = """,
         ('console_credential', 'INSERT, UPDATE (role, state, decided_by, decided_at, sign_count, last_used_at)'),
         ('console_challenge', 'INSERT, UPDATE (used_at), DELETE'),
         ('console_session', 'INSERT, UPDATE (last_seen_at, ended_at, ended_reason)')"""
-LIMITED_0034 = LIMITED_0032 + CONSOLE_ROWS
+# 0033 added the convert subsystem's operator prices to 0032's list.
+LIMITED_0033 = LIMITED_0032 + """,
+        ('convert_price', 'INSERT, UPDATE')"""
+LIMITED_0034 = LIMITED_0033 + CONSOLE_ROWS
 
 
 def _limited(rows: str) -> str:
@@ -167,6 +170,6 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.execute(_limited(LIMITED_0032))
+    op.execute(_limited(LIMITED_0033))
     op.execute(DOWNGRADE)
     op.execute("CALL custody_apply_role_grants()")

@@ -42,11 +42,12 @@ API, WORKER, SIGNER = PROCESS_ROLES
 WRITERS = (API, WORKER)
 INSUFFICIENT_PRIVILEGE = "42501"
 MIGRATION = Path(__file__).resolve().parents[2] / "migrations" / "versions" / "0020_process_roles.py"
-API_READ_ONLY = ["api_key", "btc_wallet_output", "chain_asset", "chain_cursor", "chain_transaction", "denylist_address",
-                 "deposit_address_check", "eth_nonce", "job_stat", "matching_snapshot", "node_view_health", "outbox",
-                 "outbox_aggregate"]
+API_READ_ONLY = ["api_key", "btc_wallet_output", "chain_asset", "chain_cursor", "chain_transaction", "convert_quote",
+                 "denylist_address", "deposit_address_check", "eth_nonce", "job_stat", "matching_snapshot",
+                 "node_view_health", "outbox", "outbox_aggregate"]
 # migrations 0022, 0023 (the wallet index), 0025, 0028 (the index's verdicts, the node view's health), 0032 (events:
-# written through the owner's custody_emit only): custody_api may only read them
+# written through the owner's custody_emit only), 0033 (convert quotes: through their SECURITY DEFINER functions
+# only): custody_api may only read them
 
 
 def sqlstate(engine: Engine, role: str | None, sql: str, params: dict | None = None) -> str | None:
@@ -234,6 +235,9 @@ API_FORBIDDEN = {
     "vouch_for_deposit_address": "INSERT INTO deposit_address_check (deposit_address_id, derived) SELECT id, true FROM "
                                  "deposit_address WHERE false",
     "reset_node_view_health": "UPDATE node_view_health SET missed_passes = 0, blind_since = NULL WHERE false",
+    # convert quotes are stored and booked by their SECURITY DEFINER functions only (0033)
+    "forge_convert_quote": "INSERT INTO convert_quote SELECT * FROM convert_quote WHERE false",
+    "rewrite_convert_quote": "UPDATE convert_quote SET to_amount = to_amount WHERE false",
 }
 
 # What the api keeps, at the same statement level (its routes exercise them in their own tests).
