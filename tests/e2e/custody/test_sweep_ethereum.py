@@ -209,6 +209,12 @@ def test_ether_and_usdt_deposits_are_swept_to_hot_with_gas_funding(custody, cust
         assert_equal(dust, 21_000 * int(r.max_fee_wei) - int(r.fee))  # the gas reserve it did not burn
         assert dust < 21_000 * int(r.max_fee_wei)
 
+    log.info("a gas funding is the firm's own ether at the deposit address: never recorded as a customer's deposit")
+    with engine.connect() as c:
+        recorded = c.execute(text("SELECT count(*) FROM deposit_observation WHERE txid = ANY(:t)"),
+                             {"t": [f.txid for f in fundings]}).scalar_one()
+    assert_equal(recorded, 0)
+
     log.info("books: USDT deposit -> hot exactly, every wei of gas in the expense, dust still at the deposit location")
     gas = sum(int(r.fee) for r in sweeps + fundings)
     swept_ether = sum(int(r.amount) for r in sweeps if r.asset == "ETH")
