@@ -92,12 +92,15 @@ class Container:
             self.payouts = Payouts(self.engine, self.ledger, self.wallets, self.adapters, signer, config)
             self.payouts.withdrawals = self.withdrawals
             if "ethereum" in self.adapters:
+                from custody.addresses import derive_eth_address
+                from custody.destinations import HOT_RECEIVE_INDEX
                 from custody.eth_sweeps import EthSweeps
 
                 thresholds = {a: p.sweep_threshold for a, p in (policy or default_policy()).assets.items()
                               if p.sweep_threshold is not None}
                 self.eth_sweeps = EthSweeps(self.engine, self.ledger, self.wallets, self.adapters["ethereum"], signer,  # type: ignore[arg-type]
-                                            hot_address=self.payouts.hot_address("ethereum"), thresholds=thresholds,
+                                            hot_address=derive_eth_address(signer_keys.account_xpub("ethereum", "hot"), HOT_RECEIVE_INDEX),
+                                            thresholds=thresholds,
                                             max_fee_wei=config.max_fee_wei)
             if "bitcoin" in self.adapters:  # the hot wallet sync reads the wallet index: bring it to the tip first
                 deposits = self.deposits

@@ -221,7 +221,7 @@ def test_ether_and_usdt_deposits_are_swept_to_hot_with_gas_funding(custody, cust
     funded = sum(int(f.amount) for f in fundings)
     assert_equal(held("deposit", "USDT") - books_before[("deposit", "USDT")], -swept_usdt)
     assert_equal(held("hot", "USDT") - books_before[("hot", "USDT")], swept_usdt)
-    assert_equal(ledger.balance(expense).posted - expense_before, gas)
+    assert_equal(expense_before - ledger.balance(expense).posted, gas)  # debited: credits count positive
     assert_equal(held("hot", "ETH") - books_before[("hot", "ETH")], swept_ether - funded
                  - sum(int(f.fee) for f in fundings))
     assert_equal(held("deposit", "ETH") - books_before[("deposit", "ETH")],
