@@ -49,7 +49,9 @@ the deposit line of its asset, - gas on the deposit ETH line and + amount on the
 Jobs (`run_once()` runs them in order; each is callable alone): `plan()`, `sign()`, `broadcast()`,
 `track()`. Nothing new is planned, signed or broadcast while the kill switch is engaged; tracking
 and booking go on. A row whose step fails is logged (a node or database error is retried next run;
-any other failure also opens a warning incident `eth_sweep_failed`) and the other rows go on. A
+any other failure also opens an `eth_sweep_failed` incident, critical when the step was broadcast or
+track, whose transaction may be on chain, else a warning) and the other rows go on; every step is
+retried next run and books at most once (idempotency keys `eth_gas_funding:<id>:final`, ...). A
 transaction of ours whose nonce something else consumed opens a critical incident
 (`eth_sweep_nonce_conflict`): only a key outside this service could have done it.
 """
@@ -484,7 +486,9 @@ class EthSweeps:
             log.warning("eth sweep %s of %d failed (%s); retried next run", step, row_id, exc)
         except Exception as exc:  # noqa: BLE001 - one row must not stop the others; recorded below
             log.exception("eth sweep %s of %d failed", step, row_id)
+            on_chain = step in ("broadcast", "track")  # its transaction may be on chain, the books behind it
             with self.engine.begin() as c:
                 open_incident(c, "eth_sweep_failed", f"eth_sweep_failed:{step}:{row_id}:{type(exc).__name__}",
-                              {"step": step, "id": row_id, "error": str(exc)[:500]}, severity="warning")
+                              {"step": step, "id": row_id, "error": str(exc)[:500]},
+                              severity="critical" if on_chain else "warning")
         return None
