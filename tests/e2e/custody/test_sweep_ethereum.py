@@ -27,6 +27,7 @@ from custody.devchains import signer_asset_entries
 from regtest.util import assert_equal
 from signer.assets import assets_from_entries
 from tests.approvers import registry
+from tests.e2e import txbuild
 from tests.e2e.custody.conftest import ETH_FINALITY
 
 USDT = 10**6
@@ -305,6 +306,53 @@ def test_crash_between_funding_and_sweep_recovers_without_loss_or_double_funding
     assert_equal(usdt.balance_of(hot) - hot_usdt_before, 600 * USDT)
     assert_equal(eth_adapter.balance(address), int(funding.amount) - int(sweep.fee))  # the dust, booked at the deposit location
     assert_equal(eth_adapter.nonce(hot), hot_nonce_before + 1)  # one funding, never two
+    assert_equal(differences(custody), baseline)
+    assert_equal(unfinished(engine), 0)
+    ledger.assert_verified()
+
+
+def test_a_gas_funding_and_a_withdrawal_never_share_a_hot_nonce(custody, customer, anvil, usdt, eth_adapter, engine, ledger,
+                                                                thresholds, log):
+    """The funding's hot nonce is reserved when the sweep is planned, from the counter withdrawals
+    take theirs from: a withdrawal signed before the funding takes the next one, waits in the
+    node's queue until the funding is sent, and both are mined."""
+    hot = custody.payouts.hot_address("ethereum")
+    fund_hot(custody, anvil, ETHER)
+    baseline = clean_slate(custody, anvil, log)
+    address = deposit(custody, customer, anvil, usdt, tokens=700 * USDT)
+    owner = f"sweep-eth-withdrawer-{uuid.uuid4().hex[:8]}"
+    acct = customer("ETH", owner)
+    anvil.fund(custody.wallets.issue_address(f"addr:{acct}", acct).address, ETHER // 5)
+    anvil.mine(ETH_FINALITY)
+    custody.deposits.run_once(["ethereum"])
+
+    log.info("the sweep is planned: its funding holds the next hot nonce")
+    [sweep_id] = custody.eth_sweeps.plan()
+    [funding] = rows(engine, "eth_gas_funding", [address])
+    assert_equal(int(funding.nonce), eth_adapter.nonce(hot))
+
+    log.info("a withdrawal is signed and sent before the funding: it takes the nonce after, and waits")
+    w, p = custody.withdrawals, custody.payouts
+    wd = w.request(client_withdrawal_id=f"sweep-nonce-{uuid.uuid4().hex[:8]}", account_id=acct, amount=ETHER // 10,
+                   destination=txbuild.eth_new_address(f"sweep-nonce-{owner}"), requested_by="backend")
+    assert_equal(wd.state, "approved")
+    [batch] = p.batch_ethereum()
+    [txid] = p.sign_open_batches()
+    with engine.connect() as c:
+        nonce = c.execute(text("SELECT nonce FROM chain_transaction WHERE txid = :t"), {"t": txid}).scalar_one()
+    assert_equal(int(nonce), int(funding.nonce) + 1)
+    assert_equal(p.broadcast(), 1)
+    anvil.mine(1)
+    assert eth_adapter.mined(txid) is None  # the node holds it behind the funding's nonce
+    assert_equal(differences(custody), baseline)
+
+    log.info("the funding is signed and sent: both are mined, then the sweep, everything booked")
+    drain(custody, anvil, baseline, log)
+    p.track()
+    assert_equal(w.get(wd.id).state, "final")
+    [sweep] = rows(engine, "eth_sweep", [address])
+    assert_equal((sweep.id, sweep.state), (sweep_id, "final"))
+    assert_equal(usdt.balance_of(address), 0)
     assert_equal(differences(custody), baseline)
     assert_equal(unfinished(engine), 0)
     ledger.assert_verified()
