@@ -12,13 +12,18 @@ The second scenario kills the process (a BaseException) at the step boundaries: 
 signed the gas funding and before custody stored it; after the node took the funding and before
 custody recorded the broadcast; after the signer signed the sweep and before custody stored it. A
 restart (fresh service objects on the same database and nodes) finishes the sweep with one funding
-and one sweep on chain, nothing lost and the books exact. Both scenarios leave nothing in flight.
+and one sweep on chain, nothing lost and the books exact.
+
+The third shows a funding and a withdrawal taking consecutive hot nonces from one counter; the
+fourth a token sweep that reverts on chain: only its gas is booked, its deposits are swept again at
+the next nonce. Every scenario leaves nothing in flight.
 """
 from __future__ import annotations
 
 import uuid
 
 import pytest
+from eth_utils import keccak
 from sqlalchemy import text
 
 import custody.eth_sweeps as eth_sweeps_module
@@ -354,5 +359,57 @@ def test_a_gas_funding_and_a_withdrawal_never_share_a_hot_nonce(custody, custome
     assert_equal((sweep.id, sweep.state), (sweep_id, "final"))
     assert_equal(usdt.balance_of(address), 0)
     assert_equal(differences(custody), baseline)
+    assert_equal(unfinished(engine), 0)
+    ledger.assert_verified()
+
+
+def token_balance_slot(address: str) -> str:
+    """The storage slot of TestToken's `balanceOf[address]` (the mapping is its 4th slot, 3)."""
+    return "0x" + keccak(bytes(12) + bytes.fromhex(address[2:]) + (3).to_bytes(32, "big")).hex()
+
+
+def test_a_reverted_token_sweep_books_only_its_gas_and_its_deposits_are_swept_again(custody, customer, anvil, usdt, eth_adapter,
+                                                                                   engine, ledger, thresholds, log):
+    """A token that refuses the transfer (here: the deposit address's token balance is taken away on
+    the node after the sweep was signed, and given back once the sweep is booked) costs the sweep its
+    gas only: booked deposit ETH -> expense, the deposits freed, a new sweep at the next nonce."""
+    fund_hot(custody, anvil, ETHER)
+    baseline = clean_slate(custody, anvil, log)
+    address = deposit(custody, customer, anvil, usdt, tokens=800 * USDT)
+    anvil.mine(ETH_FINALITY)
+    custody.deposits.run_once(["ethereum"])
+    s = custody.eth_sweeps
+    [first] = s.plan()
+    s.sign()
+    s.broadcast()
+    anvil.mine(ETH_FINALITY)
+    s.track()
+    assert_equal(differences(custody), baseline)
+
+    log.info("the sweep is signed; the token's balance of the address is taken away on the node before it is sent")
+    s.sign()
+    slot = token_balance_slot(address)
+    anvil.call("anvil_setStorageAt", usdt.address, slot, "0x" + (0).to_bytes(32, "big").hex())
+    assert_equal(usdt.balance_of(address), 0)
+    s.broadcast()
+    anvil.mine(ETH_FINALITY)
+    s.track()
+    [sweep] = rows(engine, "eth_sweep", [address])
+    assert_equal((sweep.id, sweep.state, int(sweep.nonce)), (first, "reverted", 0))
+    with engine.connect() as c:
+        booked = c.execute(text("SELECT kind, metadata FROM journal_transaction WHERE idempotency_key = :k"),
+                           {"k": f"eth_sweep:{first}:reverted"}).one()
+        freed = c.execute(text("SELECT count(*) FROM deposit_observation WHERE lower(address) = lower(:a) AND eth_swept_by IS NULL"),
+                          {"a": address}).scalar_one()
+    assert_equal((booked.kind, int(booked.metadata["gas"])), ("sweep", int(sweep.fee)))
+    assert_equal(freed, 1)
+    anvil.call("anvil_setStorageAt", usdt.address, slot, "0x" + (800 * USDT).to_bytes(32, "big").hex())
+    assert_equal(differences(custody), baseline)  # the gas left the deposit address and the books alike
+
+    log.info("the deposits are swept again at the next nonce; everything booked")
+    drain(custody, anvil, baseline, log)
+    swept = [r for r in rows(engine, "eth_sweep", [address]) if r.state == "final"]
+    assert_equal([(int(r.nonce), int(r.amount)) for r in swept], [(1, 800 * USDT)])
+    assert_equal(usdt.balance_of(address), 0)
     assert_equal(unfinished(engine), 0)
     ledger.assert_verified()
