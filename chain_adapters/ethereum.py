@@ -26,6 +26,9 @@ its block, confirmations and status, and every ERC-20 `Transfer` log in its rece
 the caller decides which contracts it knows). Custody books treasury funding of the hot address
 from it (custody.payouts `book_ethereum_funding`).
 
+`estimate_gas(sender, to, value=, data=)` is the node's gas estimate for a call (custody.eth_sweeps
+sizes a token sweep's gas limit, and so the gas the hot address funds, from it).
+
 Before paying a destination, custody asks `has_code(address)` (eth_getCode: a contract, or an
 account delegated to code) and `simulate(sender, to, value=, data=, gas=)` (eth_call at the tip with
 the payout's exact value, calldata and gas limit): `CallResult.OK`, `REVERTED` (the execution would
@@ -387,6 +390,16 @@ class EthereumAdapter(BlockWalker):
         if len(out) != 32:
             raise ChainError(f"balanceOf on {contract} answered {len(out)} bytes, not one word")
         return int.from_bytes(out, "big")
+
+    def estimate_gas(self, sender: str, to: str, *, value: int = 0, data: bytes = b"") -> int:
+        """The node's `eth_estimateGas` for `sender` -> `to` (value in wei, calldata) at the tip: the gas
+        the execution needs. An execution that would fail raises ChainError (never a guess)."""
+        call = {"from": to_checksum_address(sender), "to": to_checksum_address(to), "value": hex(value),
+                "data": "0x" + bytes(data).hex()}
+        reply = self._call(self.w3.provider.make_request, "eth_estimateGas", [call])
+        if reply.get("error") is not None or "result" not in reply:
+            raise ChainError(f"eth_estimateGas from {sender} to {to} failed: {reply.get('error')}")
+        return int(reply["result"], 16)
 
     def has_code(self, address: str) -> bool:
         """True when `address` carries code at the tip (a contract, or an account delegated to one):

@@ -38,6 +38,7 @@ class Container:
     payouts: Any = None  # custody.payouts.Payouts
     reconciliation: Any = None  # custody.reconciliation.Reconciliation (every attached chain)
     sweeps: Any = None  # custody.sweeps.Sweeps (bitcoin, with a signer)
+    eth_sweeps: Any = None  # custody.eth_sweeps.EthSweeps (ethereum deposits -> hot, with gas funding and a signer)
     rebalances: Any = None  # custody.rebalances.Rebalances (bitcoin hot -> cold, with a signer)
     reserves: Any = None  # custody.reserves.Reserves (bitcoin, with a signer)
     node_view: Any = None  # custody.node_view.NodeView (bitcoin, with_chains(node_view=True))
@@ -59,7 +60,8 @@ class Container:
                     node_view: bool = False) -> "Container":
         """Attach chain adapters and build the pipelines that need them. With `signer_keys` (a
         signer.keys.SignerKeys) the withdrawal side is built too: request/approval, the signer, payouts,
-        sweeps and rebalances (thresholds: `rebalance_config`, a custody.rebalances.RebalanceConfig).
+        sweeps and rebalances (thresholds: `rebalance_config`, a custody.rebalances.RebalanceConfig;
+        ethereum sweeps: each asset's `sweep_threshold` of `policy`).
         `approvers` (kept as `self.approvers` when given) are the approver keys custody verifies an
         approval against and, in this in-process wiring, the signer too; `quorum` is the signer's own
         quorum table (default: the amount tiers of `policy`, or of the default policy). The in-process
@@ -90,6 +92,17 @@ class Container:
             config = payout_config or PayoutConfig(bitcoin_network=bitcoin_network)
             self.payouts = Payouts(self.engine, self.ledger, self.wallets, self.adapters, signer, config)
             self.payouts.withdrawals = self.withdrawals
+            if "ethereum" in self.adapters:
+                from custody.addresses import derive_eth_address
+                from custody.destinations import HOT_RECEIVE_INDEX
+                from custody.eth_sweeps import EthSweeps
+
+                thresholds = {a: p.sweep_threshold for a, p in (policy or default_policy()).assets.items()
+                              if p.sweep_threshold is not None}
+                self.eth_sweeps = EthSweeps(self.engine, self.ledger, self.wallets, self.adapters["ethereum"], signer,  # type: ignore[arg-type]
+                                            hot_address=derive_eth_address(signer_keys.account_xpub("ethereum", "hot"), HOT_RECEIVE_INDEX),
+                                            thresholds=thresholds,
+                                            max_fee_wei=config.max_fee_wei)
             if "bitcoin" in self.adapters:  # the hot wallet sync reads the wallet index: bring it to the tip first
                 deposits = self.deposits
                 self.payouts.catch_up = lambda: deposits.catch_up("bitcoin")

@@ -9,7 +9,8 @@ An observation is not a credit. Each step is a job (APScheduler runs them; tests
    On bitcoin the same transaction keeps the wallet index (custody.wallet_index): every output of
    the walked blocks paying any of our addresses (deposit, hot, change, cold) and every spend of
    one of ours, undone block by block on a reorg. Only deposit-address outputs become
-   observations. `catch_up(chain)` scans until the cursor is at the node's tip (the hot wallet
+   observations; ether a gas funding of ours sent a deposit address (custody.eth_sweeps) is not a
+   deposit and is not recorded. `catch_up(chain)` scans until the cursor is at the node's tip (the hot wallet
    sync runs it first).
 2. `confirm(chain)`: confirmations are counted up to the scan cursor (a chain we have verified,
    never the node's unverified tip) and move `seen -> confirming -> final` by the asset's
@@ -225,7 +226,7 @@ class Deposits:
                     # issued (watched ahead: no row, nobody to credit), live in the wallet index only
                     if ours.tier == "deposit" and ours.deposit_address_id is None:
                         ours = self._issued_meanwhile(c, chain, obs.address, ours)
-                    if ours.tier == "deposit" and ours.deposit_address_id is not None:
+                    if ours.tier == "deposit" and ours.deposit_address_id is not None and not _our_gas_funding(c, obs):
                         recorded += self._record(c, chain, obs, ours)
         except BaseException:
             index.invalidate()  # the transaction rolled back: reload the outpoints from the table
@@ -665,6 +666,12 @@ def _refuse_reorged_out(c: Connection, row) -> None:
         raise CustodyError(CustodyErrorCode.deposit_reorged_out,
                            f"deposit {row.id} was reorged out after finality and is not re-mined: its coins are gone",
                            deposit_id=row.id)
+
+
+def _our_gas_funding(c: Connection, obs: Observation) -> bool:
+    """Ether the hot address sent a deposit address for a token sweep's gas (custody.eth_sweeps,
+    stored before it was broadcast): the firm's own money, booked by the sweep, never a deposit."""
+    return obs.asset == "ETH" and c.execute(text("SELECT 1 FROM eth_gas_funding WHERE txid = :t"), {"t": obs.txid}).first() is not None
 
 
 def _deposit_key(row) -> str:

@@ -40,7 +40,8 @@ def check_policy_version(version: object) -> str:
 
 def default_policy() -> PolicySet:
     """Regtest defaults: BTC auto-approved up to 0.5, one operator up to 2, two operators up to
-    1,000; ETH and USDT likewise in their units. Velocity: 5 BTC / 100 ETH / 1M USDT per day."""
+    1,000; ETH and USDT likewise in their units. Velocity: 5 BTC / 100 ETH / 1M USDT per day.
+    Ethereum deposits are swept once more than 1 ETH / 1,000 USDT waits on deposit addresses."""
     day = dt.timedelta(days=1)
     return PolicySet(
         version="regtest-2026-11-29.1",
@@ -48,9 +49,11 @@ def default_policy() -> PolicySet:
             "BTC": AssetPolicy(tiers=(AmountTier(50_000_000, 0), AmountTier(200_000_000, 1), AmountTier(100_000_000_000, 2)),
                                fee_ceiling=1_000_000, min_amount=10_000, velocity=VelocityLimit(day, 500_000_000, 1)),
             "ETH": AssetPolicy(tiers=(AmountTier(10 * 10**18, 0), AmountTier(50 * 10**18, 1), AmountTier(10_000 * 10**18, 2)),
-                               fee_ceiling=10**17, min_amount=10**15, velocity=VelocityLimit(day, 100 * 10**18, 1)),
+                               fee_ceiling=10**17, min_amount=10**15, velocity=VelocityLimit(day, 100 * 10**18, 1),
+                               sweep_threshold=10**18),
             "USDT": AssetPolicy(tiers=(AmountTier(10_000 * 10**6, 0), AmountTier(100_000 * 10**6, 1), AmountTier(10**13, 2)),
-                                fee_ceiling=50 * 10**6, min_amount=10**6, velocity=VelocityLimit(day, 10**12, 1)),
+                                fee_ceiling=50 * 10**6, min_amount=10**6, velocity=VelocityLimit(day, 10**12, 1),
+                                sweep_threshold=1_000 * 10**6),
         },
         decision_ttl=dt.timedelta(hours=24),
     )

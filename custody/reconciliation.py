@@ -45,7 +45,11 @@ Ethereum (one line per asset: ether and every configured ERC-20, for the deposit
 and for the hot address `<hot xpub>/0`; read with `eth_getBalance` and `balanceOf` at the pass's
 block number, never at "latest"):
 - deposit addresses: ether transfers and token `Transfer` logs already in blocks but not yet
-  booked (observations seen, confirming or final) (+); deposit addresses never send, so no gas;
+  booked (observations seen, confirming or final) (+); deposit addresses send only sweeps;
+- sweeps and their gas fundings (custody.eth_sweeps) mined but not yet final: a funding has left
+  the hot address (- value - gas, ETH line) and arrived at the deposit address (+ value); a sweep
+  has left the deposit address (- amount on its asset's line, - gas on the ETH line) and arrived
+  at the hot address (+ amount), booked only at finality (`moves_in_transit`);
 - hot address: a withdrawal transaction mined but not yet final has paid its value (ether, or the
   token for an ERC-20 transfer) and its gas (always ether: gas used x effective gas price, which
   the books take as the network fee at finality) while the books still hold the value in flight
@@ -55,7 +59,7 @@ block number, never at "latest"):
   mined; one nonce, so at most one is). Treasury funding of the hot address is booked by
   `Payouts.book_hot_funding`; funding mined and not booked is a difference (a surplus, so a
   warning), on purpose.
-No ethereum cold addresses exist (rebalances and sweeps are bitcoin only), so there is no cold line.
+No ethereum cold addresses exist (rebalances are bitcoin only), so there is no cold line.
 
 Any other difference opens an incident with the figures (`line_severity` decides which):
 - a SHORTFALL (the chain holds less than books + in transit: someone's money is missing) is
@@ -112,6 +116,8 @@ from chain_adapters.errors import ChainError, NodeBusy, NodeUnavailable
 from custody import wallet_index
 from custody.addresses import derive_eth_address
 from custody.controls import open_incident
+from custody.eth_sweeps import MinedMove, moves_in_transit
+from custody.eth_sweeps import unsettled as unsettled_eth_moves
 from custody.firm_moves import unbooked
 from custody.node_view import NodeView, NodeViewNotReady, record_blind, record_escalation, record_read
 from custody.payouts import HOT_RECEIVE_INDEX
@@ -540,8 +546,20 @@ class Reconciliation:
             books = {a.asset: self._books("ethereum", "deposit", a.asset, c) for a in assets}
             off_chain = {a.asset: self._booked_off_chain("ethereum", "deposit", a.asset, c) for a in assets}
             late, mark = self._observed_late(c, "ethereum")
+            moves = self._eth_moves_mined(c, tip)
         return [Line("ethereum", a.asset, "deposit", self._eth_holdings(a, addresses, tip.height), books[a.asset],
-                     int(arrived.get(a.asset, 0)), off_chain[a.asset], late.get(a.asset, 0), mark) for a in assets]
+                     int(arrived.get(a.asset, 0)) + moves_in_transit(moves, "deposit", a.asset), off_chain[a.asset],
+                     late.get(a.asset, 0), mark) for a in assets]
+
+    def _eth_moves_mined(self, c: Connection, tip: BlockRef) -> list[MinedMove]:
+        """Sweeps and gas fundings signed and not booked (read in the caller's snapshot) that the node
+        has mined at or below the pass's block, with the gas each burnt."""
+        moves = []
+        for m in unsettled_eth_moves(c):
+            mined = self.adapters["ethereum"].mined(m.txid)
+            if mined is not None and mined.block.height <= tip.height:
+                moves.append(MinedMove(m.kind, m.asset, int(m.amount), mined.fee, mined.reverted))
+        return moves
 
     def _eth_hot_address(self, tip: BlockRef, assets: list[ChainAsset]) -> list[Line]:
         with self._snapshot() as c, c.begin():
@@ -554,6 +572,7 @@ class Reconciliation:
                 "AND t.state IN ('signed', 'broadcast', 'confirmed', 'replaced') AND b.state NOT IN ('final', 'failed')")).all()
             books = {a.asset: self._books("ethereum", "hot", a.asset, c) for a in assets}
             off_chain = {a.asset: self._booked_off_chain("ethereum", "hot", a.asset, c) for a in assets}
+            moves = self._eth_moves_mined(c, tip)
         unsettled = []
         for v in versions:
             mined = self.adapters["ethereum"].mined(v.txid)
@@ -561,5 +580,6 @@ class Reconciliation:
                 unsettled.append(Unsettled(v.asset, int(v.paid), mined.fee, mined.reverted))
         hot = derive_eth_address(xpub, HOT_RECEIVE_INDEX)
         return [Line("ethereum", a.asset, "hot", self._eth_holdings(a, [hot], tip.height), books[a.asset],
-                     hot_in_transit(unsettled, a.asset, native=self.adapters["ethereum"].native_asset), off_chain[a.asset])
+                     hot_in_transit(unsettled, a.asset, native=self.adapters["ethereum"].native_asset)
+                     + moves_in_transit(moves, "hot", a.asset), off_chain[a.asset])
                 for a in assets]

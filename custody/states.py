@@ -1,8 +1,9 @@
 """State machines of custody's operational rows, declared once as data.
 
-Every state change of a deposit observation, withdrawal, batch, chain transaction, sweep or
-rebalance goes through `advance()`, which refuses any transition not listed here, so an illegal
-transition is impossible rather than merely untested. The SQL that moves a row also names the
+Every state change of a deposit observation, withdrawal, batch, chain transaction, sweep (bitcoin
+or ethereum, and an ethereum sweep's gas funding) or rebalance goes through `advance()`, which
+refuses any transition not listed here, so an illegal transition is impossible rather than merely
+untested. The SQL that moves a row also names the
 state it expects to leave (`WHERE state = :from`), so two workers can never both move the same row.
 
 Containment is a second, smaller machine on the same rows (`CONTAINMENT_TRANSITIONS`, column
@@ -83,6 +84,19 @@ SWEEP_TRANSITIONS: Mapping[str, frozenset[str]] = {
 # The same shape as a sweep, so one piece of code broadcasts and tracks both (custody.firm_moves).
 REBALANCE_TRANSITIONS: Mapping[str, frozenset[str]] = SWEEP_TRANSITIONS
 
+# An ethereum sweep (deposit address -> hot address) or its gas funding (hot -> deposit address):
+# one transaction each, its nonce reserved when the row is made, never dropped (a gap would block
+# every later transaction of its sender), booked once final (custody.eth_sweeps). `reverted`: mined
+# but its execution failed (a token's transfer refused); only its gas moved, booked as it ends.
+ETH_SWEEP_TRANSITIONS: Mapping[str, frozenset[str]] = {
+    "open": frozenset({"signed"}),
+    "signed": frozenset({"broadcast"}),
+    "broadcast": frozenset({"confirmed"}),
+    "confirmed": frozenset({"final", "reverted", "broadcast"}),  # back to broadcast: its block was reorged out
+    "final": frozenset(),
+    "reverted": frozenset(),
+}
+
 # Whether the jobs work on a batch, sweep or rebalance (column `containment`, beside `state`).
 CONTAINMENT_TRANSITIONS: Mapping[str, frozenset[str]] = {
     "active": frozenset({"set_aside"}),  # the jobs work on it: sign, broadcast, track, bump, book
@@ -105,6 +119,8 @@ MACHINES: Mapping[str, tuple[str, Mapping[str, frozenset[str]]]] = {
     "sweep": ("sweep", SWEEP_TRANSITIONS),
     "rebalance": ("rebalance", REBALANCE_TRANSITIONS),
     "adjustment": ("treasury_adjustment", ADJUSTMENT_TRANSITIONS),
+    "eth_sweep": ("eth_sweep", ETH_SWEEP_TRANSITIONS),
+    "eth_gas_funding": ("eth_gas_funding", ETH_SWEEP_TRANSITIONS),
     "batch_containment": ("withdrawal_batch", CONTAINMENT_TRANSITIONS),
     "sweep_containment": ("sweep", CONTAINMENT_TRANSITIONS),
     "rebalance_containment": ("rebalance", CONTAINMENT_TRANSITIONS),

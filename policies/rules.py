@@ -62,6 +62,8 @@ class VelocityLimit:
 class AssetPolicy:
     """Rules for one asset: amount tiers, minimum, fee ceiling and the default velocity limits.
 
+    `sweep_threshold` (ethereum, custody.eth_sweeps): once the booked deposits of the asset not yet
+    swept exceed it, every deposit address holding some is swept to the hot address.
     `velocity` limits each account; `owner_velocity` limits each owner over all their accounts of
     the asset (None: the same figures as `velocity`, so a second account of one owner never brings
     a fresh limit).
@@ -72,10 +74,13 @@ class AssetPolicy:
     min_amount: int = 1
     velocity: VelocityLimit | None = None
     owner_velocity: VelocityLimit | None = None
+    sweep_threshold: int | None = None  # minor units of booked, unswept deposits above which they are swept; None: never
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tiers", tuple(self.tiers))
         require_int("AssetPolicy.fee_ceiling", self.fee_ceiling, minimum=0)
+        if self.sweep_threshold is not None:
+            require_int("AssetPolicy.sweep_threshold", self.sweep_threshold, minimum=0)
         require_int("AssetPolicy.min_amount", self.min_amount, minimum=1)
         if not self.tiers:
             raise ValueError("AssetPolicy.tiers must not be empty")

@@ -44,6 +44,8 @@ class RefusalCode(str, enum.Enum):
     destination_internal = "destination_internal"
     rebalance_not_open = "rebalance_not_open"
     destination_not_cold = "destination_not_cold"
+    sweep_not_open = "sweep_not_open"
+    nonce_gap = "nonce_gap"
 
 
 class SigningRefused(Exception):
@@ -99,6 +101,12 @@ class SignerPort(Protocol):
                                change: tuple[str, int] | None) -> SignedTx: ...
 
     def sign_reserves_message(self, tier: str, change: int, index: int, message: str) -> tuple[bytes, bytes]: ...
+
+    def sign_ethereum_gas_funding(self, sweep_id: int, *, deposit_index: int, chain_id: int, nonce: int, value: int,
+                                  gas: int, max_fee_wei: int, priority_fee_wei: int) -> SignedEthTx: ...
+
+    def sign_ethereum_sweep(self, sweep_id: int, *, deposit_index: int, asset: str, amount: int, chain_id: int,
+                            nonce: int, gas: int, max_fee_wei: int, priority_fee_wei: int) -> SignedEthTx: ...
 
     def sign_ethereum_payment(self, batch_id: int, output: BatchOutput, *, hot_index: int, chain_id: int, nonce: int,
                               to: str, value: int, data: bytes, gas: int, max_fee_wei: int, priority_fee_wei: int,

@@ -100,11 +100,35 @@ of the batch and signs the rest (custody.payouts `drop_refused`). The others nam
 | unapproved_limit_reached | a withdrawal with no valid approval would take the value the signer signed without approvals for its asset within the window above its cap (`unapproved_limits`; an asset the table does not list has cap 0); read under a per-asset advisory lock, so two requests cannot both pass on the same headroom |
 | rebalance_not_open | a rebalance is unknown, of another chain, or not in state `open` |
 | destination_not_cold | a rebalance pays an address that is not derived at its index from the cold wallet public key the signer is configured with (`cold_xpubs`; none configured: every rebalance is refused) |
+| sweep_not_open | an ethereum sweep (or the sweep a gas funding is for) is unknown, not `open`, or its row names another deposit index, address, asset, amount or nonce than the request; a gas funding for a sweep of ether (only token sweeps are funded) |
+| nonce_gap | an ethereum sweep's deposit-address nonce is not the one after the last the signer itself signed from that address (0 for the first): a gap would block every later sweep of it, and a nonce already used would make two sweeps of which one cannot be mined |
 
 Sweeps and rebalances (firm-internal moves) are checked instead against their own reservations:
 the kill switch, the coins reserved for that row, a destination that is ours (the hot receive
 address for a sweep; for a rebalance, the cold wallet key pinned in the signer's own configuration,
 never the `wallet` table), change only to the hot receive address, and the fee ceiling.
+
+Ethereum sweeps (custody.eth_sweeps) are two calls; the signer BUILDS each transaction itself from
+its own keys and asset table, so custody cannot name another destination, contract or calldata:
+- `sign_ethereum_sweep`: sender = the deposit key at `deposit_index` (derived here), destination =
+  the hot address derived here (ethereum hot account, index 0): ether as the value, or a token's
+  `transfer(hot, amount)` to the contract of the signer's OWN asset table. Checked, in order:
+  kill switch, chain id, asset (`asset_unknown`), the `eth_sweep` row (`sweep_not_open`), a token
+  amount equal to the booked deposits reserved for the sweep at that address (`output_mismatch`),
+  the fee cap, then the nonce against the signer's OWN record (`signer_eth_sweep`): a sweep it
+  signed before is signed again only at the same chain id and nonce (`already_signed`: one of the
+  two can be mined), a new one only at the next nonce of that address (`nonce_gap`).
+- `sign_ethereum_gas_funding`: sender = the hot key, destination = the deposit address derived
+  here at `deposit_index`, value at most the gas its token sweep may burn (that row's gas limit x
+  max fee, within the fee cap) (`output_mismatch`). One funding per sweep: a second at another
+  nonce is `already_signed`, and so is a hot nonce the signer already signed a withdrawal or
+  another funding at.
+What the signer trusts: its keys, its own asset table, chain id and fee cap, and its own record of
+what it signed. What it reads from custody's rows only as a consistency check: the sweep row and
+the reserved deposits (a forged row can at worst make it sweep a wrong amount or fund a little gas,
+always to an address of its own keys). It has no node: an ether sweep's value is not checked
+against the balance (too much is refused by the node, too little leaves ether at the deposit
+address, booked there).
 """
 from __future__ import annotations
 
@@ -180,6 +204,45 @@ INSERT INTO signer_signature (signed_at, withdrawal_id, batch_id, chain, asset, 
                               approvals, inputs, sender, nonce, chain_id)
 VALUES (:at, :w, :b, :chain, :asset, :amount, :dest, :txid, :replaces, :approvals, :inputs, :sender, :nonce, :chain_id)
 """
+_ETH_SWEEP_ROW_SQL = text("""
+SELECT asset, address, deposit_index, nonce, amount, gas_limit, max_fee_wei, state
+FROM eth_sweep
+WHERE id = :s
+""")
+_ETH_SWEEP_RESERVED_SQL = text("""
+SELECT coalesce(sum(amount), 0)
+FROM deposit_observation
+WHERE eth_swept_by = :s
+  AND chain = 'ethereum'
+  AND asset = :a
+  AND lower(address) = lower(:addr)
+  AND state IN ('credited', 'quarantined', 'released', 'returned', 'dust')
+""")
+_ETH_SWEEP_RECORDS_SQL = text("""
+SELECT chain_id, sender, nonce, txid
+FROM signer_eth_sweep
+WHERE kind = :k
+  AND sweep_id = :s
+""")
+_ETH_SENDER_SWEEPS_SQL = text("""
+SELECT sweep_id, chain_id, nonce
+FROM signer_eth_sweep
+WHERE kind = 'sweep'
+  AND lower(sender) = lower(:a)
+""")
+_HOT_NONCE_TAKEN_SQL = text("""
+SELECT txid FROM signer_signature
+WHERE chain = 'ethereum' AND chain_id = :ci AND lower(sender) = lower(:a) AND nonce = :n
+UNION ALL
+SELECT txid FROM signer_eth_sweep
+WHERE kind = 'gas' AND chain_id = :ci AND lower(sender) = lower(:a) AND nonce = :n AND sweep_id <> :s
+LIMIT 1
+""")
+_INSERT_ETH_SWEEP_SQL = text("""
+INSERT INTO signer_eth_sweep (signed_at, kind, sweep_id, chain_id, sender, nonce, destination, asset, amount, txid)
+VALUES (:at, :k, :s, :ci, :a, :n, :d, :asset, :amount, :t)
+""")
+HOT_INDEX = 0  # the ethereum hot address is the hot account's 0/0 (custody.destinations.HOT_RECEIVE_INDEX)
 WITHDRAWAL_HOLD_OWNER = "withdrawals"  # custody.withdrawals.HOLD_OWNER: the only owner of a withdrawal's hold
 _LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"  # one per withdrawal (and per capped asset), until commit
 LOCK_TIMEOUT = "10s"  # the longest a request waits for a lock (module docstring): then OperationalError, retried
@@ -392,6 +455,108 @@ class Signer:
             self._audit(c, None, "signed", None, signed.txid, {**detail, "inputs": len(inputs), "amount": amount, "fee": signed.fee})
             c.commit()
         return signed
+
+    # ---- ethereum sweeps -------------------------------------------------------------------
+
+    def sign_ethereum_sweep(self, sweep_id: int, *, deposit_index: int, asset: str, amount: int, chain_id: int,
+                            nonce: int, gas: int, max_fee_wei: int, priority_fee_wei: int) -> SignedEthTx:
+        """Sign one ethereum sweep: deposit address `deposit_index` -> our hot address (module docstring)."""
+        detail = {"sweep_id": sweep_id, "kind": "sweep", "asset": asset, "amount": str(amount), "nonce": nonce}
+        with self._request(None, detail) as c:
+            c.execute(text(_LOCK_SQL), {"k": f"signer_eth_sweep:{sweep_id}"})
+            self._check_halted(c, "sweeps are halted by the kill switch")
+            self._check_chain_id(chain_id)
+            own = self.assets.get(asset)
+            if own is None or own.chain != "ethereum":
+                raise SigningRefused(RefusalCode.asset_unknown, f"the signer sweeps no asset {asset!r} on ethereum")
+            key = self._keys.private_key_for("ethereum", "deposit", 0, deposit_index)
+            sender, hot = _eth_address(key), self._eth_hot_address()
+            c.execute(text(_LOCK_SQL), {"k": f"signer_eth_sender:{sender.lower()}"})
+            row = c.execute(_ETH_SWEEP_ROW_SQL, {"s": sweep_id}).first()
+            if (row is None or row.state != "open" or (row.asset, row.deposit_index, row.address.lower(), int(row.amount),
+                                                        int(row.nonce)) != (asset, deposit_index, sender.lower(), amount, nonce)):
+                raise SigningRefused(RefusalCode.sweep_not_open, f"sweep {sweep_id} is not an open sweep of {amount} {asset} "
+                                     f"from deposit address {deposit_index} at nonce {nonce}")
+            if own.contract:
+                reserved = int(c.execute(_ETH_SWEEP_RESERVED_SQL, {"s": sweep_id, "a": asset, "addr": sender}).scalar_one())
+                if reserved != amount:
+                    raise SigningRefused(RefusalCode.output_mismatch,
+                                         f"sweep {sweep_id}: {amount} {asset}, but {reserved} booked deposits are reserved for it")
+            self._check_eth_fee(gas, max_fee_wei, priority_fee_wei)
+            self._check_sweep_nonce(c, sweep_id, sender, chain_id, nonce)
+            to, value, data = ((own.contract, 0, erc20_transfer_data(hot, amount)) if own.contract else (hot, amount, b""))
+            signed = sign_eip1559(key, chain_id=chain_id, nonce=nonce, to=to, value=value, data=data, gas=gas,
+                                  max_fee_wei=max_fee_wei, priority_fee_wei=priority_fee_wei)
+            self._record_eth_sweep(c, "sweep", sweep_id, chain_id, signed, hot, asset, amount, detail)
+        return signed
+
+    def sign_ethereum_gas_funding(self, sweep_id: int, *, deposit_index: int, chain_id: int, nonce: int, value: int,
+                                  gas: int, max_fee_wei: int, priority_fee_wei: int) -> SignedEthTx:
+        """Sign the hot address's payment of gas to the deposit address of token sweep `sweep_id`
+        (module docstring): at most that sweep's gas limit x max fee, once per sweep."""
+        detail = {"sweep_id": sweep_id, "kind": "gas", "value": str(value), "nonce": nonce}
+        with self._request(None, detail) as c:
+            c.execute(text(_LOCK_SQL), {"k": f"signer_eth_sweep:{sweep_id}"})
+            self._check_halted(c, "sweeps are halted by the kill switch")
+            self._check_chain_id(chain_id)
+            key = self._keys.private_key_for("ethereum", "hot", 0, HOT_INDEX)
+            sender = _eth_address(key)
+            destination = _eth_address(self._keys.private_key_for("ethereum", "deposit", 0, deposit_index))
+            row = c.execute(_ETH_SWEEP_ROW_SQL, {"s": sweep_id}).first()
+            if row is None or row.state != "open" or (row.deposit_index, row.address.lower()) != (deposit_index, destination.lower()):
+                raise SigningRefused(RefusalCode.sweep_not_open, f"sweep {sweep_id} is not an open sweep of deposit address "
+                                     f"{deposit_index}")
+            own = self.assets.get(row.asset)
+            if own is None or own.chain != "ethereum" or not own.contract:
+                raise SigningRefused(RefusalCode.sweep_not_open, f"sweep {sweep_id} sweeps {row.asset}: only token sweeps are funded")
+            need = int(row.gas_limit) * int(row.max_fee_wei)
+            if type(value) is not int or not 0 < value <= min(need, self.max_eth_fee_wei):
+                raise SigningRefused(RefusalCode.output_mismatch, f"gas funding {value} wei is outside 1..{need}, the gas "
+                                     f"sweep {sweep_id} may burn")
+            self._check_eth_fee(gas, max_fee_wei, priority_fee_wei)
+            for r in c.execute(_ETH_SWEEP_RECORDS_SQL, {"k": "gas", "s": sweep_id}):
+                if (int(r.chain_id), r.sender.lower(), int(r.nonce)) != (chain_id, sender.lower(), nonce):
+                    raise SigningRefused(RefusalCode.already_signed, f"sweep {sweep_id} was funded in {r.txid} at nonce {r.nonce}")
+            taken = c.execute(_HOT_NONCE_TAKEN_SQL, {"a": sender, "n": nonce, "ci": chain_id, "s": sweep_id}).first()
+            if taken is not None:
+                raise SigningRefused(RefusalCode.already_signed, f"hot nonce {nonce} is already signed in {taken.txid}")
+            signed = sign_eip1559(key, chain_id=chain_id, nonce=nonce, to=destination, value=value, gas=gas,
+                                  max_fee_wei=max_fee_wei, priority_fee_wei=priority_fee_wei)
+            self._record_eth_sweep(c, "gas", sweep_id, chain_id, signed, destination, "ETH", value, detail)
+        return signed
+
+    def _eth_hot_address(self) -> str:
+        """The ethereum hot address, derived from the signer's own keys (never taken from custody)."""
+        return _eth_address(self._keys.private_key_for("ethereum", "hot", 0, HOT_INDEX))
+
+    def _check_chain_id(self, chain_id: int) -> None:
+        if self.ethereum_chain_id is None or chain_id != self.ethereum_chain_id:
+            raise SigningRefused(RefusalCode.chain_id_mismatch, f"chain id {chain_id} is not the signer's own ({self.ethereum_chain_id})")
+
+    def _check_eth_fee(self, gas: int, max_fee_wei: int, priority_fee_wei: int) -> None:
+        if gas * max_fee_wei > self.max_eth_fee_wei or priority_fee_wei > max_fee_wei:
+            raise SigningRefused(RefusalCode.fee_above_ceiling, f"gas x max fee {gas * max_fee_wei} wei is above the cap {self.max_eth_fee_wei}")
+
+    @staticmethod
+    def _check_sweep_nonce(c: Connection, sweep_id: int, sender: str, chain_id: int, nonce: int) -> None:
+        """`already_signed` / `nonce_gap` from the signer's own record of the sweeps of `sender`."""
+        records = c.execute(_ETH_SENDER_SWEEPS_SQL, {"a": sender}).all()
+        mine = [r for r in records if r.sweep_id == sweep_id]
+        if mine:
+            if any((int(r.chain_id), int(r.nonce)) != (chain_id, nonce) for r in mine):
+                raise SigningRefused(RefusalCode.already_signed, f"sweep {sweep_id} was signed at nonce {mine[0].nonce}")
+            return
+        expected = max((int(r.nonce) for r in records), default=-1) + 1
+        if nonce != expected:
+            raise SigningRefused(RefusalCode.nonce_gap, f"{sender}: nonce {nonce}, the next the signer may sign is {expected}")
+
+    def _record_eth_sweep(self, c: Connection, kind: str, sweep_id: int, chain_id: int, signed: SignedEthTx, destination: str,
+                          asset: str, amount: int, detail: dict) -> None:
+        """The signer's own record (`signer_eth_sweep`) and audit row, committed before the answer."""
+        c.execute(_INSERT_ETH_SWEEP_SQL, {"at": self.clock(), "k": kind, "s": sweep_id, "ci": chain_id, "a": signed.sender,
+                                          "n": signed.nonce, "d": destination, "asset": asset, "amount": amount, "t": signed.txid})
+        self._audit(c, None, "signed", None, signed.txid, detail)
+        c.commit()
 
     # ---- proof of reserves ----------------------------------------------------------------
 

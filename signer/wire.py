@@ -54,6 +54,8 @@ Methods (and nothing else):
 | sign_bitcoin_rebalance | rebalance_id, coins, destination, amount, change | signed bitcoin tx |
 | sign_reserves_message | tier, change, index, message | {public_key, signature} |
 | sign_ethereum_payment | batch_id, output, hot_index, chain_id, nonce, to, value, data, gas, max_fee_wei, priority_fee_wei, replaces_txid | signed ethereum tx {raw, txid, sender, nonce} |
+| sign_ethereum_gas_funding | sweep_id, deposit_index, chain_id, nonce, value, gas, max_fee_wei, priority_fee_wei | signed ethereum tx |
+| sign_ethereum_sweep | sweep_id, deposit_index, asset, amount, chain_id, nonce, gas, max_fee_wei, priority_fee_wei | signed ethereum tx |
 
 coins: [{txid, vout, amount, change, index}]; outputs / output: {withdrawal_id, address, amount,
 script}; change: null or [address, amount]. The signing methods are `signer.protocol.SignerPort`'s.
@@ -601,5 +603,9 @@ METHODS: dict[str, Method] = {
     "sign_ethereum_payment": Method({"batch_id": INT, "output": OUTPUT, "hot_index": INT, "chain_id": INT, "nonce": INT,
                                      "to": STR, "value": INT, "data": HEX, "gas": INT, "max_fee_wei": INT,
                                      "priority_fee_wei": INT, "replaces_txid": optional(STR)}, SIGNED_ETH_TX),
+    "sign_ethereum_gas_funding": Method({"sweep_id": INT, "deposit_index": INT, "chain_id": INT, "nonce": INT, "value": INT,
+                                         "gas": INT, "max_fee_wei": INT, "priority_fee_wei": INT}, SIGNED_ETH_TX),
+    "sign_ethereum_sweep": Method({"sweep_id": INT, "deposit_index": INT, "asset": STR, "amount": INT, "chain_id": INT,
+                                   "nonce": INT, "gas": INT, "max_fee_wei": INT, "priority_fee_wei": INT}, SIGNED_ETH_TX),
 }
 SIGNING_METHODS = frozenset(METHODS) - {"ping", "xpubs"}

@@ -53,13 +53,14 @@ from chain_adapters.base import ChainAdapter
 from chain_adapters.bitcoin import BitcoinAdapter
 from chain_adapters.errors import ChainError, NodeUnavailable, WrongNetwork
 from chain_adapters.ethereum import EthereumAdapter
-from custody.addresses import canonical_btc_account_key, derive_btc_address
+from custody.addresses import canonical_btc_account_key, derive_btc_address, derive_eth_address
 from custody.adjustments import TreasuryAdjustments
 from custody.config import DeploymentConfig
 from custody.controls import open_incident
 from custody.database import make_engine, to_sqlalchemy_url
 from custody.deposits import Deposits
-from custody.destinations import DestinationGuard
+from custody.destinations import HOT_RECEIVE_INDEX, DestinationGuard
+from custody.eth_sweeps import EthSweeps
 from custody.payouts import PayoutConfig, Payouts
 from custody.policy_config import PolicyProvider
 from custody.rebalances import RebalanceConfig, Rebalances
@@ -113,6 +114,7 @@ class CustodyServices:
     rebalances: Rebalances | None  # bitcoin only
     reserves: Reserves | None  # bitcoin only
     node_view: NodeView | None = None  # bitcoin only: the node's watch-only wallet (custody.node_view)
+    eth_sweeps: EthSweeps | None = None  # ethereum only: deposits -> hot address, with gas funding (custody.eth_sweeps)
     webhooks: Webhooks | None = None  # webhook endpoints (api) and their delivery job (worker)
 
     def close(self) -> None:
@@ -455,13 +457,20 @@ def _build(config: DeploymentConfig, process: Process, adapters: Mapping[str, Ch
     networks = wallet_networks(config)
     btc_network = networks.get("bitcoin", "mainnet")  # with no bitcoin, nothing derives a bitcoin address
     approvers = config.approver_registry()
-    withdrawals = Withdrawals(engine, ledger, wallets, PolicyProvider(), networks=networks,
+    policy = PolicyProvider()
+    withdrawals = Withdrawals(engine, ledger, wallets, policy, networks=networks,
                               destinations=DestinationGuard(engine, wallets, adapters), approvers=approvers)
     payouts = Payouts(engine, ledger, wallets, adapters, signer, PayoutConfig(bitcoin_network=btc_network))
     payouts.withdrawals = withdrawals
     if "bitcoin" in adapters and process == "worker":  # the index is the worker's to write (custody.wallet_index)
         payouts.catch_up = lambda: deposits.catch_up("bitcoin")
-    sweeps = rebalances = reserves = node_view = None
+    sweeps = rebalances = reserves = node_view = eth_sweeps = None
+    if "ethereum" in adapters:
+        eth_sweeps = EthSweeps(engine, ledger, wallets, adapters["ethereum"], signer,  # type: ignore[arg-type] - gated
+                               hot_address=derive_eth_address(config.wallets["ethereum"].hot, HOT_RECEIVE_INDEX),
+                               max_fee_wei=payouts.config.max_fee_wei,
+                               thresholds={a: p.sweep_threshold for a, p in policy.base.assets.items()
+                                           if p.sweep_threshold is not None})
     if "bitcoin" in adapters:
         hot = derive_btc_address(config.wallets["bitcoin"].hot, btc_network, 0, 0)
         sweeps = Sweeps(engine, ledger, wallets, adapters["bitcoin"], signer, hot_address=hot, network=btc_network)
@@ -483,7 +492,7 @@ def _build(config: DeploymentConfig, process: Process, adapters: Mapping[str, Ch
                            payouts=payouts, reconciliation=reconciliation, adjustments=adjustments,
                            approvers=approvers, process=process, wallet_check=check, sweeps=sweeps,
                            rebalances=rebalances, reserves=reserves, node_view=node_view,
-                           webhooks=Webhooks(engine, settings))
+                           webhooks=Webhooks(engine, settings), eth_sweeps=eth_sweeps)
 
 
 # ---- process plumbing --------------------------------------------------------------------------

@@ -326,7 +326,7 @@ class SignerGated:
         return gated
 
 
-GATED_SERVICES = ("deposits", "payouts", "sweeps", "rebalances", "reconciliation")
+GATED_SERVICES = ("deposits", "payouts", "sweeps", "eth_sweeps", "rebalances", "reconciliation")
 
 
 def signer_gated(root: Any, check: WalletCheck) -> Any:

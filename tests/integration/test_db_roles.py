@@ -43,11 +43,11 @@ WRITERS = (API, WORKER)
 INSUFFICIENT_PRIVILEGE = "42501"
 MIGRATION = Path(__file__).resolve().parents[2] / "migrations" / "versions" / "0020_process_roles.py"
 API_READ_ONLY = ["api_key", "btc_wallet_output", "chain_asset", "chain_cursor", "chain_transaction", "convert_quote",
-                 "denylist_address", "deposit_address_check", "eth_nonce", "job_stat", "matching_snapshot",
-                 "node_view_health", "outbox", "outbox_aggregate"]
+                 "denylist_address", "deposit_address_check", "eth_gas_funding", "eth_nonce", "eth_sweep", "job_stat",
+                 "matching_snapshot", "node_view_health", "outbox", "outbox_aggregate"]
 # migrations 0022, 0023 (the wallet index), 0025, 0028 (the index's verdicts, the node view's health), 0032 (events:
 # written through the owner's custody_emit only), 0033 (convert quotes: through their SECURITY DEFINER functions
-# only): custody_api may only read them
+# only), 0037 (ethereum sweeps: the worker's): custody_api may only read them
 
 
 def sqlstate(engine: Engine, role: str | None, sql: str, params: dict | None = None) -> str | None:
@@ -122,6 +122,9 @@ SIGNER_FORBIDDEN = {
     "delete_signer_audit": "DELETE FROM signer_audit",
     "update_signer_signature": "UPDATE signer_signature SET inputs = NULL",  # its own record of what it signed: append-only
     "delete_signer_signature": "DELETE FROM signer_signature",
+    "update_signer_eth_sweep": "UPDATE signer_eth_sweep SET nonce = nonce + 1",  # its record of sweeps signed: append-only
+    "delete_signer_eth_sweep": "DELETE FROM signer_eth_sweep",
+    "update_eth_sweep": "UPDATE eth_sweep SET state = 'open' WHERE false",
 }
 
 
@@ -153,6 +156,9 @@ WRITER_FORBIDDEN = {
     "update_signer_signature": "UPDATE signer_signature SET inputs = ARRAY['forged:0']",
     "delete_signer_signature": "DELETE FROM signer_signature",
     "nextval_signer_signature_id": "SELECT nextval('signer_signature_id_seq')",
+    "insert_signer_eth_sweep": "INSERT INTO signer_eth_sweep (signed_at, kind, sweep_id, chain_id, sender, nonce, destination, "
+                               "asset, amount, txid) VALUES (now(), 'sweep', 1, 31337, '0xa', 0, '0xb', 'ETH', 1, '0xc')",
+    "nextval_signer_eth_sweep_id": "SELECT nextval('signer_eth_sweep_id_seq')",
     "update_alembic_version": "UPDATE alembic_version SET version_num = version_num",
 }
 
@@ -204,6 +210,11 @@ API_FORBIDDEN = {
     "insert_sweep": "INSERT INTO sweep SELECT * FROM sweep WHERE false",
     "rewrite_sweep": "UPDATE sweep SET state = 'final', txid = txid WHERE false",
     "redirect_rebalance": "UPDATE rebalance SET destination = 'bcrt1qattacker', raw = raw WHERE false",
+    "insert_eth_sweep": "INSERT INTO eth_sweep SELECT * FROM eth_sweep WHERE false",
+    "rewrite_eth_sweep": "UPDATE eth_sweep SET amount = amount * 2, state = 'open' WHERE false",
+    "insert_eth_gas_funding": "INSERT INTO eth_gas_funding SELECT * FROM eth_gas_funding WHERE false",
+    "rewrite_eth_gas_funding": "UPDATE eth_gas_funding SET amount = amount * 2 WHERE false",
+    "reserve_deposit_for_eth_sweep": "UPDATE deposit_observation SET eth_swept_by = NULL WHERE false",
     # reference data and keys that would outlive a compromise
     "change_asset_fees": "UPDATE chain_asset SET withdrawal_fee = 0, finality_confirmations = 0 WHERE false",
     "insert_chain_asset": "INSERT INTO chain_asset SELECT * FROM chain_asset WHERE false",
@@ -503,7 +514,7 @@ def test_every_table_has_exactly_its_roles_privileges(engine):
         read_only, limited = api_lists(c)
         tables = c.execute(text("SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY 1")).scalars().all()
         wrong = {t: privileges(c, t) for t in tables if privileges(c, t) != expected(t, signer_tables, read_only, limited)}
-    assert signer_tables == ["signer_audit", "signer_signature"]
+    assert signer_tables == ["signer_audit", "signer_signature", "signer_eth_sweep"]
     assert sorted(read_only) == API_READ_ONLY
     assert wrong == {}
 

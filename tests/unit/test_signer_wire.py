@@ -85,6 +85,17 @@ class FakeSigner:
                             chain_id=chain_id, nonce=nonce, to=to, value=value, data=data, gas=gas,
                             max_fee_wei=max_fee_wei, priority_fee_wei=priority_fee_wei, replaces_txid=replaces_txid)
 
+    def sign_ethereum_gas_funding(self, sweep_id, *, deposit_index, chain_id, nonce, value, gas, max_fee_wei, priority_fee_wei):
+        return self._record("sign_ethereum_gas_funding", ETH_TX, sweep_id=sweep_id, deposit_index=deposit_index,
+                            chain_id=chain_id, nonce=nonce, value=value, gas=gas, max_fee_wei=max_fee_wei,
+                            priority_fee_wei=priority_fee_wei)
+
+    def sign_ethereum_sweep(self, sweep_id, *, deposit_index, asset, amount, chain_id, nonce, gas, max_fee_wei,
+                            priority_fee_wei):
+        return self._record("sign_ethereum_sweep", ETH_TX, sweep_id=sweep_id, deposit_index=deposit_index, asset=asset,
+                            amount=amount, chain_id=chain_id, nonce=nonce, gas=gas, max_fee_wei=max_fee_wei,
+                            priority_fee_wei=priority_fee_wei)
+
 
 def service(fake: FakeSigner, now: float = NOW) -> SignerService:
     return SignerService(fake, xpubs=XPUBS, clients=CLIENTS, clock=lambda: now)
@@ -288,6 +299,12 @@ def test_every_method_round_trips_its_values(served):
     eth = dict(hot_index=0, chain_id=31337, nonce=7, to="0x" + "22" * 20, value=10**30, data=b"\xa9\x05\x9c\xbb",
                gas=65_000, max_fee_wei=2 * 10**9, priority_fee_wei=10**9, replaces_txid=None)
     assert_equal(client.sign_ethereum_payment(9, OUTPUTS[0], **eth), ETH_TX)
+    funding = dict(deposit_index=17, chain_id=31337, nonce=8, value=12 * 10**13, gas=21_000, max_fee_wei=2 * 10**9,
+                   priority_fee_wei=10**9)
+    assert_equal(client.sign_ethereum_gas_funding(5, **funding), ETH_TX)
+    sweep = dict(deposit_index=17, asset="USDT", amount=10**30, chain_id=31337, nonce=0, gas=56_000, max_fee_wei=2 * 10**9,
+                 priority_fee_wei=10**9)
+    assert_equal(client.sign_ethereum_sweep(5, **sweep), ETH_TX)
     assert_equal([c[1] for c in fake.calls], [
         dict(batch_id=9, coins=COINS, outputs=OUTPUTS, change=("bcrt1qchange", 12_345)),
         dict(batch_id=9, replaces_txid="ef" * 32, coins=COINS, outputs=OUTPUTS, change=None),
@@ -295,6 +312,8 @@ def test_every_method_round_trips_its_values(served):
         dict(rebalance_id=4, coins=COINS, destination="bcrt1qcold", amount=1_000, change=("bcrt1qhot", 7)),
         dict(tier="hot", change=0, index=5, message="custody proof of reserves: x"),
         dict(batch_id=9, output=OUTPUTS[0], **eth),
+        dict(sweep_id=5, **funding),
+        dict(sweep_id=5, **sweep),
     ])
 
 
@@ -368,12 +387,18 @@ CALLS = {  # one well-formed call of each signing method, through the client
         9, OUTPUTS[0], hot_index=0, chain_id=31337, nonce=7, to="0x" + "22" * 20, value=1, data=b"", gas=21_000,
         max_fee_wei=2 * 10**9, priority_fee_wei=10**9),
     "sign_reserves_message": lambda c: c.sign_reserves_message("hot", 0, 5, "custody proof of reserves: x"),
+    "sign_ethereum_gas_funding": lambda c: c.sign_ethereum_gas_funding(
+        5, deposit_index=1, chain_id=31337, nonce=8, value=1, gas=21_000, max_fee_wei=2 * 10**9, priority_fee_wei=10**9),
+    "sign_ethereum_sweep": lambda c: c.sign_ethereum_sweep(
+        5, deposit_index=1, asset="USDT", amount=1, chain_id=31337, nonce=0, gas=56_000, max_fee_wei=2 * 10**9,
+        priority_fee_wei=10**9),
 }
 
 
 def test_the_forbidden_list_is_every_signing_method_but_reserves():
     assert_equal(FORBIDDEN_TO_API, ["sign_bitcoin_batch", "sign_bitcoin_rebalance", "sign_bitcoin_replacement",
-                                    "sign_bitcoin_sweep", "sign_ethereum_payment"])
+                                    "sign_bitcoin_sweep", "sign_ethereum_gas_funding", "sign_ethereum_payment",
+                                    "sign_ethereum_sweep"])
     assert_equal(set(CALLS), set(SIGNING_METHODS))
 
 

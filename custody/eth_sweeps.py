@@ -1,0 +1,494 @@
+"""Ethereum sweeps with a gas station: booked ether and ERC-20 deposits move from deposit addresses
+to the hot address; the hot address first pays each token-holding deposit address the gas its sweep
+may burn.
+
+A sweep never changes what a customer is owed: it moves value between two of the firm's own asset
+locations, and the gas goes to the network-fee expense account. Only deposits already booked are
+swept (credited, quarantined, released, returned, dust: custody.sweeps.BOOKED), so a reorg of a
+deposit not yet final can never strand a sweep. Every amount is an integer (wei, token base units).
+
+Guarantees:
+- One unfinished move per deposit address (a partial unique index backs it): its nonces are used
+  one after the other, each reserved in the `eth_sweep` row when the row is made, so a crash or a
+  retry always signs the same slot again. A sweep row is never abandoned: a hole in a sender's
+  nonces would block every later transaction of that address.
+- At most one gas funding per sweep (`eth_gas_funding.sweep_id` is UNIQUE, and the signer refuses
+  a second one on its own record), its hot-address nonce reserved from `eth_nonce` (the counter
+  withdrawals use, custody.payouts) and committed with the row before the signer is asked: a crash
+  between funding and sweep re-signs the same funding (same fields, RFC 6979: the same txid) or
+  goes on from the stored one; it never funds twice. The sweep is signed only once its funding is
+  booked final.
+- The signer builds both transactions itself from its own keys and asset table (signer.service,
+  "Ethereum sweeps"): the destination is always our hot address or our own deposit address.
+- Signed bytes are stored before anything is broadcast; broadcasting is idempotent.
+
+Amounts, per deposit address (`booked_ether` is what the books hold there: its booked ether
+deposits + gas funded to it - gas its sweeps burnt - ether swept from it, all final):
+- token sweep: the booked, unswept deposits of the token there (each marked `eth_swept_by`); gas
+  limit = the node's `eth_estimateGas` for the transfer + `gas_margin_percent`; the hot address
+  funds `gas_funding_needed()` = gas limit x max fee per gas (node's estimate, capped) minus the
+  booked ether already there (nothing when that covers it);
+- ether sweep: `ether_sweep_amount()` = booked ether minus 21,000 x max fee (the gas it may burn).
+  Ether nobody booked (sent to the address by a contract's internal call, say) stays there as
+  reconciliation's surplus until someone books it; it is never swept into the books unexplained.
+- leftover gas dust (the funded gas a sweep did not burn; the ether sweep's unburnt reserve) stays
+  on the deposit address and in the books' deposit location: it is counted in `booked_ether` and
+  taken by the next ether sweep of that address (or pays the next token sweep's gas).
+
+Books (kind `sweep`, at the ETH finality depth):
+- gas funding `eth_gas_funding:<id>:final`: hot -> deposit location (the ether sent), hot ->
+  network-fee expense (the funding transaction's own gas);
+- sweep `eth_sweep:<id>:final`: deposit -> hot location (the swept amount, its asset), deposit ETH
+  -> network-fee expense (the gas the sweep burnt);
+- a sweep mined but reverted (a token refusing the transfer) `eth_sweep:<id>:reverted`: only its
+  gas, deposit ETH -> expense; its deposits are released for a later sweep.
+Before finality reconciliation explains a mined move as in transit (`moves_in_transit`): a funding
+as - (value + gas) on the hot ETH line and + value on the deposit ETH line; a sweep as - amount on
+the deposit line of its asset, - gas on the deposit ETH line and + amount on the hot line.
+
+Jobs (`run_once()` runs them in order; each is callable alone): `plan()`, `sign()`, `broadcast()`,
+`track()`. Nothing new is planned, signed or broadcast while the kill switch is engaged; tracking
+and booking go on. A row whose step fails is logged (a node or database error is retried next run;
+any other failure also opens an `eth_sweep_failed` incident, critical when the step was broadcast or
+track, whose transaction may be on chain, else a warning) and the other rows go on; every step is
+retried next run and books at most once (idempotency keys `eth_gas_funding:<id>:final`, ...). A
+transaction of ours whose nonce something else consumed opens a critical incident
+(`eth_sweep_nonce_conflict`): only a key outside this service could have done it.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping
+
+from sqlalchemy import Connection, Engine, text
+from sqlalchemy.exc import OperationalError
+
+from chain_adapters.base import TxState
+from chain_adapters.errors import ChainError
+from chain_adapters.ethereum import EthereumAdapter
+from custody.controls import audit, kill_switch, open_incident
+from custody.states import IllegalTransition, advance
+from custody.sweeps import BOOKED
+from custody.wallets import ChainAsset, Wallets
+from ledger.model import Transfer
+from ledger.service import Ledger
+from signer.ethereum_tx import erc20_transfer_data
+from signer.protocol import SignerPort, SigningRefused
+
+log = logging.getLogger(__name__)
+TRANSFER_GAS = 21_000  # an ether transfer to an account without code
+UNSETTLED = ("signed", "broadcast", "confirmed")  # signed, maybe mined, not booked yet
+TABLES = ("eth_gas_funding", "eth_sweep")  # also the machines (custody.states); fundings first in every job
+
+
+# ---- pure decisions ------------------------------------------------------------------------------
+
+def gas_funding_needed(gas_limit: int, max_fee_wei: int, booked_ether: int) -> int:
+    """Wei the hot address sends a deposit address so a token sweep of `gas_limit` at `max_fee_wei`
+    per gas can be mined: what it may burn minus the booked ether already there (>= 0)."""
+    return max(0, gas_limit * max_fee_wei - max(0, booked_ether))
+
+
+def ether_sweep_amount(booked_ether: int, max_fee_wei: int) -> int:
+    """Wei an ether sweep sends: the booked ether there minus the most its gas can cost (0: not worth it)."""
+    return max(0, booked_ether - TRANSFER_GAS * max_fee_wei)
+
+
+def gas_limit_with_margin(estimate: int, margin_percent: int) -> int:
+    """The node's estimate plus `margin_percent`, rounded up (state may change before it is mined)."""
+    return max(TRANSFER_GAS, -(-estimate * (100 + margin_percent) // 100))
+
+
+@dataclass(frozen=True)
+class MinedMove:
+    """A sweep or gas funding mined and not booked yet: `kind` gas or sweep, what it carried
+    (`asset`, `amount`), the gas it burnt (wei) and whether its execution reverted."""
+
+    kind: str
+    asset: str
+    amount: int
+    gas: int
+    reverted: bool = False
+
+
+def moves_in_transit(moves: Iterable[MinedMove], tier: str, asset: str, *, native: str = "ETH") -> int:
+    """What mined, unbooked sweeps and fundings moved on chain but not yet in the books, for one
+    reconciliation line (`tier` deposit or hot, `asset`), signed as the chain moved it."""
+    total = 0
+    for m in moves:
+        moved = 0 if m.reverted else m.amount
+        if m.kind == "gas":  # hot -> deposit address, ether; its gas paid by the hot address
+            if asset == native:
+                total += moved if tier == "deposit" else -(moved + m.gas)
+            continue
+        # a sweep: deposit address -> hot, its gas paid by the deposit address
+        if m.asset == asset:
+            total += -moved if tier == "deposit" else moved
+        if asset == native and tier == "deposit":
+            total -= m.gas
+    return total
+
+
+# ---- named queries -------------------------------------------------------------------------------
+
+_UNSWEPT_TOTALS_SQL = text("""
+SELECT asset, sum(amount) AS amount
+FROM deposit_observation
+WHERE chain = 'ethereum'
+  AND eth_swept_by IS NULL
+  AND state = ANY(:booked)
+GROUP BY asset
+""")
+
+# per deposit address and asset due: the booked deposits not swept yet, where no move is unfinished
+# (tokens first: an address's token is swept before its ether, which then pays no gas of it)
+_CANDIDATES_SQL = text("""
+SELECT o.asset, d.id AS deposit_address_id, d.address, d.derivation_index, sum(o.amount) AS amount
+FROM deposit_observation o
+JOIN deposit_address d ON d.id = o.deposit_address_id
+WHERE o.chain = 'ethereum'
+  AND o.eth_swept_by IS NULL
+  AND o.state = ANY(:booked)
+  AND o.asset = ANY(:assets)
+  AND NOT EXISTS (SELECT 1 FROM eth_sweep s WHERE lower(s.address) = lower(d.address) AND s.state NOT IN ('final', 'reverted'))
+GROUP BY o.asset, d.id, d.address, d.derivation_index
+ORDER BY o.asset = 'ETH', d.id
+LIMIT :limit
+""")
+
+_UNSWEPT_AT_SQL = text("""
+SELECT id, amount
+FROM deposit_observation
+WHERE deposit_address_id = :d
+  AND asset = :a
+  AND eth_swept_by IS NULL
+  AND state = ANY(:booked)
+ORDER BY id
+FOR UPDATE
+""")
+
+_UNFINISHED_AT_SQL = text("""
+SELECT id FROM eth_sweep WHERE lower(address) = lower(:a) AND state NOT IN ('final', 'reverted')
+""")
+
+# what the books hold in ether at one deposit address (module docstring: `booked_ether`)
+_BOOKED_ETHER_SQL = text("""
+SELECT (SELECT coalesce(sum(amount), 0) FROM deposit_observation
+        WHERE deposit_address_id = :d AND asset = 'ETH' AND state = ANY(:booked))
+     + (SELECT coalesce(sum(amount), 0) FROM eth_gas_funding WHERE lower(address) = lower(:a) AND state = 'final')
+     - (SELECT coalesce(sum(fee), 0) FROM eth_sweep WHERE lower(address) = lower(:a) AND state IN ('final', 'reverted'))
+     - (SELECT coalesce(sum(amount), 0) FROM eth_sweep WHERE lower(address) = lower(:a) AND asset = 'ETH' AND state = 'final')
+""")
+
+_NEXT_SWEEP_NONCE_SQL = text("""
+SELECT coalesce(max(nonce) + 1, 0) FROM eth_sweep WHERE lower(address) = lower(:a)
+""")
+
+_INSERT_SWEEP_SQL = text("""
+INSERT INTO eth_sweep (asset, address, deposit_index, nonce, amount, gas_limit, max_fee_wei, priority_fee_wei, state)
+VALUES (:asset, :address, :index, :nonce, :amount, :gas, :max_fee, :priority, 'open')
+RETURNING id
+""")
+
+_INSERT_FUNDING_SQL = text("""
+INSERT INTO eth_gas_funding (sweep_id, address, nonce, amount, gas_limit, max_fee_wei, priority_fee_wei, state)
+VALUES (:sweep, :address, :nonce, :amount, :gas, :max_fee, :priority, 'open')
+RETURNING id
+""")
+
+# the hot nonce: the counter withdrawals use (custody.payouts), past every nonce the signer recorded
+_HOT_NONCE_SEED_SQL = text("INSERT INTO eth_nonce (address, next_nonce) VALUES (:a, :n) ON CONFLICT DO NOTHING")
+_HOT_NONCE_LOCK_SQL = text("SELECT next_nonce FROM eth_nonce WHERE address = :a FOR UPDATE")
+_HOT_NONCE_RECORDED_SQL = text("""
+SELECT max(nonce) FROM (
+    SELECT nonce FROM signer_signature WHERE chain = 'ethereum' AND lower(sender) = lower(:a)
+    UNION ALL
+    SELECT nonce FROM signer_eth_sweep WHERE kind = 'gas' AND lower(sender) = lower(:a)
+) n
+""")
+_HOT_NONCE_SET_SQL = text("UPDATE eth_nonce SET next_nonce = :n WHERE address = :a")
+
+_OPEN_FUNDINGS_SQL = text("""
+SELECT f.id, f.sweep_id, f.nonce, f.amount, f.gas_limit, f.max_fee_wei, f.priority_fee_wei, s.deposit_index
+FROM eth_gas_funding f
+JOIN eth_sweep s ON s.id = f.sweep_id
+WHERE f.state = 'open'
+ORDER BY f.nonce
+""")
+
+_OPEN_SWEEPS_SQL = text("""
+SELECT s.id, s.asset, s.deposit_index, s.nonce, s.amount, s.gas_limit, s.max_fee_wei, s.priority_fee_wei
+FROM eth_sweep s
+LEFT JOIN eth_gas_funding f ON f.sweep_id = s.id
+WHERE s.state = 'open'
+  AND (f.id IS NULL OR f.state = 'final')
+ORDER BY s.id
+""")
+
+_CLAIM_SQL = {t: text(f"SELECT id FROM {t} WHERE id = :i AND state = 'open' FOR UPDATE SKIP LOCKED") for t in TABLES}
+_SIGNED_SQL = {t: text(f"SELECT id, txid, raw FROM {t} WHERE state = 'signed' ORDER BY id") for t in TABLES}
+_TRACKED_SQL = {t: text(f"SELECT id, txid, raw, state, amount FROM {t} WHERE state IN ('broadcast', 'confirmed') ORDER BY id")
+                for t in TABLES}
+
+# every signed, unbooked move, for reconciliation: gas fundings first
+_UNSETTLED_SQL = text("""
+SELECT 'gas' AS kind, 'ETH' AS asset, amount, txid FROM eth_gas_funding WHERE state = ANY(:s)
+UNION ALL
+SELECT 'sweep', asset, amount, txid FROM eth_sweep WHERE state = ANY(:s)
+""")
+
+
+def unsettled(c: Connection) -> list:
+    """Sweeps and gas fundings signed but not booked (kind, asset, amount, txid): reconciliation asks
+    the node which are mined and at what gas (`moves_in_transit`)."""
+    return c.execute(_UNSETTLED_SQL, {"s": list(UNSETTLED)}).all()
+
+
+class EthSweeps:
+    def __init__(self, engine: Engine, ledger: Ledger, wallets: Wallets, ethereum: EthereumAdapter, signer: SignerPort, *,
+                 hot_address: str, thresholds: Mapping[str, int], gas_margin_percent: int = 10,
+                 max_fee_wei: int = 500 * 10**9, max_addresses: int = 200) -> None:
+        self.engine = engine
+        self.ledger = ledger
+        self.wallets = wallets
+        self.ethereum = ethereum
+        self.signer = signer
+        self.hot_address = hot_address  # checksummed, as custody.payouts keys `eth_nonce` by it
+        self.thresholds = dict(thresholds)  # asset -> minor units (policy data: AssetPolicy.sweep_threshold)
+        self.gas_margin_percent = gas_margin_percent
+        self.max_fee_wei = max_fee_wei  # ceiling for the max fee per gas a sweep or funding is signed at
+        self.max_addresses = max_addresses  # deposit addresses planned per run
+
+    def run_once(self) -> None:
+        self.plan()
+        self.sign()
+        self.broadcast()
+        self.track()
+
+    # ---- plan ---------------------------------------------------------------------------------
+
+    def plan(self) -> list[int]:
+        """Make the sweep rows (and gas fundings) for every asset over its threshold; their ids."""
+        if kill_switch(self.engine).engaged:
+            return []
+        assets = {a.asset: a for a in self.wallets.chain_assets("ethereum")}
+        with self.engine.connect() as c:
+            totals = {r.asset: int(r.amount) for r in c.execute(_UNSWEPT_TOTALS_SQL, {"booked": list(BOOKED)})}
+            due = [a for a, limit in sorted(self.thresholds.items()) if a in assets and totals.get(a, 0) > limit]
+            if not due:
+                return []
+            candidates = c.execute(_CANDIDATES_SQL, {"booked": list(BOOKED), "assets": due, "limit": self.max_addresses}).all()
+        fee = self.ethereum.estimate_fee()
+        max_fee = min(fee.max_fee_wei, self.max_fee_wei)
+        priority = min(max(fee.priority_fee_wei, 1), max_fee)
+        made, seen = [], set()
+        for cand in candidates:
+            if cand.address.lower() in seen:  # one move per address at a time: its token first
+                continue
+            seen.add(cand.address.lower())
+            sweep_id = self._guard("plan", cand.deposit_address_id,
+                                   lambda cand=cand: self._plan_one(cand, assets[cand.asset], max_fee, priority))
+            if sweep_id is not None:
+                made.append(sweep_id)
+        return made
+
+    def _plan_one(self, cand, asset: ChainAsset, max_fee: int, priority: int) -> int | None:
+        token = asset.contract_address
+        gas = TRANSFER_GAS
+        if token:
+            on_chain = self.ethereum.token_balance(token, cand.address)
+            if on_chain < int(cand.amount):
+                log.warning("eth sweep of %s at %s skipped: %d booked, %d on chain", asset.asset, cand.address,
+                            int(cand.amount), on_chain)
+                return None
+            estimate = self.ethereum.estimate_gas(cand.address, token, data=erc20_transfer_data(self.hot_address, int(cand.amount)))
+            gas = gas_limit_with_margin(estimate, self.gas_margin_percent)
+        chain_nonce = self.ethereum.nonce(cand.address, pending=True)
+        on_chain_ether = self.ethereum.balance(cand.address)
+        with self.engine.begin() as c:
+            c.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"), {"k": f"eth_sweep:{cand.address.lower()}"})
+            if c.execute(_UNFINISHED_AT_SQL, {"a": cand.address}).first() is not None:
+                return None  # another worker planned it meanwhile
+            booked_ether = int(c.execute(_BOOKED_ETHER_SQL, {"d": cand.deposit_address_id, "a": cand.address,
+                                                             "booked": list(BOOKED)}).scalar_one())
+            rows = c.execute(_UNSWEPT_AT_SQL, {"d": cand.deposit_address_id, "a": asset.asset, "booked": list(BOOKED)}).all()
+            if not rows:
+                return None
+            if token:
+                amount, funding = sum(int(r.amount) for r in rows), gas_funding_needed(gas, max_fee, booked_ether)
+            else:
+                amount, funding = ether_sweep_amount(booked_ether, max_fee), 0
+                if amount == 0 or on_chain_ether < booked_ether:
+                    log.info("eth sweep of ether at %s skipped: %d booked, %d on chain", cand.address, booked_ether, on_chain_ether)
+                    return None
+            nonce = max(chain_nonce, int(c.execute(_NEXT_SWEEP_NONCE_SQL, {"a": cand.address}).scalar_one()))
+            sweep_id = c.execute(_INSERT_SWEEP_SQL, {"asset": asset.asset, "address": cand.address, "index": cand.derivation_index,
+                                                     "nonce": nonce, "amount": amount, "gas": gas, "max_fee": max_fee,
+                                                     "priority": priority}).scalar_one()
+            c.execute(text("UPDATE deposit_observation SET eth_swept_by = :s WHERE id = ANY(:i)"),
+                      {"s": sweep_id, "i": [r.id for r in rows]})
+            detail = {"asset": asset.asset, "address": cand.address, "amount": str(amount), "nonce": nonce, "gas_limit": gas,
+                      "max_fee_wei": str(max_fee), "deposits": len(rows)}
+            if funding:
+                hot_nonce = self._reserve_hot_nonce(c)
+                c.execute(_INSERT_FUNDING_SQL, {"sweep": sweep_id, "address": cand.address, "nonce": hot_nonce, "amount": funding,
+                                                "gas": TRANSFER_GAS, "max_fee": max_fee, "priority": priority})
+                detail |= {"gas_funding": str(funding), "hot_nonce": hot_nonce}
+            audit(c, "custody", "eth_sweep.create", f"eth_sweep:{sweep_id}", detail)
+        log.info("eth sweep %d planned: %s", sweep_id, detail)
+        return sweep_id
+
+    def _reserve_hot_nonce(self, c: Connection) -> int:
+        """The next hot-address nonce, taken for good in the caller's transaction (committed with the
+        funding row, before the signer is asked): withdrawals' allocator (custody.payouts) reads the
+        same counter under the same row lock, so no two rows ever hold one nonce."""
+        c.execute(_HOT_NONCE_SEED_SQL, {"a": self.hot_address, "n": self.ethereum.nonce(self.hot_address)})
+        counter = int(c.execute(_HOT_NONCE_LOCK_SQL, {"a": self.hot_address}).scalar_one())
+        recorded = c.execute(_HOT_NONCE_RECORDED_SQL, {"a": self.hot_address}).scalar()
+        nonce = max(counter, int(recorded) + 1 if recorded is not None else 0)
+        c.execute(_HOT_NONCE_SET_SQL, {"n": nonce + 1, "a": self.hot_address})
+        return nonce
+
+    # ---- sign -----------------------------------------------------------------------------------
+
+    def sign(self) -> list[str]:
+        """Sign every open gas funding, then every open sweep whose funding (if any) is booked final;
+        the signed bytes are stored in the same database transaction that moves the row to `signed`."""
+        if kill_switch(self.engine).engaged:
+            return []
+        chain_id = self.ethereum.chain_id
+        with self.engine.connect() as c:
+            fundings = c.execute(_OPEN_FUNDINGS_SQL).all()
+        signed = []
+        for f in fundings:
+            txid = self._guard("sign", f.sweep_id, lambda f=f: self._sign_one("eth_gas_funding", f.id, lambda: (
+                self.signer.sign_ethereum_gas_funding(
+                    f.sweep_id, deposit_index=f.deposit_index, chain_id=chain_id, nonce=int(f.nonce), value=int(f.amount),
+                    gas=int(f.gas_limit), max_fee_wei=int(f.max_fee_wei), priority_fee_wei=int(f.priority_fee_wei)))))
+            signed += [txid] if txid else []
+        with self.engine.connect() as c:
+            sweeps = c.execute(_OPEN_SWEEPS_SQL).all()
+        for s in sweeps:
+            txid = self._guard("sign", s.id, lambda s=s: self._sign_one("eth_sweep", s.id, lambda: self.signer.sign_ethereum_sweep(
+                s.id, deposit_index=s.deposit_index, asset=s.asset, amount=int(s.amount), chain_id=chain_id, nonce=int(s.nonce),
+                gas=int(s.gas_limit), max_fee_wei=int(s.max_fee_wei), priority_fee_wei=int(s.priority_fee_wei))))
+            signed += [txid] if txid else []
+        return signed
+
+    def _sign_one(self, table: str, row_id: int, ask: Callable) -> str | None:
+        """Claim the open row (a second worker skips it), ask the signer, store, in one transaction."""
+        with self.engine.begin() as c:
+            if c.execute(_CLAIM_SQL[table], {"i": row_id}).first() is None:
+                return None
+            try:
+                tx = ask()
+            except SigningRefused as refused:
+                log.warning("%s %d not signed: %s", table, row_id, refused)
+                open_incident(c, "eth_sweep_refused", f"eth_sweep_refused:{table}:{row_id}:{refused.code.value}",
+                              {"table": table, "id": row_id, "code": refused.code.value, "message": refused.message},
+                              severity="warning")
+                return None
+            advance(c, table, row_id, "open", "signed", txid=tx.txid, raw=tx.raw)
+        log.info("%s %d signed: %s (nonce %d)", table, row_id, tx.txid, tx.nonce)
+        return tx.txid
+
+    # ---- broadcast and track ---------------------------------------------------------------------
+
+    def broadcast(self) -> int:
+        """Send every stored signed funding and sweep (idempotent at the node)."""
+        if kill_switch(self.engine).engaged:
+            return 0
+        sent = 0
+        for table in TABLES:
+            with self.engine.connect() as c:
+                rows = c.execute(_SIGNED_SQL[table]).all()
+            for r in rows:
+                sent += bool(self._guard("broadcast", r.id, lambda r=r, table=table: self._broadcast_one(table, r)))
+        return sent
+
+    def _broadcast_one(self, table: str, r) -> bool:
+        self.ethereum.broadcast(bytes(r.raw))
+        with self.engine.begin() as c:
+            advance(c, table, r.id, "signed", "broadcast")
+        return True
+
+    def track(self) -> int:
+        """Follow every broadcast funding and sweep; book each once at the ETH finality depth.
+        Returns how many were booked."""
+        finality = self.wallets.chain_asset("ETH").finality_confirmations
+        booked = 0
+        for table in TABLES:
+            with self.engine.connect() as c:
+                rows = c.execute(_TRACKED_SQL[table]).all()
+            for r in rows:
+                booked += self._guard("track", r.id, lambda r=r, table=table: self._track_one(table, r, finality)) or 0
+        return booked
+
+    def _track_one(self, table: str, r, finality: int) -> int:
+        status = self.ethereum.tx_status(r.txid, raw=bytes(r.raw))
+        if status.state is TxState.CONFIRMED:
+            with self.engine.begin() as c:
+                if r.state == "broadcast":
+                    advance(c, table, r.id, "broadcast", "confirmed", confirmations=status.confirmations)
+                else:
+                    c.execute(text(f"UPDATE {table} SET confirmations = :n WHERE id = :i"), {"n": status.confirmations, "i": r.id})
+                if status.confirmations < finality:
+                    return 0
+                mined = self.ethereum.mined(r.txid)
+                if mined is None:
+                    raise ChainError(f"{r.txid} left the main chain while being booked")
+                to = "reverted" if mined.reverted else "final"
+                advance(c, table, r.id, "confirmed", to, fee=mined.fee)
+                self._book(c, table, r.id, mined.fee, reverted=mined.reverted)
+            return 1
+        if status.state is TxState.MEMPOOL and r.state == "confirmed":
+            with self.engine.begin() as c:  # its block was reorged out; it waits in the mempool again
+                advance(c, table, r.id, "confirmed", "broadcast", confirmations=0)
+        elif status.state is TxState.UNKNOWN:
+            self.ethereum.broadcast(bytes(r.raw))  # evicted: the same bytes again
+        elif status.state in (TxState.REPLACED, TxState.CONFLICTED):
+            with self.engine.begin() as c:
+                open_incident(c, "eth_sweep_nonce_conflict", f"eth_sweep_nonce_conflict:{table}:{r.id}",
+                              {"table": table, "id": r.id, "txid": r.txid, "status": status.state.value})
+        return 0
+
+    def _book(self, c: Connection, table: str, row_id: int, gas: int, *, reverted: bool) -> None:
+        """The row's journal transaction (module docstring, "Books"), in the caller's transaction."""
+        expense = self.wallets.firm_account("network_fees", "ETH", conn=c)
+        hot_eth = self.wallets.location_account("ethereum", "hot", "ETH", conn=c)
+        deposit_eth = self.wallets.location_account("ethereum", "deposit", "ETH", conn=c)
+        row = c.execute(text(f"SELECT * FROM {table} WHERE id = :i"), {"i": row_id}).one()
+        amount = int(row.amount)
+        if table == "eth_gas_funding":
+            legs = ([] if reverted else [Transfer(deposit_eth, hot_eth, amount)]) + ([Transfer(expense, hot_eth, gas)] if gas else [])
+            meta = {"eth_gas_funding_id": row_id, "sweep_id": row.sweep_id, "txid": row.txid, "gas": gas}
+        else:
+            legs = [] if reverted else [Transfer(self.wallets.location_account("ethereum", "hot", row.asset, conn=c),
+                                                 self.wallets.location_account("ethereum", "deposit", row.asset, conn=c), amount)]
+            legs += [Transfer(expense, deposit_eth, gas)] if gas else []
+            meta = {"eth_sweep_id": row_id, "asset": row.asset, "txid": row.txid, "gas": gas, "reverted": reverted}
+            if reverted:  # its deposits wait for a later sweep
+                c.execute(text("UPDATE deposit_observation SET eth_swept_by = NULL WHERE eth_swept_by = :s"), {"s": row_id})
+        if legs:
+            self.ledger.post(f"{table}:{row_id}:{'reverted' if reverted else 'final'}", legs, kind="sweep", metadata=meta, conn=c)
+        audit(c, "custody", f"{table}.{'reverted' if reverted else 'final'}", f"{table}:{row_id}",
+              {"txid": row.txid, "amount": str(amount), "gas": str(gas)})
+
+    # ---- failures -------------------------------------------------------------------------------
+
+    def _guard(self, step: str, row_id: int, work: Callable):
+        """Run one row's step: a node or database error, or a row another worker moved, is retried
+        next run; anything else is logged with a warning incident. Never raises: the rows go on."""
+        try:
+            return work()
+        except (ChainError, OperationalError, IllegalTransition) as exc:
+            log.warning("eth sweep %s of %d failed (%s); retried next run", step, row_id, exc)
+        except Exception as exc:  # noqa: BLE001 - one row must not stop the others; recorded below
+            log.exception("eth sweep %s of %d failed", step, row_id)
+            on_chain = step in ("broadcast", "track")  # its transaction may be on chain, the books behind it
+            with self.engine.begin() as c:
+                open_incident(c, "eth_sweep_failed", f"eth_sweep_failed:{step}:{row_id}:{type(exc).__name__}",
+                              {"step": step, "id": row_id, "error": str(exc)[:500]},
+                              severity="critical" if on_chain else "warning")
+        return None
