@@ -10,7 +10,7 @@ bytes per LEAF (not per account), so no leaf can be linked to an account, or to 
 guessing. Each customer balance is split (`split`) into `parts` leaves of random amounts that sum
 exactly to it: all positive when the balance has at least `parts` minor units, else pieces of 1
 and 0. Padding leaves (account 0, amount 0, their own random nonce, indistinguishable from a real
-zero piece) fill the leaf count to a multiple of CHUNK (64), and all leaves are shuffled with the
+zero piece) fill the leaf count to a multiple of CHUNK (16), and all leaves are shuffled with the
 operating system's random source. An odd node on a level above the chunks is paired with a fixed
 zero-sum padding node (`PAD`). The root's sum is the total liability; every node commits to its
 children's sums, so no subtree can hide a negative amount or a changed one.
@@ -25,8 +25,8 @@ units than `parts` are exempt from that rule (their balance may sit whole in one
 satoshi or wei, still unlinkable to their owner). The tree does reveal the number of leaves, hence
 roughly the number of accounts (at most `parts` leaves each), and the total.
 
-Storage: nodes at level CHUNK_LEVELS (6) and above are kept (`Tree.upper`); a proof recomputes the
-lower levels from the 64 leaves of its chunk (`prove`), so a proof costs one chunk and one path.
+Storage: nodes at level CHUNK_LEVELS (4) and above are kept (`Tree.upper`); a proof recomputes the
+lower levels from the 16 leaves of its chunk (`prove`), so a proof costs one chunk and one path.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ import random
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
-CHUNK_LEVELS = 6
+CHUNK_LEVELS = 4
 CHUNK = 1 << CHUNK_LEVELS
 NONCE_BYTES = 16
 PADDING_ACCOUNT = 0

@@ -48,7 +48,7 @@ from custody import wallet_index
 from custody.addresses import derive_eth_address
 from custody.destinations import HOT_RECEIVE_INDEX
 from custody.errors import CustodyError, CustodyErrorCode
-from custody.merkle_sum import (CHUNK, DEFAULT_PARTS, NONCE_BYTES, PADDING_ACCOUNT, Node, Step, Tree, leaf, place, prove,
+from custody.merkle_sum import (CHUNK, CHUNK_LEVELS, DEFAULT_PARTS, NONCE_BYTES, PADDING_ACCOUNT, Node, Step, Tree, leaf, place, prove,
                                 upper_positions, verify)
 from ledger.model import AccountKind
 from ledger.verify import verify_in
@@ -95,19 +95,16 @@ WHERE report_id = :r
   AND account_id = :a
 ORDER BY leaf_index
 """
-_CHUNK_SQL = """
-SELECT leaf_index, account_id, amount, nonce
-FROM reserve_leaf
-WHERE report_id = :r
-  AND leaf_index >= :lo
-  AND leaf_index < :hi
-ORDER BY leaf_index
+_CHUNKS_SQL = """
+SELECT l.leaf_index, l.account_id, l.amount, l.nonce
+FROM unnest(CAST(:lo AS int[])) AS c(lo)
+JOIN reserve_leaf l ON l.report_id = :r AND l.leaf_index >= c.lo AND l.leaf_index < c.lo + :n
+ORDER BY l.leaf_index
 """
 _NODES_SQL = """
-SELECT level, position, hash, sum
-FROM reserve_node
-WHERE report_id = :r
-  AND (level, position) IN (SELECT * FROM unnest(CAST(:lv AS int[]), CAST(:p AS int[])))
+SELECT n.level, n.position, n.hash, n.sum
+FROM unnest(CAST(:lv AS int[]), CAST(:p AS int[])) AS w(level, position)
+JOIN reserve_node n ON n.report_id = :r AND n.level = w.level AND n.position = w.position
 """
 
 
@@ -280,25 +277,29 @@ class Reserves:
             if not mine:
                 raise LookupError(f"account {account_id} is not in report {report_id}")
             count = int(report.leaves)
-            out = []
-            for index in mine:
-                out.append(self._leaf_proof(c, report_id, index, count))
+            out = self._leaf_proofs(c, report_id, mine, count)
         return {"version": VERSION, "report_id": report_id, "asset": report.asset, "account_id": account_id,
                 "balance": str(sum(int(x["amount"]) for x in out)), "leaf_count": count,
                 "root": {"hash": report.root_hash, "sum": str(int(report.liabilities))}, "leaves": out}
 
     @staticmethod
-    def _leaf_proof(c: Connection, report_id: int, index: int, count: int) -> dict:
-        base = index - index % CHUNK
-        rows = c.execute(text(_CHUNK_SQL), {"r": report_id, "lo": base, "hi": base + CHUNK}).all()
-        chunk = [leaf(r.account_id or PADDING_ACCOUNT, int(r.amount), bytes(r.nonce)) for r in rows]
-        wanted = upper_positions(index, count)
+    def _leaf_proofs(c: Connection, report_id: int, indexes: Sequence[int], count: int) -> list[dict]:
+        """The proofs of leaves `indexes`: their chunks' leaves in one query, the stored nodes of
+        every path in another."""
+        bases = sorted({i - i % CHUNK for i in indexes})
+        rows = {r.leaf_index: r for r in c.execute(text(_CHUNKS_SQL), {"r": report_id, "lo": bases, "n": CHUNK})}
+        wanted = sorted({w for i in indexes for w in upper_positions(i, count)})
         stored = {(r.level, r.position): Node(bytes(r.hash), int(r.sum)) for r in c.execute(
             text(_NODES_SQL), {"r": report_id, "lv": [w[0] for w in wanted], "p": [w[1] for w in wanted]})}
-        steps = prove(chunk, index, count, lambda level, position: stored[(level, position)])
-        mine = rows[index - base]
-        return {"index": index, "amount": str(int(mine.amount)), "nonce": bytes(mine.nonce).hex(),
-                "steps": [{"hash": s.sibling.hash.hex(), "sum": str(s.sibling.sum)} for s in steps]}
+        out = []
+        for index in indexes:
+            base = index - index % CHUNK
+            chunk = [leaf(rows[j].account_id or PADDING_ACCOUNT, int(rows[j].amount), bytes(rows[j].nonce))
+                     for j in range(base, base + CHUNK)]
+            steps = prove(chunk, index, count, lambda level, position: stored[(level, position)])
+            out.append({"index": index, "amount": str(int(rows[index].amount)), "nonce": bytes(rows[index].nonce).hex(),
+                        "steps": [{"hash": s.sibling.hash.hex(), "sum": str(s.sibling.sum)} for s in steps]})
+        return out
 
 
 def _journal_checkpoint(c: Connection) -> dict:
@@ -409,7 +410,7 @@ def check_proof(report: dict, proof: dict) -> list[str]:
             sums = [_int(s["sum"], f"a sibling sum of leaf {index}", problems) for s in x["steps"]]
             steps = [Step(Node(bytes.fromhex(s["hash"]), v), bool((index >> level) & 1))
                      for level, (s, v) in enumerate(zip(x["steps"], sums))]
-            if len(steps) != 6 + len(upper_positions(index, count)) or not verify(leaf(account, amount, nonce), steps, root):
+            if len(steps) != CHUNK_LEVELS + len(upper_positions(index, count)) or not verify(leaf(account, amount, nonce), steps, root):
                 problems.append(f"leaf {index} ({amount} of account {account}) does not link to the report's root")
         if _int(proof["balance"], "the balance", problems) != balance:
             problems.append(f"the leaves sum to {balance}, not the balance {proof['balance']}")

@@ -6,7 +6,7 @@ Revises: 0032_event_guards
 Why (issue 16): a v1 inclusion proof showed other customers' exact balances as sibling sums (one
 leaf per account, in account order). A v2 report (custody.reserves, custody.merkle_sum) splits each
 balance into several leaves of random amounts, each with its own random nonce, adds padding leaves
-and shuffles them; and a proof is built from the 64 leaves of its chunk plus the stored nodes above
+and shuffles them; and a proof is built from the 16 leaves of its chunk plus the stored nodes above
 the chunks, instead of rebuilding the whole tree per request (a million accounts are four million
 leaves).
 
@@ -17,7 +17,7 @@ What changes:
   index on the pair stays for the proof's lookup); `account_id` is NULL on a padding leaf; the
   columns are renamed for what they hold: `balance` -> `amount` (this leaf's piece), `salt` ->
   `nonce` (per leaf).
-- `reserve_node` (append-only, like the other two): the nodes at level 6 and above of each report's
+- `reserve_node` (append-only, like the other two): the nodes at level 4 and above of each report's
   tree (custody.merkle_sum.Tree.stored_nodes: chunk roots up to the root, fixed padding nodes where
   a level was padded). Written by whoever publishes the report: custody_api gets INSERT on it
   (`POST /v1/reserves/reports`), listed in `custody_api_limited_tables()`, redefined here with
@@ -85,7 +85,7 @@ ALTER TABLE reserve_leaf RENAME COLUMN salt TO nonce;
 CREATE INDEX reserve_leaf_account ON reserve_leaf (report_id, account_id);
 CREATE TABLE reserve_node (
     report_id  bigint NOT NULL REFERENCES reserve_report(id),
-    level      smallint NOT NULL CHECK (level >= 6),
+    level      smallint NOT NULL CHECK (level >= 4),
     position   integer NOT NULL CHECK (position >= 0),
     hash       bytea NOT NULL CHECK (length(hash) = 32),
     sum        numeric(78,0) NOT NULL CHECK (sum >= 0),

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from custody.merkle_sum import (CHUNK, NONCE_BYTES, PAD, Leaves, Node, Step, Tree, leaf, place, split, upper_positions,
+from custody.merkle_sum import (CHUNK, CHUNK_LEVELS, NONCE_BYTES, PAD, Leaves, Node, Step, Tree, leaf, place, split, upper_positions,
                                 verify)
 from regtest.util import assert_equal
 
@@ -102,7 +102,7 @@ def test_a_big_tree_has_upper_levels_and_proofs_through_them():
     assert len(tree.upper) > 3
     for i in (0, 1, 4_000, len(tree.leaves) - 1):
         proof = tree.proof(i)
-        assert_equal(len(proof), 6 + len(upper_positions(i, len(tree.leaves))))
+        assert_equal(len(proof), CHUNK_LEVELS + len(upper_positions(i, len(tree.leaves))))
         assert verify(tree.leaves.node(i), proof, tree.root)
     stored = {(level, pos): node for level, pos, node in tree.stored_nodes()}
     assert all(stored[(lv, p)] == tree.node_at(lv, p) for lv, p in upper_positions(5, len(tree.leaves)))
