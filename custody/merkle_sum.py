@@ -18,11 +18,13 @@ children's sums, so no subtree can hide a negative amount or a changed one.
 What a customer's proof shows them: their own leaves (amounts, nonces, positions), and for each
 leaf the sibling (hash, sum) of every node on its path to the root, plus the root. What it shows of
 other customers: only sums of random pieces of balances, never which account a piece belongs to.
-`place()` refuses a shuffle in which any node other than one covering every account is "closed",
-i.e. holds every piece of each account it holds a piece of: such a node's sum would be a sum of
-whole balances (a single customer's balance, when it holds one account). Accounts with fewer minor
-units than `parts` are exempt from that rule (their balance may sit whole in one leaf: a few
-satoshi or wei, still unlinkable to their owner). The tree does reveal the number of leaves, hence
+`place()` refuses a shuffle with an `exposed` node: one that holds every piece of some accounts and
+nothing else, or nothing else but pieces of one other account (whose owner, seeing the node on
+their own path, would subtract their pieces): its sum would be a sum of whole balances (a single
+customer's balance, when it holds one account). Not checked: sums of SEVERAL siblings of different
+paths of one customer added together, which could by chance hold exactly the pieces of some
+accounts. Accounts with fewer minor units than `parts` are exempt (their balance may sit whole in
+one leaf: a few satoshi or wei, still unlinkable to their owner). The tree does reveal the number of leaves, hence
 roughly the number of accounts (at most `parts` leaves each), and the total.
 
 Storage: nodes at level CHUNK_LEVELS (4) and above are kept (`Tree.upper`); a proof recomputes the
@@ -159,49 +161,18 @@ def verify(node: Node, proof: Sequence[Step], root: Node) -> bool:
 
 
 class Tree:
-    """The nodes above the chunks of `leaves` (`upper[0]` is level CHUNK_LEVELS, `upper[-1]` = [root])
-    and `closed`, the number of nodes that hold only whole accounts (module docstring)."""
+    """The nodes above the chunks of `leaves`: `upper[0]` is level CHUNK_LEVELS (the chunk roots),
+    `upper[-1]` is [root]."""
 
-    def __init__(self, leaves: Leaves, *, dust_below: int = 1) -> None:
+    def __init__(self, leaves: Leaves) -> None:
         n = len(leaves)
         if n == 0 or n % CHUNK:
             raise ValueError(f"a tree needs a positive multiple of {CHUNK} leaves")
         self.leaves = leaves
-        lo, hi = _spans(leaves, dust_below)
-        glo, ghi = min(lo), max(hi)
-        self.closed = 0
-
-        def check(level: int, position: int, lo_: int, hi_: int) -> None:
-            start = position << level
-            if start <= lo_ <= hi_ < start + (1 << level) and (lo_, hi_) != (glo, ghi):
-                self.closed += 1
-
-        chunk_roots: list[Node] = []
-        spans: list[tuple[int, int]] = []
-        for c in range(n // CHUNK):
-            base = c * CHUNK
-            nodes = [leaves.node(i) for i in range(base, base + CHUNK)]
-            span = list(zip(lo[base:base + CHUNK], hi[base:base + CHUNK]))
-            for level in range(CHUNK_LEVELS + 1):
-                for j, (a, b) in enumerate(span):
-                    check(level, (base >> level) + j, a, b)
-                if level < CHUNK_LEVELS:
-                    nodes = [parent(nodes[j], nodes[j + 1]) for j in range(0, len(nodes), 2)]
-                    span = [(min(span[j][0], span[j + 1][0]), max(span[j][1], span[j + 1][1]))
-                            for j in range(0, len(span), 2)]
-            chunk_roots.append(nodes[0])
-            spans.append(span[0])
-        self.upper = [chunk_roots]
-        level = CHUNK_LEVELS
+        self.upper = [[chunk_levels([leaves.node(i) for i in range(base, base + CHUNK)])[-1][0]
+                       for base in range(0, n, CHUNK)]]
         while len(self.upper[-1]) > 1:
-            if len(spans) % 2:
-                spans.append((_NONE_LO, _NONE_HI))
-            spans = [(min(spans[j][0], spans[j + 1][0]), max(spans[j][1], spans[j + 1][1])) for j in range(0, len(spans), 2)]
             self.upper.append(_climb(self.upper[-1]))
-            level += 1
-            if len(self.upper[-1]) > 1:
-                for j, (a, b) in enumerate(spans):
-                    check(level, j, a, b)
 
     @property
     def root(self) -> Node:
@@ -226,37 +197,72 @@ class Tree:
                 yield level, len(row), PAD
 
 
-_NONE_LO, _NONE_HI = 2**62, -1  # the span of a node holding no piece that counts
-
-
-def _spans(leaves: Leaves, dust_below: int) -> tuple[list[int], list[int]]:
-    """Per leaf, the first and last position of its account's pieces (only for the pieces of an
-    account whose balance is at least `dust_below`; others get an empty span)."""
+def exposed(leaves: Leaves, parts: int) -> list[tuple[int, int]]:
+    """(level, position) of every node whose sum would show a sum of whole balances to somebody:
+    the node holds every piece of one or more accounts and either nothing else (anyone seeing it as
+    a sibling learns their total) or pieces of exactly one other account besides (that account's
+    owner, whose path runs through it, learns the rest by subtracting their own). Not counted: the
+    node holding everything (the total is public), one whose whole accounts are all accounts but
+    that one owner's (the total less one's own balance), and the pieces of accounts below `parts`
+    minor units (module docstring). Works on piece counts: W(node) = the pieces of the accounts
+    whose every piece lies under it (each account counted at its pieces' lowest common ancestor),
+    P(node) = the pieces under it; the leaves are read only for the rare node with fewer than
+    `parts` pieces of straddling accounts."""
+    n = len(leaves)
+    total: dict[int, int] = {}
+    for account, amount in zip(leaves.accounts, leaves.amounts):
+        if account != PADDING_ACCOUNT:
+            total[account] = total.get(account, 0) + amount
+    counted = [a != PADDING_ACCOUNT and m > 0 and total[a] >= parts for a, m in zip(leaves.accounts, leaves.amounts)]
     first: dict[int, int] = {}
     last: dict[int, int] = {}
-    total: dict[int, int] = {}
-    for i, (account, amount) in enumerate(zip(leaves.accounts, leaves.amounts)):
-        if account != PADDING_ACCOUNT:
+    pieces: dict[int, int] = {}
+    for i, (account, c) in enumerate(zip(leaves.accounts, counted)):
+        if c:
             first.setdefault(account, i)
             last[account] = i
-            total[account] = total.get(account, 0) + amount
-    lo, hi = [], []
-    for account, amount in zip(leaves.accounts, leaves.amounts):
-        if account == PADDING_ACCOUNT or amount == 0 or total[account] < dust_below:
-            lo.append(_NONE_LO)
-            hi.append(_NONE_HI)
-        else:
-            lo.append(first[account])
-            hi.append(last[account])
-    return lo, hi
+            pieces[account] = pieces.get(account, 0) + 1
+    whole_at: dict[int, dict[int, int]] = {}  # level -> position -> pieces of the accounts whole there
+    for account, lo in first.items():
+        level = (lo ^ last[account]).bit_length()
+        at = whole_at.setdefault(level, {})
+        at[lo >> level] = at.get(lo >> level, 0) + pieces[account]
+    everything = sum(pieces.values())
+    found = []
+    p = [int(c) for c in counted]
+    w = [0] * n
+    for position, count in whole_at.get(0, {}).items():  # an account of one counted piece (parts = 1)
+        w[position] += count
+    level = 0
+    while True:
+        for j in [j for j, (pj, wj) in enumerate(zip(p, w)) if wj and pj - wj < parts]:
+            straddling = p[j] - w[j]
+            if straddling == 0:
+                if w[j] < everything:
+                    found.append((level, j))
+                continue
+            start, end = j << level, (j + 1) << level
+            owners = {leaves.accounts[i] for i in range(start, min(end, n))
+                      if counted[i] and not start <= first[leaves.accounts[i]] <= last[leaves.accounts[i]] < end}
+            if len(owners) == 1 and w[j] + pieces[owners.pop()] < everything:
+                found.append((level, j))
+        if len(p) == 1:
+            return found
+        if len(p) % 2:
+            p, w = p + [0], w + [0]
+        level += 1
+        p = [p[k] + p[k + 1] for k in range(0, len(p), 2)]
+        w = [w[k] + w[k + 1] for k in range(0, len(w), 2)]
+        for position, count in whole_at.get(level, {}).items():
+            w[position] += count
 
 
 def place(balances: Iterable[tuple[int, int]], parts: int = DEFAULT_PARTS,
           rng: random.Random | None = None) -> Tree:
     """Split every (account_id, balance) into `parts` leaves, pad, shuffle and build the tree; a
-    shuffle with a closed node is drawn again (a few times at most: past a handful of accounts it
-    essentially never happens), and ValueError if none avoids one (e.g. two accounts, one of which
-    must then be closed)."""
+    shuffle with an `exposed` node is drawn again (a few times at most: past a handful of accounts
+    it essentially never happens), and ValueError if none avoids one (with two or three accounts it
+    can be unavoidable)."""
     if parts < 2:
         raise ValueError("a balance must be split into at least 2 leaves: one leaf per account shows it whole")
     rng = rng or random.SystemRandom()
@@ -277,7 +283,6 @@ def place(balances: Iterable[tuple[int, int]], parts: int = DEFAULT_PARTS,
     for _ in range(_SHUFFLE_ATTEMPTS):
         rng.shuffle(order)
         leaves = Leaves([accounts[i] for i in order], [amounts[i] for i in order], os.urandom(NONCE_BYTES * len(order)))
-        tree = Tree(leaves, dust_below=parts)
-        if not tree.closed:
-            return tree
-    raise ValueError(f"no shuffle of {len(accounts)} leaves avoided a subtree holding only whole accounts")
+        if not exposed(leaves, parts):
+            return Tree(leaves)
+    raise ValueError(f"no shuffle of {len(accounts)} leaves avoided a node showing a sum of whole balances")

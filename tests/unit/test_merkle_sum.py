@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from custody.merkle_sum import (CHUNK, CHUNK_LEVELS, NONCE_BYTES, PAD, Leaves, Node, Step, Tree, leaf, place, split, upper_positions,
-                                verify)
+from custody.merkle_sum import (CHUNK, CHUNK_LEVELS, NONCE_BYTES, PAD, Leaves, Node, Step, Tree, exposed, leaf, place, split,
+                                upper_positions, verify)
 from regtest.util import assert_equal
 
 # Ten customers whose balances are all distinct and far apart, so that a sum of random pieces
@@ -63,7 +63,7 @@ def test_the_naive_tree_reveals_other_customers_balances():
 def test_no_proof_reveals_another_customers_balance_or_a_sum_of_whole_balances(seed):
     tree = place(BALANCES.items(), parts=4, rng=random.Random(seed))
     assert_equal(tree.root.sum, sum(BALANCES.values()))
-    assert_equal(tree.closed, 0)
+    assert_equal(exposed(tree.leaves, 4), [])
     for account in BALANCES:
         assert_equal(revealed(tree, account, BALANCES), set())
 
@@ -143,3 +143,22 @@ def test_bad_leaves_are_refused():
 def test_nonces_hide_equal_pieces():
     a, b = leaf(1, 100, b"a" * NONCE_BYTES), leaf(1, 100, b"b" * NONCE_BYTES)
     assert a.sum == b.sum and a.hash != b.hash
+
+
+def test_exposed_finds_whole_accounts_alone_or_beside_one_owner():
+    """16 leaves, 2 per account: A's two pieces and one of B's share the node of leaves 0-3, whose
+    sum less B's own piece is A's balance, for B; C's two pieces fill the node of leaves 4-5 alone,
+    a sibling sum equal to C's balance for whoever sees it; D's pieces lie far apart."""
+    accounts = [1, 1, 2, 0, 3, 3, 0, 0, 4, 2, 0, 0, 0, 0, 0, 4]
+    amounts = [10, 20, 30, 0, 5, 6, 0, 0, 7, 8, 0, 0, 0, 0, 0, 9]
+    found = exposed(Leaves(accounts, amounts, bytes(NONCE_BYTES * 16)), 2)
+    assert (2, 0) in found and (1, 2) in found
+    assert (3, 0) in found  # leaves 0-7: A and C whole, beside B's one piece
+    assert (4, 0) not in found  # the root holds everything
+    spread = [1, 2, 3, 4, 1, 2, 3, 4] + [0] * 8
+    assert_equal(exposed(Leaves(spread, [5 if a else 0 for a in spread], bytes(NONCE_BYTES * 16)), 2), [])
+
+
+def test_the_naive_tree_is_all_exposed():
+    tree = naive_tree(BALANCES)
+    assert len(exposed(tree.leaves, 1)) >= len(BALANCES)
