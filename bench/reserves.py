@@ -13,7 +13,7 @@ check (`merkle_sum.verify` per leaf), timed separately, for random accounts (eac
 
 With --database, a scratch database beside DATABASE_URL is migrated, the accounts are COPYed into
 `account` (the leaves' foreign key), and the report's leaves and upper nodes are written as
-`Reserves._store` writes them (INSERT ... unnest, 20,000 rows a statement); then proofs are served
+`Reserves._store` writes them (leaves by COPY, upper nodes by INSERT ... unnest); then proofs are served
 through `Reserves.proof` (what `GET /v1/reserves/reports/{id}/proof` calls). The scratch database
 is dropped at the end. Prints the figures and the load average.
 """

@@ -59,7 +59,7 @@ VERSION = 2
 DISCLAIMER = ("This is a proof of reserves, not a proof of solvency: it shows the listed holdings and a commitment to "
               "customer liabilities at one block height, and nothing about other obligations or later changes.")
 FORMATS = {"bitcoin": "bip322-simple", "ethereum": "eip191-personal-sign"}
-_INSERT_ROWS = 20_000  # leaves per INSERT statement
+_INSERT_ROWS = 20_000  # upper nodes per INSERT statement
 
 _ASSETS_SQL = """
 SELECT asset, chain, contract_address
@@ -242,14 +242,10 @@ class Reserves:
             {"id": report_id, "a": i.asset, "h": i.block.height, "b": i.block.hash, "r": root, "l": tree.root.sum,
              "s": held, "body": json.dumps(body), "v": VERSION})
         leaves = tree.leaves
-        for lo in range(0, len(leaves), _INSERT_ROWS):
-            hi = min(lo + _INSERT_ROWS, len(leaves))
-            c.execute(text("INSERT INTO reserve_leaf (report_id, leaf_index, account_id, amount, nonce) "
-                           "SELECT :r, unnest(CAST(:i AS int[])), unnest(CAST(:a AS bigint[])), unnest(CAST(:m AS numeric[])), "
-                           "unnest(CAST(:n AS bytea[]))"),
-                      {"r": report_id, "i": list(range(lo, hi)),
-                       "a": [a if a != PADDING_ACCOUNT else None for a in leaves.accounts[lo:hi]],
-                       "m": leaves.amounts[lo:hi], "n": [leaves.nonce(j) for j in range(lo, hi)]})
+        with c.connection.driver_connection.cursor().copy(  # COPY: millions of rows for a large asset
+                "COPY reserve_leaf (report_id, leaf_index, account_id, amount, nonce) FROM STDIN") as copy:
+            for j, (account, amount) in enumerate(zip(leaves.accounts, leaves.amounts)):
+                copy.write_row((report_id, j, account if account != PADDING_ACCOUNT else None, amount, leaves.nonce(j)))
         nodes = list(tree.stored_nodes())
         for lo in range(0, len(nodes), _INSERT_ROWS):
             part = nodes[lo:lo + _INSERT_ROWS]
