@@ -166,6 +166,10 @@ class Reserves:
             balances: dict[str, list[tuple[int, int]]] = {}
             for r in c.execute(text(_BALANCES_SQL), {"kind": AccountKind.customer.value, "assets": [r.asset for r in rows]}):
                 balances.setdefault(r.asset, []).append((r.id, int(r.posted)))
+            negative = [a for pairs in balances.values() for a, b in pairs if b < 0]
+            if negative:  # verify() holds customers at posted >= held >= 0; a tree refuses a negative leaf
+                raise CustodyError(CustodyErrorCode.reserves_ledger_unverified,
+                                   f"customer accounts {negative[:5]} have a negative balance: no report is published")
             rows = [r for r in rows if r.asset in balances]
             if not rows:
                 raise CustodyError(CustodyErrorCode.no_customer_accounts,

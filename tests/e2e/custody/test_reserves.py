@@ -11,13 +11,18 @@ from sqlalchemy import text
 from custody.reserves import check_proof, check_report
 from regtest.util import assert_equal
 from signer import eip191
-from tests.e2e.custody.conftest import BTC_FINALITY
+from tests.e2e.custody.conftest import BTC_FINALITY, ETH_FINALITY
 
 
-def test_reports_commit_to_liabilities_and_prove_control(custody, customer, bitcoind, engine, ledger, log):
+def test_reports_commit_to_liabilities_and_prove_control(custody, customer, bitcoind, anvil, usdt, engine, ledger, log):
     acct = customer("BTC")
+    eth_acct, usdt_acct = customer("ETH"), customer("USDT")
+    log.info("deposits: BTC, ether and USDT, each to an address of its own, taken to finality")
     bitcoind.fund(custody.wallets.issue_address(f"addr:{acct}", acct).address, 1_234_567)
+    anvil.fund(custody.wallets.issue_address(f"addr:{eth_acct}", eth_acct).address, 3 * 10**18 + 7)
+    usdt.mint(custody.wallets.issue_address(f"addr:{usdt_acct}", usdt_acct).address, 250_000_001)
     bitcoind.mine(BTC_FINALITY)
+    anvil.mine(ETH_FINALITY)
     custody.deposits.run_once(["bitcoin", "ethereum"])
     reports = {r["asset"]: r for r in custody.reserves.publish()}
     for r in reports.values():
@@ -27,6 +32,8 @@ def test_reports_commit_to_liabilities_and_prove_control(custody, customer, bitc
         assert_equal(check_report(r), [])
         assert "not a proof of solvency" in r["disclaimer"]
     assert {"BTC", "ETH", "USDT"} <= set(reports)
+    for asset, account in (("ETH", eth_acct), ("USDT", usdt_acct)):
+        assert_equal(check_proof(reports[asset], custody.reserves.proof(reports[asset]["report_id"], account)), [])
     with engine.connect() as c:
         for asset, r in reports.items():
             total, count = c.execute(text(
