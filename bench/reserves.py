@@ -11,8 +11,8 @@ build is what `Reserves.publish` does per asset once the balances are read: cust
 `Tree.proof` (the account's chunk of 16 leaves rebuilt + the stored upper path) and the customer's
 check (`merkle_sum.verify` per leaf), timed separately, for random accounts (each 4 leaves).
 
-With --database, a scratch database beside DATABASE_URL is migrated, the accounts are COPYed into
-`account` (the leaves' foreign key), and the report's leaves and upper nodes are written as
+With --database, a scratch database beside DATABASE_URL is migrated (no account rows are needed:
+leaves name accounts without a foreign key, migration 0036), and the report's leaves and upper nodes are written as
 `Reserves._store` writes them (leaves by COPY, upper nodes by INSERT ... unnest); then proofs are served
 through `Reserves.proof` (what `GET /v1/reserves/reports/{id}/proof` calls). The scratch database
 is dropped at the end. Prints the figures and the load average.
@@ -20,7 +20,6 @@ is dropped at the end. Prints the figures and the load average.
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import random
 import sys
@@ -87,12 +86,6 @@ def _through_database(tree, balances, accounts, parts) -> None:  # noqa: ANN001
         engine = make_engine(url, pool_size=2)
         with engine.begin() as c:
             c.execute(text("INSERT INTO asset (code, decimals) VALUES ('BTC', 8) ON CONFLICT DO NOTHING"))
-            raw = c.connection.driver_connection
-            buf = io.StringIO("".join(f"{a}\tBTC\tcustomer\tcustomer:bench{a}:BTC\tbench{a}\tf\tt\n" for a, _ in balances))
-            t0 = time.perf_counter()
-            with raw.cursor().copy("COPY account (id, asset, kind, name, owner, may_go_negative, may_go_positive) FROM STDIN") as copy:
-                copy.write(buf.getvalue())
-            print(f"COPY {len(balances):,} accounts: {time.perf_counter() - t0:.1f} s")
         reserves = Reserves(engine, {}, None, network="regtest", parts=parts)  # type: ignore[arg-type] - no signing here
         asset = AssetInput("BTC", "bitcoin", None, BlockRef(1, "00" * 32), balances, [])
         checkpoint = {"last_transaction_id": 0, "transactions": 0, "journal_digest": "", "checks_passed": []}
