@@ -6,7 +6,7 @@ same calls in-process, measured in one run.
 Starts `python -m signer serve` (the BIP84 test seed, regtest, a throwaway auth key) in a temporary
 directory and times, with one client thread:
 - `ping`: a round trip (connect, HMAC both ways, JSON) and nothing else;
-- `sign_reserves_message`: a real signature with a derived key (no database), over the socket
+- `sign_reserves_message`: a real BIP-322 signature of a reserves statement with a derived key (no database), over the socket
   and by an in-process `signer.service.Signer` built from the same seed.
 Prints median / p99 per call, calls per second and the ratio socket / in-process, with the load
 average, so the figures can be read against what else the machine was doing. The signer never
@@ -32,7 +32,8 @@ from custody.policy_config import default_policy  # noqa: E402
 from signer.client import SignerClient  # noqa: E402
 from signer.config import DEPLOYED_CLIENTS, quorum_entries  # noqa: E402
 from signer.keys import Secret, SignerKeys, seed_from_text  # noqa: E402
-from signer.protocol import RESERVES_PREFIX  # noqa: E402
+from custody.addresses import derive_btc_address  # noqa: E402
+from signer.protocol import ReservesStatement  # noqa: E402
 from signer.service import Signer  # noqa: E402
 from signer.wire import write_auth_key  # noqa: E402
 
@@ -90,21 +91,23 @@ def main() -> int:
                         print((d / "signer.log").read_text())
                         return 1
                     time.sleep(0.1)
-            local = Signer(None, SignerKeys(seed_from_text(Secret(MNEMONIC)), "regtest"), bitcoin_network="regtest")
+            keys = SignerKeys(seed_from_text(Secret(MNEMONIC)), "regtest")
+            local = Signer(None, keys, bitcoin_network="regtest")
+            hot = derive_btc_address(keys.account_xpub("bitcoin", "hot"), "regtest", 0, 0)
 
-            def message(i: int) -> str:
-                return f"{RESERVES_PREFIX} bench {i}"
+            def message(i: int) -> str:  # a BIP-322 statement for the hot address (what a report signs)
+                return ReservesStatement(i + 1, "BTC", "bitcoin", 1, "00" * 32, hot, i, "11" * 32).message()
 
             for i in range(20):  # warm both (key derivation caches, connections)
-                client.sign_reserves_message("hot", 0, 0, message(i))
-                local.sign_reserves_message("hot", 0, 0, message(i))
+                client.sign_reserves_message("bitcoin", "hot", 0, 0, message(i))
+                local.sign_reserves_message("bitcoin", "hot", 0, 0, message(i))
             print(f"signer over unix socket vs in-process, {args.n} calls each, one client; "
                   f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
             describe("ping over the socket", timed(lambda i: client.ping(), args.n))
             sock = describe("sign_reserves_message over the socket", timed(
-                lambda i: client.sign_reserves_message("hot", 0, 0, message(i)), args.n))
+                lambda i: client.sign_reserves_message("bitcoin", "hot", 0, 0, message(i)), args.n))
             inproc = describe("sign_reserves_message in-process", timed(
-                lambda i: local.sign_reserves_message("hot", 0, 0, message(i)), args.n))
+                lambda i: local.sign_reserves_message("bitcoin", "hot", 0, 0, message(i)), args.n))
             print(f"socket / in-process (median): {sock / inproc:.1f}x; the boundary adds {(sock - inproc) * 1e3:.2f} ms "
                   f"per signing call; load average now {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         finally:

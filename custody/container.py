@@ -40,7 +40,7 @@ class Container:
     sweeps: Any = None  # custody.sweeps.Sweeps (bitcoin, with a signer)
     eth_sweeps: Any = None  # custody.eth_sweeps.EthSweeps (ethereum deposits -> hot, with gas funding and a signer)
     rebalances: Any = None  # custody.rebalances.Rebalances (bitcoin hot -> cold, with a signer)
-    reserves: Any = None  # custody.reserves.Reserves (bitcoin, with a signer)
+    reserves: Any = None  # custody.reserves.Reserves (with bitcoin and a signer; ethereum assets too)
     node_view: Any = None  # custody.node_view.NodeView (bitcoin, with_chains(node_view=True))
     approvers: ApproverRegistry | None = None  # approver public keys withdrawals' approvals must verify against
     adjustments: TreasuryAdjustments = field(init=False)
@@ -120,7 +120,8 @@ class Container:
                                              config=rebalance_config or RebalanceConfig(bitcoin_network=bitcoin_network))
                 from custody.reserves import Reserves
 
-                self.reserves = Reserves(self.engine, self.adapters["bitcoin"], signer, network=bitcoin_network)
+                self.reserves = Reserves(self.engine, self.adapters, signer, network=bitcoin_network,
+                                         parts=self.settings.reserves_leaves_per_account)
         if self.adapters:
             from custody.reconciliation import Reconciliation
 

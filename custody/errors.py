@@ -45,7 +45,8 @@
 | retry_unknown | 404 | no withdrawal batch, sweep or rebalance with that id |
 | retry_not_set_aside | 409 | the withdrawal batch, sweep or rebalance is not set aside: there is nothing to retry |
 | no_customer_accounts | 409 | a proof-of-reserves report needs at least one customer account of the asset to commit to |
-| reserves_index_behind | 503 | the wallet index's block (the deposit scanner's cursor) is no longer in the node's main chain: a reorg the scanner has not walked yet; ask again shortly |
+| reserves_ledger_unverified | 409 | a proof-of-reserves report commits only to a ledger that passes its own checks (`verify()`), and one failed in the report's snapshot (named in the message): nothing is published |
+| reserves_index_behind | 503 | a chain scanner's block (bitcoin: the wallet index's; ethereum: the deposit scanner's cursor) is not in the node's main chain, or the scanner has not started: a reorg it has not walked yet; ask again shortly |
 | node_view_not_ready | 503 | the node's watch-only wallet (custody.node_view) is not at the pinned tip, is rescanning, or does not yet cover every address custody issued: its holdings cannot be read now (a reconciliation pass skips the cross-check, logged) |
 | webhook_url_invalid | 422 | a webhook URL must be http:// or https:// with a host, at most 2,048 characters, without user or password and without a fragment, naming no internal address (unless `WEBHOOK_ALLOW_PRIVATE_HOSTS` lists it) |
 | webhook_event_types_invalid | 422 | a webhook endpoint's event types are 1 to 100 types of the event catalogue (README "Events", e.g. `deposit.credited`), or `*` for every type |
@@ -121,6 +122,7 @@ class CustodyErrorCode(str, enum.Enum):
     retry_unknown = "retry_unknown"
     retry_not_set_aside = "retry_not_set_aside"
     no_customer_accounts = "no_customer_accounts"
+    reserves_ledger_unverified = "reserves_ledger_unverified"
     reserves_index_behind = "reserves_index_behind"
     node_view_not_ready = "node_view_not_ready"
     webhook_url_invalid = "webhook_url_invalid"
@@ -197,6 +199,7 @@ _STATUS = {
     CustodyErrorCode.retry_unknown: 404,
     CustodyErrorCode.retry_not_set_aside: 409,
     CustodyErrorCode.no_customer_accounts: 409,
+    CustodyErrorCode.reserves_ledger_unverified: 409,
     CustodyErrorCode.reserves_index_behind: 503,
     CustodyErrorCode.node_view_not_ready: 503,
     CustodyErrorCode.webhook_url_invalid: 422,

@@ -1,138 +1,460 @@
-"""Proof of reserves (bitcoin): liabilities as a Merkle sum tree, holdings as signed control messages.
+"""Proof of reserves v2: per asset, liabilities as a private Merkle sum tree and holdings as signed
+statements that standard tools check; and the verifier a customer runs alone.
 
-A report, at one stated block height, publishes:
-- the root (hash and sum) of a Merkle sum tree over EVERY customer account of the asset, each leaf a
-  salted commitment to one balance (never negative); a customer gets their own inclusion proof
-  (`proof(report, account)`), which shows their balance is counted and the sums add up;
-- the on-chain holdings: every address of ours holding coins at that height (deposit addresses and
-  the hot wallet, read from the wallet index, custody.wallet_index, never the node's UTXO set), its
-  amount, and a message naming the report, address, height and block hash,
-  signed with that address's key (compressed public key + DER ECDSA over SHA-256 of the message),
-  which anyone can check with `verify_control()`.
+`Reserves.publish()` writes one report per asset (BTC, ETH and each ERC-20 token of `chain_asset`
+whose chain has an adapter here), all from ONE ledger snapshot:
+- liabilities: in a REPEATABLE READ, read-only snapshot the ledger's own checks
+  (`ledger.verify.verify_in`) must all pass, else `reserves_ledger_unverified`; in that snapshot
+  every customer account's posted balance per asset is read, and the checkpoint stated in every
+  report of the set (`ledger`): the newest journal transaction id, the number of transactions and
+  `journal_digest` = SHA-256 over "<id> <content_hash>\\n" of every journal transaction in id order
+  (an auditor with read access recomputes it; see README). Each asset's balances go into a tree of
+  custody.merkle_sum (`place`: every balance split into `parts` random leaves with per-leaf nonces,
+  padded, shuffled; the `RESERVES_LEAVES_PER_ACCOUNT` setting, default 4); leaves and the upper
+  nodes are stored (`reserve_leaf`, `reserve_node`, migration 0036).
+- holdings, at one stated block per chain, read in the same snapshot as the liabilities: bitcoin at
+  the wallet index's block (the deposit scanner's cursor; our unspent coins of the deposit and hot
+  tiers, custody.wallet_index); ethereum at the ethereum scanner's cursor (ether with
+  `eth_getBalance`, each token with `balanceOf`, both at that block number, for every deposit
+  address issued and the hot address). A cursor whose block has left the node's main chain is
+  `reserves_index_behind`. Cold coins (watch-only, their keys offline) are not listed, so a report
+  understates what the firm holds by them.
+- for every listed address a `ReservesStatement` (signer.protocol: report, asset, chain, block,
+  address, amount, liabilities root) signed by the signer with that address's key: BIP-322 simple
+  for bitcoin (P2WPKH), EIP-191 personal_sign for ethereum.
 
-It is NOT a proof of solvency: it shows holdings and a commitment to liabilities at one moment; it
-says nothing about debts outside the ledger, keys held by others, or what happens after that block.
-The report says so in its body.
+What a customer's proof (`Reserves.proof`) reveals and does not: see custody.merkle_sum and the
+README. `check_report` / `check_proof` (pure, no database, no node) are what
+`python -m custody.reserves verify REPORT [PROOF]` runs: every problem is listed, exit status 1.
+They cannot tell whether the listed amounts are on chain at the stated block (that needs a node:
+README) nor whether accounts are missing (each customer checks their own).
+
+It is NOT a proof of solvency; the report says so (`disclaimer`).
 """
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
-import secrets
+import sys
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, Engine, text
 
-from chain_adapters.base import ChainAdapter
+from chain_adapters.base import BlockRef, ChainAdapter
 from chain_adapters.errors import NotFound
 from custody import wallet_index
+from custody.addresses import derive_eth_address
+from custody.destinations import HOT_RECEIVE_INDEX
 from custody.errors import CustodyError, CustodyErrorCode
-from custody.merkle_sum import MerkleSumTree, Node, Step, leaf
+from custody.merkle_sum import (CHUNK, CHUNK_LEVELS, DEFAULT_PARTS, NONCE_BYTES, PADDING_ACCOUNT, Node, Step, Tree, leaf, place, prove,
+                                upper_positions, verify)
 from ledger.model import AccountKind
-from signer.protocol import RESERVES_PREFIX, SignerPort
+from ledger.verify import verify_in
+from signer import bip322, eip191
+from signer.protocol import ReservesStatement, SignerPort, SigningRefused
 
+VERSION = 2
 DISCLAIMER = ("This is a proof of reserves, not a proof of solvency: it shows the listed holdings and a commitment to "
               "customer liabilities at one block height, and nothing about other obligations or later changes.")
+FORMATS = {"bitcoin": "bip322-simple", "ethereum": "eip191-personal-sign"}
+_INSERT_ROWS = 20_000  # upper nodes per INSERT statement
+
+_ASSETS_SQL = """
+SELECT asset, chain, contract_address
+FROM chain_asset
+WHERE chain = ANY(:chains)
+ORDER BY asset
+"""
+_BALANCES_SQL = """
+SELECT a.asset, a.id, coalesce(sum(b.posted), 0) AS posted
+FROM account a
+JOIN account_balance b ON b.account_id = a.id
+WHERE a.kind = :kind
+  AND a.asset = ANY(:assets)
+GROUP BY a.asset, a.id
+ORDER BY a.asset, a.id
+"""
+_JOURNAL_SQL = """
+SELECT id, content_hash
+FROM journal_transaction
+ORDER BY id
+"""
+_ETH_ADDRESSES_SQL = """
+SELECT address, derivation_index
+FROM deposit_address
+WHERE chain = 'ethereum'
+ORDER BY derivation_index
+"""
+_ETH_HOT_XPUB_SQL = "SELECT xpub FROM wallet WHERE chain = 'ethereum' AND tier = 'hot'"
+_LEAVES_OF_SQL = """
+SELECT leaf_index
+FROM reserve_leaf
+WHERE report_id = :r
+  AND account_id = :a
+ORDER BY leaf_index
+"""
+_CHUNKS_SQL = """
+SELECT l.leaf_index, l.account_id, l.amount, l.nonce
+FROM unnest(CAST(:lo AS int[])) AS c(lo)
+JOIN reserve_leaf l ON l.report_id = :r AND l.leaf_index >= c.lo AND l.leaf_index < c.lo + :n
+ORDER BY l.leaf_index
+"""
+_NODES_SQL = """
+SELECT n.level, n.position, n.hash, n.sum
+FROM unnest(CAST(:lv AS int[]), CAST(:p AS int[])) AS w(level, position)
+JOIN reserve_node n ON n.report_id = :r AND n.level = w.level AND n.position = w.position
+"""
+
+
+@dataclass(frozen=True)
+class Holding:
+    """One address of ours holding `amount` of an asset at the report's block, and the key
+    (tier, change, index) the signer signs its statement with."""
+
+    address: str
+    amount: int
+    tier: str
+    change: int
+    index: int
+
+
+@dataclass(frozen=True)
+class AssetInput:
+    asset: str
+    chain: str
+    contract: str | None
+    block: BlockRef
+    balances: list[tuple[int, int]]  # (account id, posted balance), every customer account
+    holdings: list[Holding]
 
 
 class Reserves:
-    def __init__(self, engine: Engine, bitcoin: ChainAdapter, signer: SignerPort, *, network: str) -> None:
+    def __init__(self, engine: Engine, adapters: Mapping[str, ChainAdapter], signer: SignerPort, *, network: str,
+                 parts: int = DEFAULT_PARTS) -> None:
         self.engine = engine
-        self.bitcoin = bitcoin
+        self.adapters = adapters
         self.signer = signer
-        self.network = network
+        self.network = network  # bitcoin's
+        self.parts = parts
 
-    def _hash_at(self, height: int) -> str | None:
+    # ---- publishing ------------------------------------------------------------------------
+
+    def publish(self, assets: Sequence[str] | None = None) -> list[dict]:
+        """Build, sign, store and return one report per asset (all of them, or those named), from
+        one ledger snapshot (module docstring). Refused with `no_customer_accounts` when none of
+        the assets has a customer account, `reserves_ledger_unverified` when a ledger check fails,
+        `reserves_index_behind` when a scanner's block left the main chain."""
+        checkpoint, inputs = self._read(assets)
+        trees = {i.asset: place(i.balances, self.parts) for i in inputs}
+        with self.engine.begin() as c:
+            return [self._store(c, i, trees[i.asset], checkpoint) for i in inputs]
+
+    def _read(self, only: Sequence[str] | None) -> tuple[dict, list[AssetInput]]:
+        with self.engine.connect().execution_options(isolation_level="REPEATABLE READ") as c, c.begin():
+            c.execute(text("SET TRANSACTION READ ONLY"))
+            checks = verify_in(c)
+            failed = [check.name for check in checks if not check.ok]
+            if failed:
+                raise CustodyError(CustodyErrorCode.reserves_ledger_unverified,
+                                   f"the ledger fails its own checks ({', '.join(failed)}): no report is published")
+            checkpoint = {**_journal_checkpoint(c), "checks_passed": [check.name for check in checks]}
+            rows = c.execute(text(_ASSETS_SQL), {"chains": sorted(self.adapters)}).all()
+            if only is not None:
+                rows = [r for r in rows if r.asset in set(only)]
+            balances: dict[str, list[tuple[int, int]]] = {}
+            for r in c.execute(text(_BALANCES_SQL), {"kind": AccountKind.customer.value, "assets": [r.asset for r in rows]}):
+                balances.setdefault(r.asset, []).append((r.id, int(r.posted)))
+            negative = [a for pairs in balances.values() for a, b in pairs if b < 0]
+            if negative:  # verify() holds customers at posted >= held >= 0; a tree refuses a negative leaf
+                raise CustodyError(CustodyErrorCode.reserves_ledger_unverified,
+                                   f"customer accounts {negative[:5]} have a negative balance: no report is published")
+            rows = [r for r in rows if r.asset in balances]
+            if not rows:
+                raise CustodyError(CustodyErrorCode.no_customer_accounts,
+                                   "no customer account of these assets exists: a report has no liabilities to commit to")
+            chains = {r.chain for r in rows}
+            blocks = {chain: wallet_index.cursor(c, chain) for chain in chains}
+            btc_coins = ([*wallet_index.unspent(c, "deposit"), *wallet_index.unspent(c, "hot")]
+                         if "bitcoin" in chains else [])
+            eth_addresses = self._eth_addresses(c) if "ethereum" in chains else []
+        for chain, block in blocks.items():
+            if block is None or self._hash_at(chain, block.height) != block.hash:
+                raise CustodyError(CustodyErrorCode.reserves_index_behind,
+                                   f"the {chain} scanner is not at a block of the node's main chain (it has not caught up "
+                                   "with a reorg yet, or has not started): ask again shortly")
+        inputs = []
+        for r in rows:
+            if r.chain == "bitcoin":
+                holdings = _btc_holdings(btc_coins)
+            else:
+                holdings = self._eth_holdings(eth_addresses, r.contract_address, blocks["ethereum"].height)
+            inputs.append(AssetInput(r.asset, r.chain, r.contract_address, blocks[r.chain], balances[r.asset], holdings))
+        return checkpoint, inputs
+
+    def _hash_at(self, chain: str, height: int) -> str | None:
         try:
-            return self.bitcoin.block_at(height).hash
+            return self.adapters[chain].block_at(height).hash
         except NotFound:  # the node's chain is shorter than the cursor (a reorg)
             return None
 
-    def publish(self, asset: str = "BTC") -> dict:
-        """Build, store and return a report for `asset` (bitcoin) at the wallet index's block.
+    def _eth_addresses(self, c: Connection) -> list[tuple[str, str, int]]:
+        """(address, tier, index) of every ethereum address of ours that signs: deposits and hot."""
+        out = [(r.address, "deposit", int(r.derivation_index)) for r in c.execute(text(_ETH_ADDRESSES_SQL))]
+        xpub = c.execute(text(_ETH_HOT_XPUB_SQL)).scalar()
+        if xpub is not None:
+            out.append((derive_eth_address(xpub, HOT_RECEIVE_INDEX), "hot", HOT_RECEIVE_INDEX))
+        return out
 
-        Holdings come from the wallet index (custody.wallet_index: our unspent outputs in the chain
-        up to the deposit scanner's cursor), read in the same snapshot as the liabilities, so both
-        are as of one block: the report's height and hash are the cursor's. Refused with
-        `reserves_index_behind` when that block is no longer in the node's main chain (a reorg the
-        scanner has not walked yet): ask again once it has."""
-        with self.engine.connect().execution_options(isolation_level="REPEATABLE READ") as c, c.begin():
-            tip = wallet_index.cursor(c, "bitcoin")
-            accounts = c.execute(text(
-                "SELECT a.id, coalesce(sum(b.posted), 0) AS posted FROM account a JOIN account_balance b ON b.account_id = a.id "
-                "WHERE a.asset = :s AND a.kind = :k GROUP BY a.id ORDER BY a.id"), {"s": asset, "k": AccountKind.customer.value}).all()
-            coins = [*wallet_index.unspent(c, "deposit"), *wallet_index.unspent(c, "hot")]
-        paths = {u.address: (u.tier, u.change, u.derivation_index) for u in coins}
-        held: dict[str, int] = {}
-        for u in coins:
-            held[u.address] = held.get(u.address, 0) + u.amount
-        if not accounts:  # a Merkle sum tree needs a leaf; an empty commitment would prove nothing
-            raise CustodyError(CustodyErrorCode.no_customer_accounts,
-                               f"no customer account of {asset} exists: a report has no liabilities to commit to")
-        if tip is None or self._hash_at(tip.height) != tip.hash:
-            raise CustodyError(CustodyErrorCode.reserves_index_behind,
-                               "the wallet index is not at a block of the node's main chain (the scanner has not caught up "
-                               "with a reorg yet): ask again shortly")
-        salts = {a.id: secrets.token_bytes(16) for a in accounts}
-        tree = MerkleSumTree([leaf(a.id, int(a.posted), salts[a.id]) for a in accounts])
-        with self.engine.begin() as c:
-            # the id is taken first so each signed statement can name the report it belongs to
-            report_id = c.execute(text("SELECT nextval(pg_get_serial_sequence('reserve_report', 'id'))")).scalar_one()
-            addresses = []
-            for address, amount in sorted(held.items()):
-                message = (f"{RESERVES_PREFIX} report {report_id} asset {asset} address {address} "
-                           f"height {tip.height} block {tip.hash}")
-                pub, sig = self.signer.sign_reserves_message(*paths[address], message)
-                addresses.append({"address": address, "amount": str(amount), "message": message,
-                                  "public_key": pub.hex(), "signature": sig.hex()})
-            body = {"report_id": report_id, "asset": asset, "height": tip.height, "block_hash": tip.hash,
-                    "liabilities": {"root_hash": tree.root.hash.hex(), "total": str(tree.root.sum), "accounts": len(accounts)},
-                    "holdings": {"total": str(sum(held.values())), "addresses": addresses}, "disclaimer": DISCLAIMER}
-            c.execute(text(
-                "INSERT INTO reserve_report (id, asset, chain_height, block_hash, root_hash, liabilities, holdings, body) "
-                "VALUES (:id, :a, :h, :b, :r, :l, :s, CAST(:body AS jsonb))"),
-                {"id": report_id, "a": asset, "h": tip.height, "b": tip.hash, "r": tree.root.hash.hex(), "l": tree.root.sum,
-                 "s": sum(held.values()), "body": json.dumps(body)})
-            c.execute(text("INSERT INTO reserve_leaf (report_id, leaf_index, account_id, balance, salt) "
-                           "SELECT :r, unnest(CAST(:i AS int[])), unnest(CAST(:a AS bigint[])), unnest(CAST(:b AS numeric[])), "
-                           "unnest(CAST(:s AS bytea[]))"),
-                      {"r": report_id, "i": list(range(len(accounts))), "a": [a.id for a in accounts],
-                       "b": [int(a.posted) for a in accounts], "s": [salts[a.id] for a in accounts]})
+    def _eth_holdings(self, addresses: list[tuple[str, str, int]], contract: str | None, height: int) -> list[Holding]:
+        eth = self.adapters["ethereum"]
+        out = []
+        for address, tier, index in addresses:
+            amount = (eth.token_balance(contract, address, block=height) if contract  # type: ignore[attr-defined]
+                      else eth.balance(address, block=height))  # type: ignore[attr-defined]
+            if amount:
+                out.append(Holding(address, amount, tier, 0, index))
+        return out
+
+    def _store(self, c: Connection, i: AssetInput, tree: Tree, checkpoint: dict) -> dict:
+        report_id = c.execute(text("SELECT nextval(pg_get_serial_sequence('reserve_report', 'id'))")).scalar_one()
+        root = tree.root.hash.hex()
+        addresses = []
+        for h in i.holdings:
+            message = ReservesStatement(report_id, i.asset, i.chain, i.block.height, i.block.hash, h.address, h.amount,
+                                        root).message()
+            try:
+                signed = self.signer.sign_reserves_message(i.chain, h.tier, h.change, h.index, message)
+            except SigningRefused as refused:  # nothing is stored: the whole set is rolled back
+                raise CustodyError(CustodyErrorCode.signer_refused, f"the statement of {h.address}: {refused}") from None
+            if signed.address.lower() != h.address.lower():
+                raise CustodyError(CustodyErrorCode.signer_refused,
+                                   f"the signer signed for {signed.address}, not {h.address}: the index or the signer's seed differs")
+            addresses.append({"address": h.address, "amount": str(h.amount), "message": message,
+                              "signature": signed.signature, "format": FORMATS[i.chain]})
+        held = sum(h.amount for h in i.holdings)
+        network = self.network if i.chain == "bitcoin" else getattr(self.adapters[i.chain], "network", "")
+        body = {"version": VERSION, "report_id": report_id, "asset": i.asset, "chain": i.chain, "network": network,
+                "contract": i.contract, "height": i.block.height, "block_hash": i.block.hash, "ledger": checkpoint,
+                "liabilities": {"root_hash": root, "total": str(tree.root.sum), "accounts": len(i.balances),
+                                "leaves": len(tree.leaves), "leaves_per_account": self.parts},
+                "holdings": {"total": str(held), "addresses": addresses}, "disclaimer": DISCLAIMER}
+        c.execute(text(
+            "INSERT INTO reserve_report (id, asset, chain_height, block_hash, root_hash, liabilities, holdings, body, version) "
+            "VALUES (:id, :a, :h, :b, :r, :l, :s, CAST(:body AS jsonb), :v)"),
+            {"id": report_id, "a": i.asset, "h": i.block.height, "b": i.block.hash, "r": root, "l": tree.root.sum,
+             "s": held, "body": json.dumps(body), "v": VERSION})
+        leaves = tree.leaves
+        with c.connection.driver_connection.cursor().copy(  # COPY: millions of rows for a large asset
+                "COPY reserve_leaf (report_id, leaf_index, account_id, amount, nonce) FROM STDIN") as copy:
+            for j, (account, amount) in enumerate(zip(leaves.accounts, leaves.amounts)):
+                copy.write_row((report_id, j, account if account != PADDING_ACCOUNT else None, amount, leaves.nonce(j)))
+        nodes = list(tree.stored_nodes())
+        for lo in range(0, len(nodes), _INSERT_ROWS):
+            part = nodes[lo:lo + _INSERT_ROWS]
+            c.execute(text("INSERT INTO reserve_node (report_id, level, position, hash, sum) "
+                           "SELECT :r, unnest(CAST(:l AS int[])), unnest(CAST(:p AS int[])), unnest(CAST(:h AS bytea[])), "
+                           "unnest(CAST(:s AS numeric[]))"),
+                      {"r": report_id, "l": [n[0] for n in part], "p": [n[1] for n in part],
+                       "h": [n[2].hash for n in part], "s": [n[2].sum for n in part]})
         return body
 
+    # ---- a customer's proof ----------------------------------------------------------------
+
     def proof(self, report_id: int, account_id: int) -> dict:
-        """A customer's inclusion proof: their leaf (balance, salt) and the path to the root."""
+        """The inclusion proof of `account_id` in report `report_id`: each of its leaves (position,
+        amount, nonce) with the sibling (hash, sum) of every level up to the root. LookupError when
+        the report or the account in it is unknown, or the report is a v1 one (whose proofs showed
+        other customers' balances: no longer served)."""
         with self.engine.connect() as c:
-            rows = c.execute(text("SELECT leaf_index, account_id, balance, salt FROM reserve_leaf WHERE report_id = :r "
-                                  "ORDER BY leaf_index"), {"r": report_id}).all()
-        mine = next((r for r in rows if r.account_id == account_id), None)
-        if mine is None:
-            raise LookupError(f"account {account_id} is not in report {report_id}")
-        tree = MerkleSumTree([leaf(r.account_id, int(r.balance), bytes(r.salt)) for r in rows])
-        return {"report_id": report_id, "account_id": account_id, "balance": str(mine.balance), "salt": bytes(mine.salt).hex(),
-                "root": {"hash": tree.root.hash.hex(), "sum": str(tree.root.sum)},
-                "steps": [{"hash": s.sibling.hash.hex(), "sum": str(s.sibling.sum), "left": s.sibling_is_left}
-                          for s in tree.proof(mine.leaf_index)]}
+            report = c.execute(text("SELECT version, asset, root_hash, liabilities, body->'liabilities'->>'leaves' AS leaves "
+                                    "FROM reserve_report WHERE id = :r"), {"r": report_id}).first()
+            if report is None or report.version != VERSION:
+                raise LookupError(f"report {report_id} does not exist" if report is None else
+                                  f"report {report_id} is a version-1 report: its proofs are no longer served")
+            mine = c.execute(text(_LEAVES_OF_SQL), {"r": report_id, "a": account_id}).scalars().all()
+            if not mine:
+                raise LookupError(f"account {account_id} is not in report {report_id}")
+            count = int(report.leaves)
+            out = self._leaf_proofs(c, report_id, mine, count)
+        return {"version": VERSION, "report_id": report_id, "asset": report.asset, "account_id": account_id,
+                "balance": str(sum(int(x["amount"]) for x in out)), "leaf_count": count,
+                "root": {"hash": report.root_hash, "sum": str(int(report.liabilities))}, "leaves": out}
+
+    @staticmethod
+    def _leaf_proofs(c: Connection, report_id: int, indexes: Sequence[int], count: int) -> list[dict]:
+        """The proofs of leaves `indexes`: their chunks' leaves in one query, the stored nodes of
+        every path in another."""
+        bases = sorted({i - i % CHUNK for i in indexes})
+        rows = {r.leaf_index: r for r in c.execute(text(_CHUNKS_SQL), {"r": report_id, "lo": bases, "n": CHUNK})}
+        wanted = sorted({w for i in indexes for w in upper_positions(i, count)})
+        stored = {(r.level, r.position): Node(bytes(r.hash), int(r.sum)) for r in c.execute(
+            text(_NODES_SQL), {"r": report_id, "lv": [w[0] for w in wanted], "p": [w[1] for w in wanted]})}
+        out = []
+        for index in indexes:
+            base = index - index % CHUNK
+            chunk = [leaf(rows[j].account_id or PADDING_ACCOUNT, int(rows[j].amount), bytes(rows[j].nonce))
+                     for j in range(base, base + CHUNK)]
+            steps = prove(chunk, index, count, lambda level, position: stored[(level, position)])
+            out.append({"index": index, "amount": str(int(rows[index].amount)), "nonce": bytes(rows[index].nonce).hex(),
+                        "steps": [{"hash": s.sibling.hash.hex(), "sum": str(s.sibling.sum)} for s in steps]})
+        return out
 
 
-def verify_proof(proof: dict) -> bool:
-    """Check a customer's proof from its JSON alone (what a customer-side verifier does)."""
-    from custody.merkle_sum import verify
+def _journal_checkpoint(c: Connection) -> dict:
+    """The journal as of `c`'s snapshot: newest transaction id, count, and the digest over every
+    transaction's id and content hash in id order (module docstring)."""
+    digest, count, last = hashlib.sha256(), 0, 0
+    for tx_id, content_hash in c.execute(text(_JOURNAL_SQL).execution_options(yield_per=20_000)):
+        digest.update(f"{tx_id} {content_hash}\n".encode())
+        count, last = count + 1, tx_id
+    return {"last_transaction_id": last, "transactions": count, "journal_digest": digest.hexdigest()}
 
-    node = leaf(proof["account_id"], int(proof["balance"]), bytes.fromhex(proof["salt"]))
-    steps = [Step(Node(bytes.fromhex(s["hash"]), int(s["sum"])), s["left"]) for s in proof["steps"]]
-    return verify(node, steps, Node(bytes.fromhex(proof["root"]["hash"]), int(proof["root"]["sum"])))
+
+def _btc_holdings(coins: Sequence[wallet_index.IndexedOutput]) -> list[Holding]:
+    held: dict[str, int] = {}
+    paths: dict[str, tuple[str, int, int]] = {}
+    for u in coins:
+        held[u.address] = held.get(u.address, 0) + u.amount
+        paths[u.address] = (u.tier, u.change, u.derivation_index)
+    return [Holding(address, amount, *paths[address]) for address, amount in sorted(held.items())]
 
 
-def verify_control(entry: dict, network: str) -> bool:
-    """Check one signed holding: the signature is valid for the message and the key is the address's."""
-    from bip_utils import P2WPKHAddrEncoder
-    from coincurve import PublicKey
+# ---- the verifier (pure: what a customer runs) ----------------------------------------------
 
-    hrp = {"mainnet": "bc", "testnet": "tb", "regtest": "bcrt"}[network]
-    pub = bytes.fromhex(entry["public_key"])
-    if P2WPKHAddrEncoder.EncodeKey(pub, hrp=hrp) != entry["address"]:
-        return False
-    if f"address {entry['address']} " not in entry["message"]:
-        return False
-    return PublicKey(pub).verify(bytes.fromhex(entry["signature"]), hashlib.sha256(entry["message"].encode()).digest(),
-                                 hasher=None)
+
+def _int(value: Any, what: str, problems: list[str]) -> int:
+    if isinstance(value, str) and value.isdigit() and (value == "0" or not value.startswith("0")):
+        return int(value)
+    problems.append(f"{what} is not a non-negative integer of minor units: {value!r}")
+    return -1
+
+
+def check_report(report: dict) -> list[str]:
+    """Every problem with a report on its own: its version, its figures, and each address entry
+    (the statement rebuilt from the report's own fields must be the message, and the signature
+    must be the address's: BIP-322 simple or EIP-191). Empty: the report is consistent."""
+    problems: list[str] = []
+    try:
+        if report.get("version") != VERSION:
+            return [f"not a version-{VERSION} report"]
+        liabilities, holdings = report["liabilities"], report["holdings"]
+        root, chain = liabilities["root_hash"], report["chain"]
+        _int(liabilities["total"], "liabilities total", problems)
+        leaves = liabilities["leaves"]
+        if not isinstance(leaves, int) or leaves <= 0 or leaves % CHUNK:
+            problems.append(f"the leaf count {leaves!r} is not a positive multiple of {CHUNK}")
+        total, seen = 0, set()
+        for entry in holdings["addresses"]:
+            address = entry["address"]
+            amount = _int(entry["amount"], f"the amount of {address}", problems)
+            total += max(amount, 0)
+            if address.lower() in seen:
+                problems.append(f"{address} is listed twice")
+            seen.add(address.lower())
+            expected = ReservesStatement(report["report_id"], report["asset"], chain, report["height"], report["block_hash"],
+                                         address, amount, root).message()
+            if entry["message"] != expected:
+                problems.append(f"the statement of {address} is not this report's ({entry['message']!r})")
+            elif not _signed(chain, report.get("network", ""), address, entry["message"], entry["signature"]):
+                problems.append(f"the signature of {address} does not verify ({FORMATS.get(chain, chain)})")
+        if _int(holdings["total"], "holdings total", problems) != total:
+            problems.append(f"the holdings total {holdings['total']} is not the sum of the addresses' amounts ({total})")
+    except (KeyError, TypeError, AttributeError) as exc:
+        problems.append(f"the report is malformed: {type(exc).__name__} {exc}")
+    return problems
+
+
+def _signed(chain: str, network: str, address: str, message: str, signature: str) -> bool:
+    if chain == "bitcoin":
+        hrp = bip322.HRPS.get(network)
+        return hrp is not None and address.lower().startswith(hrp + "1") and bip322.verify_simple(address, message, signature)
+    if chain == "ethereum":
+        return eip191.verify_personal(address, message, signature)
+    return False
+
+
+def check_proof(report: dict, proof: dict) -> list[str]:
+    """Every problem with a customer's proof against the report it names: the same report and
+    root, distinct leaf positions inside the tree, each leaf (the customer's account id, its
+    amount and nonce) linked to the root by its steps (the left/right order follows from the
+    position, never from the proof), no negative sum, and the leaves summing to the balance."""
+    problems: list[str] = []
+    try:
+        if proof.get("version") != VERSION or report.get("version") != VERSION:
+            return [f"not a version-{VERSION} proof and report"]
+        if (proof["report_id"], proof["asset"]) != (report["report_id"], report["asset"]):
+            problems.append(f"the proof is for report {proof['report_id']} ({proof['asset']}), "
+                            f"not {report['report_id']} ({report['asset']})")
+        liabilities = report["liabilities"]
+        root = Node(bytes.fromhex(liabilities["root_hash"]), _int(liabilities["total"], "liabilities total", problems))
+        if (proof["root"]["hash"], proof["root"]["sum"]) != (liabilities["root_hash"], liabilities["total"]):
+            problems.append("the proof's root is not the report's")
+        count, account = liabilities["leaves"], proof["account_id"]
+        if proof["leaf_count"] != count:
+            problems.append(f"the proof counts {proof['leaf_count']} leaves, the report {count}")
+        if not isinstance(account, int) or isinstance(account, bool) or not 0 < account < 2**63:
+            return [*problems, f"the account id {account!r} is not one"]
+        indexes = [x["index"] for x in proof["leaves"]]
+        if not indexes or len(set(indexes)) != len(indexes):
+            problems.append("the proof has no leaf, or one leaf twice")
+        balance = 0
+        for x in proof["leaves"]:
+            index, amount = x["index"], _int(x["amount"], f"leaf {x['index']}'s amount", problems)
+            nonce = bytes.fromhex(x["nonce"])
+            if not isinstance(index, int) or not 0 <= index < count or len(nonce) != NONCE_BYTES or amount < 0:
+                problems.append(f"leaf {index!r} is outside the tree or malformed")
+                continue
+            balance += amount
+            sums = [_int(s["sum"], f"a sibling sum of leaf {index}", problems) for s in x["steps"]]
+            steps = [Step(Node(bytes.fromhex(s["hash"]), v), bool((index >> level) & 1))
+                     for level, (s, v) in enumerate(zip(x["steps"], sums))]
+            if len(steps) != CHUNK_LEVELS + len(upper_positions(index, count)) or not verify(leaf(account, amount, nonce), steps, root):
+                problems.append(f"leaf {index} ({amount} of account {account}) does not link to the report's root")
+        if _int(proof["balance"], "the balance", problems) != balance:
+            problems.append(f"the leaves sum to {balance}, not the balance {proof['balance']}")
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        problems.append(f"the proof is malformed: {type(exc).__name__} {exc}")
+    return problems
+
+
+def verify_report(report: dict, proof: dict | None = None) -> bool:
+    return not check_report(report) and (proof is None or not check_proof(report, proof))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m custody.reserves verify REPORT [PROOF]`: check a report (JSON file, as
+    `POST /v1/reserves/reports` answers one asset's) and, given one, a proof (as
+    `GET /v1/reserves/reports/{id}/proof` answers it). Prints what holds or every problem;
+    exit status 0 when all holds, 1 when anything does not, 2 on a usage error."""
+    parser = argparse.ArgumentParser(prog="python -m custody.reserves", description=main.__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    verify_cmd = commands.add_parser("verify", help="check a report and, optionally, your inclusion proof")
+    verify_cmd.add_argument("report")
+    verify_cmd.add_argument("proof", nargs="?")
+    args = parser.parse_args(argv)
+    with open(args.report, encoding="utf-8") as f:
+        report = json.load(f)
+    problems = check_report(report)
+    proof = None
+    if args.proof:
+        with open(args.proof, encoding="utf-8") as f:
+            proof = json.load(f)
+        problems += check_proof(report, proof)
+    for problem in problems:
+        print(f"FAIL {problem}")
+    if problems:
+        return 1
+    print(f"OK report {report['report_id']} ({report['asset']} on {report['chain']} at block {report['height']} "
+          f"{report['block_hash']}): liabilities {report['liabilities']['total']} in {report['liabilities']['leaves']} leaves, "
+          f"holdings {report['holdings']['total']} at {len(report['holdings']['addresses'])} addresses, every signature valid")
+    if proof is not None:
+        print(f"OK account {proof['account_id']}: balance {proof['balance']} in {len(proof['leaves'])} leaves, "
+              "each linked to the root")
+    print("Not checked here: that the amounts are on chain at that block (ask your own node), and solvency.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -22,6 +22,7 @@
 | `WEBHOOK_ROTATION_GRACE_SECONDS` | `86400` | default time the old secret keeps signing beside the new one after a rotation |
 | `NODE_VIEW_WARN_AFTER_SECONDS` | `300` | reconciliation passes without the node's own view of bitcoin (custody.node_view) for this long open a `node_view_blind` warning incident |
 | `NODE_VIEW_CRITICAL_AFTER_SECONDS` | `1800` | ... and for this long a critical one, which engages the kill switch |
+| `RESERVES_LEAVES_PER_ACCOUNT` | `4` | leaves each customer balance is split into in a proof-of-reserves tree (2 to 16; custody.merkle_sum): more leaves hide balances better and make the tree and each proof larger |
 | `READINESS_TIMEOUT_SECONDS` | `3` | the longest `/health/ready` waits for its checks (database, each chain node, the signer, the broker; they run at once); a check without an answer by then fails with `TimeoutError` (above the broker probe's own 2 s, so its own reason shows) |
 | `CONSOLE_RP_ID` | `localhost` | the WebAuthn relying party id of the operator console: its host name (credentials are scoped to it) |
 | `CONSOLE_ORIGIN` | `http://localhost:8000` | the console's origin exactly as the browser sends it (scheme, host, port); sign-in and enrolment from any other origin are refused, and the session cookie is `Secure` when it is https |
@@ -69,6 +70,7 @@ class Settings(BaseSettings):
     webhook_allow_private_hosts: str = ""
     node_view_warn_after_seconds: float = Field(default=300.0, ge=0, le=7 * 86400)
     node_view_critical_after_seconds: float = Field(default=1800.0, ge=0, le=7 * 86400)
+    reserves_leaves_per_account: int = Field(default=4, ge=2, le=16)
     readiness_timeout_seconds: float = Field(default=3.0, gt=0, le=60)
     console_rp_id: str = Field(default="localhost", min_length=1, max_length=253)
     console_origin: str = Field(default="http://localhost:8000", pattern=r"^https?://[^/\s]+$")

@@ -15,12 +15,13 @@
 - `entries_match_accounts`: each entry names an existing account and journal transaction (and
   hold, for a capture), and carries its account's asset.
 - `limits_respected` and `totals_zero` work on the sum over an account's shards.
+`verify_in(conn)` runs the same checks in a snapshot the caller holds.
 `assert_verified(engine)` raises LedgerError(verification_failed) listing the failed checks.
 Reads run in one REPEATABLE READ snapshot so concurrent postings cannot produce false alarms.
 """
 from __future__ import annotations
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, Engine, text
 
 from ledger.errors import ErrorCode, LedgerError
 from ledger.model import Check
@@ -99,14 +100,20 @@ _CHECKS: list[tuple[str, str]] = [
 
 def verify(engine: Engine) -> list[Check]:
     """Run every check in one consistent snapshot; return them all (failures carry up to 20 rows)."""
-    results = []
     with engine.connect().execution_options(isolation_level="REPEATABLE READ") as conn:
         with conn.begin():
             conn.execute(text("SET TRANSACTION READ ONLY"))
-            for name, sql in _CHECKS:
-                rows = conn.execute(text(f"SELECT * FROM ({sql}) bad LIMIT 20")).all()
-                problems = [tuple(r) for r in rows]
-                results.append(Check(name, not problems, f"{len(problems)} problem(s)" if problems else "", problems))
+            return verify_in(conn)
+
+
+def verify_in(conn: Connection) -> list[Check]:
+    """The checks on `conn`'s snapshot: the caller opened it (REPEATABLE READ) to read figures the
+    checks then vouch for in the same snapshot (custody.reserves reads liabilities so)."""
+    results = []
+    for name, sql in _CHECKS:
+        rows = conn.execute(text(f"SELECT * FROM ({sql}) bad LIMIT 20")).all()
+        problems = [tuple(r) for r in rows]
+        results.append(Check(name, not problems, f"{len(problems)} problem(s)" if problems else "", problems))
     return results
 
 

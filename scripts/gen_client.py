@@ -125,7 +125,7 @@ AMOUNT_FIELDS = {"amount", "qty", "price", "stop_price", "budget", "display_qty"
                  "from_amount", "to_amount"}
 # Strings that are integer minor units although their name does not end in _minor (Minor).
 MINOR_FIELDS = {("ReserveProofOut", "balance"), ("ReserveHoldingsOut", "total"), ("ReserveLiabilitiesOut", "total"),
-                ("ReserveAddressOut", "amount"), ("ProofNodeOut", "sum"), ("ProofStepOut", "sum")}
+                ("ReserveAddressOut", "amount"), ("ProofNodeOut", "sum"), ("ProofLeafOut", "amount")}
 
 
 def load_document() -> dict:

@@ -33,7 +33,7 @@ from typing import Any, Sequence
 from signer.bitcoin_tx import SignedTx
 from signer.errors import SignerError, SignerErrorCode
 from signer.ethereum_tx import SignedEthTx
-from signer.protocol import BatchOutput, BtcCoin
+from signer.protocol import BatchOutput, BtcCoin, ReservesSignature
 from signer.wire import (AUTH_KEY_MIN_BYTES, CLIENT_NAME, MAX_LINE, METHODS, Malformed, SignerInfo, SignerUnavailable,
                          WireError, WireErrorCode, Xpubs, check_answer, decode_refused, encode_line, new_request,
                          parse_endpoint, parse_line, read_auth_key)
@@ -90,8 +90,8 @@ class SignerClient:
         return self._call("sign_bitcoin_rebalance", rebalance_id=rebalance_id, coins=coins, destination=destination,
                           amount=amount, change=change)
 
-    def sign_reserves_message(self, tier: str, change: int, index: int, message: str) -> tuple[bytes, bytes]:
-        return self._call("sign_reserves_message", tier=tier, change=change, index=index, message=message)
+    def sign_reserves_message(self, chain: str, tier: str, change: int, index: int, message: str) -> ReservesSignature:
+        return self._call("sign_reserves_message", chain=chain, tier=tier, change=change, index=index, message=message)
 
     def sign_ethereum_payment(self, batch_id: int, output: BatchOutput, *, hot_index: int, chain_id: int, nonce: int,
                               to: str, value: int, data: bytes, gas: int, max_fee_wei: int, priority_fee_wei: int,

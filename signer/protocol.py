@@ -9,6 +9,7 @@ whether it runs in this process (`signer.service.Signer`, in tests) or behind it
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
@@ -16,6 +17,53 @@ from signer.bitcoin_tx import SignedTx
 from signer.ethereum_tx import SignedEthTx
 
 RESERVES_PREFIX = "custody proof of reserves:"  # the only messages the signer signs that are not transactions
+_STATEMENT = re.compile(
+    r"custody proof of reserves: report (?P<report_id>[1-9][0-9]{0,17}) asset (?P<asset>[A-Z][A-Z0-9]{0,15}) "
+    r"chain (?P<chain>bitcoin|ethereum) block (?P<height>0|[1-9][0-9]{0,17}) (?P<block_hash>(?:0x)?[0-9a-f]{64}) "
+    r"address (?P<address>(?:bc|tb|bcrt)1q[02-9ac-hj-np-z]{38}|0x[0-9a-fA-F]{40}) amount (?P<amount>0|[1-9][0-9]{0,77}) "
+    r"liabilities (?P<liabilities_root>[0-9a-f]{64})")
+
+
+@dataclass(frozen=True)
+class ReservesStatement:
+    """What one proof-of-reserves signature says: in report `report_id` of `asset`, at block
+    `height`/`block_hash` of `chain`, `address` (ours) holds `amount` minor units, against the
+    liabilities tree whose root hash is `liabilities_root`. `message()` is the exact text signed
+    (BIP-322 for bitcoin, EIP-191 personal_sign for ethereum); `parse()` accepts exactly that text
+    and nothing else (None), which is all the signer will sign besides transactions."""
+
+    report_id: int
+    asset: str
+    chain: str
+    height: int
+    block_hash: str
+    address: str
+    amount: int
+    liabilities_root: str
+
+    def message(self) -> str:
+        return (f"{RESERVES_PREFIX} report {self.report_id} asset {self.asset} chain {self.chain} "
+                f"block {self.height} {self.block_hash} address {self.address} amount {self.amount} "
+                f"liabilities {self.liabilities_root}")
+
+    @classmethod
+    def parse(cls, message: str) -> ReservesStatement | None:
+        m = _STATEMENT.fullmatch(message) if isinstance(message, str) else None
+        if m is None:
+            return None
+        f = m.groupdict()
+        statement = cls(int(f["report_id"]), f["asset"], f["chain"], int(f["height"]), f["block_hash"], f["address"],
+                        int(f["amount"]), f["liabilities_root"])
+        return statement if statement.message() == message else None
+
+
+@dataclass(frozen=True)
+class ReservesSignature:
+    """The signer's answer: the address it signed for (derived from its own key) and the signature:
+    BIP-322 simple ("smp" + base64) for bitcoin, EIP-191 personal_sign (0x + 65 bytes hex) for ethereum."""
+
+    address: str
+    signature: str
 
 
 class RefusalCode(str, enum.Enum):
@@ -46,6 +94,7 @@ class RefusalCode(str, enum.Enum):
     destination_not_cold = "destination_not_cold"
     sweep_not_open = "sweep_not_open"
     nonce_gap = "nonce_gap"
+    statement_invalid = "statement_invalid"
 
 
 class SigningRefused(Exception):
@@ -100,7 +149,7 @@ class SignerPort(Protocol):
     def sign_bitcoin_rebalance(self, rebalance_id: int, coins: Sequence[BtcCoin], destination: str, amount: int,
                                change: tuple[str, int] | None) -> SignedTx: ...
 
-    def sign_reserves_message(self, tier: str, change: int, index: int, message: str) -> tuple[bytes, bytes]: ...
+    def sign_reserves_message(self, chain: str, tier: str, change: int, index: int, message: str) -> ReservesSignature: ...
 
     def sign_ethereum_gas_funding(self, sweep_id: int, *, deposit_index: int, chain_id: int, nonce: int, value: int,
                                   gas: int, max_fee_wei: int, priority_fee_wei: int) -> SignedEthTx: ...

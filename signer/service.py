@@ -102,6 +102,7 @@ of the batch and signs the rest (custody.payouts `drop_refused`). The others nam
 | destination_not_cold | a rebalance pays an address that is not derived at its index from the cold wallet public key the signer is configured with (`cold_xpubs`; none configured: every rebalance is refused) |
 | sweep_not_open | an ethereum sweep (or the sweep a gas funding is for) is unknown, not `open`, or its row names another deposit index, address, asset, amount or nonce than the request; a gas funding for a sweep of ether (only token sweeps are funded) |
 | nonce_gap | an ethereum sweep's deposit-address nonce is not the one after the last the signer itself signed from that address (0 for the first): a gap would block every later sweep of it, and a nonce already used would make two sweeps of which one cannot be mined |
+| statement_invalid | `sign_reserves_message` was given anything but a proof-of-reserves statement of the fixed grammar (signer.protocol.ReservesStatement) for the chain asked, naming the address of the very key asked for |
 
 Sweeps and rebalances (firm-internal moves) are checked instead against their own reservations:
 the kill switch, the coins reserved for that row, a destination that is ours (the hot receive
@@ -139,8 +140,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping, Sequence
 
+from bip_utils import P2WPKHAddrEncoder
+from coincurve import PrivateKey
 from sqlalchemy import Connection, Engine, text
 
+from signer import bip322, eip191
 from signer.approvals import (ApprovalInvalid, ApproverKey, ApproverRegistry, QuorumTable, approval_payload, operator_identity,
                               parse_payload, unprintable_fields, verify_approval)
 from signer.assets import DEFAULT_ASSETS, SignerAsset, UnapprovedLimit
@@ -148,7 +152,7 @@ from signer.bitcoin_tx import PayOutput, SignedTx, SpendInput, address_to_script
 from signer.errors import SignerError
 from signer.ethereum_tx import SignedEthTx, erc20_transfer_data, sign_eip1559
 from signer.keys import SignerKeys
-from signer.protocol import RESERVES_PREFIX, BatchOutput, BtcCoin, RefusalCode, SigningRefused
+from signer.protocol import BatchOutput, BtcCoin, RefusalCode, ReservesSignature, ReservesStatement, SigningRefused
 from signer.own_addresses import (CHANGE_WINDOW, DEPOSIT_WINDOW, RECEIVE_WINDOW, bitcoin_change_scripts, bitcoin_own_scripts,
                                   ethereum_own_addresses, pays_own_address)
 
@@ -560,21 +564,29 @@ class Signer:
 
     # ---- proof of reserves ----------------------------------------------------------------
 
-    RESERVES_PREFIX = RESERVES_PREFIX
-
-    def sign_reserves_message(self, tier: str, change: int, index: int, message: str) -> tuple[bytes, bytes]:
-        """Sign a proof-of-reserves statement with a bitcoin key: (compressed public key, DER
-        signature over SHA-256 of the UTF-8 message). Only messages starting with RESERVES_PREFIX
-        are signed, so this can never be made to sign a transaction digest."""
-        import hashlib
-
-        from coincurve import PrivateKey
-
-        if not message.startswith(self.RESERVES_PREFIX):
-            raise SigningRefused(RefusalCode.output_mismatch, "only proof-of-reserves statements are signed here")
-        key = PrivateKey(self._keys.private_key_for("bitcoin", tier, change, index))
-        digest = hashlib.sha256(message.encode()).digest()
-        return key.public_key.format(compressed=True), key.sign(digest, hasher=None)
+    def sign_reserves_message(self, chain: str, tier: str, change: int, index: int, message: str) -> ReservesSignature:
+        """Sign one proof-of-reserves statement with the key at (chain, tier, change, index): a
+        BIP-322 simple signature (bitcoin, P2WPKH) or an EIP-191 personal_sign signature (ethereum).
+        Refused (`statement_invalid`) unless `message` is exactly a `ReservesStatement` (fixed
+        prefix and grammar, signer.protocol) for `chain` naming the address the signer itself
+        derives for that key: it cannot be made to sign a transaction, an approval, or a statement
+        about an address it does not hold. Neither format can authorise a payment (BIP-322 signs a
+        transaction spending an output that cannot exist; EIP-191 a prefixed digest). Cold keys are
+        not held (`tier_watch_only`). Nothing is read from the database."""
+        statement = ReservesStatement.parse(message)
+        if statement is None or statement.chain != chain:
+            raise SigningRefused(RefusalCode.statement_invalid, "only proof-of-reserves statements of the fixed format are signed")
+        key = self._keys.private_key_for(chain, tier, change, index)
+        if chain == "bitcoin":
+            hrp = bip322.HRPS[self.bitcoin_network]
+            address = P2WPKHAddrEncoder.EncodeKey(PrivateKey(key).public_key.format(compressed=True), hrp=hrp)
+            if statement.address != address:
+                raise SigningRefused(RefusalCode.statement_invalid, f"the statement names {statement.address}, not this key's {address}")
+            return ReservesSignature(address, bip322.sign_simple(key, address, message))
+        address = _eth_address(key)
+        if statement.address.lower() != address.lower():
+            raise SigningRefused(RefusalCode.statement_invalid, f"the statement names {statement.address}, not this key's {address}")
+        return ReservesSignature(address, eip191.sign_personal(key, message))
 
     # ---- ethereum -------------------------------------------------------------------------
 

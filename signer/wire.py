@@ -52,7 +52,7 @@ Methods (and nothing else):
 | sign_bitcoin_replacement | batch_id, replaces_txid, coins, outputs, change | signed bitcoin tx |
 | sign_bitcoin_sweep | sweep_id, coins, destination, fee | signed bitcoin tx |
 | sign_bitcoin_rebalance | rebalance_id, coins, destination, amount, change | signed bitcoin tx |
-| sign_reserves_message | tier, change, index, message | {public_key, signature} |
+| sign_reserves_message | chain, tier, change, index, message | {address, signature} (BIP-322 simple or EIP-191; message: a signer.protocol.ReservesStatement) |
 | sign_ethereum_payment | batch_id, output, hot_index, chain_id, nonce, to, value, data, gas, max_fee_wei, priority_fee_wei, replaces_txid | signed ethereum tx {raw, txid, sender, nonce} |
 | sign_ethereum_gas_funding | sweep_id, deposit_index, chain_id, nonce, value, gas, max_fee_wei, priority_fee_wei | signed ethereum tx |
 | sign_ethereum_sweep | sweep_id, deposit_index, asset, amount, chain_id, nonce, gas, max_fee_wei, priority_fee_wei | signed ethereum tx |
@@ -96,7 +96,7 @@ from typing import Any, Callable, Generic, Iterable, Mapping, TypeVar
 from chain_adapters.errors import NodeUnavailable
 from signer.bitcoin_tx import SignedTx
 from signer.ethereum_tx import SignedEthTx
-from signer.protocol import BatchOutput, BtcCoin, RefusalCode, SigningRefused
+from signer.protocol import BatchOutput, BtcCoin, RefusalCode, ReservesSignature, SigningRefused
 
 T = TypeVar("T")
 
@@ -532,9 +532,7 @@ OUTPUT = record(BatchOutput, withdrawal_id=INT, address=STR, amount=INT, script=
 CHANGE: Codec[tuple[str, int] | None] = optional(Codec(lambda p: [_enc_str(p[0]), _enc_int(p[1])], _pair_dec))
 SIGNED_TX = record(SignedTx, raw=HEX, txid=STR, vsize=INT, fee=INT, change_vout=optional(INT), weight=INT)
 SIGNED_ETH_TX = record(SignedEthTx, raw=HEX, txid=STR, sender=STR, nonce=INT)
-RESERVES_SIGNATURE: Codec[tuple[bytes, bytes]] = Codec(
-    lambda t: {"public_key": bytes(t[0]).hex(), "signature": bytes(t[1]).hex()},
-    lambda v, where: tuple(_decode_object(v, where, {"public_key": HEX, "signature": HEX}).values()))  # type: ignore[arg-type]
+RESERVES_SIGNATURE = record(ReservesSignature, address=STR, signature=STR)
 
 
 @dataclass(frozen=True)
@@ -599,7 +597,8 @@ METHODS: dict[str, Method] = {
     "sign_bitcoin_sweep": Method({"sweep_id": INT, "coins": list_of(COIN), "destination": STR, "fee": INT}, SIGNED_TX),
     "sign_bitcoin_rebalance": Method({"rebalance_id": INT, "coins": list_of(COIN), "destination": STR, "amount": INT,
                                       "change": CHANGE}, SIGNED_TX),
-    "sign_reserves_message": Method({"tier": STR, "change": INT, "index": INT, "message": STR}, RESERVES_SIGNATURE),
+    "sign_reserves_message": Method({"chain": STR, "tier": STR, "change": INT, "index": INT, "message": STR},
+                                    RESERVES_SIGNATURE),
     "sign_ethereum_payment": Method({"batch_id": INT, "output": OUTPUT, "hot_index": INT, "chain_id": INT, "nonce": INT,
                                      "to": STR, "value": INT, "data": HEX, "gas": INT, "max_fee_wei": INT,
                                      "priority_fee_wei": INT, "replaces_txid": optional(STR)}, SIGNED_ETH_TX),

@@ -105,17 +105,26 @@ class KillSwitchOut(BaseModel):
 
 class ReserveAddressOut(BaseModel):
     address: str
-    amount: str = Field(description="minor units (satoshi), as signed in `message`")
-    message: str
-    public_key: str
-    signature: str
+    amount: str = Field(description="minor units held at the report's block, as stated in `message`")
+    message: str = Field(description="the statement signed (signer.protocol.ReservesStatement)")
+    signature: str = Field(description="BIP-322 simple (`smp` + base64, bitcoin) or EIP-191 personal_sign (0x + 65 bytes hex, ethereum)")
+    format: str = Field(description="`bip322-simple` or `eip191-personal-sign`")
     amounts: dict[str, Money]
+
+
+class ReserveLedgerOut(BaseModel):
+    last_transaction_id: int
+    transactions: int
+    journal_digest: str = Field(description="SHA-256 over '<id> <content_hash>\\n' of every journal transaction in id order")
+    checks_passed: list[str]
 
 
 class ReserveLiabilitiesOut(BaseModel):
     root_hash: str
     total: str = Field(description="minor units")
     accounts: int
+    leaves: int
+    leaves_per_account: int
     amounts: dict[str, Money]
 
 
@@ -126,13 +135,22 @@ class ReserveHoldingsOut(BaseModel):
 
 
 class ReserveReportOut(BaseModel):
+    version: int
     report_id: int
     asset: str
+    chain: str
+    network: str
+    contract: str | None
     height: int
     block_hash: str
+    ledger: ReserveLedgerOut
     liabilities: ReserveLiabilitiesOut
     holdings: ReserveHoldingsOut
     disclaimer: str
+
+
+class ReserveReportsOut(BaseModel):
+    reports: list[ReserveReportOut] = Field(description="one per asset, all from one ledger snapshot")
 
 
 class ProofNodeOut(BaseModel):
@@ -140,17 +158,22 @@ class ProofNodeOut(BaseModel):
     sum: str
 
 
-class ProofStepOut(ProofNodeOut):
-    left: bool
+class ProofLeafOut(BaseModel):
+    index: int
+    amount: str = Field(description="minor units: this leaf's piece of the balance")
+    nonce: str
+    steps: list[ProofNodeOut] = Field(description="the sibling of each level, leaf upwards (its side follows from `index`)")
 
 
 class ReserveProofOut(BaseModel):
+    version: int
     report_id: int
+    asset: str
     account_id: int
-    balance: str = Field(description="minor units, as committed in the tree")
-    salt: str
+    balance: str = Field(description="minor units: the sum of the account's leaves")
+    leaf_count: int
     root: ProofNodeOut
-    steps: list[ProofStepOut]
+    leaves: list[ProofLeafOut]
     amounts: dict[str, Money] = Field(description="`balance` as {value, minor}")
 
 
@@ -311,14 +334,15 @@ def _report_out(c, report: dict) -> ReserveReportOut:
     })
 
 
-@router.post("/reserves/reports", status_code=201, response_model=ReserveReportOut,
-             responses=responses("no_customer_accounts", "reserves_index_behind", "signer_refused", "node_unavailable", "wrong_network",
-                                 *NO_CHAINS))
-def publish_reserves(c: ContainerDep, _: Operator) -> ReserveReportOut:
-    """Publish a proof-of-reserves report for BTC at the current tip (not a proof of solvency)."""
+@router.post("/reserves/reports", status_code=201, response_model=ReserveReportsOut,
+             responses=responses("no_customer_accounts", "reserves_ledger_unverified", "reserves_index_behind", "signer_refused",
+                                 "node_unavailable", "wrong_network", *NO_CHAINS))
+def publish_reserves(c: ContainerDep, _: Operator) -> ReserveReportsOut:
+    """Publish proof-of-reserves reports, one per asset with customer accounts (BTC, ETH, each
+    token), from one verified ledger snapshot, at each chain scanner's block (not a proof of solvency)."""
     if c.reserves is None:
         raise ApiError(503, "chains_not_configured", "no bitcoin adapter and signer are configured on this service")
-    return _report_out(c, c.reserves.publish("BTC"))
+    return ReserveReportsOut(reports=[_report_out(c, r) for r in c.reserves.publish()])
 
 
 @router.get("/reserves/reports/{report_id}/proof", response_model=ReserveProofOut,
@@ -331,7 +355,7 @@ def reserves_proof(report_id: IdPath, account_id: IdQuery, c: ContainerDep, _: R
         proof = c.reserves.proof(report_id, account_id)
     except LookupError as exc:
         raise ApiError(404, "not_found", str(exc)) from None
-    return ReserveProofOut(**proof, amounts=_money(c, "BTC", {"balance": proof["balance"]}))
+    return ReserveProofOut(**proof, amounts=_money(c, proof["asset"], {"balance": proof["balance"]}))
 
 
 @router.get("/kill-switch", response_model=KillSwitchOut)

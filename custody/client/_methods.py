@@ -53,7 +53,7 @@ _READY: TypeAdapter[Any] = TypeAdapter(Ready)
 _REBALANCEOUT: TypeAdapter[Any] = TypeAdapter(RebalanceOut)
 _REPLAYEDOUT: TypeAdapter[Any] = TypeAdapter(ReplayedOut)
 _RESERVEPROOFOUT: TypeAdapter[Any] = TypeAdapter(ReserveProofOut)
-_RESERVEREPORTOUT: TypeAdapter[Any] = TypeAdapter(ReserveReportOut)
+_RESERVEREPORTSOUT: TypeAdapter[Any] = TypeAdapter(ReserveReportsOut)
 _RETRIEDOUT: TypeAdapter[Any] = TypeAdapter(RetriedOut)
 _ROTATEDOUT: TypeAdapter[Any] = TypeAdapter(RotatedOut)
 _STATEMENTOUT: TypeAdapter[Any] = TypeAdapter(StatementOut)
@@ -204,9 +204,9 @@ class SyncMethods:
         'POST /v1/reconciliation: Reconcile'
         return self._call('POST', '/v1/reconciliation', params=None, body=None, answer=_LIST_RECONCILIATIONLINEOUT)
 
-    def publish_reserve_report(self) -> ReserveReportOut:
+    def publish_reserve_report(self) -> ReserveReportsOut:
         'POST /v1/reserves/reports: Publish Reserves'
-        return self._call('POST', '/v1/reserves/reports', params=None, body=None, answer=_RESERVEREPORTOUT)
+        return self._call('POST', '/v1/reserves/reports', params=None, body=None, answer=_RESERVEREPORTSOUT)
 
     def get_reserve_proof(self, report_id: int, /, *, account_id: int) -> ReserveProofOut:
         'GET /v1/reserves/reports/{report_id}/proof: Reserves Proof'
@@ -612,9 +612,9 @@ class AsyncMethods:
         'POST /v1/reconciliation: Reconcile'
         return await self._call('POST', '/v1/reconciliation', params=None, body=None, answer=_LIST_RECONCILIATIONLINEOUT)
 
-    async def publish_reserve_report(self) -> ReserveReportOut:
+    async def publish_reserve_report(self) -> ReserveReportsOut:
         'POST /v1/reserves/reports: Publish Reserves'
-        return await self._call('POST', '/v1/reserves/reports', params=None, body=None, answer=_RESERVEREPORTOUT)
+        return await self._call('POST', '/v1/reserves/reports', params=None, body=None, answer=_RESERVEREPORTSOUT)
 
     async def get_reserve_proof(self, report_id: int, /, *, account_id: int) -> ReserveProofOut:
         'GET /v1/reserves/reports/{report_id}/proof: Reserves Proof'

@@ -693,19 +693,20 @@ class PriceOut(BaseModel):
     updated_at: datetime
 
 
+class ProofLeafOut(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    index: int
+    amount: Minor
+    nonce: str
+    steps: list[ProofNodeOut]
+
+
 class ProofNodeOut(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     hash: str
     sum: Minor
-
-
-class ProofStepOut(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    hash: str
-    sum: Minor
-    left: bool
 
 
 class QuoteIn(BaseModel):
@@ -825,8 +826,8 @@ class ReserveAddressOut(BaseModel):
     address: str
     amount: Minor
     message: str
-    public_key: str
     signature: str
+    format: str
     amounts: dict[str, Money]
 
 
@@ -838,37 +839,61 @@ class ReserveHoldingsOut(BaseModel):
     amounts: dict[str, Money]
 
 
+class ReserveLedgerOut(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    last_transaction_id: int
+    transactions: int
+    journal_digest: str
+    checks_passed: list[str]
+
+
 class ReserveLiabilitiesOut(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     root_hash: str
     total: Minor
     accounts: int
+    leaves: int
+    leaves_per_account: int
     amounts: dict[str, Money]
 
 
 class ReserveProofOut(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
+    version: int
     report_id: int
+    asset: str
     account_id: int
     balance: Minor
-    salt: str
+    leaf_count: int
     root: ProofNodeOut
-    steps: list[ProofStepOut]
+    leaves: list[ProofLeafOut]
     amounts: dict[str, Money]
 
 
 class ReserveReportOut(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
+    version: int
     report_id: int
     asset: str
+    chain: str
+    network: str
+    contract: str | None
     height: int
     block_hash: str
+    ledger: ReserveLedgerOut
     liabilities: ReserveLiabilitiesOut
     holdings: ReserveHoldingsOut
     disclaimer: str
+
+
+class ReserveReportsOut(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    reports: list[ReserveReportOut]
 
 
 class ResolveIn(BaseModel):

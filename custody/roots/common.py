@@ -112,7 +112,7 @@ class CustodyServices:
     wallet_check: WalletCheck  # whether the signer holds [wallets]' keys (the worker gates its jobs on it)
     sweeps: Sweeps | None  # bitcoin only
     rebalances: Rebalances | None  # bitcoin only
-    reserves: Reserves | None  # bitcoin only
+    reserves: Reserves | None  # with bitcoin configured (then also every ethereum asset)
     node_view: NodeView | None = None  # bitcoin only: the node's watch-only wallet (custody.node_view)
     eth_sweeps: EthSweeps | None = None  # ethereum only: deposits -> hot address, with gas funding (custody.eth_sweeps)
     webhooks: Webhooks | None = None  # webhook endpoints (api) and their delivery job (worker)
@@ -476,7 +476,7 @@ def _build(config: DeploymentConfig, process: Process, adapters: Mapping[str, Ch
         sweeps = Sweeps(engine, ledger, wallets, adapters["bitcoin"], signer, hot_address=hot, network=btc_network)
         rebalances = Rebalances(engine, ledger, wallets, adapters["bitcoin"], signer, hot_address=hot,
                                 config=RebalanceConfig(bitcoin_network=btc_network))
-        reserves = Reserves(engine, adapters["bitcoin"], signer, network=btc_network)
+        reserves = Reserves(engine, adapters, signer, network=btc_network, parts=settings.reserves_leaves_per_account)
         node_view = NodeView(engine, adapters["bitcoin"], network=btc_network,  # type: ignore[arg-type] - gated
                              lookahead=config.bitcoin.node_view_lookahead if config.bitcoin else 1000)
     # The worker's passes first record the hot wallet's new coins (and book funding); the api's

@@ -70,7 +70,8 @@ def _service(engine):
     container = Container(settings=config, engine=engine, ledger=Ledger(engine)).with_chains({})
     for tier in ("deposit", "hot"):
         container.wallets.register_wallet("bitcoin", tier, "regtest", KEYS.account_xpub("bitcoin", tier))
-    container.reserves = Reserves(engine, TipOnly(), Signer(engine, KEYS, bitcoin_network="regtest"), network="regtest")
+    container.reserves = Reserves(engine, {"bitcoin": TipOnly()}, Signer(engine, KEYS, bitcoin_network="regtest"),
+                                  network="regtest")
     keys = {role: create_api_key(engine, f"bad-{role.value}", role, config.api_key_pepper) for role in Role}
     yield TestClient(create_app(container), raise_server_exceptions=False), keys, container
     container.ledger.assert_verified()

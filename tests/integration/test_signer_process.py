@@ -32,13 +32,15 @@ import tomli_w
 from sqlalchemy import text
 
 from chain_adapters.errors import NodeUnavailable
+from custody.addresses import derive_btc_address
 from custody.controls import kill_switch
 from custody.policy_config import default_policy
 from regtest.util import assert_equal, assert_raises_code, free_port
 from signer.client import SignerClient
 from signer.config import DEPLOYED_CLIENTS, quorum_entries
 from signer.keys import Chain, Secret, SignerKeys, Tier, seed_from_text
-from signer.protocol import RESERVES_PREFIX, BatchOutput, RefusalCode
+from signer import bip322
+from signer.protocol import BatchOutput, RefusalCode, ReservesStatement
 from signer.wire import SIGNING_METHODS, SignerInfo, SignerUnavailable, WireErrorCode, write_auth_key
 
 log = logging.getLogger(__name__)
@@ -200,8 +202,11 @@ def test_the_api_client_may_publish_reserves_and_read_keys_and_nothing_else(runn
     api = running.client_as("api")
     assert_equal(api.ping(), SignerInfo("regtest", KEYS.master_fingerprint))
     assert_equal(api.xpubs().get("bitcoin", "hot"), KEYS.account_xpub("bitcoin", "hot"))
-    public_key, signature = api.sign_reserves_message("hot", 0, 0, RESERVES_PREFIX + " test")
-    assert_equal(len(public_key), 33)
+    hot = derive_btc_address(KEYS.account_xpub("bitcoin", "hot"), "regtest", 0, 0)
+    message = ReservesStatement(1, "BTC", "bitcoin", 7, "ab" * 32, hot, 5_000, "cd" * 32).message()
+    signed = api.sign_reserves_message("bitcoin", "hot", 0, 0, message)
+    assert_equal(signed.address, hot)
+    assert bip322.verify_simple(hot, message, signed.signature)
     batch_id = 2**62 + uuid.uuid4().int % 2**40  # no such batch: a call that got through would be refused and audited
     output = BatchOutput(batch_id, REGTEST_ADDRESS, 100_000)
     calls = {

@@ -29,7 +29,7 @@ from signer.bitcoin_tx import SignedTx
 from signer.client import SignerClient
 from signer.errors import SignerError, SignerErrorCode
 from signer.ethereum_tx import SignedEthTx
-from signer.protocol import BatchOutput, BtcCoin, RefusalCode, SignerPort, SigningRefused
+from signer.protocol import BatchOutput, BtcCoin, RefusalCode, ReservesSignature, SignerPort, SigningRefused
 from signer.server import SignerService, make_server
 from signer.wire import (METHODS, SIGNING_METHODS, ClientGrant, RequestAuthenticator, SignerUnavailable,
                          WireErrorCode, Xpubs, check_answer, encode_line, new_answer, new_request, parse_endpoint,
@@ -44,6 +44,7 @@ NOW = 1_800_000_000
 XPUBS = Xpubs("regtest", "73c5da0a", {"bitcoin": {"hot": "vpub-hot", "cold": "vpub-cold"}, "ethereum": {"hot": "xpub-eth"}})
 TX = SignedTx(raw=b"\x02\x00\x01", txid="ab" * 32, vsize=141, fee=1410, change_vout=1, weight=561)
 ETH_TX = SignedEthTx(raw=b"\x02\xf8", txid="0x" + "cd" * 32, sender="0x" + "11" * 20, nonce=7)
+RESERVES_SIG = ReservesSignature(address="bcrt1qhot", signature="smpAkcw")
 COINS = [BtcCoin("aa" * 32, 0, 150_000, 0, 3), BtcCoin("bb" * 32, 2, 2_100_000_000_000_000, 1, 2**31 - 1)]
 OUTPUTS = [BatchOutput(41, "bcrt1qexample", 100_000, bytes.fromhex("0014" + "22" * 20))]
 
@@ -75,9 +76,9 @@ class FakeSigner:
         return self._record("sign_bitcoin_rebalance", TX, rebalance_id=rebalance_id, coins=coins,
                             destination=destination, amount=amount, change=change)
 
-    def sign_reserves_message(self, tier, change, index, message):
-        return self._record("sign_reserves_message", (b"\x02" + b"\x33" * 32, b"\x30\x44"), tier=tier, change=change,
-                            index=index, message=message)
+    def sign_reserves_message(self, chain, tier, change, index, message):
+        return self._record("sign_reserves_message", RESERVES_SIG, chain=chain, tier=tier, change=change, index=index,
+                            message=message)
 
     def sign_ethereum_payment(self, batch_id, output, *, hot_index, chain_id, nonce, to, value, data, gas, max_fee_wei,
                               priority_fee_wei, replaces_txid=None):
@@ -295,7 +296,7 @@ def test_every_method_round_trips_its_values(served):
     assert_equal(client.sign_bitcoin_replacement(9, "ef" * 32, COINS, OUTPUTS, None), TX)
     assert_equal(client.sign_bitcoin_sweep(3, COINS, "bcrt1qhot", 500), TX)
     assert_equal(client.sign_bitcoin_rebalance(4, COINS, "bcrt1qcold", 1_000, ("bcrt1qhot", 7)), TX)
-    assert_equal(client.sign_reserves_message("hot", 0, 5, "custody proof of reserves: x"), (b"\x02" + b"\x33" * 32, b"\x30\x44"))
+    assert_equal(client.sign_reserves_message("bitcoin", "hot", 0, 5, "custody proof of reserves: x"), RESERVES_SIG)
     eth = dict(hot_index=0, chain_id=31337, nonce=7, to="0x" + "22" * 20, value=10**30, data=b"\xa9\x05\x9c\xbb",
                gas=65_000, max_fee_wei=2 * 10**9, priority_fee_wei=10**9, replaces_txid=None)
     assert_equal(client.sign_ethereum_payment(9, OUTPUTS[0], **eth), ETH_TX)
@@ -310,7 +311,7 @@ def test_every_method_round_trips_its_values(served):
         dict(batch_id=9, replaces_txid="ef" * 32, coins=COINS, outputs=OUTPUTS, change=None),
         dict(sweep_id=3, coins=COINS, destination="bcrt1qhot", fee=500),
         dict(rebalance_id=4, coins=COINS, destination="bcrt1qcold", amount=1_000, change=("bcrt1qhot", 7)),
-        dict(tier="hot", change=0, index=5, message="custody proof of reserves: x"),
+        dict(chain="bitcoin", tier="hot", change=0, index=5, message="custody proof of reserves: x"),
         dict(batch_id=9, output=OUTPUTS[0], **eth),
         dict(sweep_id=5, **funding),
         dict(sweep_id=5, **sweep),
@@ -386,7 +387,7 @@ CALLS = {  # one well-formed call of each signing method, through the client
     "sign_ethereum_payment": lambda c: c.sign_ethereum_payment(
         9, OUTPUTS[0], hot_index=0, chain_id=31337, nonce=7, to="0x" + "22" * 20, value=1, data=b"", gas=21_000,
         max_fee_wei=2 * 10**9, priority_fee_wei=10**9),
-    "sign_reserves_message": lambda c: c.sign_reserves_message("hot", 0, 5, "custody proof of reserves: x"),
+    "sign_reserves_message": lambda c: c.sign_reserves_message("bitcoin", "hot", 0, 5, "custody proof of reserves: x"),
     "sign_ethereum_gas_funding": lambda c: c.sign_ethereum_gas_funding(
         5, deposit_index=1, chain_id=31337, nonce=8, value=1, gas=21_000, max_fee_wei=2 * 10**9, priority_fee_wei=10**9),
     "sign_ethereum_sweep": lambda c: c.sign_ethereum_sweep(
@@ -422,7 +423,7 @@ def test_a_clients_allowed_methods_pass(served):
     api = SignerClient(str(client.endpoint), API_KEY, client="api", timeout=5)
     assert_equal(api.ping().master_fingerprint, "73c5da0a")
     assert_equal(api.xpubs(), XPUBS)
-    assert_equal(CALLS["sign_reserves_message"](api), (b"\x02" + b"\x33" * 32, b"\x30\x44"))
+    assert_equal(CALLS["sign_reserves_message"](api), RESERVES_SIG)
     assert_equal([name for name, _ in fake.calls], ["sign_reserves_message"])
     unknown = ask(service(fake), new_request(API_KEY, "export_seed", {}, client="api", now=NOW), API_KEY)
     assert_equal(unknown["error"]["code"], "unknown_method")  # a method nobody has is unknown, not "not allowed"

@@ -134,7 +134,7 @@ def test_index_follows_deposits_sweep_payout_and_a_reorg(custody, customer, bitc
         assert_equal(c.execute(text("SELECT count(*) FROM btc_wallet_output WHERE block_hash = :b"), {"b": block}).scalar_one(), 0)
 
     log.info("proof of reserves reads the index too")
-    custody.reserves.publish("BTC")
+    custody.reserves.publish(["BTC"])
     assert "scantxoutset" not in recorder.methods, sorted(set(recorder.methods))
     assert {"getblock", "getblockhash"} <= set(recorder.methods)  # the recorder saw the jobs' calls
 

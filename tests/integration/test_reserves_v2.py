@@ -1,0 +1,275 @@
+"""Proof of reserves v2 on PostgreSQL with the real signer and fake chain nodes (custody/reserves.py).
+
+A database of this module's own holds ten BTC customers with balances that a v1 tree would have
+shown as sibling sums, ETH and USDT customers, bitcoin coins in the wallet index (a deposit address
+and the hot address) and ethereum balances the fake node answers at the scanner's block. One
+publish writes a report per asset from one verified ledger snapshot; each report and every
+customer's proof pass the standalone verifier (also as `python -m custody.reserves verify`); a
+served proof shows no other customer's balance nor any sum of whole balances; and the verifier
+rejects a tampered leaf, sum, root, amount, message or signature. A ledger that fails its own
+checks gets no report.
+"""
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import logging
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from chain_adapters.base import BlockRef
+from chain_adapters.errors import NotFound
+from custody.addresses import derive_btc_address, derive_eth_address
+from custody.errors import CustodyError, CustodyErrorCode
+from custody.reserves import Reserves, check_proof, check_report, main
+from custody.wallets import Wallets
+from ledger.model import Transfer
+from ledger.service import Ledger
+from regtest.util import assert_equal
+from signer import bip322, eip191
+from signer.keys import Secret, SignerKeys, seed_from_text
+from signer.service import Signer
+from tests.integration.own_database import own_database
+
+log = logging.getLogger(__name__)
+KEYS = SignerKeys(seed_from_text(Secret("abandon " * 11 + "about")), "regtest")
+USDT = "0x5FbDB2315678afecb367f032d93F642f64180aa3"
+BTC_BLOCK = BlockRef(812, "ab" * 32)
+ETH_BLOCK = BlockRef(96, "0x" + "cd" * 32)
+# the unit test's ten balances: far apart, so a sum of random pieces equals a sum of them only if exposed
+BTC_BALANCES = [7_300_000_017, 1_250_000_003, 48_000_000_029, 990_000_041, 5_555_555_561, 12_000_000_073, 310_000_081,
+                27_000_000_097, 3_000_000_113, 64_000_000_127]
+
+
+class FakeNode:
+    """A chain node that knows one main chain (its block hashes) and, for ethereum, balances at a block."""
+
+    def __init__(self, network: str, blocks: dict[int, str], balances: dict[tuple[str | None, str], int] | None = None):
+        self.network = network
+        self.blocks = blocks
+        self.balances = balances or {}
+        self.read_at: set[int] = set()
+
+    def block_at(self, height: int) -> BlockRef:
+        if height not in self.blocks:
+            raise NotFound(f"no block {height}")
+        return BlockRef(height, self.blocks[height])
+
+    def balance(self, address: str, *, block: int | None = None) -> int:
+        self.read_at.add(block)
+        return self.balances.get((None, address.lower()), 0)
+
+    def token_balance(self, contract: str, address: str, *, block: int | None = None) -> int:
+        self.read_at.add(block)
+        return self.balances.get((contract.lower(), address.lower()), 0)
+
+
+@pytest.fixture(scope="module")
+def world(database_url):
+    with own_database(database_url, "reserves_v2") as engine:
+        ledger = Ledger(engine)
+        wallets = Wallets(engine, ledger)
+        wallets.configure_asset("BTC", 8, "bitcoin", finality=3)
+        wallets.configure_asset("ETH", 18, "ethereum", finality=2)
+        wallets.configure_asset("USDT", 6, "ethereum", finality=2, contract_address=USDT)
+        for chain, tier in (("bitcoin", "deposit"), ("bitcoin", "hot"), ("ethereum", "deposit"), ("ethereum", "hot")):
+            wallets.register_wallet(chain, tier, "regtest", KEYS.account_xpub(chain, tier))
+        run = uuid.uuid4().hex[:6]
+        customers: dict[str, dict[int, int]] = {"BTC": {}, "ETH": {}, "USDT": {}}
+        for asset, balances in (("BTC", BTC_BALANCES), ("ETH", [3 * 10**18, 12 * 10**17, 10**30]), ("USDT", [250_000_000, 7])):
+            equity = wallets.firm_account("equity", asset)
+            for n, balance in enumerate(balances):
+                account = wallets.customer_account(f"c{run}{n}", asset)
+                ledger.post(f"fund:{run}:{asset}:{n}", [Transfer(equity, account, balance)], kind="treasury_credit")
+                customers[asset][account] = balance
+        btc_deposit = wallets.issue_address(f"addr:{run}:btc", next(iter(customers["BTC"])))
+        eth_deposit = wallets.issue_address(f"addr:{run}:eth", next(iter(customers["ETH"])))
+        btc_hot = derive_btc_address(KEYS.account_xpub("bitcoin", "hot"), "regtest", 0, 0)
+        eth_hot = derive_eth_address(KEYS.account_xpub("ethereum", "hot"), 0)
+        with engine.begin() as c:
+            for chain, block in (("bitcoin", BTC_BLOCK), ("ethereum", ETH_BLOCK)):
+                c.execute(text("INSERT INTO chain_cursor (chain, height, hash) VALUES (:c, :h, :x)"),
+                          {"c": chain, "h": block.height, "x": block.hash})
+            for n, (address, tier, amount) in enumerate([(btc_deposit.address, "deposit", 60_000_000_000),
+                                                         (btc_deposit.address, "deposit", 9_000_000_000),
+                                                         (btc_hot, "hot", 100_000_000_000)]):
+                c.execute(text(
+                    "INSERT INTO btc_wallet_output (txid, vout, address, tier, derivation_change, derivation_index, amount, "
+                    "block_height, block_hash) VALUES (:t, 0, :a, :tier, 0, :i, :m, 800, :b)"),
+                    {"t": f"{n:064x}", "a": address, "tier": tier, "i": btc_deposit.derivation_index if tier == "deposit" else 0,
+                     "m": amount, "b": "ee" * 32})
+        eth = FakeNode("regtest", {ETH_BLOCK.height: ETH_BLOCK.hash}, {
+            (None, eth_deposit.address.lower()): 5 * 10**18, (None, eth_hot.lower()): 10**30,
+            (USDT.lower(), eth_hot.lower()): 300_000_000})
+        adapters = {"bitcoin": FakeNode("regtest", {BTC_BLOCK.height: BTC_BLOCK.hash}), "ethereum": eth}
+        reserves = Reserves(engine, adapters, Signer(engine, KEYS, bitcoin_network="regtest"), network="regtest")
+        yield engine, reserves, customers, adapters
+        ledger.assert_verified()
+
+
+@pytest.fixture(scope="module")
+def published(world):
+    _, reserves, _, _ = world
+    reports = {r["asset"]: r for r in reserves.publish()}
+    for r in reports.values():
+        log.info("report %d %s: liabilities %s in %d leaves, holdings %s at %d addresses", r["report_id"], r["asset"],
+                 r["liabilities"]["total"], r["liabilities"]["leaves"], r["holdings"]["total"], len(r["holdings"]["addresses"]))
+    return reports
+
+
+def test_one_snapshot_gives_a_report_per_asset_that_verifies(world, published):
+    engine, _, customers, adapters = world
+    assert_equal(sorted(published), ["BTC", "ETH", "USDT"])
+    with engine.connect() as c:
+        journal = c.execute(text("SELECT count(*), max(id) FROM journal_transaction")).one()
+    for asset, report in published.items():
+        assert_equal(check_report(report), [])
+        assert_equal(int(report["liabilities"]["total"]), sum(customers[asset].values()))
+        assert_equal(report["liabilities"]["accounts"], len(customers[asset]))
+        assert_equal((report["ledger"]["transactions"], report["ledger"]["last_transaction_id"]), tuple(journal))
+        assert "not a proof of solvency" in report["disclaimer"]
+    assert_equal(len({json.dumps(r["ledger"]) for r in published.values()}), 1)  # one checkpoint for the set
+    btc, eth, usdt = published["BTC"], published["ETH"], published["USDT"]
+    assert_equal((btc["height"], btc["block_hash"], eth["height"], eth["block_hash"]),
+                 (BTC_BLOCK.height, BTC_BLOCK.hash, ETH_BLOCK.height, ETH_BLOCK.hash))
+    assert_equal(btc["holdings"]["total"], str(169_000_000_000))
+    assert_equal(eth["holdings"]["total"], str(10**30 + 5 * 10**18))
+    assert_equal((usdt["contract"], usdt["holdings"]["total"], len(usdt["holdings"]["addresses"])), (USDT, "300000000", 1))
+    assert_equal(adapters["ethereum"].read_at, {ETH_BLOCK.height})  # balances read at the stated block only
+    for entry in btc["holdings"]["addresses"]:
+        assert entry["signature"].startswith("smp") and bip322.verify_simple(entry["address"], entry["message"], entry["signature"])
+    for entry in eth["holdings"]["addresses"]:
+        assert eip191.verify_personal(entry["address"], entry["message"], entry["signature"])
+
+
+def test_every_customer_gets_a_proof_that_verifies(world, published):
+    _, reserves, customers, _ = world
+    for asset, balances in customers.items():
+        for account, balance in balances.items():
+            proof = reserves.proof(published[asset]["report_id"], account)
+            assert_equal(proof["balance"], str(balance))
+            assert_equal(len(proof["leaves"]), 4)
+            assert_equal(check_proof(published[asset], proof), [])
+            assert check_proof(published["ETH" if asset != "ETH" else "USDT"], proof)  # another report's root
+
+
+def test_a_served_proof_reveals_no_other_customers_balance_nor_a_sum_of_whole_balances(world, published):
+    _, reserves, customers, _ = world
+    balances = customers["BTC"]
+    for account, balance in balances.items():
+        others = [b for a, b in balances.items() if a != account]
+        whole = {sum(c) for r in range(1, len(others)) for c in itertools.combinations(others, r)}
+        proof = reserves.proof(published["BTC"]["report_id"], account)
+        siblings = {int(s["sum"]) for x in proof["leaves"] for s in x["steps"]}
+        assert_equal(siblings & whole, set())
+
+
+def test_the_verifier_rejects_tampering(world, published):
+    _, reserves, customers, _ = world
+    report = published["BTC"]
+    account = next(iter(customers["BTC"]))
+    proof = reserves.proof(report["report_id"], account)
+
+    def tampered(obj, change):
+        obj = copy.deepcopy(obj)
+        change(obj)
+        return obj
+
+    def bump(entry: dict, key: str, by: int = 1) -> None:
+        entry[key] = str(int(entry[key]) + by)
+
+    bad_proofs = {
+        "a leaf's amount": lambda p: bump(p["leaves"][0], "amount"),
+        "the balance": lambda p: bump(p, "balance"),
+        "a leaf's nonce": lambda p: p["leaves"][0].update(nonce="00" * 16),
+        "a sibling sum": lambda p: bump(p["leaves"][1]["steps"][3], "sum", -1),
+        "a sibling hash": lambda p: p["leaves"][1]["steps"][0].update(hash="11" * 32),
+        "the account": lambda p: p.update(account_id=p["account_id"] + 1),
+        "one leaf twice": lambda p: p["leaves"].__setitem__(1, p["leaves"][0]),
+        "a leaf moved": lambda p: p["leaves"][0].update(index=p["leaves"][0]["index"] ^ 1),
+    }
+    for what, change in bad_proofs.items():
+        assert check_proof(report, tampered(proof, change)), what
+    bad_reports = {
+        "the liabilities total": lambda r: bump(r["liabilities"], "total", -1),
+        "the root": lambda r: r["liabilities"].update(root_hash="22" * 32),
+        "an address's amount": lambda r: bump(r["holdings"]["addresses"][0], "amount"),
+        "the holdings total": lambda r: bump(r["holdings"], "total"),
+        "a signature": lambda r: r["holdings"]["addresses"][0].update(
+            signature=r["holdings"]["addresses"][1]["signature"]),
+        "a message": lambda r: r["holdings"]["addresses"][0].update(message=r["holdings"]["addresses"][1]["message"]),
+        "the block": lambda r: r.update(height=r["height"] + 1),
+    }
+    for what, change in bad_reports.items():
+        bad = tampered(report, change)
+        assert check_report(bad) or check_proof(bad, proof), what
+    eth = published["ETH"]
+    forged = tampered(eth, lambda r: r["holdings"]["addresses"][0].update(signature="0x" + "ab" * 65))
+    assert check_report(forged)
+
+
+def test_the_command_line_verifier(world, published, tmp_path: Path):
+    _, reserves, customers, _ = world
+    report = published["USDT"]
+    account = next(iter(customers["USDT"]))
+    (tmp_path / "report.json").write_text(json.dumps(report))
+    (tmp_path / "proof.json").write_text(json.dumps(reserves.proof(report["report_id"], account)))
+    done = subprocess.run([sys.executable, "-m", "custody.reserves", "verify", str(tmp_path / "report.json"),
+                           str(tmp_path / "proof.json")], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "OK account" in done.stdout
+    report["liabilities"]["total"] = str(int(report["liabilities"]["total"]) + 1)
+    (tmp_path / "report.json").write_text(json.dumps(report))
+    assert_equal(main(["verify", str(tmp_path / "report.json"), str(tmp_path / "proof.json")]), 1)
+
+
+def test_unknown_and_absent_proofs_are_lookup_errors(world, published):
+    _, reserves, customers, _ = world
+    with pytest.raises(LookupError):
+        reserves.proof(published["BTC"]["report_id"], next(iter(customers["ETH"])))
+    with pytest.raises(LookupError):
+        reserves.proof(10**12, next(iter(customers["ETH"])))
+
+
+def test_a_ledger_that_fails_its_checks_gets_no_report(world, published):
+    engine, reserves, customers, _ = world
+    account = next(iter(customers["USDT"]))
+    with engine.connect() as c:
+        before = c.execute(text("SELECT count(*) FROM reserve_report")).scalar_one()
+    with engine.begin() as c:  # the projection no longer matches the journal
+        c.execute(text("UPDATE account_balance SET posted = posted + 1 WHERE account_id = :a AND shard = 0"), {"a": account})
+    try:
+        with pytest.raises(CustodyError) as err:
+            reserves.publish()
+        assert_equal(err.value.code, CustodyErrorCode.reserves_ledger_unverified)
+    finally:
+        with engine.begin() as c:
+            c.execute(text("UPDATE account_balance SET posted = posted - 1 WHERE account_id = :a AND shard = 0"), {"a": account})
+    with engine.connect() as c:
+        assert_equal(c.execute(text("SELECT count(*) FROM reserve_report")).scalar_one(), before)
+
+
+def test_a_scanner_off_the_main_chain_gets_no_report(world, published):
+    _, reserves, _, adapters = world
+    adapters["ethereum"].blocks[ETH_BLOCK.height] = "0x" + "ef" * 32  # reorged: the cursor's block is gone
+    try:
+        with pytest.raises(CustodyError) as err:
+            reserves.publish()
+        assert_equal(err.value.code, CustodyErrorCode.reserves_index_behind)
+        assert_equal(len(reserves.publish(["BTC"])), 1)  # bitcoin alone is fine
+    finally:
+        adapters["ethereum"].blocks[ETH_BLOCK.height] = ETH_BLOCK.hash
+
+
+def test_no_customer_account_of_the_asset(world):
+    _, reserves, _, _ = world
+    with pytest.raises(CustodyError) as err:
+        reserves.publish(["DOGE"])
+    assert_equal(err.value.code, CustodyErrorCode.no_customer_accounts)
