@@ -31,7 +31,7 @@ T = TypeVar("T")
 BASE = "http://custody.test"
 
 
-def in_process(custody: Container, api_key: str) -> CustodyClient:
+def in_process(custody: Container, api_key: str | None) -> CustodyClient:
     """The typed client with `api_key` on the in-process API of `custody` (no retries: a test sees
     the first answer)."""
     http = TestClient(create_app(custody), base_url=BASE, raise_server_exceptions=False)
