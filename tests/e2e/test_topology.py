@@ -29,7 +29,6 @@ import uuid
 from decimal import Decimal
 from pathlib import Path
 
-import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
@@ -39,6 +38,7 @@ from custody.launch import Deployment, Nodes, deploy, role_url
 from regtest import control
 from regtest.cluster import cluster_from_state
 from regtest.install import find_tools
+from tests.e2e.custody.api_helpers import readiness
 
 ROOT = Path(__file__).resolve().parents[2]
 BTC = 100_000_000
@@ -369,16 +369,16 @@ def test_bitcoind_restart_needs_no_operator(deployment, nodes_up, clients):
 
 def test_a_hung_bitcoind_makes_readiness_503_within_seconds(deployment, nodes_up):
     cluster, _ = nodes_up
-    with httpx.Client(base_url=deployment.api_base, timeout=90) as probe:
-        assert _until("ready", lambda: probe.get("/health/ready").status_code == 200, timeout=60)
+    with CustodyClient(deployment.api_base, None, timeout=90, retries=0) as probe:
+        assert _until("ready", lambda: readiness(probe)[0] == 200, timeout=60)
         with control.hang_node(cluster.bitcoin):
             for attempt in (1, 2):  # the second finds the first probe's call still waiting on the node
                 started = time.monotonic()
-                r = probe.get("/health/ready")
+                status, ready = readiness(probe)
                 took = time.monotonic() - started
-                checks = r.json()["checks"]
-                assert (r.status_code, checks["bitcoin"]["ok"], checks["database"]["ok"]) == (503, False, True), r.text
-                assert checks["bitcoin"]["detail"].startswith("TimeoutError: "), checks["bitcoin"]
+                checks = ready.checks
+                assert (status, checks["bitcoin"].ok, checks["database"].ok) == (503, False, True), ready
+                assert checks["bitcoin"].detail.startswith("TimeoutError: "), checks["bitcoin"]
                 assert took < 6, f"probe {attempt} took {took:.1f} s"
         control.wait_answering(cluster.bitcoin)
-        assert _until("ready again", lambda: probe.get("/health/ready").status_code == 200, timeout=60)
+        assert _until("ready again", lambda: readiness(probe)[0] == 200, timeout=60)

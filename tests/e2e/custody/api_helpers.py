@@ -19,8 +19,8 @@ from fastapi.testclient import TestClient
 from custody.api.app import create_app
 from custody.approve_cli import approve_with_client
 from custody.auth import create_api_key
-from custody.client import CustodyApiError, CustodyClient
-from custody.client.models import WithdrawalOut
+from custody.client import CustodyApiError, CustodyClient, ServiceUnavailable
+from custody.client.models import Ready, WithdrawalOut
 from custody.container import Container
 from ledger.model import Transfer
 from tests.approvers import key_id, operator_key, private_key
@@ -80,6 +80,16 @@ def withdraw(api: CustodyClient, acct: int, amount: str, destination: str) -> Wi
     raises the client's `CustodyApiError`."""
     return api.request_withdrawal(client_withdrawal_id=uuid.uuid4().hex, account_id=acct, amount=Decimal(amount),
                                   destination=destination)
+
+
+def readiness(api: CustodyClient) -> tuple[int, Ready]:
+    """(HTTP status, body) of `/health/ready`: 200 when ready, 503 (which the client raises) when a
+    dependency is not, both with the `Ready` body naming each check."""
+    try:
+        api.health_ready()
+    except ServiceUnavailable:
+        pass
+    return api.last_response.status_code, Ready.model_validate_json(api.last_response.content)
 
 
 def refusal(call: Callable[[], object]) -> CustodyApiError:

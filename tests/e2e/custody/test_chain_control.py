@@ -5,8 +5,8 @@
   and it is not mined; the worker's bump pays enough and is the version that confirms;
 - a hung bitcoind (SIGSTOP): `/health/ready` is 503 naming `bitcoin`, the deposit job fails with
   `node_unavailable` and records nothing; once the node continues both carry on by themselves.
-  Readiness is asked through the typed custody.client: a 503 raises, and the answer's body is read
-  as the client's `Ready` model from `last_response`.
+  Readiness is asked through the typed custody.client (`api_helpers.readiness`: the status and the
+  `Ready` body, a 503 included).
 """
 from __future__ import annotations
 
@@ -17,12 +17,11 @@ from sqlalchemy import text
 
 from chain_adapters.bitcoin import BitcoinAdapter
 from chain_adapters.errors import ChainError
-from custody.client.models import Ready
 from custody.container import Container
 from ledger.service import Ledger
 from regtest import control
 from regtest.util import assert_equal
-from tests.e2e.custody.api_helpers import answered, in_process, refusal
+from tests.e2e.custody.api_helpers import in_process, readiness
 from tests.e2e.custody.conftest import BTC_FINALITY
 from tests.e2e.custody.test_withdrawal_signer_refusals import fund
 
@@ -87,13 +86,13 @@ def quick(custody, bitcoind, engine):
 
 def test_a_hung_node_shows_in_readiness_and_jobs_wait(custody, customer, bitcoind, engine, quick, ledger, log):
     api = in_process(quick, None)  # readiness needs no key
-    answered(api, 200, api.health_ready())
+    assert_equal(readiness(api)[0], 200)
     acct = customer("BTC")
     txid = bitcoind.fund(custody.wallets.issue_address(f"addr:{acct}", acct).address, 20_000_000)
     bitcoind.mine(BTC_FINALITY)
     with control.hang_node(bitcoind):
-        assert_equal(refusal(api.health_ready).status, 503)
-        ready = Ready.model_validate_json(api.last_response.content)
+        status, ready = readiness(api)
+        assert_equal(status, 503)
         assert ready.checks["bitcoin"].ok is False, ready
         assert ready.checks["database"].ok is True
         with pytest.raises(ChainError) as refused:
@@ -101,7 +100,7 @@ def test_a_hung_node_shows_in_readiness_and_jobs_wait(custody, customer, bitcoin
         assert_equal(refused.value.code.value, "node_unavailable")
         assert_equal(observations(engine, txid), [])
     control.wait_answering(bitcoind)
-    answered(api, 200, api.health_ready())
+    assert_equal(readiness(api)[0], 200)
     custody.deposits.run_once(["bitcoin"])
     assert_equal(observations(engine, txid), ["credited"])
     assert_equal(ledger.balance(acct).posted, 20_000_000)
