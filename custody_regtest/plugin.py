@@ -11,7 +11,7 @@ whether tests passed or failed):
 - `custody_nodes`     regtest.cluster.Cluster: bitcoind (`.bitcoin`) and anvil (`.anvil`) on free
                       ports with the test ERC-20 (`.token`, USDT, 6 decimals), data in a temp dir
 - `custody_chain`     regtest.control.ChainControl on those nodes: mine, mine_until_confirmed,
-                      reorg_bitcoin / reorg_ethereum, fee_spike, stop / start / hang, advance_time,
+                      hold_mining, reorg_bitcoin / reorg_ethereum, fee_spike, stop / start / hang, advance_time,
                       deploy_erc20, mint, faucet_bitcoin / faucet_ether
 - `custody_database`  the owner URL of a fresh database (dropped at the end)
 - `custody_service`   Service: signer, worker and api processes (custody.launch.deploy) on those
