@@ -269,10 +269,12 @@ def stop_node(node: BitcoinNode | AnvilNode) -> None:
     node.stop()
 
 
-def start_node(node: BitcoinNode | AnvilNode) -> None:
+def start_node(node: BitcoinNode | AnvilNode, *, detached: bool = False) -> None:
     """Start a stopped node again on its port. bitcoind keeps its chain and reloads the faucet
-    wallet; anvil starts a fresh chain (it keeps no state), so redeploy anything a test needs."""
-    node.start()
+    wallet; anvil starts a fresh chain (it keeps no state), so redeploy anything a test needs.
+    `detached`: the node outlives this process (as `python -m regtest start` needs); by default it
+    dies with it."""
+    node.start(detached=detached)
     if isinstance(node, BitcoinNode):
         node.ensure_faucet()
 

@@ -356,10 +356,9 @@ def test_second_worker_takes_over_the_payout_job(deployment, nodes_up, clients, 
 
 def test_bitcoind_restart_needs_no_operator(deployment, nodes_up, clients):
     cluster, _ = nodes_up
-    cluster.bitcoin.stop()
+    control.stop_node(cluster.bitcoin)
     time.sleep(3)  # the workers' jobs fail against the stopped node meanwhile
-    cluster.bitcoin.start(detached=True)
-    cluster.bitcoin.ensure_faucet()  # the test's own funding wallet is not loaded again by itself
+    control.start_node(cluster.bitcoin, detached=True)  # the chain kept, the faucet wallet loaded again
     acct = _funded_customer(clients, cluster, 1 * BTC)
     assert clients["admin"].get_balance(acct).posted.minor == 1 * BTC
     assert clients["admin"].verify().ok
