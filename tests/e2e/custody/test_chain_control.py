@@ -1,6 +1,8 @@
 """chain_control: regtest.control's helpers put the custody pipelines under real network conditions.
 
-- a reorg that drops a deposit before finality: the deposit ends `orphaned`, never credited;
+- a reorg that drops a deposit before finality: the deposit ends `orphaned`, never credited; on
+  ethereum, a reorg keeping one of two deposits of a block: that one is credited at finality, the
+  other orphaned;
 - a fee spike: blocks full of transactions paying more than the payout, so its first fee is too low
   and it is not mined; the worker's bump pays enough and is the version that confirms;
 - a hung bitcoind (SIGSTOP): `/health/ready` is 503 naming `bitcoin`, the deposit job fails with
@@ -22,7 +24,7 @@ from ledger.service import Ledger
 from regtest import control
 from regtest.util import assert_equal
 from tests.e2e.custody.api_helpers import in_process, readiness
-from tests.e2e.custody.conftest import BTC_FINALITY
+from tests.e2e.custody.conftest import BTC_FINALITY, ETH_FINALITY
 from tests.e2e.custody.test_withdrawal_signer_refusals import fund
 
 SAT = 100_000_000
@@ -46,6 +48,22 @@ def test_reorg_drops_a_deposit_before_finality(custody, customer, bitcoind, engi
     assert_equal(observations(engine, txid), ["orphaned"])
     assert_equal(control.confirmations(bitcoind, txid), 0)
     assert_equal(ledger.balance(acct).posted, 0)
+
+
+def test_ethereum_reorg_keeps_one_deposit_and_drops_the_other(custody, customer, anvil, engine, ledger, log):
+    kept, dropped = customer("ETH"), customer("ETH")
+    addresses = [custody.wallets.issue_address(f"addr:{a}", a).address for a in (kept, dropped)]
+    with control.hold_mining(anvil):  # both deposits in one block
+        keep_tx, drop_tx = (control.pay(anvil, a, 10**17 + i) for i, a in enumerate(addresses))
+    custody.deposits.run_once(["ethereum"])
+    assert_equal((observations(engine, keep_tx), observations(engine, drop_tx)), (["confirming"], ["confirming"]))
+    log.info("reorg depth 1 keeping %s, dropping %s", keep_tx, drop_tx)
+    control.reorg_ethereum(anvil, 1, keep=[(control.raw_transaction(anvil, keep_tx), 0)])
+    control.mine(anvil, ETH_FINALITY)
+    custody.deposits.run_once(["ethereum"])
+    assert_equal((observations(engine, keep_tx), observations(engine, drop_tx)), (["credited"], ["orphaned"]))
+    assert_equal((ledger.balance(kept).posted, ledger.balance(dropped).posted), (10**17, 0))
+    assert_equal(control.confirmations(anvil, drop_tx), 0)
 
 
 def test_fee_spike_makes_the_first_fee_too_low_and_the_bump_confirms(custody, customer, bitcoind, engine, ledger, log):
