@@ -13,7 +13,7 @@ whether tests passed or failed):
 - `custody_chain`     regtest.control.ChainControl on those nodes: mine, mine_until_confirmed,
                       hold_mining, reorg_bitcoin / reorg_ethereum, fee_spike, stop / start / hang, advance_time,
                       deploy_erc20, mint, faucet_bitcoin / faucet_ether
-- `custody_database`  the owner URL of a fresh database (dropped at the end)
+- `custody_database`  the owner URL of a fresh database (dropped at the end on DATABASE_URL's server)
 - `custody_service`   Service: signer, worker and api processes (custody.launch.deploy) on those
                       nodes and that database; `.base_url`, `.api_key(role)`, `.deployment`; its
                       bitcoin hot wallet is funded with 50 BTC so payouts can be paid
@@ -126,19 +126,24 @@ def custody_chain(custody_nodes: Cluster):
 
 @pytest.fixture(scope="session")
 def custody_database(custody_regtest_dir: Path) -> Iterator[str]:
-    """The owner URL of a fresh database (on DATABASE_URL's server, else an embedded one); dropped at the end."""
+    """The owner URL of a fresh database: on DATABASE_URL's server (a shared one: the database is
+    dropped at the end), else on an embedded server of the session's own, whose whole data directory
+    is the session's temporary directory (the server stops when the session's process exits; nothing
+    to drop, so a server already stopping at teardown is no error)."""
     import os
 
     from custody.database import drop_database, embedded_server_url, ensure_database, to_sqlalchemy_url, with_database
 
-    server = (to_sqlalchemy_url(os.environ["DATABASE_URL"]) if os.environ.get("DATABASE_URL")
+    shared = bool(os.environ.get("DATABASE_URL"))
+    server = (to_sqlalchemy_url(os.environ["DATABASE_URL"]) if shared
               else embedded_server_url(custody_regtest_dir / "postgres"))
     url = with_database(server, f"custody_regtest_{uuid.uuid4().hex[:12]}")
     ensure_database(url)
     try:
         yield url
     finally:
-        drop_database(url)
+        if shared:
+            drop_database(url)
 
 
 @pytest.fixture(scope="session")
