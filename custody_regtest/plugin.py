@@ -16,7 +16,8 @@ whether tests passed or failed):
 - `custody_database`  the owner URL of a fresh database (dropped at the end on DATABASE_URL's server)
 - `custody_service`   Service: signer, worker and api processes (custody.launch.deploy) on those
                       nodes and that database; `.base_url`, `.api_key(role)`, `.deployment`; its
-                      bitcoin hot wallet is funded with 50 BTC so payouts can be paid
+                      bitcoin hot wallet is funded with 50 BTC so payouts can be paid; events go to
+                      NATS_URL's broker, else an embedded nats-server this process starts
 - `custody_client`    role -> the typed `custody.client.CustodyClient` ("backend", "admin",
                       "operator", "auditor"), one connection pool for all
 - `custody_http`      role -> a raw `httpx.Client` on the api with that role's key (`X-API-Key`),
@@ -37,6 +38,7 @@ process that does not come up raises with the path of its log under the session'
 """
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -130,8 +132,6 @@ def custody_database(custody_regtest_dir: Path) -> Iterator[str]:
     dropped at the end), else on an embedded server of the session's own, whose whole data directory
     is the session's temporary directory (the server stops when the session's process exits; nothing
     to drop, so a server already stopping at teardown is no error)."""
-    import os
-
     from custody.database import drop_database, embedded_server_url, ensure_database, to_sqlalchemy_url, with_database
 
     shared = bool(os.environ.get("DATABASE_URL"))
@@ -156,8 +156,14 @@ def custody_service(custody_regtest_dir: Path, custody_nodes: Cluster, custody_d
     from custody.launch import Nodes, deploy
     from custody.settings import get_settings
 
+    from custody.broker import embedded_nats_url
+
     nodes = Nodes(custody_nodes.bitcoin.rpc_url, custody_nodes.anvil.rpc_url, custody_nodes.token.address)
-    deployment = deploy(custody_regtest_dir / "service", owner_url=custody_database, nodes=nodes, job_scale=0.2)
+    # The events broker: NATS_URL's, else one this process starts (stopped when it exits, so a worker
+    # a suite kills cannot leave it behind).
+    nats_url = os.environ.get("NATS_URL") or embedded_nats_url(custody_regtest_dir / "broker")
+    deployment = deploy(custody_regtest_dir / "service", owner_url=custody_database, nodes=nodes, job_scale=0.2,
+                        nats_url=nats_url)
     try:
         engine = create_engine(custody_database)
         try:

@@ -84,8 +84,13 @@ def owner_url(database_url):
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory, nodes_up, owner_url) -> Deployment:
+    from custody.broker import embedded_nats_url
+
     _, nodes = nodes_up
-    dep = deploy(tmp_path_factory.mktemp("topology"), owner_url=owner_url, nodes=nodes, job_scale=0.2)
+    root = tmp_path_factory.mktemp("topology")
+    # The test process starts the events broker (stopped when it exits), as `custody demo` does: a
+    # worker's own embedded server would outlive the workers SIGKILLed below.
+    dep = deploy(root, owner_url=owner_url, nodes=nodes, job_scale=0.2, nats_url=embedded_nats_url(root / "broker"))
     yield dep
     dep.stop()
 
