@@ -11,29 +11,34 @@ whether tests passed or failed):
 - `custody_nodes`     regtest.cluster.Cluster: bitcoind (`.bitcoin`) and anvil (`.anvil`) on free
                       ports with the test ERC-20 (`.token`, USDT, 6 decimals), data in a temp dir
 - `custody_chain`     regtest.control.ChainControl on those nodes: mine, mine_until_confirmed,
-                      reorg_bitcoin / reorg_ethereum, fee_spike, stop / start / hang, advance_time,
+                      hold_mining, reorg_bitcoin / reorg_ethereum, fee_spike, stop / start / hang, advance_time,
                       deploy_erc20, mint, faucet_bitcoin / faucet_ether
-- `custody_database`  the owner URL of a fresh database (dropped at the end)
+- `custody_database`  the owner URL of a fresh database (dropped at the end on DATABASE_URL's server)
 - `custody_service`   Service: signer, worker and api processes (custody.launch.deploy) on those
                       nodes and that database; `.base_url`, `.api_key(role)`, `.deployment`; its
-                      bitcoin hot wallet is funded with 50 BTC so payouts can be paid
-- `custody_client`    role -> API client ("backend", "admin", "operator", "auditor"): the typed
-                      `custody.client.CustodyClient` when the package has it, else `custody_http`'s
-- `custody_http`      role -> an `httpx.Client` on the api with that role's key (`X-API-Key`)
+                      bitcoin hot wallet is funded with 50 BTC so payouts can be paid; events go to
+                      NATS_URL's broker, else an embedded nats-server this process starts
+- `custody_client`    role -> the typed `custody.client.CustodyClient` ("backend", "admin",
+                      "operator", "auditor"), one connection pool for all
+- `custody_http`      role -> a raw `httpx.Client` on the api with that role's key (`X-API-Key`),
+                      for a suite that tests the HTTP answers themselves (malformed bodies, headers)
 - `custody_approvers` the scripted approvers (one per key of the deployment's approver quorum):
                       `approver.approve(withdrawal_id, comment)` fetches the payload, checks and
-                      signs it with the approver's own Ed25519 key and submits it (custody approve)
+                      signs it with the approver's own Ed25519 key and submits it, as `custody
+                      approve` does (custody.approve_cli.approve_with_client); the WithdrawalOut
 
 Function fixture:
 - `custody_funded_customer`  (owner=None, asset="BTC", amount=100_000_000) -> FundedCustomer: an
-                      account opened over the API, a deposit address issued, the amount (minor
-                      units) paid on chain by the faucet and blocks mined until it is credited
+                      account opened over the API (the typed client, as the backend), a deposit
+                      address issued, the amount (minor units) paid on chain by the faucet and
+                      blocks mined until it is credited
 
 Errors: a missing tool raises regtest.install.InstallError (run `python -m regtest install`); a
 process that does not come up raises with the path of its log under the session's directory.
 """
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -43,6 +48,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from custody.client import CustodyClient
+from custody.client.models import WithdrawalOut
 from regtest.cluster import Cluster
 
 ROLES = ("backend", "admin", "operator", "auditor")
@@ -79,14 +86,16 @@ class ScriptedApprover:
     """An operator who approves with their own Ed25519 key, as `custody approve` does."""
 
     name: str
-    client: httpx.Client
+    client: CustodyClient  # the typed client with the approver's own operator key
     key_file: Path
 
-    def approve(self, withdrawal_id: int, comment: str = "checked by the test suite") -> dict:
-        from custody.approve_cli import approve_over_http, load_private_key
+    def approve(self, withdrawal_id: int, comment: str = "checked by the test suite") -> WithdrawalOut:
+        """Fetch the approval payload, check it against its fields, sign it, send the approval; the
+        withdrawal as the API answers it (`.state`: still `pending_approval` until the quorum)."""
+        from custody.approve_cli import approve_with_client, load_private_key
 
-        return approve_over_http(self.client, withdrawal_id, load_private_key(self.key_file), comment=comment,
-                                 show=lambda line: None)
+        return approve_with_client(self.client, withdrawal_id, load_private_key(self.key_file), comment=comment,
+                                   show=lambda line: None)
 
 
 @pytest.fixture(scope="session")
@@ -119,19 +128,22 @@ def custody_chain(custody_nodes: Cluster):
 
 @pytest.fixture(scope="session")
 def custody_database(custody_regtest_dir: Path) -> Iterator[str]:
-    """The owner URL of a fresh database (on DATABASE_URL's server, else an embedded one); dropped at the end."""
-    import os
-
+    """The owner URL of a fresh database: on DATABASE_URL's server (a shared one: the database is
+    dropped at the end), else on an embedded server of the session's own, whose whole data directory
+    is the session's temporary directory (the server stops when the session's process exits; nothing
+    to drop, so a server already stopping at teardown is no error)."""
     from custody.database import drop_database, embedded_server_url, ensure_database, to_sqlalchemy_url, with_database
 
-    server = (to_sqlalchemy_url(os.environ["DATABASE_URL"]) if os.environ.get("DATABASE_URL")
+    shared = bool(os.environ.get("DATABASE_URL"))
+    server = (to_sqlalchemy_url(os.environ["DATABASE_URL"]) if shared
               else embedded_server_url(custody_regtest_dir / "postgres"))
     url = with_database(server, f"custody_regtest_{uuid.uuid4().hex[:12]}")
     ensure_database(url)
     try:
         yield url
     finally:
-        drop_database(url)
+        if shared:
+            drop_database(url)
 
 
 @pytest.fixture(scope="session")
@@ -144,8 +156,14 @@ def custody_service(custody_regtest_dir: Path, custody_nodes: Cluster, custody_d
     from custody.launch import Nodes, deploy
     from custody.settings import get_settings
 
+    from custody.broker import embedded_nats_url
+
     nodes = Nodes(custody_nodes.bitcoin.rpc_url, custody_nodes.anvil.rpc_url, custody_nodes.token.address)
-    deployment = deploy(custody_regtest_dir / "service", owner_url=custody_database, nodes=nodes, job_scale=0.2)
+    # The events broker: NATS_URL's, else one this process starts (stopped when it exits, so a worker
+    # a suite kills cannot leave it behind).
+    nats_url = os.environ.get("NATS_URL") or embedded_nats_url(custody_regtest_dir / "broker")
+    deployment = deploy(custody_regtest_dir / "service", owner_url=custody_database, nodes=nodes, job_scale=0.2,
+                        nats_url=nats_url)
     try:
         engine = create_engine(custody_database)
         try:
@@ -180,50 +198,37 @@ def custody_http(custody_service: Service) -> Iterator[Callable[[str], httpx.Cli
 
 
 @pytest.fixture(scope="session")
-def custody_client(custody_service: Service, custody_http) -> Iterator[Callable[[str], object]]:
-    """role -> the typed custody.client.CustodyClient when present, else an httpx.Client."""
-    try:
-        from custody.client import CustodyClient  # the typed client, when this build ships it
-    except ImportError:
-        yield custody_http
-        return
-    made: dict[str, object] = {}
+def custody_client(custody_service: Service) -> Iterator[Callable[[str], CustodyClient]]:
+    """role -> the typed custody.client.CustodyClient with that role's key (one connection pool)."""
+    with CustodyClient(custody_service.base_url, None, timeout=60) as base:
+        made: dict[str, CustodyClient] = {}
 
-    def client(role: str):
-        if role not in made:
-            made[role] = CustodyClient(custody_service.base_url, custody_service.api_key(role))
-        return made[role]
+        def client(role: str) -> CustodyClient:
+            if role not in made:
+                made[role] = base.with_key(custody_service.api_key(role))
+            return made[role]
 
-    yield client
-    for c in made.values():
-        getattr(c, "close", lambda: None)()
+        yield client
 
 
 @pytest.fixture(scope="session")
-def custody_approvers(custody_service: Service, custody_http) -> list[ScriptedApprover]:
+def custody_approvers(custody_service: Service, custody_client) -> list[ScriptedApprover]:
     """The deployment's scripted approvers: `.approve(withdrawal_id, comment)` signs with their own key."""
-    return [ScriptedApprover(name, custody_http(name), key_file)
+    return [ScriptedApprover(name, custody_client(name), key_file)
             for name, key_file in custody_service.deployment.approver_keys.items()]
 
 
-def _ok(r: httpx.Response, *status: int) -> dict:
-    if r.status_code not in (status or (200,)):
-        raise AssertionError(f"{r.request.method} {r.request.url.path}: {r.status_code} {r.text[:500]}")
-    return r.json()
-
-
 @pytest.fixture
-def custody_funded_customer(custody_http, custody_nodes: Cluster) -> Callable[..., FundedCustomer]:
+def custody_funded_customer(custody_client, custody_nodes: Cluster) -> Callable[..., FundedCustomer]:
     """(owner=None, asset="BTC", amount=1 BTC in satoshis, timeout=180) -> a FundedCustomer."""
-    backend = custody_http("backend")
+    backend = custody_client("backend")
 
     def fund(owner: str | None = None, asset: str = "BTC", amount: int = 100_000_000,
              timeout: float = 180) -> FundedCustomer:
         owner = owner or f"cust-{uuid.uuid4().hex[:8]}"
-        acct = _ok(backend.post("/v1/accounts", json={"asset": asset, "kind": "customer",
-                                                       "name": f"customer:{owner}:{asset}", "owner": owner}), 200, 201)["id"]
-        address = _ok(backend.post("/v1/deposit-addresses", json={"idempotency_key": f"fund-{acct}-{uuid.uuid4().hex[:6]}",
-                                                                    "account_id": acct}), 200, 201)["address"]
+        acct = backend.open_account(asset=asset, kind="customer", name=f"customer:{owner}:{asset}", owner=owner).id
+        address = backend.issue_deposit_address(idempotency_key=f"fund-{acct}-{uuid.uuid4().hex[:6]}",
+                                                account_id=acct).address
         if asset == "BTC":
             txid, mine = custody_nodes.bitcoin.fund(address, amount), lambda: custody_nodes.bitcoin.mine(1)
         elif asset == "ETH":
@@ -231,7 +236,7 @@ def custody_funded_customer(custody_http, custody_nodes: Cluster) -> Callable[..
         else:  # the test ERC-20 of the nodes
             txid, mine = custody_nodes.token.mint(address, amount), lambda: custody_nodes.anvil.mine(1)
         deadline = time.monotonic() + timeout
-        while not any(d["state"] == "credited" for d in _ok(backend.get(f"/v1/accounts/{acct}/deposits"))):
+        while not any(d.state == "credited" for d in backend.list_account_deposits(acct)):
             if time.monotonic() > deadline:
                 raise AssertionError(f"deposit {txid} to {address} not credited after {timeout}s")
             mine()

@@ -123,9 +123,7 @@ def _control(args) -> int:
         if args.cmd == "stop":
             control.stop_node(node)
         else:
-            node.start(detached=True)
-            if args.node == "bitcoind":
-                node.ensure_faucet()
+            control.start_node(node, detached=True)
         state[args.node]["pid"] = node.pid
         state_file().write_text(json.dumps(state, indent=2) + "\n")
         print(f"{args.node}: {'stopped' if args.cmd == 'stop' else f'started, pid {node.pid}'}")

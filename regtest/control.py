@@ -7,6 +7,9 @@ so it works on nodes started by the pytest plugin (`custody_regtest`), by our ow
 integers in minor units (satoshis, wei, token units), never floats.
 
 - `mine(node, n, address=None)` / `mine_until_confirmed(node, txid)`: blocks on either chain.
+- `hold_mining(node)`: transactions sent inside the `with` block wait in the mempool; one block mines
+  them on exit. `manual_mining(anvil)`: anvil's automine off for the block (the test mines), restored
+  on exit even when the block raises.
 - `reorg_bitcoin(node, depth, drop=(), replace={})`: undo the last `depth` blocks and mine a longer
   competing chain without the `drop` transactions (each double-spent, by `replace`'s raw transaction
   or back to the faucet, so it can never be re-mined); `reorg_ethereum(node, depth, keep=())`:
@@ -18,7 +21,8 @@ integers in minor units (satoshis, wei, token units), never floats.
 - `stop_node` / `start_node` / `hang_node` (SIGSTOP, a context manager that SIGCONTs on exit).
 - `advance_time(anvil, seconds)`: anvil's clock (the next block's timestamp moves on).
 - `deploy_erc20(anvil, tools, symbol)` / `mint(token, to, amount)`; `faucet_bitcoin` /
-  `faucet_ether` pay from the nodes' funded dev accounts.
+  `faucet_ether` pay from the nodes' funded dev accounts, `pay(node, address, amount)` from either
+  in its minor unit (the chain-agnostic form a conformance test uses).
 
 Errors: a node that refuses a call raises `chain_adapters.errors.ChainError` (or `RpcError`, its
 subclass, with bitcoind's code); `ControlError` means the helper's own precondition failed (e.g. a
@@ -55,6 +59,31 @@ def mine(node: BitcoinNode | AnvilNode, n: int = 1, address: str | None = None) 
         node.mine(n, address=address)
     else:
         node.mine(n)
+
+
+@contextlib.contextmanager
+def manual_mining(node: AnvilNode) -> Iterator[None]:
+    """Anvil's automine off inside the `with` block (transactions wait until the test mines), back
+    on at exit, even when the block raises."""
+    node.set_automine(False)
+    try:
+        yield
+    finally:
+        node.set_automine(True)
+
+
+@contextlib.contextmanager
+def hold_mining(node: BitcoinNode | AnvilNode) -> Iterator[None]:
+    """Transactions sent inside the `with` block stay in the mempool; on a normal exit one block
+    mines them. (bitcoind mines only when asked; anvil's automine is off meanwhile: `manual_mining`.
+    The block is mined explicitly: turning automine back on would mine them asynchronously.)"""
+    if isinstance(node, BitcoinNode):
+        yield
+        node.mine(1)
+        return
+    with manual_mining(node):
+        yield
+        node.mine(1)
 
 
 def confirmations(node: BitcoinNode | AnvilNode, txid: str) -> int:
@@ -240,10 +269,12 @@ def stop_node(node: BitcoinNode | AnvilNode) -> None:
     node.stop()
 
 
-def start_node(node: BitcoinNode | AnvilNode) -> None:
+def start_node(node: BitcoinNode | AnvilNode, *, detached: bool = False) -> None:
     """Start a stopped node again on its port. bitcoind keeps its chain and reloads the faucet
-    wallet; anvil starts a fresh chain (it keeps no state), so redeploy anything a test needs."""
-    node.start()
+    wallet; anvil starts a fresh chain (it keeps no state), so redeploy anything a test needs.
+    `detached`: the node outlives this process (as `python -m regtest start` needs); by default it
+    dies with it."""
+    node.start(detached=detached)
     if isinstance(node, BitcoinNode):
         node.ensure_faucet()
 
@@ -311,6 +342,14 @@ def faucet_ether(node: AnvilNode, address: str, wei: int) -> str:
     return node.fund(address, wei)
 
 
+def pay(node: BitcoinNode | AnvilNode, address: str, amount: int) -> str:
+    """A faucet payment of `amount` in the node's minor unit (satoshis on bitcoind, wei on anvil);
+    the transaction id. Mined at once on anvil under automine, in the mempool on bitcoind."""
+    if isinstance(node, BitcoinNode):
+        return faucet_bitcoin(node, address, amount)
+    return faucet_ether(node, address, amount)
+
+
 def wait_answering(node: BitcoinNode | AnvilNode, timeout: float = 30) -> None:
     """Wait until the node answers RPC again (after `hang_node` or `start_node`)."""
     if isinstance(node, BitcoinNode):
@@ -337,6 +376,9 @@ class ChainControl:
 
     def mine(self, chain: str, n: int = 1, address: str | None = None) -> None:
         mine(self.node(chain), n, address)
+
+    def hold_mining(self, chain: str):
+        return hold_mining(self.node(chain))
 
     def mine_until_confirmed(self, chain: str, txid: str, confirmations_wanted: int = 1) -> int:
         return mine_until_confirmed(self.node(chain), txid, confirmations_wanted=confirmations_wanted)

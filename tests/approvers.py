@@ -11,6 +11,8 @@ same name (`operator_client`), since custody requires the key to be the caller's
 - `signature_json(sig)` -> the `signature` object of `POST /v1/withdrawals/{id}/approve`
 - `approve(withdrawals, wid, operator, comment)`: the service call with a fresh signature
 - `approve_over_api(client, wid, operator, comment)`: GET the payload, sign it, POST the approval
+- `operator_key(custody, name)` / `operator_client(custody, name)`: the operator API key named
+  `name` (once per database) / a TestClient with it
 - `SoftAuthenticator(operator)`: a P-256 credential that answers WebAuthn assertions like a
   security key (authenticatorData, clientDataJSON, DER signature), for the webauthn scheme
 """
@@ -84,19 +86,25 @@ def approve_over_api(client, wid: int | str, operator: str, comment: str = "chec
 _CLIENT_KEYS: dict[tuple[str, str], str] = {}
 
 
-def operator_client(custody, name: str):
-    """A TestClient with an operator API key named `name` (created once per database and process,
-    so a fixed name such as `op-trent` can be used by several tests of one session)."""
-    from fastapi.testclient import TestClient
-
-    from custody.api.app import create_app
+def operator_key(custody, name: str) -> str:
+    """An operator API key named `name` (created once per database and process, so a fixed name such
+    as `op-trent` can be used by several tests of one session)."""
     from custody.auth import create_api_key
 
     cache = (str(custody.engine.url), name)
     if cache not in _CLIENT_KEYS:
         _CLIENT_KEYS[cache] = create_api_key(custody.engine, name, "operator", custody.settings.api_key_pepper)
+    return _CLIENT_KEYS[cache]
+
+
+def operator_client(custody, name: str):
+    """A TestClient with the operator API key named `name` (`operator_key`)."""
+    from fastapi.testclient import TestClient
+
+    from custody.api.app import create_app
+
     client = TestClient(create_app(custody), raise_server_exceptions=False)
-    client.headers["X-API-Key"] = _CLIENT_KEYS[cache]
+    client.headers["X-API-Key"] = operator_key(custody, name)
     return client
 
 

@@ -10,6 +10,11 @@
   sending (a read timeout, a dropped answer) only for a call that is safe to send again: GET, PUT,
   DELETE, or a body carrying an idempotency key. Otherwise it raises `CustodyConnectionError` at
   once: the caller must look before sending again.
+- `last_response` is the final answer (`httpx.Response`) of the latest call made on this client
+  object, success or error (None before the first call, or when the latest got no answer): its
+  `status_code` tells a create route's 201 (created) from its 200 (an idempotent replay of an
+  earlier call), its `X-Request-ID` finds the call in the service log. One per client object
+  (`with_key` gives the new one its own); not for a client shared by concurrent threads or tasks.
 """
 from __future__ import annotations
 
@@ -133,6 +138,7 @@ class SyncCore:
         self._settings = _Settings(base_url, api_key, timeout, retries, max_retry_wait)
         self._http = http if http is not None else httpx.Client(timeout=timeout)
         self._owns_http = http is None
+        self.last_response: httpx.Response | None = None
 
     def with_key(self, api_key: str | None) -> "SyncCore":
         """A client for another API key (another role) on the same connection pool and settings."""
@@ -160,6 +166,7 @@ class SyncCore:
                 response = self._http.request(method, url, params=_clean(params), json=body, headers=s.headers())
             except httpx.TransportError as exc:
                 failure = exc
+            self.last_response = response
             if response is not None and response.status_code < 400:
                 return response
             wait = s.decide(method, path, attempt, body, response, failure)
@@ -197,6 +204,7 @@ class AsyncCore:
         self._settings = _Settings(base_url, api_key, timeout, retries, max_retry_wait)
         self._http = http if http is not None else httpx.AsyncClient(timeout=timeout)
         self._owns_http = http is None
+        self.last_response: httpx.Response | None = None
 
     def with_key(self, api_key: str | None) -> "AsyncCore":
         """A client for another API key (another role) on the same connection pool and settings."""
@@ -223,6 +231,7 @@ class AsyncCore:
                 response = await self._http.request(method, url, params=_clean(params), json=body, headers=s.headers())
             except httpx.TransportError as exc:
                 failure = exc
+            self.last_response = response
             if response is not None and response.status_code < 400:
                 return response
             wait = s.decide(method, path, attempt, body, response, failure)

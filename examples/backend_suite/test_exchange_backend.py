@@ -35,7 +35,7 @@ def test_deposit_trade_withdraw_reorg(custody_client, custody_funded_customer, c
     w = backend.request_withdrawal(client_withdrawal_id=f"{bob.owner}-w1", account_id=bob_btc, amount=Decimal("2.2"),
                                    destination=dest)
     assert w.state == "pending_approval", w
-    assert [a.approve(w.id)["state"] for a in custody_approvers] == ["pending_approval", "approved"]
+    assert [a.approve(w.id).state for a in custody_approvers] == ["pending_approval", "approved"]
     until(lambda: admin.get_withdrawal(w.id).state == "final", "withdrawal final", custody_chain)
     txid = custody_chain.faucet_bitcoin(alice.address, 40_000_000, confirm=True)  # one block: not final (3)
     seen = lambda: [d for d in backend.list_account_deposits(alice.account_id) if d.txid == txid]  # noqa: E731

@@ -7,7 +7,8 @@ Fixtures others can use (all session-scoped unless noted):
 - `btc_adapter`  chain_adapters.bitcoin.BitcoinAdapter on the node (network="regtest")
 - `eth_adapter`  chain_adapters.ethereum.EthereumAdapter on anvil, token {usdt.address: "USDT"}
 - `chain`        (function scope, parametrized "bitcoin"/"ethereum") a ChainHarness: the same test
-                 body runs against both nodes (the conformance suite uses it)
+                 body runs against both nodes (the conformance suite uses it); chain control (mine,
+                 pay, hold_mining, reorgs) is regtest.control's on `chain.node`
 - `log`          (function scope) a logger named after the test, for narration
 
 The nodes' data directories live under one temporary root; it is deleted after a clean session
@@ -94,8 +95,8 @@ def eth_adapter(cluster: Cluster) -> Iterator[EthereumAdapter]:
 @pytest.fixture(params=["bitcoin", "ethereum"])
 def chain(request: pytest.FixtureRequest, cluster: Cluster) -> ChainHarness:
     if request.param == "bitcoin":
-        return BitcoinHarness(cluster, request.getfixturevalue("btc_adapter"))
-    return EthereumHarness(cluster, request.getfixturevalue("eth_adapter"))
+        return BitcoinHarness(cluster.bitcoin, request.getfixturevalue("btc_adapter"))
+    return EthereumHarness(cluster.anvil, request.getfixturevalue("eth_adapter"))
 
 
 @pytest.fixture
@@ -105,5 +106,5 @@ def log(request: pytest.FixtureRequest) -> logging.Logger:
 
 @pytest.fixture
 def btc(cluster: Cluster, btc_adapter: BitcoinAdapter) -> BitcoinHarness:
-    """Bitcoin helpers: fresh addresses, Python-held funded keys, mining (see harness.py)."""
-    return BitcoinHarness(cluster, btc_adapter)
+    """Bitcoin helpers: fresh addresses, Python-held funded keys (see harness.py)."""
+    return BitcoinHarness(cluster.bitcoin, btc_adapter)

@@ -1,18 +1,22 @@
 """One face for both chains so a test body can run against bitcoind and anvil alike.
 
-A ChainHarness knows how to make a fresh watched address, pay it from the faucet, build a
-Python-signed payment, and mine; the adapter under test is `harness.adapter`.
+A ChainHarness names its chain (`name`, `asset`, a test-sized `amount`), holds the adapter under test
+(`adapter`) and its node (`node`), and makes what only tests need: fresh addresses of Python-held
+keys, Python-signed payments (tests/e2e/txbuild.py), balances as the adapter reports them. What a
+test does to the chain itself (faucet payments, mining, holding blocks back, reorgs) is
+`regtest.control`'s, on `harness.node`: `control.pay(chain.node, address, amount)`,
+`control.mine(chain.node, n)`, `with control.hold_mining(chain.node):`.
 """
 from __future__ import annotations
 
-import contextlib
 import itertools
-from collections.abc import Iterator
 
 from chain_adapters.base import ChainAdapter, Utxo
 from chain_adapters.bitcoin import BitcoinAdapter
 from chain_adapters.ethereum import EthereumAdapter
-from regtest.cluster import Cluster
+from regtest import control
+from regtest.anvil_node import AnvilNode
+from regtest.bitcoin_node import BitcoinNode
 from regtest.util import wait_until
 from tests.e2e import txbuild
 
@@ -24,41 +28,28 @@ class ChainHarness:
     asset: str
     amount: int  # a test-sized payment, deliberately not round
     adapter: ChainAdapter
+    node: BitcoinNode | AnvilNode
 
     def new_address(self, label: str = "") -> str: raise NotImplementedError
-    def pay(self, address: str, amount: int) -> str: raise NotImplementedError
     def signed_payment(self, address: str, amount: int) -> bytes: raise NotImplementedError
-    def mine(self, n: int = 1) -> None: raise NotImplementedError
     def balance(self, address: str) -> int: raise NotImplementedError
-
-    @contextlib.contextmanager
-    def hold_mining(self) -> Iterator[None]:
-        """Transactions sent inside stay in the mempool; on exit one block mines them."""
-        yield
-        self.mine(1)
 
 
 class BitcoinHarness(ChainHarness):
     name, asset, amount = "bitcoin", "BTC", 12_345_678
 
-    def __init__(self, cluster: Cluster, adapter: BitcoinAdapter) -> None:
-        self.node = cluster.bitcoin
+    def __init__(self, node: BitcoinNode, adapter: BitcoinAdapter) -> None:
+        self.node = node
         self.adapter = adapter
 
     def new_address(self, label: str = "") -> str:
         return txbuild.BtcKey.from_label(f"{label}-{next(_counter)}-{id(self)}").address
 
-    def pay(self, address: str, amount: int) -> str:
-        return self.node.fund(address, amount)
-
-    def mine(self, n: int = 1) -> None:
-        self.node.mine(n)
-
     def funded_key(self, amount: int) -> tuple[txbuild.BtcKey, Utxo]:
         """A fresh Python-held key with one confirmed output of `amount` satoshis."""
         key = txbuild.BtcKey.from_label(f"funded-{next(_counter)}-{id(self)}")
-        self.node.fund(key.address, amount)
-        self.mine(1)
+        control.faucet_bitcoin(self.node, key.address, amount)
+        control.mine(self.node, 1)
         [utxo] = wait_until(lambda: self.adapter.unspent([key.address]), what="funding output")
         return key, utxo
 
@@ -74,27 +65,12 @@ class BitcoinHarness(ChainHarness):
 class EthereumHarness(ChainHarness):
     name, asset, amount = "ethereum", "ETH", 1_234_567_890_123_456_789
 
-    def __init__(self, cluster: Cluster, adapter: EthereumAdapter) -> None:
-        self.node = cluster.anvil
+    def __init__(self, node: AnvilNode, adapter: EthereumAdapter) -> None:
+        self.node = node
         self.adapter = adapter
 
     def new_address(self, label: str = "") -> str:
         return txbuild.eth_new_address(f"{label}-{next(_counter)}-{id(self)}")
-
-    def pay(self, address: str, amount: int) -> str:
-        return self.node.fund(address, amount)
-
-    def mine(self, n: int = 1) -> None:
-        self.node.mine(n)
-
-    @contextlib.contextmanager
-    def hold_mining(self) -> Iterator[None]:
-        self.node.set_automine(False)
-        try:
-            yield
-            self.node.mine(1)  # explicitly: re-enabling automine would mine them asynchronously
-        finally:
-            self.node.set_automine(True)
 
     def signed_payment(self, address: str, amount: int) -> bytes:
         adapter = self.adapter

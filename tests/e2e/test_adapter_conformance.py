@@ -1,10 +1,12 @@
 """Conformance: every chain adapter keeps the same promises (chain_adapters/base.py), checked
-against the real nodes. Each test runs once per chain through the `chain` harness fixture.
+against the real nodes. Each test runs once per chain through the `chain` harness fixture; what
+a test does to the chain (pay, mine, hold blocks back) is regtest.control's on `chain.node`.
 """
 from __future__ import annotations
 
 from chain_adapters.base import BlockRef, BroadcastResult, ChainAdapter, TxState, Watch
 from chain_adapters.errors import ErrorCode
+from regtest import control
 from regtest.util import assert_equal, assert_raises_code, wait_until
 
 
@@ -26,8 +28,8 @@ def test_deposit_is_reported_once_with_exact_amount(chain, log):
     address = chain.new_address("deposit")
     cursor = chain.adapter.tip()
     log.info("Pay %d minor units to a watched address and mine a block", chain.amount)
-    txid = chain.pay(address, chain.amount)
-    chain.mine(1)
+    txid = control.pay(chain.node, address, chain.amount)
+    control.mine(chain.node, 1)
     result = chain.adapter.scan(cursor, _watch(chain, address))
     assert result.reorg is None
     [obs] = result.observations
@@ -42,7 +44,7 @@ def test_deposit_is_reported_once_with_exact_amount(chain, log):
 
 def test_scan_respects_max_blocks(chain, log):
     start = chain.adapter.tip()
-    chain.mine(5)
+    control.mine(chain.node, 5)
     log.info("Walk 5 new blocks two at a time")
     cursor, seen = start, []
     while cursor != chain.adapter.tip():
@@ -61,13 +63,13 @@ def test_tx_status_lifecycle(chain, log):
     raw = chain.signed_payment(address, chain.amount)
     unknown = "0x" + "11" * 32 if chain.name == "ethereum" else "11" * 32
     assert_equal(chain.adapter.tx_status(unknown).state, TxState.UNKNOWN)
-    with chain.hold_mining():
+    with control.hold_mining(chain.node):
         sent = chain.adapter.broadcast(raw)
         log.info("Broadcast %s: waiting in the mempool", sent.txid)
         assert_equal(chain.adapter.tx_status(sent.txid).state, TxState.MEMPOOL)
     status = chain.adapter.tx_status(sent.txid)
     assert_equal((status.state, status.confirmations), (TxState.CONFIRMED, 1))
-    chain.mine(2)
+    control.mine(chain.node, 2)
     status = chain.adapter.tx_status(sent.txid, raw=raw)
     assert_equal((status.state, status.confirmations), (TxState.CONFIRMED, 3))
     assert_equal(chain.adapter.block_at(status.block.height), status.block)
@@ -76,14 +78,14 @@ def test_tx_status_lifecycle(chain, log):
 def test_broadcast_is_idempotent(chain, log):
     address = chain.new_address("idem")
     raw = chain.signed_payment(address, chain.amount)
-    with chain.hold_mining():
+    with control.hold_mining(chain.node):
         first = chain.adapter.broadcast(raw)
         assert_equal(first.already_known, False)
         log.info("Second broadcast while in the mempool: success, nothing new")
         assert_equal(chain.adapter.broadcast(raw), BroadcastResult(first.txid, already_known=True))
     log.info("Third broadcast after it is mined: success, nothing new")
     assert_equal(chain.adapter.broadcast(raw), BroadcastResult(first.txid, already_known=True))
-    chain.mine(1)
+    control.mine(chain.node, 1)
     assert_equal(chain.balance(address), chain.amount)
 
 
@@ -102,9 +104,9 @@ def test_fee_estimate_is_positive_int(chain, log):
 
 def test_reorg_of_empty_blocks_reports_fork_point(chain, log, request):
     """The chain-specific reorg scenarios (bitcoin_reorg / ethereum_reorg) cover outputs."""
-    chain.mine(1)
+    control.mine(chain.node, 1)
     fork = chain.adapter.tip()
-    chain.mine(2)
+    control.mine(chain.node, 2)
     cursor = chain.adapter.scan(fork, _watch(chain)).cursor
     assert_equal(cursor.height, fork.height + 2)
     log.info("Replace the two blocks above %s with three others", fork.height)

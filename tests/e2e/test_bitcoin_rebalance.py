@@ -5,25 +5,22 @@ after signing but before storing is followed by a run that signs the same transa
 txid); one stored but not broadcast is sent by the next run; never a second rebalance while one is
 open. The signer refuses a destination not derived from the cold xpub. Reconciliation (deposit,
 hot and cold lines) is exact mid-flight and at the end; at finality one journal transaction moves
-hot -> cold (amount) and hot -> network-fee expense (fee), equal to the chain's figures."""
+hot -> cold (amount) and hot -> network-fee expense (fee), equal to the chain's figures. The
+treasury routes are called through the typed custody.client."""
 from __future__ import annotations
 
-import uuid
-
 import pytest
-from fastapi.testclient import TestClient
 from sqlalchemy import text
 
 from chain_adapters.bitcoin import to_sat
 from custody.addresses import derive_btc_address
-from custody.api.app import create_app
-from custody.auth import create_api_key
 from custody.controls import set_kill_switch
 from custody.jobs import build_scheduler
 from custody.payouts import spendable_coins
 from custody.rebalances import RebalanceConfig, RebalanceThreshold
 from regtest.util import assert_equal
 from signer.service import BtcCoin, SigningRefused
+from tests.e2e.custody.api_helpers import answered, refusal, refused, role_client
 from tests.e2e.custody.conftest import BTC_FINALITY, custody, signer_keys  # noqa: F401 - the custody suite's fixtures
 
 BTC = 100_000_000
@@ -199,40 +196,29 @@ def test_an_open_rebalance_can_be_abandoned(custody, bitcoind, engine, ledger, r
     assert spendable(custody, engine) < held  # its coins are reserved
 
     log.info("treasury API: auditors and operators list it; the backend may not; an operator abandons it")
-    run = uuid.uuid4().hex[:8]
-    keys = {role: create_api_key(engine, f"{role}-{run}", role, custody.settings.api_key_pepper)
-            for role in ("auditor", "operator", "backend")}
-    client = TestClient(create_app(custody), raise_server_exceptions=False)
-
-    def api(role, method, path, **kw):
-        return client.request(method, path, headers={"X-API-Key": keys[role]}, **kw)
-
-    listed = api("auditor", "GET", "/v1/rebalances", params={"state": "open"})
-    assert_equal(listed.status_code, 200)
-    (row,) = [r for r in listed.json() if r["id"] == rb.id]
-    assert_equal((row["state"], row["source_tier"], row["destination_tier"], row["txid"]), ("open", "hot", "cold", None))
-    assert_equal(int(row["amount_minor"]), held - held // 2)
-    assert_equal(row["amount"], f"{(held - held // 2) // BTC}.{(held - held // 2) % BTC:08d}")
-    assert_equal(row["amounts"]["amount"], {"value": row["amount"], "minor": row["amount_minor"]})
-    assert_equal(row["amounts"]["fee"], {"value": row["fee"], "minor": row["fee_minor"]})
-    assert_equal({k: row["amounts"][k]["minor"] for k in ("spendable", "ceiling", "target")},
-                 {k: row[f"{k}_minor"] for k in ("spendable", "ceiling", "target")})
-    assert_equal(api("backend", "GET", "/v1/rebalances").status_code, 403)
-    assert_equal(api("auditor", "POST", f"/v1/rebalances/{rb.id}/abandon", json={"comment": "x"}).status_code, 403)
-    missing = api("operator", "POST", "/v1/rebalances/999999999/abandon", json={"comment": "x"})
-    assert_equal((missing.status_code, missing.json()["error"]["code"]), (404, "not_found"))
-    abandoned = api("operator", "POST", f"/v1/rebalances/{rb.id}/abandon", json={"comment": "test: superseded"})
-    assert_equal((abandoned.status_code, abandoned.json()["state"]), (200, "abandoned"))
-    again = api("operator", "POST", f"/v1/rebalances/{rb.id}/abandon", json={"comment": "twice"})
-    assert_equal((again.status_code, again.json()["error"]["code"]), (409, "invalid_state"))
+    api = {role: role_client(custody, role, role) for role in ("auditor", "operator", "backend")}
+    (row,) = [r for r in api["auditor"].list_rebalances(state="open") if r.id == rb.id]
+    assert_equal((row.state, row.source_tier, row.destination_tier, row.txid), ("open", "hot", "cold", None))
+    assert_equal(row.amount_minor, held - held // 2)
+    assert_equal(str(row.amount), f"{(held - held // 2) // BTC}.{(held - held // 2) % BTC:08d}")  # as the API wrote it
+    for name in ("amount", "fee"):
+        money = row.amounts[name]
+        assert_equal((str(money.value), money.minor), (str(getattr(row, name)), getattr(row, f"{name}_minor")))
+    assert_equal({k: row.amounts[k].minor for k in ("spendable", "ceiling", "target")},
+                 {k: getattr(row, f"{k}_minor") for k in ("spendable", "ceiling", "target")})
+    assert_equal(refusal(lambda: api["backend"].list_rebalances()).status, 403)
+    assert_equal(refusal(lambda: api["auditor"].abandon_rebalance(rb.id, comment="x")).status, 403)
+    assert_equal(refused(lambda: api["operator"].abandon_rebalance(999999999, comment="x")), (404, "not_found"))
+    abandoned = answered(api["operator"], 200, api["operator"].abandon_rebalance(rb.id, comment="test: superseded"))
+    assert_equal(abandoned.state, "abandoned")
+    assert_equal(refused(lambda: api["operator"].abandon_rebalance(rb.id, comment="twice")), (409, "invalid_state"))
     with engine.connect() as c:
         assert_equal(c.execute(text("SELECT state FROM rebalance WHERE id = :r"), {"r": rb.id}).scalar_one(), "abandoned")
         assert_equal(c.execute(text("SELECT count(*) FROM wallet_utxo WHERE rebalance_id = :r"), {"r": rb.id}).scalar_one(), 0)
     assert_equal(spendable(custody, engine), held)
     rebalances.config = RebalanceConfig(thresholds={"BTC": RebalanceThreshold(ceiling=held + BTC, target=held)})
-    ran = api("operator", "POST", "/v1/rebalances/run")  # below the ceiling now: nothing new
-    assert_equal(ran.status_code, 200)
-    assert_equal([r["state"] for r in ran.json() if r["state"] not in ("final", "abandoned")], [])
+    ran = answered(api["operator"], 200, api["operator"].run_rebalances())  # below the ceiling now: nothing new
+    assert_equal([r.state for r in ran if r.state not in ("final", "abandoned")], [])
     with engine.connect() as c:
         assert_equal(c.execute(text("SELECT count(*) FROM rebalance WHERE state NOT IN ('final', 'abandoned')")).scalar_one(), 0)
     lines(custody)
@@ -256,29 +242,26 @@ def test_the_api_route_decides_and_the_worker_job_signs(custody, bitcoind, engin
     hot = custody.wallets.location_account("bitcoin", "hot", "BTC")
     cold = custody.wallets.location_account("bitcoin", "cold", "BTC")
     before = {a: ledger.balance(a).posted for a in (hot, cold)}
-    operator = create_api_key(engine, f"operator-{uuid.uuid4().hex[:8]}", "operator", custody.settings.api_key_pepper)
-    client = TestClient(create_app(custody), raise_server_exceptions=False)
+    operator = role_client(custody, "operator", "operator")
 
     log.info("the operator asks for a rebalance now: decided and opened, nothing signed")
     signer = rebalances.signer
     with pytest.MonkeyPatch.context() as m:
         m.setattr(rebalances, "signer", NoSigning())
-        ran = client.post("/v1/rebalances/run", headers={"X-API-Key": operator})
-        assert_equal(ran.status_code, 200)
-        newest = ran.json()[0]
-        assert_equal((newest["state"], newest["txid"], int(newest["amount_minor"])), ("open", None, held - held // 2))
-        again = client.post("/v1/rebalances/run", headers={"X-API-Key": operator})  # still one: never a second
-        assert_equal([r["id"] for r in again.json() if r["state"] == "open"], [newest["id"]])
+        newest = answered(operator, 200, operator.run_rebalances())[0]
+        assert_equal((newest.state, newest.txid, newest.amount_minor), ("open", None, held - held // 2))
+        again = operator.run_rebalances()  # still one: never a second
+        assert_equal([r.id for r in again if r.state == "open"], [newest.id])
     assert rebalances.signer is signer
     assert spendable(custody, engine) < held  # its coins are reserved
     with engine.connect() as c:
         assert_equal(c.execute(text("SELECT count(*) FROM signer_audit WHERE detail->>'rebalance_id' = :r"),
-                               {"r": str(newest["id"])}).scalar_one(), 0)
+                               {"r": str(newest.id)}).scalar_one(), 0)
 
     log.info("the worker's job signs and broadcasts that same rebalance, and books it at finality")
     rebalances.run_once()
     with engine.connect() as c:
-        row = c.execute(text("SELECT state, txid, amount, fee FROM rebalance WHERE id = :r"), {"r": newest["id"]}).one()
+        row = c.execute(text("SELECT state, txid, amount, fee FROM rebalance WHERE id = :r"), {"r": newest.id}).one()
     assert_equal(row.state, "broadcast")
     assert row.txid in bitcoind.rpc("getrawmempool")
     bitcoind.mine(BTC_FINALITY)

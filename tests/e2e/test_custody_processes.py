@@ -1,7 +1,8 @@
 """`python -m custody api` and `python -m custody worker` as separate OS processes, wired only by a
 config file, against the real regtest nodes and the session database:
 
-- the api answers /health on the configured port; the worker runs its jobs;
+- the api answers /health on the configured port (asked through the typed custody.client); the
+  worker runs its jobs;
 - on SIGUSR1 each writes its loaded modules to `<STATE_DIR>/modules-custody-<api|worker>-<pid>.txt`: neither
   has loaded signer.keys or signer.service (custody holds no key material);
 - SIGTERM stops each cleanly (exit 0; the worker after its running jobs);
@@ -23,9 +24,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-import httpx
 from sqlalchemy import make_url
 
+from custody.client import CustodyApiError, CustodyClient
 from custody.database import drop_database, ensure_database, with_database, with_user
 from regtest.util import free_port, wait_until
 from tests.e2e.deployment import REPO, clean_env, custody, custody_config
@@ -62,12 +63,13 @@ def test_api_and_worker_run_as_processes_without_key_code(tmp_path, cluster, dat
     procs = {"worker": start("worker", config, state, tmp_path,
                              CUSTODY_WORKER_DATABASE_URL=with_user(database_url, "custody_worker")),
              "api": start("api", config, state, tmp_path)}
+    probe = CustodyClient(f"http://127.0.0.1:{port}", None, timeout=1, retries=0)
     try:
         def api_up() -> bool:
             assert procs["api"].poll() is None, (tmp_path / "api.log").read_text()
             try:
-                return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
-            except httpx.HTTPError:
+                return probe.health().status == "ok" and probe.last_response.status_code == 200
+            except CustodyApiError:  # not listening yet (CustodyConnectionError) or not serving yet
                 return False
 
         wait_until(api_up, timeout=90, what="the api's /health")
@@ -87,6 +89,7 @@ def test_api_and_worker_run_as_processes_without_key_code(tmp_path, cluster, dat
             assert proc.wait(timeout=60) == 0, (tmp_path / f"{name}.log").read_text()
         assert "custody worker stopped" in (tmp_path / "worker.log").read_text()
     finally:
+        probe.close()
         for proc in procs.values():
             if proc.poll() is None:
                 proc.kill()

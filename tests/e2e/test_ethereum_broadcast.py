@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from chain_adapters.base import TxState
 from chain_adapters.errors import ErrorCode
+from regtest import control
 from regtest.util import assert_equal, assert_raises_code
 from tests.e2e import txbuild
 
@@ -36,8 +37,7 @@ def test_same_nonce_replacement(anvil, eth_adapter, log):
     ad = eth_adapter
     to = txbuild.eth_new_address("replace")
     sender = txbuild.eth_address(txbuild.ETH_DEV_KEY_1)
-    anvil.set_automine(False)
-    try:
+    with control.manual_mining(anvil):
         nonce = ad.nonce(sender)
         original = _transfer(ad, to, 1_000, nonce=nonce)
         old = ad.broadcast(original)
@@ -48,8 +48,6 @@ def test_same_nonce_replacement(anvil, eth_adapter, log):
         assert_equal(ad.tx_status(old.txid, raw=original).state, TxState.REPLACED)
         assert_equal(ad.tx_status(new.txid).state, TxState.MEMPOOL)
         anvil.mine(1)
-    finally:
-        anvil.set_automine(True)
     assert_equal(ad.tx_status(old.txid, raw=original).state, TxState.CONFLICTED)
     assert_equal(ad.tx_status(new.txid).state, TxState.CONFIRMED)
     assert_equal(ad.balance(to), 3_000)

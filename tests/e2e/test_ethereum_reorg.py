@@ -7,6 +7,7 @@ deposit again (same key, new block).
 from __future__ import annotations
 
 from chain_adapters.base import Watch
+from regtest import control
 from regtest.util import assert_equal
 from tests.e2e import txbuild
 
@@ -18,8 +19,7 @@ def test_ethereum_reorg_orphans_and_remines(anvil, usdt, eth_adapter, log):
     usdt.mint(txbuild.eth_address(txbuild.ETH_DEV_KEY_1), 10_000_000)
     # Automine off for the two deposit blocks: anvil's automine seals asynchronously, and a block
     # sealed late (by this or an earlier test) must not slip in between; we mine each one ourselves.
-    anvil.set_automine(False)
-    try:
+    with control.manual_mining(anvil):
         anvil.mine(1)
         fork = ad.tip()
         log.info("Block %d: a Python-signed EIP-1559 ether deposit", fork.height + 1)
@@ -33,8 +33,6 @@ def test_ethereum_reorg_orphans_and_remines(anvil, usdt, eth_adapter, log):
         log.info("Block %d: an ERC-20 deposit of 2.500001 USDT", fork.height + 2)
         token_tx = usdt.transfer(sender, token_to, 2_500_001, wait=False)
         anvil.mine(1)
-    finally:
-        anvil.set_automine(True)
     assert_equal(ad.tip().height, fork.height + 2)
 
     first = ad.scan(fork, watch)

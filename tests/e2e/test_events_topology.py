@@ -14,7 +14,7 @@ keeps what a backend would: the event keys it applied (a redelivery is skipped),
 `ledger.transaction_posted`), held per hold (`ledger.hold_changed`), each order's and withdrawal's
 latest state.
 
-The story, over the HTTP API: the hot wallet funded, a BTC deposit credited, a market, the buyer's
+The story, over the HTTP API (through the typed custody.client, one client per role): the hot wallet funded, a BTC deposit credited, a market, the buyer's
 USDT from a treasury adjustment, an ask resting; the worker SIGKILLed (the api keeps serving: a
 trade and a resting bid go to the outbox, nothing reaches the stream) and started again (they are
 published, and the consumer crashes after applying the batch with the fill's posting without
@@ -37,17 +37,19 @@ import signal
 import threading
 import time
 import uuid
+from decimal import Decimal
 from pathlib import Path
 
-import httpx
 import nats
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from sqlalchemy import create_engine, text
 
 from custody.broker import JetStreamSink, embedded_nats_url
+from custody.client import CustodyClient
 from custody.launch import Deployment, Nodes, deploy
 from regtest.util import assert_equal
+from tests.e2e.custody.api_helpers import answered
 
 log = logging.getLogger(__name__)
 BTC = 100_000_000
@@ -63,11 +65,6 @@ def _until(what: str, probe, timeout: float = 60.0, every: float = 0.25):
             return last
         time.sleep(every)
     raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
-
-
-def _ok(r: httpx.Response, status: int = 200) -> dict:
-    assert r.status_code == status, f"{r.request.method} {r.request.url}: {r.status_code} {r.text}"
-    return r.json()
 
 
 class Projection:
@@ -257,10 +254,8 @@ def clients(deployment, owner_url):
                 "op2": create_api_key(engine, "events-op-2", "operator", pepper)}
     finally:
         engine.dispose()
-    made = {name: httpx.Client(base_url=deployment.api_base, headers={"X-API-Key": k}, timeout=30) for name, k in keys.items()}
-    yield made
-    for c in made.values():
-        c.close()
+    with CustodyClient(deployment.api_base, None, timeout=30, retries=0) as base:  # one pool, a key per role; first answers
+        yield {name: base.with_key(k) for name, k in keys.items()}
 
 
 @pytest.fixture(scope="module")
@@ -291,31 +286,31 @@ def _caught_up(url: str, stream: str, durable: str) -> bool:
     return js(url, go)
 
 
-def _firm_account(client: httpx.Client, name: str, asset: str) -> int:
-    return next(a["id"] for a in _ok(client.get("/v1/firm-accounts", params={"asset": asset})) if a["name"] == name)
+def _firm_account(api: CustodyClient, name: str, asset: str) -> int:
+    return next(a.id for a in api.list_firm_accounts(asset=asset) if a.name == name)
 
 
-def _customer(client: httpx.Client, owner_name: str, asset: str) -> int:
-    return _ok(client.post("/v1/accounts", json={"asset": asset, "kind": "customer", "name": f"customer:{owner_name}:{asset}",
-                                                 "owner": owner_name}), 201)["id"]
+def _customer(api: CustodyClient, owner_name: str, asset: str) -> int:
+    return answered(api, 201, api.open_account(asset=asset, kind="customer", name=f"customer:{owner_name}:{asset}",
+                                               owner=owner_name)).id
 
 
 def _differences(projection: Projection, clients, orders: dict[str, str], withdrawals: list[int]) -> list[str]:
     """Where the projection and the API disagree (empty when they are equal)."""
     out = []
     for acct in sorted(projection.accounts()):
-        api = _ok(clients["admin"].get(f"/v1/accounts/{acct}/balance"))
-        theirs = (int(api["posted"]["minor"]), int(api["held"]["minor"]))
+        api = clients["admin"].get_balance(acct)
+        theirs = (api.posted.minor, api.held.minor)
         if projection.balance(acct) != theirs:
             out.append(f"account {acct}: events {projection.balance(acct)}, api {theirs}")
     for order_id, symbol in orders.items():
-        api = _ok(clients["backend"].get(f"/v1/markets/{symbol}/orders/{order_id}"))
+        api = clients["backend"].get_order(symbol, order_id)
         mine = projection.orders.get(order_id, {})
-        if (mine.get("state"), mine.get("filled_lots")) != (api["state"], api["filled_lots"]):
+        if (mine.get("state"), mine.get("filled_lots")) != (api.state, api.filled_lots):
             out.append(f"order {order_id}: events {mine.get('state')}/{mine.get('filled_lots')}, "
-                       f"api {api['state']}/{api['filled_lots']}")
+                       f"api {api.state}/{api.filled_lots}")
     for wid in withdrawals:
-        api = _ok(clients["admin"].get(f"/v1/withdrawals/{wid}"))["state"]
+        api = clients["admin"].get_withdrawal(wid).state
         if projection.withdrawals.get(wid) != api:
             out.append(f"withdrawal {wid}: events {projection.withdrawals.get(wid)}, api {api}")
     return out
@@ -331,8 +326,8 @@ def test_projection_from_jetstream_survives_restarts_and_equals_the_api(deployme
     run = uuid.uuid4().hex[:6]
 
     log.info("The api process reports the broker ready (it connects to the worker's NATS URL itself)")
-    ready = _ok(admin.get("/health/ready"))
-    assert ready["checks"]["broker"]["ok"], ready
+    ready = answered(admin, 200, admin.health_ready())
+    assert ready.checks["broker"].ok, ready
 
     projection = Projection()
     durable = f"projection-{run}"
@@ -344,42 +339,41 @@ def test_projection_from_jetstream_survives_restarts_and_equals_the_api(deployme
     cluster.bitcoin.fund(hot, 2 * BTC)
     seller, buyer = f"seller-{run}", f"buyer-{run}"
     seller_btc = _customer(backend, seller, "BTC")
-    addr = _ok(backend.post("/v1/deposit-addresses", json={"idempotency_key": f"addr-{run}", "account_id": seller_btc}), 201)
-    cluster.bitcoin.fund(addr["address"], 1 * BTC)
+    addr = answered(backend, 201, backend.issue_deposit_address(idempotency_key=f"addr-{run}", account_id=seller_btc))
+    cluster.bitcoin.fund(addr.address, 1 * BTC)
 
     def credited():
         cluster.bitcoin.mine(1)
-        return any(d["state"] == "credited" for d in _ok(backend.get(f"/v1/accounts/{seller_btc}/deposits")))
+        return any(d.state == "credited" for d in backend.list_account_deposits(seller_btc))
     _until("the deposit credited", credited, every=0.5)
 
     log.info("A market; the buyer's USDT from a treasury adjustment (two operators); an ask rests")
     symbol = f"BTC-USDT-{run}"
-    _ok(admin.post("/v1/markets", json={"symbol": symbol, "base_asset": "BTC", "quote_asset": "USDT", "lot_size": 10_000,
-                                        "quote_per_tick_lot": 1, "fees": {"default": {"maker_ppm": 1_000, "taker_ppm": 2_000}}}),
-        201)
-    _ok(admin.post("/v1/assets", json={"code": "USDT", "decimals": 6}), 201)  # idempotent; opens its firm accounts
+    answered(admin, 201, admin.create_market(symbol=symbol, base_asset="BTC", quote_asset="USDT", lot_size=10_000,
+                                             quote_per_tick_lot=1,
+                                             fees={"default": {"maker_ppm": 1_000, "taker_ppm": 2_000}}))
+    answered(admin, 201, admin.create_asset(code="USDT", decimals=6))  # idempotent; opens its firm accounts
     buyer_usdt = _customer(backend, buyer, "USDT")
-    proposal = _ok(op1.post("/v1/treasury/adjustments", json={
-        "idempotency_key": f"usdt-{run}", "reason": "events e2e: the buyer's opening balance",
-        "transfers": [{"debit_account_id": _firm_account(admin, "equity:USDT", "USDT"), "credit_account_id": buyer_usdt,
-                       "amount": "40000"}]}), 201)
-    assert_equal(_ok(op2.post(f"/v1/treasury/adjustments/{proposal['id']}/approve", json={"comment": "checked"}))["state"],
-                 "posted")
-    orders_url = f"/v1/markets/{symbol}/orders"
-    ask = _ok(backend.post(orders_url, json={"account": seller, "client_order_id": "ask-1", "side": "sell", "qty": "0.3",
-                                             "price": "59900"}), 201)
-    assert_equal(ask["state"], "working")
+    proposal = answered(op1, 201, op1.propose_adjustment(
+        idempotency_key=f"usdt-{run}", reason="events e2e: the buyer's opening balance",
+        transfers=[{"debit_account_id": _firm_account(admin, "equity:USDT", "USDT"), "credit_account_id": buyer_usdt,
+                    "amount": Decimal("40000")}]))
+    assert_equal(op2.approve_adjustment(proposal.id, comment="checked").state, "posted")
+
+    def order(account: str, client_order_id: str, side: str, qty: str, price: str):
+        return answered(backend, 201, backend.place_order(symbol, account=account, client_order_id=client_order_id,
+                                                          side=side, qty=Decimal(qty), price=Decimal(price)))
+    ask = order(seller, "ask-1", "sell", "0.3", "59900")
+    assert_equal(ask.state, "working")
     _until("the events so far published", lambda: _undelivered(owner)[0] == 0)
 
     log.info("The worker is SIGKILLed; the api keeps serving: a trade and a resting bid wait in the outbox")
     procs.kill("custody-worker", signal.SIGKILL)
     published = _stream_last_seq(nats_url, stream)
-    bid = _ok(backend.post(orders_url, json={"account": buyer, "client_order_id": "bid-1", "side": "buy", "qty": "0.2",
-                                             "price": "60000"}), 201)
-    assert_equal(bid["state"], "filled")
-    rest = _ok(backend.post(orders_url, json={"account": buyer, "client_order_id": "bid-2", "side": "buy", "qty": "0.1",
-                                              "price": "50000"}), 201)
-    assert_equal(rest["state"], "working")
+    bid = order(buyer, "bid-1", "buy", "0.2", "60000")
+    assert_equal(bid.state, "filled")
+    rest = order(buyer, "bid-2", "buy", "0.1", "50000")
+    assert_equal(rest.state, "working")
     waiting, _ = _undelivered(owner)
     assert waiting > 0
     time.sleep(1.0)  # the api never publishes: with the worker dead the stream does not grow
@@ -398,27 +392,27 @@ def test_projection_from_jetstream_survives_restarts_and_equals_the_api(deployme
 
     log.info("A withdrawal is paid to final; the resting bid is cancelled")
     dest = cluster.bitcoin.wallet("getnewaddress", "", "bech32")
-    withdrawal = _ok(backend.post("/v1/withdrawals", json={"client_withdrawal_id": f"w-{run}", "account_id": seller_btc,
-                                                         "amount": "0.1", "destination": dest}), 201)
+    withdrawal = answered(backend, 201, backend.request_withdrawal(client_withdrawal_id=f"w-{run}", account_id=seller_btc,
+                                                                   amount=Decimal("0.1"), destination=dest))
 
     def final():
-        state = _ok(admin.get(f"/v1/withdrawals/{withdrawal['id']}"))["state"]
+        state = admin.get_withdrawal(withdrawal.id).state
         if state in ("broadcast", "confirmed"):
             cluster.bitcoin.mine(1)
         return state == "final"
-    _until(f"withdrawal {withdrawal['id']} final", final, timeout=90, every=0.5)
-    cancelled = _ok(backend.post(f"{orders_url}/{rest['order_id']}/cancel", json={"account": buyer}))
-    assert_equal(cancelled["state"], "cancelled")
+    _until(f"withdrawal {withdrawal.id} final", final, timeout=90, every=0.5)
+    cancelled = backend.cancel_order(symbol, rest.order_id, account=buyer)
+    assert_equal(cancelled.state, "cancelled")
 
     log.info("With the outbox empty and the consumer caught up, the projection equals the API")
-    orders = {o["order_id"]: symbol for o in (ask, bid, rest)}
+    orders = {o.order_id: symbol for o in (ask, bid, rest)}
     differences: list[str] = ["not compared yet"]
     deadline = time.monotonic() + 45
     while differences and time.monotonic() < deadline:
         _until("the outbox drained", lambda: _undelivered(owner)[0] == 0)
         _until("the consumer caught up", lambda: _caught_up(nats_url, stream, durable))
         mark = _undelivered(owner)[1]
-        differences = _differences(projection, clients, orders, [withdrawal["id"]])
+        differences = _differences(projection, clients, orders, [withdrawal.id])
         if _undelivered(owner)[1] != mark:
             differences = differences or ["events were emitted while comparing"]  # a job moved something: again
     consumer.stop()
@@ -430,9 +424,9 @@ def test_projection_from_jetstream_survives_restarts_and_equals_the_api(deployme
     assert consumer.redelivered >= 1 and projection.duplicates >= 1, (consumer.redelivered, projection.duplicates)
     assert "ledger.transaction_posted" in projection.duplicate_types, projection.duplicate_types
     assert {seller_btc, buyer_usdt} <= projection.accounts()
-    assert_equal(projection.orders[bid["order_id"]]["state"], "filled")
-    assert_equal(projection.orders[rest["order_id"]]["state"], "cancelled")
-    assert_equal(projection.withdrawals[withdrawal["id"]], "final")
+    assert_equal(projection.orders[bid.order_id]["state"], "filled")
+    assert_equal(projection.orders[rest.order_id]["state"], "cancelled")
+    assert_equal(projection.withdrawals[withdrawal.id], "final")
     posted, held = projection.balance(buyer_usdt)
     assert held == 0 and 0 < posted < 40_000 * 10**6, (posted, held)
-    assert _ok(admin.get("/v1/verify"))["ok"]
+    assert admin.verify().ok

@@ -20,6 +20,11 @@ def _cli(env, *args) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=180)
 
 
+def state_pid(env, node: str) -> int | None:
+    """The pid `python -m regtest` recorded for `node` in its state file."""
+    return json.loads((Path(env["REGTEST_STATE_DIR"]) / "state.json").read_text())[node]["pid"]
+
+
 def test_cli_up_status_mine_down(tmp_path, log, cluster):  # `cluster`: installed tools are present
     env = {**os.environ, "REGTEST_STATE_DIR": str(tmp_path / "state")}
     up = _cli(env, "up")
@@ -44,7 +49,9 @@ def test_cli_up_status_mine_down(tmp_path, log, cluster):  # `cluster`: installe
 
 def test_cli_chain_control(tmp_path, cluster):  # `cluster`: installed tools are present
     """The chain-control commands on the nodes of `up`: faucet + mine until confirmed, a reorg that
-    drops that payment, a fee spike, hang/resume, anvil's clock, an ERC-20 deployed and minted."""
+    drops that payment, mining to an address, an ethereum reorg keeping one of two transfers, a fee
+    spike, hang/resume, stop/start (bitcoind keeps its chain), anvil's clock, an ERC-20 deployed and
+    minted."""
     from regtest import control
     from regtest.cluster import cluster_from_state
     from regtest.install import find_tools
@@ -65,12 +72,37 @@ def test_cli_chain_control(tmp_path, cluster):  # `cluster`: installed tools are
         assert txid not in nodes.bitcoin.rpc("getrawmempool")
         refused = _cli(env, "reorg", "--chain", "bitcoin", "--depth", "1", "--drop", txid)  # no longer in a block
         assert refused.returncode == 1 and "not in the last 1 blocks" in refused.stderr
+        miner = nodes.bitcoin.wallet("getnewaddress", "", "bech32")
+        assert _cli(env, "mine", "2", "--chain", "bitcoin", "--to", miner).returncode == 0
+        tip = nodes.bitcoin.rpc("getblock", nodes.bitcoin.rpc("getbestblockhash"), 2)
+        assert_equal(tip["tx"][0]["vout"][0]["scriptPubKey"]["address"], miner)  # the coinbase pays --to
+
+        kept, dropped = "0x" + "11" * 20, "0x" + "22" * 20
+        with control.hold_mining(nodes.anvil):  # both transfers in one block
+            keep_tx, drop_tx = control.pay(nodes.anvil, kept, 1_000), control.pay(nodes.anvil, dropped, 2_000)
+        eth_reorg = _cli(env, "reorg", "--chain", "ethereum", "--depth", "1", "--keep", keep_tx)
+        assert eth_reorg.returncode == 0, eth_reorg.stderr
+        nodes.anvil.mine(1)
+        assert_equal((control.confirmations(nodes.anvil, keep_tx) >= 1, control.confirmations(nodes.anvil, drop_tx)),
+                     (True, 0))
+        assert_equal((nodes.anvil.w3.eth.get_balance(nodes.anvil.w3.to_checksum_address(kept)),
+                      nodes.anvil.w3.eth.get_balance(nodes.anvil.w3.to_checksum_address(dropped))), (1_000, 0))
         spike = _cli(env, "fee-spike", "40", "--blocks", "3")
         assert spike.returncode == 0, spike.stderr
         assert int(spike.stdout.split("estimatesmartfee now ")[1].split()[0]) >= 40, spike.stdout
         assert _cli(env, "hang", "anvil").returncode == 0
         assert_equal(control._state(nodes.anvil.pid), "T")
         assert _cli(env, "resume", "anvil").returncode == 0
+        height, old = nodes.bitcoin.rpc("getblockcount"), state_pid(env, "bitcoind")
+        assert _cli(env, "stop", "bitcoind").returncode == 0
+        assert not pid_alive(old) and state_pid(env, "bitcoind") is None
+        started = _cli(env, "start", "bitcoind")
+        assert started.returncode == 0, started.stderr
+        assert pid_alive(state_pid(env, "bitcoind"))
+        nodes = cluster_from_state(json.loads((Path(env["REGTEST_STATE_DIR"]) / "state.json").read_text()), find_tools())
+        assert_equal(nodes.bitcoin.rpc("getblockcount"), height)  # the chain kept
+        after = _cli(env, "faucet", "bitcoin", miner, "10000", "--confirm")  # the faucet wallet loaded again
+        assert after.returncode == 0, after.stderr
         before = nodes.anvil.w3.eth.get_block("latest")["timestamp"]
         assert _cli(env, "advance-time", "86400").returncode == 0
         assert nodes.anvil.w3.eth.get_block("latest")["timestamp"] >= before + 86400

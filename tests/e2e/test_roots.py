@@ -3,8 +3,8 @@ nodes and the session database:
 
 - reference data from the file lands once (wallets, assets, cursors) and a restart writes nothing;
   a file whose wallet key differs from the registered one stops the start, naming the key;
-- the HTTP app (`create_app`) serves the api root: a deposit address comes from the configured
-  deposit xpub;
+- the HTTP app (`create_app`) serves the api root (called through the typed custody.client): a
+  deposit address comes from the configured deposit xpub;
 - the scheduler (`build_scheduler`) takes the worker root with every job, the matching snapshot job
   on the journal (no second sequencer), sweeps and rebalances paying the configured hot address;
 - a BTC deposit to that address is credited by the worker root's deposit pipeline at finality.
@@ -20,11 +20,9 @@ import logging
 import uuid
 
 import pytest
-from fastapi.testclient import TestClient
 from sqlalchemy import text
 
 from custody.addresses import derive_btc_address
-from custody.api.app import create_app
 from custody.auth import Role, create_api_key
 from custody.config import DeploymentConfig
 from custody.database import with_user
@@ -34,6 +32,7 @@ from custody.roots.common import StartupError, apply_reference_data
 from custody.roots.guards import NetworkGate
 from custody.roots.worker import JournalSnapshots, WorkerRoot, build_worker_root
 from signer.wire import Xpubs
+from tests.e2e.custody.api_helpers import answered, in_process
 from tests.e2e.deployment import custody_config, regtest_keys
 
 log = logging.getLogger(__name__)
@@ -118,16 +117,12 @@ def test_the_http_app_serves_the_api_root(api_root, config, engine):
     run = uuid.uuid4().hex[:8]
     # keys are the owner's to make (`create-api-key`): the api's role may not (migration 0022)
     backend = create_api_key(engine, f"roots-{run}", Role.backend, api_root.settings.api_key_pepper)
-    client = TestClient(create_app(api_root), raise_server_exceptions=False)  # type: ignore[arg-type]
-    assert client.get("/health").json() == {"status": "ok"}
-    account = client.post("/v1/accounts", headers={"X-API-Key": backend},
-                          json={"asset": "BTC", "kind": "customer", "name": f"customer:roots-{run}:BTC", "owner": f"roots-{run}"})
-    assert account.status_code == 201, account.text
-    address = client.post("/v1/deposit-addresses", headers={"X-API-Key": backend},
-                          json={"account_id": account.json()["id"], "idempotency_key": f"roots-{run}"})
-    assert address.status_code == 201, address.text
-    body = address.json()
-    assert body["address"] == derive_btc_address(config.wallets["bitcoin"].deposit, "regtest", 0, body["derivation_index"])
+    api = in_process(api_root, backend)  # type: ignore[arg-type]
+    assert api.health().status == "ok" and api.last_response.json() == {"status": "ok"}
+    account = answered(api, 201, api.open_account(asset="BTC", kind="customer", name=f"customer:roots-{run}:BTC",
+                                                  owner=f"roots-{run}"))
+    address = answered(api, 201, api.issue_deposit_address(account_id=account.id, idempotency_key=f"roots-{run}"))
+    assert address.address == derive_btc_address(config.wallets["bitcoin"].deposit, "regtest", 0, address.derivation_index)
     assert api_root.trading is not None  # the sequencer lives in the api
     assert sorted(k.operator for k in api_root.approvers.keys()) == ["op-alice", "op-bob"]
     assert api_root.withdrawals.approvers is api_root.approvers

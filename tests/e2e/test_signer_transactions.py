@@ -24,6 +24,7 @@ from eth_account import Account
 from chain_adapters.base import TxState
 from chain_adapters.bitcoin import to_sat
 from custody.addresses import derive_btc_address, derive_eth_address
+from regtest import control
 from regtest.util import assert_equal
 from signer.bitcoin_tx import (
     PayOutput,
@@ -213,8 +214,7 @@ def test_same_nonce_replacement(anvil, eth_adapter, eth_hot, log):
     fee = eth_adapter.estimate_fee()
     tip = max(fee.priority_fee_wei, 1)  # doubling a zero tip would not be a bump
     common = dict(chain_id=eth_adapter.chain_id, to=to, gas=21_000)
-    anvil.set_automine(False)
-    try:
+    with control.manual_mining(anvil):
         nonce = eth_adapter.nonce(sender)
         first = sign_eip1559(key, nonce=nonce, value=1_000, max_fee_wei=fee.max_fee_wei + tip,
                              priority_fee_wei=tip, **common)
@@ -226,8 +226,6 @@ def test_same_nonce_replacement(anvil, eth_adapter, eth_hot, log):
         assert_equal(eth_adapter.tx_status(first.txid, raw=first.raw).state, TxState.REPLACED)
         assert_equal(eth_adapter.tx_status(second.txid).state, TxState.MEMPOOL)
         anvil.mine(1)
-    finally:
-        anvil.set_automine(True)
     assert_equal(eth_adapter.tx_status(second.txid).state, TxState.CONFIRMED)
     assert_equal(eth_adapter.tx_status(first.txid, raw=first.raw).state, TxState.CONFLICTED)
     assert_equal(eth_adapter.balance(to), 2_000)

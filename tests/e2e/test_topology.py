@@ -29,7 +29,6 @@ import uuid
 from decimal import Decimal
 from pathlib import Path
 
-import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
@@ -39,6 +38,7 @@ from custody.launch import Deployment, Nodes, deploy, role_url
 from regtest import control
 from regtest.cluster import cluster_from_state
 from regtest.install import find_tools
+from tests.e2e.custody.api_helpers import readiness
 
 ROOT = Path(__file__).resolve().parents[2]
 BTC = 100_000_000
@@ -84,8 +84,13 @@ def owner_url(database_url):
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory, nodes_up, owner_url) -> Deployment:
+    from custody.broker import embedded_nats_url
+
     _, nodes = nodes_up
-    dep = deploy(tmp_path_factory.mktemp("topology"), owner_url=owner_url, nodes=nodes, job_scale=0.2)
+    root = tmp_path_factory.mktemp("topology")
+    # The test process starts the events broker (stopped when it exits), as `custody demo` does: a
+    # worker's own embedded server would outlive the workers SIGKILLed below.
+    dep = deploy(root, owner_url=owner_url, nodes=nodes, job_scale=0.2, nats_url=embedded_nats_url(root / "broker"))
     yield dep
     dep.stop()
 
@@ -358,10 +363,9 @@ def test_second_worker_takes_over_the_payout_job(deployment, nodes_up, clients, 
 
 def test_bitcoind_restart_needs_no_operator(deployment, nodes_up, clients):
     cluster, _ = nodes_up
-    cluster.bitcoin.stop()
+    control.stop_node(cluster.bitcoin)
     time.sleep(3)  # the workers' jobs fail against the stopped node meanwhile
-    cluster.bitcoin.start(detached=True)
-    cluster.bitcoin.ensure_faucet()  # the test's own funding wallet is not loaded again by itself
+    control.start_node(cluster.bitcoin, detached=True)  # the chain kept, the faucet wallet loaded again
     acct = _funded_customer(clients, cluster, 1 * BTC)
     assert clients["admin"].get_balance(acct).posted.minor == 1 * BTC
     assert clients["admin"].verify().ok
@@ -371,16 +375,16 @@ def test_bitcoind_restart_needs_no_operator(deployment, nodes_up, clients):
 
 def test_a_hung_bitcoind_makes_readiness_503_within_seconds(deployment, nodes_up):
     cluster, _ = nodes_up
-    with httpx.Client(base_url=deployment.api_base, timeout=90) as probe:
-        assert _until("ready", lambda: probe.get("/health/ready").status_code == 200, timeout=60)
+    with CustodyClient(deployment.api_base, None, timeout=90, retries=0) as probe:
+        assert _until("ready", lambda: readiness(probe)[0] == 200, timeout=60)
         with control.hang_node(cluster.bitcoin):
             for attempt in (1, 2):  # the second finds the first probe's call still waiting on the node
                 started = time.monotonic()
-                r = probe.get("/health/ready")
+                status, ready = readiness(probe)
                 took = time.monotonic() - started
-                checks = r.json()["checks"]
-                assert (r.status_code, checks["bitcoin"]["ok"], checks["database"]["ok"]) == (503, False, True), r.text
-                assert checks["bitcoin"]["detail"].startswith("TimeoutError: "), checks["bitcoin"]
+                checks = ready.checks
+                assert (status, checks["bitcoin"].ok, checks["database"].ok) == (503, False, True), ready
+                assert checks["bitcoin"].detail.startswith("TimeoutError: "), checks["bitcoin"]
                 assert took < 6, f"probe {attempt} took {took:.1f} s"
         control.wait_answering(cluster.bitcoin)
-        assert _until("ready again", lambda: probe.get("/health/ready").status_code == 200, timeout=60)
+        assert _until("ready again", lambda: readiness(probe)[0] == 200, timeout=60)

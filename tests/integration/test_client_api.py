@@ -73,6 +73,25 @@ def test_typed_round_trip_and_errors_carry_the_code(engine, ledger):
     ledger.assert_verified()
 
 
+def test_last_response_tells_created_from_replayed(engine, ledger):
+    api = clients(engine)
+    backend = api[Role.backend]
+    run = uuid.uuid4().hex[:6].upper()
+    api[Role.admin].create_asset(code=f"L{run}", decimals=2)
+    account_id = fund(ledger, run, f"last-{run}", f"L{run}", 1_000)
+    assert backend.last_response is None
+    first = backend.place_hold(idempotency_key=f"h-{run}", account_id=account_id, amount=Decimal("1"), reference="r")
+    assert_equal(backend.last_response.status_code, 201)
+    again = backend.place_hold(idempotency_key=f"h-{run}", account_id=account_id, amount=Decimal("1"), reference="r")
+    assert_equal((backend.last_response.status_code, again.id), (200, first.id))
+    with pytest.raises(Conflict):
+        backend.place_hold(account_id=account_id, amount=Decimal("100"), reference="r")
+    assert_equal(backend.last_response.status_code, 409)
+    assert backend.with_key(None).last_response is None  # another client object: its own
+    backend.release_hold(first.id)
+    ledger.assert_verified()
+
+
 def test_iter_follows_the_next_cursor_across_pages(engine, ledger):
     api = clients(engine)
     run = uuid.uuid4().hex[:6].upper()

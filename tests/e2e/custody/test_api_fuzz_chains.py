@@ -9,6 +9,9 @@ on a database of its own, with wallets from a seed of its own (the BIP39 test ve
 ..."), so nothing it does (reconciliation passes, incidents, the kill switch, withdrawals requested)
 reaches the session's other suites. Nothing is broadcast: no payout job runs, and the only signing
 routes (reserves, rebalances) sign messages or find no coins.
+
+Raw HTTP on purpose (not custody.client): the fuzzer sends malformed bodies, wrong types and
+missing fields, which the typed client would refuse before sending; that is the point.
 """
 from __future__ import annotations
 

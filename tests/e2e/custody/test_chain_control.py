@@ -1,27 +1,30 @@
 """chain_control: regtest.control's helpers put the custody pipelines under real network conditions.
 
-- a reorg that drops a deposit before finality: the deposit ends `orphaned`, never credited;
+- a reorg that drops a deposit before finality: the deposit ends `orphaned`, never credited; on
+  ethereum, a reorg keeping one of two deposits of a block: that one is credited at finality, the
+  other orphaned;
 - a fee spike: blocks full of transactions paying more than the payout, so its first fee is too low
   and it is not mined; the worker's bump pays enough and is the version that confirms;
 - a hung bitcoind (SIGSTOP): `/health/ready` is 503 naming `bitcoin`, the deposit job fails with
   `node_unavailable` and records nothing; once the node continues both carry on by themselves.
+  Readiness is asked through the typed custody.client (`api_helpers.readiness`: the status and the
+  `Ready` body, a 503 included).
 """
 from __future__ import annotations
 
 from decimal import Decimal
 
 import pytest
-from fastapi.testclient import TestClient
 from sqlalchemy import text
 
 from chain_adapters.bitcoin import BitcoinAdapter
 from chain_adapters.errors import ChainError
-from custody.api.app import create_app
 from custody.container import Container
 from ledger.service import Ledger
 from regtest import control
 from regtest.util import assert_equal
-from tests.e2e.custody.conftest import BTC_FINALITY
+from tests.e2e.custody.api_helpers import in_process, readiness
+from tests.e2e.custody.conftest import BTC_FINALITY, ETH_FINALITY
 from tests.e2e.custody.test_withdrawal_signer_refusals import fund
 
 SAT = 100_000_000
@@ -45,6 +48,22 @@ def test_reorg_drops_a_deposit_before_finality(custody, customer, bitcoind, engi
     assert_equal(observations(engine, txid), ["orphaned"])
     assert_equal(control.confirmations(bitcoind, txid), 0)
     assert_equal(ledger.balance(acct).posted, 0)
+
+
+def test_ethereum_reorg_keeps_one_deposit_and_drops_the_other(custody, customer, anvil, engine, ledger, log):
+    kept, dropped = customer("ETH"), customer("ETH")
+    addresses = [custody.wallets.issue_address(f"addr:{a}", a).address for a in (kept, dropped)]
+    with control.hold_mining(anvil):  # both deposits in one block
+        keep_tx, drop_tx = (control.pay(anvil, a, 10**17 + i) for i, a in enumerate(addresses))
+    custody.deposits.run_once(["ethereum"])
+    assert_equal((observations(engine, keep_tx), observations(engine, drop_tx)), (["confirming"], ["confirming"]))
+    log.info("reorg depth 1 keeping %s, dropping %s", keep_tx, drop_tx)
+    control.reorg_ethereum(anvil, 1, keep=[(control.raw_transaction(anvil, keep_tx), 0)])
+    control.mine(anvil, ETH_FINALITY)
+    custody.deposits.run_once(["ethereum"])
+    assert_equal((observations(engine, keep_tx), observations(engine, drop_tx)), (["credited"], ["orphaned"]))
+    assert_equal((ledger.balance(kept).posted, ledger.balance(dropped).posted), (10**17, 0))
+    assert_equal(control.confirmations(anvil, drop_tx), 0)
 
 
 def test_fee_spike_makes_the_first_fee_too_low_and_the_bump_confirms(custody, customer, bitcoind, engine, ledger, log):
@@ -84,22 +103,22 @@ def quick(custody, bitcoind, engine):
 
 
 def test_a_hung_node_shows_in_readiness_and_jobs_wait(custody, customer, bitcoind, engine, quick, ledger, log):
-    api = TestClient(create_app(quick), raise_server_exceptions=False)
-    assert_equal(api.get("/health/ready").status_code, 200)
+    api = in_process(quick, None)  # readiness needs no key
+    assert_equal(readiness(api)[0], 200)
     acct = customer("BTC")
     txid = bitcoind.fund(custody.wallets.issue_address(f"addr:{acct}", acct).address, 20_000_000)
     bitcoind.mine(BTC_FINALITY)
     with control.hang_node(bitcoind):
-        r = api.get("/health/ready")
-        assert_equal(r.status_code, 503)
-        assert r.json()["checks"]["bitcoin"]["ok"] is False, r.json()
-        assert r.json()["checks"]["database"]["ok"] is True
+        status, ready = readiness(api)
+        assert_equal(status, 503)
+        assert ready.checks["bitcoin"].ok is False, ready
+        assert ready.checks["database"].ok is True
         with pytest.raises(ChainError) as refused:
             quick.deposits.run_once(["bitcoin"])
         assert_equal(refused.value.code.value, "node_unavailable")
         assert_equal(observations(engine, txid), [])
     control.wait_answering(bitcoind)
-    assert_equal(api.get("/health/ready").status_code, 200)
+    assert_equal(readiness(api)[0], 200)
     custody.deposits.run_once(["bitcoin"])
     assert_equal(observations(engine, txid), ["credited"])
     assert_equal(ledger.balance(acct).posted, 20_000_000)

@@ -2,30 +2,22 @@
 an address of their own choosing, with no second approval, and it was paid. Now a return always
 waits for a quorum of operators other than the one who asked (whatever the amount tier), a
 destination other than the original sender is flagged to them, and it is then paid through the
-signer's checks like any withdrawal."""
+signer's checks like any withdrawal. The operators act over the API through the typed custody.client,
+trent approving with his registered key as `custody approve` does."""
 from __future__ import annotations
 
-import uuid
-
 import pytest
-from fastapi.testclient import TestClient
 
-from custody.api.app import create_app
-from custody.auth import create_api_key
 from regtest.util import assert_equal
-from tests.approvers import approve_over_api, operator_client
+from tests.e2e.custody.api_helpers import answered, approve_as, operator_api, refused, role_client
 from tests.e2e.custody.conftest import BTC_FINALITY
 from tests.e2e.custody.test_deposit_screening import deposit_from_denylisted_sender
 
 
 @pytest.fixture
 def operators(custody):
-    run = uuid.uuid4().hex[:8]
-    app = create_app(custody)
-    out = []
-    mallory = TestClient(app, raise_server_exceptions=False)
-    mallory.headers["X-API-Key"] = create_api_key(custody.engine, f"op-mallory-{run}", "operator", custody.settings.api_key_pepper)
-    return [mallory, operator_client(custody, "op-trent")]  # trent approves with his registered key
+    return [role_client(custody, "operator", "op-mallory"),
+            operator_api(custody, "op-trent")]  # trent approves with his registered key
 
 
 def test_return_to_an_address_of_the_operators_choosing_needs_a_second_operator(
@@ -40,27 +32,26 @@ def test_return_to_an_address_of_the_operators_choosing_needs_a_second_operator(
     own = bitcoind.wallet("getnewaddress", "", "bech32")
 
     log.info("the attack: one operator returns the deposit to an address of their own")
-    r = mallory.post(f"/v1/deposits/{obs['id']}/return", json={"comment": "sender asked us to pay here", "destination": own})
-    assert r.status_code == 200, r.text
-    ret = r.json()
-    log.info("-> withdrawal %s %s %s", ret["withdrawal_id"], ret["state"], ret.get("decision_reasons"))
-    assert_equal((ret["state"], ret.get("decision_reasons")), ("pending_approval", ["return_destination_not_original_sender"]))
+    ret = answered(mallory, 200, mallory.return_deposit(obs["id"], comment="sender asked us to pay here", destination=own))
+    wid = ret.withdrawal_id
+    log.info("-> withdrawal %s %s %s", wid, ret.state, ret.decision_reasons)
+    assert_equal((ret.state, ret.decision_reasons), ("pending_approval", ["return_destination_not_original_sender"]))
     pay_out()
-    assert_equal(custody.withdrawals.get(ret["withdrawal_id"]).state, "pending_approval")
+    assert_equal(custody.withdrawals.get(wid).state, "pending_approval")
 
     log.info("the operator who asked cannot approve it; a second operator sees the flag and approves")
-    r = mallory.post(f"/v1/withdrawals/{ret['withdrawal_id']}/approve", json={"comment": "approving my own"})
-    assert_equal((r.status_code, r.json()["error"]["code"]), (403, "requester_cannot_approve"))
-    [queued] = [w for w in trent.get("/v1/withdrawals").json() if w["id"] == ret["withdrawal_id"]]
-    assert_equal(queued["decision_reasons"], ["return_destination_not_original_sender"])
-    r = approve_over_api(trent, ret["withdrawal_id"], "op-trent", "sender's new address confirmed by phone")
-    assert_equal((r.status_code, r.json()["state"]), (200, "approved"))
+    assert_equal(refused(lambda: mallory.approve_withdrawal(wid, comment="approving my own")),
+                 (403, "requester_cannot_approve"))
+    [queued] = [w for w in trent.list_withdrawals() if w.id == wid]
+    assert_equal(queued.decision_reasons, ["return_destination_not_original_sender"])
+    approved = approve_as(trent, wid, "op-trent", "sender's new address confirmed by phone")
+    assert_equal((trent.last_response.status_code, approved.state), (200, "approved"))
 
     log.info("paid through the batch and the signer's checks")
     pay_out()
     bitcoind.mine(BTC_FINALITY)
     p.track()
-    assert_equal(custody.withdrawals.get(ret["withdrawal_id"]).state, "final")
+    assert_equal(custody.withdrawals.get(wid).state, "final")
     assert_equal([u.amount for u in btc.adapter.unspent([own])], [2_500_000 - 5_000])
     assert_equal(ledger.balance(acct).posted, 0)
 

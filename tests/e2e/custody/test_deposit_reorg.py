@@ -10,6 +10,7 @@ from custody.errors import CustodyError
 
 from custody.controls import kill_switch, set_kill_switch
 from custody.incidents import Incidents
+from regtest import control
 from regtest.util import assert_equal
 from tests.e2e.custody.conftest import BTC_FINALITY, ETH_FINALITY
 
@@ -53,16 +54,16 @@ def test_ethereum_reorg_before_finality(custody, customer, anvil, ledger, log):
     txid = anvil.fund(addr, 10**18)
     custody.deposits.run_once(["ethereum"])
     assert_equal(only_deposit(custody, acct)["state"], "confirming")
-    raw = anvil.w3.eth.get_raw_transaction(txid)
+    raw = control.raw_transaction(anvil, txid)
 
     log.info("anvil_reorg depth 1 with an empty replacement block: the deposit is orphaned")
-    anvil.call("anvil_reorg", 1, [])
+    control.reorg_ethereum(anvil, 1)
     custody.deposits.run_once(["ethereum"])
     assert_equal(only_deposit(custody, acct)["state"], "orphaned")
     assert_equal(ledger.balance(acct).posted, 0)
 
     log.info("the same signed transaction is re-mined; credited once at finality")
-    anvil.call("eth_sendRawTransaction", "0x" + bytes(raw).hex())
+    anvil.call("eth_sendRawTransaction", "0x" + raw.hex())
     anvil.mine(ETH_FINALITY)
     custody.deposits.run_once(["ethereum"])
     obs = only_deposit(custody, acct)

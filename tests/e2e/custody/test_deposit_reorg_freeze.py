@@ -4,20 +4,20 @@ customer could still move the credited amount to another account. Now custody ho
 credit is still available, in the same database transaction that books the shortfall; the
 customer's transfers and holds see that much less available, only custody can release the hold,
 and an operator resolves the incident over the API: capture to suspense (the books recover what
-they can) or release to the customer. Capturing is refused once the deposit is re-mined."""
+they can) or release to the customer. Capturing is refused once the deposit is re-mined. The backend
+and the operator call the API through the typed custody.client."""
 from __future__ import annotations
 
 import uuid
+from decimal import Decimal
 
 import pytest
-from fastapi.testclient import TestClient
 from sqlalchemy import text
 
-from custody.api.app import create_app
-from custody.auth import create_api_key
 from custody.controls import set_kill_switch
 from regtest.util import assert_equal
 from tests.e2e import txbuild
+from tests.e2e.custody.api_helpers import answered, refused, role_client
 from tests.e2e.custody.conftest import BTC_FINALITY
 
 OTHER = "bcrt1qw508d6qejxtdg4y5r3zarvary0c5xw7kygt080"  # not ours: competing blocks pay here
@@ -25,23 +25,12 @@ OTHER = "bcrt1qw508d6qejxtdg4y5r3zarvary0c5xw7kygt080"  # not ours: competing bl
 
 @pytest.fixture
 def clients(custody):
-    run = uuid.uuid4().hex[:8]
-    app = create_app(custody)
-    out = {}
-    for role in ("backend", "operator"):
-        client = TestClient(app, raise_server_exceptions=False)
-        client.headers["X-API-Key"] = create_api_key(custody.engine, f"{role}-{run}", role, custody.settings.api_key_pepper)
-        out[role] = client
-    return out
+    return {role: role_client(custody, role, role) for role in ("backend", "operator")}
 
 
 def transfer(api, debit: int, credit: int, amount: str):
-    return api.post("/v1/transactions", json={"idempotency_key": f"t:{uuid.uuid4().hex}", "transfers": [
-        {"debit_account_id": debit, "credit_account_id": credit, "amount": amount}]})
-
-
-def code(r) -> tuple[int, str]:
-    return r.status_code, r.json()["error"]["code"]
+    return api.post_transaction(idempotency_key=f"t:{uuid.uuid4().hex}", transfers=[
+        {"debit_account_id": debit, "credit_account_id": credit, "amount": Decimal(amount)}])
 
 
 def reorg_incident(engine, obs_id: int):
@@ -62,7 +51,7 @@ def test_double_spent_credit_is_frozen_then_captured_to_suspense(custody, custom
     [obs] = custody.deposits.list(account_id=acct)
     assert_equal((obs["state"], ledger.balance(acct).posted), ("credited", 7_000_000))
     log.info("the customer moves 0.02 BTC of the credit away before anything happens")
-    assert_equal(transfer(backend, acct, elsewhere, "0.02").status_code, 201)
+    answered(backend, 201, transfer(backend, acct, elsewhere, "0.02"))
     suspense = custody.wallets.firm_account("suspense", "BTC")
     before = ledger.balance(suspense).posted
 
@@ -74,7 +63,7 @@ def test_double_spent_credit_is_frozen_then_captured_to_suspense(custody, custom
         bitcoind.rpc("generateblock", OTHER, [])
     custody.deposits.run_once(["bitcoin"])
     log.info("the attack: move the rest of the credit to another account")
-    assert_equal(code(transfer(backend, acct, elsewhere, "0.01")), (409, "insufficient_funds"))
+    assert_equal(refused(lambda: transfer(backend, acct, elsewhere, "0.01")), (409, "insufficient_funds"))
     incident = reorg_incident(engine, obs["id"])
     hold = incident.detail["hold"]
     log.info("incident %s; the hold: %s", incident.id, hold)
@@ -83,19 +72,21 @@ def test_double_spent_credit_is_frozen_then_captured_to_suspense(custody, custom
     bal = ledger.balance(acct)
     assert_equal((bal.posted, bal.held, bal.available), (5_000_000, 5_000_000, 0))
     log.info("nor hold it for an order, nor release custody's hold")
-    r = backend.post("/v1/holds", json={"idempotency_key": f"h:{uuid.uuid4().hex}", "account_id": acct, "amount": "0.01",
-                                        "reference": "order"})
-    assert_equal(code(r), (409, "insufficient_funds"))
-    assert_equal(code(backend.post(f"/v1/holds/{hold['id']}/release")), (403, "hold_owner_mismatch"))
+    assert_equal(refused(lambda: backend.place_hold(idempotency_key=f"h:{uuid.uuid4().hex}", account_id=acct,
+                                                    amount=Decimal("0.01"), reference="order")),
+                 (409, "insufficient_funds"))
+    assert_equal(refused(lambda: backend.release_hold(hold["id"])), (403, "hold_owner_mismatch"))
 
     log.info("resolving is an operator's act, with a decision for an incident that holds money")
-    resolve = f"/v1/incidents/{incident.id}/resolve"
-    assert_equal(code(backend.post(resolve, json={"comment": "mine", "decision": "release"})), (403, "forbidden"))
-    assert_equal(code(operator.post(resolve, json={"comment": "no decision"})), (422, "incident_decision_invalid"))
-    r = operator.post(resolve, json={"comment": "double spend confirmed by the sender's block", "decision": "capture"})
-    assert r.status_code == 200, r.text
-    assert_equal((r.json()["resolution"]["decision"], r.json()["resolution"]["captured"]), ("capture", "5000000"))
-    assert_equal(code(operator.post(resolve, json={"comment": "again", "decision": "release"})), (409, "invalid_state"))
+    assert_equal(refused(lambda: backend.resolve_incident(incident.id, comment="mine", decision="release")),
+                 (403, "forbidden"))
+    assert_equal(refused(lambda: operator.resolve_incident(incident.id, comment="no decision")),
+                 (422, "incident_decision_invalid"))
+    resolved = answered(operator, 200, operator.resolve_incident(
+        incident.id, comment="double spend confirmed by the sender's block", decision="capture"))
+    assert_equal((resolved.resolution["decision"], resolved.resolution["captured"]), ("capture", "5000000"))
+    assert_equal(refused(lambda: operator.resolve_incident(incident.id, comment="again", decision="release")),
+                 (409, "invalid_state"))
     bal = ledger.balance(acct)
     assert_equal((bal.posted, bal.held), (0, 0))
     assert_equal(ledger.balance(suspense).posted, before - 2_000_000)  # the loss is what left before the reorg
@@ -125,10 +116,10 @@ def test_remined_deposit_cannot_be_captured_and_is_released(custody, customer, b
     log.info("the transaction is re-mined from the mempool: the shortfall is reversed, the hold stays for the operator")
     bitcoind.mine(1)
     custody.deposits.run_once(["bitcoin"])
-    resolve = f"/v1/incidents/{incident.id}/resolve"
-    assert_equal(code(operator.post(resolve, json={"comment": "recover", "decision": "capture"})), (422, "incident_decision_invalid"))
-    r = operator.post(resolve, json={"comment": "re-mined: the customer's coins are there", "decision": "release"})
-    assert_equal((r.status_code, r.json()["resolution"]["released"]), (200, "3000000"))
+    assert_equal(refused(lambda: operator.resolve_incident(incident.id, comment="recover", decision="capture")),
+                 (422, "incident_decision_invalid"))
+    resolved = operator.resolve_incident(incident.id, comment="re-mined: the customer's coins are there", decision="release")
+    assert_equal((operator.last_response.status_code, resolved.resolution["released"]), (200, "3000000"))
     bal = ledger.balance(acct)
     assert_equal((bal.posted, bal.held, bal.available), (3_000_000, 0, 3_000_000))
     ledger.assert_verified()

@@ -4,33 +4,31 @@ one scrape of the api's /metrics shows every metric family with the values that 
 The flow runs through the real pipelines (bitcoind, the deposit scanner, the in-process signer,
 payouts); the scheduled jobs' forms (`build_scheduler`'s functions, each under its job lock and
 counted in job_stat) run the payouts and reconciliation steps once, as the worker would. The scrape
-is parsed with prometheus-client's own parser.
+is parsed with prometheus-client's own parser; it is fetched through the typed custody.client
+(`metrics()`, an auditor's key).
 """
 from __future__ import annotations
 
 import logging
-import uuid
 
-from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from custody.api.app import create_app
-from custody.auth import Role, create_api_key
+from custody.client import CustodyClient
 from custody.jobs import JobLocks, build_scheduler
 from regtest.util import assert_equal
+from tests.e2e.custody.api_helpers import role_client
 from tests.e2e.custody.conftest import BTC_FINALITY
 
 log = logging.getLogger(__name__)
 
 
-def auditor(custody) -> TestClient:
+def auditor(custody) -> CustodyClient:
     """A client with an auditor's key: /metrics shows the firm's holdings, so it needs one."""
-    key = create_api_key(custody.engine, f"metrics-{uuid.uuid4().hex[:8]}", Role.auditor, custody.settings.api_key_pepper)
-    return TestClient(create_app(custody), headers={"X-API-Key": key})
+    return role_client(custody, "auditor", "metrics")
 
 
 def scrape(custody) -> dict[str, dict[tuple, float]]:
-    text = auditor(custody).get("/metrics").text
+    text = auditor(custody).metrics()
     out: dict[str, dict[tuple, float]] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -97,8 +95,8 @@ def test_metrics_after_a_deposit_and_a_withdrawal(custody, customer, bitcoind, l
 
     log.info("a second scrape records the first one's latency under the route template")
     client = auditor(custody)
-    client.get("/metrics")
-    again = {s.name: s for f in text_string_to_metric_families(client.get("/metrics").text) for s in f.samples
+    client.metrics()
+    again = {s.name: s for f in text_string_to_metric_families(client.metrics()) for s in f.samples
              if s.name == "custody_http_request_duration_seconds_count" and s.labels.get("route") == "/metrics"}
     assert again and next(iter(again.values())).value >= 1
 

@@ -5,19 +5,15 @@ The sweeps' tracking does not raise: the smaller sweep is booked, the larger one
 a critical incident (its coins moved on chain; the kill switch engages) and skipped from then on.
 Once the planted entry is reversed and an operator retries the sweep over the API, it is booked
 exactly once; reconciliation at zero (not while the planted entry stands: it changes the deposit
-location's books by design); verify() ok."""
+location's books by design); verify() ok. The operator retries through the typed custody.client."""
 from __future__ import annotations
 
-import uuid
-
-from fastapi.testclient import TestClient
 from sqlalchemy import text
 
-from custody.api.app import create_app
-from custody.auth import create_api_key
 from custody.controls import kill_switch, set_kill_switch
 from ledger.model import Transfer
 from regtest.util import assert_equal
+from tests.e2e.custody.api_helpers import answered, refused, role_client
 from tests.e2e.custody.conftest import BTC_FINALITY
 
 
@@ -71,15 +67,12 @@ def test_refused_sweep_booking_is_set_aside_and_retried_once(custody, customer, 
 
     log.info("the planted entry is reversed; the operator retries the sweep over the API")
     ledger.reverse(planted.transaction_id, f"test:poison-sweep:{large.id}:reversal")
-    run = uuid.uuid4().hex[:8]
-    key = create_api_key(engine, f"operator-{run}", "operator", custody.settings.api_key_pepper)
-    client = TestClient(create_app(custody), raise_server_exceptions=False)
-    for path, code in ((f"/v1/sweeps/{small.id}/retry", "retry_not_set_aside"), ("/v1/rebalances/999999999/retry", "retry_unknown")):
-        assert_equal(client.post(path, json={"comment": "x"}, headers={"X-API-Key": key}).json()["error"]["code"], code)
-    answer = client.post(f"/v1/sweeps/{large.id}/retry", json={"comment": "planted credit reversed"},
-                         headers={"X-API-Key": key})
-    assert_equal(answer.status_code, 200)
-    assert_equal((answer.json()["kind"], answer.json()["failed_step"]), ("sweep", "track"))
+    operator = role_client(custody, "operator", "operator")
+    for retry, code in ((lambda: operator.retry_sweep(small.id, comment="x"), "retry_not_set_aside"),
+                        (lambda: operator.retry_rebalance(999999999, comment="x"), "retry_unknown")):
+        assert_equal(refused(retry)[1], code)
+    answer = answered(operator, 200, operator.retry_sweep(large.id, comment="planted credit reversed"))
+    assert_equal((answer.kind, answer.failed_step), ("sweep", "track"))
     assert_equal(sweeps.track(), 1)
     assert_equal(sweeps.track(), 0)
     assert_equal(books_of(engine, large.id), 1)

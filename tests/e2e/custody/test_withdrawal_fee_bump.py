@@ -6,6 +6,7 @@ from decimal import Decimal
 
 from sqlalchemy import text
 
+from regtest import control
 from regtest.util import assert_equal
 from tests.e2e import txbuild
 from tests.e2e.custody.conftest import BTC_FINALITY, ETH_FINALITY
@@ -67,8 +68,7 @@ def test_ethereum_same_nonce_bump(custody, customer, anvil, engine, ledger, log)
     dest = txbuild.eth_new_address("bump-eth")
     wd = w.request(client_withdrawal_id=f"bump-eth-{acct}", account_id=acct, amount=10**18, destination=dest, requested_by="backend")
     [batch] = p.batch_ethereum()
-    anvil.set_automine(False)
-    try:
+    with control.manual_mining(anvil):
         [first] = p.sign_open_batches()
         p.broadcast()
         log.info("block gas limit below 21,000 for %d blocks: the transaction cannot be included", p.config.stuck_blocks)
@@ -84,8 +84,6 @@ def test_ethereum_same_nonce_bump(custody, customer, anvil, engine, ledger, log)
         assert_equal([r.state for r in rows], ["broadcast", "broadcast"])
         log.info("gas limit restored: the replacement (same nonce) is mined")
         anvil.mine(ETH_FINALITY)
-    finally:
-        anvil.set_automine(True)
     expense = custody.wallets.firm_account("network_fees", "ETH")
     before = ledger.balance(expense).posted
     p.track()

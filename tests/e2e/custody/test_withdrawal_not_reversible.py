@@ -5,13 +5,12 @@ customer's balance stays debited, the payout goes final once, and the books reco
 from __future__ import annotations
 
 import uuid
+from decimal import Decimal
 
-from fastapi.testclient import TestClient
 from sqlalchemy import text
 
-from custody.api.app import create_app
-from custody.auth import create_api_key
 from regtest.util import assert_equal
+from tests.e2e.custody.api_helpers import answered, refused, role_client
 from tests.e2e.custody.conftest import BTC_FINALITY
 
 AMOUNT = 20_000_000
@@ -20,12 +19,7 @@ FEE = 5_000
 
 def test_an_admin_cannot_reverse_a_broadcast_withdrawal(custody, customer, bitcoind, engine, ledger, log):
     run = uuid.uuid4().hex[:8]
-    keys = {role: create_api_key(engine, f"rev-{role}-{run}", role, custody.settings.api_key_pepper)
-            for role in ("backend", "admin")}
-    client = TestClient(create_app(custody), raise_server_exceptions=False)
-
-    def api(role, method, path, **kw):
-        return client.request(method, path, headers={"X-API-Key": keys[role]}, **kw)
+    backend, admin = (role_client(custody, role, f"rev-{role}") for role in ("backend", "admin"))
 
     log.info("a customer deposit of 1 BTC, credited at finality; the hot wallet funded")
     acct = customer("BTC")
@@ -40,10 +34,10 @@ def test_an_admin_cannot_reverse_a_broadcast_withdrawal(custody, customer, bitco
 
     log.info("the backend withdraws 0.2 BTC; it is batched, signed and broadcast")
     dest = bitcoind.wallet("getnewaddress", "", "bech32")
-    r = api("backend", "POST", "/v1/withdrawals", json={"client_withdrawal_id": f"rev-{run}", "account_id": acct,
-                                                         "amount": "0.2", "destination": dest})
-    assert_equal((r.status_code, r.json()["state"]), (201, "approved"))
-    wid = r.json()["id"]
+    wd = answered(backend, 201, backend.request_withdrawal(client_withdrawal_id=f"rev-{run}", account_id=acct,
+                                                           amount=Decimal("0.2"), destination=dest))
+    assert_equal(wd.state, "approved")
+    wid = wd.id
     p.batch_bitcoin()
     p.sign_open_batches()
     assert_equal(p.broadcast(), 1)
@@ -54,14 +48,14 @@ def test_an_admin_cannot_reverse_a_broadcast_withdrawal(custody, customer, bitco
     assert_equal(ledger.balance(acct).posted, 100_000_000 - AMOUNT - FEE)
 
     log.info("an admin tries to reverse the capture: refused, nothing moves")
-    r = api("admin", "POST", f"/v1/transactions/{capture}/reverse", json={"idempotency_key": f"undo-{run}"})
-    assert_equal((r.status_code, r.json()["error"]["code"]), (409, "transaction_not_reversible"))
+    assert_equal(refused(lambda: admin.reverse_transaction(capture, idempotency_key=f"undo-{run}")),
+                 (409, "transaction_not_reversible"))
     assert_equal(ledger.balance(acct).posted, 100_000_000 - AMOUNT - FEE)
 
     log.info("mined to finality: paid once, booked once, reconciliation at zero")
     bitcoind.mine(BTC_FINALITY)
     p.track()
-    assert_equal(api("backend", "GET", f"/v1/withdrawals/{wid}").json()["state"], "final")
+    assert_equal(backend.get_withdrawal(wid).state, "final")
     assert_equal(ledger.balance(acct).posted, 100_000_000 - AMOUNT - FEE)
     custody.deposits.run_once(["bitcoin"])
     lines = custody.reconciliation.run(chains=["bitcoin"])

@@ -1,18 +1,17 @@
-"""withdrawal_rejections: every refusal has a clear code, over the HTTP API where the backend meets it;
-the kill switch refuses new withdrawals; many simultaneous requests never overdraw one balance."""
+"""withdrawal_rejections: every refusal has a clear code, over the HTTP API where the backend meets it
+(through the typed custody.client, as the backend calls it); the kill switch refuses new
+withdrawals; many simultaneous requests never overdraw one balance."""
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
 import threading
 import uuid
+from decimal import Decimal
 
 import pytest
-from fastapi.testclient import TestClient
 from sqlalchemy import text
 
-from custody.api.app import create_app
-from custody.auth import create_api_key
 from custody.controls import set_kill_switch
 from custody.errors import CustodyError
 from custody.policy_config import PolicyProvider, default_policy
@@ -20,6 +19,7 @@ from ledger.errors import LedgerError
 from ledger.model import Transfer
 from policies import VelocityLimit
 from regtest.util import assert_equal
+from tests.e2e.custody.api_helpers import answered, backend_client, refusal, refused
 
 REGTEST_DEST = "bcrt1qw508d6qejxtdg4y5r3zarvary0c5xw7kygt080"
 MAINNET_DEST = "bc1qw508d6qejxtdg4y5r3zarvary0c5xw7kv8f3t4"
@@ -34,16 +34,13 @@ def credit(custody, acct: int, amount: int) -> None:
 
 @pytest.fixture
 def api(custody):
-    run = uuid.uuid4().hex[:8]
-    key = create_api_key(custody.engine, f"backend-{run}", "backend", custody.settings.api_key_pepper)
-    client = TestClient(create_app(custody), raise_server_exceptions=False)
-    client.headers["X-API-Key"] = key
-    return client
+    return backend_client(custody, "backend")
 
 
-def post(api, acct, amount, dest=REGTEST_DEST, cw=None):
-    return api.post("/v1/withdrawals", json={"client_withdrawal_id": cw or uuid.uuid4().hex, "account_id": acct,
-                                             "amount": amount, "destination": dest})
+def post(api, acct, amount: str, dest=REGTEST_DEST, cw=None):
+    """Request a withdrawal; its answer (status 201 asserted), or the client's error when refused."""
+    return answered(api, 201, api.request_withdrawal(client_withdrawal_id=cw or uuid.uuid4().hex, account_id=acct,
+                                                     amount=Decimal(amount), destination=dest))
 
 
 def test_rejections_have_clear_codes(custody, customer, api, engine, ledger, bitcoind, log):
@@ -56,27 +53,27 @@ def test_rejections_have_clear_codes(custody, customer, api, engine, ledger, bit
              ("5", REGTEST_DEST, 409, "insufficient_funds"),
              ("0.00001", REGTEST_DEST, 422, "withdrawal_rejected")]  # below the 0.0001 BTC minimum
     for amount, dest, status, code in cases:
-        r = post(api, acct, amount, dest)
-        log.info("%s to %s... -> %d %s", amount, dest[:12], r.status_code, r.json().get("error", {}).get("code"))
-        assert_equal((r.status_code, r.json()["error"]["code"]), (status, code))
+        got = refused(lambda: post(api, acct, amount, dest))
+        log.info("%s to %s... -> %d %s", amount, dest[:12], *got)
+        assert_equal(got, (status, code))
     assert_equal(ledger.balance(acct).held, 0)
     log.info("only customer accounts are withdrawn from: every firm account is refused (issue 11)")
     firm = {role: custody.wallets.firm_account(role, "BTC") for role in ("quarantine", "equity", "fees", "in_flight", "suspense")}
     firm["hot location"] = custody.wallets.location_account("bitcoin", "hot", "BTC")
     for role, account in firm.items():
-        r = post(api, account, "0.01")
-        log.info("from the %s account -> %d %s", role, r.status_code, r.json()["error"]["code"])
-        assert_equal((r.status_code, r.json()["error"]["code"]), (403, "kind_not_permitted"))
+        got = refused(lambda: post(api, account, "0.01"))
+        log.info("from the %s account -> %d %s", role, *got)
+        assert_equal(got, (403, "kind_not_permitted"))
 
     log.info("a denylisted destination is rejected by policy, its hold released, the reason returned")
     denied = bitcoind.wallet("getnewaddress", "", "bech32")
     with engine.begin() as c:
         c.execute(text("INSERT INTO denylist_address (address, reason) VALUES (:a, 'test: sanctioned') ON CONFLICT DO NOTHING"),
                   {"a": denied})
-    r = post(api, acct, "0.1", denied)
-    assert_equal((r.status_code, r.json()["error"]["code"]), (422, "withdrawal_rejected"))
-    assert "destination_sanctioned" in r.json()["error"]["detail"]["reasons"]
-    wid = int(r.json()["error"]["detail"]["withdrawal_id"])
+    error = refusal(lambda: post(api, acct, "0.1", denied))
+    assert_equal((error.status, error.code), (422, "withdrawal_rejected"))
+    assert "destination_sanctioned" in error.detail["reasons"]
+    wid = int(error.detail["withdrawal_id"])
     assert_equal(custody.withdrawals.get(wid).state, "rejected")
     assert_equal(ledger.balance(acct).held, 0)
 
@@ -90,19 +87,19 @@ def test_velocity_exceeded_needs_approval(custody, customer, api, ledger, log):
     saved = custody.withdrawals.policies
     custody.withdrawals.policies = PolicyProvider(tight)
     try:
-        first = post(api, acct, "0.1").json()
-        second = post(api, acct, "0.1").json()
+        first = post(api, acct, "0.1")
+        second = post(api, acct, "0.1")
     finally:
         custody.withdrawals.policies = saved
-    log.info("0.1 then 0.1 BTC within an hour against a 0.15 BTC limit: %s, %s", first["state"], second["state"])
-    assert_equal((first["state"], second["state"]), ("approved", "pending_approval"))
+    log.info("0.1 then 0.1 BTC within an hour against a 0.15 BTC limit: %s, %s", first.state, second.state)
+    assert_equal((first.state, second.state), ("approved", "pending_approval"))
     decided = custody.engine.connect().execute(text("SELECT reasons, policy_version FROM policy_decision WHERE withdrawal_id = :w"),
-                                               {"w": second["id"]}).one()
+                                               {"w": second.id}).one()
     # the owner has this one account, so their owner-wide total (same default figures) is over too
     assert_equal((list(decided.reasons), decided.policy_version),
                  (["velocity_limit_exceeded", "owner_velocity_limit_exceeded"], tight.version))
     for w in (first, second):  # leave nothing approved behind for other suites' batch jobs
-        custody.withdrawals.reject(w["id"], operator="op-test", comment="test cleanup")
+        custody.withdrawals.reject(w.id, operator="op-test", comment="test cleanup")
     assert_equal(ledger.balance(acct).held, 0)
 
 
@@ -112,8 +109,7 @@ def test_kill_switch_refuses_new_withdrawals(custody, customer, api, engine, led
     with engine.begin() as c:
         set_kill_switch(c, True, "test: incident drill", "op-test")
     try:
-        r = post(api, acct, "0.01")
-        assert_equal((r.status_code, r.json()["error"]["code"]), (503, "withdrawals_halted"))
+        assert_equal(refused(lambda: post(api, acct, "0.01")), (503, "withdrawals_halted"))
     finally:
         with engine.begin() as c:
             set_kill_switch(c, False, "drill over", "op-test")
@@ -155,21 +151,20 @@ def test_destination_allowlist_modes(custody, customer, api, bitcoind, ledger, l
     credit(custody, acct, 100_000_000)
     known, fresh = (bitcoind.wallet("getnewaddress", "", "bech32") for _ in range(2))
     log.info("review mode with a one-hour cooling-off: a just-added destination and an unknown one both need approval")
-    assert_equal(api.put(f"/v1/accounts/{acct}/allowlist", json={"mode": "review", "cooling_off_seconds": 3600}).status_code, 200)
-    assert_equal(api.post(f"/v1/accounts/{acct}/allowlist", json={"address": known}).status_code, 201)
-    assert_equal(api.post(f"/v1/accounts/{acct}/allowlist", json={"address": MAINNET_DEST}).json()["error"]["code"],
-                 "invalid_destination")
-    cooling = post(api, acct, "0.01", known).json()
-    unknown = post(api, acct, "0.01", fresh).json()
-    assert_equal((cooling["state"], unknown["state"]), ("pending_approval", "pending_approval"))
+    answered(api, 200, api.set_allowlist(acct, mode="review", cooling_off_seconds=3600))
+    answered(api, 201, api.allow_destination(acct, address=known))
+    assert_equal(refusal(lambda: api.allow_destination(acct, address=MAINNET_DEST)).code, "invalid_destination")
+    cooling = post(api, acct, "0.01", known)
+    unknown = post(api, acct, "0.01", fresh)
+    assert_equal((cooling.state, unknown.state), ("pending_approval", "pending_approval"))
     with custody.engine.connect() as c:
         reasons = dict(c.execute(text("SELECT withdrawal_id, reasons FROM policy_decision WHERE withdrawal_id = ANY(:w)"),
-                                 {"w": [cooling["id"], unknown["id"]]}).all())
-    assert_equal((reasons[cooling["id"]], reasons[unknown["id"]]), (["destination_cooling_off"], ["destination_not_yet_allowlisted"]))
+                                 {"w": [cooling.id, unknown.id]}).all())
+    assert_equal((reasons[cooling.id], reasons[unknown.id]), (["destination_cooling_off"], ["destination_not_yet_allowlisted"]))
     log.info("enforce mode: an unknown destination is rejected outright")
-    api.put(f"/v1/accounts/{acct}/allowlist", json={"mode": "enforce"})
-    r = post(api, acct, "0.01", fresh)
-    assert_equal((r.status_code, r.json()["error"]["detail"]["reasons"]), (422, ["destination_not_allowlisted"]))
+    api.set_allowlist(acct, mode="enforce")
+    error = refusal(lambda: post(api, acct, "0.01", fresh))
+    assert_equal((error.status, error.detail["reasons"]), (422, ["destination_not_allowlisted"]))
     for wd in (cooling, unknown):
-        w.reject(wd["id"], operator="op-test", comment="test cleanup")
+        w.reject(wd.id, operator="op-test", comment="test cleanup")
     assert_equal(ledger.balance(acct).held, 0)

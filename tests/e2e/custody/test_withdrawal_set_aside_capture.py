@@ -9,18 +9,13 @@ captured exactly once. The planted transaction balances (suspense <- equity, 1 s
 asset location, so reconciliation stays at zero; it is reversed at the end; verify() ok."""
 from __future__ import annotations
 
-import uuid
-
-from fastapi.testclient import TestClient
 from sqlalchemy import text
 
-from custody.api.app import create_app
-from custody.auth import create_api_key
 from custody.controls import kill_switch
 from custody.jobs import payouts_once
 from ledger.model import Transfer
 from regtest.util import assert_equal
-from tests.e2e.custody.api_helpers import fund
+from tests.e2e.custody.api_helpers import answered, fund, refusal, refused, role_client
 from tests.e2e.custody.conftest import BTC_FINALITY
 
 FEE = 5_000  # quoted per withdrawal (normal priority)
@@ -75,28 +70,16 @@ def test_refused_capture_is_set_aside_and_retried_once(custody, customer, bitcoi
                                {"b": str(bad_batch)}).scalar_one(), 1)
 
     log.info("the operator retries it over the API (the backend and the auditor may not)")
-    run = uuid.uuid4().hex[:8]
-    keys = {role: create_api_key(engine, f"{role}-{run}", role, custody.settings.api_key_pepper)
-            for role in ("auditor", "operator", "backend")}
-    client = TestClient(create_app(custody), raise_server_exceptions=False)
-
-    def api(role, method, path, **kw):
-        return client.request(method, path, headers={"X-API-Key": keys[role]}, **kw)
-
-    listed = api("auditor", "GET", "/v1/set-aside")
-    assert_equal(listed.status_code, 200)
+    api = {role: role_client(custody, role, role) for role in ("auditor", "operator", "backend")}
+    listed = api["auditor"].list_set_aside()
     assert {"kind": "batch", "id": bad_batch, "state": "open", "failed_step": "sign", "incident_id": incident.id,
-            "times_set_aside": 1} in listed.json()
-    path = f"/v1/withdrawal-batches/{bad_batch}/retry"
+            "times_set_aside": 1} in [item.model_dump() for item in listed]
     for role in ("backend", "auditor"):
-        assert_equal(api(role, "POST", path, json={"comment": "cause fixed"}).status_code, 403)
-    assert_equal(api("operator", "POST", "/v1/withdrawal-batches/999999999/retry", json={"comment": "x"}).json()["error"]["code"],
-                 "retry_unknown")
-    answer = api("operator", "POST", path, json={"comment": "capture key was squatted; re-batch"})
-    assert_equal(answer.status_code, 200)
-    assert_equal((answer.json()["state"], answer.json()["failed_step"], answer.json()["containment"]), ("open", "sign", "active"))
-    again = api("operator", "POST", path, json={"comment": "twice"})
-    assert_equal((again.status_code, again.json()["error"]["code"]), (409, "retry_not_set_aside"))
+        assert_equal(refusal(lambda: api[role].retry_batch(bad_batch, comment="cause fixed")).status, 403)
+    assert_equal(refused(lambda: api["operator"].retry_batch(999999999, comment="x"))[1], "retry_unknown")
+    answer = answered(api["operator"], 200, api["operator"].retry_batch(bad_batch, comment="capture key was squatted; re-batch"))
+    assert_equal((answer.state, answer.failed_step, answer.containment), ("open", "sign", "active"))
+    assert_equal(refused(lambda: api["operator"].retry_batch(bad_batch, comment="twice")), (409, "retry_not_set_aside"))
     assert_equal(w.get(bad.id).state, "approved")
     with engine.connect() as c:
         assert_equal(c.execute(text("SELECT state FROM withdrawal_batch WHERE id = :b"), {"b": bad_batch}).scalar_one(), "abandoned")

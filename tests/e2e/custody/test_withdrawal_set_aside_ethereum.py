@@ -8,18 +8,14 @@ transaction balances (1 wei equity -> suspense) and touches no asset location; i
 end; reconciliation of ethereum at zero; verify() ok."""
 from __future__ import annotations
 
-import uuid
-
-from fastapi.testclient import TestClient
 from sqlalchemy import text
 
-from custody.api.app import create_app
-from custody.auth import create_api_key
 from custody.controls import kill_switch
 from custody.jobs import payouts_once
 from ledger.model import Transfer
 from regtest.util import assert_equal
 from tests.e2e import txbuild
+from tests.e2e.custody.api_helpers import answered, role_client
 from tests.e2e.custody.conftest import ETH_FINALITY
 
 ETH = 10**18
@@ -76,11 +72,8 @@ def test_refused_ethereum_capture_gives_its_nonce_back(custody, customer, anvil,
     assert_equal(w.get(good.id).state, "final")
 
     log.info("the operator retries it: re-batched, signed with the next nonce, paid once")
-    key = create_api_key(engine, f"operator-{uuid.uuid4().hex[:8]}", "operator", custody.settings.api_key_pepper)
-    client = TestClient(create_app(custody), raise_server_exceptions=False)
-    answer = client.post(f"/v1/withdrawal-batches/{bad_batch}/retry", json={"comment": "capture key squatted"},
-                         headers={"X-API-Key": key})
-    assert_equal(answer.status_code, 200)
+    operator = role_client(custody, "operator", "operator")
+    answered(operator, 200, operator.retry_batch(bad_batch, comment="capture key squatted"))
     payouts_once(custody)
     assert w.get(bad.id).batch_id not in (None, bad_batch)
     assert_equal(nonce_of(engine, bad.id), first_nonce + 1)

@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import uuid
 
-from fastapi.testclient import TestClient
 from sqlalchemy import text
 
-from custody.api.app import create_app
 from custody.auth import create_api_key
 from custody.controls import kill_switch, set_kill_switch
 from custody.jobs import payouts_once
 from regtest.util import assert_equal
-from tests.e2e.custody.api_helpers import fund
+from tests.e2e.custody.api_helpers import answered, fund, in_process, refusal
 from tests.e2e.custody.conftest import BTC_FINALITY
 
 GOOD, BAD = 1_000_000, 2_000_000
@@ -86,13 +84,11 @@ def test_refused_final_booking_is_set_aside_critical_and_retried_once(custody, c
     log.info("the cause is removed (the planted hold released); the operator retries over the API")
     ledger.release_hold(planted.id, owner="test-intruder")
     run = uuid.uuid4().hex[:8]
-    keys = {role: create_api_key(engine, f"{role}-{run}", role, custody.settings.api_key_pepper) for role in ("operator", "backend")}
-    client = TestClient(create_app(custody), raise_server_exceptions=False)
-    path = f"/v1/withdrawal-batches/{bad_batch}/retry"
-    assert_equal(client.post(path, json={"comment": "hold released"}, headers={"X-API-Key": keys["backend"]}).status_code, 403)
-    answer = client.post(path, json={"comment": "planted hold released"}, headers={"X-API-Key": keys["operator"]})
-    assert_equal(answer.status_code, 200)
-    assert_equal((answer.json()["state"], answer.json()["failed_step"]), ("broadcast", "track"))
+    operator, backend = (in_process(custody, create_api_key(engine, f"{role}-{run}", role, custody.settings.api_key_pepper))
+                         for role in ("operator", "backend"))
+    assert_equal(refusal(lambda: backend.retry_batch(bad_batch, comment="hold released")).status, 403)
+    answer = answered(operator, 200, operator.retry_batch(bad_batch, comment="planted hold released"))
+    assert_equal((answer.state, answer.failed_step), ("broadcast", "track"))
     with engine.connect() as c:  # the operator's retry resolves the incident; the kill switch is the admin's
         assert_equal(c.execute(text("SELECT resolved_by FROM incident WHERE id = :i"), {"i": incident.id}).scalar_one(),
                      f"api:operator-{run}")
