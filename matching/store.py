@@ -110,7 +110,8 @@ _UPSERT_ORDERS = (
     f"INSERT INTO trade_order ({', '.join(_ORDER_COLUMNS)}) "
     f"SELECT {', '.join('r.' + c for c in _ORDER_COLUMNS)} FROM json_populate_recordset(NULL::trade_order, %s::json) r "
     "ON CONFLICT (id) DO UPDATE SET "
-    + ", ".join(f"{c} = EXCLUDED.{c}" for c in _ORDER_COLUMNS[5:]) + ", updated_at = now()")
+    + ", ".join(f"{c} = EXCLUDED.{c}" for c in _ORDER_COLUMNS[5:]) + ", updated_at = now() "
+    f"RETURNING {', '.join('trade_order.' + c for c in _ORDER_COLUMNS)}, trade_order.created_at, trade_order.updated_at")
 _INSERT_FILLS = (
     f"INSERT INTO fill ({', '.join(_FILL_COLUMNS)}) "
     f"SELECT {', '.join('r.' + c for c in _FILL_COLUMNS)} FROM json_populate_recordset(NULL::fill, %s::json) r "
@@ -125,6 +126,8 @@ class UnitOfWork:
     commands: list[dict] = field(default_factory=list)
     orders: dict[str, dict] = field(default_factory=dict)
     fills: list[dict] = field(default_factory=list)
+    # owners whose new orders and amends this unit refuses (Trading.blocked_code)
+    blocked_owners: set[str] = field(default_factory=set)
 
     def journal(self, seq: int, command: Command) -> None:
         self.commands.append({"market": self.market, "seq": seq, "record": command_to_record(command)})
@@ -136,14 +139,19 @@ class UnitOfWork:
     def fill(self, row: dict) -> None:
         self.fills.append(row)
 
-    def flush(self, conn: Connection) -> None:
+    def flush(self, conn: Connection) -> dict[str, Any]:
         """Write the buffered rows: journal rows first, then order rows, then fill rows (the order
-        the foreign keys need), one statement each."""
+        the foreign keys need), one statement each. Returns the order rows as written (every
+        column `order_row` reads, timestamps included), by order id: the answers to the callers."""
+        written: dict[str, Any] = {}
         for sql, rows in ((_INSERT_COMMANDS, self.commands), (_UPSERT_ORDERS, list(self.orders.values())),
                           (_INSERT_FILLS, self.fills)):
             if rows:
-                conn.exec_driver_sql(sql, (json.dumps(rows, separators=(",", ":")),))
+                result = conn.exec_driver_sql(sql, (json.dumps(rows, separators=(",", ":")),))
+                if sql is _UPSERT_ORDERS:
+                    written = {row.id: row for row in result}
         self.commands, self.orders, self.fills = [], {}, []
+        return written
 
 
 class JournalBuffer:
