@@ -129,11 +129,12 @@ class MarketOwners:
 
     # ---- the lock session ------------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Take every market nobody owns, then keep trying in the background."""
-        self.claim()
-        self._thread = threading.Thread(target=self._watch, name="market-owners", daemon=True)
-        self._thread.start()
+    def watch(self) -> None:
+        """Keep checking the lock session and taking orphaned markets, every `interval` seconds, in
+        a thread of its own until `stop()`."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._watch, name="market-owners", daemon=True)
+            self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -275,7 +276,8 @@ class MarketOwners:
 
 
 def attach_owners(trading: Trading, db_url: Any, url: str) -> MarketOwners:
-    """Start owning markets for `trading` (which must have `autoload` off)."""
+    """Share `trading`'s markets with the other api processes (`trading` must have `autoload`
+    off): take every market nobody owns now; `watch()` keeps doing so (the serving process)."""
     owners = MarketOwners(trading, db_url, url)
-    owners.start()
+    owners.claim()
     return owners
