@@ -8,6 +8,10 @@ commands; recovery is a restore from snapshot plus journal replay (see `snapshot
 
 The sink is an interface (`JournalSink`); `MemoryJournal` is the in-process implementation used by
 tests and benchmarks. A database-backed sink implements the same `append`.
+
+`GroupCommitter` is the queue in front of a market's database writer (`Trading.submit_grouped`):
+commands arriving concurrently from many requests are committed together in one transaction, in a
+thread of the market's own, and each caller is answered only after that commit.
 """
 from __future__ import annotations
 

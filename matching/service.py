@@ -373,7 +373,7 @@ class Trading:
                 # is decided without a round trip (matching.settlement).
                 rt.settlement.track(conn, rt.settlement.accounts_to_track(conn, rt.engine, commands))
                 if self.blocked_code is not None:
-                    uow.blocked_owners = self._blocked_owners(rt, conn, commands)
+                    uow.blocked_owners = self._blocked_owners(rt, conn, uow, commands)
                 outcomes, touched = [], []
                 for command in commands:
                     outcome, ids = self._one(rt, conn, uow, command)
@@ -402,7 +402,8 @@ class Trading:
             self._markets[rt.row.market.symbol] = fresh
         return fresh
 
-    def _blocked_owners(self, rt: _Runtime, conn: Connection, commands: Sequence[Command]) -> set[str]:
+    def _blocked_owners(self, rt: _Runtime, conn: Connection, uow: store.UnitOfWork,
+                        commands: Sequence[Command]) -> set[str]:
         """Owners of the unit's new orders and amends with an account of the market blocked
         (`blocked_code`), in one query. A new order's accounts are opened (as its gateway would);
         an amend names only accounts that exist: those of its order, when it is the order's owner."""
@@ -431,8 +432,21 @@ class Trading:
                     continue  # a name another owner holds: refused by the gateway
         if not owners:
             return set()
-        blocked = self.blocked_accounts(conn, sorted({a for ids in owners.values() for a in ids}))
+        accounts = sorted({a for ids in owners.values() for a in ids})
+        s.track(conn, accounts)  # locked before the block is read (and so memoized: `_blocked`)
+        blocked = self._blocked(conn, uow, accounts)
         return {owner for owner, ids in owners.items() if blocked.intersection(ids)}
+
+    def _blocked(self, conn: Connection, uow: store.UnitOfWork, account_ids: Sequence[int]) -> set[int]:
+        """`blocked_accounts`, asked once per unit of work for each account. Callers pass accounts
+        they have locked (`Settlement.track`) in this unit: a freeze locks them too, so what was
+        read stays true until the unit ends."""
+        memo = uow.blocked
+        unknown = sorted({a for a in account_ids if a not in memo})
+        if unknown:
+            found = self.blocked_accounts(conn, unknown)
+            memo.update((a, a in found) for a in unknown)
+        return {a for a in account_ids if memo[a]}
 
     def _begin(self, rt: _Runtime, conn: Connection) -> store.UnitOfWork:
         uow = store.UnitOfWork(rt.row.market.symbol)
@@ -513,7 +527,7 @@ class Trading:
             s.track(conn, [s.fee_account_id, own, *(a for a in receive.values() if a is not None), *pay.values()])
             if s.is_closed(s.fee_account_id) or s.is_closed(own):
                 return LedgerCode.account_closed.value
-            blocked = self.blocked_accounts(conn, sorted(set(pay.values())))
+            blocked = self._blocked(conn, uow, list(pay.values()))
             evicted = False
             for maker in makers:
                 account = receive[maker.order_id]
@@ -584,7 +598,7 @@ class Trading:
             receive = s.receive_account(conn, order.account, order.side)
             pay = s.pay_account(conn, order.account, order.side)
             s.track(conn, [receive, pay])
-            payable = not s.is_closed(receive) and pay not in self.blocked_accounts(conn, [pay])
+            payable = not s.is_closed(receive) and not self._blocked(conn, uow, [pay])
         except LedgerError:
             payable = False  # (a stop of a blocked account is rejected, not activated)
         if payable:  # orders it may meet, whose owners cannot be paid, are evicted first

@@ -126,8 +126,10 @@ class UnitOfWork:
     commands: list[dict] = field(default_factory=list)
     orders: dict[str, dict] = field(default_factory=dict)
     fills: list[dict] = field(default_factory=list)
-    # owners whose new orders and amends this unit refuses (Trading.blocked_code)
+    # owners whose new orders and amends this unit refuses (Trading.blocked_code), and whether each
+    # account asked about (locked in this unit) is blocked (Trading._blocked)
     blocked_owners: set[str] = field(default_factory=set)
+    blocked: dict[int, bool] = field(default_factory=dict)
 
     def journal(self, seq: int, command: Command) -> None:
         self.commands.append({"market": self.market, "seq": seq, "record": command_to_record(command)})
