@@ -16,7 +16,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+import psycopg
+from psycopg.rows import namedtuple_row
 from sqlalchemy import Connection, text
+from sqlalchemy.exc import DBAPIError
 
 from matching.fees import FeeSchedule
 from matching.model import Command, Market, command_from_record, command_to_record
@@ -143,17 +146,35 @@ class UnitOfWork:
 
     def flush(self, conn: Connection) -> dict[str, Any]:
         """Write the buffered rows: journal rows first, then order rows, then fill rows (the order
-        the foreign keys need), one statement each. Returns the order rows as written (every
-        column `order_row` reads, timestamps included), by order id: the answers to the callers."""
-        written: dict[str, Any] = {}
-        for sql, rows in ((_INSERT_COMMANDS, self.commands), (_UPSERT_ORDERS, list(self.orders.values())),
-                          (_INSERT_FILLS, self.fills)):
-            if rows:
-                result = conn.exec_driver_sql(sql, (json.dumps(rows, separators=(",", ":")),))
+        the foreign keys need), one statement each, sent together in one round trip (psycopg's
+        pipeline mode; an error of any of them raises here and fails the unit). Returns the order
+        rows as written (every column `order_row` reads, timestamps included), by order id: the
+        answers to the callers."""
+        statements = [(sql, json.dumps(rows, separators=(",", ":")))
+                      for sql, rows in ((_INSERT_COMMANDS, self.commands), (_UPSERT_ORDERS, list(self.orders.values())),
+                                        (_INSERT_FILLS, self.fills)) if rows]
+        self.commands, self.orders, self.fills = [], {}, []
+        raw = conn.connection.driver_connection
+        if not isinstance(raw, psycopg.Connection) or not psycopg.Pipeline.is_supported():
+            written: dict[str, Any] = {}
+            for sql, data in statements:
+                result = conn.exec_driver_sql(sql, (data,))
                 if sql is _UPSERT_ORDERS:
                     written = {row.id: row for row in result}
-        self.commands, self.orders, self.fills = [], {}, []
-        return written
+            return written
+        cursors = []
+        try:
+            with raw.pipeline():
+                for sql, data in statements:
+                    cur = raw.cursor(row_factory=namedtuple_row)
+                    cur.execute(sql, (data,))
+                    cursors.append((sql, cur))
+        except psycopg.Error as exc:  # as SQLAlchemy raises it (retries and the API's error mapping read it)
+            raise DBAPIError.instance(" ; ".join(sql for sql, _ in statements), None, exc, psycopg.Error) from exc
+        for sql, cur in cursors:
+            if sql is _UPSERT_ORDERS:
+                return {row.id: row for row in cur.fetchall()}
+        return {}
 
 
 class JournalBuffer:
