@@ -149,6 +149,7 @@ def test_killing_the_owner_while_clients_submit_loses_no_acknowledged_order(worl
     acked_lock, stop = threading.Lock(), threading.Event()
     after_kill = [0]
     killed = threading.Event()
+    unexpected: list[str] = []
 
     def client_loop(i: int) -> None:
         clients = [httpx.Client(base_url=api.base, headers={"X-API-Key": key}, timeout=30) for api in (owner, other)]
@@ -167,8 +168,8 @@ def test_killing_the_owner_while_clients_submit_loses_no_acknowledged_order(worl
                     with acked_lock:
                         acked[r.json()["order_id"]] = r.json()
                         after_kill[0] += killed.is_set()
-                else:
-                    assert r.status_code == 503, r.text  # the owner's takeover is under way
+                elif r.status_code != 503:  # 503: the takeover is under way (nothing was done)
+                    unexpected.append(f"{r.status_code} {r.text[:300]}")
         finally:
             for c in clients:
                 c.close()
@@ -183,11 +184,12 @@ def test_killing_the_owner_while_clients_submit_loses_no_acknowledged_order(worl
     os.kill(owner.proc.pid, signal.SIGKILL)
     owner.proc.wait(10)
     killed.set()
-    time.sleep(4)
+    time.sleep(6)
     stop.set()
     for t in threads:
         t.join(60)
     log.info("%d orders acknowledged, %d after the kill", len(acked), after_kill[0])
+    assert not unexpected, unexpected[:5]
     assert before > 0 and after_kill[0] > 0, (before, after_kill)
     assert _owner_app(engine) == f"custody-api {other.base}"
     assert "owned by this api process" in other.log_path.read_text()
