@@ -203,3 +203,25 @@ def test_killing_the_owner_while_clients_submit_loses_no_acknowledged_order(worl
     assert set(stored) == set(acked), f"acknowledged but lost: {sorted(set(acked) - set(stored))[:5]}"
     assert all(order_id in journaled for order_id, order in acked.items() if order["seq"] is not None)
     assert not [c for c in ledger.verify() if not c.ok]
+
+
+def test_an_owner_whose_lock_session_is_lost_drops_the_book_and_takes_it_back(world):
+    """The owner's lock session is terminated (as a network failure or a DBA would): within a
+    second the process notices, drops the market's book (it no longer holds the lock) and, nobody
+    else holding the lock, takes it again with the book rebuilt from the journal; orders go on."""
+    engine, ledger, key, apis = world
+    owner = next(api for api in apis if api.proc.poll() is None)
+    assert _owner_app(engine) == f"custody-api {owner.base}"
+    with engine.connect() as conn:
+        ended = conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                  "WHERE application_name = :a"), {"a": f"custody-api {owner.base}"}).scalars().all()
+    assert ended == [True]
+    deadline = time.monotonic() + 30
+    while "its lock session failed; releasing markets" not in owner.log_path.read_text():
+        assert time.monotonic() < deadline, owner.log_path.read_text()[-3000:]
+        time.sleep(0.2)
+    with httpx.Client(base_url=owner.base, headers={"X-API-Key": key}, timeout=30) as client:
+        r = _order(client, 5, "after-session-loss", "buy", 55_000)
+        assert r.status_code == 201, r.text
+    assert _owner_app(engine) == f"custody-api {owner.base}"
+    assert not [c for c in ledger.verify() if not c.ok]
