@@ -613,7 +613,8 @@ class Trading:
 
     def _finish(self, rt: _Runtime, conn: Connection, uow: store.UnitOfWork, touched: list) -> dict[str, Any]:
         """Send the queued ledger commands, write the rows of every order the commands touched,
-        flush, and drop closed orders' caches. Returns the order rows written, by order id."""
+        flush and COMMIT in one round trip (`UnitOfWork.flush`: this is the last work of every
+        unit), and drop closed orders' caches. Returns the order rows written, by order id."""
         rt.settlement.flush(conn)
         engine, symbol = rt.engine, rt.row.market.symbol
         reasons: dict[str, tuple[str | None, str | None]] = {}
@@ -631,7 +632,7 @@ class Trading:
             uow.order(order_row(symbol, order, engine.last_seq, held, code, reason))
             if order.state in TERMINAL:
                 closed.append(order_id)
-        rows = uow.flush(conn)
+        rows = uow.flush(conn, commit=True)
         for order_id in closed:
             rt.settlement.forget(order_id)
         return rows

@@ -144,12 +144,14 @@ class UnitOfWork:
     def fill(self, row: dict) -> None:
         self.fills.append(row)
 
-    def flush(self, conn: Connection) -> dict[str, Any]:
+    def flush(self, conn: Connection, *, commit: bool = False) -> dict[str, Any]:
         """Write the buffered rows: journal rows first, then order rows, then fill rows (the order
         the foreign keys need), one statement each, sent together in one round trip (psycopg's
-        pipeline mode; an error of any of them raises here and fails the unit). Returns the order
-        rows as written (every column `order_row` reads, timestamps included), by order id: the
-        answers to the callers."""
+        pipeline mode; an error of any of them raises here and fails the unit). With `commit` (the
+        last statement of the caller's transaction) the transaction's COMMIT goes in the same round
+        trip, and the caller's `Engine.begin()` block then finds nothing left to commit; a failed
+        COMMIT raises here like any other statement. Returns the order rows as written (every
+        column `order_row` reads, timestamps included), by order id: the answers to the callers."""
         statements = [(sql, json.dumps(rows, separators=(",", ":")))
                       for sql, rows in ((_INSERT_COMMANDS, self.commands), (_UPSERT_ORDERS, list(self.orders.values())),
                                         (_INSERT_FILLS, self.fills)) if rows]
@@ -169,6 +171,8 @@ class UnitOfWork:
                     cur = raw.cursor(row_factory=namedtuple_row)
                     cur.execute(sql, (data,))
                     cursors.append((sql, cur))
+                if commit:
+                    raw.cursor().execute("COMMIT")
         except psycopg.Error as exc:  # as SQLAlchemy raises it (retries and the API's error mapping read it)
             raise DBAPIError.instance(" ; ".join(sql for sql, _ in statements), None, exc, psycopg.Error) from exc
         for sql, cur in cursors:
