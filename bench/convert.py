@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"bench/convert.py: api pid {api_pid}; {os.cpu_count()} cores; "
                   f"load {os.getloadavg()[0]:.1f} before")
             for clients in args.clients:
-                result = http_api.drive(world, api_pid, "convert", clients, args.seconds)
+                result = http_api.drive(world, [api_pid], "convert", clients, args.seconds)
                 print(result.line().replace("req/s", "accepted quotes/s"), flush=True)
             failed = http_api.verify(owner_url)
             print("ledger verify:", "all checks ok" if not failed else "FAILED " + "; ".join(failed))

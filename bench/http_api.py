@@ -3,6 +3,7 @@
     .venv/bin/python bench/http_api.py                 # every case at 1 / 16 / 64 clients (~3 minutes)
     .venv/bin/python bench/http_api.py --quick         # one short run per case (~40 s with start-up)
     .venv/bin/python bench/http_api.py --seconds 5 --clients 16
+    .venv/bin/python bench/http_api.py --cases orders --api-processes 2   # clients spread over 2 api processes
 
 What runs: fresh bitcoind -regtest and anvil (regtest.cluster), a fresh database on the configured
 server (DATABASE_URL, or the embedded PostgreSQL), and the deployed topology of custody.launch's
@@ -18,7 +19,12 @@ Cases (each request a real one, with a new idempotency key, as the exchange back
 - `batch100`: `POST /v1/transactions`, a linked batch of 100 transfers (figures in transfers/s too);
 - `orders`: `POST /v1/markets/BTC-USDT/orders`, limit orders of 0.01 BTC priced around 60,000 so
   that about half cross; a third of the orders left resting are cancelled
-  (`POST .../orders/{id}/cancel`) by the same client. req/s counts places and cancels.
+  (`POST .../orders/{id}/cancel`) by the same client. req/s counts places and cancels. Concurrent
+  orders share group commits (custody.api.order_routes, `Trading.submit_grouped`).
+
+`--api-processes N` starts N api processes on the one database (custody.api.market_owners: one owns
+the market, the others forward its orders to it) and spreads the clients over them round-robin; the
+CPU per request is then the sum over all api processes.
 
 Clients are threads of this process, one `httpx.Client` (one keep-alive connection) each; the
 client, the server and PostgreSQL share this machine's cores, so the load average is printed with
@@ -72,7 +78,7 @@ def process_cpu_seconds(pid: int) -> float:
 
 @dataclass(frozen=True)
 class World:
-    base: str
+    bases: tuple[str, ...]  # every api process's base URL; client i talks to bases[i % len]
     key: str
     accounts: tuple[int, ...]
     traders: tuple[str, ...]
@@ -143,7 +149,7 @@ def _order(client: httpx.Client, world: World, rng: random.Random, run: str, n: 
 CASES = {"health": (_health, 1), "single": (_single, 1), "batch100": (_batch, 100), "orders": (_order, 1)}
 
 
-def drive(world: World, api_pid: int, case: str, clients: int, seconds: float) -> Result:
+def drive(world: World, api_pids: list[int], case: str, clients: int, seconds: float) -> Result:
     fn, items = CASES[case]
     run = f"{case}-{clients}-{uuid.uuid4().hex[:8]}"
     start, stop = threading.Barrier(clients + 1), threading.Event()
@@ -153,7 +159,8 @@ def drive(world: World, api_pid: int, case: str, clients: int, seconds: float) -
 
     def client_loop(i: int) -> None:
         rng = random.Random(f"{run}:{i}")
-        with httpx.Client(base_url=world.base, headers={"X-API-Key": world.key}, timeout=30) as client:
+        base = world.bases[i % len(world.bases)]
+        with httpx.Client(base_url=base, headers={"X-API-Key": world.key}, timeout=30) as client:
             _expect(client.get("/health/live"), 200)  # the connection is open before the clock starts
             start.wait()
             n = 0
@@ -173,12 +180,12 @@ def drive(world: World, api_pid: int, case: str, clients: int, seconds: float) -
     for t in threads:
         t.start()
     start.wait()
-    cpu0, t0 = process_cpu_seconds(api_pid), time.perf_counter()
+    cpu0, t0 = sum(map(process_cpu_seconds, api_pids)), time.perf_counter()
     stop.wait(seconds)
     stop.set()
     for t in threads:
         t.join()
-    elapsed, cpu = time.perf_counter() - t0, process_cpu_seconds(api_pid) - cpu0
+    elapsed, cpu = time.perf_counter() - t0, sum(map(process_cpu_seconds, api_pids)) - cpu0
     if errors:
         raise errors[0]
     return Result(case, clients, sum(counts), elapsed, tuple(x for lat in latencies for x in lat), cpu,
@@ -211,7 +218,7 @@ def prepare(deployment: Deployment, owner_url: str, pepper: str) -> World:
             for asset, amount in (("BTC", 10**12), ("USDT", 10**15)):
                 account = ledger.open_account(asset, AccountKind.customer, f"customer:{owner}:{asset}", owner=owner)
                 ledger.post(f"bench:fund:{owner}:{asset}", [Transfer(world[asset], account.id, amount)])
-        return World(deployment.api_base, key, tuple(accounts), traders)
+        return World(tuple(deployment.api_bases.values()), key, tuple(accounts), traders)
     finally:
         engine.dispose()
 
@@ -225,7 +232,7 @@ def verify(owner_url: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def deployed(name: str) -> Iterator[tuple[Deployment, str, str]]:
+def deployed(name: str, api_processes: int = 1) -> Iterator[tuple[Deployment, str, str]]:
     """Fresh regtest nodes, a fresh database and the deployed service on them: (deployment, the
     database owner's URL, the API key pepper). Everything is stopped and dropped afterwards."""
     from regtest.cluster import start_cluster
@@ -238,7 +245,8 @@ def deployed(name: str) -> Iterator[tuple[Deployment, str, str]]:
     deployment = None
     try:
         nodes = Nodes(cluster.bitcoin.rpc_url, cluster.anvil.rpc_url, cluster.token.address)
-        deployment = deploy(root / "service", owner_url=owner_url, nodes=nodes, pepper=pepper, job_scale=1.0)
+        deployment = deploy(root / "service", owner_url=owner_url, nodes=nodes, pepper=pepper, job_scale=1.0,
+                            api_processes=api_processes)
         yield deployment, owner_url, pepper
     finally:
         if deployment is not None:
@@ -250,7 +258,7 @@ def deployed(name: str) -> Iterator[tuple[Deployment, str, str]]:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        with deployed("http") as (deployment, owner_url, pepper):
+        with deployed("http", args.api_processes) as (deployment, owner_url, pepper):
             return _run(args, deployment, owner_url, pepper)
     except BenchError as exc:
         print(f"bench/http_api.py: invalid run: {exc}", file=sys.stderr)
@@ -258,18 +266,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, deployment: Deployment, owner_url: str, pepper: str) -> int:
-    api_pid = deployment.processes.pid("custody-api")
+    api_pids = [deployment.processes.pid(name) for name in deployment.api_bases]
     world = prepare(deployment, owner_url, pepper)
     if not args.with_worker:
         deployment.processes.kill("custody-worker", signal.SIGTERM)
     running = ", ".join(n for n, p in deployment.processes.procs.items() if p.poll() is None)
     server = Settings().database_url and "DATABASE_URL" or "the embedded PostgreSQL"
-    print(f"bench/http_api.py: {running} on {server}; api pid {api_pid}; {os.cpu_count()} cores; "
+    print(f"bench/http_api.py: {running} on {server}; api pids {', '.join(map(str, api_pids))}; {os.cpu_count()} cores; "
           f"load {os.getloadavg()[0]:.1f} before")
     results = []
     for case in args.cases:
         for clients in args.clients_for(case):
-            result = drive(world, api_pid, case, clients, args.seconds)
+            result = drive(world, api_pids, case, clients, args.seconds)
             results.append(result)
             print(result.line(), flush=True)
     failed = verify(owner_url)
@@ -289,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, nargs="+", default=None, help="client counts (default 1 16 64)")
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     parser.add_argument("--with-worker", action="store_true", help="keep the worker running during the runs")
+    parser.add_argument("--api-processes", type=int, default=1, help="api processes sharing the database (default 1)")
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     args = parser.parse_args(argv)
     args.seconds = args.seconds or (2.0 if args.quick else 8.0)

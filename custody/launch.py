@@ -59,6 +59,8 @@ class Deployment:
     xpubs: dict
     approver_keys: dict[str, Path] = field(default_factory=dict)  # operator name -> Ed25519 private key file
     signer_clients: dict[str, Path] = field(default_factory=dict)  # signer client name -> its auth key file
+    # every api process's base URL by instance name (custody-api, custody-api-2, ...; api_base is the first)
+    api_bases: dict[str, str] = field(default_factory=dict)
 
     def stop(self) -> None:
         self.processes.stop_all()
@@ -82,7 +84,11 @@ def _write_toml(path: Path, data: dict) -> Path:
 
 def deploy(root: Path, *, owner_url: str, nodes: Nodes, approvers: tuple[str, ...] = ("approver-1", "approver-2"),
            api_port: int | None = None, job_scale: float = 0.5, seed_file: Path | None = None,
-           pepper: str | None = None, nats_url: str | None = None, events: dict | None = None) -> Deployment:
+           pepper: str | None = None, nats_url: str | None = None, events: dict | None = None,
+           api_processes: int = 1) -> Deployment:
+    """The deployed topology under `root`: the signer, the worker and `api_processes` api processes
+    (the first on `api_port`, the others on free ports of their own, `CUSTODY_API__PORT`: they share
+    the markets, custody.api.market_owners)."""
     from custody.approve_cli import approver_entry, load_private_key, new_key_file
     from custody.database import migrate
     from custody.policy_config import default_policy
@@ -149,11 +155,17 @@ def deploy(root: Path, *, owner_url: str, nodes: Nodes, approvers: tuple[str, ..
                           "CUSTODY_API_SIGNER_AUTH_KEY_FILE": str(client_keys["api"])})
     try:
         processes.start("custody-worker")
+        bases = {"custody-api": base}
         processes.start("custody-api", ready=lambda: httpx.get(f"{base}/health", timeout=1).status_code == 200)
+        for n in range(2, api_processes + 1):
+            extra_port = free_port()
+            extra = bases[f"custody-api-{n}"] = f"http://127.0.0.1:{extra_port}"
+            processes.start("custody-api", instance=f"custody-api-{n}", env={"CUSTODY_API__PORT": str(extra_port)},
+                            ready=lambda url=extra: httpx.get(f"{url}/health", timeout=1).status_code == 200)
     except BaseException:
         processes.stop_all()
         raise
-    return Deployment(root, owner_url, processes, base, xpubs, approver_keys, client_keys)
+    return Deployment(root, owner_url, processes, base, xpubs, approver_keys, client_keys, bases)
 
 
 def run_demo_topology(*, state_dir: Path, api_port: int | None = None, exit_after_demo: bool = False,

@@ -6,6 +6,11 @@
 | custody-worker | `python -m custody worker --config CUSTODY_CONFIG` | the scheduled jobs; a signer client |
 | custody-api | `python -m custody api --config CUSTODY_CONFIG` | the HTTP API and console |
 
+The api may run as several processes on one database (`Processes.start("custody-api",
+instance="custody-api-2", env={"CUSTODY_API__PORT": ...})`, as custody.launch's
+`deploy(api_processes=N)` does): each serves postings and reads, and each market's order entry is
+owned by one of them (custody.api.market_owners).
+
 `PROCESS_COMMANDS` is the one list of those commands: the demo launcher and the e2e suite start
 exactly these, and the test suite checks that docker-compose.yml runs the same ones.
 """

@@ -2,41 +2,36 @@
 container's database engine and ledger (a reorg freeze, `custody.incidents.frozen_accounts`, blocks
 the accounts it freezes: matching evicts their resting orders before anything trades with them),
 rebuilds every configured market from its journal
-(snapshot + replay), and sets `container.trading`. With no market configured it is simply empty."""
+(snapshot + replay), and sets `container.trading`. With no market configured it is simply empty.
+Matching refuses a new order or amend while a reorg freeze blocks its owner's account in either
+asset of the market (`account_frozen`, decided inside the unit of work after the accounts are
+locked: `Trading.blocked_code`)."""
 from __future__ import annotations
 
 import threading
 
-from sqlalchemy import Engine
-
 from custody.container import Container
-from custody.incidents import frozen_accounts, refuse_frozen
-from ledger.errors import LedgerError
+from custody.errors import CustodyErrorCode
+from custody.incidents import frozen_accounts
 from matching.service import Trading
-from matching.settlement import customer_account_name
 
 _attach_lock = threading.Lock()
 
 
-def attach(container: Container) -> Trading:
-    """Build (once) and return the container's trading service."""
+def attach(container: Container, *, owner_url: str | None = None) -> Trading:
+    """Build (once) and return the container's trading service. With `owner_url` (the api process:
+    this process's own base URL) the markets are shared with any other api process on the database
+    (custody.api.market_owners): this one loads only the books it takes the ownership of; without,
+    it loads every market and serves them all (tests, tools)."""
     with _attach_lock:
         if container.trading is None:
-            trading = Trading(container.engine, container.ledger, blocked_accounts=frozen_accounts)
-            trading.load()
+            trading = Trading(container.engine, container.ledger, blocked_accounts=frozen_accounts,
+                              blocked_code=CustodyErrorCode.account_frozen.value, autoload=owner_url is None)
+            if owner_url is None:
+                trading.load()
+            else:
+                from custody.api.market_owners import attach_owners
+
+                attach_owners(trading, container.engine.url, owner_url)
             container.trading = trading
         return container.trading
-
-
-def refuse_frozen_trader(trading: Trading, engine: Engine, symbol: str, owner: str) -> None:
-    """A new or amended order holds from its owner's accounts in the market's two assets, through
-    matching's own ledger commands (not `CallerLedger`): refuse it while a reorged-out credit freezes
-    either account (`account_frozen`, custody.incidents), as an API debit or hold would be refused."""
-    market = trading.market(symbol).market
-    ids = []
-    for asset in (market.base_asset, market.quote_asset):
-        try:
-            ids.append(trading.ledger.account_by_name(customer_account_name(owner, asset)).id)
-        except LedgerError:
-            continue  # not opened yet: nothing of it can be frozen
-    refuse_frozen(engine, ids)

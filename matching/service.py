@@ -25,7 +25,20 @@ the last journaled command are settled again (idempotent: ledger keys answer `ex
 stop left waiting for its hold is answered.
 
 `submit_batch` puts several commands in one transaction (group commit): more throughput, same
-guarantee, because no outcome is returned before the commit.
+guarantee, because no outcome is returned before the commit. `submit_grouped` does it for commands
+that arrive concurrently from many callers (the HTTP API's order entry): each market's
+`matching.sequencer.GroupCommitter` queues them and runs `submit_batch` on the queue, in a thread of
+its own, one group at a time; every outcome carries its order's row as committed (`Outcome.row`,
+from the unit's own upsert), so the caller needs no read after the commit.
+
+Several processes (custody.market_owners): a market's runtime (engine, sequencer) lives only in the
+process that owns it. Every process knows every market's configuration (`market`, read once from
+the database); `load(symbol)` builds the runtime (the new owner), `release(symbol)` drops it, and a
+command for a market whose runtime is not here raises `MarketNotHere` (the caller routes it to the
+owner). With `autoload` (the default: one process, tests, benchmarks) a market created by another
+`Trading` is loaded on first use. The journal's key (market, seq) fences two writers: a process that
+wrongly believes it still owns a market fails its next unit on the duplicate seq (nothing of that
+unit is committed), and rebuilds from the journal.
 """
 from __future__ import annotations
 
@@ -34,8 +47,9 @@ import random
 import threading
 import time
 import uuid
-from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from sqlalchemy import Connection, Engine as DbEngine
 from sqlalchemy.exc import DBAPIError
@@ -54,7 +68,7 @@ from matching.holds import hold_requirement
 from matching.model import (ActivateTriggered, Amend, Cancel, Command, Evict, Market,
                             OrderType, Place, RejectTriggered)
 from matching.order import Order
-from matching.sequencer import Sequencer
+from matching.sequencer import GroupCommitter, Sequencer
 from matching.settlement import Settlement, order_row, rejected_row
 from matching.states import TERMINAL, OrderState
 from matching.stp import DEFAULT_POLICY, StpPolicy
@@ -95,6 +109,12 @@ class Outcome:
     events: list[Event]
     code: str | None = None
     existed: bool = False
+    row: Any = None  # the order's trade_order row as this unit committed it (None: not written by it)
+
+
+class MarketNotHere(RuntimeError):
+    """The market exists, but its runtime is not in this process: another process owns it (see the
+    module docstring). Nothing was done; route the command to the owner."""
 
 
 class _Runtime:
@@ -125,14 +145,22 @@ class Trading:
     ran on the runtime it had looked up before waiting would number its commands from a stale
     engine (issue 11: racing requests answered 500, duplicate `matching_command` key)."""
 
-    def __init__(self, db: DbEngine, ledger: Ledger, blocked_accounts: BlockedAccounts = no_blocked_accounts) -> None:
+    def __init__(self, db: DbEngine, ledger: Ledger, blocked_accounts: BlockedAccounts = no_blocked_accounts,
+                 *, blocked_code: str | None = None, autoload: bool = True) -> None:
         self.db = db
         self.ledger = ledger
         # Resting orders debiting a blocked account are evicted before anything trades with them,
         # and a stop of one is not activated when it fires. Only the live path asks: an eviction is
         # journaled, so a replay needs no answer of it (determinism).
         self.blocked_accounts = blocked_accounts
-        self._markets: dict[str, _Runtime] = {}
+        # With a code (custody: `account_frozen`), a new order or an amend whose owner's account in
+        # either asset of the market is blocked is refused with it, inside the unit of work, after
+        # the accounts are locked; nothing is recorded (the client order id stays unused).
+        self.blocked_code = blocked_code
+        self.autoload = autoload  # see the module docstring
+        self._rows: dict[str, store.MarketRow] = {}  # every market's configuration (never changes)
+        self._markets: dict[str, _Runtime] = {}  # the runtimes this process holds
+        self._committers: dict[str, GroupCommitter] = {}
         self._locks: dict[str, threading.Lock] = {}  # one per market, never replaced
         self._lock = threading.Lock()  # guards the two maps
         # Rebuilds forced by a failed unit of work (not the first load): none is expected, since
@@ -164,7 +192,8 @@ class Trading:
                 if existing != row:
                     raise LedgerError(LedgerCode.idempotency_conflict,
                                       f"market {market.symbol} exists with other content")
-        if market.symbol not in self._markets:
+        self._rows.setdefault(market.symbol, row)
+        if self.autoload and market.symbol not in self._markets:
             self.load(market.symbol)
         return row
 
@@ -176,31 +205,69 @@ class Trading:
         for row in rows:
             with self._lock:
                 lock = self._locks.setdefault(row.market.symbol, threading.Lock())
+                self._rows.setdefault(row.market.symbol, row)
             with lock:
                 runtime = self._rebuild(row)
                 with self._lock:
                     self._markets[row.market.symbol] = runtime
 
+    def release(self, symbol: str) -> None:
+        """Drop the market's runtime (this process no longer owns it); a command waiting for the
+        market's lock then finds no runtime and raises `MarketNotHere`."""
+        lock = self._locks.get(symbol)
+        if lock is None:
+            return
+        with lock:
+            with self._lock:
+                self._markets.pop(symbol, None)
+
+    def holds(self, symbol: str) -> bool:
+        """Whether this process holds the market's runtime (serves its commands and depth)."""
+        return symbol in self._markets
+
     def markets(self) -> list[store.MarketRow]:
-        return [rt.row for rt in self._markets.values()]
+        """Every market, read from the database (another process may have created one)."""
+        with self.db.connect() as conn:
+            rows = store.load_markets(conn)
+        with self._lock:
+            for row in rows:
+                self._rows.setdefault(row.market.symbol, row)
+        return rows
 
     def market(self, symbol: str) -> store.MarketRow:
-        return self._runtime(symbol).row
+        """The market's configuration (read from the database once; a market never changes)."""
+        row = self._rows.get(symbol)
+        if row is None:
+            if storable(symbol):
+                with self.db.connect() as conn:
+                    found = store.load_markets(conn, symbol)
+                if found:
+                    with self._lock:
+                        return self._rows.setdefault(symbol, found[0])
+            raise MatchingError(ErrorCode.market_not_found, f"no market {symbol!r}")
+        return row
 
     def _runtime(self, symbol: str) -> _Runtime:
-        """The market's current runtime, for reading its configuration (not its engine)."""
+        """The market's current runtime (market_not_found; MarketNotHere when another process owns
+        it; loaded first under `autoload`)."""
         rt = self._markets.get(symbol)
         if rt is None:
-            raise MatchingError(ErrorCode.market_not_found, f"no market {symbol!r}")
+            self.market(symbol)  # market_not_found
+            if not self.autoload:
+                raise MarketNotHere(symbol)
+            self.load(symbol)
+            rt = self._markets[symbol]
         return rt
 
     @contextlib.contextmanager
     def _writer(self, symbol: str) -> Iterator[_Runtime]:
         """Hold the market's lock and yield its current runtime, rebuilt first if a failed unit of
         work left it broken. Looked up only once the lock is held (see the class docstring)."""
-        self._runtime(symbol)  # market_not_found
+        self._runtime(symbol)  # market_not_found, MarketNotHere
         with self._locks[symbol]:
-            rt = self._markets[symbol]
+            rt = self._markets.get(symbol)
+            if rt is None:  # released while this waited for the lock
+                raise MarketNotHere(symbol)
             if rt.broken:
                 rt = self._recover(rt)
             yield rt
@@ -250,6 +317,28 @@ class Trading:
     def submit(self, symbol: str, command: Command) -> Outcome:
         return self.submit_batch(symbol, [command])[0]
 
+    def submit_grouped(self, symbol: str, command: Command) -> Future:
+        """Queue `command` for the market's next group commit (`matching.sequencer.GroupCommitter`,
+        run by `submit_batch` in the market's own thread); the future answers its Outcome once the
+        group committed, or the exception that failed it alone (MarketNotHere included)."""
+        committer = self._committers.get(symbol)
+        if committer is None:
+            self.market(symbol)  # market_not_found, before a thread is made for a name
+            with self._lock:
+                committer = self._committers.setdefault(
+                    symbol, GroupCommitter(lambda commands: self.submit_batch(symbol, commands), symbol))
+        return committer.submit(command)
+
+    def group_stats(self, symbol: str) -> tuple[int, int]:
+        """(group commits, commands they carried) of the market's `submit_grouped` so far."""
+        committer = self._committers.get(symbol)
+        return (committer.groups, committer.commands) if committer else (0, 0)
+
+    def close(self) -> None:
+        """Finish the queued group commits and stop their threads."""
+        for committer in list(self._committers.values()):
+            committer.shutdown()
+
     def submit_batch(self, symbol: str, commands: Sequence[Command]) -> list[Outcome]:
         """Run `commands` in order in ONE database transaction; answer after it commits.
 
@@ -283,12 +372,15 @@ class Trading:
                 # Lock the accounts these commands may hold from, in one statement, so each hold
                 # is decided without a round trip (matching.settlement).
                 rt.settlement.track(conn, rt.settlement.accounts_to_track(conn, rt.engine, commands))
+                if self.blocked_code is not None:
+                    uow.blocked_owners = self._blocked_owners(rt, conn, uow, commands)
                 outcomes, touched = [], []
                 for command in commands:
                     outcome, ids = self._one(rt, conn, uow, command)
                     outcomes.append(outcome)
                     touched += ids
-                self._finish(rt, conn, uow, touched)
+                rows = self._finish(rt, conn, uow, touched)
+            outcomes = [replace(o, row=rows.get(o.order_id)) if o.order_id in rows else o for o in outcomes]
         except BaseException:
             rt.settlement.reset()
             if rt.engine.last_seq != seq_before or rt.sequencer.halted:
@@ -309,6 +401,52 @@ class Trading:
         with self._lock:
             self._markets[rt.row.market.symbol] = fresh
         return fresh
+
+    def _blocked_owners(self, rt: _Runtime, conn: Connection, uow: store.UnitOfWork,
+                        commands: Sequence[Command]) -> set[str]:
+        """Owners of the unit's new orders and amends with an account of the market blocked
+        (`blocked_code`), in one query. A new order's accounts are opened (as its gateway would);
+        an amend names only accounts that exist: those of its order, when it is the order's owner."""
+        s, market = rt.settlement, rt.row.market
+        owners: dict[str, list[int]] = {}
+        for command in commands:
+            if type(command) is Place:
+                try:
+                    check_shape(command)
+                except MatchingError:
+                    continue  # refused on its own
+                if unstorable_field(command) is not None:
+                    continue
+                owner = command.account
+            elif type(command) is Amend:
+                order = rt.engine.live.get(command.order_id)
+                if order is None or order.account != command.account:
+                    continue
+                owner = order.account
+            else:
+                continue
+            if owner not in owners:
+                try:
+                    owners[owner] = [s.account_id(conn, owner, a) for a in (market.base_asset, market.quote_asset)]
+                except LedgerError:
+                    continue  # a name another owner holds: refused by the gateway
+        if not owners:
+            return set()
+        accounts = sorted({a for ids in owners.values() for a in ids})
+        s.track(conn, accounts)  # locked before the block is read (and so memoized: `_blocked`)
+        blocked = self._blocked(conn, uow, accounts)
+        return {owner for owner, ids in owners.items() if blocked.intersection(ids)}
+
+    def _blocked(self, conn: Connection, uow: store.UnitOfWork, account_ids: Sequence[int]) -> set[int]:
+        """`blocked_accounts`, asked once per unit of work for each account. Callers pass accounts
+        they have locked (`Settlement.track`) in this unit: a freeze locks them too, so what was
+        read stays true until the unit ends."""
+        memo = uow.blocked
+        unknown = sorted({a for a in account_ids if a not in memo})
+        if unknown:
+            found = self.blocked_accounts(conn, unknown)
+            memo.update((a, a in found) for a in unknown)
+        return {a for a in account_ids if memo[a]}
 
     def _begin(self, rt: _Runtime, conn: Connection) -> store.UnitOfWork:
         uow = store.UnitOfWork(rt.row.market.symbol)
@@ -334,6 +472,8 @@ class Trading:
             if refused is not None:
                 return refused, touched
         elif isinstance(command, Amend):
+            if command.account in uow.blocked_owners:
+                return Outcome(command.order_id, None, [], self.blocked_code), touched
             order = rt.engine.live.get(command.order_id)
             if (order is not None and order.account == command.account and command.price is not None
                     and order.order_type is OrderType.limit and order.state in _RESTING):
@@ -387,7 +527,7 @@ class Trading:
             s.track(conn, [s.fee_account_id, own, *(a for a in receive.values() if a is not None), *pay.values()])
             if s.is_closed(s.fee_account_id) or s.is_closed(own):
                 return LedgerCode.account_closed.value
-            blocked = self.blocked_accounts(conn, sorted(set(pay.values())))
+            blocked = self._blocked(conn, uow, list(pay.values()))
             evicted = False
             for maker in makers:
                 account = receive[maker.order_id]
@@ -407,6 +547,8 @@ class Trading:
         existing_id = existing.order_id if existing else rt.risk_rejected.get(key)
         if existing_id is not None:
             return Outcome(existing_id, None, [], existed=True)
+        if cmd.account in uow.blocked_owners:
+            return Outcome(cmd.order_id, None, [], self.blocked_code)
         if not 1 <= len(cmd.client_order_id) <= 64:
             return Outcome(cmd.order_id, None, [], ErrorCode.invalid_request.value)
         code = validate_place(cmd, rt.row.market, rt.row.fees)
@@ -456,7 +598,7 @@ class Trading:
             receive = s.receive_account(conn, order.account, order.side)
             pay = s.pay_account(conn, order.account, order.side)
             s.track(conn, [receive, pay])
-            payable = not s.is_closed(receive) and pay not in self.blocked_accounts(conn, [pay])
+            payable = not s.is_closed(receive) and not self._blocked(conn, uow, [pay])
         except LedgerError:
             payable = False  # (a stop of a blocked account is rejected, not activated)
         if payable:  # orders it may meet, whose owners cannot be paid, are evicted first
@@ -469,9 +611,10 @@ class Trading:
         reply = ActivateTriggered(order_id) if held else RejectTriggered(order_id)
         return touched + self._settle(rt, conn, uow, rt.sequencer.submit(reply).events)
 
-    def _finish(self, rt: _Runtime, conn: Connection, uow: store.UnitOfWork, touched: list) -> None:
+    def _finish(self, rt: _Runtime, conn: Connection, uow: store.UnitOfWork, touched: list) -> dict[str, Any]:
         """Send the queued ledger commands, write the rows of every order the commands touched,
-        flush, and drop closed orders' caches."""
+        flush and COMMIT in one round trip (`UnitOfWork.flush`: this is the last work of every
+        unit), and drop closed orders' caches. Returns the order rows written, by order id."""
         rt.settlement.flush(conn)
         engine, symbol = rt.engine, rt.row.market.symbol
         reasons: dict[str, tuple[str | None, str | None]] = {}
@@ -489,9 +632,10 @@ class Trading:
             uow.order(order_row(symbol, order, engine.last_seq, held, code, reason))
             if order.state in TERMINAL:
                 closed.append(order_id)
-        uow.flush(conn)
+        rows = uow.flush(conn, commit=True)
         for order_id in closed:
             rt.settlement.forget(order_id)
+        return rows
 
     # ---- queries -------------------------------------------------------------------------
 
@@ -568,4 +712,4 @@ def _refusal(order_id: str, events: Iterable[Event]) -> str | None:
     return None
 
 
-__all__ = ["Outcome", "Trading", "order_id_for"]
+__all__ = ["MarketNotHere", "Outcome", "Trading", "order_id_for"]

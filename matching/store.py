@@ -16,7 +16,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+import psycopg
+from psycopg.rows import namedtuple_row
 from sqlalchemy import Connection, text
+from sqlalchemy.exc import DBAPIError
 
 from matching.fees import FeeSchedule
 from matching.model import Command, Market, command_from_record, command_to_record
@@ -110,7 +113,8 @@ _UPSERT_ORDERS = (
     f"INSERT INTO trade_order ({', '.join(_ORDER_COLUMNS)}) "
     f"SELECT {', '.join('r.' + c for c in _ORDER_COLUMNS)} FROM json_populate_recordset(NULL::trade_order, %s::json) r "
     "ON CONFLICT (id) DO UPDATE SET "
-    + ", ".join(f"{c} = EXCLUDED.{c}" for c in _ORDER_COLUMNS[5:]) + ", updated_at = now()")
+    + ", ".join(f"{c} = EXCLUDED.{c}" for c in _ORDER_COLUMNS[5:]) + ", updated_at = now() "
+    f"RETURNING {', '.join('trade_order.' + c for c in _ORDER_COLUMNS)}, trade_order.created_at, trade_order.updated_at")
 _INSERT_FILLS = (
     f"INSERT INTO fill ({', '.join(_FILL_COLUMNS)}, settlement_version) "
     f"SELECT {', '.join('r.' + c for c in _FILL_COLUMNS)}, r.settlement_version "
@@ -126,6 +130,10 @@ class UnitOfWork:
     commands: list[dict] = field(default_factory=list)
     orders: dict[str, dict] = field(default_factory=dict)
     fills: list[dict] = field(default_factory=list)
+    # owners whose new orders and amends this unit refuses (Trading.blocked_code), and whether each
+    # account asked about (locked in this unit) is blocked (Trading._blocked)
+    blocked_owners: set[str] = field(default_factory=set)
+    blocked: dict[int, bool] = field(default_factory=dict)
 
     def journal(self, seq: int, command: Command) -> None:
         self.commands.append({"market": self.market, "seq": seq, "record": command_to_record(command)})
@@ -137,14 +145,41 @@ class UnitOfWork:
     def fill(self, row: dict) -> None:
         self.fills.append(row)
 
-    def flush(self, conn: Connection) -> None:
+    def flush(self, conn: Connection, *, commit: bool = False) -> dict[str, Any]:
         """Write the buffered rows: journal rows first, then order rows, then fill rows (the order
-        the foreign keys need), one statement each."""
-        for sql, rows in ((_INSERT_COMMANDS, self.commands), (_UPSERT_ORDERS, list(self.orders.values())),
-                          (_INSERT_FILLS, self.fills)):
-            if rows:
-                conn.exec_driver_sql(sql, (json.dumps(rows, separators=(",", ":")),))
+        the foreign keys need), one statement each, sent together in one round trip (psycopg's
+        pipeline mode; an error of any of them raises here and fails the unit). With `commit` (the
+        last statement of the caller's transaction) the transaction's COMMIT goes in the same round
+        trip, and the caller's `Engine.begin()` block then finds nothing left to commit; a failed
+        COMMIT raises here like any other statement. Returns the order rows as written (every
+        column `order_row` reads, timestamps included), by order id: the answers to the callers."""
+        statements = [(sql, json.dumps(rows, separators=(",", ":")))
+                      for sql, rows in ((_INSERT_COMMANDS, self.commands), (_UPSERT_ORDERS, list(self.orders.values())),
+                                        (_INSERT_FILLS, self.fills)) if rows]
         self.commands, self.orders, self.fills = [], {}, []
+        raw = conn.connection.driver_connection
+        if not isinstance(raw, psycopg.Connection) or not psycopg.Pipeline.is_supported():
+            written: dict[str, Any] = {}
+            for sql, data in statements:
+                result = conn.exec_driver_sql(sql, (data,))
+                if sql is _UPSERT_ORDERS:
+                    written = {row.id: row for row in result}
+            return written
+        cursors = []
+        try:
+            with raw.pipeline():
+                for sql, data in statements:
+                    cur = raw.cursor(row_factory=namedtuple_row)
+                    cur.execute(sql, (data,))
+                    cursors.append((sql, cur))
+                if commit:
+                    raw.cursor().execute("COMMIT")
+        except psycopg.Error as exc:  # as SQLAlchemy raises it (retries and the API's error mapping read it)
+            raise DBAPIError.instance(" ; ".join(sql for sql, _ in statements), None, exc, psycopg.Error) from exc
+        for sql, cur in cursors:
+            if sql is _UPSERT_ORDERS:
+                return {row.id: row for row in cur.fetchall()}
+        return {}
 
 
 class JournalBuffer:

@@ -1,6 +1,15 @@
 """Order routes under /v1: markets, place / cancel / amend, queries by order id and client order
 id, fills, and a depth snapshot with its sequence number.
 
+Order entry (place, cancel, amend) is asynchronous and grouped across requests: each command goes
+to its market's group commit (`Trading.submit_grouped`: commands arriving together share ONE
+database transaction, in a thread of the market's own, off the event loop) and is answered with its
+order's row as that transaction committed it; nothing is answered before the commit. A refusal of
+one command is that command's answer only. With several api processes
+(custody.api.market_owners), a command for a market another process owns is forwarded there, and
+a depth read too (the book is in the owner's memory); order and fill reads are served by every
+process from the database.
+
 Quantities and prices cross the API as decimal strings in asset units ("0.5" BTC, "60000" USDT per
 BTC) and are converted EXACTLY to lots and ticks; anything not an exact multiple of the lot or tick
 is refused (`invalid_quantity` / `invalid_price`), never rounded. Responses carry both the decimal
@@ -8,26 +17,31 @@ string and the integer (`*_lots`, `*_ticks`) the engine uses.
 """
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import weakref
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Query, Response
+import anyio.to_thread
+from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from custody.api.deps import Admin, Backend, ContainerDep, Reader
 from custody.api.errors import ApiError, responses
 from custody.api.ledger_schemas import Money
+from custody.api.market_owners import owners_of
 from custody.api.paging import PAGED, pager
 from custody.api.params import MAX_ID
 from custody.money_rules import OWNER_PATTERN
-from custody.trading import attach, refuse_frozen_trader
+from custody.errors import CustodyError, CustodyErrorCode
+from custody.trading import attach
 from ledger.amounts import format_amount, parse_amount
 from ledger.errors import LedgerError
 from ledger.errors import ErrorCode as LedgerCode
 from matching.errors import ErrorCode, MatchingError
 from matching.fees import FeeSchedule, FeeTier
-from matching.model import Market, OrderType, Side, TimeInForce
-from matching.service import Outcome, Trading
+from matching.model import Amend, Cancel, Command, Market, OrderType, Place, Side, TimeInForce
+from matching.service import MarketNotHere, Outcome, Trading, order_id_for
 from matching.stp import StpPolicy
 
 router = APIRouter(prefix="/v1", tags=["orders"])
@@ -35,8 +49,10 @@ MarketsPage = pager("markets", newest_first=False, default=1000, maximum=1000, k
 FillsPage = pager("fills", newest_first=False, default=100, maximum=1000)
 
 
-def _trading(container: ContainerDep) -> Trading:
-    return container.trading if container.trading is not None else attach(container)
+async def _trading(container: ContainerDep) -> Trading:
+    if container.trading is not None:
+        return container.trading
+    return await anyio.to_thread.run_sync(attach, container)
 
 
 TradingDep = Annotated[Trading, Depends(_trading)]
@@ -276,6 +292,49 @@ class _Units:
         return out
 
 
+_units_cache: weakref.WeakKeyDictionary[Trading, dict[str, _Units]] = weakref.WeakKeyDictionary()
+
+
+def _units_sync(t: Trading, symbol: str) -> _Units:
+    """The market's `_Units` (a market and its assets' decimals never change: built once)."""
+    cache = _units_cache.setdefault(t, {})
+    units = cache.get(symbol)
+    if units is None:
+        units = cache[symbol] = _Units(t, symbol)
+    return units
+
+
+async def _units(t: Trading, symbol: str) -> _Units:
+    """`_units_sync` on the event loop: the first use of a market reads the database in a thread."""
+    units = _units_cache.get(t, {}).get(symbol)
+    return units if units is not None else await anyio.to_thread.run_sync(_units_sync, t, symbol)
+
+
+async def _routed(request: Request, t: Trading, symbol: str) -> Response | None:
+    """The owner's answer when another api process owns the market (custody.api.market_owners);
+    None when this process serves it."""
+    owners = owners_of(t)
+    if owners is None or t.holds(symbol):
+        return None
+    await _units(t, symbol)  # market_not_found, answered here
+    return await owners.route(request, symbol)
+
+
+async def _entry(request: Request, t: Trading, symbol: str, command: Command) -> Outcome | Response:
+    """Run `command` in the market's next group commit; the owner's answer instead when the market
+    is (or, meanwhile, went) elsewhere."""
+    while True:
+        try:
+            return await asyncio.wrap_future(t.submit_grouped(symbol, command))
+        except MarketNotHere:
+            owners = owners_of(t)
+            if owners is None:
+                raise
+            answer = await owners.route(request, symbol)
+            if answer is not None:
+                return answer
+
+
 def _parse(text: str, decimals: int, code: ErrorCode, field: str) -> int:
     try:
         return parse_amount(text, decimals)
@@ -309,11 +368,14 @@ def _order_out(u: _Units, row: Any) -> dict:
     }
 
 
-def _answer(t: Trading, u: _Units, outcome: Outcome, *, refuse: bool) -> dict:
-    """The order after a command. A refused cancel / amend is an error; a refused order is a row."""
+async def _answer(t: Trading, u: _Units, outcome: Outcome, *, refuse: bool) -> dict:
+    """The order after a command, as its unit committed it. A refused cancel / amend is an error; a
+    refused order is a row."""
     if outcome.code is not None and (refuse or outcome.seq is None and not _is_rejection(outcome)):
         _raise(outcome.code)
-    row = t.order(outcome.order_id)
+    row = outcome.row
+    if row is None:  # not written by this unit (a retried client order id): read it
+        row = await anyio.to_thread.run_sync(t.order, outcome.order_id)
     if row is None:
         raise MatchingError(ErrorCode.order_not_found)
     return _order_out(u, row)
@@ -325,6 +387,10 @@ def _is_rejection(outcome: Outcome) -> bool:
 
 
 def _raise(code: str) -> None:
+    if code == CustodyErrorCode.account_frozen.value:  # Trading.blocked_code (custody.trading)
+        raise CustodyError(CustodyErrorCode.account_frozen, "an account of the order's owner in this market is "
+                           "frozen: a credit of it was reorged out after finality; an operator must resolve the "
+                           "incident first")
     try:
         raise MatchingError(ErrorCode(code))
     except ValueError:
@@ -364,45 +430,56 @@ def list_markets(t: TradingDep, _: Reader, page: MarketsPage) -> list[dict]:
 
 @router.post("/markets/{symbol}/orders", status_code=201, response_model=OrderOut,
              responses=responses(*MARKET, *PLACE))
-def place_order(symbol: str, body: OrderIn, t: TradingDep, _: Backend, response: Response) -> dict:
+async def place_order(symbol: str, body: OrderIn, t: TradingDep, _: Backend, request: Request,
+                      response: Response) -> Any:
     """Place an order. A retry with the same client order id answers 200 with the existing order.
     An order refused for funds, post-only crossing or self-trade prevention is answered 201 in
     state `rejected` with its `reject_code` (its client order id is used up)."""
-    u = _Units(t, symbol)
-    refuse_frozen_trader(t, t.db, symbol, body.account)
-    outcome = t.place(
-        symbol, body.account, body.client_order_id, body.side, order_type=body.type,
-        qty=u.lots(body.qty), price=u.ticks(body.price), budget=u.quote(body.budget),
+    if (routed := await _routed(request, t, symbol)) is not None:
+        return routed
+    u = await _units(t, symbol)
+    command = Place(
+        order_id_for(symbol, body.account, body.client_order_id), body.account, body.client_order_id, body.side,
+        order_type=body.type, qty=u.lots(body.qty), price=u.ticks(body.price), budget=u.quote(body.budget),
         stop_price=u.ticks(body.stop_price, "stop_price"), display_qty=u.lots(body.display_qty, "display_qty"),
         tif=body.tif, post_only=body.post_only, stp_group=body.stp_group, stp_policy=body.stp_policy,
         fee_tier=body.fee_tier)
+    outcome = await _entry(request, t, symbol, command)
+    if isinstance(outcome, Response):
+        return outcome
     if outcome.existed:
         response.status_code = 200
-        return _order_out(u, t.order(outcome.order_id))
-    return _answer(t, u, outcome, refuse=False)
+    return await _answer(t, u, outcome, refuse=False)
 
 
 @router.post("/markets/{symbol}/orders/{order_id}/cancel", response_model=OrderOut,
              responses=responses(*MARKET, *ORDER))
-def cancel_order(symbol: str, order_id: str, body: CancelIn, t: TradingDep, _: Backend) -> dict:
-    u = _Units(t, symbol)
-    return _answer(t, u, t.cancel(symbol, body.account, order_id), refuse=True)
+async def cancel_order(symbol: str, order_id: str, body: CancelIn, t: TradingDep, _: Backend,
+                       request: Request) -> Any:
+    if (routed := await _routed(request, t, symbol)) is not None:
+        return routed
+    u = await _units(t, symbol)
+    outcome = await _entry(request, t, symbol, Cancel(order_id, body.account))
+    return outcome if isinstance(outcome, Response) else await _answer(t, u, outcome, refuse=True)
 
 
 @router.post("/markets/{symbol}/orders/{order_id}/amend", response_model=OrderOut,
              responses=responses(*MARKET, *ORDER, *PLACE, "order_not_amendable"))
-def amend_order(symbol: str, order_id: str, body: AmendIn, t: TradingDep, _: Backend) -> dict:
-    u = _Units(t, symbol)
-    refuse_frozen_trader(t, t.db, symbol, body.account)
-    outcome = t.amend(symbol, body.account, order_id, qty=u.lots(body.qty), price=u.ticks(body.price),
-                      stop_price=u.ticks(body.stop_price, "stop_price"))
-    return _answer(t, u, outcome, refuse=True)
+async def amend_order(symbol: str, order_id: str, body: AmendIn, t: TradingDep, _: Backend,
+                      request: Request) -> Any:
+    if (routed := await _routed(request, t, symbol)) is not None:
+        return routed
+    u = await _units(t, symbol)
+    command = Amend(order_id, body.account, qty=u.lots(body.qty), price=u.ticks(body.price),
+                    stop_price=u.ticks(body.stop_price, "stop_price"))
+    outcome = await _entry(request, t, symbol, command)
+    return outcome if isinstance(outcome, Response) else await _answer(t, u, outcome, refuse=True)
 
 
 @router.get("/markets/{symbol}/orders/{order_id}", response_model=OrderOut,
             responses=responses(*MARKET, "order_not_found"))
 def get_order(symbol: str, order_id: str, t: TradingDep, _: Reader) -> dict:
-    u = _Units(t, symbol)
+    u = _units_sync(t, symbol)
     row = t.order(order_id)
     if row is None or row.market != symbol:
         raise MatchingError(ErrorCode.order_not_found)
@@ -413,7 +490,7 @@ def get_order(symbol: str, order_id: str, t: TradingDep, _: Reader) -> dict:
             responses=responses(*MARKET, "order_not_found"))
 def get_order_by_client_id(symbol: str, t: TradingDep, _: Reader, account: str = Query(),
                            client_order_id: str = Query()) -> dict:
-    u = _Units(t, symbol)
+    u = _units_sync(t, symbol)
     row = t.order_by_client_id(symbol, account, client_order_id)
     if row is None:
         raise MatchingError(ErrorCode.order_not_found)
@@ -428,7 +505,7 @@ def list_fills(symbol: str, t: TradingDep, _: Reader, page: FillsPage, order_id:
     """Fills oldest first (paged: `cursor`, or the older `after`; not both)."""
     if after is not None and page.key is not None:
         raise ApiError(422, "invalid_request", "send either cursor or after, not both")
-    u = _Units(t, symbol)
+    u = _units_sync(t, symbol)
     rows = page.finish(t.fills(symbol, order_id=order_id, account=account, after=page.key or after or 0, limit=page.fetch),
                        key=lambda r: r.id)
     return {"fills": [{
@@ -447,9 +524,17 @@ def list_fills(symbol: str, t: TradingDep, _: Reader, page: FillsPage, order_id:
 
 
 @router.get("/markets/{symbol}/depth", response_model=DepthOut, responses=responses(*MARKET))
-def depth(symbol: str, t: TradingDep, _: Reader, levels: int = Query(default=50, ge=1, le=1000)) -> dict:
-    u = _Units(t, symbol)
-    seq, bids, asks = t.depth(symbol, levels)
+async def depth(symbol: str, t: TradingDep, _: Reader, request: Request,
+                levels: int = Query(default=50, ge=1, le=1000)) -> Any:
+    if (routed := await _routed(request, t, symbol)) is not None:
+        return routed
+    u = await _units(t, symbol)
+    try:
+        seq, bids, asks = await anyio.to_thread.run_sync(t.depth, symbol, levels)
+    except MarketNotHere:  # released meanwhile: the new owner answers
+        if (routed := await _routed(request, t, symbol)) is not None:
+            return routed
+        seq, bids, asks = await anyio.to_thread.run_sync(t.depth, symbol, levels)
 
     def side(levels_: list) -> list[dict]:
         return [{"price": u.fmt_ticks(p), "price_ticks": p, "qty": u.fmt_lots(q), "qty_lots": q}

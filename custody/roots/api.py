@@ -2,8 +2,11 @@
 
 `build_api_root(config)` wires `ApiRoot` (custody.roots.common's services plus the matching
 sequencer, `trading`, rebuilt from its journal at start); `serve_api(root)` runs uvicorn on the
-configured address until SIGTERM/SIGINT. The API is the matching engine's single writer: no other
-process runs a `Trading` (the worker snapshots the journal without one).
+configured address until SIGTERM/SIGINT. Several api processes may serve one database (start
+`custody api` again with another port, e.g. `CUSTODY_API__PORT=8001`): every one serves postings
+and reads; each market's sequencer is owned by one of them at a time (custody.api.market_owners:
+a PostgreSQL session advisory lock per market), and the others forward its orders there. No other
+kind of process runs a `Trading` (the worker snapshots the journal without one).
 
 The API keeps a signer *client* for one operator route only: `POST /v1/reserves/reports` signs
 its control messages (`sign_reserves_message`). It speaks as its own client (`[signer] client`,
@@ -32,6 +35,7 @@ from custody.api.app import create_app
 from custody.config import DeploymentConfig
 from custody.convert.service import Convert
 from custody.roots.common import REFERENCE_WAIT_SECONDS, CustodyServices, build_services, install_module_dump
+from custody.api.market_owners import advertised_url, owners_of
 from custody.trading import attach
 from matching.service import Trading
 from signer.protocol import SignerPort
@@ -43,6 +47,15 @@ log = logging.getLogger(__name__)
 class ApiRoot(CustodyServices):
     trading: Trading | None = None  # the sequencer; custody.trading.attach() builds it
     convert: Convert | None = None  # custody.convert's quotes; custody.api.convert_routes builds it
+
+    def close(self) -> None:
+        """Finish the queued group commits, give up the markets' ownership, then the rest."""
+        if self.trading is not None:
+            self.trading.close()
+            owners = owners_of(self.trading)
+            if owners is not None:
+                owners.stop()  # the locks go with the session: another process takes the markets
+        super().close()
 
 
 async def _serve(server: uvicorn.Server) -> None:
@@ -59,7 +72,9 @@ def build_api_root(config: DeploymentConfig, *, adapters: Mapping[str, ChainAdap
     services = build_services(config, process="api", adapters=adapters, signer=signer, engine=engine,
                               reference_wait=reference_wait)
     root = ApiRoot(**{f: getattr(services, f) for f in services.__dataclass_fields__})
-    attach(root)  # type: ignore[arg-type]  # duck-typed: engine, ledger, trading
+    # markets are shared with every other api process on the database (custody.api.market_owners):
+    # this one loads the books it takes the ownership of and forwards orders for the others
+    attach(root, owner_url=advertised_url(root.settings.api_host, root.settings.api_port))  # type: ignore[arg-type]
     return root
 
 
@@ -87,6 +102,12 @@ def serve_api(root: ApiRoot) -> int:
     # log_config=None: uvicorn's lines go through the process's own (JSON) logging
     # (custody.observability); its access log is replaced by custody.api.access's, which carries
     # the request id
-    uvloop.run(_serve(server))
+    owners = owners_of(root.trading) if root.trading is not None else None
+    if owners is not None:
+        owners.watch()  # a market whose owner dies is taken over from here within a second
+    try:
+        uvloop.run(_serve(server))
+    finally:
+        root.close()
     log.info("custody api stopped")
     return 0

@@ -118,7 +118,9 @@ STEPS = {
     "after_fill_posting": (Ledger, "apply", "after", _sends(PostTransfers)),
     "after_release": (Ledger, "apply", "after", _sends(ReleaseHold)),
     "before_rows_written": (store.UnitOfWork, "flush", "before", None),
-    "before_commit": (store.UnitOfWork, "flush", "after", None),
+    # the rows and the COMMIT go in one round trip (UnitOfWork.flush): a crash after it is after
+    # the commit and before the answer (the retry is answered from what was committed)
+    "after_commit": (store.UnitOfWork, "flush", "after", None),
 }
 
 
@@ -174,7 +176,7 @@ def test_a_broken_market_rebuilds_itself_before_the_next_command(ledger, monkeyp
     before = normalised(env)
     original = store.UnitOfWork.flush
 
-    def boom(self, conn):
+    def boom(self, conn, **kw):
         raise Crash("flush")
 
     monkeypatch.setattr(store.UnitOfWork, "flush", boom)
