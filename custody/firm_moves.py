@@ -18,33 +18,80 @@ Failures stay contained (custody.containment): each row is recorded and tracked 
 database transaction; a row whose booking fails is set aside with a critical incident (its
 transaction is on chain), skipped from then on, and booked once when an operator retries it
 (`retry`); the other rows go on. A set-aside row is still `unbooked`, so reconciliation explains it.
+
+Fee bumps (RBF), as payouts have them (`bump_fees()`): a row `broadcast` whose transaction is still
+in the mempool `BumpConfig.stuck_blocks` blocks after it was first sent (`broadcast_height`) is
+signed again by the subclass (`_resign`: the same coins and destination, a higher fee taken from
+what the firm keeps: the swept amount or the rebalance's change) at the old rate raised by
+`bump_percent`, capped at `max_fee_rate_sat_per_kvb` (reaching the cap opens a warning incident,
+`fee_ceiling_reached`). Every signed version is kept in `firm_tx_version` (append-only,
+`replaces_id` naming the one it replaces, at most once); the row's `txid`, `raw`, `fee` are the
+version followed now. The replacement is stored before it is sent. `track()` asks the node about
+the row's version; when that one is replaced or conflicted, or unknown, it asks about the others:
+a mined one becomes the row's version again (`_follow`, audited `<machine>.version_followed`), so
+whichever version the miners took is the one booked, with its own fee, exactly once; the others
+never are. Only the chain decides: a version is never written off on mempool evidence alone.
 """
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from sqlalchemy import Connection, Engine, text
 
 from chain_adapters.base import ChainAdapter, TxState
 from chain_adapters.errors import ChainError
 from custody.containment import Retried, Step, contained, retry
-from custody.controls import kill_switch
+from custody.controls import audit, kill_switch, open_incident
 from custody.states import MACHINES, advance
 from custody.wallets import Wallets
 from ledger.service import Ledger
 
 log = logging.getLogger(__name__)
 UNBOOKED = ("signed", "broadcast", "confirmed")
+_VERSION_SQL = text("INSERT INTO firm_tx_version (machine, row_id, txid, raw, fee, fee_rate, replaces_id) "
+                    "VALUES (:m, :r, :t, :raw, :f, :fr, :rep) RETURNING id")
+
+
+@dataclass(frozen=True)
+class BumpConfig:
+    """When and how far a stuck sweep or rebalance is bumped (integers: blocks, percent, sat/kvB)."""
+
+    stuck_blocks: int = 3
+    bump_percent: int = 50
+    max_fee_rate_sat_per_kvb: int = 500_000
+
+    def __post_init__(self) -> None:
+        for name in ("stuck_blocks", "bump_percent", "max_fee_rate_sat_per_kvb"):
+            value = getattr(self, name)
+            if type(value) is not int or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def bumped_rate(old_rate: int, config: BumpConfig) -> int | None:
+    """The next fee rate for a stuck version: old + bump_percent, at most the ceiling; None when the
+    ceiling leaves no room for a higher rate (BIP 125 needs a strictly higher fee)."""
+    rate = min(old_rate * (100 + config.bump_percent) // 100, config.max_fee_rate_sat_per_kvb)
+    if rate <= old_rate:
+        return None
+    return rate
+
+
+def is_stuck(tip_height: int, broadcast_height: int | None, config: BumpConfig) -> bool:
+    """A version first sent at `broadcast_height` is stuck once `stuck_blocks` blocks passed."""
+    return broadcast_height is not None and tip_height - broadcast_height >= config.stuck_blocks
 
 
 class FirmMoves:
     machine: str  # "sweep" or "rebalance": names the state machine and, through it, the table
 
-    def __init__(self, engine: Engine, ledger: Ledger, wallets: Wallets, bitcoin: ChainAdapter) -> None:
+    def __init__(self, engine: Engine, ledger: Ledger, wallets: Wallets, bitcoin: ChainAdapter,
+                 bump: BumpConfig | None = None) -> None:
         self.engine = engine
         self.ledger = ledger
         self.wallets = wallets
         self.bitcoin = bitcoin
+        self.bump = bump or BumpConfig()
 
     @property
     def table(self) -> str:
@@ -53,6 +100,18 @@ class FirmMoves:
     def _book(self, c: Connection, r) -> None:
         """Post the row's journal transaction at finality (r has id, txid, amount, fee)."""
         raise NotImplementedError
+
+    def _resign(self, c: Connection, row_id: int, rate: int):
+        """Sign the row again at fee rate `rate` (same coins, same destination; a higher fee out of
+        what the firm keeps): (SignedTx, extra columns to set on the row), or None when it cannot."""
+        raise NotImplementedError
+
+    def _store_version(self, c: Connection, row_id: int, from_state: str, signed, rate: int, **columns: object) -> None:
+        """Record a first signature: the row `from_state` -> `signed` with its txid, raw and fee, and
+        its first version, in the caller's database transaction."""
+        advance(c, self.machine, row_id, from_state, "signed", txid=signed.txid, raw=signed.raw, fee=signed.fee, **columns)
+        c.execute(_VERSION_SQL, {"m": self.machine, "r": row_id, "t": signed.txid, "raw": signed.raw, "f": signed.fee,
+                                 "fr": rate, "rep": None})
 
     def broadcast(self) -> int:
         if kill_switch(self.engine).engaged:
@@ -72,8 +131,9 @@ class FirmMoves:
         return sent
 
     def _record_broadcast(self, r) -> bool:
+        height = self.bitcoin.tip().height
         with self.engine.begin() as c:
-            advance(c, self.machine, r.id, "signed", "broadcast")
+            advance(c, self.machine, r.id, "signed", "broadcast", broadcast_height=height)
         return True
 
     def track(self) -> int:
@@ -91,6 +151,11 @@ class FirmMoves:
     def _track_one(self, r, finality: int) -> int:
         """One row's step on chain, in one database transaction: 1 when it became final (and booked)."""
         status = self.bitcoin.tx_status(r.txid, raw=bytes(r.raw))
+        if status.state in (TxState.REPLACED, TxState.CONFLICTED, TxState.UNKNOWN):
+            other = self._live_version(r)
+            if other is not None:  # another version of ours is mined (or the one in the mempool): follow it
+                self._follow(r, other)
+                return 0
         with self.engine.begin() as c:
             if status.state is TxState.CONFIRMED:
                 if r.state == "broadcast":
@@ -108,6 +173,89 @@ class FirmMoves:
                     log.warning("%s %d re-broadcast refused: %s", self.machine, r.id, exc)
         return 0
 
+    def _live_version(self, r):
+        """Another version of the row that the chain holds (mined first, else in the mempool), or None."""
+        with self.engine.connect() as c:
+            versions = c.execute(text("SELECT id, txid, raw, fee, fee_rate FROM firm_tx_version WHERE machine = :m "
+                                      "AND row_id = :r AND txid <> :t ORDER BY id DESC"),
+                                 {"m": self.machine, "r": r.id, "t": r.txid}).all()
+        pending = None
+        for v in versions:
+            state = self.bitcoin.tx_status(v.txid, raw=bytes(v.raw)).state
+            if state is TxState.CONFIRMED:
+                return v
+            if state is TxState.MEMPOOL and pending is None:
+                pending = v
+        return pending
+
+    def _follow(self, r, v) -> None:
+        """Make version `v` the row's: its txid, raw and fee are what is tracked and booked from now."""
+        with self.engine.begin() as c:
+            moved = c.execute(text(f"UPDATE {self.table} SET txid = :t, raw = :raw, fee = :f, fee_rate = :fr, "
+                                   "updated_at = now() WHERE id = :i AND txid = :old"),
+                              {"t": v.txid, "raw": v.raw, "f": v.fee, "fr": v.fee_rate, "i": r.id, "old": r.txid}).rowcount
+            if moved:
+                self._followed(c, r.id, v)
+                audit(c, "custody", f"{self.machine}.version_followed", f"{self.machine}:{r.id}",
+                      {"from": r.txid, "to": v.txid, "fee": int(v.fee)})
+        log.info("%s %d: following version %s instead of %s", self.machine, r.id, v.txid, r.txid)
+
+    def _followed(self, c: Connection, row_id: int, v) -> None:
+        """Columns of the row that depend on the version followed (a rebalance's change), set again."""
+
+    def bump_fees(self) -> list[str]:
+        """Replace every row's version stuck in the mempool with one paying a higher fee; returns the
+        new txids (stored, then sent)."""
+        if kill_switch(self.engine).engaged:
+            return []
+        with self.engine.connect() as c:
+            rows = c.execute(text(f"SELECT id, txid, raw, fee_rate, broadcast_height FROM {self.table} "
+                                  "WHERE chain = 'bitcoin' AND state = 'broadcast' AND containment = 'active' ORDER BY id")).all()
+        new = []
+        for r in rows:
+            txid = contained(self.engine, self.machine, r.id, "broadcast", Step.bump, lambda r=r: self._bump_one(r),
+                             describe=lambda r=r: {"txid": r.txid})
+            if txid is not None:
+                new.append(txid)
+        return new
+
+    def _bump_one(self, r) -> str | None:
+        if not is_stuck(self.bitcoin.tip().height, r.broadcast_height, self.bump):
+            return None
+        if self.bitcoin.tx_status(r.txid, raw=bytes(r.raw)).state is not TxState.MEMPOOL:
+            return None
+        rate = bumped_rate(int(r.fee_rate), self.bump)
+        if rate is None:
+            with self.engine.begin() as c:
+                open_incident(c, "fee_ceiling_reached", f"fee_ceiling:{self.machine}:{r.txid}",
+                              {"machine": self.machine, "id": r.id, "txid": r.txid, "rate": int(r.fee_rate)}, severity="warning")
+            return None
+        with self.engine.begin() as c:
+            # the row locked across the signer call: a second worker waits, then finds a new txid and stops
+            current = c.execute(text(f"SELECT txid FROM {self.table} WHERE id = :i AND state = 'broadcast' FOR NO KEY UPDATE"),
+                                {"i": r.id}).scalar()
+            if current != r.txid:
+                return None
+            resigned = self._resign(c, r.id, rate)
+            if resigned is None:
+                return None
+            signed, columns = resigned
+            replaces = c.execute(text("SELECT id FROM firm_tx_version WHERE txid = :t"), {"t": r.txid}).scalar_one()
+            c.execute(_VERSION_SQL, {"m": self.machine, "r": r.id, "t": signed.txid, "raw": signed.raw, "f": signed.fee,
+                                     "fr": rate, "rep": replaces})
+            sets = "".join(f", {name} = :{name}" for name in columns)
+            c.execute(text(f"UPDATE {self.table} SET txid = :t, raw = :raw, fee = :f, fee_rate = :fr, updated_at = now(){sets} "
+                           "WHERE id = :i"), {"t": signed.txid, "raw": signed.raw, "f": signed.fee, "fr": rate, "i": r.id,
+                                              **columns})
+            audit(c, "custody", f"{self.machine}.fee_bump", f"{self.machine}:{r.id}",
+                  {"replaces": r.txid, "txid": signed.txid, "rate": rate, "fee": signed.fee})
+        log.info("%s %d fee bump: %s replaced by %s at %d sat/kvB", self.machine, r.id, r.txid, signed.txid, rate)
+        try:
+            self.bitcoin.broadcast(signed.raw)
+        except ChainError as exc:  # stored: track() sends it again (the node knows neither: UNKNOWN)
+            log.warning("%s %d replacement %s not sent yet: %s", self.machine, r.id, signed.txid, exc)
+        return signed.txid
+
     def retry(self, row_id: int, *, by: str, comment: str) -> Retried:
         """An operator retries a set-aside row once the cause is fixed: active again, and the next
         run does the failed step (sign again the same open row, record the broadcast, track and
@@ -116,8 +264,25 @@ class FirmMoves:
 
 
 def unbooked(c: Connection, machine: str) -> list:
-    """Bitcoin rows of `machine` signed but not yet booked (txid, raw, amount, fee): once mined they
-    are on chain while the books still wait for finality."""
+    """Every signed version (txid, raw, its fee) of the bitcoin rows of `machine` signed but not yet
+    booked, with the row's amount (and, for a rebalance, its source and destination tiers): once
+    mined it is on chain while the books still wait for finality. At most one version of a row can
+    be mined (they spend the same coins)."""
     table = MACHINES[machine][0]
-    return c.execute(text(f"SELECT txid, raw, amount, fee FROM {table} WHERE chain = 'bitcoin' AND state = ANY(:s)"),
-                     {"s": list(UNBOOKED)}).all()
+    tiers = ", m.source_tier, m.destination_tier" if machine == "rebalance" else ""
+    return c.execute(text(f"SELECT v.txid, v.raw, m.amount, v.fee{tiers} FROM {table} m "
+                          "JOIN firm_tx_version v ON v.machine = :machine AND v.row_id = m.id "
+                          "WHERE m.chain = 'bitcoin' AND m.state = ANY(:s)"),
+                     {"s": list(UNBOOKED), "machine": machine}).all()
+
+
+def in_transit(rebalances: list, tier: str, mined) -> int:
+    """What rebalances mined but not booked moved for `tier` on chain and not yet in the books:
+    + amount arriving where it is the destination, - (amount + fee) leaving where it is the source
+    (the change stays there). `mined(txid, raw)` asks the node."""
+    total = 0
+    for rb in rebalances:
+        if tier not in (rb.source_tier, rb.destination_tier) or not mined(rb.txid, rb.raw):
+            continue
+        total += int(rb.amount) if rb.destination_tier == tier else -(int(rb.amount) + int(rb.fee))
+    return total

@@ -112,7 +112,7 @@ from chain_adapters.errors import ChainError, NodeBusy, NodeUnavailable
 from custody import wallet_index
 from custody.addresses import derive_eth_address
 from custody.controls import open_incident
-from custody.firm_moves import unbooked
+from custody.firm_moves import in_transit, unbooked
 from custody.node_view import NodeView, NodeViewNotReady, record_blind, record_escalation, record_read
 from custody.payouts import HOT_RECEIVE_INDEX
 from custody.wallets import ChainAsset, Wallets
@@ -502,8 +502,8 @@ class Reconciliation:
             rebalances = unbooked(c, "rebalance")
         # Mined but not yet booked final: gone from the wallet on chain, still in flight in the books.
         leaving = sum(int(p.paid) + int(p.fee) for p in pending if self._mined(p.txid, p.raw))
-        leaving += sum(int(rb.amount) + int(rb.fee) for rb in rebalances if self._mined(rb.txid, rb.raw))
         arriving = sum(int(sw.amount) - int(sw.fee) for sw in sweeps if self._mined(sw.txid, sw.raw))
+        arriving += in_transit(rebalances, "hot", self._mined)
         return Line("bitcoin", "BTC", "hot", on_chain, books, arriving - leaving, off_chain)
 
     def _cold_wallet(self, tip: BlockRef) -> Line | None:
@@ -514,8 +514,7 @@ class Reconciliation:
             books = self._books("bitcoin", "cold", "BTC", c)
             off_chain = self._booked_off_chain("bitcoin", "cold", "BTC", c)
             rebalances = unbooked(c, "rebalance")
-        arriving = sum(int(rb.amount) for rb in rebalances if self._mined(rb.txid, rb.raw))
-        return Line("bitcoin", "BTC", "cold", on_chain, books, arriving, off_chain)
+        return Line("bitcoin", "BTC", "cold", on_chain, books, in_transit(rebalances, "cold", self._mined), off_chain)
 
     # ---- ethereum -------------------------------------------------------------------------
 
