@@ -46,6 +46,7 @@ from custody.controls import audit, kill_switch, open_incident
 from custody.states import MACHINES, advance
 from custody.wallets import Wallets
 from ledger.service import Ledger
+from signer.protocol import SigningRefused
 
 log = logging.getLogger(__name__)
 UNBOOKED = ("signed", "broadcast", "confirmed")
@@ -106,6 +107,10 @@ class FirmMoves:
         what the firm keeps): (SignedTx, extra columns to set on the row), or None when it cannot."""
         raise NotImplementedError
 
+    def _sendable(self, c: Connection, r) -> bool:
+        """Whether a stored signed row may be sent (a subclass re-checks bytes it did not get from the signer)."""
+        return True
+
     def _store_version(self, c: Connection, row_id: int, from_state: str, signed, rate: int, **columns: object) -> None:
         """Record a first signature: the row `from_state` -> `signed` with its txid, raw and fee, and
         its first version, in the caller's database transaction."""
@@ -121,6 +126,9 @@ class FirmMoves:
                                   "ORDER BY id")).all()
         sent = 0
         for r in rows:
+            with self.engine.connect() as c:
+                if not self._sendable(c, r):
+                    continue
             try:
                 self.bitcoin.broadcast(bytes(r.raw))
             except ChainError as exc:
@@ -236,7 +244,11 @@ class FirmMoves:
                                 {"i": r.id}).scalar()
             if current != r.txid:
                 return None
-            resigned = self._resign(c, r.id, rate)
+            try:
+                resigned = self._resign(c, r.id, rate)
+            except SigningRefused as refused:  # the signer audited it; the version in the mempool stays as it is
+                log.warning("%s %d fee bump refused: %s", self.machine, r.id, refused)
+                return None
             if resigned is None:
                 return None
             signed, columns = resigned

@@ -44,6 +44,7 @@ class RefusalCode(str, enum.Enum):
     destination_internal = "destination_internal"
     rebalance_not_open = "rebalance_not_open"
     destination_not_cold = "destination_not_cold"
+    rebalance_not_approved = "rebalance_not_approved"
 
 
 class SigningRefused(Exception):
@@ -96,7 +97,7 @@ class SignerPort(Protocol):
     def sign_bitcoin_sweep(self, sweep_id: int, coins: Sequence[BtcCoin], destination: str, fee: int) -> SignedTx: ...
 
     def sign_bitcoin_rebalance(self, rebalance_id: int, coins: Sequence[BtcCoin], destination: str, amount: int,
-                               change: tuple[str, int] | None) -> SignedTx: ...
+                               change: tuple[str, int] | None, replaces_txid: str | None = None) -> SignedTx: ...
 
     def sign_reserves_message(self, tier: str, change: int, index: int, message: str) -> tuple[bytes, bytes]: ...
 

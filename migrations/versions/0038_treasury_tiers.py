@@ -14,6 +14,10 @@ What changes:
   worker only: read-only for custody_api.
 - `sweep.broadcast_height`, `rebalance.broadcast_height`: the tip when a version was first sent,
   from which "stuck for N blocks" is counted.
+- `rebalance.change_address`, `change_index`: where a move from warm or cold returns its change
+  (a fresh receive address of the source tier; hot -> out keeps returning change to the hot
+  receive address). `UNIQUE (chain, destination)` becomes a partial index: a move into hot pays
+  the hot receive address every time.
 - `rebalance.psbt` (the unsigned BIP 174 PSBT custody built for a cold -> hot move; exported to
   the operator who signs it offline), `rebalance.floor` (the hot floor that triggered a warm -> hot
   refill), `rebalance.approvals_required` (the quorum recorded when a refill was opened; the
@@ -129,7 +133,12 @@ ALTER TABLE sweep ADD COLUMN broadcast_height bigint;
 ALTER TABLE rebalance ADD COLUMN broadcast_height bigint,
     ADD COLUMN psbt bytea,
     ADD COLUMN floor numeric(78,0) CHECK (floor >= 0),
-    ADD COLUMN approvals_required integer NOT NULL DEFAULT 0 CHECK (approvals_required >= 0);
+    ADD COLUMN approvals_required integer NOT NULL DEFAULT 0 CHECK (approvals_required >= 0),
+    ADD COLUMN change_address text,
+    ADD COLUMN change_index integer CHECK (change_index >= 0);
+-- A move into hot pays the hot receive address every time: only a warm or cold destination is fresh.
+ALTER TABLE rebalance DROP CONSTRAINT rebalance_chain_destination_key;
+CREATE UNIQUE INDEX rebalance_destination_once ON rebalance (chain, destination) WHERE destination_tier <> 'hot';
 
 -- Coins a rebalance from warm or cold spends (hot coins: wallet_utxo.rebalance_id).
 CREATE TABLE rebalance_input (
