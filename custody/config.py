@@ -42,6 +42,7 @@ own settings (`ENVIRONMENT`, `API_KEY_PEPPER`, `STATE_DIR`, `TREASURY_ADJUSTMENT
 | assets.SYMBOL | dust_minimum, min_withdrawal, withdrawal_fee | required | minor units |
 | assets.SYMBOL | withdrawal_fee_fast | withdrawal_fee | minor units, fast priority |
 | wallets.CHAIN | deposit, hot | required | account xpubs from `python -m signer xpubs` |
+| wallets.CHAIN | warm | - | warm account xpub (`python -m signer xpubs`; the signer holds its key): hot above its ceiling may go there, refills come from it |
 | wallets.CHAIN | cold | - | watch-only cold account xpub (rebalances need it) |
 | signer | endpoint | required | `unix:/abs/path.sock` or `tcp:127.0.0.1:PORT` (loopback only) |
 | signer | client | required | this process's client name in the signer's `[[clients]]`; `CUSTODY_API_SIGNER_CLIENT` / `CUSTODY_WORKER_SIGNER_CLIENT` override it per process |
@@ -261,10 +262,12 @@ class AssetSection(Section):
 class WalletSection(Section):
     deposit: str
     hot: str
+    warm: str | None = None
     cold: str | None = None
 
     def tiers(self) -> dict[str, str]:
-        return {t: x for t, x in (("deposit", self.deposit), ("hot", self.hot), ("cold", self.cold)) if x is not None}
+        return {t: x for t, x in (("deposit", self.deposit), ("hot", self.hot), ("warm", self.warm), ("cold", self.cold))
+                if x is not None}
 
 
 class SignerSection(Section):
