@@ -108,16 +108,20 @@ def _pair(key: bytes, value: bytes) -> bytes:
     return _varint(len(key)) + key + _varint(len(value)) + value
 
 
+def serialize(tx: bytes, input_maps: Sequence[dict[bytes, bytes]], output_maps: Sequence[dict[bytes, bytes]]) -> bytes:
+    """A PSBT from its global unsigned transaction and its input and output maps (key -> value)."""
+    def one(fields: dict[bytes, bytes]) -> bytes:
+        return b"".join(_pair(k, v) for k, v in fields.items()) + b"\x00"
+    return MAGIC + one({bytes((GLOBAL_UNSIGNED_TX,)): tx}) + b"".join(map(one, input_maps)) + b"".join(map(one, output_maps))
+
+
 def build(inputs: Sequence[PsbtInput], outputs: Sequence[tuple[bytes, int]]) -> bytes:
     """The unsigned PSBT: the global transaction, each input's witness_utxo, empty output maps."""
     if not inputs or not outputs:
         raise ValueError("a PSBT spends at least one coin to at least one output")
-    out = MAGIC + _pair(bytes((GLOBAL_UNSIGNED_TX,)), unsigned_tx(inputs, outputs)) + b"\x00"
-    for k in inputs:
-        utxo = k.amount.to_bytes(8, "little") + _varint(len(k.script_pubkey)) + k.script_pubkey
-        out += _pair(bytes((IN_WITNESS_UTXO,)), utxo) + b"\x00"
-    out += b"\x00" * len(outputs)
-    return out
+    utxos = [{bytes((IN_WITNESS_UTXO,)): k.amount.to_bytes(8, "little") + _varint(len(k.script_pubkey)) + k.script_pubkey}
+             for k in inputs]
+    return serialize(unsigned_tx(inputs, outputs), utxos, [{} for _ in outputs])
 
 
 # ---- reading ----------------------------------------------------------------------------------
