@@ -85,7 +85,7 @@ class ColdToHotIn(BaseModel):
 
 
 class PsbtIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"psbt": "cHNidP8BAA=="}]})
     psbt: str = Field(min_length=1, max_length=1_000_000, description="the signed PSBT, base64 (BIP 174)")
 
 

@@ -291,6 +291,12 @@ class CheckOut(BaseModel):
     detail: str
 
 
+class ColdToHotIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    amount: Amount
+
+
 class CommentIn(BaseModel):
     "An operator's decision with the comment recorded in the audit log (approve, reject, release,"
 
@@ -660,6 +666,19 @@ class ProofStepOut(BaseModel):
     left: bool
 
 
+class PsbtIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    psbt: str
+
+
+class PsbtOut(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    rebalance: RebalanceOut
+    psbt: str | None
+
+
 class Ready(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -708,6 +727,23 @@ class ReconciliationLineOut(BaseModel):
     node: int | None = None
     difference: int
     amounts: dict[str, Money]
+
+
+class RefillApprovedOut(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    rebalance: RebalanceOut
+    approvals: int
+
+
+class RefillPayloadOut(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    rebalance_id: int
+    amount_minor: Minor
+    destination: str
+    payload: str
+    payload_base64: str
 
 
 class ReplayedOut(BaseModel):

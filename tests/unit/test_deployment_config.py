@@ -101,7 +101,7 @@ def test_config_path_from_the_environment(write, monkeypatch):
     (("network = \"regtest\"", "network = \"regtest\"\nrpc_usr = \"x\""), "bitcoin.rpc_usr: unknown setting"),
     (("[assets.ETH]\n", "[assets.ETH]\nwithdrawl_fee = 1\n"), "assets.ETH.withdrawl_fee: unknown setting"),
     (("[database]\n", "[databse]\nurl = \"postgresql://x@y/z\"\n[database]\n"), "databse: unknown setting"),
-    (("[wallets.bitcoin]\n", "[wallets.bitcoin]\nwarm = \"x\"\n"), "wallets.bitcoin.warm: unknown setting"),
+    (("[wallets.bitcoin]\n", "[wallets.bitcoin]\nwram = \"x\"\n"), "wallets.bitcoin.wram: unknown setting"),
 ], ids=["section-key", "bitcoin-key", "asset-key", "section", "wallet-key"])
 def test_an_unknown_key_is_refused_with_its_path(write, edit, expected):
     assert any(p.startswith(expected) for p in problems(write(edit))), problems(write(edit))
