@@ -465,7 +465,7 @@ def _build(config: DeploymentConfig, process: Process, adapters: Mapping[str, Ch
     if "bitcoin" in adapters:
         hot = derive_btc_address(config.wallets["bitcoin"].hot, btc_network, 0, 0)
         sweeps = Sweeps(engine, ledger, wallets, adapters["bitcoin"], signer, hot_address=hot, network=btc_network)
-        rebalances = Rebalances(engine, ledger, wallets, adapters["bitcoin"], signer, hot_address=hot,
+        rebalances = Rebalances(engine, ledger, wallets, adapters["bitcoin"], signer, hot_address=hot, approvers=approvers,
                                 config=RebalanceConfig(bitcoin_network=btc_network))
         reserves = Reserves(engine, adapters["bitcoin"], signer, network=btc_network)
         node_view = NodeView(engine, adapters["bitcoin"], network=btc_network,  # type: ignore[arg-type] - gated
