@@ -228,7 +228,8 @@ class FirmMoves:
         return new
 
     def _bump_one(self, r) -> str | None:
-        if not is_stuck(self.bitcoin.tip().height, r.broadcast_height, self.bump):
+        tip = self.bitcoin.tip().height
+        if not is_stuck(tip, r.broadcast_height, self.bump):
             return None
         if self.bitcoin.tx_status(r.txid, raw=bytes(r.raw)).state is not TxState.MEMPOOL:
             return None
@@ -256,9 +257,10 @@ class FirmMoves:
             c.execute(_VERSION_SQL, {"m": self.machine, "r": r.id, "t": signed.txid, "raw": signed.raw, "f": signed.fee,
                                      "fr": rate, "rep": replaces})
             sets = "".join(f", {name} = :{name}" for name in columns)
-            c.execute(text(f"UPDATE {self.table} SET txid = :t, raw = :raw, fee = :f, fee_rate = :fr, updated_at = now(){sets} "
-                           "WHERE id = :i"), {"t": signed.txid, "raw": signed.raw, "f": signed.fee, "fr": rate, "i": r.id,
-                                              **columns})
+            # stuck is counted again from now: the replacement gets its own `stuck_blocks` before the next bump
+            c.execute(text(f"UPDATE {self.table} SET txid = :t, raw = :raw, fee = :f, fee_rate = :fr, broadcast_height = :h, "
+                           f"updated_at = now(){sets} WHERE id = :i"),
+                      {"t": signed.txid, "raw": signed.raw, "f": signed.fee, "fr": rate, "h": tip, "i": r.id, **columns})
             audit(c, "custody", f"{self.machine}.fee_bump", f"{self.machine}:{r.id}",
                   {"replaces": r.txid, "txid": signed.txid, "rate": rate, "fee": signed.fee})
         log.info("%s %d fee bump: %s replaced by %s at %d sat/kvB", self.machine, r.id, r.txid, signed.txid, rate)

@@ -516,11 +516,14 @@ class Rebalances(FirmMoves):
             log.warning("rebalance %d not signed: %s", rebalance_id, refused)
             self.refusals.append((rebalance_id, refused.code.value))
             return None
-        with self.engine.begin() as c:
-            self._store_version(c, rebalance_id, "open", signed, int(row.fee_rate))
+        self._store_signed(rebalance_id, signed, int(row.fee_rate))
         log.info("rebalance %d: %d sat %s -> %s %s, fee %d sat (%s)", rebalance_id, int(row.amount), row.source_tier,
                  row.destination_tier, row.destination, signed.fee, signed.txid)
         return signed.txid
+
+    def _store_signed(self, rebalance_id: int, signed, rate: int) -> None:
+        with self.engine.begin() as c:
+            self._store_version(c, rebalance_id, "open", signed, rate)
 
     def _resign(self, c: Connection, row_id: int, rate: int):
         """The same coins, destination and amount at `rate`, the higher fee out of the change. None

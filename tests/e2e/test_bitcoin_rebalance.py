@@ -54,8 +54,8 @@ def spendable(custody, engine) -> int:
 def lines(custody) -> dict:
     custody.deposits.run_once(["bitcoin"])  # the scanner at the tip, so the deposit line is compared too
     by_tier = {line.tier: line for line in custody.reconciliation.run(chains=["bitcoin"])}
-    assert_equal(sorted(by_tier), ["cold", "deposit", "hot"])
-    assert_equal({t: line.difference for t, line in by_tier.items()}, {"cold": 0, "deposit": 0, "hot": 0})
+    assert {"cold", "deposit", "hot"} <= set(by_tier)  # warm too, once a later suite registered it
+    assert_equal({line.difference for line in by_tier.values()}, {0})
     return by_tier
 
 
