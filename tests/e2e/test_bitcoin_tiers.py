@@ -1,0 +1,168 @@
+"""bitcoin_tiers: the warm tier, thresholds both ways. Hot above its ceiling sends the excess to a fresh
+warm address (signed by the signer, which derives the address from its own warm key); hot below its
+floor opens a refill from warm that is signed only once a quorum of operators signed its approval
+payload: the signer refuses it before (`rebalance_not_approved`), even with the row's own count
+forged to zero and a forged approval row beside one real approval, since it verifies every
+signature against its own approver keys. Each move is booked once at finality (destination location
+<- source location, fee -> expense); reconciliation (deposit, hot, warm and cold lines) is zero mid-flight and
+at the end, nothing is left in flight, and the ledger verifies."""
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import text
+
+from chain_adapters.bitcoin import to_sat
+from custody.addresses import derive_btc_address
+from custody.errors import CustodyError
+from custody.payouts import spendable_coins
+from custody.rebalances import RebalanceConfig, RebalanceThreshold
+from regtest.util import assert_equal
+from signer.service import SigningRefused
+from tests.approvers import operator_client, sign_approval, signature_json
+from tests.e2e.custody.conftest import BTC_FINALITY, custody, signer_keys  # noqa: F401 - the custody suite's fixtures
+
+BTC = 100_000_000
+
+
+@pytest.fixture
+def rebalances(custody):  # noqa: F811 - the imported fixture
+    r = custody.rebalances
+    saved = r.config
+    yield r
+    r.config = saved
+
+
+def spendable(custody, engine) -> int:  # noqa: F811
+    custody.payouts.sync_hot_wallet()
+    with engine.begin() as c:
+        return sum(k.amount for k in spendable_coins(c))
+
+
+def lines(custody) -> dict:  # noqa: F811
+    custody.deposits.run_once(["bitcoin"])  # the scanner at the tip, so every line is compared
+    by_tier = {line.tier: line for line in custody.reconciliation.run(chains=["bitcoin"])}
+    assert {"deposit", "hot", "warm"} <= set(by_tier)
+    assert_equal({t: line.difference for t, line in by_tier.items()}, {t: 0 for t in by_tier})
+    return by_tier
+
+
+def row(engine, rebalance_id: int):
+    with engine.connect() as c:
+        return c.execute(text("SELECT id, source_tier, destination_tier, state, destination, destination_index, amount, fee, "
+                              "change_amount, change_address, change_index, approvals_required, txid FROM rebalance WHERE id = :r"),
+                         {"r": rebalance_id}).one()
+
+
+def test_warm_tier_both_ways(custody, bitcoind, engine, ledger, signer_keys, rebalances, log):  # noqa: F811
+    wallets, hot_address = custody.wallets, custody.payouts.hot_address("bitcoin")
+    warm_xpub = signer_keys.account_xpub("bitcoin", "warm")
+    wallets.register_wallet("bitcoin", "warm", "regtest", warm_xpub)
+    hot = wallets.location_account("bitcoin", "hot", "BTC")
+    warm = wallets.location_account("bitcoin", "warm", "BTC")
+    expense = wallets.firm_account("network_fees", "BTC")
+
+    log.info("treasury funds hot 3 BTC above what it holds; thresholds: ceiling +2 BTC, target +0.5 BTC, excess to warm")
+    bitcoind.mine(1)
+    base = spendable(custody, engine)
+    rebalances.config = RebalanceConfig(thresholds={"BTC": RebalanceThreshold(
+        ceiling=base + 2 * BTC, target=base + BTC // 2, excess_to="warm")})
+    bitcoind.fund(hot_address, 3 * BTC)
+    bitcoind.mine(1)
+    held = spendable(custody, engine)
+    assert_equal(held, base + 3 * BTC)
+    before = {a: ledger.balance(a).posted for a in (hot, warm, expense)}
+    chain_before = lines(custody)
+
+    txid = rebalances.rebalance_bitcoin()
+    assert txid is not None
+    with engine.connect() as c:
+        out = row(engine, c.execute(text("SELECT id FROM rebalance WHERE txid = :t"), {"t": txid}).scalar_one())
+    assert_equal((out.source_tier, out.destination_tier, int(out.amount)), ("hot", "warm", held - (base + BTC // 2)))
+    assert_equal(out.destination, derive_btc_address(warm_xpub, "regtest", 0, out.destination_index))
+    rebalances.run_once()
+    assert txid in bitcoind.rpc("getrawmempool")
+    bitcoind.mine(1)
+    assert_equal(rebalances.track(), 0)
+    mid = lines(custody)
+    log.info("mined, not final: in transit on hot (- amount - fee) and warm (+ amount)")
+    assert_equal(mid["warm"].in_transit - chain_before["warm"].in_transit, int(out.amount))
+    assert_equal(mid["hot"].in_transit - chain_before["hot"].in_transit, -(int(out.amount) + int(out.fee)))
+    bitcoind.mine(BTC_FINALITY - 1)
+    assert_equal(rebalances.track(), 1)
+    assert_equal(ledger.balance(warm).posted - before[warm], -int(out.amount))
+    assert_equal(ledger.balance(hot).posted - before[hot], int(out.amount) + int(out.fee))
+    assert_equal(ledger.balance(expense).posted - before[expense], -int(out.fee))
+    end = lines(custody)
+    assert_equal(end["warm"].on_chain - chain_before["warm"].on_chain, int(out.amount))
+
+    log.info("hot below its floor: a refill from warm is opened, and waits for operators")
+    low = spendable(custody, engine)
+    rebalances.config = RebalanceConfig(thresholds={"BTC": RebalanceThreshold(
+        ceiling=low + 10 * BTC, target=low + BTC, floor=low + BTC // 2, excess_to="warm")})
+    refill_id = rebalances.decide_bitcoin()
+    assert refill_id is not None
+    refill = row(engine, refill_id)
+    assert_equal((refill.source_tier, refill.destination_tier, refill.state, int(refill.amount), refill.destination),
+                 ("warm", "hot", "open", BTC, hot_address))
+    assert_equal(refill.approvals_required, 2)
+    if int(refill.change_amount):  # change to a fresh warm address the warm key derives
+        assert_equal(refill.change_address, derive_btc_address(warm_xpub, "regtest", 0, refill.change_index))
+    assert rebalances.rebalance_bitcoin() is None  # no approval: custody does not even ask
+    with engine.connect() as c:
+        coins = rebalances._coins(c, refill_id, "warm")  # noqa: SLF001 - what the worker would send
+    change = (refill.change_address, int(refill.change_amount)) if int(refill.change_amount) else None
+    with pytest.raises(SigningRefused) as refused:
+        rebalances.signer.sign_bitcoin_rebalance(refill_id, coins, hot_address, BTC, change)
+    assert_equal(refused.value.code.value, "rebalance_not_approved")
+
+    log.info("a database writer forges the row's quorum to 0 and an approval row for op-carol: the signer still refuses")
+    with engine.begin() as c:
+        c.execute(text("UPDATE rebalance SET approvals_required = 0 WHERE id = :r"), {"r": refill_id})
+        c.execute(text("INSERT INTO rebalance_approval (rebalance_id, operator, key_id, scheme, signed_payload, signature) "
+                       "VALUES (:r, 'op-carol', 'test-ed25519:op-carol', 'ed25519', :p, :s)"),
+                  {"r": refill_id, "p": rebalances.refill_payload(refill_id), "s": b"\x00" * 64})
+    assert rebalances.rebalance_bitcoin() is None
+    assert_equal(rebalances.refusals[-1], (refill_id, "rebalance_not_approved"))
+    with engine.begin() as c:
+        c.execute(text("UPDATE rebalance SET approvals_required = 2 WHERE id = :r"), {"r": refill_id})
+
+    log.info("op-alice approves with her key; her approval again, or op-bob's key under her name, are refused")
+    payload = rebalances.refill_payload(refill_id)
+    assert_equal(rebalances.approve_refill(refill_id, operator="op-alice", signature=sign_approval(payload, "op-alice")), 2)
+    for operator, signer_name, code in (("op-alice", "op-alice", "already_acted"), ("op-alice", "op-bob", "approver_not_caller")):
+        with pytest.raises(CustodyError) as err:
+            rebalances.approve_refill(refill_id, operator=operator, signature=sign_approval(payload, signer_name))
+        assert_equal(err.value.code.value, code)
+    assert rebalances.rebalance_bitcoin() is None  # custody counts 2 rows (one forged); the signer counts one valid
+    assert_equal(rebalances.refusals[-1], (refill_id, "rebalance_not_approved"))
+    assert_equal(row(engine, refill_id).state, "open")
+
+    log.info("op-bob approves over the API: the quorum is there, the worker signs and sends the refill")
+    bob = operator_client(custody, "op-bob")
+    got = bob.get(f"/v1/rebalances/{refill_id}/approval-payload")
+    assert_equal(got.status_code, 200)
+    assert_equal(got.json()["payload"].encode(), payload)
+    answer = bob.post(f"/v1/rebalances/{refill_id}/approve",
+                      json={"comment": "refill checked", "signature": signature_json(sign_approval(payload, "op-bob"))})
+    assert_equal((answer.status_code, answer.json()["approvals"]), (200, 3))
+    before = {a: ledger.balance(a).posted for a in (hot, warm, expense)}
+    refill_txid = rebalances.rebalance_bitcoin()
+    assert refill_txid is not None
+    rebalances.run_once()
+    tx = bitcoind.rpc("getrawtransaction", refill_txid, True)
+    paid = {o["scriptPubKey"]["address"]: to_sat(o["value"]) for o in tx["vout"]}
+    assert_equal(paid[hot_address], BTC)
+    assert set(paid) <= {hot_address, refill.change_address}
+    bitcoind.mine(BTC_FINALITY)
+    assert_equal(rebalances.track(), 1)
+    refill = row(engine, refill_id)
+    assert_equal((refill.state, refill.txid), ("final", refill_txid))
+    assert_equal(ledger.balance(hot).posted - before[hot], -BTC)
+    assert_equal(ledger.balance(warm).posted - before[warm], BTC + int(refill.fee))
+    assert_equal(ledger.balance(expense).posted - before[expense], -int(refill.fee))
+    assert_equal(spendable(custody, engine), low + BTC)  # final: the refilled coin is hot's to spend
+    with engine.connect() as c:
+        assert_equal(c.execute(text("SELECT count(*) FROM rebalance WHERE state NOT IN ('final', 'abandoned')")).scalar_one(), 0)
+    lines(custody)
+    ledger.assert_verified()
+
