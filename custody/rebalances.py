@@ -71,8 +71,8 @@ from custody.states import advance
 from custody.wallets import Wallets
 from ledger.model import Transfer
 from ledger.service import Ledger
-from signer.approvals import (ApprovalInvalid, ApprovalSignature, ApproverRegistry, operator_identity,
-                              rebalance_approval_payload, verify_approval)
+from custody.withdrawals import verify_operator_signature
+from signer.approvals import ApprovalSignature, ApproverRegistry, rebalance_approval_payload
 from signer.bitcoin_tx import SignedTx, _sha256d, address_to_script, dust_threshold, estimate_vsize, fee_for, select_coins
 from signer.errors import SignerError, SignerErrorCode
 from signer.protocol import BtcCoin, SignerPort, SigningRefused
@@ -396,17 +396,8 @@ class Rebalances(FirmMoves):
                 raise CustodyError(CustodyErrorCode.rebalance_not_found, f"no warm -> hot refill {rebalance_id}")
             if row.state != "open":
                 raise CustodyError(CustodyErrorCode.invalid_state, f"refill {rebalance_id} is {row.state}", state=row.state)
-            if signature is None:
-                raise CustodyError(CustodyErrorCode.approval_signature_required,
-                                   "a refill approval must be signed over its payload")
             payload = _payload(rebalance_id, row)
-            try:
-                key = verify_approval(self.approvers, signature.key_id, signature.scheme, payload, signature.signature,
-                                      signature.authenticator_data, signature.client_data_json)
-            except ApprovalInvalid as exc:
-                raise CustodyError(CustodyErrorCode(exc.code), exc.message, key_id=signature.key_id) from None
-            if operator_identity(key.operator) != operator_identity(operator):
-                raise CustodyError(CustodyErrorCode.approver_not_caller, f"key {key.key_id!r} is not the caller's own")
+            verify_operator_signature(self.approvers, operator, payload, signature)
             inserted = c.execute(text(
                 "INSERT INTO rebalance_approval (rebalance_id, operator, key_id, scheme, signed_payload, signature, "
                 "authenticator_data, client_data_json) VALUES (:r, :o, :k, :s, :p, :sig, :ad, :cd) "

@@ -25,6 +25,7 @@ from custody.rebalances import RebalanceConfig, RebalanceThreshold
 from regtest.util import assert_equal
 from signer.service import BtcCoin, SigningRefused
 from tests.e2e.custody.conftest import BTC_FINALITY, custody, signer_keys  # noqa: F401 - the custody suite's fixtures
+from tests.e2e.treasury_helpers import rebalances, spendable  # noqa: F401 - the fixture
 
 BTC = 100_000_000
 
@@ -35,20 +36,6 @@ class Crash(BaseException):
 
 def die(*_a, **_k):
     raise Crash()
-
-
-@pytest.fixture
-def rebalances(custody):  # noqa: F811 - the imported fixture
-    r = custody.rebalances
-    saved = r.config
-    yield r
-    r.config = saved
-
-
-def spendable(custody, engine) -> int:
-    custody.payouts.sync_hot_wallet()
-    with engine.begin() as c:
-        return sum(k.amount for k in spendable_coins(c))
 
 
 def lines(custody) -> dict:

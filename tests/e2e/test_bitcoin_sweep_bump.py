@@ -9,6 +9,7 @@ from sqlalchemy import text
 
 from regtest.util import assert_equal
 from tests.e2e.custody.conftest import BTC_FINALITY, custody, signer_keys  # noqa: F401 - the custody suite's fixtures
+from tests.e2e.treasury_helpers import reconciled
 
 OTHER = "bcrt1qw508d6qejxtdg4y5r3zarvary0c5xw7kygt080"  # empty blocks are mined to someone else
 
@@ -51,13 +52,6 @@ def versions(engine, sweep_id: int) -> list:
 def booked(engine, txid: str) -> int:
     with engine.connect() as c:
         return c.execute(text("SELECT count(*) FROM journal_transaction WHERE metadata->>'txid' = :t"), {"t": txid}).scalar_one()
-
-
-def reconciled(custody) -> None:  # noqa: F811
-    custody.deposits.run_once(["bitcoin"])
-    lines = custody.reconciliation.run(chains=["bitcoin"])
-    assert {"deposit", "hot"} <= {ln.tier for ln in lines}
-    assert_equal({ln.difference for ln in lines}, {0})
 
 
 def test_a_stuck_sweep_is_bumped_and_only_the_mined_version_is_booked(custody, bitcoind, engine, ledger, log):  # noqa: F811

@@ -14,36 +14,14 @@ from sqlalchemy import text
 from chain_adapters.bitcoin import to_sat
 from custody.addresses import derive_btc_address
 from custody.errors import CustodyError
-from custody.payouts import spendable_coins
 from custody.rebalances import RebalanceConfig, RebalanceThreshold
 from regtest.util import assert_equal
 from signer.service import SigningRefused
 from tests.approvers import operator_client, sign_approval, signature_json
 from tests.e2e.custody.conftest import BTC_FINALITY, custody, signer_keys  # noqa: F401 - the custody suite's fixtures
+from tests.e2e.treasury_helpers import rebalances, reconciled, spendable  # noqa: F401 - fixture
 
 BTC = 100_000_000
-
-
-@pytest.fixture
-def rebalances(custody):  # noqa: F811 - the imported fixture
-    r = custody.rebalances
-    saved = r.config
-    yield r
-    r.config = saved
-
-
-def spendable(custody, engine) -> int:  # noqa: F811
-    custody.payouts.sync_hot_wallet()
-    with engine.begin() as c:
-        return sum(k.amount for k in spendable_coins(c))
-
-
-def lines(custody) -> dict:  # noqa: F811
-    custody.deposits.run_once(["bitcoin"])  # the scanner at the tip, so every line is compared
-    by_tier = {line.tier: line for line in custody.reconciliation.run(chains=["bitcoin"])}
-    assert {"deposit", "hot", "warm"} <= set(by_tier)
-    assert_equal({t: line.difference for t, line in by_tier.items()}, {t: 0 for t in by_tier})
-    return by_tier
 
 
 def row(engine, rebalance_id: int):
@@ -71,7 +49,7 @@ def test_warm_tier_both_ways(custody, bitcoind, engine, ledger, signer_keys, reb
     held = spendable(custody, engine)
     assert_equal(held, base + 3 * BTC)
     before = {a: ledger.balance(a).posted for a in (hot, warm, expense)}
-    chain_before = lines(custody)
+    chain_before = reconciled(custody, ("deposit", "hot", "warm"))
 
     txid = rebalances.rebalance_bitcoin()
     assert txid is not None
@@ -83,7 +61,7 @@ def test_warm_tier_both_ways(custody, bitcoind, engine, ledger, signer_keys, reb
     assert txid in bitcoind.rpc("getrawmempool")
     bitcoind.mine(1)
     assert_equal(rebalances.track(), 0)
-    mid = lines(custody)
+    mid = reconciled(custody, ("deposit", "hot", "warm"))
     log.info("mined, not final: in transit on hot (- amount - fee) and warm (+ amount)")
     assert_equal(mid["warm"].in_transit - chain_before["warm"].in_transit, int(out.amount))
     assert_equal(mid["hot"].in_transit - chain_before["hot"].in_transit, -(int(out.amount) + int(out.fee)))
@@ -92,7 +70,7 @@ def test_warm_tier_both_ways(custody, bitcoind, engine, ledger, signer_keys, reb
     assert_equal(ledger.balance(warm).posted - before[warm], -int(out.amount))
     assert_equal(ledger.balance(hot).posted - before[hot], int(out.amount) + int(out.fee))
     assert_equal(ledger.balance(expense).posted - before[expense], -int(out.fee))
-    end = lines(custody)
+    end = reconciled(custody, ("deposit", "hot", "warm"))
     assert_equal(end["warm"].on_chain - chain_before["warm"].on_chain, int(out.amount))
 
     log.info("hot below its floor: a refill from warm is opened, and waits for operators")
@@ -163,6 +141,6 @@ def test_warm_tier_both_ways(custody, bitcoind, engine, ledger, signer_keys, reb
     assert_equal(spendable(custody, engine), low + BTC)  # final: the refilled coin is hot's to spend
     with engine.connect() as c:
         assert_equal(c.execute(text("SELECT count(*) FROM rebalance WHERE state NOT IN ('final', 'abandoned')")).scalar_one(), 0)
-    lines(custody)
+    reconciled(custody, ("deposit", "hot", "warm"))
     ledger.assert_verified()
 

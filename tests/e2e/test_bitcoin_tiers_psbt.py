@@ -10,45 +10,22 @@ from __future__ import annotations
 
 import uuid
 
-import pytest
 from bip_utils import Base58Decoder, Base58Encoder, Bip39SeedGenerator, Bip84, Bip84Coins
 from sqlalchemy import text
 
 from chain_adapters.bitcoin import to_sat
 from custody.addresses import derive_btc_address
 from custody.psbt import PsbtInput, build, encode
-from custody.payouts import spendable_coins
 from custody.psbt_cli import main as psbt_cli
 from custody.rebalances import RebalanceConfig, RebalanceThreshold
 from regtest.util import assert_equal
 from signer.bitcoin_tx import address_to_script
 from tests.approvers import operator_client
 from tests.e2e.custody.conftest import BTC_FINALITY, TEST_MNEMONIC, custody, signer_keys  # noqa: F401 - fixtures
+from tests.e2e.treasury_helpers import rebalances, reconciled, spendable  # noqa: F401 - fixture
 
 BTC = 100_000_000
 TPRV = bytes.fromhex("04358394")  # BIP32 version bytes of a testnet/regtest private key (what bitcoind reads)
-
-
-@pytest.fixture
-def rebalances(custody):  # noqa: F811 - the imported fixture
-    r = custody.rebalances
-    saved = r.config
-    yield r
-    r.config = saved
-
-
-def spendable(custody, engine) -> int:  # noqa: F811
-    custody.payouts.sync_hot_wallet()
-    with engine.begin() as c:
-        return sum(k.amount for k in spendable_coins(c))
-
-
-def reconciled(custody) -> dict:  # noqa: F811
-    custody.deposits.run_once(["bitcoin"])
-    by_tier = {line.tier: line for line in custody.reconciliation.run(chains=["bitcoin"])}
-    assert {"deposit", "hot", "cold"} <= set(by_tier)
-    assert_equal({t: line.difference for t, line in by_tier.items()}, {t: 0 for t in by_tier})
-    return by_tier
 
 
 def offline_signer(bitcoind, signer_keys):  # noqa: F811
@@ -84,7 +61,7 @@ def test_cold_to_hot_through_a_psbt(custody, bitcoind, engine, ledger, signer_ke
     bitcoind.mine(BTC_FINALITY)
     assert_equal(rebalances.track(), 1)
     rebalances.config = RebalanceConfig(thresholds={"BTC": RebalanceThreshold(ceiling=base + 100 * BTC, target=base)})
-    reconciled(custody)
+    reconciled(custody, ("deposit", "hot", "cold"))
     before = {a: ledger.balance(a).posted for a in (hot, cold, expense)}
     held = spendable(custody, engine)
 
@@ -153,5 +130,5 @@ def test_cold_to_hot_through_a_psbt(custody, bitcoind, engine, ledger, signer_ke
     assert_equal(ledger.balance(hot).posted - before[hot], -amount)
     with engine.connect() as c:
         assert_equal(c.execute(text("SELECT count(*) FROM rebalance WHERE state NOT IN ('final', 'abandoned')")).scalar_one(), 0)
-    reconciled(custody)
+    reconciled(custody, ("deposit", "hot", "cold"))
     ledger.assert_verified()
