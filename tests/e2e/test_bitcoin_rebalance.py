@@ -20,7 +20,6 @@ from custody.api.app import create_app
 from custody.auth import create_api_key
 from custody.controls import set_kill_switch
 from custody.jobs import build_scheduler
-from custody.payouts import spendable_coins
 from custody.rebalances import RebalanceConfig, RebalanceThreshold
 from regtest.util import assert_equal
 from signer.service import BtcCoin, SigningRefused
