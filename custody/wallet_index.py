@@ -245,8 +245,8 @@ def rebalance_refusal(row, cold, already: Ours | None) -> str | None:
     wallet's key (`cold`: the wallet row of the rebalance's destination tier) derives it at the
     rebalance's index, an index the wallet handed out."""
     tier = row.destination_tier
-    if tier not in ("warm", "cold") or cold is None:
-        return f"its destination is not a registered {tier} wallet"
+    if tier not in ("warm", "cold") or cold is None or cold.tier != tier:
+        return f"its destination is not the registered {tier} wallet"
     if not 0 <= row.destination_index < cold.next_index:
         return f"index {row.destination_index} was never handed out (the {tier} wallet's next index is {cold.next_index})"
     derived = derive_btc_address(cold.xpub, cold.network, 0, row.destination_index)
