@@ -52,6 +52,8 @@ log = logging.getLogger(__name__)
 UNBOOKED = ("signed", "broadcast", "confirmed")
 _VERSION_SQL = text("INSERT INTO firm_tx_version (machine, row_id, txid, raw, fee, fee_rate, replaces_id) "
                     "VALUES (:m, :r, :t, :raw, :f, :fr, :rep) RETURNING id")
+_RECORD_VERSION_SQL = text("INSERT INTO firm_tx_version (machine, row_id, txid, raw, fee, fee_rate) "
+                           "VALUES (:m, :r, :t, :raw, :f, :fr) ON CONFLICT (txid) DO NOTHING")
 
 
 @dataclass(frozen=True)
@@ -122,13 +124,16 @@ class FirmMoves:
         if kill_switch(self.engine).engaged:
             return 0
         with self.engine.connect() as c:
-            rows = c.execute(text(f"SELECT id, txid, raw FROM {self.table} WHERE state = 'signed' AND containment = 'active' "
-                                  "ORDER BY id")).all()
+            rows = c.execute(text(f"SELECT id, txid, raw, fee, fee_rate FROM {self.table} WHERE state = 'signed' "
+                                  "AND containment = 'active' ORDER BY id")).all()
         sent = 0
         for r in rows:
-            with self.engine.connect() as c:
+            with self.engine.begin() as c:
                 if not self._sendable(c, r):
                     continue
+                # a version stored by another process (an imported PSBT) is recorded before it can be on chain
+                c.execute(_RECORD_VERSION_SQL, {"m": self.machine, "r": r.id, "t": r.txid, "raw": r.raw, "f": r.fee,
+                                                "fr": r.fee_rate})
             try:
                 self.bitcoin.broadcast(bytes(r.raw))
             except ChainError as exc:
@@ -284,9 +289,12 @@ def unbooked(c: Connection, machine: str) -> list:
     be mined (they spend the same coins)."""
     table = MACHINES[machine][0]
     tiers = ", m.source_tier, m.destination_tier" if machine == "rebalance" else ""
+    # the row's own transaction too: one stored by the api (an imported PSBT) has no version until the worker sends it
     return c.execute(text(f"SELECT v.txid, v.raw, m.amount, v.fee{tiers} FROM {table} m "
                           "JOIN firm_tx_version v ON v.machine = :machine AND v.row_id = m.id "
-                          "WHERE m.chain = 'bitcoin' AND m.state = ANY(:s)"),
+                          "WHERE m.chain = 'bitcoin' AND m.state = ANY(:s) "
+                          f"UNION SELECT m.txid, m.raw, m.amount, m.fee{tiers} FROM {table} m "
+                          "WHERE m.chain = 'bitcoin' AND m.state = ANY(:s) AND m.txid IS NOT NULL"),
                      {"s": list(UNBOOKED), "machine": machine}).all()
 
 

@@ -96,10 +96,14 @@ from signer.protocol import BatchOutput, BtcCoin, RefusalCode, SignerPort, Signi
 
 log = logging.getLogger(__name__)
 
-# Which of our transactions is `:t`: a payout version, a sweep or rebalance version (custody.firm_moves:
-# every signed version, whichever is mined); no row for anyone else's.
+# Which of our transactions is `:t`: a payout version, a sweep or rebalance (the row's transaction, or any
+# signed version of it, custody.firm_moves: whichever is mined); no row for anyone else's.
 _TX_KIND_SQL = text("""
 SELECT 'payout' FROM chain_transaction WHERE txid = :t
+UNION ALL
+SELECT 'sweep' FROM sweep WHERE txid = :t
+UNION ALL
+SELECT 'rebalance' FROM rebalance WHERE txid = :t
 UNION ALL
 SELECT machine FROM firm_tx_version WHERE txid = :t
 LIMIT 1
@@ -193,8 +197,8 @@ def spendable_coins(c: Connection) -> list[BtcCoin]:
     rows = c.execute(text(
         "SELECT u.txid, u.vout, u.amount, u.derivation_change, u.derivation_index FROM wallet_utxo u "
         "LEFT JOIN chain_transaction t ON t.txid = u.txid LEFT JOIN firm_tx_version v ON v.txid = u.txid "
-        "LEFT JOIN sweep s ON v.machine = 'sweep' AND s.id = v.row_id "
-        "LEFT JOIN rebalance r ON v.machine = 'rebalance' AND r.id = v.row_id "
+        "LEFT JOIN sweep s ON s.txid = u.txid OR (v.machine = 'sweep' AND s.id = v.row_id) "
+        "LEFT JOIN rebalance r ON r.txid = u.txid OR (v.machine = 'rebalance' AND r.id = v.row_id) "
         "WHERE u.spent_by IS NULL AND u.reserved_by IS NULL AND u.rebalance_id IS NULL "
         "AND (t.id IS NULL OR t.state IN ('confirmed', 'final')) AND (s.id IS NULL OR s.state = 'final') "
         "AND (r.id IS NULL OR r.state = 'final' OR (r.state = 'confirmed' AND r.destination_tier <> 'hot')) "

@@ -73,7 +73,7 @@ from ledger.model import Transfer
 from ledger.service import Ledger
 from custody.withdrawals import verify_operator_signature
 from signer.approvals import ApprovalSignature, ApproverRegistry, rebalance_approval_payload
-from signer.bitcoin_tx import SignedTx, _sha256d, address_to_script, dust_threshold, estimate_vsize, fee_for, select_coins
+from signer.bitcoin_tx import _sha256d, address_to_script, dust_threshold, estimate_vsize, fee_for, select_coins
 from signer.errors import SignerError, SignerErrorCode
 from signer.protocol import BtcCoin, SignerPort, SigningRefused
 
@@ -465,8 +465,8 @@ class Rebalances(FirmMoves):
                 raise CustodyError(CustodyErrorCode.psbt_fee_out_of_bounds, f"{rate} sat/kvB is outside the bounds",
                                    rate=rate, minimum=self.config.psbt_min_fee_rate_sat_per_kvb,
                                    maximum=self.config.psbt_max_fee_rate_sat_per_kvb)
-            self._store_version(c, rebalance_id, "open", SignedTx(signed.raw, signed.txid, signed.vsize, fee, None, 0),
-                                int(row.fee_rate))
+            # the api stores the transaction; the worker records its version before it sends it (FirmMoves.broadcast)
+            advance(c, "rebalance", rebalance_id, "open", "signed", txid=signed.txid, raw=signed.raw, fee=fee)
             audit(c, by, "rebalance.psbt_imported", f"rebalance:{rebalance_id}", {"txid": signed.txid, "fee": fee})
         log.info("cold -> hot %d: signed PSBT imported by %s (%s)", rebalance_id, by, signed.txid)
         return signed.txid

@@ -36,8 +36,8 @@ def offline_signer(bitcoind, signer_keys):  # noqa: F811
     name = f"cold-offline-{uuid.uuid4().hex[:8]}"
     bitcoind.rpc("createwallet", name, False, True)  # blank: it holds only what is imported
     wallet = bitcoind._client(f"/wallet/{name}")  # noqa: SLF001 - a second wallet on the test node
-    desc = bitcoind.rpc("getdescriptorinfo", f"wpkh({tprv}/0/*)")["descriptor"]
-    desc = f"wpkh({tprv}/0/*)#{desc.split('#')[1]}"
+    desc = f"wpkh({tprv}/0/*)"
+    desc += "#" + bitcoind.rpc("getdescriptorinfo", desc)["checksum"]  # the checksum of the private form
     [imported] = wallet.call("importdescriptors", [{"desc": desc, "timestamp": "now", "range": [0, 200]}])
     assert imported["success"], imported
     return name, wallet
@@ -53,9 +53,10 @@ def test_cold_to_hot_through_a_psbt(custody, bitcoind, engine, ledger, signer_ke
     log.info("cold gets coins the way it does in production: a hot -> cold rebalance above the ceiling")
     bitcoind.mine(1)
     base = spendable(custody, engine)
-    rebalances.config = RebalanceConfig(thresholds={"BTC": RebalanceThreshold(ceiling=base + BTC, target=base)})
+    rebalances.config = RebalanceConfig(thresholds={"BTC": RebalanceThreshold(ceiling=base + BTC, target=base + BTC // 4)})
     bitcoind.fund(hot_address, 2 * BTC)
     bitcoind.mine(1)
+    assert_equal(spendable(custody, engine), base + 2 * BTC)  # recorded (booked as treasury funding)
     assert rebalances.rebalance_bitcoin() is not None
     rebalances.run_once()
     bitcoind.mine(BTC_FINALITY)
@@ -84,8 +85,11 @@ def test_cold_to_hot_through_a_psbt(custody, bitcoind, engine, ledger, signer_ke
     assert_equal(decoded["fee"] > 0, True)
 
     log.info("the operator exports it with the CLI and signs it offline")
-    unsigned_file, signed_file = tmp_path / "unsigned.psbt", tmp_path / "signed.psbt"
-    assert_equal(psbt_cli(["export", str(rid), "--out", str(unsigned_file)], http=client), 0)
+    unsigned_file, signed_file, key_file = tmp_path / "unsigned.psbt", tmp_path / "signed.psbt", tmp_path / "api-key"
+    key_file.write_text(client.headers["X-API-Key"])
+    key_file.chmod(0o600)
+    cli = ["--api-key-file", str(key_file)]
+    assert_equal(psbt_cli(["export", str(rid), "--out", str(unsigned_file), *cli], http=client), 0)
     _name, offline = offline_signer(bitcoind, signer_keys)
     processed = offline.call("walletprocesspsbt", unsigned_file.read_text().strip())
     assert processed["complete"], processed
@@ -111,7 +115,7 @@ def test_cold_to_hot_through_a_psbt(custody, bitcoind, engine, ledger, signer_ke
     assert_equal(client.get(f"/v1/rebalances/{rid}/psbt").status_code, 200)  # still open: nothing accepted
 
     log.info("the signed PSBT is imported (the CLI again), broadcast by the worker's job and booked at finality")
-    assert_equal(psbt_cli(["import", str(rid), str(signed_file)], http=client), 0)
+    assert_equal(psbt_cli(["import", str(rid), str(signed_file), *cli], http=client), 0)
     with engine.connect() as c:
         moved = c.execute(text("SELECT state, txid, amount, fee FROM rebalance WHERE id = :r"), {"r": rid}).one()
     assert_equal(moved.state, "signed")
