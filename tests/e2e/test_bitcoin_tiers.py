@@ -5,7 +5,8 @@ payload: the signer refuses it before (`rebalance_not_approved`), even with the 
 forged to zero and a forged approval row beside one real approval, since it verifies every
 signature against its own approver keys. Each move is booked once at finality (destination location
 <- source location, fee -> expense); reconciliation (deposit, hot, warm and cold lines) is zero mid-flight and
-at the end, nothing is left in flight, and the ledger verifies."""
+at the end, nothing is left in flight, and the ledger verifies. And a stuck hot -> warm rebalance is
+fee-bumped out of its change; only the mined replacement is booked."""
 from __future__ import annotations
 
 import pytest
@@ -144,3 +145,65 @@ def test_warm_tier_both_ways(custody, bitcoind, engine, ledger, signer_keys, reb
     reconciled(custody, ("deposit", "hot", "warm"))
     ledger.assert_verified()
 
+
+
+OTHER = "bcrt1qw508d6qejxtdg4y5r3zarvary0c5xw7kygt080"  # empty blocks are mined to someone else
+
+
+def test_a_stuck_rebalance_is_bumped_out_of_its_change(custody, bitcoind, engine, ledger, signer_keys, rebalances, log):  # noqa: F811
+    """A hot -> warm rebalance left out of `stuck_blocks` blocks is signed again (the signer checks the
+    version it replaces is the row's) over the same coins, the higher fee taken from the change; the
+    mined replacement is booked once, at its fee."""
+    wallets, hot_address = custody.wallets, custody.payouts.hot_address("bitcoin")
+    wallets.register_wallet("bitcoin", "warm", "regtest", signer_keys.account_xpub("bitcoin", "warm"))
+    hot = wallets.location_account("bitcoin", "hot", "BTC")
+    warm = wallets.location_account("bitcoin", "warm", "BTC")
+    expense = wallets.firm_account("network_fees", "BTC")
+    bitcoind.mine(1)
+    base = spendable(custody, engine)
+    rebalances.config = RebalanceConfig(thresholds={"BTC": RebalanceThreshold(
+        ceiling=base + BTC, target=base + BTC // 4, excess_to="warm")})
+    bitcoind.fund(hot_address, 2 * BTC)
+    bitcoind.mine(1)
+    assert_equal(spendable(custody, engine), base + 2 * BTC)
+    before = {a: ledger.balance(a).posted for a in (hot, warm, expense)}
+    first = rebalances.rebalance_bitcoin()
+    assert_equal(rebalances.broadcast(), 1)
+    rid = row_of(engine, first)
+    old = row(engine, rid)
+
+    log.info("%d empty blocks: the rebalance is stuck and bumped once", rebalances.bump.stuck_blocks)
+    for _ in range(rebalances.bump.stuck_blocks):
+        bitcoind.rpc("generateblock", OTHER, [])
+    [second] = rebalances.bump_fees()
+    assert_equal(rebalances.bump_fees(), [])
+    new = row(engine, rid)
+    assert_equal((new.txid, int(new.amount), new.destination), (second, int(old.amount), old.destination))
+    assert int(new.fee) > int(old.fee)
+    assert_equal(int(new.change_amount), int(old.change_amount) - (int(new.fee) - int(old.fee)))
+    mempool = bitcoind.rpc("getrawmempool")
+    assert second in mempool and first not in mempool
+    log.info("a replacement of a version that is not the row's is refused by the signer")
+    with engine.connect() as c:
+        coins = rebalances._coins(c, rid, "hot")  # noqa: SLF001 - what the worker sends
+    with pytest.raises(SigningRefused) as refused:
+        rebalances.signer.sign_bitcoin_rebalance(rid, coins, new.destination, int(new.amount),
+                                                 (new.change_address, int(new.change_amount) - 1000), replaces_txid=first)
+    assert_equal(refused.value.code.value, "rebalance_not_open")
+
+    bitcoind.mine(BTC_FINALITY)
+    assert_equal(rebalances.track(), 1)
+    assert_equal(ledger.balance(warm).posted - before[warm], -int(new.amount))
+    assert_equal(ledger.balance(hot).posted - before[hot], int(new.amount) + int(new.fee))
+    assert_equal(ledger.balance(expense).posted - before[expense], -int(new.fee))
+    with engine.connect() as c:
+        assert_equal(c.execute(text("SELECT count(*) FROM journal_transaction WHERE metadata->>'txid' = :t"),
+                               {"t": first}).scalar_one(), 0)
+        assert_equal(c.execute(text("SELECT count(*) FROM rebalance WHERE state NOT IN ('final', 'abandoned')")).scalar_one(), 0)
+    reconciled(custody, ("deposit", "hot", "warm"))
+    ledger.assert_verified()
+
+
+def row_of(engine, txid: str) -> int:
+    with engine.connect() as c:
+        return c.execute(text("SELECT id FROM rebalance WHERE txid = :t"), {"t": txid}).scalar_one()
