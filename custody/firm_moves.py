@@ -36,10 +36,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 from sqlalchemy import Connection, Engine, text
 
 from chain_adapters.base import ChainAdapter, TxState
+from chain_adapters.bitcoin import txid_of
 from chain_adapters.errors import ChainError
 from custody.containment import Retried, Step, contained, retry
 from custody.controls import audit, kill_switch, open_incident
@@ -110,8 +112,22 @@ class FirmMoves:
         raise NotImplementedError
 
     def _sendable(self, c: Connection, r) -> bool:
-        """Whether a stored signed row may be sent (a subclass re-checks bytes it did not get from the signer)."""
-        return True
+        """Whether a stored signed row may be sent: its bytes are its txid's and a signed version the
+        worker recorded (custody_api may write a rebalance's txid and raw, for an imported PSBT: a
+        subclass re-checks such bytes itself, `_checked_import`)."""
+        if self._checked_import(c, r):
+            return True
+        same = txid_of(bytes(r.raw)) == r.txid and c.execute(text(
+            "SELECT 1 FROM firm_tx_version WHERE machine = :m AND row_id = :r AND txid = :t AND raw = :raw"),
+            {"m": self.machine, "r": r.id, "t": r.txid, "raw": r.raw}).first() is not None
+        if not same:
+            log.error("%s %d: the stored transaction %s is not a version the worker recorded; not sent", self.machine, r.id,
+                      r.txid)
+        return same
+
+    def _checked_import(self, c: Connection, r) -> bool:
+        """True when the row's bytes came from outside the signer and passed the subclass's own check."""
+        return False
 
     def _store_version(self, c: Connection, row_id: int, from_state: str, signed, rate: int, **columns: object) -> None:
         """Record a first signature: the row `from_state` -> `signed` with its txid, raw and fee, and
@@ -175,7 +191,7 @@ class FirmMoves:
                     advance(c, self.machine, r.id, "broadcast", "confirmed", confirmations=status.confirmations)
                 if status.confirmations >= finality:
                     advance(c, self.machine, r.id, "confirmed", "final", confirmations=status.confirmations)
-                    self._book(c, r)
+                    self._book(c, self._as_mined(c, r))
                     return 1
             elif status.state is TxState.MEMPOOL and r.state == "confirmed":
                 advance(c, self.machine, r.id, "confirmed", "broadcast", confirmations=0)
@@ -185,6 +201,16 @@ class FirmMoves:
                 except ChainError as exc:
                     log.warning("%s %d re-broadcast refused: %s", self.machine, r.id, exc)
         return 0
+
+    def _as_mined(self, c: Connection, r) -> SimpleNamespace:
+        """The row as booked: its fee is the recorded version's (the worker's own table), never a
+        figure custody_api could have written; no recorded version of that txid refuses (the row is
+        set aside, custody.containment)."""
+        fee = c.execute(text("SELECT fee FROM firm_tx_version WHERE machine = :m AND row_id = :r AND txid = :t"),
+                        {"m": self.machine, "r": r.id, "t": r.txid}).scalar()
+        if fee is None:
+            raise RuntimeError(f"{self.machine} {r.id}: {r.txid} is mined but is no version the worker recorded")
+        return SimpleNamespace(**{**r._asdict(), "fee": fee})
 
     def _live_version(self, r):
         """Another version of the row that the chain holds (mined first, else in the mempool), or None."""

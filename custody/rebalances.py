@@ -480,15 +480,17 @@ class Rebalances(FirmMoves):
             outputs.append((address_to_script(row.change_address, self.network), int(row.change_amount)))
         return inputs, outputs
 
-    def _sendable(self, c: Connection, r) -> bool:
-        """A cold row's stored bytes must be the transaction built from its own inputs and outputs
-        (a forged `raw` is never sent); rows the signer signed are sent as stored."""
+    def _checked_import(self, c: Connection, r) -> bool:
+        """A cold row's stored bytes (an imported PSBT's, written by the api) must be the transaction
+        built from its own inputs and outputs: its txid is that transaction's (a forged `raw` is
+        never sent). Other rows: False, they are checked against the versions the worker recorded."""
         row = c.execute(_ROW_SQL, {"r": r.id}).one()
         if row.source_tier != "cold":
-            return True
+            return False
         inputs, outputs = self._cold_plan(c, row)
         expected = _sha256d(unsigned_tx(inputs, outputs))[::-1].hex()
-        if r.txid != expected or txid_of(bytes(r.raw)) != expected:
+        fee = sum(k.amount for k in inputs) - sum(amount for _, amount in outputs)  # what the built transaction pays
+        if r.txid != expected or txid_of(bytes(r.raw)) != expected or int(r.fee) != fee:
             log.error("rebalance %d: the stored transaction is not the one built from its PSBT; not sent", r.id)
             return False
         return True

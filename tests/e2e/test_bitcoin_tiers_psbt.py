@@ -121,6 +121,13 @@ def test_cold_to_hot_through_a_psbt(custody, bitcoind, engine, ledger, signer_ke
     assert_equal(moved.state, "signed")
     exported = client.get(f"/v1/rebalances/{rid}/psbt")
     assert_equal((exported.status_code, exported.json()["error"]["code"]), (409, "invalid_state"))
+    log.info("the api may write an imported transaction's columns: a forged fee (or raw) is never sent")
+    with engine.begin() as c:
+        c.execute(text("UPDATE rebalance SET fee = fee + 1000 WHERE id = :r"), {"r": rid})
+    assert_equal(rebalances.broadcast(), 0)
+    assert moved.txid not in bitcoind.rpc("getrawmempool")
+    with engine.begin() as c:
+        c.execute(text("UPDATE rebalance SET fee = fee - 1000 WHERE id = :r"), {"r": rid})
     rebalances.run_once()
     assert moved.txid in bitcoind.rpc("getrawmempool")
     assert_equal(to_sat(bitcoind.rpc("getmempoolentry", moved.txid)["fees"]["base"]), int(moved.fee))
