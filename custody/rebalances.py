@@ -168,6 +168,17 @@ class RebalanceConfig:
     psbt_max_fee_rate_sat_per_kvb: int = 100_000
 
 
+def treasury_config(section, *, bitcoin_network: str) -> tuple[RebalanceConfig, BumpConfig]:
+    """The rebalance and fee-bump configuration of a deployment's `[treasury]` section (custody.config)."""
+    threshold = RebalanceThreshold(ceiling=section.ceiling, target=section.target, floor=section.floor,
+                                   excess_to=section.excess_to)
+    return (RebalanceConfig(bitcoin_network=bitcoin_network, thresholds={"BTC": threshold}, refill_quorum=section.refill_quorum,
+                            psbt_min_fee_rate_sat_per_kvb=section.psbt_min_fee_rate_sat_per_kvb,
+                            psbt_max_fee_rate_sat_per_kvb=section.psbt_max_fee_rate_sat_per_kvb),
+            BumpConfig(stuck_blocks=section.stuck_blocks, bump_percent=section.bump_percent,
+                       max_fee_rate_sat_per_kvb=section.max_fee_rate_sat_per_kvb))
+
+
 class Rebalances(FirmMoves):
     machine = "rebalance"
 

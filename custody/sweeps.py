@@ -25,7 +25,7 @@ from sqlalchemy import Connection, Engine, text
 from chain_adapters.base import ChainAdapter
 from custody.containment import Step, contained
 from custody.controls import audit, kill_switch
-from custody.firm_moves import FirmMoves
+from custody.firm_moves import BumpConfig, FirmMoves
 from custody.wallets import Wallets
 from ledger.model import Transfer
 from ledger.service import Ledger
@@ -40,8 +40,8 @@ class Sweeps(FirmMoves):
     machine = "sweep"
 
     def __init__(self, engine: Engine, ledger: Ledger, wallets: Wallets, bitcoin: ChainAdapter, signer: SignerPort,
-                 *, hot_address: str, network: str, max_inputs: int = 200) -> None:
-        super().__init__(engine, ledger, wallets, bitcoin)
+                 *, hot_address: str, network: str, max_inputs: int = 200, bump: BumpConfig | None = None) -> None:
+        super().__init__(engine, ledger, wallets, bitcoin, bump)
         self.signer = signer
         self.hot_address = hot_address
         self.network = network

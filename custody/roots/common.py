@@ -62,7 +62,7 @@ from custody.deposits import Deposits
 from custody.destinations import DestinationGuard
 from custody.payouts import PayoutConfig, Payouts
 from custody.policy_config import PolicyProvider
-from custody.rebalances import RebalanceConfig, Rebalances
+from custody.rebalances import Rebalances, treasury_config
 from custody.node_view import NodeView
 from custody.reconciliation import Reconciliation
 from custody.reserves import Reserves
@@ -464,9 +464,10 @@ def _build(config: DeploymentConfig, process: Process, adapters: Mapping[str, Ch
     sweeps = rebalances = reserves = node_view = None
     if "bitcoin" in adapters:
         hot = derive_btc_address(config.wallets["bitcoin"].hot, btc_network, 0, 0)
-        sweeps = Sweeps(engine, ledger, wallets, adapters["bitcoin"], signer, hot_address=hot, network=btc_network)
+        rebalance_config, bump = treasury_config(config.treasury, bitcoin_network=btc_network)
+        sweeps = Sweeps(engine, ledger, wallets, adapters["bitcoin"], signer, hot_address=hot, network=btc_network, bump=bump)
         rebalances = Rebalances(engine, ledger, wallets, adapters["bitcoin"], signer, hot_address=hot, approvers=approvers,
-                                config=RebalanceConfig(bitcoin_network=btc_network))
+                                config=rebalance_config, bump=bump)
         reserves = Reserves(engine, adapters["bitcoin"], signer, network=btc_network)
         node_view = NodeView(engine, adapters["bitcoin"], network=btc_network,  # type: ignore[arg-type] - gated
                              lookahead=config.bitcoin.node_view_lookahead if config.bitcoin else 1000)
