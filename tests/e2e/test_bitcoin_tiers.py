@@ -34,6 +34,8 @@ def row(engine, rebalance_id: int):
 
 def test_warm_tier_both_ways(custody, bitcoind, engine, ledger, signer_keys, rebalances, log):  # noqa: F811
     wallets, hot_address = custody.wallets, custody.payouts.hot_address("bitcoin")
+    with engine.connect() as c:
+        first_incident = c.execute(text("SELECT coalesce(max(id), 0) FROM incident")).scalar_one()
     warm_xpub = signer_keys.account_xpub("bitcoin", "warm")
     wallets.register_wallet("bitcoin", "warm", "regtest", warm_xpub)
     hot = wallets.location_account("bitcoin", "hot", "BTC")
@@ -143,8 +145,9 @@ def test_warm_tier_both_ways(custody, bitcoind, engine, ledger, signer_keys, reb
     with engine.connect() as c:
         assert_equal(c.execute(text("SELECT count(*) FROM rebalance WHERE state NOT IN ('final', 'abandoned')")).scalar_one(), 0)
     reconciled(custody, ("deposit", "hot", "warm"))
+    with engine.connect() as c:  # the index, the node's own view and the books agreed all along: no incident
+        assert_equal(c.execute(text("SELECT kind FROM incident WHERE id > :i"), {"i": first_incident}).scalars().all(), [])
     ledger.assert_verified()
-
 
 
 OTHER = "bcrt1qw508d6qejxtdg4y5r3zarvary0c5xw7kygt080"  # empty blocks are mined to someone else
