@@ -20,17 +20,19 @@ transaction is on chain), skipped from then on, and booked once when an operator
 (`retry`); the other rows go on. A set-aside row is still `unbooked`, so reconciliation explains it.
 
 Fee bumps (RBF), as payouts have them (`bump_fees()`): a row `broadcast` whose transaction is still
-in the mempool `BumpConfig.stuck_blocks` blocks after it was first sent (`broadcast_height`) is
-signed again by the subclass (`_resign`: the same coins and destination, a higher fee taken from
-what the firm keeps: the swept amount or the rebalance's change) at the old rate raised by
+in the mempool `BumpConfig.stuck_blocks` blocks after it was sent (`broadcast_height`, reset at each
+bump) is signed again by the subclass (`_resign`: the same coins and destination, a higher fee taken
+from what the firm keeps: the swept amount or the rebalance's change) at the old rate raised by
 `bump_percent`, capped at `max_fee_rate_sat_per_kvb` (reaching the cap opens a warning incident,
 `fee_ceiling_reached`). Every signed version is kept in `firm_tx_version` (append-only,
-`replaces_id` naming the one it replaces, at most once); the row's `txid`, `raw`, `fee` are the
-version followed now. The replacement is stored before it is sent. `track()` asks the node about
-the row's version; when that one is replaced or conflicted, or unknown, it asks about the others:
-a mined one becomes the row's version again (`_follow`, audited `<machine>.version_followed`), so
-whichever version the miners took is the one booked, with its own fee, exactly once; the others
-never are. Only the chain decides: a version is never written off on mempool evidence alone.
+`replaces_id` naming the one it replaces); the row's `txid`, `raw`, `fee` are the version followed
+now. The replacement is stored before it is sent (a crash in between: `track()` finds it missing
+from the node, beside the lower-fee version it replaces, and sends it). `track()` asks the node
+about the row's version; when that one is replaced, conflicted or unknown, it asks about the
+others: a mined one, or one of ours in the mempool at a fee as high, becomes the row's version
+again (`_follow`, audited `<machine>.version_followed`), so whichever version the miners took is
+the one booked, with the fee recorded for it, exactly once; the others never are. Only the chain
+decides: a version is never written off on mempool evidence alone.
 """
 from __future__ import annotations
 
@@ -181,8 +183,11 @@ class FirmMoves:
         """One row's step on chain, in one database transaction: 1 when it became final (and booked)."""
         status = self.bitcoin.tx_status(r.txid, raw=bytes(r.raw))
         if status.state in (TxState.REPLACED, TxState.CONFLICTED, TxState.UNKNOWN):
-            other = self._live_version(r)
-            if other is not None:  # another version of ours is mined (or the one in the mempool): follow it
+            other, other_state = self._live_version(r)
+            # another version of ours is mined, or waits in the mempool at a fee as high: follow it. A
+            # higher-fee version the node does not have (stored, never sent: a crash after a bump) is
+            # sent below instead, and replaces the stuck one.
+            if other is not None and (other_state is TxState.CONFIRMED or int(other.fee) >= int(r.fee)):
                 self._follow(r, other)
                 return 0
         with self.engine.begin() as c:
@@ -195,7 +200,7 @@ class FirmMoves:
                     return 1
             elif status.state is TxState.MEMPOOL and r.state == "confirmed":
                 advance(c, self.machine, r.id, "confirmed", "broadcast", confirmations=0)
-            elif status.state is TxState.UNKNOWN:
+            elif status.state in (TxState.UNKNOWN, TxState.REPLACED):
                 try:
                     self.bitcoin.broadcast(bytes(r.raw))
                 except ChainError as exc:
@@ -212,8 +217,9 @@ class FirmMoves:
             raise RuntimeError(f"{self.machine} {r.id}: {r.txid} is mined but is no version the worker recorded")
         return SimpleNamespace(**{**r._asdict(), "fee": fee})
 
-    def _live_version(self, r):
-        """Another version of the row that the chain holds (mined first, else in the mempool), or None."""
+    def _live_version(self, r) -> tuple:
+        """Another version of the row that the chain holds, with its state: a mined one first, else
+        one in the mempool; (None, None) when there is none."""
         with self.engine.connect() as c:
             versions = c.execute(text("SELECT id, txid, raw, fee, fee_rate FROM firm_tx_version WHERE machine = :m "
                                       "AND row_id = :r AND txid <> :t ORDER BY id DESC"),
@@ -222,10 +228,10 @@ class FirmMoves:
         for v in versions:
             state = self.bitcoin.tx_status(v.txid, raw=bytes(v.raw)).state
             if state is TxState.CONFIRMED:
-                return v
+                return v, state
             if state is TxState.MEMPOOL and pending is None:
                 pending = v
-        return pending
+        return (pending, TxState.MEMPOOL) if pending is not None else (None, None)
 
     def _follow(self, r, v) -> None:
         """Make version `v` the row's: its txid, raw and fee are what is tracked and booked from now."""

@@ -117,9 +117,8 @@ CREATE TABLE firm_tx_version (
     fee              numeric(78,0) NOT NULL CHECK (fee >= 0),
     fee_rate         numeric(78,0) NOT NULL CHECK (fee_rate >= 0),
     replaces_id      bigint REFERENCES firm_tx_version(id),
-    created_at       timestamptz NOT NULL DEFAULT now(),
-    UNIQUE (replaces_id)  -- a version is replaced at most once (two workers bump it once)
-);
+    created_at       timestamptz NOT NULL DEFAULT now()
+);  -- two workers bump a version once: the row is locked across the signer call (custody.firm_moves)
 CREATE INDEX firm_tx_version_row ON firm_tx_version (machine, row_id);
 -- the rows signed before this migration: their one version
 INSERT INTO firm_tx_version (machine, row_id, txid, raw, fee, fee_rate)

@@ -2,11 +2,14 @@
 same deposit coins at a higher fee (RBF) and sent; only the version the chain mines is booked, with
 its own fee, exactly once. Twice: once the replacement is mined (the usual case), once a miner takes
 the ORIGINAL after all (a block built with it, `generateblock`), which the sweep then follows and
-books at the original fee. Reconciliation is zero at the end and the ledger verifies."""
+books at the original fee. The first time the process dies between storing the replacement and
+sending it: the next tracking run sends it. Reconciliation is zero at the end and the ledger verifies."""
 from __future__ import annotations
 
+import pytest
 from sqlalchemy import text
 
+from chain_adapters.errors import ChainError
 from regtest.util import assert_equal
 from tests.e2e.custody.conftest import BTC_FINALITY, custody, signer_keys  # noqa: F401 - the custody suite's fixtures
 from tests.e2e.treasury_helpers import reconciled
@@ -23,8 +26,10 @@ def deposit(custody, bitcoind, n: int) -> list[int]:  # noqa: F811
     return accounts
 
 
-def stuck_sweep(custody, bitcoind, log) -> tuple[int, str, str]:  # noqa: F811
-    """A sweep signed, sent, then left out of `stuck_blocks` empty blocks, and bumped: (id, first txid, second txid)."""
+def stuck_sweep(custody, bitcoind, log, *, lost: bool = False) -> tuple[int, str, str]:  # noqa: F811
+    """A sweep signed, sent, then left out of `stuck_blocks` empty blocks, and bumped: (id, first txid,
+    second txid). `lost`: the process dies between storing the replacement and sending it; the next
+    `track()` sends the stored replacement (it never falls back to the stuck version)."""
     sweeps = custody.sweeps
     first = sweeps.sweep_bitcoin()
     assert first is not None
@@ -34,13 +39,25 @@ def stuck_sweep(custody, bitcoind, log) -> tuple[int, str, str]:  # noqa: F811
         bitcoind.rpc("generateblock", OTHER, [])
     assert_equal(sweeps.bump_fees(), [])  # not stuck yet
     bitcoind.rpc("generateblock", OTHER, [])
-    [second] = sweeps.bump_fees()
+    if lost:
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(sweeps.bitcoin, "broadcast", lost_send)
+            [second] = sweeps.bump_fees()
+        mempool = bitcoind.rpc("getrawmempool")
+        assert first in mempool and second not in mempool
+        assert_equal(sweeps.track(), 0)
+    else:
+        [second] = sweeps.bump_fees()
     assert_equal(sweeps.bump_fees(), [])  # one replacement per stuck version
     mempool = bitcoind.rpc("getrawmempool")
     assert second in mempool and first not in mempool
     with custody.engine.connect() as c:
         sweep_id = c.execute(text("SELECT id FROM sweep WHERE txid = :t"), {"t": second}).scalar_one()
     return sweep_id, first, second
+
+
+def lost_send(raw: bytes):
+    raise ChainError("the process died before it sent this")
 
 
 def versions(engine, sweep_id: int) -> list:
@@ -68,7 +85,7 @@ def test_a_stuck_sweep_is_bumped_and_only_the_mined_version_is_booked(custody, b
     log.info("the replacement is mined: booked once, at its fee; the first version never")
     deposit(custody, bitcoind, 2)
     before = {a: ledger.balance(a).posted for a in (deposit_loc, hot, expense)}
-    sweep_id, first, second = stuck_sweep(custody, bitcoind, log)
+    sweep_id, first, second = stuck_sweep(custody, bitcoind, log, lost=True)
     [v1, v2] = versions(engine, sweep_id)
     assert_equal((v1.txid, v2.txid, v2.replaces_id), (first, second, v1.id))
     assert int(v2.fee) > int(v1.fee) and int(v2.fee_rate) > int(v1.fee_rate)
