@@ -24,7 +24,7 @@ from pathlib import Path
 
 import httpx
 
-from custody.approve_cli import DEFAULT_API, ApiRefused, CliError, _answer, _api_key, shown
+from custody.approve_cli import DEFAULT_API, CliError, _answer, _api_key, exit_status, shown
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -75,7 +75,8 @@ def run(client: httpx.Client, args: argparse.Namespace) -> str:
 def main(argv: list[str] | None = None, *, http: httpx.Client | None = None) -> int:
     """Run one command; `http` replaces the client built from --api (tests pass the app's client)."""
     args = _parser().parse_args(argv)
-    try:
+
+    def work() -> int:
         headers = {"X-API-Key": _api_key(args)}
         if http is not None:
             http.headers.update(headers)
@@ -84,16 +85,8 @@ def main(argv: list[str] | None = None, *, http: httpx.Client | None = None) -> 
             with httpx.Client(base_url=args.api, headers=headers, timeout=30) as client:
                 print(run(client, args))
         return 0
-    except CliError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except ApiRefused as exc:
-        print(f"refused: {shown(exc)}", file=sys.stderr)
-        return 1
-    except httpx.HTTPError as exc:
-        print(f"error: cannot reach the API at {shown(args.api)}: {shown(exc)}", file=sys.stderr)
-        return 2
 
+    return exit_status(work, args.api)
 
 if __name__ == "__main__":
     sys.exit(main())
