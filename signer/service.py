@@ -104,8 +104,14 @@ of the batch and signs the rest (custody.payouts `drop_refused`). The others nam
 
 Sweeps and rebalances (firm-internal moves) are checked instead against their own reservations:
 the kill switch, the coins reserved for that row, a destination that is ours (the hot receive
-address for a sweep; for a rebalance, the cold wallet key pinned in the signer's own configuration,
-never the `wallet` table), change only to the hot receive address, and the fee ceiling.
+address for a sweep and for a warm -> hot refill; to cold, the cold wallet key pinned in the
+signer's own configuration; to warm, the signer's own warm key; never the `wallet` table), change
+only to the source tier's own address (hot receive; warm at the row's change index), and the fee
+ceiling. A warm -> hot refill also needs the signed approvals of `rebalance_quorum` distinct
+operators (payload kind `rebalance-approval`, signer.approvals), verified here against the signer's
+own approver keys, whatever custody's rows say. A fee bump of a sweep is the same request at a
+higher fee over the same reserved coins; of a rebalance, `replaces_txid` names the row's version.
+The cold tier is never signed here: cold -> hot goes through a PSBT signed offline (custody.psbt).
 """
 from __future__ import annotations
 
