@@ -197,8 +197,10 @@ def spendable_coins(c: Connection) -> list[BtcCoin]:
     rows = c.execute(text(
         "SELECT u.txid, u.vout, u.amount, u.derivation_change, u.derivation_index FROM wallet_utxo u "
         "LEFT JOIN chain_transaction t ON t.txid = u.txid LEFT JOIN firm_tx_version v ON v.txid = u.txid "
-        "LEFT JOIN sweep s ON s.txid = u.txid OR (v.machine = 'sweep' AND s.id = v.row_id) "
-        "LEFT JOIN rebalance r ON r.txid = u.txid OR (v.machine = 'rebalance' AND r.id = v.row_id) "
+        "LEFT JOIN sweep s ON s.id = coalesce(CASE WHEN v.machine = 'sweep' THEN v.row_id END, "
+        "(SELECT x.id FROM sweep x WHERE x.txid = u.txid)) "
+        "LEFT JOIN rebalance r ON r.id = coalesce(CASE WHEN v.machine = 'rebalance' THEN v.row_id END, "
+        "(SELECT x.id FROM rebalance x WHERE x.txid = u.txid)) "
         "WHERE u.spent_by IS NULL AND u.reserved_by IS NULL AND u.rebalance_id IS NULL "
         "AND (t.id IS NULL OR t.state IN ('confirmed', 'final')) AND (s.id IS NULL OR s.state = 'final') "
         "AND (r.id IS NULL OR r.state = 'final' OR (r.state = 'confirmed' AND r.destination_tier <> 'hot')) "
