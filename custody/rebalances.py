@@ -83,7 +83,8 @@ OUT_TIERS = ("warm", "cold")  # where hot's excess may go
 IN_PROGRESS = ("open", "signed", "broadcast", "confirmed")
 
 # Unspent coins of a warm or cold tier in the wallet index, at issued receive indices, not reserved
-# by a rebalance in progress: what a move from that tier may spend.
+# by a rebalance in progress, and not made by a rebalance that is not booked yet (its value reaches
+# the tier's books only at finality): what a move from that tier may spend.
 _TIER_COINS_SQL = text("""
 SELECT o.txid, o.vout, o.amount, o.derivation_change, o.derivation_index
 FROM btc_wallet_output o
@@ -93,6 +94,8 @@ WHERE o.tier = :tier
   AND o.derivation_index < :next_index
   AND NOT EXISTS (SELECT 1 FROM rebalance_input i JOIN rebalance r ON r.id = i.rebalance_id
                   WHERE i.txid = o.txid AND i.vout = o.vout AND r.state = ANY(:busy))
+  AND NOT EXISTS (SELECT 1 FROM firm_tx_version v JOIN rebalance r ON v.machine = 'rebalance' AND r.id = v.row_id
+                  WHERE v.txid = o.txid AND r.state <> 'final')
 ORDER BY o.amount DESC, o.txid, o.vout
 """)
 _INSERT_SQL = text("""

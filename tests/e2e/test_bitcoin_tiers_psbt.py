@@ -59,7 +59,12 @@ def test_cold_to_hot_through_a_psbt(custody, bitcoind, engine, ledger, signer_ke
     assert_equal(spendable(custody, engine), base + 2 * BTC)  # recorded (booked as treasury funding)
     assert rebalances.rebalance_bitcoin() is not None
     rebalances.run_once()
-    bitcoind.mine(BTC_FINALITY)
+    bitcoind.mine(1)
+    custody.deposits.run_once(["bitcoin"])  # the wallet index holds the new cold coin now
+    client = operator_client(custody, "op-trent")
+    early = client.post("/v1/rebalances/cold-to-hot", json={"amount": "1.5"})  # mined, not booked: not spendable yet
+    assert_equal((early.status_code, early.json()["error"]["code"]), (409, "rebalance_insufficient_funds"))
+    bitcoind.mine(BTC_FINALITY - 1)
     assert_equal(rebalances.track(), 1)
     rebalances.config = RebalanceConfig(thresholds={"BTC": RebalanceThreshold(ceiling=base + 100 * BTC, target=base)})
     reconciled(custody, ("deposit", "hot", "cold"))
@@ -67,7 +72,6 @@ def test_cold_to_hot_through_a_psbt(custody, bitcoind, engine, ledger, signer_ke
     held = spendable(custody, engine)
 
     log.info("an operator opens a 1.5 BTC cold -> hot move: custody builds the unsigned PSBT")
-    client = operator_client(custody, "op-trent")
     opened = client.post("/v1/rebalances/cold-to-hot", json={"amount": "1.5"})
     assert_equal(opened.status_code, 201)
     move = opened.json()["rebalance"]
