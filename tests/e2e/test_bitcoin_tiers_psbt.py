@@ -52,6 +52,7 @@ def test_cold_to_hot_through_a_psbt(custody, bitcoind, engine, ledger, signer_ke
 
     log.info("cold gets coins the way it does in production: a hot -> cold rebalance above the ceiling")
     bitcoind.mine(1)
+    prior = reconciled(custody, ("deposit", "hot", "cold"))["cold"].on_chain  # what earlier suites left in cold
     base = spendable(custody, engine)
     rebalances.config = RebalanceConfig(thresholds={"BTC": RebalanceThreshold(ceiling=base + BTC, target=base + BTC // 4)})
     bitcoind.fund(hot_address, 2 * BTC)
@@ -62,7 +63,8 @@ def test_cold_to_hot_through_a_psbt(custody, bitcoind, engine, ledger, signer_ke
     bitcoind.mine(1)
     custody.deposits.run_once(["bitcoin"])  # the wallet index holds the new cold coin now
     client = operator_client(custody, "op-trent")
-    early = client.post("/v1/rebalances/cold-to-hot", json={"amount": "1.5"})  # mined, not booked: not spendable yet
+    more = prior + BTC  # payable only with the new coin, which is mined but not booked: not spendable yet
+    early = client.post("/v1/rebalances/cold-to-hot", json={"amount": f"{more // BTC}.{more % BTC:08d}"})
     assert_equal((early.status_code, early.json()["error"]["code"]), (409, "rebalance_insufficient_funds"))
     bitcoind.mine(BTC_FINALITY - 1)
     assert_equal(rebalances.track(), 1)
