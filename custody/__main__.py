@@ -31,6 +31,9 @@ Operators:
     python -m custody approve ...              sign a withdrawal approval with an Ed25519 key (its
                                                exit status 3: the API served bytes it will not sign)
     python -m custody approver-key ...         make or show an approver key (custody.approve_cli)
+    python -m custody psbt open|export|import ...
+                                               cold -> hot through a PSBT signed offline
+                                               (custody.psbt_cli)
 
     python -m custody rescan --config F --tier all|deposit|hot|cold
                                                one `scantxoutset` over the addresses custody issued,
@@ -73,6 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in APPROVE_COMMANDS:
         return _approve(argv)
+    if argv and argv[0] == "psbt":
+        from custody.psbt_cli import main as psbt_main
+
+        return psbt_main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m custody", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -92,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     rescan.add_argument("--tier", choices=("all", "deposit", "hot", "cold"), default="all")
     for name in APPROVE_COMMANDS:
         sub.add_parser(name, help="operator approvals (custody.approve_cli)", add_help=False)
+    sub.add_parser("psbt", help="cold -> hot through a PSBT (custody.psbt_cli)", add_help=False)
     sub.add_parser("migrate", help="upgrade the database schema")
     key = sub.add_parser("create-api-key", help="create an API key and print it once")
     key.add_argument("name")

@@ -51,7 +51,7 @@ import os
 import stat
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -274,10 +274,27 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def exit_status(work: Callable[[], int], api: str) -> int:
+    """Run one command's `work` and map what it raises to the exit status (module docstring): a
+    usage, file or connection problem 2, the API's refusal 1. Shared with custody.psbt_cli."""
+    try:
+        return work()
+    except CliError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ApiRefused as exc:
+        print(f"refused: {shown(exc)}", file=sys.stderr)
+        return 1
+    except httpx.HTTPError as exc:
+        print(f"error: cannot reach the API at {shown(api)}: {shown(exc)}", file=sys.stderr)
+        return 2
+
+
 def main(argv: list[str] | None = None, *, http: httpx.Client | None = None) -> int:
     """Run one command; `http` replaces the client built from --api (tests pass the app's client)."""
     args = _parser().parse_args(argv)
-    try:
+
+    def work() -> int:
         if args.command == "approver-key":
             key = new_key_file(args.file)
             print(f"# wrote {args.file} (mode 600); add this entry to custody's and the signer's approver lists:",
@@ -287,28 +304,22 @@ def main(argv: list[str] | None = None, *, http: httpx.Client | None = None) -> 
         key = load_private_key(args.key)
         headers = {"X-API-Key": _api_key(args)}
         options = dict(comment=args.comment, key_id=args.key_id, decimals=_decimals(args.decimals))
-        if http is not None:
-            http.headers.update(headers)
-            answer = approve_over_http(http, args.withdrawal_id, key, **options)
-        else:
-            with httpx.Client(base_url=args.api, headers=headers, timeout=30) as client:
-                answer = approve_over_http(client, args.withdrawal_id, key, **options)
+        try:
+            if http is not None:
+                http.headers.update(headers)
+                answer = approve_over_http(http, args.withdrawal_id, key, **options)
+            else:
+                with httpx.Client(base_url=args.api, headers=headers, timeout=30) as client:
+                    answer = approve_over_http(client, args.withdrawal_id, key, **options)
+        except PayloadRefused as exc:
+            print(f"error: NOT SIGNED: {shown(exc)}. Nothing was sent; treat the API at {shown(args.api)} as suspect.",
+                  file=sys.stderr)
+            return 3
         body = answer if isinstance(answer, dict) else {}
         print(f"approved: withdrawal {shown(body.get('id', args.withdrawal_id))} is {shown(body.get('state', 'state unknown'))}")
         return 0
-    except CliError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except PayloadRefused as exc:
-        print(f"error: NOT SIGNED: {shown(exc)}. Nothing was sent; treat the API at {shown(args.api)} as suspect.", file=sys.stderr)
-        return 3
-    except ApiRefused as exc:
-        print(f"refused: {shown(exc)}", file=sys.stderr)
-        return 1
-    except httpx.HTTPError as exc:
-        print(f"error: cannot reach the API at {shown(args.api)}: {shown(exc)}", file=sys.stderr)
-        return 2
 
+    return exit_status(work, getattr(args, "api", ""))  # approver-key talks to no API
 
 if __name__ == "__main__":
     sys.exit(main())

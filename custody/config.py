@@ -42,12 +42,19 @@ own settings (`ENVIRONMENT`, `API_KEY_PEPPER`, `STATE_DIR`, `TREASURY_ADJUSTMENT
 | assets.SYMBOL | dust_minimum, min_withdrawal, withdrawal_fee | required | minor units |
 | assets.SYMBOL | withdrawal_fee_fast | withdrawal_fee | minor units, fast priority |
 | wallets.CHAIN | deposit, hot | required | account xpubs from `python -m signer xpubs` |
+| wallets.CHAIN | warm | - | warm account xpub (`python -m signer xpubs`; the signer holds its key): hot above its ceiling may go there, refills come from it |
 | wallets.CHAIN | cold | - | watch-only cold account xpub (rebalances need it) |
 | signer | endpoint | required | `unix:/abs/path.sock` or `tcp:127.0.0.1:PORT` (loopback only) |
 | signer | client | required | this process's client name in the signer's `[[clients]]`; `CUSTODY_API_SIGNER_CLIENT` / `CUSTODY_WORKER_SIGNER_CLIENT` override it per process |
 | signer | auth_key_file | required | that client's own auth key (hex, mode 600); `CUSTODY_API_SIGNER_AUTH_KEY_FILE` / `CUSTODY_WORKER_SIGNER_AUTH_KEY_FILE` override it per process |
 | approvers | (list) | [] | the signer's approver keys, for early feedback at the API only |
 | jobs | scale | 1.0 | multiplies every job interval (custody.jobs) |
+| treasury | ceiling, target | 50 BTC, 20 BTC | satoshis: hot spendable above `ceiling` moves everything over `target` out of hot (custody.rebalances) |
+| treasury | floor | - | satoshis, below `target`: hot below it is refilled from warm up to `target` (needs a `warm` wallet and a quorum) |
+| treasury | excess_to | cold | where hot's excess goes: `warm` or `cold` |
+| treasury | refill_quorum | 2 | distinct operators whose signed approvals a refill waits for (the signer applies its own `rebalance_quorum` too) |
+| treasury | psbt_min_fee_rate_sat_per_kvb, psbt_max_fee_rate_sat_per_kvb | 1000, 100000 | the fee-rate bounds of a cold -> hot PSBT, built and imported |
+| treasury | stuck_blocks, bump_percent, max_fee_rate_sat_per_kvb | 3, 50, 500000 | when a sweep or rebalance is fee-bumped, by how much, up to what (custody.firm_moves) |
 | events | sink | jetstream | where the worker's outbox dispatcher delivers events: `jetstream` (custody.broker) or `log` (a log line per event, no broker) |
 | events | nats_url | `NATS_URL` | the NATS server (`nats://host:port`); neither set: the embedded server in `STATE_DIR/nats` |
 | events | stream | CUSTODY | the JetStream stream (subjects `<subject_prefix>.>`), created or updated at start |
@@ -261,10 +268,12 @@ class AssetSection(Section):
 class WalletSection(Section):
     deposit: str
     hot: str
+    warm: str | None = None
     cold: str | None = None
 
     def tiers(self) -> dict[str, str]:
-        return {t: x for t, x in (("deposit", self.deposit), ("hot", self.hot), ("cold", self.cold)) if x is not None}
+        return {t: x for t, x in (("deposit", self.deposit), ("hot", self.hot), ("warm", self.warm), ("cold", self.cold))
+                if x is not None}
 
 
 class SignerSection(Section):
@@ -344,6 +353,29 @@ class JobsSection(Section):
     scale: Annotated[float, Field(gt=0, le=100)] = 1.0
 
 
+class TreasurySection(Section):
+    """Thresholds of the bitcoin hot wallet and the treasury's fee rules (custody.rebalances, custody.firm_moves)."""
+
+    ceiling: Amount = 50 * 100_000_000
+    target: Amount = 20 * 100_000_000
+    floor: Amount | None = None
+    excess_to: Literal["warm", "cold"] = "cold"
+    refill_quorum: Annotated[Whole, Field(ge=1, le=100)] = 2
+    psbt_min_fee_rate_sat_per_kvb: Annotated[Whole, Field(ge=1)] = 1_000
+    psbt_max_fee_rate_sat_per_kvb: Annotated[Whole, Field(ge=1)] = 100_000
+    stuck_blocks: Annotated[Whole, Field(ge=1)] = 3
+    bump_percent: Annotated[Whole, Field(ge=1, le=1000)] = 50
+    max_fee_rate_sat_per_kvb: Annotated[Whole, Field(ge=1)] = 500_000
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "TreasurySection":
+        if not (self.floor if self.floor is not None else -1) < self.target < self.ceiling:
+            raise ValueError("floor < target < ceiling is required")
+        if self.psbt_min_fee_rate_sat_per_kvb > self.psbt_max_fee_rate_sat_per_kvb:
+            raise ValueError("psbt_min_fee_rate_sat_per_kvb must not be above psbt_max_fee_rate_sat_per_kvb")
+        return self
+
+
 class EventsSection(Section):
     sink: Literal["jetstream", "log"] = "jetstream"
     nats_url: str | None = None
@@ -375,6 +407,7 @@ class DeploymentConfig(BaseSettings):
     approvers: list[ApproverEntry] = Field(default_factory=list)
     jobs: JobsSection = Field(default_factory=JobsSection)
     events: EventsSection = Field(default_factory=EventsSection)
+    treasury: TreasurySection = Field(default_factory=TreasurySection)
 
     _source: Path | None = PrivateAttr(default=None)
     _settings: Settings | None = PrivateAttr(default=None)

@@ -116,7 +116,7 @@ class Container:
                 from custody.rebalances import RebalanceConfig, Rebalances
 
                 self.rebalances = Rebalances(self.engine, self.ledger, self.wallets, self.adapters["bitcoin"], signer,
-                                             hot_address=hot,
+                                             hot_address=hot, approvers=self.approvers,
                                              config=rebalance_config or RebalanceConfig(bitcoin_network=bitcoin_network))
                 from custody.reserves import Reserves
 

@@ -44,6 +44,15 @@
 | deposit_reorged_out | 409 | the deposit's transaction left the chain after finality and was not re-mined: its coins cannot be released or returned |
 | retry_unknown | 404 | no withdrawal batch, sweep or rebalance with that id |
 | retry_not_set_aside | 409 | the withdrawal batch, sweep or rebalance is not set aside: there is nothing to retry |
+| rebalance_not_found | 404 | no rebalance with that id |
+| rebalance_wallet_missing | 409 | the wallet tier a rebalance needs (warm or cold) is not registered |
+| rebalance_in_progress | 409 | a rebalance from that tier is already open, signed or on its way: one at a time per source tier |
+| rebalance_insufficient_funds | 409 | the source tier's coins cannot pay the amount and its fee |
+| psbt_malformed | 422 | the PSBT is not base64 or not a well-formed BIP 174 PSBT (custody.psbt) |
+| psbt_transaction_mismatch | 422 | the PSBT's transaction is not the one custody built for this rebalance (another input, output or amount) |
+| psbt_not_signed | 422 | an input of the PSBT carries no signature (neither a final witness nor one partial signature) |
+| psbt_signature_invalid | 422 | an input's signature does not verify, or its key is not the spent coin's |
+| psbt_fee_out_of_bounds | 422 | the fee rate is outside the configured bounds (`psbt_min_fee_rate_sat_per_kvb` .. `psbt_max_fee_rate_sat_per_kvb`) |
 | no_customer_accounts | 409 | a proof-of-reserves report needs at least one customer account of the asset to commit to |
 | reserves_ledger_unverified | 409 | a proof-of-reserves report commits only to a ledger that passes its own checks (`verify()`), and one failed in the report's snapshot (named in the message): nothing is published |
 | reserves_index_behind | 503 | a chain scanner's block (bitcoin: the wallet index's; ethereum: the deposit scanner's cursor) is not in the node's main chain, or the scanner has not started: a reorg it has not walked yet; ask again shortly |
@@ -121,6 +130,15 @@ class CustodyErrorCode(str, enum.Enum):
     deposit_reorged_out = "deposit_reorged_out"
     retry_unknown = "retry_unknown"
     retry_not_set_aside = "retry_not_set_aside"
+    rebalance_not_found = "rebalance_not_found"
+    rebalance_wallet_missing = "rebalance_wallet_missing"
+    rebalance_in_progress = "rebalance_in_progress"
+    rebalance_insufficient_funds = "rebalance_insufficient_funds"
+    psbt_malformed = "psbt_malformed"
+    psbt_transaction_mismatch = "psbt_transaction_mismatch"
+    psbt_not_signed = "psbt_not_signed"
+    psbt_signature_invalid = "psbt_signature_invalid"
+    psbt_fee_out_of_bounds = "psbt_fee_out_of_bounds"
     no_customer_accounts = "no_customer_accounts"
     reserves_ledger_unverified = "reserves_ledger_unverified"
     reserves_index_behind = "reserves_index_behind"
@@ -198,6 +216,15 @@ _STATUS = {
     CustodyErrorCode.deposit_reorged_out: 409,
     CustodyErrorCode.retry_unknown: 404,
     CustodyErrorCode.retry_not_set_aside: 409,
+    CustodyErrorCode.rebalance_not_found: 404,
+    CustodyErrorCode.rebalance_wallet_missing: 409,
+    CustodyErrorCode.rebalance_in_progress: 409,
+    CustodyErrorCode.rebalance_insufficient_funds: 409,
+    CustodyErrorCode.psbt_malformed: 422,
+    CustodyErrorCode.psbt_transaction_mismatch: 422,
+    CustodyErrorCode.psbt_not_signed: 422,
+    CustodyErrorCode.psbt_signature_invalid: 422,
+    CustodyErrorCode.psbt_fee_out_of_bounds: 422,
     CustodyErrorCode.no_customer_accounts: 409,
     CustodyErrorCode.reserves_ledger_unverified: 409,
     CustodyErrorCode.reserves_index_behind: 503,

@@ -5,9 +5,9 @@ method that tests and the demo call directly, so time is driven deterministicall
 | --- | --- | --- |
 | deposits:<chain> | Deposits.run_once([chain]) (scan -> confirm -> screen/credit) | 2 s |
 | payouts | sync hot wallet, batch, sign, broadcast, track, bump fees | 3 s |
-| sweeps | Sweeps.run_once(): booked deposit coins -> hot wallet (bitcoin) | 30 s |
+| sweeps | Sweeps.run_once(): booked deposit coins -> hot wallet (bitcoin), fee bumps of stuck sweeps | 30 s |
 | eth-sweeps | EthSweeps plan, sign, broadcast, track: booked ether and token deposits -> hot address, token addresses funded with gas first (custody.eth_sweeps) | 30 s |
-| rebalances | Rebalances.run_once(): hot -> cold above the ceiling (bitcoin; needs a registered cold wallet) | 30 s |
+| rebalances | Rebalances.run_once(): hot -> warm/cold above the ceiling, approved warm -> hot refills below the floor, cold -> hot PSBTs once imported (bitcoin), fee bumps | 30 s |
 | expire-holds | Ledger.expire_holds() | 10 s |
 | outbox | OutboxDispatcher.dispatch(): outbox -> NATS JetStream in the worker (custody.broker) | 1 s |
 | webhooks | Webhooks.run_once(): outbox events -> signed POSTs to registered endpoints, retried with backoff, dead-lettered (custody.webhooks.delivery) | 1 s |
@@ -335,14 +335,14 @@ def build_scheduler(container: Any, *, sink: Callable[[str, dict], None] | None 
         add("payouts", failing_when_steps_fail(lambda: payouts_once(container)), 3)
     if sweeps is not None:
         add("sweeps", failing_when_steps_fail(lambda: run_steps("sweeps", [sweeps.sweep_bitcoin, sweeps.broadcast,
-                                                                         sweeps.track])), 30)
+                                                                         sweeps.track, sweeps.bump_fees])), 30)
     eth_sweeps = getattr(container, "eth_sweeps", None)
     if eth_sweeps is not None:
         add("eth-sweeps", failing_when_steps_fail(lambda: run_steps("eth-sweeps", [
-            eth_sweeps.plan, eth_sweeps.sign, eth_sweeps.broadcast, eth_sweeps.track])), 30)
+            eth_sweeps.plan, eth_sweeps.sign, eth_sweeps.broadcast, eth_sweeps.track, sweeps.bump_fees])), 30)
     if rebalances is not None:
         add("rebalances", failing_when_steps_fail(lambda: run_steps("rebalances", [
-            rebalances.rebalance_bitcoin, rebalances.broadcast, rebalances.track])), 30)
+            rebalances.rebalance_bitcoin, rebalances.broadcast, rebalances.track, rebalances.bump_fees])), 30)
     add("expire-holds", container.ledger.expire_holds, 10)
     add("outbox", dispatcher.dispatch, 1)
     webhooks = getattr(container, "webhooks", None)

@@ -106,7 +106,7 @@ from custody.wallet_index import issued_rule
 
 log = logging.getLogger(__name__)
 
-TIERS = ("deposit", "hot", "cold")
+TIERS = ("deposit", "hot", "warm", "cold")
 DEFAULT_LOOKAHEAD = 1000
 MAX_RANGE_END = 999_999  # bitcoind: a range [0, end] must be less than 1,000,000 indices wide
 
@@ -152,7 +152,7 @@ def wallet_name(network: str, deposit_xpub: str, hot_xpub: str, registered_at: s
 
 def branches(network: str, xpubs: dict[str, str]) -> list[Branch]:
     """The descriptors watched for the registered tiers (`xpubs`: tier -> account key)."""
-    wanted = [("deposit", 0), ("hot", 0), ("hot", 1), ("cold", 0)]
+    wanted = [("deposit", 0), ("hot", 0), ("hot", 1), ("warm", 0), ("cold", 0)]
     out = [Branch(tier, branch, strip_checksum(descriptor_for(xpubs[tier], network, branch)))
            for tier, branch in wanted if tier in xpubs]
     if len({b.descriptor for b in out}) != len(out):

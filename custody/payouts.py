@@ -96,13 +96,16 @@ from signer.protocol import BatchOutput, BtcCoin, RefusalCode, SignerPort, Signi
 
 log = logging.getLogger(__name__)
 
-# Which of our transactions is `:t`: a payout version, a sweep, a rebalance; no row for anyone else's.
+# Which of our transactions is `:t`: a payout version, a sweep or rebalance (the row's transaction, or any
+# signed version of it, custody.firm_moves: whichever is mined); no row for anyone else's.
 _TX_KIND_SQL = text("""
 SELECT 'payout' FROM chain_transaction WHERE txid = :t
 UNION ALL
 SELECT 'sweep' FROM sweep WHERE txid = :t
 UNION ALL
 SELECT 'rebalance' FROM rebalance WHERE txid = :t
+UNION ALL
+SELECT machine FROM firm_tx_version WHERE txid = :t
 LIMIT 1
 """)
 
@@ -173,7 +176,7 @@ class PayoutConfig:
 def spendable_coins(c: Connection) -> list[BtcCoin]:
     """Unreserved, unspent hot coins whose creating transaction is confirmed (external ones are):
     a swept coin only once its sweep is final (booked), rebalance change once the rebalance is
-    mined. They are locked (skipping coins another job has locked) for the caller's transaction,
+    mined, a coin a rebalance brought into hot (warm or cold -> hot) once it is final (booked). They are locked (skipping coins another job has locked) for the caller's transaction,
     so withdrawal batches and rebalances never reserve the same coin.
 
     Only a coin the wallet index (custody.wallet_index) holds, unspent, in the chain up to the
@@ -193,11 +196,14 @@ def spendable_coins(c: Connection) -> list[BtcCoin]:
     writes nothing)."""
     rows = c.execute(text(
         "SELECT u.txid, u.vout, u.amount, u.derivation_change, u.derivation_index FROM wallet_utxo u "
-        "LEFT JOIN chain_transaction t ON t.txid = u.txid LEFT JOIN sweep s ON s.txid = u.txid "
-        "LEFT JOIN rebalance r ON r.txid = u.txid "
+        "LEFT JOIN chain_transaction t ON t.txid = u.txid LEFT JOIN firm_tx_version v ON v.txid = u.txid "
+        "LEFT JOIN sweep s ON s.id = coalesce(CASE WHEN v.machine = 'sweep' THEN v.row_id END, "
+        "(SELECT x.id FROM sweep x WHERE x.txid = u.txid)) "
+        "LEFT JOIN rebalance r ON r.id = coalesce(CASE WHEN v.machine = 'rebalance' THEN v.row_id END, "
+        "(SELECT x.id FROM rebalance x WHERE x.txid = u.txid)) "
         "WHERE u.spent_by IS NULL AND u.reserved_by IS NULL AND u.rebalance_id IS NULL "
         "AND (t.id IS NULL OR t.state IN ('confirmed', 'final')) AND (s.id IS NULL OR s.state = 'final') "
-        "AND (r.id IS NULL OR r.state IN ('confirmed', 'final')) "
+        "AND (r.id IS NULL OR r.state = 'final' OR (r.state = 'confirmed' AND r.destination_tier <> 'hot')) "
         "AND EXISTS (SELECT 1 FROM btc_wallet_output o WHERE o.txid = u.txid AND o.vout = u.vout AND o.spent_txid IS NULL) "
         "ORDER BY u.amount DESC FOR UPDATE OF u SKIP LOCKED")).all()
     return [BtcCoin(r.txid, r.vout, int(r.amount), r.derivation_change, r.derivation_index) for r in rows]

@@ -22,12 +22,14 @@ with an index this same code built):
   hold them in-flight until finality (- amounts - network fee);
 - sweeps mined but not yet final: gone from deposit addresses (- amount) and arrived in the hot
   wallet (+ amount - fee) on chain, booked only at finality;
-- rebalances mined but not yet final: gone from the hot wallet (- amount - fee; the change stays
-  at the hot receive address) and arrived in the cold wallet (+ amount), booked only at finality.
-The cold wallet is reconciled once one is registered (tier `cold` in `wallet`): its addresses are
-the ones rebalances were told to pay, each checked against the cold key's derivation at the
-rebalance's index (custody.wallet_index), read like the others from the wallet index; it is
-watch-only, so nothing leaves it through this service.
+- rebalances mined but not yet final: gone from their source tier (- amount - fee; the change
+  stays in that tier) and arrived in their destination tier (+ amount), booked only at finality
+  (custody.firm_moves.in_transit; every signed version is asked, at most one is mined).
+The warm and cold wallets are each reconciled once registered (tier `warm` / `cold` in `wallet`),
+the same way: their receive addresses up to the wallet's next index (rebalance destinations are
+checked against the tier key's derivation at their index, custody.wallet_index), read like the
+others from the wallet index. Cold is watch-only: value leaves it only through an offline-signed
+PSBT (custody.rebalances).
 
 The node's own view (custody.node_view) is put beside each bitcoin line (`Line.node`) and a tier
 where it differs from the index opens a critical `wallet_index_divergence` incident (both count
@@ -118,7 +120,7 @@ from custody.addresses import derive_eth_address
 from custody.controls import open_incident
 from custody.eth_sweeps import MinedMove, moves_in_transit
 from custody.eth_sweeps import unsettled as unsettled_eth_moves
-from custody.firm_moves import unbooked
+from custody.firm_moves import in_transit, unbooked
 from custody.node_view import NodeView, NodeViewNotReady, record_blind, record_escalation, record_read
 from custody.payouts import HOT_RECEIVE_INDEX
 from custody.wallets import ChainAsset, Wallets
@@ -472,10 +474,11 @@ class Reconciliation:
         if prepare and self.before is not None:
             self.before()
         with self.engine.connect() as c:
-            has_cold = c.execute(text("SELECT 1 FROM wallet WHERE chain = 'bitcoin' AND tier = 'cold'")).first() is not None
-        tiers = ("deposit", "hot", "cold") if has_cold else ("deposit", "hot")
-        self._open_accounts("bitcoin", tiers, ["BTC"])
-        return lambda tip: [self._deposit_addresses(tip), self._hot_wallet(tip), self._cold_wallet(tip) if has_cold else None]
+            registered = set(c.execute(text("SELECT tier FROM wallet WHERE chain = 'bitcoin' AND tier IN ('warm', 'cold')"))
+                             .scalars())
+        outer = [t for t in ("warm", "cold") if t in registered]
+        self._open_accounts("bitcoin", ("deposit", "hot", *outer), ["BTC"])
+        return lambda tip: [self._deposit_addresses(tip), self._hot_wallet(tip), *(self._outer_wallet(tip, t) for t in outer)]
 
     def _deposit_addresses(self, tip: BlockRef) -> Line | None:
         with self._snapshot() as c, c.begin():
@@ -508,20 +511,20 @@ class Reconciliation:
             rebalances = unbooked(c, "rebalance")
         # Mined but not yet booked final: gone from the wallet on chain, still in flight in the books.
         leaving = sum(int(p.paid) + int(p.fee) for p in pending if self._mined(p.txid, p.raw))
-        leaving += sum(int(rb.amount) + int(rb.fee) for rb in rebalances if self._mined(rb.txid, rb.raw))
         arriving = sum(int(sw.amount) - int(sw.fee) for sw in sweeps if self._mined(sw.txid, sw.raw))
+        arriving += in_transit(rebalances, "hot", self._mined)
         return Line("bitcoin", "BTC", "hot", on_chain, books, arriving - leaving, off_chain)
 
-    def _cold_wallet(self, tip: BlockRef) -> Line | None:
+    def _outer_wallet(self, tip: BlockRef, tier: str) -> Line | None:
+        """The warm or cold wallet: the index's holdings against the books, rebalances in transit explained."""
         with self._snapshot() as c, c.begin():
-            if not self._scanner_at(c, "bitcoin", tip, "cold wallet"):
+            if not self._scanner_at(c, "bitcoin", tip, f"{tier} wallet"):
                 return None
-            on_chain = wallet_index.holdings(c, "cold")
-            books = self._books("bitcoin", "cold", "BTC", c)
-            off_chain = self._booked_off_chain("bitcoin", "cold", "BTC", c)
+            on_chain = wallet_index.holdings(c, tier)
+            books = self._books("bitcoin", tier, "BTC", c)
+            off_chain = self._booked_off_chain("bitcoin", tier, "BTC", c)
             rebalances = unbooked(c, "rebalance")
-        arriving = sum(int(rb.amount) for rb in rebalances if self._mined(rb.txid, rb.raw))
-        return Line("bitcoin", "BTC", "cold", on_chain, books, arriving, off_chain)
+        return Line("bitcoin", "BTC", tier, on_chain, books, in_transit(rebalances, tier, self._mined), off_chain)
 
     # ---- ethereum -------------------------------------------------------------------------
 

@@ -12,19 +12,20 @@ swept, so a reorg of a not-yet-final deposit can never strand a sweep. Steps, as
 - `broadcast()` / `track()` (custody.firm_moves, shared with rebalances): idempotent broadcast; at
   the finality depth the books move in one transaction: deposit location <- hot location
   (amount - fee) and <- network-fee expense (fee).
+- `bump_fees()` (custody.firm_moves): a sweep stuck in the mempool is signed again over the same
+  coins at a higher fee (RBF); whichever version is mined is the one booked, with its own fee.
 The hot wallet may spend a swept coin only once its sweep is final (custody.payouts).
 """
 from __future__ import annotations
 
 import logging
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, Engine, text
 
 from chain_adapters.base import ChainAdapter
 from custody.containment import Step, contained
 from custody.controls import audit, kill_switch
-from custody.firm_moves import FirmMoves
-from custody.states import advance
+from custody.firm_moves import BumpConfig, FirmMoves
 from custody.wallets import Wallets
 from ledger.model import Transfer
 from ledger.service import Ledger
@@ -39,8 +40,8 @@ class Sweeps(FirmMoves):
     machine = "sweep"
 
     def __init__(self, engine: Engine, ledger: Ledger, wallets: Wallets, bitcoin: ChainAdapter, signer: SignerPort,
-                 *, hot_address: str, network: str, max_inputs: int = 200) -> None:
-        super().__init__(engine, ledger, wallets, bitcoin)
+                 *, hot_address: str, network: str, max_inputs: int = 200, bump: BumpConfig | None = None) -> None:
+        super().__init__(engine, ledger, wallets, bitcoin, bump)
         self.signer = signer
         self.hot_address = hot_address
         self.network = network
@@ -70,22 +71,39 @@ class Sweeps(FirmMoves):
                 c.execute(text("UPDATE deposit_observation SET swept_by = :s WHERE id = ANY(:i)"),
                           {"s": sweep_id, "i": [r.id for r in rows]})
                 audit(c, "custody", "sweep.create", f"sweep:{sweep_id}", {"inputs": len(rows), "amount": total, "fee": fee})
-            sweep = c.execute(text("SELECT fee FROM sweep WHERE id = :s"), {"s": sweep_id}).one()
-            coins = [BtcCoin(r.txid, r.output_index, int(r.amount), 0, r.derivation_index) for r in c.execute(text(
-                "SELECT o.txid, o.output_index, o.amount, d.derivation_index FROM deposit_observation o "
-                "JOIN deposit_address d ON d.id = o.deposit_address_id WHERE o.swept_by = :s ORDER BY o.id"), {"s": sweep_id})]
+            sweep = c.execute(text("SELECT fee, fee_rate FROM sweep WHERE id = :s"), {"s": sweep_id}).one()
+            coins = self._coins(c, sweep_id)
         # a failure to sign or store sets the sweep aside (nothing was sent: a warning), see custody.containment
         return contained(self.engine, "sweep", sweep_id, "open", Step.sign,
-                         lambda: self._sign_and_store(sweep_id, coins, int(sweep.fee)), describe=lambda: {"inputs": len(coins)})
+                         lambda: self._sign_and_store(sweep_id, coins, int(sweep.fee), int(sweep.fee_rate)),
+                         describe=lambda: {"inputs": len(coins)})
 
-    def _sign_and_store(self, sweep_id: int, coins: list[BtcCoin], fee: int) -> str | None:
+    @staticmethod
+    def _coins(c: Connection, sweep_id: int) -> list[BtcCoin]:
+        """The deposit coins reserved for the sweep, in a stable order (a re-sign spends the same)."""
+        return [BtcCoin(r.txid, r.output_index, int(r.amount), 0, r.derivation_index) for r in c.execute(text(
+            "SELECT o.txid, o.output_index, o.amount, d.derivation_index FROM deposit_observation o "
+            "JOIN deposit_address d ON d.id = o.deposit_address_id WHERE o.swept_by = :s ORDER BY o.id"), {"s": sweep_id})]
+
+    def _resign(self, c: Connection, row_id: int, rate: int):
+        """The same deposit coins to the hot wallet at `rate`: the higher fee comes out of the swept
+        amount. None (logged) when what is left would be dust."""
+        coins = self._coins(c, row_id)
+        script = address_to_script(self.hot_address, self.network)
+        fee = fee_for(estimate_vsize(len(coins), [script]), rate)
+        if sum(k.amount for k in coins) - fee < dust_threshold(script):
+            log.warning("sweep %d: a fee of %d sat would leave dust; not bumped", row_id, fee)
+            return None
+        return self.signer.sign_bitcoin_sweep(row_id, coins, self.hot_address, fee), {}
+
+    def _sign_and_store(self, sweep_id: int, coins: list[BtcCoin], fee: int, rate: int) -> str | None:
         try:
             signed = self.signer.sign_bitcoin_sweep(sweep_id, coins, self.hot_address, fee)
         except SigningRefused as refused:
             log.warning("sweep %d not signed: %s", sweep_id, refused)
             return None
         with self.engine.begin() as c:
-            advance(c, "sweep", sweep_id, "open", "signed", txid=signed.txid, raw=signed.raw, fee=signed.fee)
+            self._store_version(c, sweep_id, "open", signed, rate)
         log.info("sweep %d: %d deposit coin(s) -> hot wallet, fee %d sat (%s)", sweep_id, len(coins), signed.fee, signed.txid)
         return signed.txid
 
@@ -101,3 +119,4 @@ class Sweeps(FirmMoves):
         self.sweep_bitcoin()
         self.broadcast()
         self.track()
+        self.bump_fees()

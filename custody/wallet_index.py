@@ -101,7 +101,7 @@ from custody.controls import open_incident
 from custody.destinations import CHANGE_LOOKAHEAD, HOT_RECEIVE_INDEX
 
 log = logging.getLogger(__name__)
-TIERS = ("deposit", "hot", "cold")
+TIERS = ("deposit", "hot", "warm", "cold")
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +136,7 @@ GAP_RECHECK_SECONDS = 3600.0  # an id skipped by a commit is looked for this lon
 # ahead"): twice the change window custody.destinations and the signer refuse, so a payout to a
 # change address just past those windows is still seen.
 WATCH_AHEAD = 2 * CHANGE_LOOKAHEAD
-WINDOWS = (("deposit", 0), ("hot", 1), ("cold", 0))  # the branches watched ahead
+WINDOWS = (("deposit", 0), ("hot", 1), ("warm", 0), ("cold", 0))  # the branches watched ahead
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,16 +241,18 @@ def deposit_address_refusal(row, wallet, already: Ours | None) -> str | None:
 
 
 def rebalance_refusal(row, cold, already: Ours | None) -> str | None:
-    """Why a rebalance's destination must not be watched as a cold address, or None: the cold
-    wallet's key derives it at the rebalance's index, an index the wallet handed out."""
-    if row.destination_tier != "cold" or cold is None:
-        return "its destination is not the registered cold wallet"
+    """Why a rebalance's destination must not be watched as a warm or cold address, or None: that
+    wallet's key (`cold`: the wallet row of the rebalance's destination tier) derives it at the
+    rebalance's index, an index the wallet handed out."""
+    tier = row.destination_tier
+    if tier not in ("warm", "cold") or cold is None or cold.tier != tier:
+        return f"its destination is not the registered {tier} wallet"
     if not 0 <= row.destination_index < cold.next_index:
-        return f"index {row.destination_index} was never handed out (the cold wallet's next index is {cold.next_index})"
+        return f"index {row.destination_index} was never handed out (the {tier} wallet's next index is {cold.next_index})"
     derived = derive_btc_address(cold.xpub, cold.network, 0, row.destination_index)
     if derived != row.destination:
-        return f"the cold key derives {derived} at index {row.destination_index}"
-    if already is not None and already.tier != "cold":
+        return f"the {tier} key derives {derived} at index {row.destination_index}"
+    if already is not None and already.tier != tier:
         return f"the address is watched already in the {already.tier} tier"
     return None
 
@@ -343,7 +345,7 @@ class WalletIndex:
         need no row and no verdict; an address already watched keeps what it is."""
         added = 0
         keys = {w.tier: (w.xpub, w.network, int(w.next_index)) for w in wallets.values()
-                if w.chain == "bitcoin" and w.tier in ("deposit", "cold")}
+                if w.chain == "bitcoin" and w.tier in ("deposit", "warm", "cold")}
         if "hot" in self._keys:
             keys["hot"] = (*self._keys["hot"], self._max_batch + 1)
         for tier, change in WINDOWS:
@@ -354,7 +356,7 @@ class WalletIndex:
             # or checked one by one), so neither a process start nor a jump of batch ids derives
             # through them; cold indices are few and rebalances need not name each, so they are.
             done = self._ahead.get((tier, change))
-            start = (0 if tier == "cold" else issued_end) if done is None else max(done, issued_end)
+            start = (0 if tier in ("warm", "cold") else issued_end) if done is None else max(done, issued_end)
             stop = issued_end + WATCH_AHEAD
             if stop <= start:
                 continue
@@ -411,11 +413,11 @@ class WalletIndex:
         """The cold addresses rebalances were told to pay (never `0 .. next_index`: custody_api may
         move next_index), each checked against the cold key once per process."""
         added = 0
-        cold = next((w for w in wallets.values() if w.chain == "bitcoin" and w.tier == "cold"), None)
+        tiers = {w.tier: w for w in wallets.values() if w.chain == "bitcoin" and w.tier in ("warm", "cold")}
         for r in self._rebalances.fetch(c, _REBALANCE_ROWS_SQL):
-            if r.chain != "bitcoin":
-                continue
-            reason = rebalance_refusal(r, cold, self.addresses.get(r.destination))
+            if r.chain != "bitcoin" or r.destination_tier == "hot":
+                continue  # a move into hot pays the hot receive address, watched from the hot key
+            reason = rebalance_refusal(r, tiers.get(r.destination_tier), self.addresses.get(r.destination))
             if reason is not None:
                 log.error("wallet index: rebalance %d's destination %s (index %d) is not watched: %s", r.id, r.destination,
                           r.destination_index, reason)
@@ -426,7 +428,7 @@ class WalletIndex:
                                    "destination_index": r.destination_index, "reason": reason})
                 continue
             if r.destination not in self.addresses:
-                self.addresses[r.destination] = Ours("cold", 0, r.destination_index)
+                self.addresses[r.destination] = Ours(r.destination_tier, 0, r.destination_index)
                 added += 1
         return added
 

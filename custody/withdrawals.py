@@ -153,6 +153,25 @@ def validate_destination(chain: str, network: str, destination: str) -> tuple[st
         raise CustodyError(CustodyErrorCode.invalid_destination, str(exc.detail or exc), destination=destination) from None
 
 
+
+def verify_operator_signature(approvers: ApproverRegistry | None, operator: str, payload: bytes,
+                              signature: ApprovalSignature | None) -> None:
+    """An operator's signature over `payload`, checked at the door against `approvers` (the signer
+    checks again against its own): codes approval_signature_required, approver_unknown,
+    approval_scheme_mismatch, approval_signature_invalid, approver_not_caller (the key is not the
+    caller's own), in that order. Withdrawals and refills between the firm's tiers use it."""
+    if signature is None:
+        raise CustodyError(CustodyErrorCode.approval_signature_required,
+                           "an approval must be signed with the approver's key over the approval payload")
+    try:
+        key = verify_approval(approvers, signature.key_id, signature.scheme, payload, signature.signature,
+                              signature.authenticator_data, signature.client_data_json)
+    except ApprovalInvalid as exc:
+        raise CustodyError(CustodyErrorCode(exc.code), exc.message, key_id=signature.key_id) from None
+    if operator_identity(key.operator) != operator_identity(operator):
+        raise CustodyError(CustodyErrorCode.approver_not_caller, f"key {key.key_id!r} is not the caller's own",
+                           key_id=key.key_id)
+
 class Withdrawals:
     def __init__(self, engine: Engine, ledger: Ledger, wallets: Wallets, policies: PolicyProvider,
                  *, networks: dict[str, str], clock: Callable[[], dt.datetime] | None = None,
@@ -341,17 +360,7 @@ class Withdrawals:
         return self._act(withdrawal_id, operator, comment, "reject")
 
     def _verify_signature(self, operator: str, payload: bytes, signature: ApprovalSignature | None) -> None:
-        if signature is None:
-            raise CustodyError(CustodyErrorCode.approval_signature_required,
-                               "an approval must be signed with the approver's key over the approval payload")
-        try:
-            key = verify_approval(self.approvers, signature.key_id, signature.scheme, payload, signature.signature,
-                                  signature.authenticator_data, signature.client_data_json)
-        except ApprovalInvalid as exc:
-            raise CustodyError(CustodyErrorCode(exc.code), exc.message, key_id=signature.key_id) from None
-        if operator_identity(key.operator) != operator_identity(operator):
-            raise CustodyError(CustodyErrorCode.approver_not_caller, f"key {key.key_id!r} is not the caller's own",
-                               key_id=key.key_id)
+        verify_operator_signature(self.approvers, operator, payload, signature)
 
     def _act(self, wid: int, operator: str, comment: str, action: str,
              signature: ApprovalSignature | None = None) -> WithdrawalView:

@@ -13,6 +13,9 @@ UTF-8 without escaping non-ASCII characters, and these fields:
 decimal STRING of integer minor units: "250000000", never a float), `destination` (as stored),
 `decision_id` (number), `policy_version`, `expires_at` (the decision's expiry, ISO-8601 UTC with
 microseconds and a `Z`: "2026-11-29T12:00:00.000000Z").
+A refill between the firm's own tiers (warm -> hot, custody.rebalances) is approved the same way
+over `rebalance_approval_payload`: `v` = 1, `kind` = "rebalance-approval", `rebalance_id`, `chain`,
+`asset`, `amount` (decimal string), `source_tier`, `destination_tier`, `destination`.
 
 Schemes (`ApproverKey.scheme`):
 - `ed25519`, for scripted approvers (`custody approve --key FILE`): the signature is Ed25519 over
@@ -113,6 +116,24 @@ def approval_payload(*, withdrawal_id: int, chain: str, asset: str, amount: int,
     fields = {"v": PAYLOAD_VERSION, "kind": PAYLOAD_KIND, "withdrawal_id": withdrawal_id, "chain": chain, "asset": asset,
               "amount": str(amount), "destination": destination, "decision_id": decision_id,
               "policy_version": policy_version, "expires_at": format_expiry(expires_at)}
+    return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+REBALANCE_PAYLOAD_KIND = "rebalance-approval"
+
+
+def rebalance_approval_payload(*, rebalance_id: int, chain: str, asset: str, amount: int, source_tier: str,
+                               destination_tier: str, destination: str) -> bytes:
+    """The canonical bytes an approver signs for one refill between the firm's own tiers (warm ->
+    hot): `kind` "rebalance-approval", the rebalance id, chain, asset, amount (decimal string of
+    minor units), the tiers and the destination, encoded like a withdrawal's payload. It names one
+    rebalance, so a signature can never count for another; the signer rebuilds it from the row."""
+    for name, value in (("rebalance_id", rebalance_id), ("amount", amount)):
+        if type(value) is not int or value < 0:
+            raise ValueError(f"{name} must be a non-negative int")
+    fields = {"v": PAYLOAD_VERSION, "kind": REBALANCE_PAYLOAD_KIND, "rebalance_id": rebalance_id, "chain": chain,
+              "asset": asset, "amount": str(amount), "source_tier": source_tier, "destination_tier": destination_tier,
+              "destination": destination}
     return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 

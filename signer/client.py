@@ -86,9 +86,9 @@ class SignerClient:
         return self._call("sign_bitcoin_sweep", sweep_id=sweep_id, coins=coins, destination=destination, fee=fee)
 
     def sign_bitcoin_rebalance(self, rebalance_id: int, coins: Sequence[BtcCoin], destination: str, amount: int,
-                               change: tuple[str, int] | None) -> SignedTx:
+                               change: tuple[str, int] | None, replaces_txid: str | None = None) -> SignedTx:
         return self._call("sign_bitcoin_rebalance", rebalance_id=rebalance_id, coins=coins, destination=destination,
-                          amount=amount, change=change)
+                          amount=amount, change=change, replaces_txid=replaces_txid)
 
     def sign_reserves_message(self, chain: str, tier: str, change: int, index: int, message: str) -> ReservesSignature:
         return self._call("sign_reserves_message", chain=chain, tier=tier, change=change, index=index, message=message)

@@ -19,6 +19,7 @@ are relative to the TOML file's directory. `build_signer(cfg)` makes the databas
 | deposit_window, receive_window, change_window | int | 10000, 20, 1000 | how many of its own addresses the signer refuses as destinations (signer.own_addresses) |
 | assets | table | {BTC = {chain = "bitcoin"}} | {SYMBOL = {chain = "bitcoin" or "ethereum", contract? (ERC-20, EIP-55), decimals?}}: the only assets the signer pays and what paying them means; the token contract comes from here, never from `chain_asset` (signer.assets) |
 | ethereum_chain_id | int | none | the only chain id the signer signs ethereum transactions for; required when `assets` has an ethereum asset; none: no ethereum transaction is signed |
+| rebalance_quorum | int | 2 | distinct operators whose signed approvals (`rebalance-approval`, verified against `approvers`) a warm -> hot refill needs; the larger of this and the row's own count applies |
 | cold_xpubs | table | {} | {bitcoin = "vpub..." / "zpub..."}: the cold wallet's BIP84 account PUBLIC key a hot -> cold rebalance must pay (never read from custody's `wallet` table); none: every rebalance is refused (`destination_not_cold`) |
 | unapproved_limit | table | regtest: none (no cap); other networks: 0 for every asset | {SYMBOL = {amount, window_secs}}: minor units the signer signs for withdrawals with NO valid approval per sliding window (from its own `signer_signature`); an asset not listed has cap 0, so every withdrawal of it needs an approval; `amount` may be a string of digits (beyond TOML's 64-bit integers) |
 
@@ -186,6 +187,7 @@ class SignerConfig(BaseSettings):
     assets: dict[str, AssetEntry] = {"BTC": AssetEntry(chain="bitcoin")}
     ethereum_chain_id: Int | None = Field(default=None, gt=0)
     cold_xpubs: dict[Literal["bitcoin"], str] = {}
+    rebalance_quorum: Int = Field(default=2, ge=1, le=100)
     unapproved_limit: dict[str, UnapprovedLimitEntry] | None = None
 
     @classmethod
@@ -397,4 +399,5 @@ def build_signer(cfg: SignerConfig, *, keys: SignerKeys | None = None, engine: E
     return Signer(engine or make_engine(cfg), keys or load_keys(cfg), bitcoin_network=cfg.bitcoin_network,
                   max_fee_rate_sat_per_kvb=cfg.max_fee_rate_sat_per_kvb, max_eth_fee_wei=cfg.max_eth_fee_wei,
                   deposit_window=cfg.deposit_window, receive_window=cfg.receive_window,
-                  change_window=cfg.change_window, **approval_arguments(cfg), **boundary_arguments(cfg))
+                  change_window=cfg.change_window, rebalance_quorum=cfg.rebalance_quorum, **approval_arguments(cfg),
+                  **boundary_arguments(cfg))

@@ -95,6 +95,7 @@ class RefusalCode(str, enum.Enum):
     sweep_not_open = "sweep_not_open"
     nonce_gap = "nonce_gap"
     statement_invalid = "statement_invalid"
+    rebalance_not_approved = "rebalance_not_approved"
 
 
 class SigningRefused(Exception):
@@ -147,7 +148,7 @@ class SignerPort(Protocol):
     def sign_bitcoin_sweep(self, sweep_id: int, coins: Sequence[BtcCoin], destination: str, fee: int) -> SignedTx: ...
 
     def sign_bitcoin_rebalance(self, rebalance_id: int, coins: Sequence[BtcCoin], destination: str, amount: int,
-                               change: tuple[str, int] | None) -> SignedTx: ...
+                               change: tuple[str, int] | None, replaces_txid: str | None = None) -> SignedTx: ...
 
     def sign_reserves_message(self, chain: str, tier: str, change: int, index: int, message: str) -> ReservesSignature: ...
 

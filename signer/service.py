@@ -98,16 +98,23 @@ of the batch and signs the rest (custody.payouts `drop_refused`). The others nam
 | fee_above_ceiling | the fee is above the ceiling rate for the transaction's size (bitcoin) or gas x max fee above the cap (ethereum) |
 | already_signed | the signer already signed this withdrawal in a transaction this one does not conflict with (bitcoin: no outpoint common to all; ethereum: another chain id, sender or nonce; or another chain): both could confirm; or one that pays another asset, amount or destination than what it recorded for it (a re-sign pays exactly what was first signed, so a row raised after a small unapproved signature cannot ride the first one past the cap) |
 | unapproved_limit_reached | a withdrawal with no valid approval would take the value the signer signed without approvals for its asset within the window above its cap (`unapproved_limits`; an asset the table does not list has cap 0); read under a per-asset advisory lock, so two requests cannot both pass on the same headroom |
-| rebalance_not_open | a rebalance is unknown, of another chain, or not in state `open` |
-| destination_not_cold | a rebalance pays an address that is not derived at its index from the cold wallet public key the signer is configured with (`cold_xpubs`; none configured: every rebalance is refused) |
+| rebalance_not_open | a rebalance is unknown, of another chain, not in state `open` (a replacement: not `signed` or `broadcast`, or the version it replaces is not the row's), or not hot -> cold, hot -> warm or warm -> hot |
+| destination_not_cold | a rebalance to cold pays an address that is not derived at its index from the cold wallet public key the signer is configured with (`cold_xpubs`; none configured: every such rebalance is refused); to warm or hot, the same mismatch is `output_mismatch` |
+| rebalance_not_approved | a warm -> hot refill carries fewer signed approvals of distinct operators (verified against the signer's own registry over the `rebalance-approval` payload it rebuilds) than the larger of the row's `approvals_required` and `rebalance_quorum` |
 | sweep_not_open | an ethereum sweep (or the sweep a gas funding is for) is unknown, not `open`, or its row names another deposit index, address, asset, amount or nonce than the request; a gas funding for a sweep of ether (only token sweeps are funded) |
 | nonce_gap | an ethereum sweep's deposit-address nonce is not the one after the last the signer itself signed from that address (0 for the first): a gap would block every later sweep of it, and a nonce already used would make two sweeps of which one cannot be mined |
 | statement_invalid | `sign_reserves_message` was given anything but a proof-of-reserves statement of the fixed grammar (signer.protocol.ReservesStatement) for the chain asked, naming the address of the very key asked for |
 
 Sweeps and rebalances (firm-internal moves) are checked instead against their own reservations:
 the kill switch, the coins reserved for that row, a destination that is ours (the hot receive
-address for a sweep; for a rebalance, the cold wallet key pinned in the signer's own configuration,
-never the `wallet` table), change only to the hot receive address, and the fee ceiling.
+address for a sweep and for a warm -> hot refill; to cold, the cold wallet key pinned in the
+signer's own configuration; to warm, the signer's own warm key; never the `wallet` table), change
+only to the source tier's own address (hot receive; warm at the row's change index), and the fee
+ceiling. A warm -> hot refill also needs the signed approvals of `rebalance_quorum` distinct
+operators (payload kind `rebalance-approval`, signer.approvals), verified here against the signer's
+own approver keys, whatever custody's rows say. A fee bump of a sweep is the same request at a
+higher fee over the same reserved coins; of a rebalance, `replaces_txid` names the row's version.
+The cold tier is never signed here: cold -> hot goes through a PSBT signed offline (custody.psbt).
 
 Ethereum sweeps (custody.eth_sweeps) are two calls; the signer BUILDS each transaction itself from
 its own keys and asset table, so custody cannot name another destination, contract or calldata:
@@ -146,7 +153,7 @@ from sqlalchemy import Connection, Engine, text
 
 from signer import bip322, eip191
 from signer.approvals import (ApprovalInvalid, ApproverKey, ApproverRegistry, QuorumTable, approval_payload, operator_identity,
-                              parse_payload, unprintable_fields, verify_approval)
+                              parse_payload, rebalance_approval_payload, unprintable_fields, verify_approval)
 from signer.assets import DEFAULT_ASSETS, SignerAsset, UnapprovedLimit
 from signer.bitcoin_tx import PayOutput, SignedTx, SpendInput, address_to_script, estimate_vsize, fee_for, sign_batch
 from signer.errors import SignerError
@@ -249,6 +256,7 @@ VALUES (:at, :k, :s, :ci, :a, :n, :d, :asset, :amount, :t)
 HOT_INDEX = 0  # the ethereum hot address is the hot account's 0/0 (custody.destinations.HOT_RECEIVE_INDEX)
 WITHDRAWAL_HOLD_OWNER = "withdrawals"  # custody.withdrawals.HOLD_OWNER: the only owner of a withdrawal's hold
 _LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"  # one per withdrawal (and per capped asset), until commit
+REBALANCE_DIRECTIONS = frozenset({("hot", "cold"), ("hot", "warm"), ("warm", "hot")})  # what the signer signs between tiers
 LOCK_TIMEOUT = "10s"  # the longest a request waits for a lock (module docstring): then OperationalError, retried
 
 
@@ -286,7 +294,8 @@ class Signer:
                  approvers: ApproverRegistry | None = None, quorum: QuorumTable | None = None,
                  assets: Mapping[str, SignerAsset] | None = None, ethereum_chain_id: int | None = None,
                  cold_xpubs: Mapping[str, str] | None = None,
-                 unapproved_limits: Mapping[str, UnapprovedLimit] | None = None) -> None:
+                 unapproved_limits: Mapping[str, UnapprovedLimit] | None = None, rebalance_quorum: int = 2) -> None:
+        self.rebalance_quorum = rebalance_quorum  # distinct operators a warm -> hot refill needs, at least
         self.approvers = approvers  # the only approver keys whose signatures count (None: none do)
         self.quorum = quorum  # the signer's own approvals per asset and amount (None: one for every withdrawal)
         self.assets = dict(DEFAULT_ASSETS if assets is None else assets)  # the only assets it pays, and how
@@ -406,57 +415,65 @@ class Signer:
         return signed
 
     def sign_bitcoin_rebalance(self, rebalance_id: int, coins: Sequence[BtcCoin], destination: str, amount: int,
-                               change: tuple[str, int] | None) -> SignedTx:
-        """Sign a rebalance: hot-wallet coins -> `amount` to the cold wallet, `change` back to the hot
-        wallet. Checked first, in this order: the kill switch is off; the rebalance is `open` on
-        bitcoin; the destination is the address derived at the index the rebalance recorded from
-        the cold wallet public key PINNED in the signer's own configuration (`cold_xpubs["bitcoin"]`;
-        never custody's `wallet` table, which custody processes can write; none configured: every
-        rebalance is refused), and the row names that address too; the amount is the recorded
-        one; the coins are exactly the unspent hot coins reserved for this rebalance, with the
-        amounts and derivations on record; change goes only to the hot receive address derived
-        from the signer's own keys; the fee is within the ceiling rate for the size. The cold key
-        is a BIP84 account public key (vpub on testnet/regtest, zpub on mainnet); one that cannot
-        be read that way is a refusal, never a crash (signer.config refuses it at start)."""
-        detail = {"rebalance_id": rebalance_id}
+                               change: tuple[str, int] | None, replaces_txid: str | None = None) -> SignedTx:
+        """Sign a rebalance between the firm's own tiers: hot -> cold, hot -> warm, or a warm -> hot
+        refill. Checked first, in this order: the kill switch is off; the rebalance is `open` on
+        bitcoin in one of those directions (a fee-bump replacement, `replaces_txid`: `signed` or
+        `broadcast`, and the version it replaces is the row's); the destination is the address
+        derived at the row's index from a key the SIGNER holds or pins, never custody's `wallet`
+        table: cold from `cold_xpubs["bitcoin"]` (none configured: refused `destination_not_cold`),
+        warm from its own warm key, a refill the hot receive address; the row names that address
+        too; the amount is the recorded one; the coins are exactly those reserved for this
+        rebalance (hot: unspent `wallet_utxo` rows; warm: its `rebalance_input` rows), with the
+        amounts and derivations on record; change goes only to the hot receive address (from hot)
+        or to the warm address at the row's change index (from warm), derived here; a refill
+        carries signed approvals of distinct operators (`rebalance_approval`, each verified
+        against the signer's OWN registry over the payload it rebuilds from the row: kind
+        `rebalance-approval`) at least the larger of the row's count and `rebalance_quorum`
+        (`rebalance_not_approved` otherwise); the fee is within the ceiling rate for the size. A
+        replacement spends the same reserved coins as the version it replaces, so at most one can
+        ever confirm. An unreadable pinned key is a refusal, never a crash."""
+        detail: dict = {"rebalance_id": rebalance_id}
+        if replaces_txid is not None:
+            detail["replaces"] = replaces_txid
         with self._request(None, detail) as c:
             self._check_halted(c, "rebalances are halted by the kill switch")
-            row = c.execute(text("SELECT destination, destination_index, amount FROM rebalance WHERE id = :r "
-                                 "AND chain = 'bitcoin' AND source_tier = 'hot' AND destination_tier = 'cold' "
-                                 "AND state = 'open'"), {"r": rebalance_id}).first()
-            if row is None:
-                raise SigningRefused(RefusalCode.rebalance_not_open, f"rebalance {rebalance_id} is not an open hot -> cold rebalance")
-            cold_xpub = self.cold_xpubs.get("bitcoin")
-            try:
-                expected = self._derive_address(cold_xpub, 0, row.destination_index) if cold_xpub else None
-            except Exception:  # noqa: BLE001 - an unreadable cold key is a refusal, not a crash
-                expected = None
+            row = c.execute(text("SELECT source_tier, destination_tier, state, txid, destination, destination_index, amount, "
+                                 "change_index, approvals_required FROM rebalance WHERE id = :r AND chain = 'bitcoin'"),
+                            {"r": rebalance_id}).first()
+            states = ("open",) if replaces_txid is None else ("signed", "broadcast")
+            if row is None or row.state not in states or (replaces_txid is not None and row.txid != replaces_txid) \
+                    or (row.source_tier, row.destination_tier) not in REBALANCE_DIRECTIONS:
+                raise SigningRefused(RefusalCode.rebalance_not_open,
+                                     f"rebalance {rebalance_id} is not an open hot -> warm/cold or warm -> hot rebalance"
+                                     + (" (or the version it replaces is not its own)" if replaces_txid else ""))
+            expected = self._rebalance_destination(row)
             if expected is None or destination != expected or row.destination != expected:
-                why = "no cold wallet key is configured in the signer" if cold_xpub is None else \
-                    f"it is not the configured cold wallet's address {row.destination_index}"
-                raise SigningRefused(RefusalCode.destination_not_cold, f"{destination}: {why}")
+                raise SigningRefused(RefusalCode.destination_not_cold if row.destination_tier == "cold" else
+                                     RefusalCode.output_mismatch,
+                                     f"{destination}: not the {row.destination_tier} address the signer derives for this rebalance")
             if amount != int(row.amount):
                 raise SigningRefused(RefusalCode.output_mismatch, f"amount {amount} is not the rebalance's {int(row.amount)}")
-            reserved = {(r.txid, r.vout): r for r in c.execute(text(
-                "SELECT txid, vout, amount, derivation_change, derivation_index FROM wallet_utxo "
-                "WHERE rebalance_id = :r AND spent_by IS NULL AND reserved_by IS NULL"), {"r": rebalance_id})}
-            if len(reserved) != len(coins) or len({(k.txid, k.vout) for k in coins}) != len(coins):
-                raise SigningRefused(RefusalCode.unknown_input, "the coins differ from the hot coins reserved for this rebalance")
-            for k in coins:
-                r = reserved.get((k.txid, k.vout))
-                if r is None or int(r.amount) != k.amount or (r.derivation_change, r.derivation_index) != (k.change, k.index):
-                    raise SigningRefused(RefusalCode.unknown_input, f"input {k.txid}:{k.vout} is not reserved for this rebalance")
+            self._check_rebalance_coins(c, rebalance_id, row.source_tier, coins)
             scripts = [address_to_script(destination, self.bitcoin_network)]
             if change is not None:
-                if change[0] != self._hot_address(0, 0):
-                    raise SigningRefused(RefusalCode.output_mismatch, "rebalance change goes only to the hot receive address")
+                own_change = self._hot_address(0, 0) if row.source_tier == "hot" else (
+                    self._derive_address(self._keys.account_xpub("bitcoin", "warm"), 0, row.change_index)
+                    if row.change_index is not None else None)
+                if change[0] != own_change:
+                    raise SigningRefused(RefusalCode.output_mismatch,
+                                         f"rebalance change goes only to the {row.source_tier} wallet's own change address")
                 scripts.append(address_to_script(change[0], self.bitcoin_network))
+            if row.source_tier == "warm":
+                self._check_rebalance_approvals(c, rebalance_id, row)
             self._check_fee(len(coins), scripts, sum(k.amount for k in coins) - amount - (change[1] if change else 0))
-            inputs = [SpendInput(k.txid, k.vout, k.amount, self._keys.private_key_for("bitcoin", "hot", k.change, k.index))
-                      for k in coins]
+            inputs = [SpendInput(k.txid, k.vout, k.amount,
+                                 self._keys.private_key_for("bitcoin", row.source_tier, k.change, k.index)) for k in coins]
             signed = sign_batch(inputs, [PayOutput(destination, amount)], self.bitcoin_network,
                                 change=PayOutput(*change) if change else None, rbf=True)
-            self._audit(c, None, "signed", None, signed.txid, {**detail, "inputs": len(inputs), "amount": amount, "fee": signed.fee})
+            self._audit(c, None, "signed", None, signed.txid, {**detail, "inputs": len(inputs), "amount": amount, "fee": signed.fee,
+                                                               "source_tier": row.source_tier,
+                                                               "destination_tier": row.destination_tier})
             c.commit()
         return signed
 
@@ -561,6 +578,53 @@ class Signer:
                                           "n": signed.nonce, "d": destination, "asset": asset, "amount": amount, "t": signed.txid})
         self._audit(c, None, "signed", None, signed.txid, detail)
         c.commit()
+
+    def _rebalance_destination(self, row) -> str | None:
+        """The address a rebalance must pay, from keys the signer holds or pins; None when it cannot say."""
+        try:
+            if row.destination_tier == "hot":
+                return self._hot_address(0, 0)
+            xpub = self.cold_xpubs.get("bitcoin") if row.destination_tier == "cold" else self._keys.account_xpub("bitcoin", "warm")
+            return self._derive_address(xpub, 0, row.destination_index) if xpub else None
+        except Exception:  # noqa: BLE001 - an unreadable pinned key is a refusal, not a crash
+            return None
+
+    @staticmethod
+    def _check_rebalance_coins(c: Connection, rebalance_id: int, source_tier: str, coins: Sequence[BtcCoin]) -> None:
+        """The coins are exactly those reserved for the rebalance, with the amounts and derivations on record."""
+        sql = ("SELECT txid, vout, amount, derivation_change, derivation_index FROM wallet_utxo "
+               "WHERE rebalance_id = :r AND spent_by IS NULL AND reserved_by IS NULL") if source_tier == "hot" else \
+              "SELECT txid, vout, amount, derivation_change, derivation_index FROM rebalance_input WHERE rebalance_id = :r"
+        reserved = {(r.txid, r.vout): r for r in c.execute(text(sql), {"r": rebalance_id})}
+        if len(reserved) != len(coins) or len({(k.txid, k.vout) for k in coins}) != len(coins):
+            raise SigningRefused(RefusalCode.unknown_input, f"the coins differ from the {source_tier} coins reserved for this rebalance")
+        for k in coins:
+            r = reserved.get((k.txid, k.vout))
+            if r is None or int(r.amount) != k.amount or (r.derivation_change, r.derivation_index) != (k.change, k.index):
+                raise SigningRefused(RefusalCode.unknown_input, f"input {k.txid}:{k.vout} is not reserved for this rebalance")
+
+    def _check_rebalance_approvals(self, c: Connection, rebalance_id: int, row) -> None:
+        """Distinct operators (from the signer's own registry) whose signature verifies over the
+        payload rebuilt from the row: at least max(row's count, rebalance_quorum)."""
+        payload = rebalance_approval_payload(rebalance_id=rebalance_id, chain="bitcoin", asset="BTC", amount=int(row.amount),
+                                             source_tier=row.source_tier, destination_tier=row.destination_tier,
+                                             destination=row.destination)
+        operators = set()
+        for a in c.execute(text("SELECT key_id, scheme, signed_payload, signature, authenticator_data, client_data_json "
+                                "FROM rebalance_approval WHERE rebalance_id = :r ORDER BY id"), {"r": rebalance_id}):
+            if bytes(a.signed_payload) != payload:
+                continue  # signed over something else: it approves nothing here
+            try:
+                key = verify_approval(self.approvers, a.key_id, a.scheme, payload, bytes(a.signature),
+                                      bytes(a.authenticator_data) if a.authenticator_data is not None else None,
+                                      bytes(a.client_data_json) if a.client_data_json is not None else None)
+            except ApprovalInvalid:
+                continue
+            operators.add(operator_identity(key.operator))
+        required = max(int(row.approvals_required), self.rebalance_quorum)
+        if len(operators) < required:
+            raise SigningRefused(RefusalCode.rebalance_not_approved,
+                                 f"refill {rebalance_id} has {len(operators)} valid operator approval(s); {required} required")
 
     # ---- proof of reserves ----------------------------------------------------------------
 

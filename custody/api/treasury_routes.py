@@ -12,6 +12,18 @@ and booking treasury funding of the ethereum hot wallet (custody.payouts).
   ask for a rebalance to be signed (least privilege; signer/config.py `clients`).
 - `POST /v1/rebalances/{id}/abandon` (operator, with a comment): give up an open rebalance that was
   never signed and stored; its hot coins are freed. Anything else is `invalid_state` (409).
+- `POST /v1/rebalances/cold-to-hot` (operator, body `{"amount": "1.5"}` in BTC): build the unsigned
+  PSBT moving that much from the watch-only cold wallet to the hot receive address (change to a
+  fresh cold address) and open the rebalance; answers it with the PSBT (base64).
+- `GET /v1/rebalances/{id}/psbt` (operator): the unsigned PSBT of an open cold -> hot move, to sign
+  offline. `POST /v1/rebalances/{id}/psbt` (operator, body `{"psbt": "<base64>"}`): import the
+  signed PSBT; custody checks it is exactly the transaction it built, every signature and the fee
+  bounds, and stores it (`signed`); the worker broadcasts it. Refusals: `psbt_*` codes (422).
+- `GET /v1/rebalances/{id}/approval-payload` (operator, auditor): what an operator signs to approve
+  a warm -> hot refill (kind `rebalance-approval`). `POST /v1/rebalances/{id}/approve` (operator
+  only, body `{"comment", "signature"}` as for a withdrawal): a signed approval, verified against
+  custody's approver keys; the signer verifies it again and signs the refill only once the
+  quorum is reached.
 - `POST /v1/treasury/hot-funding` (operator, body `{"chain": "ethereum", "txid": "0x..."}`): book
   what one final treasury transaction paid the ethereum hot address, read from the chain (its ether
   value, each configured token's Transfer log); answers the items (asset, amount as a decimal string
@@ -23,6 +35,7 @@ Without chain adapters the service answers `chains_not_configured` (503).
 """
 from __future__ import annotations
 
+import base64
 from typing import Any, Literal
 
 from fastapi import APIRouter, Query
@@ -30,14 +43,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import text
 
 from custody.api.bodies import CommentIn
-from custody.api.deps import Auditor, ContainerDep, Operator
+from custody.api.deps import Auditor, ContainerDep, Operator, OperatorOnly
 from custody.api.errors import ApiError, responses
 from custody.api.ledger_schemas import Money
 from custody.api.paging import PAGED, pager
 from custody.api.params import IdPath
+from custody.api.withdrawal_routes import ApproveIn, _signature
 from custody.container import Container
 from custody.states import IllegalTransition
-from ledger.amounts import format_amount
+from ledger.amounts import format_amount, parse_amount
 
 router = APIRouter(prefix="/v1", tags=["treasury"])
 RebalancesPage = pager("rebalances", newest_first=True, default=50, maximum=500)
@@ -63,6 +77,34 @@ class RebalanceOut(BaseModel):
     created_at: str
     updated_at: str
     amounts: dict[str, Money] = Field(description="`amount`, `fee`, `spendable`, `ceiling` and `target` as {value, minor}")
+
+
+class ColdToHotIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"amount": "1.5"}]})
+    amount: str = Field(min_length=1, max_length=40, description="BTC, a decimal string (at most 8 decimals)")
+
+
+class PsbtIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"psbt": "cHNidP8BAA=="}]})
+    psbt: str = Field(min_length=1, max_length=1_000_000, description="the signed PSBT, base64 (BIP 174)")
+
+
+class PsbtOut(BaseModel):
+    rebalance: RebalanceOut
+    psbt: str | None = Field(description="the unsigned PSBT, base64 (null once signed)")
+
+
+class RefillPayloadOut(BaseModel):
+    rebalance_id: int
+    amount_minor: str
+    destination: str
+    payload: str
+    payload_base64: str
+
+
+class RefillApprovedOut(BaseModel):
+    rebalance: RebalanceOut
+    approvals: int = Field(description="distinct operators who approved it so far")
 
 
 class HotFundingIn(BaseModel):
@@ -150,6 +192,62 @@ def abandon_rebalance(rebalance_id: IdPath, body: CommentIn, c: ContainerDep, wh
         raise ApiError(409, "invalid_state", f"rebalance {rebalance_id} is no longer open") from None
     (row,) = _list(c, rebalance_id=rebalance_id)
     return row
+
+
+def _one(c: Container, rebalance_id: int) -> RebalanceOut:
+    rows = _list(c, rebalance_id=rebalance_id)
+    if not rows:
+        raise ApiError(404, "rebalance_not_found", f"no rebalance {rebalance_id}")
+    return rows[0]
+
+
+PSBT_CODES = ("psbt_malformed", "psbt_transaction_mismatch", "psbt_not_signed", "psbt_signature_invalid", "psbt_fee_out_of_bounds")
+
+
+@router.post("/rebalances/cold-to-hot", response_model=PsbtOut, status_code=201,
+    responses=responses("chains_not_configured", "node_unavailable", "invalid_amount", "withdrawals_halted",
+                        "rebalance_wallet_missing", "rebalance_in_progress", "rebalance_insufficient_funds"))
+def open_cold_to_hot(body: ColdToHotIn, c: ContainerDep, who: Operator) -> PsbtOut:
+    """Build the unsigned PSBT of a cold -> hot move (our hot receive address only) and open it."""
+    rebalances = _rebalances(c)
+    amount = parse_amount(body.amount, c.ledger.get_asset("BTC").decimals)
+    rebalance_id = rebalances.open_cold_to_hot(amount, by=f"api:{who.name}")
+    return PsbtOut(rebalance=_one(c, rebalance_id), psbt=rebalances.export_psbt(rebalance_id))
+
+
+@router.get("/rebalances/{rebalance_id}/psbt", response_model=PsbtOut,
+    responses=responses("chains_not_configured", "rebalance_not_found", "invalid_state"))
+def export_psbt(rebalance_id: IdPath, c: ContainerDep, _: Operator) -> PsbtOut:
+    """The unsigned PSBT of an open cold -> hot move (base64), to be signed offline with the cold key."""
+    return PsbtOut(rebalance=_one(c, rebalance_id), psbt=_rebalances(c).export_psbt(rebalance_id))
+
+
+@router.post("/rebalances/{rebalance_id}/psbt", response_model=PsbtOut,
+    responses=responses("chains_not_configured", "rebalance_not_found", "invalid_state", *PSBT_CODES))
+def import_psbt(rebalance_id: IdPath, body: PsbtIn, c: ContainerDep, who: Operator) -> PsbtOut:
+    """Import the signed PSBT: checked against what custody built, then stored for the worker to send."""
+    _rebalances(c).import_psbt(rebalance_id, body.psbt, by=f"api:{who.name}")
+    return PsbtOut(rebalance=_one(c, rebalance_id), psbt=None)
+
+
+@router.get("/rebalances/{rebalance_id}/approval-payload", response_model=RefillPayloadOut,
+    responses=responses("chains_not_configured", "rebalance_not_found"))
+def refill_payload(rebalance_id: IdPath, c: ContainerDep, _: Auditor) -> RefillPayloadOut:
+    """What an operator signs to approve a warm -> hot refill."""
+    payload = _rebalances(c).refill_payload(rebalance_id)
+    row = _one(c, rebalance_id)
+    return RefillPayloadOut(rebalance_id=rebalance_id, amount_minor=row.amount_minor, destination=row.destination,
+                            payload=payload.decode("utf-8"), payload_base64=base64.b64encode(payload).decode("ascii"))
+
+
+@router.post("/rebalances/{rebalance_id}/approve", response_model=RefillApprovedOut,
+    responses=responses("chains_not_configured", "rebalance_not_found", "invalid_state", "already_acted",
+                        "approval_signature_required", "approval_signature_malformed", "approver_unknown",
+                        "approval_scheme_mismatch", "approval_signature_invalid", "approver_not_caller"))
+def approve_refill(rebalance_id: IdPath, body: ApproveIn, c: ContainerDep, who: OperatorOnly) -> RefillApprovedOut:
+    """Approve a warm -> hot refill with the operator's own signature over its approval payload."""
+    approvals = _rebalances(c).approve_refill(rebalance_id, operator=f"api:{who.name}", signature=_signature(body))
+    return RefillApprovedOut(rebalance=_one(c, rebalance_id), approvals=approvals)
 
 
 @router.post("/treasury/hot-funding", response_model=list[HotFundingOut],

@@ -48,9 +48,12 @@ _LIVE: TypeAdapter[Any] = TypeAdapter(Live)
 _MARKETOUT: TypeAdapter[Any] = TypeAdapter(MarketOut)
 _ORDEROUT: TypeAdapter[Any] = TypeAdapter(OrderOut)
 _PRICEOUT: TypeAdapter[Any] = TypeAdapter(PriceOut)
+_PSBTOUT: TypeAdapter[Any] = TypeAdapter(PsbtOut)
 _QUOTEOUT: TypeAdapter[Any] = TypeAdapter(QuoteOut)
 _READY: TypeAdapter[Any] = TypeAdapter(Ready)
 _REBALANCEOUT: TypeAdapter[Any] = TypeAdapter(RebalanceOut)
+_REFILLAPPROVEDOUT: TypeAdapter[Any] = TypeAdapter(RefillApprovedOut)
+_REFILLPAYLOADOUT: TypeAdapter[Any] = TypeAdapter(RefillPayloadOut)
 _REPLAYEDOUT: TypeAdapter[Any] = TypeAdapter(ReplayedOut)
 _RESERVEPROOFOUT: TypeAdapter[Any] = TypeAdapter(ReserveProofOut)
 _RESERVEREPORTSOUT: TypeAdapter[Any] = TypeAdapter(ReserveReportsOut)
@@ -339,6 +342,26 @@ class SyncMethods:
     def abandon_rebalance(self, rebalance_id: int, body: CommentIn | Mapping[str, Any] | None = None, /, **fields: Any) -> RebalanceOut:
         'POST /v1/rebalances/{rebalance_id}/abandon: Abandon Rebalance'
         return self._call('POST', f'/v1/rebalances/{_seg(rebalance_id)}/abandon', params=None, body=_body(CommentIn, body, fields), answer=_REBALANCEOUT)
+
+    def open_cold_to_hot(self, body: ColdToHotIn | Mapping[str, Any] | None = None, /, **fields: Any) -> PsbtOut:
+        'POST /v1/rebalances/cold-to-hot: Open Cold To Hot'
+        return self._call('POST', '/v1/rebalances/cold-to-hot', params=None, body=_body(ColdToHotIn, body, fields), answer=_PSBTOUT)
+
+    def export_psbt(self, rebalance_id: int, /) -> PsbtOut:
+        'GET /v1/rebalances/{rebalance_id}/psbt: Export Psbt'
+        return self._call('GET', f'/v1/rebalances/{_seg(rebalance_id)}/psbt', params=None, body=None, answer=_PSBTOUT)
+
+    def import_psbt(self, rebalance_id: int, body: PsbtIn | Mapping[str, Any] | None = None, /, **fields: Any) -> PsbtOut:
+        'POST /v1/rebalances/{rebalance_id}/psbt: Import Psbt'
+        return self._call('POST', f'/v1/rebalances/{_seg(rebalance_id)}/psbt', params=None, body=_body(PsbtIn, body, fields), answer=_PSBTOUT)
+
+    def refill_approval_payload(self, rebalance_id: int, /) -> RefillPayloadOut:
+        'GET /v1/rebalances/{rebalance_id}/approval-payload: Refill Payload'
+        return self._call('GET', f'/v1/rebalances/{_seg(rebalance_id)}/approval-payload', params=None, body=None, answer=_REFILLPAYLOADOUT)
+
+    def approve_refill(self, rebalance_id: int, body: ApproveIn | Mapping[str, Any] | None = None, /, **fields: Any) -> RefillApprovedOut:
+        'POST /v1/rebalances/{rebalance_id}/approve: Approve Refill'
+        return self._call('POST', f'/v1/rebalances/{_seg(rebalance_id)}/approve', params=None, body=_body(ApproveIn, body, fields), answer=_REFILLAPPROVEDOUT)
 
     def book_hot_funding(self, body: HotFundingIn | Mapping[str, Any] | None = None, /, **fields: Any) -> list[HotFundingOut]:
         'POST /v1/treasury/hot-funding: Book Hot Funding'
@@ -747,6 +770,26 @@ class AsyncMethods:
     async def abandon_rebalance(self, rebalance_id: int, body: CommentIn | Mapping[str, Any] | None = None, /, **fields: Any) -> RebalanceOut:
         'POST /v1/rebalances/{rebalance_id}/abandon: Abandon Rebalance'
         return await self._call('POST', f'/v1/rebalances/{_seg(rebalance_id)}/abandon', params=None, body=_body(CommentIn, body, fields), answer=_REBALANCEOUT)
+
+    async def open_cold_to_hot(self, body: ColdToHotIn | Mapping[str, Any] | None = None, /, **fields: Any) -> PsbtOut:
+        'POST /v1/rebalances/cold-to-hot: Open Cold To Hot'
+        return await self._call('POST', '/v1/rebalances/cold-to-hot', params=None, body=_body(ColdToHotIn, body, fields), answer=_PSBTOUT)
+
+    async def export_psbt(self, rebalance_id: int, /) -> PsbtOut:
+        'GET /v1/rebalances/{rebalance_id}/psbt: Export Psbt'
+        return await self._call('GET', f'/v1/rebalances/{_seg(rebalance_id)}/psbt', params=None, body=None, answer=_PSBTOUT)
+
+    async def import_psbt(self, rebalance_id: int, body: PsbtIn | Mapping[str, Any] | None = None, /, **fields: Any) -> PsbtOut:
+        'POST /v1/rebalances/{rebalance_id}/psbt: Import Psbt'
+        return await self._call('POST', f'/v1/rebalances/{_seg(rebalance_id)}/psbt', params=None, body=_body(PsbtIn, body, fields), answer=_PSBTOUT)
+
+    async def refill_approval_payload(self, rebalance_id: int, /) -> RefillPayloadOut:
+        'GET /v1/rebalances/{rebalance_id}/approval-payload: Refill Payload'
+        return await self._call('GET', f'/v1/rebalances/{_seg(rebalance_id)}/approval-payload', params=None, body=None, answer=_REFILLPAYLOADOUT)
+
+    async def approve_refill(self, rebalance_id: int, body: ApproveIn | Mapping[str, Any] | None = None, /, **fields: Any) -> RefillApprovedOut:
+        'POST /v1/rebalances/{rebalance_id}/approve: Approve Refill'
+        return await self._call('POST', f'/v1/rebalances/{_seg(rebalance_id)}/approve', params=None, body=_body(ApproveIn, body, fields), answer=_REFILLAPPROVEDOUT)
 
     async def book_hot_funding(self, body: HotFundingIn | Mapping[str, Any] | None = None, /, **fields: Any) -> list[HotFundingOut]:
         'POST /v1/treasury/hot-funding: Book Hot Funding'

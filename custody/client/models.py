@@ -305,6 +305,12 @@ class CheckOut(BaseModel):
     detail: str
 
 
+class ColdToHotIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    amount: Amount
+
+
 class CommentIn(BaseModel):
     "An operator's decision with the comment recorded in the audit log (approve, reject, release,"
 
@@ -709,6 +715,19 @@ class ProofNodeOut(BaseModel):
     sum: Minor
 
 
+class PsbtIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    psbt: str
+
+
+class PsbtOut(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    rebalance: RebalanceOut
+    psbt: str | None
+
+
 class QuoteIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -812,6 +831,23 @@ class ReconciliationLineOut(BaseModel):
     node: int | None = None
     difference: int
     amounts: dict[str, Money]
+
+
+class RefillApprovedOut(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    rebalance: RebalanceOut
+    approvals: int
+
+
+class RefillPayloadOut(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    rebalance_id: int
+    amount_minor: Minor
+    destination: str
+    payload: str
+    payload_base64: str
 
 
 class ReplayedOut(BaseModel):

@@ -63,7 +63,7 @@ from custody.destinations import HOT_RECEIVE_INDEX, DestinationGuard
 from custody.eth_sweeps import EthSweeps
 from custody.payouts import PayoutConfig, Payouts
 from custody.policy_config import PolicyProvider
-from custody.rebalances import RebalanceConfig, Rebalances
+from custody.rebalances import Rebalances, treasury_config
 from custody.node_view import NodeView
 from custody.reconciliation import Reconciliation
 from custody.reserves import Reserves
@@ -473,9 +473,10 @@ def _build(config: DeploymentConfig, process: Process, adapters: Mapping[str, Ch
                                            if p.sweep_threshold is not None})
     if "bitcoin" in adapters:
         hot = derive_btc_address(config.wallets["bitcoin"].hot, btc_network, 0, 0)
-        sweeps = Sweeps(engine, ledger, wallets, adapters["bitcoin"], signer, hot_address=hot, network=btc_network)
-        rebalances = Rebalances(engine, ledger, wallets, adapters["bitcoin"], signer, hot_address=hot,
-                                config=RebalanceConfig(bitcoin_network=btc_network))
+        rebalance_config, bump = treasury_config(config.treasury, bitcoin_network=btc_network)
+        sweeps = Sweeps(engine, ledger, wallets, adapters["bitcoin"], signer, hot_address=hot, network=btc_network, bump=bump)
+        rebalances = Rebalances(engine, ledger, wallets, adapters["bitcoin"], signer, hot_address=hot, approvers=approvers,
+                                config=rebalance_config, bump=bump)
         reserves = Reserves(engine, adapters, signer, network=btc_network, parts=settings.reserves_leaves_per_account)
         node_view = NodeView(engine, adapters["bitcoin"], network=btc_network,  # type: ignore[arg-type] - gated
                              lookahead=config.bitcoin.node_view_lookahead if config.bitcoin else 1000)

@@ -101,7 +101,7 @@ def test_config_path_from_the_environment(write, monkeypatch):
     (("network = \"regtest\"", "network = \"regtest\"\nrpc_usr = \"x\""), "bitcoin.rpc_usr: unknown setting"),
     (("[assets.ETH]\n", "[assets.ETH]\nwithdrawl_fee = 1\n"), "assets.ETH.withdrawl_fee: unknown setting"),
     (("[database]\n", "[databse]\nurl = \"postgresql://x@y/z\"\n[database]\n"), "databse: unknown setting"),
-    (("[wallets.bitcoin]\n", "[wallets.bitcoin]\nwarm = \"x\"\n"), "wallets.bitcoin.warm: unknown setting"),
+    (("[wallets.bitcoin]\n", "[wallets.bitcoin]\nwram = \"x\"\n"), "wallets.bitcoin.wram: unknown setting"),
 ], ids=["section-key", "bitcoin-key", "asset-key", "section", "wallet-key"])
 def test_an_unknown_key_is_refused_with_its_path(write, edit, expected):
     assert any(p.startswith(expected) for p in problems(write(edit))), problems(write(edit))
@@ -394,3 +394,18 @@ def test_config_check_reads_the_file_as_the_named_process(write, tmp_path, monke
     assert main(["config", "check", "--config", str(path), "--process", "api"]) == 1
     assert "FAIL config" in capsys.readouterr().out
     assert DeploymentConfig.load(path, process="worker").signer.client == "worker"
+
+
+def test_the_treasury_thresholds_are_ordered_satoshis(write):
+    from custody.rebalances import treasury_config
+
+    config = DeploymentConfig.load(write(("# floor = 500000000", "floor = 500000000"), ('excess_to = "cold"', 'excess_to = "warm"')))
+    rebalance, bump = treasury_config(config.treasury, bitcoin_network="regtest")
+    threshold = rebalance.thresholds["BTC"]
+    assert (threshold.ceiling, threshold.target, threshold.floor, threshold.excess_to) == (5_000_000_000, 2_000_000_000,
+                                                                                           500_000_000, "warm")
+    assert (rebalance.refill_quorum, bump.stuck_blocks, bump.bump_percent) == (2, 3, 50)
+    assert any(p.startswith("treasury") and "floor < target < ceiling" in p
+               for p in problems(write(("# floor = 500000000", "floor = 3000000000"))))
+    assert any(p.startswith("treasury.excess_to") for p in problems(write(('excess_to = "cold"', 'excess_to = "hot"'))))
+    assert any(p.startswith("treasury.ceiling") for p in problems(write(("ceiling = 5000000000", "ceiling = 50.5"))))

@@ -58,7 +58,11 @@ def test_a_rebalance_destination_is_watched_only_as_the_cold_keys_derivation():
     assert "derives" in rebalance_refusal(rebalance(derive_btc_address(DEPOSIT.xpub, "regtest", 0, 1), 1), COLD, None)
     assert "never handed out" in rebalance_refusal(rebalance(derive_btc_address(COLD.xpub, "regtest", 0, 2), 2), COLD, None)
     assert "cold wallet" in rebalance_refusal(rebalance(good, 1), None, None)
-    assert "cold wallet" in rebalance_refusal(rebalance(good, 1, tier="warm"), COLD, None)
+    assert "warm wallet" in rebalance_refusal(rebalance(good, 1, tier="warm"), COLD, None)  # the cold key is not warm's
+    warm = SimpleNamespace(id=5, chain="bitcoin", tier="warm", xpub=KEYS.account_xpub("bitcoin", "warm"), network="regtest",
+                           next_index=1)
+    assert rebalance_refusal(rebalance(derive_btc_address(warm.xpub, "regtest", 0, 0), 0, tier="warm"), warm, None) is None
+    assert "hot wallet" in rebalance_refusal(rebalance(good, 1, tier="hot"), COLD, None)
 
 
 def test_a_blind_node_view_escalates_from_nothing_to_warning_to_critical():

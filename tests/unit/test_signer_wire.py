@@ -72,9 +72,9 @@ class FakeSigner:
     def sign_bitcoin_sweep(self, sweep_id, coins, destination, fee):
         return self._record("sign_bitcoin_sweep", TX, sweep_id=sweep_id, coins=coins, destination=destination, fee=fee)
 
-    def sign_bitcoin_rebalance(self, rebalance_id, coins, destination, amount, change):
+    def sign_bitcoin_rebalance(self, rebalance_id, coins, destination, amount, change, replaces_txid=None):
         return self._record("sign_bitcoin_rebalance", TX, rebalance_id=rebalance_id, coins=coins,
-                            destination=destination, amount=amount, change=change)
+                            destination=destination, amount=amount, change=change, replaces_txid=replaces_txid)
 
     def sign_reserves_message(self, chain, tier, change, index, message):
         return self._record("sign_reserves_message", RESERVES_SIG, chain=chain, tier=tier, change=change, index=index,
@@ -296,6 +296,7 @@ def test_every_method_round_trips_its_values(served):
     assert_equal(client.sign_bitcoin_replacement(9, "ef" * 32, COINS, OUTPUTS, None), TX)
     assert_equal(client.sign_bitcoin_sweep(3, COINS, "bcrt1qhot", 500), TX)
     assert_equal(client.sign_bitcoin_rebalance(4, COINS, "bcrt1qcold", 1_000, ("bcrt1qhot", 7)), TX)
+    assert_equal(client.sign_bitcoin_rebalance(4, COINS, "bcrt1qcold", 1_000, ("bcrt1qhot", 5), replaces_txid="ab" * 32), TX)
     assert_equal(client.sign_reserves_message("bitcoin", "hot", 0, 5, "custody proof of reserves: x"), RESERVES_SIG)
     eth = dict(hot_index=0, chain_id=31337, nonce=7, to="0x" + "22" * 20, value=10**30, data=b"\xa9\x05\x9c\xbb",
                gas=65_000, max_fee_wei=2 * 10**9, priority_fee_wei=10**9, replaces_txid=None)
@@ -310,7 +311,9 @@ def test_every_method_round_trips_its_values(served):
         dict(batch_id=9, coins=COINS, outputs=OUTPUTS, change=("bcrt1qchange", 12_345)),
         dict(batch_id=9, replaces_txid="ef" * 32, coins=COINS, outputs=OUTPUTS, change=None),
         dict(sweep_id=3, coins=COINS, destination="bcrt1qhot", fee=500),
-        dict(rebalance_id=4, coins=COINS, destination="bcrt1qcold", amount=1_000, change=("bcrt1qhot", 7)),
+        dict(rebalance_id=4, coins=COINS, destination="bcrt1qcold", amount=1_000, change=("bcrt1qhot", 7), replaces_txid=None),
+        dict(rebalance_id=4, coins=COINS, destination="bcrt1qcold", amount=1_000, change=("bcrt1qhot", 5),
+             replaces_txid="ab" * 32),
         dict(chain="bitcoin", tier="hot", change=0, index=5, message="custody proof of reserves: x"),
         dict(batch_id=9, output=OUTPUTS[0], **eth),
         dict(sweep_id=5, **funding),
