@@ -182,6 +182,9 @@ VALUES (:at, :w, :b, :chain, :asset, :amount, :dest, :txid, :replaces, :approval
 """
 WITHDRAWAL_HOLD_OWNER = "withdrawals"  # custody.withdrawals.HOLD_OWNER: the only owner of a withdrawal's hold
 _LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"  # one per withdrawal (and per capped asset), until commit
+# The same locks for many keys in one statement, taken in the array's order (a function scan
+# yields its rows in order and each is locked as it is read).
+_LOCKS_SQL = "SELECT count(pg_advisory_xact_lock(hashtextextended(k, 0))) FROM unnest(CAST(:k AS text[])) AS u(k)"
 LOCK_TIMEOUT = "10s"  # the longest a request waits for a lock (module docstring): then OperationalError, retried
 
 
@@ -754,8 +757,7 @@ class Signer:
     def _lock(c: Connection, withdrawal_ids: Sequence[int]) -> None:
         """Serialise requests for the same withdrawals until this transaction ends (sorted: no
         deadlock between two batches sharing withdrawals)."""
-        for wid in sorted(set(withdrawal_ids)):
-            c.execute(text(_LOCK_SQL), {"k": f"signer_signature:{wid}"})
+        c.execute(text(_LOCKS_SQL), {"k": [f"signer_signature:{wid}" for wid in sorted(set(withdrawal_ids))]})
 
     def _record(self, c: Connection, batch_id: int, txid: str, paid: Sequence[Paid], *, inputs: Sequence[str] | None = None,
                 slot: EthSlot | None = None, replaces: str | None = None, detail: dict) -> None:
