@@ -44,7 +44,7 @@ def _run(step: Callable[[], T], profile: bool) -> T:
 
     prof = cProfile.Profile()
     result = prof.runcall(step)
-    pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
+    pstats.Stats(prof).sort_stats(os.environ.get("PROFILE_SORT", "cumulative")).print_stats(int(os.environ.get("PROFILE_N", "30")))
     return result
 
 
