@@ -19,7 +19,7 @@ from custody.destinations import DestinationGuard
 from custody.errors import CustodyErrorCode
 from regtest.util import assert_equal
 from signer.keys import Secret, SignerKeys, seed_from_text
-from tests.integration.withdrawal_api import WithdrawalApi
+from tests.integration.withdrawal_api import WithdrawalApi, with_bitcoin_wallets
 
 log = logging.getLogger(__name__)
 PAYEE_MNEMONIC = "legal winner thank year wave sausage worth useful legal winner thank yellow"
@@ -27,11 +27,7 @@ PAYEE_MNEMONIC = "legal winner thank year wave sausage worth useful legal winner
 
 @pytest.fixture(scope="module")
 def api(engine) -> WithdrawalApi:
-    api = WithdrawalApi(engine)
-    keys = SignerKeys(seed_from_text(Secret("abandon " * 11 + "about")), "regtest")
-    for tier in ("hot", "deposit"):
-        api.custody.wallets.register_wallet("bitcoin", tier, "regtest", keys.account_xpub("bitcoin", tier))
-    return api
+    return with_bitcoin_wallets(WithdrawalApi(engine))
 
 
 def test_a_batch_of_destinations_gets_each_rows_own_decision(api, ledger):
