@@ -116,9 +116,9 @@ class CallerLedger:
     def place_hold(self, key: str, account_id: int, amount: int, *, reference: str,
                    expires_at: dt.datetime | None) -> Hold:
         self._require(MoneyAction.hold, [account_id])
-        refuse_frozen(self.ledger.engine, [account_id])
         return self.ledger.place_hold(self.key(key), account_id, amount, owner=self.hold_owner,
-                                      reference=reference, expires_at=expires_at)
+                                      reference=reference, expires_at=expires_at,
+                                      precheck=frozen_precheck([account_id]))  # a reorged-out credit
 
     def capture(self, key: str, hold_id: int, legs: Sequence[Transfer], *, final: bool) -> PostResult:
         # The hold's owner check (only this caller's holds) is the ledger's, under its locks; a

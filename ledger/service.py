@@ -520,8 +520,10 @@ class Ledger:
         reference: str,
         expires_at: dt.datetime | None = None,
         conn: Connection | None = None,
+        precheck: Precheck | None = None,
     ) -> Hold:
-        """Move `amount` from available to held on `account_id`. Idempotent per `key`."""
+        """Move `amount` from available to held on `account_id`. Idempotent per `key`.
+        `precheck`: a caller's own refusal, run just before the hold on its connection (`Precheck`)."""
         _require_key(key)
         require_amount(amount)
         if not owner or not reference:
@@ -529,7 +531,7 @@ class Ledger:
         if expires_at is not None and expires_at.tzinfo is None:
             raise LedgerError(ErrorCode.invalid_request, "expires_at must be timezone-aware")
         digest = _hold_digest(account_id, amount, owner, reference, expires_at)
-        row = self._call(conn, _PLACE_HOLD_SQL, (key, digest, account_id, amount, owner, reference, expires_at))
+        row = self._call(conn, _PLACE_HOLD_SQL, (key, digest, account_id, amount, owner, reference, expires_at), precheck)
         if row.status == "created" or row.status == "exists":
             return _hold(row, created=row.status == "created")
         if row.status == "idempotency_conflict":
