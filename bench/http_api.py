@@ -29,7 +29,9 @@ CPU per request is then the sum over all api processes.
 Clients are threads of this process, one `httpx.Client` (one keep-alive connection) each; the
 client, the server and PostgreSQL share this machine's cores, so the load average is printed with
 every line. Per line: requests/s, p50 and p99 latency, the api process's CPU per request (utime +
-stime from /proc/<pid>/stat before and after the run, in ms) and the 1-minute load average. A
+stime from /proc/<pid>/stat before and after the run, in ms), the 1-minute load average, and where
+the rest of the machine's CPU per request went: `db CPU` (the PostgreSQL server processes of the
+bench database's connections, the same way) and `client CPU` (this process: the httpx clients). A
 request answered with anything but its expected status stops the run (exit 1) with the answer.
 At the end the ledger's self-checks run (`Ledger.verify()`); any failed check exits 1.
 """
@@ -54,6 +56,7 @@ from typing import Iterator
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository's packages
 
 import httpx  # noqa: E402
+from sqlalchemy import text  # noqa: E402
 
 from custody.auth import create_api_key  # noqa: E402
 from custody.database import drop_database, ensure_database, make_engine, server_url, with_database  # noqa: E402
@@ -94,6 +97,8 @@ class Result:
     cpu_seconds: float
     load: float
     items_per_request: int = 1
+    db_cpu_seconds: float = 0.0
+    client_cpu_seconds: float = 0.0
 
     def line(self) -> str:
         lat = sorted(self.latencies)
@@ -102,7 +107,12 @@ class Result:
         rate = self.requests / self.seconds
         extra = f"  ({rate * self.items_per_request:,.0f} transfers/s)" if self.items_per_request > 1 else ""
         return (f"{self.case:9s} {self.clients:3d} clients  {rate:8,.0f} req/s  p50 {p50:6.1f} ms  p99 {p99:6.1f} ms  "
-                f"api CPU {self.cpu_seconds / self.requests * 1000:5.2f} ms/req  load {self.load:4.1f}{extra}")
+                f"api CPU {self.per_request(self.cpu_seconds):5.2f} ms/req  load {self.load:4.1f}  "
+                f"db CPU {self.per_request(self.db_cpu_seconds):5.2f}  client CPU "
+                f"{self.per_request(self.client_cpu_seconds):5.2f} ms/req{extra}")
+
+    def per_request(self, seconds: float) -> float:
+        return seconds / self.requests * 1000
 
 
 def _expect(r: httpx.Response, *statuses: int) -> dict:
@@ -149,7 +159,36 @@ def _order(client: httpx.Client, world: World, rng: random.Random, run: str, n: 
 CASES = {"health": (_health, 1), "single": (_single, 1), "batch100": (_batch, 100), "orders": (_order, 1)}
 
 
-def drive(world: World, api_pids: list[int], case: str, clients: int, seconds: float) -> Result:
+def backend_pids(owner_url: str) -> list[int]:
+    """The PostgreSQL server processes of the bench database's connections (the api's pool; the
+    idle signer's): their CPU is the database's share of a request (`db CPU`)."""
+    engine = make_engine(owner_url, pool_size=1)
+    try:
+        with engine.connect() as c:
+            return list(c.execute(text("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                                       "AND pid <> pg_backend_pid()")).scalars())
+    finally:
+        engine.dispose()
+
+
+def processes_cpu_seconds(pids: list[int]) -> dict[int, float]:
+    """CPU seconds so far of each of `pids` still running."""
+    found = {}
+    for pid in pids:
+        try:
+            found[pid] = process_cpu_seconds(pid)
+        except (FileNotFoundError, ProcessLookupError):  # a connection closed meanwhile
+            pass
+    return found
+
+
+def db_cpu_since(owner_url: str, before: dict[int, float]) -> float:
+    """The database's CPU since `before`: a connection opened meanwhile counts from its start."""
+    after = processes_cpu_seconds(list(set(before) | set(backend_pids(owner_url))))
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
+
+
+def drive(world: World, api_pids: list[int], case: str, clients: int, seconds: float, owner_url: str | None = None) -> Result:
     fn, items = CASES[case]
     run = f"{case}-{clients}-{uuid.uuid4().hex[:8]}"
     start, stop = threading.Barrier(clients + 1), threading.Event()
@@ -180,16 +219,18 @@ def drive(world: World, api_pids: list[int], case: str, clients: int, seconds: f
     for t in threads:
         t.start()
     start.wait()
+    db0, client0 = processes_cpu_seconds(backend_pids(owner_url)) if owner_url else {}, time.process_time()
     cpu0, t0 = sum(map(process_cpu_seconds, api_pids)), time.perf_counter()
     stop.wait(seconds)
     stop.set()
     for t in threads:
         t.join()
     elapsed, cpu = time.perf_counter() - t0, sum(map(process_cpu_seconds, api_pids)) - cpu0
+    db, client = db_cpu_since(owner_url, db0) if owner_url else 0.0, time.process_time() - client0
     if errors:
         raise errors[0]
     return Result(case, clients, sum(counts), elapsed, tuple(x for lat in latencies for x in lat), cpu,
-                  os.getloadavg()[0], items)
+                  os.getloadavg()[0], items, db, client)
 
 
 def prepare(deployment: Deployment, owner_url: str, pepper: str) -> World:
@@ -277,7 +318,7 @@ def _run(args: argparse.Namespace, deployment: Deployment, owner_url: str, peppe
     results = []
     for case in args.cases:
         for clients in args.clients_for(case):
-            result = drive(world, api_pids, case, clients, args.seconds)
+            result = drive(world, api_pids, case, clients, args.seconds, owner_url)
             results.append(result)
             print(result.line(), flush=True)
     failed = verify(owner_url)
@@ -285,8 +326,9 @@ def _run(args: argparse.Namespace, deployment: Deployment, owner_url: str, peppe
     if args.json:
         Path(args.json).write_text(json.dumps([{
             "case": r.case, "clients": r.clients, "requests": r.requests, "seconds": r.seconds,
-            "req_per_s": r.requests / r.seconds, "cpu_ms_per_req": r.cpu_seconds / r.requests * 1000,
-            "load": r.load} for r in results], indent=2))
+            "req_per_s": r.requests / r.seconds, "cpu_ms_per_req": r.per_request(r.cpu_seconds),
+            "db_cpu_ms_per_req": r.per_request(r.db_cpu_seconds),
+            "client_cpu_ms_per_req": r.per_request(r.client_cpu_seconds), "load": r.load} for r in results], indent=2))
     return 1 if failed else 0
 
 

@@ -21,6 +21,7 @@ import sys
 import time
 from decimal import Decimal
 from pathlib import Path
+from typing import Callable, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -30,14 +31,28 @@ from bench.regtest_custody import custody_on_regtest  # noqa: E402
 from signer.keys import Secret, SignerKeys, seed_from_text  # noqa: E402
 
 
+T = TypeVar("T")
 PAYEE_MNEMONIC = "legal winner thank year wave sausage worth useful legal winner thank yellow"
+
+
+def _run(step: Callable[[], T], profile: bool) -> T:
+    """Run one timed step; with `profile`, under cProfile, printing its top functions."""
+    if not profile:
+        return step()
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    result = prof.runcall(step)
+    pstats.Stats(prof).sort_stats(os.environ.get("PROFILE_SORT", "cumulative")).print_stats(int(os.environ.get("PROFILE_N", "30")))
+    return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--outputs", type=int, default=500)
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--profile", action="store_true", help="print a cProfile of the last repetition's signing step")
+    parser.add_argument("--profile", action="store_true", help="print a cProfile of the last repetition's batching and signing steps")
     args = parser.parse_args()
     n = args.outputs
     with custody_on_regtest("wjob", with_signer=True) as (c, node, keys):
@@ -45,6 +60,10 @@ def main() -> None:
             c.wallets.register_wallet("bitcoin", tier, "regtest", keys.account_xpub("bitcoin", tier))
         c.wallets.configure_asset("BTC", 8, "bitcoin", finality=1, min_withdrawal=10_000, withdrawal_fee=5_000)
         p = c.payouts
+        # the wallet index walks blocks from the scanner's cursor (custody.wallet_index): start it
+        # before the funding, or the funding block lies behind it and no hot coin is ever seen
+        c.deposits.start_cursor("bitcoin")
+        p.signer.warm_up()  # as `signer serve` does at start: the own-address windows, derived once
         for _ in range(args.reps + 1):
             node.wallet("sendtoaddress", p.hot_address("bitcoin"), "10")
         node.mine(1)
@@ -63,18 +82,11 @@ def main() -> None:
             for i, acct in enumerate(accounts):
                 c.withdrawals.request(client_withdrawal_id=f"b-{rep}-{i}", account_id=acct, amount=20_000 + i,
                                       destination=payees[i], requested_by="bench")
+            profile = args.profile and rep == args.reps - 1
             t0 = time.perf_counter()
-            batch = p.batch_bitcoin()
+            batch = _run(p.batch_bitcoin, profile)
             t1 = time.perf_counter()
-            if args.profile and rep == args.reps - 1:
-                import cProfile
-                import pstats
-
-                prof = cProfile.Profile()
-                [_txid] = prof.runcall(p.sign_open_batches)
-                pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
-            else:
-                [_txid] = p.sign_open_batches()
+            [_txid] = _run(p.sign_open_batches, profile)
             t2 = time.perf_counter()
             timings.append((t1 - t0, t2 - t1))
             amounts = {a: str(Decimal(20_000 + i) / Decimal(100_000_000)) for i, a in enumerate(payees)}
@@ -94,7 +106,7 @@ def main() -> None:
         print(f"custody job for {n} withdrawals: batch {batch_s * 1000:.0f} ms + sign/record/capture {sign_s * 1000:.0f} ms "
               f"= {(batch_s + sign_s) * 1000:.0f} ms (median of {args.reps})")
         print(f"bitcoind sendmany of {n} outputs: {sm * 1000:.0f} ms (median)")
-        print(f"ratio custody job / sendmany: {(batch_s + sign_s) / sm:.2f}  (target <= 1.0)")
+        print(f"ratio custody job / sendmany: {(batch_s + sign_s) / sm:.2f}  (issue 20 target: at most 2)")
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, replace
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable, Mapping, Sequence
 
 from sqlalchemy import Connection, Engine, text
 
@@ -627,6 +627,8 @@ WHERE t.idempotency_key = :k
 
 
 _RETURNED_DEPOSIT_SQL = f"{_OBS_SQL} WHERE id = (SELECT return_of_deposit FROM withdrawal_request WHERE id = :w)"
+_RETURNED_DEPOSITS_SQL = (f"SELECT o.*, w.id AS withdrawal_id FROM ({_OBS_SQL}) o "
+                          "JOIN withdrawal_request w ON w.return_of_deposit = o.id WHERE w.id = ANY(CAST(:w AS bigint[]))")
 
 
 def reopen_returns(c: Connection, withdrawal_ids: Iterable[int], *, by: str, reason: str) -> list[int]:
@@ -651,6 +653,13 @@ def return_reorged_out(c: Connection, withdrawal_id: int) -> bool:
     Such a return would pay out coins the firm no longer has: it is not approved nor paid."""
     row = c.execute(text(_RETURNED_DEPOSIT_SQL), {"w": withdrawal_id}).first()
     return row is not None and _reorged_out(c, row)
+
+
+def returns_reorged_out(c: Connection, withdrawal_ids: Sequence[int]) -> set[int]:
+    """`return_reorged_out` for many withdrawals: those of them that return such a deposit. One
+    statement finds the returns among them (most withdrawals return nothing)."""
+    rows = c.execute(text(_RETURNED_DEPOSITS_SQL), {"w": list(withdrawal_ids)}).all()
+    return {r.withdrawal_id for r in rows if _reorged_out(c, r)}
 
 
 def _reorged_out(c: Connection, row) -> bool:

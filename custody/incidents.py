@@ -44,13 +44,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 from sqlalchemy import Connection, Engine, text
 
 from custody.controls import audit
 from custody.errors import CustodyError, CustodyErrorCode
 from ledger.errors import ErrorCode, LedgerError
 from ledger.model import Transfer
-from ledger.service import Ledger
+from ledger.service import Ledger, Precheck
 
 DECISIONS = ("release", "capture")
 
@@ -220,7 +221,26 @@ def refuse_frozen(conn: Connection | Engine, account_ids: Iterable[int]) -> None
     if isinstance(conn, Engine):
         with conn.connect() as c:
             return refuse_frozen(c, ids)
-    frozen = conn.execute(text(_FROZEN_SQL), {"a": ids}).first()  # the oldest incident, for the message
+    _refuse(conn.execute(text(_FROZEN_SQL), {"a": ids}).first())  # the oldest incident, for the message
+
+
+def frozen_precheck(account_ids: Iterable[int]) -> Precheck | None:
+    """`refuse_frozen` as a ledger `Precheck` (ledger.service): run on the posting's own connection
+    just before its statement, instead of on a connection and in a transaction of its own. None
+    when there is nothing to check."""
+    ids = sorted({int(a) for a in account_ids})
+    if not ids:
+        return None
+
+    def check(cur: psycopg.Cursor) -> None:
+        cur.execute(_FROZEN_DRIVER_SQL, {"a": ids})
+        _refuse(cur.fetchone())
+
+    return check
+
+
+def _refuse(frozen: Any) -> None:
+    """Raise account_frozen for the first row of _FROZEN_SQL, if there is one."""
     if frozen is not None:
         raise CustodyError(CustodyErrorCode.account_frozen,
                            f"account {frozen.account_id} is frozen: a credit of it was reorged out after finality "
@@ -257,17 +277,19 @@ _INCIDENT_SQL = "SELECT id, kind, severity, detail, opened_at, resolved_at, reso
 
 # An unresolved reorg incident with a remainder freezes its account, until the deposit is re-mined
 # (its shortfall booking reversed).
-_FROZEN_SQL = """
+_FROZEN_TEMPLATE = """
 SELECT i.id AS incident_id,
        (i.detail->'hold'->>'account_id')::bigint AS account_id
 FROM incident i
 WHERE i.kind = 'deposit_reorged_after_finality'
   AND i.resolved_at IS NULL
-  AND (i.detail->'hold'->>'account_id')::bigint = ANY(:a)
+  AND (i.detail->'hold'->>'account_id')::bigint = ANY(CAST({ids} AS bigint[]))
   AND coalesce((i.detail->'hold'->>'remainder')::numeric, 0) > 0
   AND NOT EXISTS (SELECT 1 FROM journal_transaction t WHERE t.reverses_id = (i.detail->>'suspense_transaction_id')::bigint)
 ORDER BY i.id
 """
+_FROZEN_SQL = _FROZEN_TEMPLATE.format(ids=":a")  # SQLAlchemy's parameter style
+_FROZEN_DRIVER_SQL = _FROZEN_TEMPLATE.format(ids="%(a)s")  # psycopg's, for frozen_precheck
 
 # The holds on an account other than custody's own freeze (what hides a remainder from a capture).
 API_HOLD_OWNER_PREFIX = "api:"  # custody.ledger_access: holds placed over the API

@@ -25,7 +25,7 @@ from typing import Any
 
 from custody.auth import Principal
 from custody.errors import CustodyError, CustodyErrorCode
-from custody.incidents import refuse_frozen
+from custody.incidents import frozen_precheck, refuse_frozen
 from custody.money_rules import (
     OWNER_PATTERN,
     MoneyAction,
@@ -110,15 +110,15 @@ class CallerLedger:
     def post(self, key: str, transfers: Sequence[Transfer], *, kind: str, metadata: dict[str, Any]) -> PostResult:
         self._require(MoneyAction.debit, (t.debit_account_id for t in transfers))
         self._require(MoneyAction.credit, (t.credit_account_id for t in transfers))
-        refuse_frozen(self.ledger.engine, (t.debit_account_id for t in transfers))  # a reorged-out credit
-        return self.ledger.post(self.key(key), transfers, kind=kind, metadata=metadata)
+        return self.ledger.post(self.key(key), transfers, kind=kind, metadata=metadata,
+                                precheck=frozen_precheck(t.debit_account_id for t in transfers))  # a reorged-out credit
 
     def place_hold(self, key: str, account_id: int, amount: int, *, reference: str,
                    expires_at: dt.datetime | None) -> Hold:
         self._require(MoneyAction.hold, [account_id])
-        refuse_frozen(self.ledger.engine, [account_id])
         return self.ledger.place_hold(self.key(key), account_id, amount, owner=self.hold_owner,
-                                      reference=reference, expires_at=expires_at)
+                                      reference=reference, expires_at=expires_at,
+                                      precheck=frozen_precheck([account_id]))  # a reorged-out credit
 
     def capture(self, key: str, hold_id: int, legs: Sequence[Transfer], *, final: bool) -> PostResult:
         # The hold's owner check (only this caller's holds) is the ledger's, under its locks; a

@@ -79,7 +79,7 @@ from chain_adapters.errors import ChainError
 from custody.addresses import derive_btc_address, derive_eth_address
 from custody.containment import Retried, Step, contained, error_code, is_passing, reactivate
 from custody.controls import DRAIN, audit, emit, flag, kill_switch, open_incident, set_flag
-from custody.deposits import reopen_returns, return_reorged_out
+from custody.deposits import reopen_returns, returns_reorged_out
 from custody.destinations import HOT_RECEIVE_INDEX, DestinationGuard, eth_payout_call
 from custody.errors import CustodyError, CustodyErrorCode
 from custody.incidents import frozen_accounts
@@ -393,13 +393,14 @@ class Payouts:
                 log.info("outage drain finished")
         denied = {a.lower() for a in c.execute(text("SELECT address FROM denylist_address")).scalars()}
         frozen = frozen_accounts(c, [w.account_id for w in rows])
+        # rescreen, and the destination again (it may have become ours, or a contract, since the
+        # request: custody.destinations): dropped without holding up the rest
+        refusals = self.destinations.refusals_at_payout(c, rows)
+        reorged_out = returns_reorged_out(c, [w.id for w in rows])
         keep = []
-        for w in rows:
-            # rescreen, and the destination again (it may have become ours, or a contract, since the
-            # request: custody.destinations): dropped without holding up the rest
-            refused = self.destinations.refusal_at_payout(c, w)
+        for w, refused in zip(rows, refusals, strict=True):
             reason = "destination_sanctioned" if w.destination.lower() in denied else refused.value if refused else None
-            if reason is None and return_reorged_out(c, w.id):
+            if reason is None and w.id in reorged_out:
                 reason = "deposit_reorged_out"  # a quarantine return whose coins left the chain
             if reason is None and w.account_id in frozen:
                 reason = "account_frozen"  # a reorged-out credit of the account: custody.incidents

@@ -35,7 +35,7 @@ import json
 import re
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import psycopg
 from psycopg.rows import namedtuple_row
@@ -113,13 +113,16 @@ class Ledger:
                 if not raw.closed:
                     raw.autocommit = False
 
-    def _call(self, conn: Connection | None, sql: str, params: tuple) -> Any:
+    def _call(self, conn: Connection | None, sql: str, params: tuple, precheck: Precheck | None = None) -> Any:
         """Run one of the ledger's function statements and return its single row.
 
         Without `conn`: a pooled connection in autocommit (see `_one`). With a `conn` inside a
         transaction: that connection's driver connection, so the statement is part of the caller's
-        transaction. A `conn` not yet in a transaction goes through SQLAlchemy (which begins one)."""
+        transaction. A `conn` not yet in a transaction goes through SQLAlchemy (which begins one).
+        `precheck` (see `Precheck`) runs first, on the same connection."""
         if conn is not None:
+            if precheck is not None:
+                self._checked(precheck, conn.connection.driver_connection, None)
             if not conn.in_transaction():
                 return conn.exec_driver_sql(sql, params).one()
             return self._fetch(conn.connection.driver_connection, sql, params, None)
@@ -128,6 +131,8 @@ class Ledger:
             raw = proxied.driver_connection
             raw.autocommit = True
             try:
+                if precheck is not None:
+                    self._checked(precheck, raw, proxied)
                 return self._fetch(raw, sql, params, proxied)
             finally:
                 if not raw.closed:
@@ -140,6 +145,16 @@ class Ledger:
         if not conn.in_transaction():
             return list(conn.exec_driver_sql(sql, params).all())
         return self._fetch(conn.connection.driver_connection, sql, params, None, every=True)
+
+    def _checked(self, precheck: Precheck, raw: psycopg.Connection, proxied: Any) -> None:
+        """Run a caller's `precheck` on `raw`, its driver errors re-raised as `_fetch` does."""
+        try:
+            with raw.cursor(row_factory=namedtuple_row) as cur:
+                precheck(cur)
+        except psycopg.Error as exc:
+            if proxied is not None and self.engine.dialect.is_disconnect(exc, raw, None):
+                proxied.invalidate(exc)
+            raise DBAPIError.instance("precheck", (), exc, psycopg.Error) from exc
 
     def _fetch(self, raw: psycopg.Connection, sql: str, params: tuple, proxied: Any, *, every: bool = False) -> Any:
         try:
@@ -313,6 +328,7 @@ class Ledger:
         metadata: dict[str, Any] | None = None,
         hold_owner: str | None = None,
         conn: Connection | None = None,
+        precheck: Precheck | None = None,
         _reverses: int | None = None,
     ) -> PostResult:
         """Post a linked batch of transfers as one journal transaction under idempotency `key`.
@@ -320,6 +336,7 @@ class Ledger:
         All transfers commit together or none does. A transfer with `hold_id` captures that much of
         the hold (its debit must be the held account, and `hold_owner` must be the hold's owner).
         Raises LedgerError with the first failing check's code and the transfer `index`.
+        `precheck`: a caller's own refusal, run just before the posting on its connection (`Precheck`).
         """
         _require_key(key)
         validate_transfers(transfers)
@@ -336,7 +353,7 @@ class Ledger:
             _int_array([t.hold_id for t in transfers]),
             hold_owner,
             _reverses,
-        ))
+        ), precheck)
         if row.status == "created":
             return PostResult(row.transaction_id, True)
         if row.status == "exists":
@@ -509,8 +526,10 @@ class Ledger:
         reference: str,
         expires_at: dt.datetime | None = None,
         conn: Connection | None = None,
+        precheck: Precheck | None = None,
     ) -> Hold:
-        """Move `amount` from available to held on `account_id`. Idempotent per `key`."""
+        """Move `amount` from available to held on `account_id`. Idempotent per `key`.
+        `precheck`: a caller's own refusal, run just before the hold on its connection (`Precheck`)."""
         _require_key(key)
         require_amount(amount)
         if not owner or not reference:
@@ -518,7 +537,7 @@ class Ledger:
         if expires_at is not None and expires_at.tzinfo is None:
             raise LedgerError(ErrorCode.invalid_request, "expires_at must be timezone-aware")
         digest = _hold_digest(account_id, amount, owner, reference, expires_at)
-        row = self._call(conn, _PLACE_HOLD_SQL, (key, digest, account_id, amount, owner, reference, expires_at))
+        row = self._call(conn, _PLACE_HOLD_SQL, (key, digest, account_id, amount, owner, reference, expires_at), precheck)
         if row.status == "created" or row.status == "exists":
             return _hold(row, created=row.status == "created")
         if row.status == "idempotency_conflict":
@@ -791,6 +810,11 @@ _POST_SQL = (
     "%s::text, %s::text, %s::text, %s::jsonb, %s::bigint[], %s::bigint[], %s::numeric[], %s::bigint[], "
     "%s::text, %s::bigint)"
 )
+# A caller's check run on the connection of a posting just before its statement (no second pool
+# checkout, no transaction of its own: in autocommit it is one more statement, not three): it reads
+# through the driver cursor it is given and raises to refuse. It is not atomic with the posting,
+# as a separate check before it never was; the ledger's own checks are (under its row locks).
+Precheck = Callable[[psycopg.Cursor], None]
 REFERENCE_CACHE_SIZE = 200_000  # accounts whose asset, kind and decimals a Ledger remembers
 
 

@@ -210,10 +210,17 @@ FROM (SELECT DISTINCT withdrawal_id, amount
         AND approvals = 0
         AND signed_at > :since) s
 """
+# One row per paid withdrawal (the arrays, in the order paid), in one statement; what the request
+# signed as a whole (time, batch, txid, inputs or ethereum slot) is the same on every row.
 _INSERT_SIGNATURE_SQL = """
 INSERT INTO signer_signature (signed_at, withdrawal_id, batch_id, chain, asset, amount, destination, txid, replaces_txid,
                               approvals, inputs, sender, nonce, chain_id)
-VALUES (:at, :w, :b, :chain, :asset, :amount, :dest, :txid, :replaces, :approvals, :inputs, :sender, :nonce, :chain_id)
+SELECT CAST(:at AS timestamptz), p.w, CAST(:b AS bigint), p.chain, p.asset, p.amount, p.dest, CAST(:txid AS text),
+       CAST(:replaces AS text), p.approvals, CAST(:inputs AS text[]), CAST(:sender AS text), CAST(:nonce AS numeric),
+       CAST(:chain_id AS bigint)
+FROM unnest(CAST(:w AS bigint[]), CAST(:chain AS text[]), CAST(:asset AS text[]), CAST(:amount AS numeric[]),
+            CAST(:dest AS text[]), CAST(:approvals AS integer[])) WITH ORDINALITY AS p(w, chain, asset, amount, dest, approvals, n)
+ORDER BY p.n
 """
 _ETH_SWEEP_ROW_SQL = text("""
 SELECT asset, address, deposit_index, nonce, amount, gas_limit, max_fee_wei, state
@@ -257,6 +264,9 @@ HOT_INDEX = 0  # the ethereum hot address is the hot account's 0/0 (custody.dest
 WITHDRAWAL_HOLD_OWNER = "withdrawals"  # custody.withdrawals.HOLD_OWNER: the only owner of a withdrawal's hold
 _LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"  # one per withdrawal (and per capped asset), until commit
 REBALANCE_DIRECTIONS = frozenset({("hot", "cold"), ("hot", "warm"), ("warm", "hot")})  # what the signer signs between tiers
+# The same locks for many keys in one statement, taken in the array's order (a function scan
+# yields its rows in order and each is locked as it is read).
+_LOCKS_SQL = "SELECT count(pg_advisory_xact_lock(hashtextextended(k, 0))) FROM unnest(CAST(:k AS text[])) AS u(k)"
 LOCK_TIMEOUT = "10s"  # the longest a request waits for a lock (module docstring): then OperationalError, retried
 
 
@@ -995,19 +1005,20 @@ class Signer:
     def _lock(c: Connection, withdrawal_ids: Sequence[int]) -> None:
         """Serialise requests for the same withdrawals until this transaction ends (sorted: no
         deadlock between two batches sharing withdrawals)."""
-        for wid in sorted(set(withdrawal_ids)):
-            c.execute(text(_LOCK_SQL), {"k": f"signer_signature:{wid}"})
+        c.execute(text(_LOCKS_SQL), {"k": [f"signer_signature:{wid}" for wid in sorted(set(withdrawal_ids))]})
 
     def _record(self, c: Connection, batch_id: int, txid: str, paid: Sequence[Paid], *, inputs: Sequence[str] | None = None,
                 slot: EthSlot | None = None, replaces: str | None = None, detail: dict) -> None:
         """The signer's own record of what it signed (one row per withdrawal) and its audit row, in
         one transaction, committed: only then does the signed transaction leave the signer."""
         at = self.clock()
-        c.execute(text(_INSERT_SIGNATURE_SQL), [
-            {"at": at, "w": p.withdrawal_id, "b": batch_id, "chain": p.chain, "asset": p.asset, "amount": p.amount,
-             "dest": p.destination, "txid": txid, "replaces": replaces, "approvals": p.approvals,
-             "inputs": list(inputs) if inputs is not None else None, "sender": slot.sender if slot else None,
-             "nonce": slot.nonce if slot else None, "chain_id": slot.chain_id if slot else None} for p in paid])
+        c.execute(text(_INSERT_SIGNATURE_SQL), {
+            "at": at, "b": batch_id, "txid": txid, "replaces": replaces,
+            "inputs": list(inputs) if inputs is not None else None, "sender": slot.sender if slot else None,
+            "nonce": slot.nonce if slot else None, "chain_id": slot.chain_id if slot else None,
+            "w": [p.withdrawal_id for p in paid], "chain": [p.chain for p in paid], "asset": [p.asset for p in paid],
+            "amount": [p.amount for p in paid], "dest": [p.destination for p in paid],
+            "approvals": [p.approvals for p in paid]})
         self._audit(c, batch_id, "signed", None, txid, detail)
         c.commit()
 

@@ -8,9 +8,10 @@ from typing import Annotated, Callable
 
 from fastapi import Depends, Request, Security
 from fastapi.security import APIKeyHeader
+from starlette.concurrency import run_in_threadpool
 
 from custody.api.errors import SECURITY_SCHEME, ApiError
-from custody.auth import Principal, Role, authenticate
+from custody.auth import Principal, Role, authenticate, remembered
 from custody.console.auth import COOKIE, CSRF_HEADER, ConsoleAuth
 from custody.container import Container
 from custody.errors import CustodyError, CustodyErrorCode
@@ -18,7 +19,10 @@ from custody.errors import CustodyError, CustodyErrorCode
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 
 
-def get_container(request: Request) -> Container:
+# Every dependency here is `async def` and does no I/O on the event loop: FastAPI runs a plain
+# `def` dependency on a worker thread, and each such hop (a thread wake-up and a handoff of the
+# GIL) cost more CPU than the rest of the dependency; a route's own body still runs on a thread.
+async def get_container(request: Request) -> Container:
     return request.app.state.container
 
 
@@ -31,13 +35,18 @@ API_KEY = APIKeyHeader(name="X-API-Key", scheme_name=SECURITY_SCHEME, auto_error
                        description="an API key made by `custody create-api-key`; its role decides what it may do")
 
 
-def _principal(request: Request, container: ContainerDep,
-               x_api_key: Annotated[str | None, Security(API_KEY)] = None) -> Principal:
+async def _principal(request: Request, container: ContainerDep,
+                     x_api_key: Annotated[str | None, Security(API_KEY)] = None) -> Principal:
+    """The caller: a key `authenticate` remembers as live is answered on the event loop; any
+    other key is read from the database on a worker thread (custody.auth); without a key, a console
+    session (read on a worker thread too)."""
     if not x_api_key and request.cookies.get(COOKIE):
-        return console_principal(request, container)
+        return await run_in_threadpool(console_principal, request, container)
     if not x_api_key:
         raise ApiError(401, "unauthorized", "send an API key in the X-API-Key header")
-    principal = authenticate(container.engine, x_api_key, container.settings.api_key_pepper)
+    pepper = container.settings.api_key_pepper
+    principal = remembered(container.engine, x_api_key, pepper) or await run_in_threadpool(
+        authenticate, container.engine, x_api_key, pepper)
     if principal is None:
         raise ApiError(401, "unauthorized", "unknown or revoked API key")
     return principal
@@ -62,7 +71,7 @@ def console_principal(request: Request, container: Container) -> Principal:
 def require(*roles: Role) -> Callable[..., Principal]:
     """A dependency admitting callers with one of `roles` (admin is always admitted)."""
 
-    def check(principal: Annotated[Principal, Depends(_principal)]) -> Principal:
+    async def check(principal: Annotated[Principal, Depends(_principal)]) -> Principal:
         if not principal.has(*roles):
             allowed = ", ".join(r.value for r in roles) or "admin"
             raise ApiError(403, "forbidden", f"role {principal.role.value} may not do this (needs {allowed})")
@@ -75,7 +84,7 @@ def require_exactly(role: Role) -> Callable[..., Principal]:
     """A dependency admitting callers of exactly `role`, not admin: for decisions that count as a
     person's approval of a money movement (maker-checker), which configuring the service is not."""
 
-    def check(principal: Annotated[Principal, Depends(_principal)]) -> Principal:
+    async def check(principal: Annotated[Principal, Depends(_principal)]) -> Principal:
         if principal.role is not role:
             raise ApiError(403, "forbidden", f"role {principal.role.value} may not do this (needs {role.value}; "
                                              "admins configure, operators decide)")

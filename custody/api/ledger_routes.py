@@ -159,19 +159,21 @@ def statement(
 
 
 @router.post("/transactions", response_model=TransactionOut, status_code=201, responses=responses(*MOVES))
-def post_transaction(body: TransactionIn, c: ContainerDep, who: Backend, response: Response) -> TransactionOut:
+def post_transaction(body: TransactionIn, c: ContainerDep, who: Backend) -> Response:
     """Post a linked batch: every transfer commits or none does. A replay of the key answers 200.
     Debits customer accounts only; credits customer or fee-income accounts."""
     decimals: dict[int, int] = {}
     transfers = []
     for t in body.transfers:
-        if t.debit_account_id not in decimals:
-            decimals[t.debit_account_id] = _decimals(c.ledger, t.debit_account_id)
-        transfers.append(Transfer(t.debit_account_id, t.credit_account_id, parse_amount(t.amount, decimals[t.debit_account_id])))
+        d = decimals.get(t.debit_account_id)
+        if d is None:
+            d = decimals[t.debit_account_id] = _decimals(c.ledger, t.debit_account_id)
+        transfers.append(Transfer(t.debit_account_id, t.credit_account_id, parse_amount(t.amount, d)))
     result = CallerLedger(c.ledger, who).post(body.idempotency_key, transfers, kind=body.kind, metadata=body.metadata)
-    if not result.created:
-        response.status_code = 200
-    return TransactionOut(transaction_id=result.transaction_id, created=result.created)
+    # The answer is encoded here, once (the hot path): FastAPI would validate the model again
+    # against `response_model` and encode it through its generic encoder. Same body and statuses.
+    out = TransactionOut(transaction_id=result.transaction_id, created=result.created)
+    return Response(out.model_dump_json(), status_code=201 if result.created else 200, media_type="application/json")
 
 
 @router.get("/transactions/{transaction_id}", response_model=JournalTransactionOut,

@@ -33,19 +33,14 @@ from sqlalchemy import text
 from custody.addresses import derive_btc_address
 from custody.destinations import CHANGE_LOOKAHEAD, LOOKAHEAD
 from regtest.util import assert_equal
-from signer.keys import Secret, SignerKeys, seed_from_text
-from tests.integration.withdrawal_api import WithdrawalApi
+from tests.integration.withdrawal_api import WithdrawalApi, with_bitcoin_wallets
 
 log = logging.getLogger(__name__)
 
 
 @pytest.fixture(scope="module")
 def api(engine) -> WithdrawalApi:
-    api = WithdrawalApi(engine)
-    keys = SignerKeys(seed_from_text(Secret("abandon " * 11 + "about")), "regtest")
-    for tier in ("hot", "deposit"):
-        api.custody.wallets.register_wallet("bitcoin", tier, "regtest", keys.account_xpub("bitcoin", tier))
-    return api
+    return with_bitcoin_wallets(WithdrawalApi(engine))
 
 
 def test_a_hot_change_address_beyond_the_lookahead_is_refused_as_internal(api, ledger):

@@ -24,9 +24,19 @@ from custody.wallets import Wallets
 from ledger.model import Transfer
 from ledger.service import Ledger
 from policies import PolicySet
+from signer.keys import Secret, SignerKeys, seed_from_text
 from tests.approvers import TEST_OPERATORS, approve_over_api, registry
 
 DEST = "bcrt1qw508d6qejxtdg4y5r3zarvary0c5xw7kygt080"  # not ours
+
+
+def with_bitcoin_wallets(api: "WithdrawalApi") -> "WithdrawalApi":
+    """`api` with the bitcoin hot and deposit wallets of the BIP84 test-vector seed registered
+    (regtest), so the destination guard has the service's own addresses to refuse."""
+    keys = SignerKeys(seed_from_text(Secret("abandon " * 11 + "about")), "regtest")
+    for tier in ("hot", "deposit"):
+        api.custody.wallets.register_wallet("bitcoin", tier, "regtest", keys.account_xpub("bitcoin", tier))
+    return api
 
 
 class WithdrawalApi:
