@@ -19,10 +19,14 @@ Each test is a finding, marked xfail(strict) so it fails today and flips when th
   their session cookie) and approves it as an operator from that same session.
 - R15-4: unauthenticated sign-in options tell whether a username has an approved key and list its
   credential ids (user enumeration).
+- R15-6: console enrolment and sign-in accept client data made in a cross-origin frame
+  (`crossOrigin: true`, a `topOrigin`), which signer.approvals refuses for approvals as
+  clickjacking; today only the page's `frame-ancestors 'none'` stands in the way.
 """
 from __future__ import annotations
 
 import base64
+import json
 import uuid
 
 import pytest
@@ -32,7 +36,7 @@ from custody.container import Container
 from custody.settings import Settings
 from ledger.service import Ledger
 from regtest.util import assert_equal
-from signer.approvals import ApprovalInvalid, ApproverRegistry, approval_payload, verify_approval
+from signer.approvals import ApprovalInvalid, ApproverRegistry, approval_payload, b64url, verify_approval
 from tests.console_passkey import SoftPasskey
 from tests.integration.console_helpers import ORIGIN, Console, code
 from tests.integration.test_money_boundaries import Api, firm
@@ -145,3 +149,25 @@ def test_the_passkey_helper_signs_what_it_is_asked(console):
     with pytest.raises(ApprovalInvalid):
         verify_approval(registry, mine.key_id, sig.scheme, payload, sig.signature, sig.authenticator_data,
                         sig.client_data_json)
+
+
+# ---- R15-6 ------------------------------------------------------------------------------------
+
+class FramedPasskey(SoftPasskey):
+    """Answers as a browser does inside a cross-origin frame: `crossOrigin: true` and the framing page's
+    `topOrigin` (WebAuthn level 3)."""
+
+    def _client_data(self, kind: str, challenge: bytes, origin: str | None) -> bytes:
+        return json.dumps({"type": kind, "challenge": b64url(challenge), "origin": origin or self.origin,
+                           "crossOrigin": True, "topOrigin": "https://evil.example"}).encode()
+
+
+@pytest.mark.xfail(strict=True, reason="R15-6: console sign-in accepts an assertion made in a cross-origin frame "
+                                       "(crossOrigin true, a topOrigin), which signer.approvals refuses for approvals")
+def test_sign_in_refuses_an_assertion_made_in_a_cross_origin_frame(console):
+    username = console.name("r156-op")
+    passkey = FramedPasskey(username, origin=ORIGIN)
+    client = console.client()
+    console.approve_enrolment(console.enrol(client, username, passkey)["id"], "operator")
+    r = console.sign_in(client, username, passkey)
+    assert_equal((r.status_code, code(r), "set-cookie" in r.headers), (401, "console_assertion_invalid", False))
