@@ -26,6 +26,7 @@ Each test is a finding, marked xfail(strict) so it fails today and flips when th
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import json
 import uuid
 
@@ -68,7 +69,6 @@ def test_a_credential_activated_by_a_database_writer_gets_no_approver_entry(cons
     forged_entry_served = r.status_code == 200
     if forged_entry_served:  # what the signer would then accept as the victim's approval
         registry = ApproverRegistry.from_entries([r.json()])
-        import datetime as dt
         payload = approval_payload(withdrawal_id=1, chain="bitcoin", asset="BTC", amount=10**8, destination="bcrt1qattacker",
                                    decision_id=1, policy_version="v1",
                                    expires_at=dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc))
@@ -139,7 +139,6 @@ def test_the_passkey_helper_signs_what_it_is_asked(console):
     verify under another key), so R15-1's verification is about the exported entry, not the helper."""
     other = SoftPasskey("someone-else", origin=ORIGIN, label="attacker")
     mine = SoftPasskey("someone", origin=ORIGIN, label="attacker")
-    import datetime as dt
     payload = approval_payload(withdrawal_id=1, chain="bitcoin", asset="BTC", amount=1, destination="x", decision_id=1,
                                policy_version="v1", expires_at=dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc))
     registry = ApproverRegistry.from_entries([{"key_id": mine.key_id, "operator": "someone", "scheme": "webauthn",
