@@ -56,6 +56,7 @@ JOIN deposit_observation d ON d.swept_by = s.id
 WHERE s.chain = 'bitcoin'
 AND s.state IN ('signed', 'broadcast', 'confirmed')
 AND s.containment = 'active'
+AND (CAST(:s AS bigint) IS NULL OR s.id = :s)
 AND d.reorg_count > 0
 AND NOT EXISTS (SELECT 1 FROM btc_wallet_output o WHERE o.txid = d.txid AND o.vout = d.output_index)
 ORDER BY s.id, d.id
@@ -170,15 +171,21 @@ class Sweeps(FirmMoves):
         custody.deposits left it. A node or database failure leaves the sweep for the next run
         (custody.containment). Returns the sweeps dropped."""
         with self.engine.connect() as c:
-            rows = c.execute(_STRANDED_SQL).all()
+            rows = c.execute(_STRANDED_SQL, {"s": None}).all()
         candidates: dict[int, list] = {}
         for r in rows:
             candidates.setdefault(r.id, []).append(r)
-        return [sweep_id for sweep_id, coins in candidates.items()
-                if contained(self.engine, "sweep", sweep_id, coins[0].state, Step.track, lambda coins=coins: self._drop_if_gone(coins),
-                             describe=lambda coins=coins: {"txid": coins[0].txid, "gone": [k.observation_id for k in coins]})]
+        dropped = []
+        for sweep_id, coins in candidates.items():
+            if contained(self.engine, "sweep", sweep_id, coins[0].state, Step.track, lambda coins=coins: self._drop_if_gone(coins),
+                         describe=lambda coins=coins: {"txid": coins[0].txid, "unindexed": [k.observation_id for k in coins]}):
+                dropped.append(sweep_id)
+        return dropped
 
     def _drop_if_gone(self, coins: list) -> bool:
+        """Ask the node about one candidate sweep and its unindexed coins (`stranded_coins`); drop it
+        if some are gone, re-checked under the sweep's row lock against the index (a scan may have
+        walked a block mining the deposit again meanwhile)."""
         sweep = coins[0]
         gone = stranded_coins(self.bitcoin.tx_status(sweep.txid, raw=bytes(sweep.raw)).state,
                               {k.observation_id: self.bitcoin.tx_status(k.coin_txid).state for k in coins})
@@ -187,6 +194,8 @@ class Sweeps(FirmMoves):
         with self.engine.begin() as c:
             if c.execute(text("SELECT containment FROM sweep WHERE id = :s FOR UPDATE"), {"s": sweep.id}).scalar_one() != "active":
                 return False  # set aside meanwhile: an operator's
+            if not set(gone) <= {r.observation_id for r in c.execute(_STRANDED_SQL, {"s": sweep.id})}:
+                return False  # indexed again, or the sweep moved on: the next run looks again
             state = sweep.state
             if state == "confirmed":  # its block was reorged out with the coin's
                 advance(c, "sweep", sweep.id, "confirmed", "broadcast", confirmations=0)
