@@ -9,8 +9,11 @@ test_deposit_reorg_freeze) is gone from the chain, and sweeps know it.
 - A sweep signed (stored, not sent) or mined (not final) before the reorg can never be mined: once
   the kill switch is released, the broadcast run drops it and frees its coins, audited with the
   gone coin and its incident, and the next sweep is rebuilt from the coins still on chain.
-Each ends with the books final, reconciliation at zero (the gone coin explained by the shortfall
-booking), the frozen credit captured to suspense by an operator, and verify() ok."""
+- A sweep whose deposit was reorged out but went back to the node's mempool (not double-spent) is
+  not dropped: it is sent as a child of the deposit, mined with it, and booked once.
+Each ends with the books final, reconciliation at zero (a gone coin explained by the shortfall
+booking), the frozen credit captured to suspense (or, re-mined, released) by an operator, and
+verify() ok."""
 from __future__ import annotations
 
 import pytest
@@ -101,18 +104,18 @@ def sweep_to_final(custody, bitcoind, engine, log) -> int:
     return sweep_id
 
 
-def explained(custody, engine, ledger, incident_id: int) -> None:
-    """Reconciliation at zero with the gone coin's shortfall in suspense; the operator captures the
-    frozen credit to suspense; the books verify."""
+def explained(custody, engine, ledger, incident_id: int, decision: str = "capture") -> None:
+    """Reconciliation at zero (a gone coin's shortfall in suspense); the operator resolves the
+    reorg incident (capture the frozen credit to suspense, or release it); the books verify."""
     custody.deposits.run_once(["bitcoin"])
     custody.payouts.sync_hot_wallet()
     lines = custody.reconciliation.run(chains=["bitcoin"])
     assert {"deposit", "hot"} <= {ln.tier for ln in lines}
     assert_equal({ln.difference for ln in lines}, {0})
     operator = role_client(custody, "operator", "operator")
-    resolved = answered(operator, 200, operator.resolve_incident(incident_id, comment="double spend: the coin is gone",
-                                                                 decision="capture"))
-    assert_equal(resolved.resolution["decision"], "capture")
+    resolved = answered(operator, 200, operator.resolve_incident(incident_id, comment=f"reorged deposit: {decision}",
+                                                                 decision=decision))
+    assert_equal(resolved.resolution["decision"], decision)
     ledger.assert_verified()
     release_kill_switch(engine, "reorged deposit explained")
 
@@ -193,3 +196,35 @@ def test_sweep_stranded_by_a_reorg_is_dropped_and_rebuilt(reached, custody, cust
     _, coins = sweep_row(engine, rebuilt)
     assert live["id"] in coins and gone["id"] not in coins, coins
     explained(custody, engine, ledger, incident.id)
+
+
+def test_sweep_of_a_deposit_back_in_the_mempool_is_not_dropped(custody, customer, bitcoind, engine, ledger, log):
+    sweeps = custody.sweeps
+    live_acct = live_deposit(custody, customer, bitcoind, 2_000_000)
+    back_acct = customer("BTC")
+    bitcoind.fund(custody.wallets.issue_address(f"addr:{back_acct}", back_acct).address, 3_000_000)
+    blocks = bitcoind.mine(BTC_FINALITY)
+    custody.deposits.run_once(["bitcoin"])
+    live, back = observation(custody, live_acct), observation(custody, back_acct)
+    stranded = sweep_of(engine, sweeps.sweep_bitcoin())
+    assert {live["id"], back["id"]} <= sweep_row(engine, stranded)[1]
+
+    log.info("the deposit's blocks are replaced by empty ones after finality; its transaction waits in the mempool")
+    bitcoind.rpc("invalidateblock", blocks[0])
+    for _ in range(BTC_FINALITY + 1):
+        bitcoind.rpc("generateblock", OTHER, [])
+    custody.deposits.run_once(["bitcoin"])
+    incident = reorg_incident(engine, back["id"])
+    assert_equal(ledger.balance(back_acct).held, 3_000_000)
+    release_kill_switch(engine, "deposit in the mempool; sweeps go on")
+
+    log.info("the sweep is sent as the deposit's child, not dropped; both are mined")
+    assert_equal((sweeps.broadcast(), sweeps.drop_stranded()), (1, []))
+    assert_equal(sweep_row(engine, stranded)[0].state, "broadcast")
+    bitcoind.mine(BTC_FINALITY)
+    custody.deposits.run_once(["bitcoin"])  # re-mined: the shortfall booking is reversed
+    assert_equal(sweeps.track(), 1)
+    row, coins = sweep_row(engine, stranded)
+    assert_equal((row.state, books_of(engine, stranded)), ("final", 1))
+    assert {live["id"], back["id"]} <= coins
+    explained(custody, engine, ledger, incident.id, decision="release")
