@@ -69,10 +69,12 @@ CHAIN_TX_TRANSITIONS: Mapping[str, frozenset[str]] = {
     "dropped": frozenset(),
 }
 
-# A sweep moves booked deposit coins into the hot wallet; it is booked once final.
+# A sweep moves booked deposit coins into the hot wallet; it is booked once final. `dropped`: it can
+# never be mined (a coin it spends was reorged out after booking and is gone, custody.sweeps), its
+# coins freed; from `signed` too, as the node refuses it before it was ever sent.
 SWEEP_TRANSITIONS: Mapping[str, frozenset[str]] = {
     "open": frozenset({"signed", "abandoned"}),
-    "signed": frozenset({"broadcast"}),
+    "signed": frozenset({"broadcast", "dropped"}),
     "broadcast": frozenset({"confirmed", "dropped"}),
     "confirmed": frozenset({"final", "broadcast"}),
     "final": frozenset(),
@@ -81,8 +83,9 @@ SWEEP_TRANSITIONS: Mapping[str, frozenset[str]] = {
 }
 
 # A rebalance moves value between the firm's wallet tiers (bitcoin: hot -> cold); booked once final.
-# The same shape as a sweep, so one piece of code broadcasts and tracks both (custody.firm_moves).
-REBALANCE_TRANSITIONS: Mapping[str, frozenset[str]] = SWEEP_TRANSITIONS
+# The same shape as a sweep, so one piece of code broadcasts and tracks both (custody.firm_moves);
+# a signed rebalance is not dropped (only a sweep is, custody.sweeps `drop_stranded`).
+REBALANCE_TRANSITIONS: Mapping[str, frozenset[str]] = {**SWEEP_TRANSITIONS, "signed": frozenset({"broadcast"})}
 
 # An ethereum sweep (deposit address -> hot address) or its gas funding (hot -> deposit address):
 # one transaction each, its nonce reserved when the row is made, never dropped (a gap would block
