@@ -37,6 +37,7 @@ from chain_adapters.base import ChainAdapter, TxState
 from custody.containment import Step, contained
 from custody.controls import audit, kill_switch
 from custody.firm_moves import BumpConfig, FirmMoves
+from custody.states import advance
 from custody.wallets import Wallets
 from ledger.model import Transfer
 from ledger.service import Ledger
