@@ -119,3 +119,28 @@ def test_a_gas_funding_is_never_credited_as_a_deposit(custody, customer, anvil, 
     assert_equal(differences(custody), baseline)
     ledger.assert_verified()
     assert credited == 0, f"the hot address's gas funding ({need} wei) was credited to {owner} as a deposit: {recorded}"
+
+
+@pytest.mark.xfail(strict=True, reason="R15-S4: once an asset's total passes its threshold every address holding any of it "
+                                       "is swept, so a token deposit of one base unit gets a gas funding and a sweep costing "
+                                       "far more than it moves")
+def test_a_token_deposit_worth_less_than_its_gas_is_not_funded(custody, customer, anvil, usdt, eth_adapter, engine, ledger,
+                                                               thresholds, log):  # noqa: F811
+    fund_hot(custody, anvil, ETHER)
+    baseline = clean_slate(custody, anvil, log)
+    big = deposit(custody, customer, anvil, usdt, tokens=600 * USDT)
+    crumbs = [deposit(custody, customer, anvil, usdt, tokens=1) for _ in range(3)]  # 0.000001 USDT each
+    anvil.mine(ETH_FINALITY)
+    custody.deposits.run_once(["ethereum"])
+    try:
+        custody.eth_sweeps.plan()
+        fundings = {f.address: int(f.amount) for f in rows(engine, "eth_gas_funding", [big] + crumbs)}
+        log.info("gas fundings planned: %s", fundings)
+        assert big in fundings
+        funded = [a for a in crumbs if a in fundings]
+        assert funded == [], (f"{len(funded)} addresses holding 1 USDT base unit each funded with "
+                              f"{sum(fundings[a] for a in funded)} wei of gas to sweep it")
+    finally:
+        drain(custody, anvil, baseline, log)
+    assert_equal(unfinished(engine), 0)
+    ledger.assert_verified()
