@@ -11,6 +11,9 @@ findings as strict xfails, rows written directly as a database writer with the w
 - R15-S2: a gas funding refuses a hot nonce the signer signed a withdrawal at, but a withdrawal is
   signed at a hot nonce the signer already gave a gas funding: two transactions of ours at one
   nonce, one of which can never be mined.
+- R15-S6: a gas funding is signed at any hot nonce, even far past every nonce the signer signed
+  (a gap the hot address can never fill); custody's funding allocator takes its next nonce from the
+  signer's record (`_HOT_NONCE_RECORDED_SQL`), so every later funding lands behind the gap.
 """
 from __future__ import annotations
 
@@ -19,6 +22,8 @@ import logging
 import pytest
 from sqlalchemy import text
 
+from custody.eth_sweeps import EthSweeps
+from ledger.service import Ledger
 from regtest.util import assert_equal
 from signer.assets import SignerAsset
 from signer.ethereum_tx import erc20_transfer_data
@@ -84,3 +89,32 @@ def test_a_withdrawal_is_not_signed_at_a_hot_nonce_a_gas_funding_took(api, usdt_
         raise AssertionError(f"withdrawal {wid} signed at hot nonce {nonce}, which gas funding 0xfunding already holds")
     finally:
         release(api, wid)
+
+
+class _Node:
+    """The one call `EthSweeps._reserve_hot_nonce` makes of the node: the hot address's count (0, a fresh chain)."""
+
+    def nonce(self, address: str, pending: bool = True) -> int:
+        return 0
+
+
+@pytest.mark.xfail(strict=True, reason="R15-S6: a gas funding is signed at any hot nonce, however far past what the signer "
+                                       "ever signed; custody's funding allocator then follows that record past the gap")
+def test_a_gas_funding_is_signed_only_at_a_hot_nonce_without_a_gap(env):  # noqa: F811
+    engine, wallets, signer = env
+    address, index = new_address(env)
+    sweep = sweep_row(env, address, index)
+    far = 10**9
+    try:
+        tx = signer.sign_ethereum_gas_funding(sweep, deposit_index=index, chain_id=CHAIN_ID, nonce=far, value=NEED, **GAS)
+    except SigningRefused as refused:
+        assert_equal(refused.code.value, "nonce_gap")
+        return  # fixed
+    hot = _eth_address(KEYS.private_key_for("ethereum", "hot", 0, 0))
+    sweeps = EthSweeps(engine, Ledger(engine), wallets, _Node(), signer, hot_address=hot, thresholds={})  # type: ignore[arg-type]
+    with engine.connect() as c:
+        following = sweeps._reserve_hot_nonce(c)
+        c.rollback()
+    log.info("funding %s signed at hot nonce %d; custody's next funding would take %d", tx.txid, tx.nonce, following)
+    raise AssertionError(f"gas funding signed at hot nonce {tx.nonce} (nothing signed between); custody's next funding nonce "
+                         f"is {following}, so every later funding waits behind a gap on chain")
