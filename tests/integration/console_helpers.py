@@ -33,11 +33,12 @@ class Console:
         settings = self.container.settings
         return SoftPasskey(username, origin=settings.console_origin, rp_id=settings.console_rp_id, label=label)
 
-    def configure_admin(self, passkey: SoftPasskey, credential_id: int | None = None) -> SoftPasskey:
-        """An admin's key as operations would make it a root of trust: enrolled (unless
-        `credential_id` is given), approved by the admin API key, its exported entry added to the
-        container's CONSOLE_ADMINS."""
+    def configure_admin(self, passkey: SoftPasskey | None, credential_id: int | None = None) -> SoftPasskey | None:
+        """An admin's key as operations would make it a root of trust: enrolled and approved by the
+        admin API key (unless `credential_id`, an active admin's, is given), its exported entry
+        added to the container's CONSOLE_ADMINS."""
         if credential_id is None:
+            assert passkey is not None
             credential_id = self.enrol(self.client(), passkey.operator, passkey)["id"]
             self.approve_enrolment(credential_id, "admin", signed=False)
         r = self.admin_key.get(f"/console/api/credentials/{credential_id}/approver-entry")
