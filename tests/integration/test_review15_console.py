@@ -80,6 +80,38 @@ def test_a_credential_activated_by_a_database_writer_gets_no_approver_entry(cons
     assert not forged_entry_served, "an approver entry for a key no admin approved"
 
 
+def test_an_activation_counts_only_from_a_configured_admin_for_that_credential_and_role(console, engine):
+    """R15-1's fix, each way around it: an admin key that is not in CONSOLE_ADMINS, a configured
+    admin's signature over another role or another credential, a proof written after activation."""
+    console.person("r151-admin", "admin")  # active admin, but not in CONSOLE_ADMINS
+    outsider = SoftPasskey(console.name("r151-admin"), origin=ORIGIN)
+    names = [console.name(f"r151-op{i}") for i in range(2)]
+    ids = [console.enrol(console.client(), n, SoftPasskey(n, origin=ORIGIN))["id"] for n in names]
+
+    def approve(body):
+        return console.admin_key.post(f"/console/api/credentials/{ids[0]}/approve", json=body)
+
+    for activation in (console.activation(ids[0], "operator", admin=outsider),  # not a configured admin
+                       console.activation(ids[0], "admin"),  # the root's, for another role
+                       console.activation(ids[1], "operator")):  # the root's, for another credential
+        r = approve({"role": "operator", "activation": activation})
+        assert_equal((r.status_code, code(r)), (403, "console_activation_invalid"))
+    assert_equal(approve({"role": "operator"}).status_code, 200)  # unsigned: signs in, no approver entry
+    r = console.admin_key.get(f"/console/api/credentials/{ids[0]}/approver-entry")
+    assert_equal((r.status_code, code(r)), (403, "console_activation_invalid"))
+    proof = console.activation(ids[1], "operator")  # a real proof of another row, copied underneath
+    with pytest.raises(Exception) as late:
+        with engine.begin() as c:
+            c.execute(text("SET LOCAL ROLE custody_api"))
+            c.execute(text("UPDATE console_credential SET activation_key_id = :k, activation_signature = :s WHERE id = :i"),
+                      {"k": proof["key_id"], "s": base64.b64decode(proof["signature"]), "i": ids[0]})
+    assert "never after" in str(late.value)
+    console.approve_enrolment(ids[1], "operator")
+    r = console.admin_key.get(f"/console/api/credentials/{ids[1]}/approver-entry")
+    assert_equal((r.status_code, r.json()["entry"]["operator"], r.json()["activated_by"]["key_id"]),
+                 (200, names[1], console.root.key_id))
+
+
 # ---- R15-2 ------------------------------------------------------------------------------------
 
 def _propose_and_approve(api: Api, ledger, proposer: tuple, approver: tuple) -> tuple:
