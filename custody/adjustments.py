@@ -10,6 +10,10 @@ Guarantees:
   what is posted is exactly that, under the key `treasury-adjustment:<id>`, kind
   `treasury_adjustment`, with the reason, proposer and approvers in its metadata;
 - the proposer never approves; each operator votes once; the quorum is fixed at proposal time;
+  operators are compared as one identity across forms and letter case
+  (signer.approvals.operator_identity: `api:Anna`, `anna` and `ANNA` are one person), so a second
+  API key or console enrolment under a case variant of a name neither approves its own proposal
+  nor votes twice;
 - the posting happens in the same database transaction as the vote that completes the quorum: if
   the ledger refuses it (insufficient funds, a limit, a closed account), nothing is written and the
   approver gets the ledger's code; one rejection by any operator (the proposer included, to
@@ -40,6 +44,7 @@ from custody.states import advance
 from ledger.errors import ErrorCode, LedgerError
 from ledger.model import AccountKind, Transfer, validate_transfers
 from ledger.service import Ledger
+from signer.approvals import operator_identity
 
 MAX_LEGS = 100
 # Kinds whose balance mirrors coins on chain: adjusting them changes what reconciliation expects.
@@ -107,7 +112,7 @@ class TreasuryAdjustments:
         """Record `by`'s approval; the approval that completes the quorum posts the adjustment."""
         with self.engine.begin() as c:
             current = self._lock(c, adjustment_id)
-            if current.proposed_by == by:
+            if operator_identity(current.proposed_by) == operator_identity(by):
                 raise CustodyError(CustodyErrorCode.proposer_cannot_approve,
                                    "the operator who proposed an adjustment may not approve it")
             self._vote(c, current, by, "approve", comment)
@@ -154,6 +159,10 @@ class TreasuryAdjustments:
     def _vote(c: Connection, current: AdjustmentView, by: str, decision: str, comment: str) -> None:
         if not comment.strip():
             raise LedgerError(ErrorCode.invalid_request, "a vote needs a comment")
+        voters = c.execute(text("SELECT operator FROM treasury_adjustment_vote WHERE adjustment_id = :i"),
+                           {"i": current.id}).scalars().all()
+        if operator_identity(by) in {operator_identity(v) for v in voters}:
+            raise CustodyError(CustodyErrorCode.already_acted, f"{by} already voted on adjustment {current.id}")
         inserted = c.execute(
             text("INSERT INTO treasury_adjustment_vote (adjustment_id, operator, decision, comment) "
                  "VALUES (:i, :o, :d, :c) ON CONFLICT DO NOTHING"),

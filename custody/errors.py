@@ -73,7 +73,9 @@
 | console_assertion_invalid | 401 | the WebAuthn registration or assertion does not verify (origin, relying party, user verification, signature, or a sign count that went backwards) |
 | console_credential_unknown | 401 | the assertion's credential is not an active console credential (unknown, pending an admin's approval, or revoked) |
 | console_credential_not_found | 404 | no console credential with that id |
-| console_self_approval | 403 | nobody approves their own console enrolment |
+| console_self_approval | 403 | nobody approves their own console enrolment (the credential's user, or the user whose session enrolled it) |
+| console_activation_invalid | 403 | an enrolment's activation is not an assertion of a configured console admin (`CONSOLE_ADMINS`) over its activation payload, or a stored one no longer verifies: no approver entry |
+| console_username_taken | 409 | another console user or API key has this name in another letter case |
 | quote_not_found | 404 | no convert quote with that id for this caller (a backend sees only the quotes its own key asked for) |
 | quote_expired | 409 | the quote's expiry (`CONVERT_QUOTE_TTL_SECONDS` after it was made) has passed: ask for a new quote; nothing was booked |
 | quote_already_used | 409 | the quote was accepted before under another idempotency key: a quote books once; nothing was booked now |
@@ -160,6 +162,8 @@ class CustodyErrorCode(str, enum.Enum):
     console_credential_unknown = "console_credential_unknown"
     console_credential_not_found = "console_credential_not_found"
     console_self_approval = "console_self_approval"
+    console_activation_invalid = "console_activation_invalid"
+    console_username_taken = "console_username_taken"
     quote_not_found = "quote_not_found"
     quote_expired = "quote_expired"
     quote_already_used = "quote_already_used"
@@ -246,6 +250,8 @@ _STATUS = {
     CustodyErrorCode.console_credential_unknown: 401,
     CustodyErrorCode.console_credential_not_found: 404,
     CustodyErrorCode.console_self_approval: 403,
+    CustodyErrorCode.console_activation_invalid: 403,
+    CustodyErrorCode.console_username_taken: 409,
     CustodyErrorCode.quote_not_found: 404,
     CustodyErrorCode.quote_expired: 409,
     CustodyErrorCode.quote_already_used: 409,

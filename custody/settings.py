@@ -77,6 +77,9 @@ class Settings(BaseSettings):
     console_idle_seconds: int = Field(default=900, ge=10, le=86400)
     console_session_max_seconds: int = Field(default=43200, ge=60, le=7 * 86400)
     console_challenge_seconds: int = Field(default=120, ge=10, le=3600)
+    # the console's root of trust (custody.console.auth): the admin credentials whose signed approval
+    # makes an operator's console key exportable as an approver key; JSON list of approver entries
+    console_admins: list[dict[str, str]] = Field(default_factory=list)
 
     @field_validator("webhook_secret_key")
     @classmethod
@@ -84,6 +87,15 @@ class Settings(BaseSettings):
         if key is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", key.get_secret_value().strip()):
             raise ValueError("WEBHOOK_SECRET_KEY must be 64 hex digits (32 bytes: `openssl rand -hex 32`)")
         return key
+
+    @field_validator("console_admins")
+    @classmethod
+    def _console_admins(cls, entries: list[dict[str, str]]) -> list[dict[str, str]]:
+        from signer.approvals import ApproverRegistry
+        registry = ApproverRegistry.from_entries(entries)  # raises ValueError naming the bad entry
+        if any(key.scheme != "webauthn" for key in registry.keys()):
+            raise ValueError("CONSOLE_ADMINS lists console (webauthn) keys only")
+        return entries
 
     @field_validator("webhook_allow_private_hosts")
     @classmethod

@@ -50,6 +50,7 @@ from typing import Callable
 
 from sqlalchemy import Connection, Engine, text
 
+from custody.console.auth import refuse_inactive_console_key
 from custody.controls import audit, emit, kill_switch
 from custody.deposits import reopen_returns, return_reorged_out
 from custody.destinations import DestinationGuard
@@ -359,8 +360,13 @@ class Withdrawals:
         """No signature: a rejection only releases the hold; it can never pay anyone."""
         return self._act(withdrawal_id, operator, comment, "reject")
 
-    def _verify_signature(self, operator: str, payload: bytes, signature: ApprovalSignature | None) -> None:
+    def _verify_signature(self, c: Connection, operator: str, payload: bytes, signature: ApprovalSignature | None) -> None:
+        """The signature verifies against `approvers` and is the caller's own; a `console:` key must
+        also belong to a console credential that is active now (a revoked one approves nothing,
+        even while its entry is still configured: `approver_unknown`)."""
         verify_operator_signature(self.approvers, operator, payload, signature)
+        assert signature is not None  # verify_operator_signature refuses None
+        refuse_inactive_console_key(c, signature.key_id)
 
     def _act(self, wid: int, operator: str, comment: str, action: str,
              signature: ApprovalSignature | None = None) -> WithdrawalView:
@@ -381,7 +387,7 @@ class Withdrawals:
                 if operator.strip().casefold() == w.requested_by.strip().casefold():
                     raise CustodyError(CustodyErrorCode.requester_cannot_approve, "the requester may not approve their own withdrawal")
                 payload = _payload(w, decision)
-                self._verify_signature(operator, payload, signature)
+                self._verify_signature(c, operator, payload, signature)
                 signed = (signature, payload)
                 if not decision.is_live(now):
                     raise CustodyError(CustodyErrorCode.decision_expired, f"the decision expired at {decision.expires_at.isoformat()}")

@@ -1,7 +1,9 @@
 """A treasury team set up through the console in a real browser (tests/browser.py), shared by the
-browser tests: an admin enrols a key in the page and is approved by the bootstrap admin API key;
-the others enrol in their own pages, the admin approves each in the Enrolments tab with a role,
-and copies each operator's approver entry from the page (TOML) for the signer's configuration.
+browser tests: an admin enrols a key in the page and is approved by the bootstrap admin API key, and
+their key's entry is put in CONSOLE_ADMINS (as operations would after confirming its fingerprint);
+the others enrol in their own pages, the admin approves each in the Enrolments tab with a role
+(signing each activation with their key), and copies each operator's approver entry from the page
+(TOML) for the signer's configuration.
 
 - `enrol_team(browser, console, origin, roles)` -> Team: people by name, the approver entries of
   the operators (parsed from the page's TOML), screenshots along the way;
@@ -35,7 +37,8 @@ def enrol_team(browser: Browser, console, origin: str, roles: dict[str, str], ru
     admin.shot("enrolled-waiting")
     auth = ConsoleAuth(console.container.engine, console.container.settings)
     [pending] = [k for k in auth.credentials(state="pending") if k.username == admin.name]
-    console.approve_enrolment(pending.id, "admin")  # the bootstrap: an admin API key approves the first admin
+    console.approve_enrolment(pending.id, "admin", signed=False)  # the bootstrap: an admin API key approves the first admin
+    console.configure_admin(None, pending.id)  # operations put its entry in CONSOLE_ADMINS (after the fingerprint check)
     admin.sign_in()
     for who in roles:
         person = team.people[who] = browser.person(f"{who}-{run}", origin)

@@ -8,6 +8,7 @@ served from `custody/console/` (no build step, nothing from another host).
 """
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -18,11 +19,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from custody.api.deps import Admin, Auditor, ContainerDep, Operator
 from custody.api.errors import ApiError
 from custody.api.params import IdPath
+from custody.api.withdrawal_routes import ApprovalSignatureIn, signature_of
 from custody.console import views
 from custody.console.auth import COOKIE, ConsoleAuth, ConsoleSession, CredentialView
 from custody.controls import audit, kill_switch
 from custody.errors import CustodyError, CustodyErrorCode
 from custody.incidents import Incidents
+from signer.approvals import b64url, webauthn_challenge
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 HERE = Path(__file__).resolve().parents[1] / "console"
@@ -46,9 +49,17 @@ class CredentialIn(BaseModel):
     credential: dict[str, Any]
 
 
+Role = Literal["operator", "auditor", "admin"]
+
+
 class EnrolmentDecisionIn(BaseModel):
+    """The role, and the approving admin's WebAuthn assertion over the credential's activation
+    payload (`GET .../activation-payload?role=`): required for an operator's key to get an approver
+    entry (custody.console.auth)."""
+
     model_config = ConfigDict(extra="forbid")
-    role: Literal["operator", "auditor", "admin"]
+    role: Role
+    activation: ApprovalSignatureIn | None = None
 
 
 class NoteIn(BaseModel):
@@ -64,7 +75,8 @@ def _credential_out(v: CredentialView) -> dict:
     return {"id": v.id, "username": v.username, "role": v.role, "state": v.state, "fingerprint": v.fingerprint,
             "key_id": v.key_id, "requested_at": v.requested_at.isoformat(), "decided_by": v.decided_by,
             "decided_at": v.decided_at.isoformat() if v.decided_at else None,
-            "last_used_at": v.last_used_at.isoformat() if v.last_used_at else None}
+            "last_used_at": v.last_used_at.isoformat() if v.last_used_at else None, "enrolled_by": v.enrolled_by,
+            "activated_by_key": v.activated_by_key}
 
 
 def _session_out(s: ConsoleSession) -> dict:
@@ -90,8 +102,17 @@ def enrol_options(body: UsernameIn, c: ContainerDep) -> dict:
 
 
 @router.post("/enrol", status_code=201)
-def enrol(body: CredentialIn, c: ContainerDep) -> dict:
-    return _credential_out(_auth(c).enrol(body.credential))
+def enrol(body: CredentialIn, request: Request, c: ContainerDep) -> dict:
+    """A new pending credential; made from a signed-in browser, its session's user is recorded as the
+    enroller, who may not approve it (README: R15-3)."""
+    auth = _auth(c)
+    enrolled_by = None
+    if request.cookies.get(COOKIE):
+        try:
+            enrolled_by = auth.session(request.cookies.get(COOKIE)).username
+        except CustodyError:
+            enrolled_by = None  # an ended session: nobody is signed in
+    return _credential_out(auth.enrol(body.credential, enrolled_by=enrolled_by))
 
 
 @router.post("/sign-in/options")
@@ -186,17 +207,30 @@ def credentials(c: ContainerDep, _: Admin, state: Literal["pending", "active", "
     return [_credential_out(v) for v in _auth(c).credentials(state=state)]
 
 
+@router.get("/api/credentials/{credential_id}/activation-payload")
+def activation_payload(credential_id: IdPath, role: Role, c: ContainerDep, _: Admin) -> dict:
+    """What the approving admin's authenticator signs (challenge: SHA-256 of the bytes)."""
+    payload = _auth(c).activation(credential_id, role)
+    return {"payload": payload.decode("utf-8"), "payload_base64": base64.b64encode(payload).decode("ascii"),
+            "challenge": b64url(webauthn_challenge(payload))}
+
+
 @router.post("/api/credentials/{credential_id}/approve")
 def approve_enrolment(credential_id: IdPath, body: EnrolmentDecisionIn, c: ContainerDep, who: Admin) -> dict:
-    return _credential_out(_auth(c).decide_enrolment(credential_id, decision="approve", role=body.role, by=who.name))
+    return _credential_out(_auth(c).decide_enrolment(credential_id, decision="approve", role=body.role, by=who.name,
+                                                     activation=signature_of(body.activation)))
 
 
 @router.post("/api/credentials/{credential_id}/revoke")
 def revoke_credential(credential_id: IdPath, c: ContainerDep, who: Admin) -> dict:
-    return _credential_out(_auth(c).decide_enrolment(credential_id, decision="revoke", role=None, by=who.name))
+    """Revoked: its sessions end and custody refuses its approvals; its `[[approvers]]` entry must
+    still be removed from the signer's and custody's configuration (the answer's `next_step`)."""
+    out = _credential_out(_auth(c).decide_enrolment(credential_id, decision="revoke", role=None, by=who.name))
+    return {**out, "next_step": f"remove the [[approvers]] entry key_id = {out['key_id']!r} (and any CONSOLE_ADMINS entry) "
+                                "from the signer's and custody's configuration and restart both"}
 
 
 @router.get("/api/credentials/{credential_id}/approver-entry")
 def approver_entry(credential_id: IdPath, c: ContainerDep, _: Admin) -> dict:
-    """The signer's `[[approvers]]` entry for the credential (custody.console.auth)."""
+    """The credential's entry for configuration, its fingerprint and what vouches for it (custody.console.auth)."""
     return _auth(c).approver_entry(credential_id)

@@ -159,7 +159,11 @@ def _bytes(value: str | None, what: str) -> bytes | None:
 
 
 def _signature(body: ApproveIn) -> ApprovalSignature | None:
-    s = body.signature
+    return signature_of(body.signature)
+
+
+def signature_of(s: ApprovalSignatureIn | None) -> ApprovalSignature | None:
+    """The typed signature of a request's `signature` object (binary fields decoded)."""
     if s is None:
         return None
     return ApprovalSignature(s.key_id, s.scheme, _bytes(s.signature, "signature") or b"",

@@ -254,6 +254,18 @@ async function renderQueue() {
 
 function decimalsOf(units) { return units.includes(".") ? units.split(".")[1].length : 0; }
 
+// An assertion of the signed-in person's own key over `bytes` (challenge: their SHA-256), as the
+// `signature` object the service takes (signer.approvals, scheme webauthn).
+async function signWithMyKey(bytes) {
+  const challenge = await crypto.subtle.digest("SHA-256", bytes);
+  const credentialId = b64urlToBytes(me.key_id.slice("console:".length));
+  const cred = await navigator.credentials.get({publicKey: {
+    challenge, allowCredentials: [{type: "public-key", id: credentialId}], userVerification: "required", timeout: 120000}});
+  return {key_id: me.key_id, scheme: "webauthn", signature: bytesToB64(cred.response.signature),
+          authenticator_data: bytesToB64(cred.response.authenticatorData),
+          client_data_json: bytesToB64(cred.response.clientDataJSON)};
+}
+
 async function approve(w) {
   await act(`w:${w.id}`, async () => {
     const shown = await call("GET", `/v1/withdrawals/${w.id}/approval-payload`);
@@ -275,14 +287,7 @@ async function approve(w) {
               ["Approvals so far", `${w.approvals.length} of ${w.required_approvals}${w.approvals.length ? ": " + w.approvals.join(", ") : ""}`],
               ["Decision expires", p.expires_at]]});
     if (comment === null) throw new Error("cancelled: nothing was signed");
-    const challenge = await crypto.subtle.digest("SHA-256", bytes);
-    const credentialId = b64urlToBytes(me.key_id.slice("console:".length));
-    const cred = await navigator.credentials.get({publicKey: {
-      challenge, allowCredentials: [{type: "public-key", id: credentialId}], userVerification: "required", timeout: 120000}});
-    const r = await call("POST", `/v1/withdrawals/${w.id}/approve`, {comment, signature: {
-      key_id: me.key_id, scheme: "webauthn", signature: bytesToB64(cred.response.signature),
-      authenticator_data: bytesToB64(cred.response.authenticatorData),
-      client_data_json: bytesToB64(cred.response.clientDataJSON)}});
+    const r = await call("POST", `/v1/withdrawals/${w.id}/approve`, {comment, signature: await signWithMyKey(bytes)});
     rowNotes[`w:${w.id}`] = {ok: `approved: the withdrawal is ${r.state}`};
   }, null, renderQueue);
 }
@@ -514,6 +519,7 @@ async function renderEnrolments() {
     if (k.state === "pending" && known) actions.push(el("span", {class: "tag warn"}, "this user already has an active key: confirm with them"), " ");
     if (k.state === "pending") actions.push(role, " ", el("button", {class: "primary", onclick: () => credentialAction(k, "approve", role.value)}, "Approve"), " ");
     if (k.state === "active" && k.role === "operator") actions.push(el("button", {onclick: () => showEntry(k)}, "Approver entry"), " ");
+    if (k.state === "active" && k.role === "admin") actions.push(el("button", {onclick: () => showEntry(k)}, "Admin entry"), " ");
     if (k.state !== "revoked") actions.push(el("button", {class: "danger", onclick: () => credentialAction(k, "revoke")}, "Revoke"));
     return el("tr", {"data-credential": k.id}, el("td", {}, `#${k.id}`), el("td", {}, k.username), el("td", {}, k.state),
       el("td", {}, k.role || ""), el("td", {class: "mono"}, k.fingerprint), el("td", {}, k.requested_at), el("td", {}, k.decided_by || ""),
@@ -527,14 +533,35 @@ async function credentialAction(k, what, role) {
                           facts: [["Fingerprint", k.fingerprint], ["Requested", k.requested_at]], okText: what === "approve" ? "Approve" : "Revoke",
                           danger: what !== "approve"});
     if (ok === null) throw new Error("cancelled");
-    await call("POST", `/console/api/credentials/${k.id}/${what}`, what === "approve" ? {role} : undefined);
+    if (what !== "approve") {
+      await call("POST", `/console/api/credentials/${k.id}/revoke`);
+      return;
+    }
+    // Approving is signing: your key's assertion over the credential's activation payload, which
+    // names its id, its key's hash (whose first 16 hex digits are the fingerprint you read out), user and role.
+    const shown = await call("GET", `/console/api/credentials/${k.id}/activation-payload?role=${encodeURIComponent(role)}`);
+    const bytes = Uint8Array.from(atob(shown.payload_base64), (c) => c.charCodeAt(0));
+    const p = JSON.parse(new TextDecoder("utf-8", {fatal: true}).decode(bytes));
+    const printed = p.public_key_sha256.slice(0, 16).match(/.{4}/g).join(" ");
+    if (p.username !== k.username || p.role !== role || p.credential_id !== k.key_id.slice("console:".length) || printed !== k.fingerprint) {
+      throw new Error("the activation payload does not match this row: not signing");
+    }
+    await call("POST", `/console/api/credentials/${k.id}/approve`, {role, activation: await signWithMyKey(bytes)});
   }, what === "approve" ? "approved" : "revoked", renderEnrolments);
 }
 
 async function showEntry(k) {
   const e = await call("GET", `/console/api/credentials/${k.id}/approver-entry`);
-  $("approver-entry").textContent = "# add to the signer's configuration (and custody's `approvers`)\n[[approvers]]\n" +
-    Object.entries(e).map(([key, value]) => `${key} = ${JSON.stringify(value)}`).join("\n");
+  const confirm = `# ${e.username}'s key, fingerprint ${e.fingerprint}: confirm it with them in person before adding it\n`;
+  if (e.config === "CONSOLE_ADMINS") {
+    $("approver-entry").textContent = confirm + "# a console admin (the root of trust): add to the JSON list CONSOLE_ADMINS\n" +
+      JSON.stringify(e.entry);
+    return;
+  }
+  $("approver-entry").textContent = confirm +
+    `# activation signed by admin ${e.activated_by.operator} (key fingerprint ${e.activated_by.fingerprint})\n` +
+    "# add to the signer's configuration (and custody's `approvers`)\n[[approvers]]\n" +
+    Object.entries(e.entry).map(([key, value]) => `${key} = ${JSON.stringify(value)}`).join("\n");
 }
 
 // ---- start ----------------------------------------------------------------------------------------

@@ -48,7 +48,7 @@ def world(database_url):
             client, passkey, session = enrolling.person(who, "operator")
             r = enrolling.admin_key.get(f"/console/api/credentials/{session['credential_id']}/approver-entry")
             assert r.status_code == 200, r.text
-            people[who] = (passkey, session, r.json())
+            people[who] = (passkey, session, r.json()["entry"])
         entries = tuple(entry for _, _, entry in people.values())
         # the entries as TOML in each process's configuration: the signer's [[approvers]] (its own
         # model), custody's `approvers` (the early check at the door)

@@ -166,7 +166,7 @@ def test_enrolment_waits_for_an_admin_and_revocation_ends_sessions(console, engi
     cookie = r.headers["set-cookie"].lower()
     assert "httponly" in cookie and "samesite=strict" in cookie and "path=/" in cookie and "secure" not in cookie
 
-    assert_equal(console.admin_key.get(f"/console/api/credentials/{credential['id']}/approver-entry").json()["operator"], username)
+    assert_equal(console.admin_key.get(f"/console/api/credentials/{credential['id']}/approver-entry").json()["entry"]["operator"], username)
     _, _, auditor = console.person("entry-auditor", "auditor")
     r = console.admin_key.get(f"/console/api/credentials/{auditor['credential_id']}/approver-entry")
     assert_equal((r.status_code, code(r)), (409, "invalid_state"))  # only an operator's key approves payments

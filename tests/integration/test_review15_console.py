@@ -1,6 +1,6 @@
 """Adversarial review of issue 15 (the operator console): enrolment, sign-in and the approver entry.
 
-Each test is a finding, marked xfail(strict) so it fails today and flips when the defect is fixed:
+Each test is a finding; each was marked xfail(strict) until its fix (branch fix-console) landed:
 
 - R15-1: a database writer with custody_api's rights (the api process's role) activates a console
   credential holding ITS OWN key under an operator's name (the guard trigger only refuses
@@ -13,7 +13,9 @@ Each test is a finding, marked xfail(strict) so it fails today and flips when th
   credentials); the README says a name is one operator across its forms, and withdrawals compare
   case-folded, but treasury adjustments compare `proposed_by == by` exactly: one operator with a
   second, case-variant enrolment (which the Enrolments page does not flag: its check is `===`)
-  proposes and approves an adjustment alone, minting customer money from equity.
+  proposes and approves an adjustment alone, minting customer money from equity. Fixed twice over:
+  a case-variant enrolment is refused (`console_username_taken`), and adjustments compare
+  operators case-folded (one that exists anyway, or two API keys named alike, cannot self-approve).
 - R15-3: "nobody approves their own enrolment" is a username comparison only: an admin signed in to
   the console enrols a key under another name from the same browser (the enrol request carries
   their session cookie) and approves it as an operator from that same session.
@@ -33,6 +35,7 @@ import uuid
 import pytest
 from sqlalchemy import text
 
+from custody.auth import create_api_key
 from custody.container import Container
 from custody.settings import Settings
 from ledger.service import Ledger
@@ -50,8 +53,6 @@ def console(engine) -> Console:
 
 # ---- R15-1 ------------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="R15-1: a credential activated by a custody_api database writer (its own key, an "
-                                       "operator's name) is exported as that operator's signer approver entry")
 def test_a_credential_activated_by_a_database_writer_gets_no_approver_entry(console, engine):
     victim = console.name("r151-anna")
     console.person("r151-anna", "operator")  # the real operator, enrolled and approved properly
@@ -79,40 +80,92 @@ def test_a_credential_activated_by_a_database_writer_gets_no_approver_entry(cons
     assert not forged_entry_served, "an approver entry for a key no admin approved"
 
 
+def test_an_activation_counts_only_from_a_configured_admin_for_that_credential_and_role(console, engine):
+    """R15-1's fix, each way around it: an admin key that is not in CONSOLE_ADMINS, a configured
+    admin's signature over another role or another credential, a proof written after activation."""
+    console.person("r151-admin", "admin")  # active admin, but not in CONSOLE_ADMINS
+    outsider = SoftPasskey(console.name("r151-admin"), origin=ORIGIN)
+    names = [console.name(f"r151-op{i}") for i in range(2)]
+    ids = [console.enrol(console.client(), n, SoftPasskey(n, origin=ORIGIN))["id"] for n in names]
+
+    def approve(body):
+        return console.admin_key.post(f"/console/api/credentials/{ids[0]}/approve", json=body)
+
+    for activation in (console.activation(ids[0], "operator", admin=outsider),  # not a configured admin
+                       console.activation(ids[0], "admin"),  # the root's, for another role
+                       console.activation(ids[1], "operator")):  # the root's, for another credential
+        r = approve({"role": "operator", "activation": activation})
+        assert_equal((r.status_code, code(r)), (403, "console_activation_invalid"))
+    assert_equal(approve({"role": "operator"}).status_code, 200)  # unsigned: signs in, no approver entry
+    r = console.admin_key.get(f"/console/api/credentials/{ids[0]}/approver-entry")
+    assert_equal((r.status_code, code(r)), (403, "console_activation_invalid"))
+    proof = console.activation(ids[1], "operator")  # a real proof of another row, copied underneath
+    with pytest.raises(Exception) as late:
+        with engine.begin() as c:
+            c.execute(text("SET LOCAL ROLE custody_api"))
+            c.execute(text("UPDATE console_credential SET activation_key_id = :k, activation_signature = :s WHERE id = :i"),
+                      {"k": proof["key_id"], "s": base64.b64decode(proof["signature"]), "i": ids[0]})
+    assert "never after" in str(late.value)
+    console.approve_enrolment(ids[1], "operator")
+    r = console.admin_key.get(f"/console/api/credentials/{ids[1]}/approver-entry")
+    assert_equal((r.status_code, r.json()["entry"]["operator"], r.json()["activated_by"]["key_id"]),
+                 (200, names[1], console.root.key_id))
+
+
 # ---- R15-2 ------------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="R15-2: one operator enrolled twice under case-variant usernames proposes and "
-                                       "approves a treasury adjustment alone (proposed_by == by is case-sensitive)")
+def _propose_and_approve(api: Api, ledger, proposer: tuple, approver: tuple) -> tuple:
+    """`proposer` proposes equity -> alice (1 sat), `approver` approves (each: a client and its
+    headers); (the approval's status, its code, what alice got), the ledger verified."""
+    alice = api.customer("alice")
+    equity = firm(api, "equity:BTC")
+    proposed = proposer[0].post("/v1/treasury/adjustments", headers=proposer[1], json={
+        "idempotency_key": uuid.uuid4().hex, "reason": "bonus",
+        "transfers": [{"debit_account_id": equity, "credit_account_id": alice, "amount": "1"}]})
+    assert proposed.status_code == 201, proposed.text
+    approved = approver[0].post(f"/v1/treasury/adjustments/{proposed.json()['id']}/approve", headers=approver[1],
+                                json={"comment": "ok"})
+    minted = ledger.balance(alice).posted
+    ledger.assert_verified()
+    return approved.status_code, code(approved), minted
+
+
 def test_a_case_variant_console_user_does_not_approve_their_own_adjustment(engine, ledger):
     api = Api(engine, quorum=1)
     api.client.post("/v1/assets", headers={"X-API-Key": api.keys["admin"]}, json={"code": "BTC", "decimals": 8})
     console = Console(api.container)
-    alice = api.customer("alice")
-    equity = firm(api, "equity:BTC")
     lower, _, lower_session = console.person("r152-anna", "operator")
     upper_name = lower_session["username"].upper()
     passkey = SoftPasskey(upper_name, origin=ORIGIN)
     upper = console.client()
-    console.approve_enrolment(console.enrol(upper, upper_name, passkey)["id"], "operator")  # nothing flags it
+    refused = upper.post("/console/enrol/options", json={"username": upper_name})
+    assert_equal((refused.status_code, code(refused)), (409, "console_username_taken"))
+    # a case variant that exists anyway (enrolled before this check): it is still the same operator
+    with engine.begin() as c:
+        cid = c.execute(text("INSERT INTO console_credential (username, credential_id, public_key, rp_id, origin) "
+                             "VALUES (:u, :i, :k, 'localhost', :o) RETURNING id"),
+                        {"u": upper_name, "i": passkey.credential_id, "k": passkey.public_key_cose, "o": ORIGIN}).scalar_one()
+    console.approve_enrolment(cid, "operator")
     r = console.sign_in(upper, upper_name, passkey)
     assert r.status_code == 200, r.text
     upper_session = r.json()
+    outcome = _propose_and_approve(api, ledger, (lower, {"X-CSRF-Token": lower_session["csrf_token"]}),
+                                   (upper, {"X-CSRF-Token": upper_session["csrf_token"]}))
+    assert_equal(outcome, (403, "proposer_cannot_approve", 0))
 
-    proposed = lower.post("/v1/treasury/adjustments", headers={"X-CSRF-Token": lower_session["csrf_token"]}, json={
-        "idempotency_key": uuid.uuid4().hex, "reason": "bonus",
-        "transfers": [{"debit_account_id": equity, "credit_account_id": alice, "amount": "1"}]})
-    assert proposed.status_code == 201, proposed.text
-    approved = upper.post(f"/v1/treasury/adjustments/{proposed.json()['id']}/approve",
-                          headers={"X-CSRF-Token": upper_session["csrf_token"]}, json={"comment": "ok"})
-    minted = ledger.balance(alice).posted
-    ledger.assert_verified()
-    assert_equal((approved.status_code, code(approved), minted), (403, "proposer_cannot_approve", 0))
+
+def test_api_keys_named_alike_but_for_letter_case_do_not_approve_their_own_adjustment(engine, ledger):
+    """The same defect without the console (it predates it): API keys `ann-x` and `ANN-X`."""
+    api = Api(engine, quorum=1)
+    api.client.post("/v1/assets", headers={"X-API-Key": api.keys["admin"]}, json={"code": "BTC", "decimals": 8})
+    upper = create_api_key(engine, api.names["ann"].upper(), "operator", api.container.settings.api_key_pepper)
+    outcome = _propose_and_approve(api, ledger, (api.client, {"X-API-Key": api.keys["ann"]}),
+                                   (api.client, {"X-API-Key": upper}))
+    assert_equal(outcome, (403, "proposer_cannot_approve", 0))
 
 
 # ---- R15-3 ------------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="R15-3: an admin enrols a key under another name from their own signed-in browser "
-                                       "and approves it as an operator themselves")
 def test_an_admin_does_not_approve_an_enrolment_made_from_their_own_session(console):
     admin, _, admin_session = console.person("r153-root", "admin")
     alias = console.name("r153-ops")
@@ -124,8 +177,6 @@ def test_an_admin_does_not_approve_an_enrolment_made_from_their_own_session(cons
 
 # ---- R15-4 ------------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="R15-4: unauthenticated sign-in options reveal which usernames have an approved key "
-                                       "(and their credential ids)")
 def test_sign_in_options_do_not_tell_enrolled_users_from_strangers(console):
     _, _, session = console.person("r154-op", "operator")
     client = console.client()
@@ -161,12 +212,15 @@ class FramedPasskey(SoftPasskey):
                            "crossOrigin": True, "topOrigin": "https://evil.example"}).encode()
 
 
-@pytest.mark.xfail(strict=True, reason="R15-6: console sign-in accepts an assertion made in a cross-origin frame "
-                                       "(crossOrigin true, a topOrigin), which signer.approvals refuses for approvals")
-def test_sign_in_refuses_an_assertion_made_in_a_cross_origin_frame(console):
+def test_enrolment_and_sign_in_refuse_responses_made_in_a_cross_origin_frame(console):
     username = console.name("r156-op")
-    passkey = FramedPasskey(username, origin=ORIGIN)
+    framed = FramedPasskey(username, origin=ORIGIN)
     client = console.client()
-    console.approve_enrolment(console.enrol(client, username, passkey)["id"], "operator")
-    r = console.sign_in(client, username, passkey)
+    options = client.post("/console/enrol/options", json={"username": username}).json()
+    r = client.post("/console/enrol", json={"credential": framed.registration(options)})
+    assert_equal((r.status_code, code(r)), (401, "console_assertion_invalid"))
+    # the same key enrolled from the console's own page, then used for sign-in from inside a frame
+    console.approve_enrolment(console.enrol(client, username, SoftPasskey(username, origin=ORIGIN))["id"], "operator")
+    r = console.sign_in(client, username, framed)
     assert_equal((r.status_code, code(r), "set-cookie" in r.headers), (401, "console_assertion_invalid", False))
+    assert_equal(console.sign_in(client, username, SoftPasskey(username, origin=ORIGIN)).status_code, 200)  # control

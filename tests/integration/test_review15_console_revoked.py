@@ -5,8 +5,8 @@ the README says the entry must also leave the signer's and custody's configurati
 approval signed with the revoked key is accepted and counted.
 
 The operator re-enrols a new key (K2, approved) after K1 was revoked (lost or cloned); a request
-made with the K2 session but signed with K1 goes through. Marked xfail(strict): it flips when the
-door refuses a revoked console credential's signature.
+made with the K2 session but signed with K1 went through. Fixed: custody's door refuses a `console:`
+key whose credential is not active (`approver_unknown`), and the revoke answer says to remove the entry.
 """
 from __future__ import annotations
 
@@ -34,13 +34,11 @@ def world(database_url):
         _, k1, session = enrolling.person("r155-anna", "operator")
         entry = enrolling.admin_key.get(f"/console/api/credentials/{session['credential_id']}/approver-entry")
         assert entry.status_code == 200, entry.text
-        api = WithdrawalApi(eng, extra_approvers=(entry.json(),))
+        api = WithdrawalApi(eng, extra_approvers=(entry.json()["entry"],))
         yield api, Console(api.custody), k1, session
         Ledger(eng).assert_verified()
 
 
-@pytest.mark.xfail(strict=True, reason="R15-5: an approval signed by a revoked console credential is still accepted and "
-                                       "counted (revocation ends sessions only; the approver entry stays)")
 def test_a_revoked_console_credential_no_longer_approves(world):
     api, console, k1, session = world
     username = session["username"]
