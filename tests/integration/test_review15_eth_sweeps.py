@@ -1,5 +1,6 @@
 """Adversarial review of the signer's ethereum sweep checks (signer.service, "Ethereum sweeps"):
-findings as strict xfails, rows written directly as a database writer with the worker's role could.
+findings (strict xfails until fixed; all three fixed on branch fix-ethsweep), rows written directly
+as a database writer with the worker's role could.
 
 - R15-S1: the signer funds gas once per `sweep_id` only, and a sweep row costs a writer nothing: it
   funds a token "sweep" that has no booked deposit reserved for it, and funds one deposit address
@@ -41,8 +42,6 @@ GAS = {"gas": 21_000, "max_fee_wei": 2 * 10**9, "priority_fee_wei": 10**9}
 NEED = 60_000 * 2 * 10**9  # what sweep_row's gas limit x max fee allows a funding
 
 
-@pytest.mark.xfail(strict=True, reason="R15-S1: the signer funds any open token sweep row, one funding per sweep id: a "
-                                       "writer's fresh rows (no deposits reserved) fund one deposit address again and again")
 def test_a_deposit_address_is_funded_once_and_only_for_reserved_deposits(env):  # noqa: F811
     engine, _wallets, signer = env
     address, index = new_address(env)
@@ -62,13 +61,36 @@ def test_a_deposit_address_is_funded_once_and_only_for_reserved_deposits(env):  
     assert len(signed) == 0, f"{len(signed)} gas fundings of {NEED} wei each signed to {address}, no deposit reserved for any"
 
 
+def test_a_deposit_address_is_funded_once_per_sweep_nonce_even_with_deposits_reserved(env):  # noqa: F811
+    """R15-S1, its second half: fresh rows that each reserve booked deposits (a writer can mark
+    real deposits `eth_swept_by`) get one funding of the address between two sweeps the signer
+    signed, not one per row."""
+    engine, _wallets, signer = env
+    address, index = new_address(env)
+    hot = _eth_address(KEYS.private_key_for("ethereum", "hot", 0, 0))
+    signed = []
+    for n in range(3):
+        sweep = sweep_row(env, address, index, nonce=n)  # 500 booked and reserved; (address, nonce) is UNIQUE
+        with engine.connect() as c:
+            nonce = int(c.execute(text("SELECT coalesce(max(nonce) + 1, 0) FROM (SELECT nonce FROM signer_signature WHERE "
+                                       "chain = 'ethereum' AND lower(sender) = lower(:a) UNION ALL SELECT nonce FROM "
+                                       "signer_eth_sweep WHERE kind = 'gas' AND lower(sender) = lower(:a)) n"),
+                                  {"a": hot}).scalar_one())
+        try:
+            tx = signer.sign_ethereum_gas_funding(sweep, deposit_index=index, chain_id=CHAIN_ID, nonce=nonce, value=NEED, **GAS)
+        except SigningRefused as refused:
+            assert refused.code.value in ("already_signed", "nonce_gap"), refused
+        else:
+            signed.append(tx)
+        finish(engine, sweep, f"0x{2 * 10**9 + 1000 * index + n:064x}")  # the writer closes it, never swept
+    assert_equal(len(signed), 1)
+
+
 @pytest.fixture(scope="module")
 def usdt_signer(api):  # noqa: F811
     return signer_for(api, assets={"USDT": SignerAsset("ethereum", USDT_CONTRACT, 6)}, ethereum_chain_id=31337)
 
 
-@pytest.mark.xfail(strict=True, reason="R15-S2: sign_ethereum_payment does not look at signer_eth_sweep: a withdrawal is "
-                                       "signed at a hot nonce the signer already used for a gas funding")
 def test_a_withdrawal_is_not_signed_at_a_hot_nonce_a_gas_funding_took(api, usdt_signer):  # noqa: F811
     hot = _eth_address(KEYS.private_key_for("ethereum", "hot", 0, 0))
     nonce = 777
@@ -98,8 +120,6 @@ class _Node:
         return 0
 
 
-@pytest.mark.xfail(strict=True, reason="R15-S6: a gas funding is signed at any hot nonce, however far past what the signer "
-                                       "ever signed; custody's funding allocator then follows that record past the gap")
 def test_a_gas_funding_is_signed_only_at_a_hot_nonce_without_a_gap(env):  # noqa: F811
     engine, wallets, signer = env
     address, index = new_address(env)
