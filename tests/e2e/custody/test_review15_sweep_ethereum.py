@@ -45,8 +45,6 @@ def kill_switch_released(engine):
             set_kill_switch(c, False, "test_review15: the tampering was set straight", "test")
 
 
-@pytest.mark.xfail(strict=True, reason="R15-S3: a gas funding the signer refuses keeps its reserved hot nonce open: every "
-                                       "later hot-address transaction (an ether withdrawal here) waits behind it for good")
 def test_a_refused_gas_funding_does_not_block_the_hot_address(custody, customer, anvil, usdt, eth_adapter, engine, ledger,
                                                               thresholds, log, monkeypatch):  # noqa: F811
     hot = custody.payouts.hot_address("ethereum")
@@ -160,9 +158,6 @@ def test_a_gas_funding_is_never_credited_as_a_deposit(custody, customer, anvil, 
     assert_equal((recorded, credited), ([], 0))
 
 
-@pytest.mark.xfail(strict=True, reason="R15-S4: once an asset's total passes its threshold every address holding any of it "
-                                       "is swept, so a token deposit of one base unit gets a gas funding and a sweep costing "
-                                       "far more than it moves")
 def test_a_token_deposit_worth_less_than_its_gas_is_not_funded(custody, customer, anvil, usdt, eth_adapter, engine, ledger,
                                                                thresholds, log):  # noqa: F811
     fund_hot(custody, anvil, ETHER)
