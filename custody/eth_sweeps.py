@@ -160,7 +160,8 @@ GROUP BY asset
 """)
 
 # per deposit address and asset due: the booked deposits not swept yet, at least the asset's
-# per-address minimum (:minimums, in the order of :assets), where no move is unfinished (tokens first: an address's token is swept before its ether, which then pays no gas of it)
+# per-address minimum (:minimums, in the order of :assets), where no move is unfinished (tokens
+# first: an address's token is swept before its ether, which then pays no gas of it)
 _CANDIDATES_SQL = text("""
 SELECT o.asset, d.id AS deposit_address_id, d.address, d.derivation_index, sum(o.amount) AS amount
 FROM deposit_observation o

@@ -139,7 +139,11 @@ WHERE withdrawal_id = :w AND chain = 'ethereum' AND chain_id = :ci AND lower(sen
 ORDER BY id DESC LIMIT 1
 """)
 _MAX_RECORDED_NONCE_SQL = text("""
-SELECT max(nonce) FROM signer_signature WHERE chain = 'ethereum' AND chain_id = :ci AND lower(sender) = lower(:a)
+SELECT max(nonce) FROM (
+    SELECT nonce FROM signer_signature WHERE chain = 'ethereum' AND chain_id = :ci AND lower(sender) = lower(:a)
+    UNION ALL  -- the gas fundings it signed from the hot address (custody.eth_sweeps): never a withdrawal's nonce
+    SELECT nonce FROM signer_eth_sweep WHERE kind = 'gas' AND chain_id = :ci AND lower(sender) = lower(:a)
+) n
 """)
 _RECORDED_SQL = text("""
 SELECT DISTINCT withdrawal_id FROM signer_signature WHERE batch_id = :b AND withdrawal_id = ANY(:w)
@@ -940,8 +944,8 @@ class Payouts:
         """Next nonce for `address`, gap-free: the row lock (held, with the signing transaction,
         across the signer call; it blocks only another worker's ethereum signing) serialises
         allocators; the counter starts from the node's pending count the first time. It never
-        hands out a nonce the signer has recorded a signature at (`signer_signature`, committed
-        before the signer answers): a signing transaction rolled back after the signer committed
+        hands out a nonce the signer has recorded a signature at (`signer_signature`, or a gas
+        funding in `signer_eth_sweep`, committed before the signer answers): a signing transaction rolled back after the signer committed
         gives its nonce back to the counter, but that nonce stays its withdrawal's
         (`_batch_nonce`), so the next batch takes the one after it. A nonce allocated here and
         rolled back before anything was signed (a refusal, a refused capture) is given back: no gap."""

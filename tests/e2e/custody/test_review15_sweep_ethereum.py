@@ -1,6 +1,8 @@
 """Adversarial review of ethereum sweeps against anvil (custody.eth_sweeps, signer.service): findings
-as strict xfails. Each test leaves nothing in flight for the suites after it (and the first one's
-loss is booked to the network-fee expense, so reconciliation stays where it was).
+(strict xfails until fixed; all four fixed on branch fix-ethsweep, the tests now show the fixed
+behaviour). Each test leaves nothing in flight for the suites after it (and the forged funding of
+the R15-S1 test is booked as custody would have booked a funding, so reconciliation stays where it
+was).
 
 - R15-S1 (its consequence on chain): a writer with the worker's role writes an open token sweep row
   for a deposit address of its own customer (nothing reserved for it) and asks the signer for its
