@@ -19,11 +19,14 @@ as a database writer with the worker's role could.
 from __future__ import annotations
 
 import logging
+import uuid
+from types import SimpleNamespace
 
 import pytest
 from sqlalchemy import text
 
 from custody.eth_sweeps import EthSweeps
+from custody.payouts import Payouts
 from ledger.service import Ledger
 from regtest.util import assert_equal
 from signer.assets import SignerAsset
@@ -111,6 +114,22 @@ def test_a_withdrawal_is_not_signed_at_a_hot_nonce_a_gas_funding_took(api, usdt_
         raise AssertionError(f"withdrawal {wid} signed at hot nonce {nonce}, which gas funding 0xfunding already holds")
     finally:
         release(api, wid)
+
+
+def test_the_withdrawal_allocator_skips_a_hot_nonce_a_gas_funding_took(api):  # noqa: F811
+    """The allocator side of R15-S2: custody's withdrawal nonce allocator (custody.payouts) never
+    hands out a hot nonce the signer recorded a gas funding at (the signer would refuse it, and the
+    refusal gives the nonce back, so the batch would ask for the same one again and again)."""
+    sender = "0x" + uuid.uuid4().hex + uuid.uuid4().hex[:8]
+    payouts = SimpleNamespace(adapters={"ethereum": _Node()})  # the one attribute the allocator uses (no chains here)
+    with api.custody.engine.begin() as c:
+        c.execute(text("INSERT INTO signer_eth_sweep (signed_at, kind, sweep_id, chain_id, sender, nonce, destination, asset, "
+                       "amount, txid) VALUES (now(), 'gas', 2, 31337, :s, 900, '0xdeposit', 'ETH', 1, :t)"),
+                  {"s": sender, "t": f"0x{uuid.uuid4().hex * 2}"})
+    with api.custody.engine.connect() as c:
+        nonce = Payouts._allocate_nonce(payouts, c, sender, 31337)  # type: ignore[arg-type]
+        c.rollback()
+    assert_equal(nonce, 901)
 
 
 class _Node:
