@@ -25,7 +25,8 @@ from types import SimpleNamespace
 import pytest
 from sqlalchemy import text
 
-from custody.eth_sweeps import EthSweeps
+from custody.controls import kill_switch, set_kill_switch
+from custody.eth_sweeps import _OPEN_FUNDINGS_SQL, EthSweeps
 from custody.payouts import Payouts
 from ledger.service import Ledger
 from regtest.util import assert_equal
@@ -157,3 +158,57 @@ def test_a_gas_funding_is_signed_only_at_a_hot_nonce_without_a_gap(env):  # noqa
     log.info("funding %s signed at hot nonce %d; custody's next funding would take %d", tx.txid, tx.nonce, following)
     raise AssertionError(f"gas funding signed at hot nonce {tx.nonce} (nothing signed between); custody's next funding nonce "
                          f"is {following}, so every later funding waits behind a gap on chain")
+
+
+def _open_funding(engine, sweep: int, address: str, nonce: int) -> object:
+    """An open gas funding row of `sweep` at hot nonce `nonce`, as `EthSweeps.plan` writes it; read back as `sign` reads it."""
+    with engine.begin() as c:
+        fid = c.execute(text("INSERT INTO eth_gas_funding (sweep_id, address, nonce, amount, gas_limit, max_fee_wei, "
+                             "priority_fee_wei, state) VALUES (:s, :a, :n, :v, 21000, 2000000000, 1000000000, 'open') RETURNING id"),
+                        {"s": sweep, "a": address, "n": nonce, "v": NEED}).scalar_one()
+        return next(r for r in c.execute(_OPEN_FUNDINGS_SQL) if r.id == fid)
+
+
+def test_a_refused_funding_gives_its_hot_nonce_back_or_opens_a_critical_incident(env):  # noqa: F811
+    """R15-S3 (the e2e test shows the withdrawal mined; this one both branches, row by row): the
+    signer refuses a funding for good (here: another chain id than its own). Its hot nonce goes back
+    to the counter when nothing was handed out after it; otherwise the hole stays and the incident
+    is critical (the kill switch is released again afterwards)."""
+    engine, wallets, signer = env
+    hot = _eth_address(KEYS.private_key_for("ethereum", "hot", 0, 0))
+    sweeps = EthSweeps(engine, Ledger(engine), wallets, _Node(), signer, hot_address=hot, thresholds={})  # type: ignore[arg-type]
+
+    def counter() -> int:
+        with engine.connect() as c:
+            return int(c.execute(text("SELECT next_nonce FROM eth_nonce WHERE address = :a"), {"a": hot}).scalar_one())
+
+    def incident(fid: int) -> str:
+        with engine.connect() as c:
+            return c.execute(text("SELECT severity FROM incident WHERE kind = 'eth_sweep_refused' AND detail->>'id' = :i"),
+                             {"i": str(fid)}).scalar_one()
+
+    with engine.begin() as c:
+        c.execute(text("INSERT INTO eth_nonce (address, next_nonce) VALUES (:a, 0) ON CONFLICT DO NOTHING"), {"a": hot})
+        n = sweeps._reserve_hot_nonce(c)  # the funding's, committed as plan commits it
+    address, index = new_address(env)
+    f = _open_funding(engine, sweep_row(env, address, index), address, n)
+    assert_equal(sweeps._sign_funding(f, CHAIN_ID + 1), None)
+    with engine.connect() as c:
+        assert_equal(c.execute(text("SELECT state, nonce FROM eth_gas_funding WHERE id = :i"), {"i": f.id}).one(), ("open", None))
+    assert_equal((counter(), incident(f.id)), (n, "warning"))  # the next hot transaction takes n: no gap
+    assert_equal(kill_switch(engine).engaged, False)
+
+    with engine.begin() as c:
+        m = sweeps._reserve_hot_nonce(c)
+        sweeps._reserve_hot_nonce(c)  # a withdrawal took the nonce after it before the signer answered
+    other, other_index = new_address(env)
+    g = _open_funding(engine, sweep_row(env, other, other_index), other, m)
+    try:
+        assert_equal(sweeps._sign_funding(g, CHAIN_ID + 1), None)
+        with engine.connect() as c:
+            assert_equal(int(c.execute(text("SELECT nonce FROM eth_gas_funding WHERE id = :i"), {"i": g.id}).scalar_one()), m)
+        assert_equal((counter(), incident(g.id)), (m + 2, "critical"))
+        assert_equal(kill_switch(engine).engaged, True)
+    finally:
+        with engine.begin() as c:
+            set_kill_switch(c, False, "test_review15: the refused fundings' test is over", "test")
