@@ -50,6 +50,7 @@ so it can be released or returned again (a new withdrawal, `deposit-return:<id>:
 """
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from dataclasses import dataclass, replace
@@ -59,7 +60,9 @@ from sqlalchemy import Connection, Engine, text
 
 from chain_adapters.base import BlockRef, ChainAdapter, Observation, ScanResult, Watch
 from chain_adapters.errors import ReorgTooDeep
+from custody.addresses import derive_eth_address
 from custody.controls import audit, emit, open_incident
+from custody.destinations import HOT_RECEIVE_INDEX
 from custody.errors import CustodyError, CustodyErrorCode
 from custody.incidents import give_back_captures
 from custody.states import advance
@@ -679,8 +682,25 @@ def _refuse_reorged_out(c: Connection, row) -> None:
 
 def _our_gas_funding(c: Connection, obs: Observation) -> bool:
     """Ether the hot address sent a deposit address for a token sweep's gas (custody.eth_sweeps,
-    stored before it was broadcast): the firm's own money, booked by the sweep, never a deposit."""
-    return obs.asset == "ETH" and c.execute(text("SELECT 1 FROM eth_gas_funding WHERE txid = :t"), {"t": obs.txid}).first() is not None
+    stored before it was broadcast): the firm's own money, booked by the sweep, never a deposit.
+    Whatever our ethereum hot address sends a deposit address is never a deposit either, whether
+    or not custody recorded it (review R15-S1: a funding signed for a forged sweep row, or one whose
+    row is lost): the hot address pays a deposit address only gas (the signer refuses withdrawals
+    to our own addresses, `destination_internal`). Such a transfer custody did not record stays
+    on the deposit address as reconciliation's surplus on the deposit line (and a shortfall on the
+    hot line) until an operator books it: it is never credited to the address's owner."""
+    if obs.asset == "ETH" and c.execute(text("SELECT 1 FROM eth_gas_funding WHERE txid = :t"), {"t": obs.txid}).first():
+        return True
+    if not obs.senders or not obs.address.startswith("0x"):
+        return False
+    xpub = c.execute(text("SELECT xpub FROM wallet WHERE chain = 'ethereum' AND tier = 'hot'")).scalar()
+    return xpub is not None and _eth_hot_address(xpub) in {s.lower() for s in obs.senders}
+
+
+@functools.lru_cache(maxsize=4)
+def _eth_hot_address(xpub: str) -> str:
+    """The ethereum hot address (lowercase) derived from the hot wallet's xpub, as custody.payouts does."""
+    return derive_eth_address(xpub, HOT_RECEIVE_INDEX).lower()
 
 
 def _deposit_key(row) -> str:

@@ -18,6 +18,19 @@ Guarantees:
   between funding and sweep re-signs the same funding (same fields, RFC 6979: the same txid) or
   goes on from the stored one; it never funds twice. The sweep is signed only once its funding is
   booked final.
+- A funding is signed under the hot counter's row lock (`eth_nonce`, held across the signer call,
+  as custody.payouts holds it for withdrawals). When the signer refuses it, the nonce goes back to
+  the counter (the row's `nonce` becomes NULL, migration 0041) if nothing was handed out after it
+  and the signer recorded no funding of that sweep: the next hot-address transaction (a
+  withdrawal) takes it, so a refused funding never leaves a gap. The row stays `open` and takes a
+  nonce again, in the signing transaction, at its next attempt (the signer's recorded nonce for
+  that sweep if it has one: a crash after the signer answered re-signs the same transaction);
+  a refusal then rolls nothing forward. A nonce that cannot be given back stays a hole until
+  the funding is signed: `eth_sweep_refused` is then critical, unless the refusal is transient
+  (`nonce_gap`, `kill_switch_on`).
+- A deposit address is swept only when what it holds of the due asset reaches the asset's
+  per-address minimum (`min_per_address`; default 1% of the asset's threshold): a dust deposit
+  is never paid gas worth more than it (R15-S4); it stays booked where it is until more arrives.
 - The signer builds both transactions itself from its own keys and asset table (signer.service,
   "Ethereum sweeps"): the destination is always our hot address or our own deposit address.
 - Signed bytes are stored before anything is broadcast; broadcasting is idempotent.
@@ -45,6 +58,10 @@ Books (kind `sweep`, at the ETH finality depth):
 Before finality reconciliation explains a mined move as in transit (`moves_in_transit`): a funding
 as - (value + gas) on the hot ETH line and + value on the deposit ETH line; a sweep as - amount on
 the deposit line of its asset, - gas on the deposit ETH line and + amount on the hot line.
+
+Incidents: `eth_sweep_refused` (the signer refused a row: warning, retried every run; critical when
+a refused funding's hot nonce could not be given back), `eth_sweep_failed`, `eth_sweep_nonce_conflict`
+(below).
 
 Jobs (`run_once()` runs them in order; each is callable alone): `plan()`, `sign()`, `broadcast()`,
 `track()`. Nothing new is planned, signed or broadcast while the kill switch is engaged; tracking
@@ -74,10 +91,11 @@ from custody.wallets import ChainAsset, Wallets
 from ledger.model import Transfer
 from ledger.service import Ledger
 from signer.ethereum_tx import erc20_transfer_data
-from signer.protocol import SignerPort, SigningRefused
+from signer.protocol import RefusalCode, SignerPort, SigningRefused
 
 log = logging.getLogger(__name__)
 TRANSFER_GAS = 21_000  # an ether transfer to an account without code
+DUST_FRACTION = 100  # by default an address is swept once it holds 1/100 of its asset's threshold (R15-S4)
 UNSETTLED = ("signed", "broadcast", "confirmed")  # signed, maybe mined, not booked yet
 TABLES = ("eth_gas_funding", "eth_sweep")  # also the machines (custody.states); fundings first in every job
 
@@ -141,18 +159,20 @@ WHERE chain = 'ethereum'
 GROUP BY asset
 """)
 
-# per deposit address and asset due: the booked deposits not swept yet, where no move is unfinished
-# (tokens first: an address's token is swept before its ether, which then pays no gas of it)
+# per deposit address and asset due: the booked deposits not swept yet, at least the asset's
+# per-address minimum (:minimums, in the order of :assets), where no move is unfinished (tokens
+# first: an address's token is swept before its ether, which then pays no gas of it)
 _CANDIDATES_SQL = text("""
 SELECT o.asset, d.id AS deposit_address_id, d.address, d.derivation_index, sum(o.amount) AS amount
 FROM deposit_observation o
 JOIN deposit_address d ON d.id = o.deposit_address_id
+JOIN unnest(CAST(:assets AS text[]), CAST(:minimums AS numeric[])) AS m(asset, minimum) ON m.asset = o.asset
 WHERE o.chain = 'ethereum'
   AND o.eth_swept_by IS NULL
   AND o.state = ANY(:booked)
-  AND o.asset = ANY(:assets)
   AND NOT EXISTS (SELECT 1 FROM eth_sweep s WHERE lower(s.address) = lower(d.address) AND s.state NOT IN ('final', 'reverted'))
-GROUP BY o.asset, d.id, d.address, d.derivation_index
+GROUP BY o.asset, d.id, d.address, d.derivation_index, m.minimum
+HAVING sum(o.amount) >= m.minimum
 ORDER BY o.asset = 'ETH', d.id
 LIMIT :limit
 """)
@@ -208,6 +228,13 @@ SELECT max(nonce) FROM (
 ) n
 """)
 _HOT_NONCE_SET_SQL = text("UPDATE eth_nonce SET next_nonce = :n WHERE address = :a")
+# a funding: claimed with its nonce (NULL: given back after a refusal); given a nonce, or none
+_CLAIM_FUNDING_SQL = text("SELECT id, nonce FROM eth_gas_funding WHERE id = :i AND state = 'open' FOR UPDATE SKIP LOCKED")
+_FUNDING_NONCE_SET_SQL = text("UPDATE eth_gas_funding SET nonce = :n WHERE id = :i")
+# the hot nonce the signer recorded a funding of sweep :s at (its own record, which custody may read)
+_FUNDING_RECORDED_SQL = text("""
+SELECT nonce FROM signer_eth_sweep WHERE kind = 'gas' AND sweep_id = :s AND lower(sender) = lower(:a) ORDER BY id DESC LIMIT 1
+""")
 
 _OPEN_FUNDINGS_SQL = text("""
 SELECT f.id, f.sweep_id, f.nonce, f.amount, f.gas_limit, f.max_fee_wei, f.priority_fee_wei, s.deposit_index
@@ -248,7 +275,8 @@ def unsettled(c: Connection) -> list:
 class EthSweeps:
     def __init__(self, engine: Engine, ledger: Ledger, wallets: Wallets, ethereum: EthereumAdapter, signer: SignerPort, *,
                  hot_address: str, thresholds: Mapping[str, int], gas_margin_percent: int = 10,
-                 max_fee_wei: int = 500 * 10**9, max_addresses: int = 200) -> None:
+                 max_fee_wei: int = 500 * 10**9, max_addresses: int = 200,
+                 min_per_address: Mapping[str, int] | None = None) -> None:
         self.engine = engine
         self.ledger = ledger
         self.wallets = wallets
@@ -259,6 +287,15 @@ class EthSweeps:
         self.gas_margin_percent = gas_margin_percent
         self.max_fee_wei = max_fee_wei  # ceiling for the max fee per gas a sweep or funding is signed at
         self.max_addresses = max_addresses  # deposit addresses planned per run
+        # asset -> minor units an address must hold to be swept (module docstring); absent: `minimum()`'s default
+        self.min_per_address = dict(min_per_address or {})
+
+    def minimum(self, asset: str) -> int:
+        """What one deposit address must hold of `asset` (booked, unswept) to be swept: the asset's
+        configured `min_per_address`, else 1% of its threshold (at least 1 base unit)."""
+        if asset in self.min_per_address:
+            return self.min_per_address[asset]
+        return max(1, self.thresholds.get(asset, 0) // DUST_FRACTION)
 
     def run_once(self) -> None:
         self.plan()
@@ -278,7 +315,8 @@ class EthSweeps:
             due = [a for a, limit in sorted(self.thresholds.items()) if a in assets and totals.get(a, 0) > limit]
             if not due:
                 return []
-            candidates = c.execute(_CANDIDATES_SQL, {"booked": list(BOOKED), "assets": due, "limit": self.max_addresses}).all()
+            candidates = c.execute(_CANDIDATES_SQL, {"booked": list(BOOKED), "assets": due, "limit": self.max_addresses,
+                                                     "minimums": [self.minimum(a) for a in due]}).all()
         fee = self.ethereum.estimate_fee()
         max_fee = min(fee.max_fee_wei, self.max_fee_wei)
         priority = min(max(fee.priority_fee_wei, 1), max_fee)
@@ -362,10 +400,7 @@ class EthSweeps:
             fundings = c.execute(_OPEN_FUNDINGS_SQL).all()
         signed = []
         for f in fundings:
-            txid = self._guard("sign", f.sweep_id, lambda f=f: self._sign_one("eth_gas_funding", f.id, lambda: (
-                self.signer.sign_ethereum_gas_funding(
-                    f.sweep_id, deposit_index=f.deposit_index, chain_id=chain_id, nonce=int(f.nonce), value=int(f.amount),
-                    gas=int(f.gas_limit), max_fee_wei=int(f.max_fee_wei), priority_fee_wei=int(f.priority_fee_wei)))))
+            txid = self._guard("sign", f.sweep_id, lambda f=f: self._sign_funding(f, chain_id))
             signed += [txid] if txid else []
         with self.engine.connect() as c:
             sweeps = c.execute(_OPEN_SWEEPS_SQL).all()
@@ -392,6 +427,61 @@ class EthSweeps:
             advance(c, table, row_id, "open", "signed", txid=tx.txid, raw=tx.raw)
         log.info("%s %d signed: %s (nonce %d)", table, row_id, tx.txid, tx.nonce)
         return tx.txid
+
+    def _sign_funding(self, f, chain_id: int) -> str | None:
+        """Claim the open funding, lock the hot counter (`eth_nonce`, held across the signer call as
+        custody.payouts does for withdrawals), take a hot nonce if the row has none (a refusal gave
+        it back), ask the signer and store, in one transaction; a refusal gives the nonce back when
+        it can (`_refused_funding`)."""
+        with self.engine.begin() as c:
+            claimed = c.execute(_CLAIM_FUNDING_SQL, {"i": f.id}).first()
+            if claimed is None:
+                return None
+            c.execute(_HOT_NONCE_SEED_SQL, {"a": self.hot_address, "n": self.ethereum.nonce(self.hot_address)})
+            c.execute(_HOT_NONCE_LOCK_SQL, {"a": self.hot_address})
+            nonce = int(claimed.nonce) if claimed.nonce is not None else self._funding_nonce(c, f.sweep_id)
+            if claimed.nonce is None:
+                c.execute(_FUNDING_NONCE_SET_SQL, {"n": nonce, "i": f.id})
+            try:
+                tx = self.signer.sign_ethereum_gas_funding(
+                    f.sweep_id, deposit_index=f.deposit_index, chain_id=chain_id, nonce=nonce, value=int(f.amount),
+                    gas=int(f.gas_limit), max_fee_wei=int(f.max_fee_wei), priority_fee_wei=int(f.priority_fee_wei))
+            except SigningRefused as refused:
+                self._refused_funding(c, f.id, f.sweep_id, nonce, refused)
+                return None
+            advance(c, "eth_gas_funding", f.id, "open", "signed", txid=tx.txid, raw=tx.raw)
+        log.info("eth_gas_funding %d signed: %s (hot nonce %d)", f.id, tx.txid, tx.nonce)
+        return tx.txid
+
+    def _funding_nonce(self, c: Connection, sweep_id: int) -> int:
+        """The hot nonce for a funding that holds none: the one the signer recorded for this sweep
+        (it signed it and custody lost the answer: the same transaction again), else the next one
+        (`_reserve_hot_nonce`, the counter already locked by the caller)."""
+        recorded = c.execute(_FUNDING_RECORDED_SQL, {"s": sweep_id, "a": self.hot_address}).scalar()
+        return int(recorded) if recorded is not None else self._reserve_hot_nonce(c)
+
+    def _refused_funding(self, c: Connection, funding_id: int, sweep_id: int, nonce: int, refused: SigningRefused) -> None:
+        """The signer refused a funding at hot nonce `nonce` (the counter's row lock held). Nothing was
+        signed at it, so unless something was handed out after it (the counter is past `nonce + 1`)
+        or the signer recorded a funding of this sweep (it may be on the wire), the nonce goes back
+        to the counter and the row holds none: the next hot-address transaction takes it, no gap.
+        Otherwise the hole stays until the funding is signed: a warning when the refusal is
+        transient (`nonce_gap`: an earlier hot nonce is not signed yet; `kill_switch_on`), else a
+        critical incident (an operator must fill that nonce: every later hot transaction waits)."""
+        counter = int(c.execute(_HOT_NONCE_LOCK_SQL, {"a": self.hot_address}).scalar_one())
+        signed_before = c.execute(_FUNDING_RECORDED_SQL, {"s": sweep_id, "a": self.hot_address}).scalar() is not None
+        given_back = counter == nonce + 1 and not signed_before
+        if given_back:
+            c.execute(_HOT_NONCE_SET_SQL, {"n": nonce, "a": self.hot_address})
+            c.execute(_FUNDING_NONCE_SET_SQL, {"n": None, "i": funding_id})
+        transient = refused.code in (RefusalCode.nonce_gap, RefusalCode.kill_switch_on)
+        log.warning("eth_gas_funding %d not signed at hot nonce %d: %s (nonce given back: %s)", funding_id, nonce, refused,
+                    given_back)
+        open_incident(c, "eth_sweep_refused", f"eth_sweep_refused:eth_gas_funding:{funding_id}:{refused.code.value}"
+                      + ("" if given_back or transient else f":hole:{nonce}"),
+                      {"table": "eth_gas_funding", "id": funding_id, "code": refused.code.value, "message": refused.message,
+                       "hot_nonce": nonce, "nonce_given_back": given_back},
+                      severity="warning" if given_back or transient else "critical")
 
     # ---- broadcast and track ---------------------------------------------------------------------
 

@@ -110,6 +110,25 @@ LIMIT 1
 """)
 
 
+# Is ethereum transaction `:t` (sent by `:s`) ours, so never treasury funding (`book_ethereum_funding`):
+# a payout, sweep or rebalance txid, an ethereum sweep or gas funding (custody.eth_sweeps), or any
+# transaction sent from one of our deposit addresses (only our sweeps leave them).
+_OURS_ETH_TXID_SQL = text("""
+SELECT 1 FROM chain_transaction WHERE txid = :t
+UNION ALL
+SELECT 1 FROM sweep WHERE txid = :t
+UNION ALL
+SELECT 1 FROM rebalance WHERE txid = :t
+UNION ALL
+SELECT 1 FROM eth_sweep WHERE txid = :t
+UNION ALL
+SELECT 1 FROM eth_gas_funding WHERE txid = :t
+UNION ALL
+SELECT 1 FROM deposit_address WHERE chain = 'ethereum' AND lower(address) = lower(:s)
+LIMIT 1
+""")
+
+
 # What the signer recorded (its own `signer_signature`, which custody may read): the nonce of a
 # withdrawal's signatures, the highest nonce it signed from an address, any signature of a batch's
 # withdrawals in that batch. A withdrawal with a record stays on the coins or nonce it was signed
@@ -120,7 +139,11 @@ WHERE withdrawal_id = :w AND chain = 'ethereum' AND chain_id = :ci AND lower(sen
 ORDER BY id DESC LIMIT 1
 """)
 _MAX_RECORDED_NONCE_SQL = text("""
-SELECT max(nonce) FROM signer_signature WHERE chain = 'ethereum' AND chain_id = :ci AND lower(sender) = lower(:a)
+SELECT max(nonce) FROM (
+    SELECT nonce FROM signer_signature WHERE chain = 'ethereum' AND chain_id = :ci AND lower(sender) = lower(:a)
+    UNION ALL  -- the gas fundings it signed from the hot address (custody.eth_sweeps): never a withdrawal's nonce
+    SELECT nonce FROM signer_eth_sweep WHERE kind = 'gas' AND chain_id = :ci AND lower(sender) = lower(:a)
+) n
 """)
 _RECORDED_SQL = text("""
 SELECT DISTINCT withdrawal_id FROM signer_signature WHERE batch_id = :b AND withdrawal_id = ANY(:w)
@@ -252,8 +275,9 @@ class Payouts:
         ("value" or "log<index>"), key, transaction_id (the journal's) and created.
 
         Refused (CustodyError): `funding_not_mined` (not in the main chain), `funding_reverted`,
-        `funding_own_transaction` (sent by the hot address, or a txid of ours in chain_transaction,
-        sweep or rebalance: the payout flow books those), `funding_not_to_hot` (nothing reached the
+        `funding_own_transaction` (sent by the hot address or by one of our deposit addresses, or a
+        txid of ours in chain_transaction, sweep, rebalance, eth_sweep or eth_gas_funding: the
+        payout and sweep flows book those), `funding_not_to_hot` (nothing reached the
         hot address), `funding_not_final` (fewer confirmations than the finality depth of any asset
         it pays: a reorg must never reach the books)."""
         txid = txid.strip().lower()
@@ -265,9 +289,7 @@ class Payouts:
         if seen is None:
             raise CustodyError(CustodyErrorCode.funding_not_mined, f"{txid} is not mined in the main chain", txid=txid)
         with self.engine.connect() as c:
-            ours = c.execute(text("SELECT 1 FROM chain_transaction WHERE txid = :t UNION ALL "
-                                  "SELECT 1 FROM sweep WHERE txid = :t UNION ALL "
-                                  "SELECT 1 FROM rebalance WHERE txid = :t"), {"t": txid}).first()
+            ours = c.execute(_OURS_ETH_TXID_SQL, {"t": txid, "s": seen.sender}).first()
             tokens = {r.contract_address.lower(): r.asset for r in c.execute(text(
                 "SELECT asset, contract_address FROM chain_asset WHERE chain = 'ethereum' AND contract_address IS NOT NULL"))}
         if ours is not None or seen.sender.lower() == hot:
@@ -922,8 +944,8 @@ class Payouts:
         """Next nonce for `address`, gap-free: the row lock (held, with the signing transaction,
         across the signer call; it blocks only another worker's ethereum signing) serialises
         allocators; the counter starts from the node's pending count the first time. It never
-        hands out a nonce the signer has recorded a signature at (`signer_signature`, committed
-        before the signer answers): a signing transaction rolled back after the signer committed
+        hands out a nonce the signer has recorded a signature at (`signer_signature`, or a gas
+        funding in `signer_eth_sweep`, committed before the signer answers): a signing transaction rolled back after the signer committed
         gives its nonce back to the counter, but that nonce stays its withdrawal's
         (`_batch_nonce`), so the next batch takes the one after it. A nonce allocated here and
         rolled back before anything was signed (a refusal, a refused capture) is given back: no gap."""

@@ -96,13 +96,13 @@ of the batch and signs the rest (custody.payouts `drop_refused`). The others nam
 | hold_not_live | the hold is not pending, does not cover amount + fee, is on another account or is not custody's withdrawal hold (a replacement: the hold was never captured) |
 | unknown_input | an input is not an unspent hot-wallet coin reserved for this batch |
 | fee_above_ceiling | the fee is above the ceiling rate for the transaction's size (bitcoin) or gas x max fee above the cap (ethereum) |
-| already_signed | the signer already signed this withdrawal in a transaction this one does not conflict with (bitcoin: no outpoint common to all; ethereum: another chain id, sender or nonce; or another chain): both could confirm; or one that pays another asset, amount or destination than what it recorded for it (a re-sign pays exactly what was first signed, so a row raised after a small unapproved signature cannot ride the first one past the cap) |
+| already_signed | the signer already signed this withdrawal in a transaction this one does not conflict with (bitcoin: no outpoint common to all; ethereum: another chain id, sender or nonce; or another chain): both could confirm; or one that pays another asset, amount or destination than what it recorded for it (a re-sign pays exactly what was first signed, so a row raised after a small unapproved signature cannot ride the first one past the cap); an ethereum withdrawal at a hot nonce a gas funding took; a gas funding at a hot nonce taken, of a sweep funded at another nonce, or of a deposit address holding a funding no signed sweep used yet |
 | unapproved_limit_reached | a withdrawal with no valid approval would take the value the signer signed without approvals for its asset within the window above its cap (`unapproved_limits`; an asset the table does not list has cap 0); read under a per-asset advisory lock, so two requests cannot both pass on the same headroom |
 | rebalance_not_open | a rebalance is unknown, of another chain, not in state `open` (a replacement: not `signed` or `broadcast`, or the version it replaces is not the row's), or not hot -> cold, hot -> warm or warm -> hot |
 | destination_not_cold | a rebalance to cold pays an address that is not derived at its index from the cold wallet public key the signer is configured with (`cold_xpubs`; none configured: every such rebalance is refused); to warm or hot, the same mismatch is `output_mismatch` |
 | rebalance_not_approved | a warm -> hot refill carries fewer signed approvals of distinct operators (verified against the signer's own registry over the `rebalance-approval` payload it rebuilds) than the larger of the row's `approvals_required` and `rebalance_quorum` |
 | sweep_not_open | an ethereum sweep (or the sweep a gas funding is for) is unknown, not `open`, or its row names another deposit index, address, asset, amount or nonce than the request; a gas funding for a sweep of ether (only token sweeps are funded) |
-| nonce_gap | an ethereum sweep's deposit-address nonce is not the one after the last the signer itself signed from that address (0 for the first): a gap would block every later sweep of it, and a nonce already used would make two sweeps of which one cannot be mined |
+| nonce_gap | an ethereum sweep's deposit-address nonce is not the one after the last the signer itself signed from that address (0 for the first): a gap would block every later sweep of it, and a nonce already used would make two sweeps of which one cannot be mined; a gas funding for a sweep not at that nonce, or at a hot nonce more than one past the highest the signer recorded from the hot address |
 | statement_invalid | `sign_reserves_message` was given anything but a proof-of-reserves statement of the fixed grammar (signer.protocol.ReservesStatement) for the chain asked, naming the address of the very key asked for |
 
 Sweeps and rebalances (firm-internal moves) are checked instead against their own reservations:
@@ -128,15 +128,28 @@ its own keys and asset table, so custody cannot name another destination, contra
   two can be mined), a new one only at the next nonce of that address (`nonce_gap`).
 - `sign_ethereum_gas_funding`: sender = the hot key, destination = the deposit address derived
   here at `deposit_index`, value at most the gas its token sweep may burn (that row's gas limit x
-  max fee, within the fee cap) (`output_mismatch`). One funding per sweep: a second at another
-  nonce is `already_signed`, and so is a hot nonce the signer already signed a withdrawal or
-  another funding at.
+  max fee, within the fee cap) (`output_mismatch`), and only for an open token sweep whose amount
+  equals the booked deposits reserved for it at that address (`output_mismatch`). From the
+  signer's own record (`signer_eth_sweep`), a first funding of a sweep is signed only when: the
+  sweep's nonce is the next the signer may sign from that deposit address (`nonce_gap`); the
+  address holds no funding of another sweep that no sweep the signer signed has used yet
+  (`already_signed`): so at most one funding per (deposit address, next sweep nonce), and every
+  funding but the last of an address was followed by a signed sweep of its booked deposits; the
+  hot nonce is at most one past the highest the signer recorded from the hot address,
+  withdrawals and fundings (`nonce_gap`; 0 when none: a hot address with history from before
+  the record needs its record first). One funding per sweep: a second at another nonce is
+  `already_signed`, and so is a hot nonce the signer already signed a withdrawal or another
+  funding at; `sign_ethereum_payment` refuses a hot nonce a funding took (`already_signed`).
+  Fundings and ethereum withdrawals take one advisory lock per hot address, so the two checks
+  cannot pass side by side.
 What the signer trusts: its keys, its own asset table, chain id and fee cap, and its own record of
 what it signed. What it reads from custody's rows only as a consistency check: the sweep row and
-the reserved deposits (a forged row can at worst make it sweep a wrong amount or fund a little gas,
-always to an address of its own keys). It has no node: an ether sweep's value is not checked
-against the balance (too much is refused by the node, too little leaves ether at the deposit
-address, booked there).
+the reserved deposits. A forged row can at worst make it sweep a wrong amount, always to our hot
+address, or fund gas up to the fee cap once per deposit address and booked deposits there (the
+next funding of that address needs a signed sweep of the first's first), always to an address of
+its own keys; ether the hot address sends a deposit address is never credited as a deposit
+(custody.deposits). It has no node: an ether sweep's value is not checked against the balance
+(too much is refused by the node, too little leaves ether at the deposit address, booked there).
 """
 from __future__ import annotations
 
@@ -254,6 +267,32 @@ WHERE chain = 'ethereum' AND chain_id = :ci AND lower(sender) = lower(:a) AND no
 UNION ALL
 SELECT txid FROM signer_eth_sweep
 WHERE kind = 'gas' AND chain_id = :ci AND lower(sender) = lower(:a) AND nonce = :n AND sweep_id <> :s
+LIMIT 1
+""")
+# the highest hot-address nonce the signer recorded (withdrawals and gas fundings): a funding is
+# signed at most one past it (R15-S6), never leaving a gap the hot address cannot fill
+_HOT_NONCE_MAX_SQL = text("""
+SELECT max(nonce) FROM (
+    SELECT nonce FROM signer_signature WHERE chain = 'ethereum' AND chain_id = :ci AND lower(sender) = lower(:a)
+    UNION ALL
+    SELECT nonce FROM signer_eth_sweep WHERE kind = 'gas' AND chain_id = :ci AND lower(sender) = lower(:a)
+) n
+""")
+# a gas funding the signer gave deposit address :d for another sweep than :s, which no sweep it
+# signed from :d has used yet (R15-S1: one funding per deposit address and sweep nonce)
+_UNUSED_FUNDING_SQL = text("""
+SELECT g.sweep_id, g.txid FROM signer_eth_sweep g
+WHERE g.kind = 'gas'
+  AND lower(g.destination) = lower(:d)
+  AND g.sweep_id <> :s
+  AND NOT EXISTS (SELECT 1 FROM signer_eth_sweep w WHERE w.kind = 'sweep' AND w.sweep_id = g.sweep_id
+                  AND lower(w.sender) = lower(:d))
+LIMIT 1
+""")
+# a gas funding the signer signed at this hot slot (R15-S2: a withdrawal is never signed there)
+_HOT_NONCE_FUNDED_SQL = text("""
+SELECT txid FROM signer_eth_sweep
+WHERE kind = 'gas' AND chain_id = :ci AND lower(sender) = lower(:a) AND nonce = :n
 LIMIT 1
 """)
 _INSERT_ETH_SWEEP_SQL = text("""
@@ -540,14 +579,23 @@ class Signer:
             own = self.assets.get(row.asset)
             if own is None or own.chain != "ethereum" or not own.contract:
                 raise SigningRefused(RefusalCode.sweep_not_open, f"sweep {sweep_id} sweeps {row.asset}: only token sweeps are funded")
+            reserved = int(c.execute(_ETH_SWEEP_RESERVED_SQL, {"s": sweep_id, "a": row.asset, "addr": destination}).scalar_one())
+            if reserved != int(row.amount):
+                raise SigningRefused(RefusalCode.output_mismatch, f"sweep {sweep_id}: {int(row.amount)} {row.asset}, but "
+                                     f"{reserved} booked deposits are reserved for it: nothing to fund")
             need = int(row.gas_limit) * int(row.max_fee_wei)
             if type(value) is not int or not 0 < value <= min(need, self.max_eth_fee_wei):
                 raise SigningRefused(RefusalCode.output_mismatch, f"gas funding {value} wei is outside 1..{need}, the gas "
                                      f"sweep {sweep_id} may burn")
             self._check_eth_fee(gas, max_fee_wei, priority_fee_wei)
-            for r in c.execute(_ETH_SWEEP_RECORDS_SQL, {"k": "gas", "s": sweep_id}):
+            c.execute(text(_LOCK_SQL), {"k": f"signer_eth_sender:{destination.lower()}"})  # the address's sweeps and fundings
+            c.execute(text(_LOCK_SQL), {"k": f"signer_eth_sender:{sender.lower()}"})  # the hot nonces (withdrawals take it too)
+            mine = c.execute(_ETH_SWEEP_RECORDS_SQL, {"k": "gas", "s": sweep_id}).all()
+            for r in mine:
                 if (int(r.chain_id), r.sender.lower(), int(r.nonce)) != (chain_id, sender.lower(), nonce):
                     raise SigningRefused(RefusalCode.already_signed, f"sweep {sweep_id} was funded in {r.txid} at nonce {r.nonce}")
+            if not mine:
+                self._check_new_funding(c, sweep_id, row, destination, sender, chain_id, nonce)
             taken = c.execute(_HOT_NONCE_TAKEN_SQL, {"a": sender, "n": nonce, "ci": chain_id, "s": sweep_id}).first()
             if taken is not None:
                 raise SigningRefused(RefusalCode.already_signed, f"hot nonce {nonce} is already signed in {taken.txid}")
@@ -555,6 +603,28 @@ class Signer:
                                   max_fee_wei=max_fee_wei, priority_fee_wei=priority_fee_wei)
             self._record_eth_sweep(c, "gas", sweep_id, chain_id, signed, destination, "ETH", value, detail)
         return signed
+
+    @staticmethod
+    def _check_new_funding(c: Connection, sweep_id: int, row, destination: str, sender: str, chain_id: int, nonce: int) -> None:
+        """A first funding for `sweep_id`, from the signer's own record: the sweep is at the next
+        nonce the signer may sign from the deposit address (`nonce_gap`); the address holds no
+        funding of another sweep that no signed sweep used yet (`already_signed`: one funding per
+        address and sweep nonce); the hot nonce is at most one past the highest the signer recorded
+        from the hot address, withdrawals and fundings (`nonce_gap`: 0 when it recorded none)."""
+        swept = c.execute(_ETH_SENDER_SWEEPS_SQL, {"a": destination}).all()
+        expected = max((int(r.nonce) for r in swept), default=-1) + 1
+        if int(row.nonce) != expected:
+            raise SigningRefused(RefusalCode.nonce_gap, f"sweep {sweep_id} is at nonce {int(row.nonce)} of {destination}; "
+                                 f"the next the signer may sign is {expected}: it funds no other")
+        unused = c.execute(_UNUSED_FUNDING_SQL, {"d": destination, "s": sweep_id}).first()
+        if unused is not None:
+            raise SigningRefused(RefusalCode.already_signed, f"{destination} holds gas funding {unused.txid} of sweep "
+                                 f"{unused.sweep_id}, which no sweep the signer signed has used")
+        highest = c.execute(_HOT_NONCE_MAX_SQL, {"a": sender, "ci": chain_id}).scalar()
+        limit = int(highest) + 1 if highest is not None else 0
+        if nonce > limit:
+            raise SigningRefused(RefusalCode.nonce_gap, f"hot nonce {nonce}: the highest the signer may sign a funding at "
+                                 f"is {limit}, one past its record")
 
     def _eth_hot_address(self) -> str:
         """The ethereum hot address, derived from the signer's own keys (never taken from custody)."""
@@ -673,11 +743,12 @@ class Signer:
         withdrawal, chain id, sender and nonce the signer recorded for it (module docstring)."""
         with self._request(batch_id, {"replaces": replaces_txid} if replaces_txid else {}) as c:
             self._lock(c, [output.withdrawal_id])
+            key = self._keys.private_key_for("ethereum", "hot", 0, hot_index)
+            c.execute(text(_LOCK_SQL), {"k": f"signer_eth_sender:{_eth_address(key).lower()}"})  # fundings take it too
             self._check_halted(c)
             if self.ethereum_chain_id is None or chain_id != self.ethereum_chain_id:
                 raise SigningRefused(RefusalCode.chain_id_mismatch,
                                      f"chain id {chain_id} is not the signer's own ({self.ethereum_chain_id})")
-            key = self._keys.private_key_for("ethereum", "hot", 0, hot_index)
             slot = EthSlot(chain_id, _eth_address(key), nonce)
             if replaces_txid is None:
                 [paid] = self._check_batch(c, batch_id, [output], "ethereum")
@@ -687,6 +758,9 @@ class Signer:
             if gas * max_fee_wei > self.max_eth_fee_wei or priority_fee_wei > max_fee_wei:
                 raise SigningRefused(RefusalCode.fee_above_ceiling,
                                      f"gas x max fee {gas * max_fee_wei} wei is above the cap {self.max_eth_fee_wei}")
+            funded = c.execute(_HOT_NONCE_FUNDED_SQL, {"ci": chain_id, "a": slot.sender, "n": nonce}).first()
+            if funded is not None:
+                raise SigningRefused(RefusalCode.already_signed, f"hot nonce {nonce} is already signed in gas funding {funded.txid}")
             first = self._check_history(c, [paid], slot=slot)
             if replaces_txid is None:
                 self._check_unapproved(c, [paid] if paid.withdrawal_id in first else [])

@@ -172,6 +172,11 @@ def test_gas_funding_pays_our_deposit_address_at_most_its_sweeps_gas_once(env):
     need = 60_000 * 2 * 10**9
     fund = signer.sign_ethereum_gas_funding
     fees = {"gas": 21_000, "max_fee_wei": 2 * 10**9, "priority_fee_wei": 10**9}
+    hot = derive_eth_address(KEYS.account_xpub("ethereum", "hot"), 0)
+    with engine.begin() as c:  # the signer signed a withdrawal at hot nonce 39: a funding may take 40 (R15-S6)
+        c.execute(text("INSERT INTO signer_signature (signed_at, withdrawal_id, batch_id, chain, asset, amount, destination, txid, "
+                       "approvals, sender, nonce, chain_id) VALUES (now(), 1, 1, 'ethereum', 'ETH', 1, '0x', '0xw39', 1, :s, 39, :ci)"),
+                  {"s": hot, "ci": CHAIN_ID})
     refused(RefusalCode.output_mismatch, fund, sweep, deposit_index=index, chain_id=CHAIN_ID, nonce=40, value=need + 1, **fees)
     _other, other_index = new_address(env)
     refused(RefusalCode.sweep_not_open, fund, sweep, deposit_index=other_index, chain_id=CHAIN_ID, nonce=40, value=need, **fees)
@@ -179,8 +184,8 @@ def test_gas_funding_pays_our_deposit_address_at_most_its_sweeps_gas_once(env):
     ether_sweep = sweep_row(env, ether_address, ether_index, asset="ETH", amount=10**17, booked=(10**17,))
     refused(RefusalCode.sweep_not_open, fund, ether_sweep, deposit_index=ether_index, chain_id=CHAIN_ID, nonce=40, value=need, **fees)
 
+    refused(RefusalCode.nonce_gap, fund, sweep, deposit_index=index, chain_id=CHAIN_ID, nonce=41, value=need, **fees)
     signed = fund(sweep, deposit_index=index, chain_id=CHAIN_ID, nonce=40, value=need, **fees)
-    hot = derive_eth_address(KEYS.account_xpub("ethereum", "hot"), 0)
     assert_equal(decoded(signed.raw), {"from": hot, "to": address, "value": need, "data": b"", "nonce": 40, "chain_id": CHAIN_ID})
     assert_equal(fund(sweep, deposit_index=index, chain_id=CHAIN_ID, nonce=40, value=need, **fees).txid, signed.txid)
     refused(RefusalCode.already_signed, fund, sweep, deposit_index=index, chain_id=CHAIN_ID, nonce=41, value=need, **fees)
