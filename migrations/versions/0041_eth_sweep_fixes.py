@@ -16,7 +16,7 @@ role list changes.
 from alembic import op
 
 revision = "0041_eth_sweep_fixes"
-down_revision = "0038_treasury_tiers"
+down_revision = "0039_console_fixes"
 branch_labels = None
 depends_on = None
 
