@@ -45,6 +45,7 @@ PADDING_ACCOUNT = 0
 DEFAULT_PARTS = 4
 _PAD_HASH = hashlib.sha256(b"\x02custody-merkle-sum-padding").digest()
 _SHUFFLE_ATTEMPTS = 20
+PROGRESS_LEAVES = 1 << 16  # Tree reports its progress every this many leaves hashed (a multiple of CHUNK)
 
 
 def _sum_bytes(value: int) -> bytes:
@@ -164,15 +165,23 @@ class Tree:
     """The nodes above the chunks of `leaves`: `upper[0]` is level CHUNK_LEVELS (the chunk roots),
     `upper[-1]` is [root]."""
 
-    def __init__(self, leaves: Leaves) -> None:
+    def __init__(self, leaves: Leaves, progress: Callable[[int], None] | None = None) -> None:
+        """Hash every chunk of `leaves` and the levels above; `progress(leaves hashed)` is called
+        after every PROGRESS_LEAVES leaves (between chunks) and once at the end."""
         n = len(leaves)
         if n == 0 or n % CHUNK:
             raise ValueError(f"a tree needs a positive multiple of {CHUNK} leaves")
         self.leaves = leaves
-        self.upper = [[chunk_levels([leaves.node(i) for i in range(base, base + CHUNK)])[-1][0]
-                       for base in range(0, n, CHUNK)]]
+        roots = []
+        for base in range(0, n, CHUNK):
+            roots.append(chunk_levels([leaves.node(i) for i in range(base, base + CHUNK)])[-1][0])
+            if progress is not None and (base + CHUNK) % PROGRESS_LEAVES == 0 and base + CHUNK < n:
+                progress(base + CHUNK)
+        self.upper = [roots]
         while len(self.upper[-1]) > 1:
             self.upper.append(_climb(self.upper[-1]))
+        if progress is not None:
+            progress(n)
 
     @property
     def root(self) -> Node:
@@ -257,8 +266,13 @@ def exposed(leaves: Leaves, parts: int) -> list[tuple[int, int]]:
             w[position] += count
 
 
+def leaf_count(accounts: int, parts: int) -> int:
+    """The number of leaves `place` makes for `accounts` accounts: `parts` each, padded to CHUNK."""
+    return -(-accounts * parts // CHUNK) * CHUNK
+
+
 def place(balances: Iterable[tuple[int, int]], parts: int = DEFAULT_PARTS,
-          rng: random.Random | None = None) -> Tree:
+          rng: random.Random | None = None, progress: Callable[[int], None] | None = None) -> Tree:
     """Split every (account_id, balance) into `parts` leaves, pad, shuffle and build the tree; a
     shuffle with an `exposed` node is drawn again (a few times at most: past a handful of accounts
     it essentially never happens), and ValueError if none avoids one (with two or three accounts it
@@ -284,5 +298,5 @@ def place(balances: Iterable[tuple[int, int]], parts: int = DEFAULT_PARTS,
         rng.shuffle(order)
         leaves = Leaves([accounts[i] for i in order], [amounts[i] for i in order], os.urandom(NONCE_BYTES * len(order)))
         if not exposed(leaves, parts):
-            return Tree(leaves)
+            return Tree(leaves, progress)
     raise ValueError(f"no shuffle of {len(accounts)} leaves avoided a node showing a sum of whole balances")
