@@ -29,7 +29,13 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
+from fastapi.testclient import TestClient
+
 from chain_adapters.base import BlockRef
+from custody.api.app import create_app
+from custody.auth import Role, create_api_key
+from custody.container import Container
+from custody.settings import Settings
 from chain_adapters.errors import NotFound
 from custody.addresses import derive_btc_address, derive_eth_address
 from custody.errors import CustodyError, CustodyErrorCode
@@ -387,3 +393,47 @@ def test_a_published_report_cannot_be_unpublished_nor_a_request_forged_as_publis
                       {"i": jobs[0].report_id})
         c.rollback()
     reserves.run_once()  # leave nothing building for the tests after
+
+
+def test_the_api_answers_202_then_the_job_publishes(world, published):
+    engine, reserves, customers, _ = world
+    settings = Settings(environment="test")
+    container = Container(settings=settings, engine=engine, ledger=Ledger(engine)).with_chains({})
+    container.reserves = reserves
+    run = uuid.uuid4().hex[:6]
+    keys = {role: create_api_key(engine, f"reserves-{role.value}-{run}", role, settings.api_key_pepper)
+            for role in (Role.operator, Role.backend, Role.auditor)}
+    client = TestClient(create_app(container), raise_server_exceptions=False)
+
+    def call(role: Role, method: str, path: str, **kw):
+        return client.request(method, path, headers={"X-API-Key": keys[role]}, **kw)
+
+    log.info("POST /v1/reserves/reports: 202 at once, the report ids building")
+    r = call(Role.operator, "POST", "/v1/reserves/reports", json={"idempotency_key": "monthly", "assets": ["BTC"]})
+    assert_equal(r.status_code, 202)
+    (job,) = r.json()["reports"]
+    assert_equal((job["asset"], job["state"], job["leaves_built"], job["report"], r.json()["created"]),
+                 ("BTC", "building", 0, None, True))
+    again = call(Role.operator, "POST", "/v1/reserves/reports", json={"idempotency_key": "monthly", "assets": ["BTC"]})
+    assert_equal((again.status_code, again.json()["created"], again.json()["reports"][0]["report_id"]),
+                 (202, False, job["report_id"]))
+    other = call(Role.operator, "POST", "/v1/reserves/reports", json={"idempotency_key": "monthly", "assets": ["ETH"]})
+    assert_equal((other.status_code, other.json()["error"]["code"]), (409, "reserves_request_exists_with_different_assets"))
+    assert_equal(call(Role.auditor, "POST", "/v1/reserves/reports", json={"idempotency_key": "a"}).status_code, 403)
+    account = next(iter(customers["BTC"]))
+    proof = call(Role.backend, "GET", f"/v1/reserves/reports/{job['report_id']}/proof", params={"account_id": account})
+    assert_equal((proof.status_code, proof.json()["error"]["code"]), (409, "reserves_report_building"))
+    assert_equal(call(Role.auditor, "GET", f"/v1/reserves/reports/{job['report_id']}").json()["state"], "building")
+
+    log.info("the worker's job publishes it; GET shows the report and its progress complete")
+    assert_equal(reserves.run_once(), [job["report_id"]])
+    done = call(Role.auditor, "GET", f"/v1/reserves/reports/{job['report_id']}").json()
+    assert_equal((done["state"], done["leaves_built"], done["leaves_total"], done["attempts"]), ("published", 48, 48, 1))
+    report = done["report"]
+    body = reserves.report(job["report_id"])
+    assert_equal(report["liabilities"]["root_hash"], body["liabilities"]["root_hash"])
+    proof = call(Role.backend, "GET", f"/v1/reserves/reports/{job['report_id']}/proof", params={"account_id": account})
+    assert_equal(proof.status_code, 200)
+    assert_equal(check_proof(body, proof.json()), [])
+    assert_equal(check_report(body), [])
+    assert_equal(call(Role.auditor, "GET", "/v1/reserves/reports/999999999").status_code, 404)
