@@ -45,6 +45,7 @@ PADDING_ACCOUNT = 0
 DEFAULT_PARTS = 4
 _PAD_HASH = hashlib.sha256(b"\x02custody-merkle-sum-padding").digest()
 _SHUFFLE_ATTEMPTS = 20
+EXACT_LEAVES = 1 << 10  # trees up to this many leaves also get the check of sibling sums together (exposed_together)
 PROGRESS_LEAVES = 1 << 16  # Tree reports its progress every this many leaves hashed (a multiple of CHUNK)
 
 
@@ -266,6 +267,55 @@ def exposed(leaves: Leaves, parts: int) -> list[tuple[int, int]]:
             w[position] += count
 
 
+def exposed_together(leaves: Leaves, parts: int) -> list[int]:
+    """The accounts whose proof would show a sum of whole balances as a sum of SEVERAL of its
+    siblings added together. A customer's proof shows the sums of its frontier: the sibling
+    subtrees that hold none of their own leaves, which partition every other leaf. Any union of
+    frontier subtrees is a known sum; it is a sum of whole balances when every account with a
+    piece in it has all its pieces in it. Joining the frontier subtrees that share an account, each
+    group (a connected component) is such a union; one group is everybody else (the total less
+    one's own balance: public), two or more expose each group's total. Counted as in `exposed`
+    (pieces of accounts below `parts` minor units and padding are ignored). Costs about
+    parts x leaves per account, so `place` runs it on trees of up to EXACT_LEAVES leaves; above,
+    see the README for the bound."""
+    total: dict[int, int] = {}
+    for account, amount in zip(leaves.accounts, leaves.amounts):
+        if account != PADDING_ACCOUNT:
+            total[account] = total.get(account, 0) + amount
+    at: dict[int, list[int]] = {}
+    for i, account in enumerate(leaves.accounts):
+        if account != PADDING_ACCOUNT:
+            at.setdefault(account, []).append(i)
+    counted = [(i, a) for i, (a, m) in enumerate(zip(leaves.accounts, leaves.amounts))
+               if a != PADDING_ACCOUNT and m > 0 and total[a] >= parts]
+    found = []
+    for owner, mine in at.items():
+        groups: dict[tuple[int, int], tuple[int, int]] = {}  # frontier node -> union-find parent
+
+        def root(x: tuple[int, int]) -> tuple[int, int]:
+            while groups[x] != x:
+                groups[x] = groups[groups[x]]
+                x = groups[x]
+            return x
+
+        first: dict[int, tuple[int, int]] = {}
+        for i, account in counted:
+            if account == owner:
+                continue
+            level = min((i ^ x).bit_length() for x in mine) - 1
+            node = (level, i >> level)
+            groups.setdefault(node, node)
+            if account in first:
+                a, b = root(first[account]), root(node)
+                if a != b:
+                    groups[a] = b
+            else:
+                first[account] = node
+        if len({root(x) for x in groups}) > 1:
+            found.append(owner)
+    return found
+
+
 def leaf_count(accounts: int, parts: int) -> int:
     """The number of leaves `place` makes for `accounts` accounts: `parts` each, padded to CHUNK."""
     return -(-accounts * parts // CHUNK) * CHUNK
@@ -297,6 +347,6 @@ def place(balances: Iterable[tuple[int, int]], parts: int = DEFAULT_PARTS,
     for _ in range(_SHUFFLE_ATTEMPTS):
         rng.shuffle(order)
         leaves = Leaves([accounts[i] for i in order], [amounts[i] for i in order], os.urandom(NONCE_BYTES * len(order)))
-        if not exposed(leaves, parts):
+        if not exposed(leaves, parts) and (len(leaves) > EXACT_LEAVES or not exposed_together(leaves, parts)):
             return Tree(leaves, progress)
     raise ValueError(f"no shuffle of {len(accounts)} leaves avoided a node showing a sum of whole balances")
