@@ -21,9 +21,11 @@ other customers: only sums of random pieces of balances, never which account a p
 `place()` refuses a shuffle with an `exposed` node: one that holds every piece of some accounts and
 nothing else, or nothing else but pieces of one other account (whose owner, seeing the node on
 their own path, would subtract their pieces): its sum would be a sum of whole balances (a single
-customer's balance, when it holds one account). Not checked: sums of SEVERAL siblings of different
-paths of one customer added together, which could by chance hold exactly the pieces of some
-accounts. Accounts with fewer minor units than `parts` are exempt (their balance may sit whole in
+customer's balance, when it holds one account). Sums of SEVERAL siblings of one customer's paths
+added together (`exposed_together`: a customer's frontier falling into two or more groups of whole
+accounts) are refused too on trees of up to EXACT_LEAVES leaves, where they happen a few times in a
+hundred shuffles; above, they are not checked (quadratic cost) and the README states the bound,
+of the order of 5 / M^2 for M accounts at 4 leaves each. Accounts with fewer minor units than `parts` are exempt (their balance may sit whole in
 one leaf: a few satoshi or wei, still unlinkable to their owner). The tree does reveal the number of leaves, hence
 roughly the number of accounts (at most `parts` leaves each), and the total.
 
@@ -323,8 +325,9 @@ def leaf_count(accounts: int, parts: int) -> int:
 
 def place(balances: Iterable[tuple[int, int]], parts: int = DEFAULT_PARTS,
           rng: random.Random | None = None, progress: Callable[[int], None] | None = None) -> Tree:
-    """Split every (account_id, balance) into `parts` leaves, pad, shuffle and build the tree; a
-    shuffle with an `exposed` node is drawn again (a few times at most: past a handful of accounts
+    """Split every (account_id, balance) into `parts` leaves, pad, shuffle and build the tree
+    (`progress(leaves hashed)` between chunks, see Tree); a shuffle with an `exposed` node, or on
+    a tree of up to EXACT_LEAVES leaves one that `exposed_together` refuses, is drawn again (a few times at most: past a handful of accounts
     it essentially never happens), and ValueError if none avoids one (with two or three accounts it
     can be unavoidable)."""
     if parts < 2:

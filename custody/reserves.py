@@ -1,8 +1,20 @@
 """Proof of reserves v2: per asset, liabilities as a private Merkle sum tree and holdings as signed
 statements that standard tools check; and the verifier a customer runs alone.
 
-`Reserves.publish()` writes one report per asset (BTC, ETH and each ERC-20 token of `chain_asset`
-whose chain has an adapter here), all from ONE ledger snapshot:
+Publishing is work the worker does, off the request path (migration 0043_reserves_jobs):
+- `Reserves.request(key, ...)` (`POST /v1/reserves/reports`, `python -m custody reserves publish`)
+  records one `reserve_job` row per asset, `building`; its id is the report's. Idempotent per key.
+- `Reserves.run_once()` (the worker's `reserves` job, custody.jobs) builds the oldest request still
+  building (`build`): reads the snapshot below, hashes each tree recording its progress
+  (`leaves_built` of `leaves_total`, every merkle_sum.PROGRESS_LEAVES leaves), then stores the
+  reports, leaves and nodes and marks the rows `published`, all in ONE transaction: a crash at any
+  point leaves nothing stored and the rows `building`, and the next run starts again from nothing
+  (`attempts` + 1). A refusal a retry cannot change (FINAL_CODES) makes them `failed`.
+- `proof()` of a report still building is `reserves_report_building`.
+- `publish()` requests and builds at once in the calling process (tests, the CLI's core).
+
+A build writes one report per asset (BTC, ETH and each ERC-20 token of `chain_asset` whose chain
+has an adapter here), all from ONE ledger snapshot:
 - liabilities: in a REPEATABLE READ, read-only snapshot the ledger's own checks
   (`ledger.verify.verify_in`) must all pass, else `reserves_ledger_unverified`; in that snapshot
   every customer account's posted balance per asset is read, and the checkpoint stated in every
