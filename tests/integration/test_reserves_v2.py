@@ -39,7 +39,7 @@ from custody.settings import Settings
 from chain_adapters.errors import NotFound
 from custody.addresses import derive_btc_address, derive_eth_address
 from custody.errors import CustodyError, CustodyErrorCode
-from custody.reserves import Reserves, check_proof, check_report, main
+from custody.reserves import Reserves, check_proof, check_report, main, publish_command
 from custody.wallets import Wallets
 from ledger.model import Transfer
 from ledger.service import Ledger
@@ -437,3 +437,31 @@ def test_the_api_answers_202_then_the_job_publishes(world, published):
     assert_equal(check_proof(body, proof.json()), [])
     assert_equal(check_report(body), [])
     assert_equal(call(Role.auditor, "GET", "/v1/reserves/reports/999999999").status_code, 404)
+
+
+def test_the_operators_command_builds_a_request_printing_its_progress(world, published, monkeypatch):
+    """`python -m custody reserves publish` (custody.reserves.publish_command) on this module's
+    services: it records the request, builds it under the job's lock printing the progress, and
+    exits 0 once published; the same key again answers the published reports."""
+    engine, reserves, _, _ = world
+
+    class Services:  # what build_services gives the command: the worker's reserves and engine
+        def __init__(self) -> None:
+            self.reserves, self.engine = reserves, engine
+
+        def close(self) -> None:  # the module's engine outlives the command
+            pass
+
+    monkeypatch.setattr("custody.config.DeploymentConfig.load", lambda path, process: None)
+    monkeypatch.setattr("custody.roots.common.build_services", lambda config, process: Services())
+    monkeypatch.setattr("custody.merkle_sum.PROGRESS_LEAVES", 16)
+    lines: list[str] = []
+    assert_equal(publish_command(None, ["BTC"], "monthly", out=lines.append), 0)
+    log.info("the command printed: %s", lines)
+    assert lines[0].startswith("requested under cli:monthly: report ")
+    assert_equal([line for line in lines if "leaves hashed" in line],
+                 ["BTC: 16 of 48 leaves hashed", "BTC: 32 of 48 leaves hashed", "BTC: 48 of 48 leaves hashed"])
+    assert lines[-1].endswith("(BTC): published"), lines[-1]
+    again: list[str] = []
+    assert_equal(publish_command(None, ["BTC"], "monthly", out=again.append), 0)
+    assert again[0].startswith("already requested under cli:monthly"), again
