@@ -110,8 +110,10 @@ ORDER BY ca.asset
 """
 _REQUEST_SQL = """
 INSERT INTO reserve_job (request_key, asset, requested_by)
-VALUES (:k, :a, :by)
+SELECT :k, unnest(CAST(:assets AS text[])), :by
+ORDER BY 2
 ON CONFLICT (request_key, asset) DO NOTHING
+RETURNING id
 """
 _JOBS_SQL = """
 SELECT id, request_key, asset, requested_by, state, leaves_built, leaves_total, attempts, error_code, error,
@@ -227,12 +229,14 @@ class Reserves:
                 if assets is not None and set(assets) - set(wanted):
                     raise CustodyError(CustodyErrorCode.no_customer_accounts,
                                        f"no customer account of {sorted(set(assets) - set(wanted))} on a configured chain")
-                c.execute(text(_REQUEST_SQL), [{"k": key, "a": a, "by": requested_by} for a in wanted])
-                made = _jobs(c, "request_key = :k", k=key)
-                if [j.asset for j in made] == sorted(wanted) and all(j.attempts == 0 and j.requested_by == requested_by
-                                                                      for j in made):
-                    return made, True
-                existing = made  # a concurrent request with the same key won the race: answer as a replay
+                inserted = c.execute(text(_REQUEST_SQL), {"k": key, "assets": sorted(wanted), "by": requested_by}).all()
+                existing = _jobs(c, "request_key = :k", k=key)
+                if len(inserted) == len(existing):
+                    return existing, True
+                if inserted:  # a concurrent request under this key took some of these assets: keep neither half
+                    raise CustodyError(CustodyErrorCode.reserves_request_exists_with_different_assets,
+                                       f"the key {key!r} was used at the same moment for {[j.asset for j in existing]}")
+                # else a concurrent request with the same key committed first: answered below as a replay
         if assets is not None and sorted(set(assets)) != [j.asset for j in existing]:
             raise CustodyError(CustodyErrorCode.reserves_request_exists_with_different_assets,
                                f"the key {key!r} requested reports of {[j.asset for j in existing]}, not {sorted(set(assets))}")
@@ -306,8 +310,8 @@ class Reserves:
 
     def publish(self, assets: Sequence[str] | None = None, *, key: str | None = None,
                 requested_by: str = "custody") -> list[dict]:
-        """Request and build at once, in this process (`python -m custody reserves publish`, tests):
-        the published report bodies. Refused as `request` and `build` are."""
+        """Request and build at once, in the calling process (tests and e2e suites; the operators'
+        command is `publish_command`): the published report bodies. Refused as `request` and `build` are."""
         key = key or f"publish:{uuid.uuid4()}"
         jobs, _ = self.request(key, requested_by, assets)
         if all(j.state == "published" for j in jobs):

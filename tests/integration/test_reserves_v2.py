@@ -22,8 +22,10 @@ import itertools
 import json
 import logging
 import subprocess
+import threading
 import sys
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -465,3 +467,19 @@ def test_the_operators_command_builds_a_request_printing_its_progress(world, pub
     again: list[str] = []
     assert_equal(publish_command(None, ["BTC"], "monthly", out=again.append), 0)
     assert again[0].startswith("already requested under cli:monthly"), again
+
+
+def test_one_key_requested_at_once_from_several_connections_makes_one_request(world, published):
+    _, reserves, _, _ = world
+    key = f"race:{uuid.uuid4()}"
+    barrier = threading.Barrier(4)
+
+    def ask():
+        barrier.wait()
+        return reserves.request(key, "test", ["BTC", "ETH"])
+
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda _: ask(), range(4)))
+    assert_equal(sorted(created for _, created in answers), [False, False, False, True])
+    assert_equal(len({tuple(j.report_id for j in jobs) for jobs, _ in answers}), 1)
+    assert_equal(len(reserves.run_once()), 2)
