@@ -251,9 +251,11 @@ class Reserves:
         return found[0]
 
     def report(self, report_id: int) -> dict | None:
-        """The published report's body (what the customer's verifier reads), None before."""
+        """The published report's body (what the customer's verifier reads); None before it is
+        published, and for a version-1 report (before migration 0036: another format)."""
         with self.engine.connect() as c:
-            return c.execute(text("SELECT body FROM reserve_report WHERE id = :i"), {"i": report_id}).scalar()
+            return c.execute(text("SELECT body FROM reserve_report WHERE id = :i AND version = :v"),
+                             {"i": report_id, "v": VERSION}).scalar()
 
     def run_once(self, *, between_chunks: Callable[[str, int, int], None] | None = None) -> list[int]:
         """The worker's `reserves` job: build the oldest request that is still building (all its

@@ -178,7 +178,8 @@ class ReserveJobOut(BaseModel):
     requested_at: dt.datetime
     updated_at: dt.datetime
     published_at: dt.datetime | None
-    report: ReserveReportOut | None = Field(description="the published report (what the customer's verifier reads)")
+    report: ReserveReportOut | None = Field(description="the published report (what the customer's verifier reads); null "
+                                                          "before, and for a version-1 report (before migration 0036)")
 
 
 class ReserveRequestOut(BaseModel):
