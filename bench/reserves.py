@@ -6,8 +6,9 @@ accounts and serve inclusion proofs from it.
     DATABASE_URL=postgresql://... .venv/bin/python bench/reserves.py --database   # also store and prove through PostgreSQL
 
 The accounts are generated in memory (ids 1..N, balances uniform in 0..10^10 minor units); the
-build is what `Reserves.publish` does per asset once the balances are read: custody.merkle_sum.place
-(split every balance into random pieces, pad, shuffle, hash, the closed-subtree check). Proofs are
+build is what the worker's `reserves` job (`Reserves.build`) does per asset once the balances are
+read: custody.merkle_sum.place (split every balance into random pieces, pad, shuffle, the
+closed-subtree check, hash; a progress callback between chunks, as the job records its progress). Proofs are
 `Tree.proof` (the account's chunk of 16 leaves rebuilt + the stored upper path) and the customer's
 check (`merkle_sum.verify` per leaf), timed separately, for random accounts (each 4 leaves).
 
@@ -47,7 +48,7 @@ def main() -> None:
     balances = [(i + 1, gen.randrange(10**10)) for i in range(args.accounts)]
     print(f"load before: {_load()}  (cores: {os.cpu_count()})")
     t0 = time.perf_counter()
-    tree = place(balances, args.parts)
+    tree = place(balances, args.parts, progress=lambda done: None)
     build = time.perf_counter() - t0
     leaves = len(tree.leaves)
     stored = sum(1 for _ in tree.stored_nodes())
@@ -89,9 +90,13 @@ def _through_database(tree, balances, accounts, parts) -> None:  # noqa: ANN001
         reserves = Reserves(engine, {}, None, network="regtest", parts=parts)  # type: ignore[arg-type] - no signing here
         asset = AssetInput("BTC", "bitcoin", None, BlockRef(1, "00" * 32), balances, [])
         checkpoint = {"last_transaction_id": 0, "transactions": 0, "journal_digest": "", "checks_passed": []}
+        with engine.begin() as c:  # the request the worker's job builds (migration 0043): its id is the report's
+            report_id = c.execute(text("INSERT INTO reserve_job (request_key, asset, requested_by) "
+                                       "VALUES ('bench', 'BTC', 'bench') RETURNING id")).scalar_one()
         t0 = time.perf_counter()
         with engine.begin() as c:
-            report = reserves._store(c, asset, tree, checkpoint)
+            report = reserves._store(c, report_id, asset, tree, checkpoint)
+            c.execute(text("UPDATE reserve_job SET state = 'published', published_at = now() WHERE id = :i"), {"i": report_id})
         print(f"store: {len(tree.leaves):,} leaves + upper nodes in {time.perf_counter() - t0:.1f} s  load {_load()}")
         t0 = time.perf_counter()
         for a in accounts:

@@ -35,6 +35,12 @@ Operators:
                                                cold -> hot through a PSBT signed offline
                                                (custody.psbt_cli)
 
+    python -m custody reserves publish --config F [--assets BTC,ETH] [--key K]
+                                               request proof-of-reserves reports and build them
+                                               here, printing the progress (or follow the worker's
+                                               build); exit 1 unless all are published
+                                               (custody.reserves.publish_command)
+
     python -m custody rescan --config F --tier all|deposit|hot|cold
                                                one `scantxoutset` over the addresses custody issued,
                                                with progress; Ctrl-C aborts; exit 3 when the node
@@ -97,6 +103,12 @@ def main(argv: list[str] | None = None) -> int:
     rescan = sub.add_parser("rescan", help="operator: one scantxoutset over the issued addresses (custody.rescan)")
     rescan.add_argument("--config", default=None, help="the TOML file ($CUSTODY_CONFIG)")
     rescan.add_argument("--tier", choices=("all", "deposit", "hot", "cold"), default="all")
+    reserves = sub.add_parser("reserves", help="operator: proof of reserves").add_subparsers(dest="reserves_command",
+                                                                                           required=True)
+    publish = reserves.add_parser("publish", help="request reports and build them here, printing the progress")
+    publish.add_argument("--config", default=None, help="the TOML file ($CUSTODY_CONFIG)")
+    publish.add_argument("--assets", default=None, help="comma-separated assets (default: every asset with customers)")
+    publish.add_argument("--key", default=None, help="idempotency key (default: a fresh one); the same key answers the same reports")
     for name in APPROVE_COMMANDS:
         sub.add_parser(name, help="operator approvals (custody.approve_cli)", add_help=False)
     sub.add_parser("psbt", help="cold -> hot through a PSBT (custody.psbt_cli)", add_help=False)
@@ -128,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         from custody.rescan import main as rescan_main
 
         return rescan_main(args.config, args.tier)
+    if args.command == "reserves":
+        from custody.reserves import publish_command
+
+        return publish_command(args.config, args.assets.split(",") if args.assets else None, args.key)
     if args.command in ("api", "worker"):
         return _process(args.command, args.config)
     if args.command == "demo":

@@ -56,6 +56,8 @@
 | no_customer_accounts | 409 | a proof-of-reserves report needs at least one customer account of the asset to commit to |
 | reserves_ledger_unverified | 409 | a proof-of-reserves report commits only to a ledger that passes its own checks (`verify()`), and one failed in the report's snapshot (named in the message): nothing is published |
 | reserves_index_behind | 503 | a chain scanner's block (bitcoin: the wallet index's; ethereum: the deposit scanner's cursor) is not in the node's main chain, or the scanner has not started: a reorg it has not walked yet; ask again shortly |
+| reserves_report_building | 409 | the proof-of-reserves report is still being built by the worker (`GET /v1/reserves/reports/{id}` shows its progress): its proofs are served once it is published |
+| reserves_request_exists_with_different_assets | 409 | the idempotency key requested reports of other assets before: nothing new was requested |
 | node_view_not_ready | 503 | the node's watch-only wallet (custody.node_view) is not at the pinned tip, is rescanning, or does not yet cover every address custody issued: its holdings cannot be read now (a reconciliation pass skips the cross-check, logged) |
 | webhook_url_invalid | 422 | a webhook URL must be http:// or https:// with a host, at most 2,048 characters, without user or password and without a fragment, naming no internal address (unless `WEBHOOK_ALLOW_PRIVATE_HOSTS` lists it) |
 | webhook_event_types_invalid | 422 | a webhook endpoint's event types are 1 to 100 types of the event catalogue (README "Events", e.g. `deposit.credited`), or `*` for every type |
@@ -144,6 +146,8 @@ class CustodyErrorCode(str, enum.Enum):
     no_customer_accounts = "no_customer_accounts"
     reserves_ledger_unverified = "reserves_ledger_unverified"
     reserves_index_behind = "reserves_index_behind"
+    reserves_report_building = "reserves_report_building"
+    reserves_request_exists_with_different_assets = "reserves_request_exists_with_different_assets"
     node_view_not_ready = "node_view_not_ready"
     webhook_url_invalid = "webhook_url_invalid"
     webhook_event_types_invalid = "webhook_event_types_invalid"
@@ -232,6 +236,8 @@ _STATUS = {
     CustodyErrorCode.no_customer_accounts: 409,
     CustodyErrorCode.reserves_ledger_unverified: 409,
     CustodyErrorCode.reserves_index_behind: 503,
+    CustodyErrorCode.reserves_report_building: 409,
+    CustodyErrorCode.reserves_request_exists_with_different_assets: 409,
     CustodyErrorCode.node_view_not_ready: 503,
     CustodyErrorCode.webhook_url_invalid: 422,
     CustodyErrorCode.webhook_event_types_invalid: 422,

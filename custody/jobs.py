@@ -11,6 +11,7 @@ method that tests and the demo call directly, so time is driven deterministicall
 | expire-holds | Ledger.expire_holds() | 10 s |
 | outbox | OutboxDispatcher.dispatch(): outbox -> NATS JetStream in the worker (custody.broker) | 1 s |
 | webhooks | Webhooks.run_once(): outbox events -> signed POSTs to registered endpoints, retried with backoff, dead-lettered (custody.webhooks.delivery) | 1 s |
+| reserves | Reserves.run_once(): builds the oldest requested proof-of-reserves reports (progress recorded) and publishes them (custody.reserves) | 10 s |
 | reconcile | Reconciliation.run() (bitcoin, ethereum: chain holdings = books + in transit, exactly) | 60 s |
 | node-view | NodeView.ensure(): the node's watch-only wallet loaded, its ranges ahead of the issued addresses (bitcoin) | 30 s |
 | verify | verify_books(): Ledger.verify(); any failed check opens a critical incident (kill switch) | 60 s |
@@ -351,6 +352,8 @@ def build_scheduler(container: Any, *, sink: Callable[[str, dict], None] | None 
     add("verify", failing_when_steps_fail(lambda: verify_books(container)), 60)  # a failed check fails the run
     if reconciliation is not None:
         add("reconcile", reconciliation.run, 60)
+    if getattr(container, "reserves", None) is not None:
+        add("reserves", container.reserves.run_once, 10)
     node_view = getattr(container, "node_view", None)
     if node_view is not None:
         add("node-view", node_view.ensure, 30)

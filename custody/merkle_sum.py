@@ -21,9 +21,11 @@ other customers: only sums of random pieces of balances, never which account a p
 `place()` refuses a shuffle with an `exposed` node: one that holds every piece of some accounts and
 nothing else, or nothing else but pieces of one other account (whose owner, seeing the node on
 their own path, would subtract their pieces): its sum would be a sum of whole balances (a single
-customer's balance, when it holds one account). Not checked: sums of SEVERAL siblings of different
-paths of one customer added together, which could by chance hold exactly the pieces of some
-accounts. Accounts with fewer minor units than `parts` are exempt (their balance may sit whole in
+customer's balance, when it holds one account). Sums of SEVERAL siblings of one customer's paths
+added together (`exposed_together`: a customer's frontier falling into two or more groups of whole
+accounts) are refused too on trees of up to EXACT_LEAVES leaves, where they happen a few times in a
+hundred shuffles; above, they are not checked (quadratic cost) and the README states the bound,
+of the order of 5 / M^2 for M accounts at 4 leaves each. Accounts with fewer minor units than `parts` are exempt (their balance may sit whole in
 one leaf: a few satoshi or wei, still unlinkable to their owner). The tree does reveal the number of leaves, hence
 roughly the number of accounts (at most `parts` leaves each), and the total.
 
@@ -45,6 +47,8 @@ PADDING_ACCOUNT = 0
 DEFAULT_PARTS = 4
 _PAD_HASH = hashlib.sha256(b"\x02custody-merkle-sum-padding").digest()
 _SHUFFLE_ATTEMPTS = 20
+EXACT_LEAVES = 1 << 10  # trees up to this many leaves also get the check of sibling sums together (exposed_together)
+PROGRESS_LEAVES = 1 << 16  # Tree reports its progress every this many leaves hashed (a multiple of CHUNK)
 
 
 def _sum_bytes(value: int) -> bytes:
@@ -164,15 +168,23 @@ class Tree:
     """The nodes above the chunks of `leaves`: `upper[0]` is level CHUNK_LEVELS (the chunk roots),
     `upper[-1]` is [root]."""
 
-    def __init__(self, leaves: Leaves) -> None:
+    def __init__(self, leaves: Leaves, progress: Callable[[int], None] | None = None) -> None:
+        """Hash every chunk of `leaves` and the levels above; `progress(leaves hashed)` is called
+        after every PROGRESS_LEAVES leaves (between chunks) and once at the end."""
         n = len(leaves)
         if n == 0 or n % CHUNK:
             raise ValueError(f"a tree needs a positive multiple of {CHUNK} leaves")
         self.leaves = leaves
-        self.upper = [[chunk_levels([leaves.node(i) for i in range(base, base + CHUNK)])[-1][0]
-                       for base in range(0, n, CHUNK)]]
+        roots = []
+        for base in range(0, n, CHUNK):
+            roots.append(chunk_levels([leaves.node(i) for i in range(base, base + CHUNK)])[-1][0])
+            if progress is not None and (base + CHUNK) % PROGRESS_LEAVES == 0 and base + CHUNK < n:
+                progress(base + CHUNK)
+        self.upper = [roots]
         while len(self.upper[-1]) > 1:
             self.upper.append(_climb(self.upper[-1]))
+        if progress is not None:
+            progress(n)
 
     @property
     def root(self) -> Node:
@@ -257,10 +269,65 @@ def exposed(leaves: Leaves, parts: int) -> list[tuple[int, int]]:
             w[position] += count
 
 
+def exposed_together(leaves: Leaves, parts: int) -> list[int]:
+    """The accounts whose proof would show a sum of whole balances as a sum of SEVERAL of its
+    siblings added together. A customer's proof shows the sums of its frontier: the sibling
+    subtrees that hold none of their own leaves, which partition every other leaf. Any union of
+    frontier subtrees is a known sum; it is a sum of whole balances when every account with a
+    piece in it has all its pieces in it. Joining the frontier subtrees that share an account, each
+    group (a connected component) is such a union; one group is everybody else (the total less
+    one's own balance: public), two or more expose each group's total. Counted as in `exposed`
+    (pieces of accounts below `parts` minor units and padding are ignored). Costs about
+    parts x leaves per account, so `place` runs it on trees of up to EXACT_LEAVES leaves; above,
+    see the README for the bound."""
+    total: dict[int, int] = {}
+    for account, amount in zip(leaves.accounts, leaves.amounts):
+        if account != PADDING_ACCOUNT:
+            total[account] = total.get(account, 0) + amount
+    at: dict[int, list[int]] = {}
+    for i, account in enumerate(leaves.accounts):
+        if account != PADDING_ACCOUNT:
+            at.setdefault(account, []).append(i)
+    counted = [(i, a) for i, (a, m) in enumerate(zip(leaves.accounts, leaves.amounts))
+               if a != PADDING_ACCOUNT and m > 0 and total[a] >= parts]
+    found = []
+    for owner, mine in at.items():
+        groups: dict[tuple[int, int], tuple[int, int]] = {}  # frontier node -> union-find parent
+
+        def root(x: tuple[int, int]) -> tuple[int, int]:
+            while groups[x] != x:
+                groups[x] = groups[groups[x]]
+                x = groups[x]
+            return x
+
+        first: dict[int, tuple[int, int]] = {}
+        for i, account in counted:
+            if account == owner:
+                continue
+            level = min((i ^ x).bit_length() for x in mine) - 1
+            node = (level, i >> level)
+            groups.setdefault(node, node)
+            if account in first:
+                a, b = root(first[account]), root(node)
+                if a != b:
+                    groups[a] = b
+            else:
+                first[account] = node
+        if len({root(x) for x in groups}) > 1:
+            found.append(owner)
+    return found
+
+
+def leaf_count(accounts: int, parts: int) -> int:
+    """The number of leaves `place` makes for `accounts` accounts: `parts` each, padded to CHUNK."""
+    return -(-accounts * parts // CHUNK) * CHUNK
+
+
 def place(balances: Iterable[tuple[int, int]], parts: int = DEFAULT_PARTS,
-          rng: random.Random | None = None) -> Tree:
-    """Split every (account_id, balance) into `parts` leaves, pad, shuffle and build the tree; a
-    shuffle with an `exposed` node is drawn again (a few times at most: past a handful of accounts
+          rng: random.Random | None = None, progress: Callable[[int], None] | None = None) -> Tree:
+    """Split every (account_id, balance) into `parts` leaves, pad, shuffle and build the tree
+    (`progress(leaves hashed)` between chunks, see Tree); a shuffle with an `exposed` node, or on
+    a tree of up to EXACT_LEAVES leaves one that `exposed_together` refuses, is drawn again (a few times at most: past a handful of accounts
     it essentially never happens), and ValueError if none avoids one (with two or three accounts it
     can be unavoidable)."""
     if parts < 2:
@@ -283,6 +350,6 @@ def place(balances: Iterable[tuple[int, int]], parts: int = DEFAULT_PARTS,
     for _ in range(_SHUFFLE_ATTEMPTS):
         rng.shuffle(order)
         leaves = Leaves([accounts[i] for i in order], [amounts[i] for i in order], os.urandom(NONCE_BYTES * len(order)))
-        if not exposed(leaves, parts):
-            return Tree(leaves)
+        if not exposed(leaves, parts) and (len(leaves) > EXACT_LEAVES or not exposed_together(leaves, parts)):
+            return Tree(leaves, progress)
     raise ValueError(f"no shuffle of {len(accounts)} leaves avoided a node showing a sum of whole balances")

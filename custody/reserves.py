@@ -1,8 +1,20 @@
 """Proof of reserves v2: per asset, liabilities as a private Merkle sum tree and holdings as signed
 statements that standard tools check; and the verifier a customer runs alone.
 
-`Reserves.publish()` writes one report per asset (BTC, ETH and each ERC-20 token of `chain_asset`
-whose chain has an adapter here), all from ONE ledger snapshot:
+Publishing is work the worker does, off the request path (migration 0043_reserves_jobs):
+- `Reserves.request(key, ...)` (`POST /v1/reserves/reports`, `python -m custody reserves publish`)
+  records one `reserve_job` row per asset, `building`; its id is the report's. Idempotent per key.
+- `Reserves.run_once()` (the worker's `reserves` job, custody.jobs) builds the oldest request still
+  building (`build`): reads the snapshot below, hashes each tree recording its progress
+  (`leaves_built` of `leaves_total`, every merkle_sum.PROGRESS_LEAVES leaves), then stores the
+  reports, leaves and nodes and marks the rows `published`, all in ONE transaction: a crash at any
+  point leaves nothing stored and the rows `building`, and the next run starts again from nothing
+  (`attempts` + 1). A refusal a retry cannot change (FINAL_CODES) makes them `failed`.
+- `proof()` of a report still building is `reserves_report_building`.
+- `publish()` requests and builds at once in the calling process (tests, the CLI's core).
+
+A build writes one report per asset (BTC, ETH and each ERC-20 token of `chain_asset` whose chain
+has an adapter here), all from ONE ledger snapshot:
 - liabilities: in a REPEATABLE READ, read-only snapshot the ledger's own checks
   (`ledger.verify.verify_in`) must all pass, else `reserves_ledger_unverified`; in that snapshot
   every customer account's posted balance per asset is read, and the checkpoint stated in every
@@ -34,11 +46,14 @@ It is NOT a proof of solvency; the report says so (`disclaimer`).
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import hashlib
 import json
+import logging
 import sys
+import uuid
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from sqlalchemy import Connection, Engine, text
 
@@ -48,8 +63,8 @@ from custody import wallet_index
 from custody.addresses import derive_eth_address
 from custody.destinations import HOT_RECEIVE_INDEX
 from custody.errors import CustodyError, CustodyErrorCode
-from custody.merkle_sum import (CHUNK, CHUNK_LEVELS, DEFAULT_PARTS, NONCE_BYTES, PADDING_ACCOUNT, Node, Step, Tree, leaf, place, prove,
-                                upper_positions, verify)
+from custody.merkle_sum import (CHUNK, CHUNK_LEVELS, DEFAULT_PARTS, NONCE_BYTES, PADDING_ACCOUNT, Node, Step, Tree, leaf, leaf_count,
+                                place, prove, upper_positions, verify)
 from ledger.model import AccountKind
 from ledger.verify import verify_in
 from signer import bip322, eip191
@@ -60,6 +75,10 @@ DISCLAIMER = ("This is a proof of reserves, not a proof of solvency: it shows th
               "customer liabilities at one block height, and nothing about other obligations or later changes.")
 FORMATS = {"bitcoin": "bip322-simple", "ethereum": "eip191-personal-sign"}
 _INSERT_ROWS = 20_000  # upper nodes per INSERT statement
+# refusals a retry of the same request cannot change: its reports become `failed` (others stay `building`)
+FINAL_CODES = frozenset({CustodyErrorCode.no_customer_accounts, CustodyErrorCode.reserves_ledger_unverified,
+                         CustodyErrorCode.signer_refused})
+log = logging.getLogger(__name__)
 
 _ASSETS_SQL = """
 SELECT asset, chain, contract_address
@@ -80,6 +99,28 @@ _JOURNAL_SQL = """
 SELECT id, content_hash
 FROM journal_transaction
 ORDER BY id
+"""
+_REQUESTABLE_SQL = """
+SELECT ca.asset
+FROM chain_asset ca
+WHERE ca.chain = ANY(:chains)
+  AND EXISTS (SELECT 1 FROM account a JOIN account_balance b ON b.account_id = a.id
+              WHERE a.kind = :kind AND a.asset = ca.asset)
+ORDER BY ca.asset
+"""
+_REQUEST_SQL = """
+INSERT INTO reserve_job (request_key, asset, requested_by)
+SELECT :k, unnest(CAST(:assets AS text[])), :by
+ORDER BY 2
+ON CONFLICT (request_key, asset) DO NOTHING
+RETURNING id
+"""
+_JOBS_SQL = """
+SELECT id, request_key, asset, requested_by, state, leaves_built, leaves_total, attempts, error_code, error,
+       created_at, updated_at, published_at
+FROM reserve_job
+WHERE {where}
+ORDER BY asset
 """
 _ETH_ADDRESSES_SQL = """
 SELECT address, derivation_index
@@ -106,6 +147,34 @@ SELECT n.level, n.position, n.hash, n.sum
 FROM unnest(CAST(:lv AS int[]), CAST(:p AS int[])) AS w(level, position)
 JOIN reserve_node n ON n.report_id = :r AND n.level = w.level AND n.position = w.position
 """
+
+
+@dataclass(frozen=True)
+class ReportJob:
+    """One requested report: `building` (leaves hashed so far of `leaves_total`, None until the
+    build has read the ledger; `attempts` builds started; the last one's failure in `error_code`,
+    `error`), then `published` (its body in `reserve_report`) or `failed`."""
+
+    report_id: int
+    request_key: str
+    asset: str
+    requested_by: str
+    state: str
+    leaves_built: int
+    leaves_total: int | None
+    attempts: int
+    error_code: str | None
+    error: str | None
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    published_at: dt.datetime | None
+
+
+def _jobs(c: Connection, where: str, **params: object) -> list[ReportJob]:
+    return [ReportJob(r.id, r.request_key, r.asset, r.requested_by, r.state, int(r.leaves_built),
+                      None if r.leaves_total is None else int(r.leaves_total), r.attempts, r.error_code, r.error,
+                      r.created_at, r.updated_at, r.published_at)
+            for r in c.execute(text(_JOBS_SQL.format(where=where)), params)]
 
 
 @dataclass(frozen=True)
@@ -139,17 +208,139 @@ class Reserves:
         self.network = network  # bitcoin's
         self.parts = parts
 
-    # ---- publishing ------------------------------------------------------------------------
+    # ---- publishing: a request, then the worker's build --------------------------------------
 
-    def publish(self, assets: Sequence[str] | None = None) -> list[dict]:
-        """Build, sign, store and return one report per asset (all of them, or those named), from
-        one ledger snapshot (module docstring). Refused with `no_customer_accounts` when none of
-        the assets has a customer account, `reserves_ledger_unverified` when a ledger check fails,
-        `reserves_index_behind` when a scanner's block left the main chain."""
-        checkpoint, inputs = self._read(assets)
-        trees = {i.asset: place(i.balances, self.parts) for i in inputs}
+    def request(self, key: str, requested_by: str, assets: Sequence[str] | None = None) -> tuple[list[ReportJob], bool]:
+        """Record a request for one report per asset (those named, or every asset of a configured
+        chain with a customer account), each `building`; the worker's `run_once` builds them.
+        Answers the reports and True, or for a key seen before with the same assets the original
+        reports and False (`reserves_request_exists_with_different_assets` with other assets).
+        Refused with `no_customer_accounts` when none of the assets has a customer account."""
         with self.engine.begin() as c:
-            return [self._store(c, i, trees[i.asset], checkpoint) for i in inputs]
+            existing = _jobs(c, "request_key = :k", k=key)
+            if not existing:
+                wanted = c.execute(text(_REQUESTABLE_SQL), {"chains": sorted(self.adapters),
+                                                            "kind": AccountKind.customer.value}).scalars().all()
+                if assets is not None:
+                    wanted = [a for a in wanted if a in set(assets)]
+                if not wanted:
+                    raise CustodyError(CustodyErrorCode.no_customer_accounts,
+                                       "no customer account of these assets exists: a report has no liabilities to commit to")
+                if assets is not None and set(assets) - set(wanted):
+                    raise CustodyError(CustodyErrorCode.no_customer_accounts,
+                                       f"no customer account of {sorted(set(assets) - set(wanted))} on a configured chain")
+                inserted = c.execute(text(_REQUEST_SQL), {"k": key, "assets": sorted(wanted), "by": requested_by}).all()
+                existing = _jobs(c, "request_key = :k", k=key)
+                if len(inserted) == len(existing):
+                    return existing, True
+                if inserted:  # a concurrent request under this key took some of these assets: keep neither half
+                    raise CustodyError(CustodyErrorCode.reserves_request_exists_with_different_assets,
+                                       f"the key {key!r} was used at the same moment for {[j.asset for j in existing]}")
+                # else a concurrent request with the same key committed first: answered below as a replay
+        if assets is not None and sorted(set(assets)) != [j.asset for j in existing]:
+            raise CustodyError(CustodyErrorCode.reserves_request_exists_with_different_assets,
+                               f"the key {key!r} requested reports of {[j.asset for j in existing]}, not {sorted(set(assets))}")
+        return existing, False
+
+    def job(self, report_id: int) -> ReportJob:
+        """The report's request and progress; LookupError when no report has that id."""
+        with self.engine.connect() as c:
+            found = _jobs(c, "id = :i", i=report_id)
+        if not found:
+            raise LookupError(f"report {report_id} does not exist")
+        return found[0]
+
+    def report(self, report_id: int) -> dict | None:
+        """The published report's body (what the customer's verifier reads); None before it is
+        published, and for a version-1 report (before migration 0036: another format)."""
+        with self.engine.connect() as c:
+            return c.execute(text("SELECT body FROM reserve_report WHERE id = :i AND version = :v"),
+                             {"i": report_id, "v": VERSION}).scalar()
+
+    def run_once(self, *, between_chunks: Callable[[str, int, int], None] | None = None) -> list[int]:
+        """The worker's `reserves` job: build the oldest request that is still building (all its
+        reports from one ledger snapshot) and publish it; the published report ids ([] when
+        nothing waits). `between_chunks(asset, done, total)` runs after each progress record (tests
+        inject a crash there). A failure is recorded on the request's rows: a refusal that a retry
+        cannot change (`FINAL_CODES`) makes them `failed`; anything else leaves them `building`
+        for the next run, which starts the build again from nothing."""
+        with self.engine.connect() as c:
+            key = c.execute(text("SELECT request_key FROM reserve_job WHERE state = 'building' ORDER BY id LIMIT 1")).scalar()
+        if key is None:
+            return []
+        return [r["report_id"] for r in self.build(key, between_chunks=between_chunks)]
+
+    def build(self, key: str, *, between_chunks: Callable[[str, int, int], None] | None = None) -> list[dict]:
+        """Build, sign, store and publish the reports of request `key` (module docstring), in one
+        transaction with their rows' `published`; progress (leaves hashed of the total) is
+        recorded on the rows as the trees are built. Raises what refused the build, recorded."""
+        with self.engine.connect() as c:
+            jobs = _jobs(c, "request_key = :k AND state = 'building'", k=key)
+        if not jobs:
+            return []
+        ids = {j.asset: j.report_id for j in jobs}
+        self._start(ids)
+        try:
+            checkpoint, inputs = self._read(sorted(ids))
+            if sorted(i.asset for i in inputs) != sorted(ids):
+                raise CustodyError(CustodyErrorCode.no_customer_accounts,
+                                   f"reports of {sorted(set(ids) - {i.asset for i in inputs})} have no customer account "
+                                   "or no configured chain any more")
+            totals = {i.asset: leaf_count(len(i.balances), self.parts) for i in inputs}
+            self._progress(ids, {a: 0 for a in ids}, totals)
+            trees = {}
+            for i in inputs:
+                def step(done: int, asset: str = i.asset) -> None:
+                    self._progress({asset: ids[asset]}, {asset: done}, totals)
+                    if between_chunks is not None:
+                        between_chunks(asset, done, totals[asset])
+                trees[i.asset] = place(i.balances, self.parts, progress=step)
+            with self.engine.begin() as c:
+                still = c.execute(text("SELECT id FROM reserve_job WHERE id = ANY(:ids) AND state = 'building' FOR UPDATE"),
+                                  {"ids": list(ids.values())}).scalars().all()
+                if len(still) != len(ids):  # another builder (the CLI beside the worker) published them meanwhile
+                    raise CustodyError(CustodyErrorCode.reserves_report_building,
+                                       f"the reports {sorted(ids.values())} were finished by another builder")
+                bodies = [self._store(c, ids[i.asset], i, trees[i.asset], checkpoint) for i in inputs]
+                c.execute(text("UPDATE reserve_job SET state = 'published', published_at = now(), updated_at = now(), "
+                               "leaves_built = leaves_total, error_code = NULL, error = NULL WHERE id = ANY(:ids)"),
+                          {"ids": list(ids.values())})
+            return bodies
+        except Exception as exc:
+            self._failed(ids, exc)
+            raise
+
+    def publish(self, assets: Sequence[str] | None = None, *, key: str | None = None,
+                requested_by: str = "custody") -> list[dict]:
+        """Request and build at once, in the calling process (tests and e2e suites; the operators'
+        command is `publish_command`): the published report bodies. Refused as `request` and `build` are."""
+        key = key or f"publish:{uuid.uuid4()}"
+        jobs, _ = self.request(key, requested_by, assets)
+        if all(j.state == "published" for j in jobs):
+            return [self.report(j.report_id) for j in jobs]  # type: ignore[misc]
+        return self.build(key)
+
+    def _start(self, ids: Mapping[str, int]) -> None:
+        with self.engine.begin() as c:
+            c.execute(text("UPDATE reserve_job SET attempts = attempts + 1, leaves_built = 0, updated_at = now() "
+                           "WHERE id = ANY(:ids) AND state = 'building'"), {"ids": list(ids.values())})
+
+    def _progress(self, ids: Mapping[str, int], done: Mapping[str, int], totals: Mapping[str, int]) -> None:
+        with self.engine.begin() as c:
+            c.execute(text("UPDATE reserve_job SET leaves_built = :n, leaves_total = :t, updated_at = now() "
+                           "WHERE id = :i AND state = 'building'"),
+                      [{"i": ids[a], "n": done[a], "t": totals[a]} for a in ids])
+
+    def _failed(self, ids: Mapping[str, int], exc: Exception) -> None:
+        code = exc.code.value if isinstance(exc, CustodyError) else type(exc).__name__
+        final = isinstance(exc, CustodyError) and exc.code in FINAL_CODES
+        try:
+            with self.engine.begin() as c:
+                c.execute(text("UPDATE reserve_job SET state = CASE WHEN :final THEN 'failed' ELSE state END, "
+                               "error_code = :code, error = :error, updated_at = now() WHERE id = ANY(:ids) AND state = 'building'"),
+                          {"ids": list(ids.values()), "final": final, "code": code, "error": str(exc)[:1000]})
+        except Exception as record:  # noqa: BLE001 - the build's own failure is what the caller sees
+            log.warning("reserves: the failure of reports %s was not recorded (%s)", sorted(ids.values()), record)
 
     def _read(self, only: Sequence[str] | None) -> tuple[dict, list[AssetInput]]:
         with self.engine.connect().execution_options(isolation_level="REPEATABLE READ") as c, c.begin():
@@ -217,8 +408,7 @@ class Reserves:
                 out.append(Holding(address, amount, tier, 0, index))
         return out
 
-    def _store(self, c: Connection, i: AssetInput, tree: Tree, checkpoint: dict) -> dict:
-        report_id = c.execute(text("SELECT nextval(pg_get_serial_sequence('reserve_report', 'id'))")).scalar_one()
+    def _store(self, c: Connection, report_id: int, i: AssetInput, tree: Tree, checkpoint: dict) -> dict:
         root = tree.root.hash.hex()
         addresses = []
         for h in i.holdings:
@@ -265,11 +455,21 @@ class Reserves:
     def proof(self, report_id: int, account_id: int) -> dict:
         """The inclusion proof of `account_id` in report `report_id`: each of its leaves (position,
         amount, nonce) with the sibling (hash, sum) of every level up to the root. LookupError when
-        the report or the account in it is unknown, or the report is a v1 one (whose proofs showed
-        other customers' balances: no longer served)."""
+        the report or the account in it is unknown, the report failed, or it is a v1 one (whose
+        proofs showed other customers' balances: no longer served); `reserves_report_building`
+        while it is being built."""
         with self.engine.connect() as c:
             report = c.execute(text("SELECT version, asset, root_hash, liabilities, body->'liabilities'->>'leaves' AS leaves "
                                     "FROM reserve_report WHERE id = :r"), {"r": report_id}).first()
+            if report is None:
+                job = _jobs(c, "id = :i", i=report_id)
+                if job and job[0].state == "building":
+                    raise CustodyError(CustodyErrorCode.reserves_report_building,
+                                       f"report {report_id} is still being built ({job[0].leaves_built} of "
+                                       f"{job[0].leaves_total if job[0].leaves_total is not None else '?'} leaves): "
+                                       "its proofs are served once it is published")
+                if job:
+                    raise LookupError(f"report {report_id} failed ({job[0].error_code}): it has no proofs")
             if report is None or report.version != VERSION:
                 raise LookupError(f"report {report_id} does not exist" if report is None else
                                   f"report {report_id} is a version-1 report: its proofs are no longer served")
@@ -417,6 +617,55 @@ def check_proof(report: dict, proof: dict) -> list[str]:
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         problems.append(f"the proof is malformed: {type(exc).__name__} {exc}")
     return problems
+
+
+def publish_command(config_path: str | None, assets: Sequence[str] | None, key: str | None,
+                    *, out: Callable[[str], None] = print, poll_seconds: float = 2.0) -> int:
+    """`python -m custody reserves publish`: an operator's request (as the API records it, under
+    the `cli:` key namespace), built here at once with its progress printed; when the worker is
+    building already (it holds the `reserves` job lock), its progress is printed until the reports
+    are published or failed. Exit 0 when all are published, 1 otherwise."""
+    import time
+
+    from custody.config import DeploymentConfig
+    from custody.jobs import JobLocks
+    from custody.roots.common import build_services
+
+    services = build_services(DeploymentConfig.load(config_path, process="worker"), process="worker")
+    reserves = services.reserves
+    locks = JobLocks(services.engine)
+    try:
+        if reserves is None:
+            out("reserves publish: no bitcoin adapter and signer are configured")
+            return 1
+        request_key = f"cli:{key or uuid.uuid4()}"
+        try:
+            jobs, created = reserves.request(request_key, "cli", assets)
+        except CustodyError as exc:
+            out(f"reserves publish: {exc}")
+            return 1
+        out(f"{'requested' if created else 'already requested'} under {request_key}: "
+            + ", ".join(f"report {j.report_id} ({j.asset}, {j.state})" for j in jobs))
+        with locks.hold("reserves") as got:
+            if got:
+                try:
+                    reserves.build(request_key, between_chunks=lambda asset, done, total: out(
+                        f"{asset}: {done:,} of {total:,} leaves hashed"))
+                except Exception as exc:  # noqa: BLE001 - recorded on the reports; shown below
+                    out(f"reserves publish: the build failed: {exc}")
+        jobs = [reserves.job(j.report_id) for j in jobs]
+        while not got and any(j.state == "building" for j in jobs):  # the worker builds them: follow it (Ctrl-C leaves it be)
+            out("the worker is building: " + ", ".join(
+                f"{j.asset} {j.leaves_built:,}/{j.leaves_total or 0:,}" + (f" (last attempt: {j.error_code})" if j.error_code else "")
+                for j in jobs))
+            time.sleep(poll_seconds)
+            jobs = [reserves.job(j.report_id) for j in jobs]
+        for j in jobs:
+            out(f"report {j.report_id} ({j.asset}): {j.state}" + (f" ({j.error_code}: {j.error})" if j.error_code else ""))
+        return 0 if all(j.state == "published" for j in jobs) else 1
+    finally:
+        locks.dispose()
+        services.close()
 
 
 def verify_report(report: dict, proof: dict | None = None) -> bool:

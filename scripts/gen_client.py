@@ -50,6 +50,7 @@ NAMES: dict[tuple[str, str], str] = {
     ("POST", "/v1/incidents/{incident_id}/resolve"): "resolve_incident",
     ("POST", "/v1/reconciliation"): "reconcile",
     ("POST", "/v1/reserves/reports"): "publish_reserve_report",
+    ("GET", "/v1/reserves/reports/{report_id}"): "get_reserve_report",
     ("GET", "/v1/reserves/reports/{report_id}/proof"): "get_reserve_proof",
     ("GET", "/v1/kill-switch"): "get_kill_switch",
     ("POST", "/v1/kill-switch"): "set_kill_switch",

@@ -149,8 +149,42 @@ class ReserveReportOut(BaseModel):
     disclaimer: str
 
 
-class ReserveReportsOut(BaseModel):
-    reports: list[ReserveReportOut] = Field(description="one per asset, all from one ledger snapshot")
+class ReserveRequestIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={'examples': [{'idempotency_key': 'reserves-2026-12-01'}]})
+    idempotency_key: str = Field(min_length=1, max_length=200)
+    assets: list[str] | None = Field(default=None, min_length=1, max_length=100,
+                                     description="the assets to report (default: every asset of a configured chain with a "
+                                                 "customer account)")
+
+
+class ReserveErrorOut(BaseModel):
+    code: str
+    message: str
+
+
+class ReserveJobOut(BaseModel):
+    """One requested report: `building` (the worker's progress: leaves hashed of the total, null
+    until the build has read the ledger; the last attempt's failure in `error`), then `published`
+    (its `report`) or `failed` (`error` says why; request it again under a new key)."""
+
+    report_id: int
+    asset: str
+    state: Literal["building", "published", "failed"]
+    leaves_built: int
+    leaves_total: int | None
+    attempts: int
+    error: ReserveErrorOut | None
+    requested_by: str
+    requested_at: dt.datetime
+    updated_at: dt.datetime
+    published_at: dt.datetime | None
+    report: ReserveReportOut | None = Field(description="the published report (what the customer's verifier reads); null "
+                                                          "before, and for a version-1 report (before migration 0036)")
+
+
+class ReserveRequestOut(BaseModel):
+    created: bool = Field(description="false: the key was used before for the same assets; these are its reports")
+    reports: list[ReserveJobOut] = Field(description="one per asset, all built from one ledger snapshot")
 
 
 class ProofNodeOut(BaseModel):
@@ -334,25 +368,51 @@ def _report_out(c, report: dict) -> ReserveReportOut:
     })
 
 
-@router.post("/reserves/reports", status_code=201, response_model=ReserveReportsOut,
-             responses=responses("no_customer_accounts", "reserves_ledger_unverified", "reserves_index_behind", "signer_refused",
-                                 "node_unavailable", "wrong_network", *NO_CHAINS))
-def publish_reserves(c: ContainerDep, _: Operator) -> ReserveReportsOut:
-    """Publish proof-of-reserves reports, one per asset with customer accounts (BTC, ETH, each
-    token), from one verified ledger snapshot, at each chain scanner's block (not a proof of solvency)."""
+def _job_out(c, job, body: dict | None) -> ReserveJobOut:
+    return ReserveJobOut(report_id=job.report_id, asset=job.asset, state=job.state, leaves_built=job.leaves_built,
+                         leaves_total=job.leaves_total, attempts=job.attempts,
+                         error=ReserveErrorOut(code=job.error_code, message=job.error or "") if job.error_code else None,
+                         requested_by=job.requested_by, requested_at=job.created_at, updated_at=job.updated_at,
+                         published_at=job.published_at, report=_report_out(c, body) if body is not None else None)
+
+
+def _reserves(c):
     if c.reserves is None:
         raise ApiError(503, "chains_not_configured", "no bitcoin adapter and signer are configured on this service")
-    return ReserveReportsOut(reports=[_report_out(c, r) for r in c.reserves.publish()])
+    return c.reserves
+
+
+@router.post("/reserves/reports", status_code=202, response_model=ReserveRequestOut,
+             responses=responses("no_customer_accounts", "reserves_request_exists_with_different_assets", *NO_CHAINS))
+def publish_reserves(body: ReserveRequestIn, c: ContainerDep, who: Operator) -> ReserveRequestOut:
+    """Request proof-of-reserves reports, one per asset with customer accounts (BTC, ETH, each
+    token; or those named): answered at once with their ids, `building`. The worker's `reserves`
+    job builds them from one verified ledger snapshot, at each chain scanner's block, and publishes
+    them (`GET /v1/reserves/reports/{id}`). Not a proof of solvency."""
+    reserves = _reserves(c)
+    jobs, created = reserves.request(caller_key(who.name, body.idempotency_key), f"api:{who.name}", body.assets)
+    return ReserveRequestOut(created=created, reports=[_job_out(c, j, reserves.report(j.report_id) if j.state == "published"
+                                                                 else None) for j in jobs])
+
+
+@router.get("/reserves/reports/{report_id}", response_model=ReserveJobOut, responses=responses("not_found", *NO_CHAINS))
+def reserves_report(report_id: IdPath, c: ContainerDep, _: Reader) -> ReserveJobOut:
+    """A requested report: its state and the build's progress, and the report once published."""
+    reserves = _reserves(c)
+    try:
+        job = reserves.job(report_id)
+    except LookupError as exc:
+        raise ApiError(404, "not_found", str(exc)) from None
+    return _job_out(c, job, reserves.report(report_id) if job.state == "published" else None)
 
 
 @router.get("/reserves/reports/{report_id}/proof", response_model=ReserveProofOut,
-            responses=responses("not_found", *NO_CHAINS))
+            responses=responses("not_found", "reserves_report_building", *NO_CHAINS))
 def reserves_proof(report_id: IdPath, account_id: IdQuery, c: ContainerDep, _: Reader) -> ReserveProofOut:
-    """A customer's inclusion proof in a report (the backend hands it to that customer only)."""
-    if c.reserves is None:
-        raise ApiError(503, "chains_not_configured", "no bitcoin adapter and signer are configured on this service")
+    """A customer's inclusion proof in a published report (the backend hands it to that customer
+    only); `reserves_report_building` while the report is being built."""
     try:
-        proof = c.reserves.proof(report_id, account_id)
+        proof = _reserves(c).proof(report_id, account_id)
     except LookupError as exc:
         raise ApiError(404, "not_found", str(exc)) from None
     return ReserveProofOut(**proof, amounts=_money(c, proof["asset"], {"balance": proof["balance"]}))

@@ -55,8 +55,9 @@ _REBALANCEOUT: TypeAdapter[Any] = TypeAdapter(RebalanceOut)
 _REFILLAPPROVEDOUT: TypeAdapter[Any] = TypeAdapter(RefillApprovedOut)
 _REFILLPAYLOADOUT: TypeAdapter[Any] = TypeAdapter(RefillPayloadOut)
 _REPLAYEDOUT: TypeAdapter[Any] = TypeAdapter(ReplayedOut)
+_RESERVEJOBOUT: TypeAdapter[Any] = TypeAdapter(ReserveJobOut)
 _RESERVEPROOFOUT: TypeAdapter[Any] = TypeAdapter(ReserveProofOut)
-_RESERVEREPORTSOUT: TypeAdapter[Any] = TypeAdapter(ReserveReportsOut)
+_RESERVEREQUESTOUT: TypeAdapter[Any] = TypeAdapter(ReserveRequestOut)
 _RETRIEDOUT: TypeAdapter[Any] = TypeAdapter(RetriedOut)
 _ROTATEDOUT: TypeAdapter[Any] = TypeAdapter(RotatedOut)
 _STATEMENTOUT: TypeAdapter[Any] = TypeAdapter(StatementOut)
@@ -207,9 +208,13 @@ class SyncMethods:
         'POST /v1/reconciliation: Reconcile'
         return self._call('POST', '/v1/reconciliation', params=None, body=None, answer=_LIST_RECONCILIATIONLINEOUT)
 
-    def publish_reserve_report(self) -> ReserveReportsOut:
+    def publish_reserve_report(self, body: ReserveRequestIn | Mapping[str, Any] | None = None, /, **fields: Any) -> ReserveRequestOut:
         'POST /v1/reserves/reports: Publish Reserves'
-        return self._call('POST', '/v1/reserves/reports', params=None, body=None, answer=_RESERVEREPORTSOUT)
+        return self._call('POST', '/v1/reserves/reports', params=None, body=_body(ReserveRequestIn, body, fields), answer=_RESERVEREQUESTOUT)
+
+    def get_reserve_report(self, report_id: int, /) -> ReserveJobOut:
+        'GET /v1/reserves/reports/{report_id}: Reserves Report'
+        return self._call('GET', f'/v1/reserves/reports/{_seg(report_id)}', params=None, body=None, answer=_RESERVEJOBOUT)
 
     def get_reserve_proof(self, report_id: int, /, *, account_id: int) -> ReserveProofOut:
         'GET /v1/reserves/reports/{report_id}/proof: Reserves Proof'
@@ -635,9 +640,13 @@ class AsyncMethods:
         'POST /v1/reconciliation: Reconcile'
         return await self._call('POST', '/v1/reconciliation', params=None, body=None, answer=_LIST_RECONCILIATIONLINEOUT)
 
-    async def publish_reserve_report(self) -> ReserveReportsOut:
+    async def publish_reserve_report(self, body: ReserveRequestIn | Mapping[str, Any] | None = None, /, **fields: Any) -> ReserveRequestOut:
         'POST /v1/reserves/reports: Publish Reserves'
-        return await self._call('POST', '/v1/reserves/reports', params=None, body=None, answer=_RESERVEREPORTSOUT)
+        return await self._call('POST', '/v1/reserves/reports', params=None, body=_body(ReserveRequestIn, body, fields), answer=_RESERVEREQUESTOUT)
+
+    async def get_reserve_report(self, report_id: int, /) -> ReserveJobOut:
+        'GET /v1/reserves/reports/{report_id}: Reserves Report'
+        return await self._call('GET', f'/v1/reserves/reports/{_seg(report_id)}', params=None, body=None, answer=_RESERVEJOBOUT)
 
     async def get_reserve_proof(self, report_id: int, /, *, account_id: int) -> ReserveProofOut:
         'GET /v1/reserves/reports/{report_id}/proof: Reserves Proof'

@@ -867,12 +867,38 @@ class ReserveAddressOut(BaseModel):
     amounts: dict[str, Money]
 
 
+class ReserveErrorOut(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    code: str
+    message: str
+
+
 class ReserveHoldingsOut(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     total: Minor
     addresses: list[ReserveAddressOut]
     amounts: dict[str, Money]
+
+
+class ReserveJobOut(BaseModel):
+    "One requested report: `building` (the worker's progress: leaves hashed of the total, null"
+
+    model_config = ConfigDict(extra="ignore")
+
+    report_id: int
+    asset: str
+    state: Literal['building', 'published', 'failed']
+    leaves_built: int
+    leaves_total: int | None
+    attempts: int
+    error: ReserveErrorOut | None
+    requested_by: str
+    requested_at: datetime
+    updated_at: datetime
+    published_at: datetime | None
+    report: ReserveReportOut | None
 
 
 class ReserveLedgerOut(BaseModel):
@@ -926,10 +952,18 @@ class ReserveReportOut(BaseModel):
     disclaimer: str
 
 
-class ReserveReportsOut(BaseModel):
+class ReserveRequestIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    idempotency_key: str = Field(default_factory=new_key)
+    assets: list[str] | None = None
+
+
+class ReserveRequestOut(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    reports: list[ReserveReportOut]
+    created: bool
+    reports: list[ReserveJobOut]
 
 
 class ResolveIn(BaseModel):

@@ -141,7 +141,7 @@ def test_only_the_workers_reconciliation_records_hot_coins(api_root, worker_root
 def test_the_scheduler_takes_the_worker_root_and_a_deposit_is_credited(worker_root, config, cluster):
     jobs = {j.id for j in build_scheduler(worker_root).get_jobs()}  # type: ignore[arg-type]
     assert jobs >= {"deposits:bitcoin", "deposits:ethereum", "payouts", "sweeps", "rebalances", "expire-holds", "outbox",
-                    "verify", "reconcile", "matching-snapshots"}
+                    "verify", "reconcile", "matching-snapshots", "reserves"}
     assert isinstance(worker_root.trading, JournalSnapshots)
     hot = derive_btc_address(config.wallets["bitcoin"].hot, "regtest", 0, 0)
     assert worker_root.sweeps.hot_address == hot and worker_root.rebalances.hot_address == hot

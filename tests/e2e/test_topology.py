@@ -38,6 +38,7 @@ from custody.launch import Deployment, Nodes, deploy, role_url
 from regtest import control
 from regtest.cluster import cluster_from_state
 from regtest.install import find_tools
+from regtest.util import wait_until
 from tests.e2e.custody.api_helpers import readiness
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -263,7 +264,10 @@ def test_the_api_process_may_not_ask_the_signer_to_move_money(deployment, nodes_
 
     acct = _funded_customer(clients, cluster, 1 * BTC)  # a customer to commit to, coins to prove
     operator = clients[next(iter(deployment.approver_keys))]
-    reports = operator.publish_reserve_report().model_dump(mode="json")["reports"]  # signed through the api's restricted client
+    requested = operator.publish_reserve_report().model_dump(mode="json")["reports"]  # the worker's job builds and signs them
+    wait_until(lambda: all(operator.get_reserve_report(r["report_id"]).state == "published" for r in requested), timeout=120,
+               interval=1.0, what="the worker publishes the reserve reports")
+    reports = [operator.get_reserve_report(r["report_id"]).model_dump(mode="json")["report"] for r in requested]
     report = next(r for r in reports if r["asset"] == "BTC")
     assert report["holdings"]["addresses"] and all(check_report(r) == [] for r in reports), [check_report(r) for r in reports]
     proof = clients["backend"].get_reserve_proof(report["report_id"], account_id=acct).model_dump(mode="json")

@@ -44,11 +44,13 @@ INSUFFICIENT_PRIVILEGE = "42501"
 MIGRATION = Path(__file__).resolve().parents[2] / "migrations" / "versions" / "0020_process_roles.py"
 API_READ_ONLY = ["api_key", "btc_wallet_output", "chain_asset", "chain_cursor", "chain_transaction", "convert_quote",
                  "denylist_address", "deposit_address_check", "eth_gas_funding", "eth_nonce", "eth_sweep", "firm_tx_version",
-                 "job_stat", "matching_snapshot", "node_view_health", "outbox", "outbox_aggregate"]
+                 "job_stat", "matching_snapshot", "node_view_health", "outbox", "outbox_aggregate", "reserve_leaf",
+                 "reserve_node", "reserve_report"]
 # migrations 0022, 0023 (the wallet index), 0025, 0028 (the index's verdicts, the node view's health), 0032 (events:
 # written through the owner's custody_emit only), 0033 (convert quotes: through their SECURITY DEFINER functions
-# only), 0037 (ethereum sweeps: the worker's), 0038 (fee-bump versions of sweeps and rebalances: the worker's):
-# custody_api may only read them
+# only), 0037 (ethereum sweeps: the worker's), 0038 (fee-bump versions of sweeps and rebalances: the worker's),
+# 0043 (proof-of-reserves reports, leaves and nodes: the worker's job builds and publishes them): custody_api may only
+# read them
 
 
 def sqlstate(engine: Engine, role: str | None, sql: str, params: dict | None = None) -> str | None:
@@ -250,6 +252,12 @@ API_FORBIDDEN = {
     # convert quotes are stored and booked by their SECURITY DEFINER functions only (0033)
     "forge_convert_quote": "INSERT INTO convert_quote SELECT * FROM convert_quote WHERE false",
     "rewrite_convert_quote": "UPDATE convert_quote SET to_amount = to_amount WHERE false",
+    # proof-of-reserves reports are built and published by the worker's job only (0043)
+    "write_reserve_report": "INSERT INTO reserve_report SELECT * FROM reserve_report WHERE false",
+    "write_reserve_leaf": "INSERT INTO reserve_leaf SELECT * FROM reserve_leaf WHERE false",
+    "write_reserve_node": "INSERT INTO reserve_node SELECT * FROM reserve_node WHERE false",
+    "mark_reserve_report_published": "UPDATE reserve_job SET state = 'published', published_at = now() WHERE false",
+    "record_reserve_progress": "UPDATE reserve_job SET leaves_built = leaves_total WHERE false",
 }
 
 # What the api keeps, at the same statement level (its routes exercise them in their own tests).
@@ -268,6 +276,7 @@ API_ALLOWED = {
     "nextval_rebalance_id": "SELECT nextval('rebalance_id_seq')",
     "save_reconciliation_pass": "UPDATE reconciliation_line SET difference = 0 WHERE false",
     "remove_allowlisted_destination": "DELETE FROM allowlist_entry WHERE false",
+    "request_reserve_reports": "INSERT INTO reserve_job SELECT * FROM reserve_job WHERE false",
 }
 
 

@@ -8,6 +8,12 @@ customer's proof pass the standalone verifier (also as `python -m custody.reserv
 served proof shows no other customer's balance nor any sum of whole balances; and the verifier
 rejects a tampered leaf, sum, root, amount, message or signature. A ledger that fails its own
 checks gets no report.
+
+Publishing off the request path: a request records its reports `building`; the worker's job
+(`Reserves.run_once`) builds them chunk by chunk, recording its progress, and publishes them; a
+proof of a report still building is refused with `reserves_report_building`; a crash injected
+between chunks leaves nothing stored or published and the next run completes; the database refuses
+a request inserted as published, a published report set back, or one published without its report.
 """
 from __future__ import annotations
 
@@ -16,18 +22,26 @@ import itertools
 import json
 import logging
 import subprocess
+import threading
 import sys
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from sqlalchemy import text
 
+from fastapi.testclient import TestClient
+
 from chain_adapters.base import BlockRef
+from custody.api.app import create_app
+from custody.auth import Role, create_api_key
+from custody.container import Container
+from custody.settings import Settings
 from chain_adapters.errors import NotFound
 from custody.addresses import derive_btc_address, derive_eth_address
 from custody.errors import CustodyError, CustodyErrorCode
-from custody.reserves import Reserves, check_proof, check_report, main
+from custody.reserves import Reserves, check_proof, check_report, main, publish_command
 from custody.wallets import Wallets
 from ledger.model import Transfer
 from ledger.service import Ledger
@@ -266,6 +280,8 @@ def test_a_scanner_off_the_main_chain_gets_no_report(world, published):
         assert_equal(len(reserves.publish(["BTC"])), 1)  # bitcoin alone is fine
     finally:
         adapters["ethereum"].blocks[ETH_BLOCK.height] = ETH_BLOCK.hash
+    log.info("the refused request stays building (a reorg passes); once the scanner is back the job publishes it")
+    assert_equal(len(reserves.run_once()), 3)
 
 
 def test_no_customer_account_of_the_asset(world):
@@ -273,3 +289,197 @@ def test_no_customer_account_of_the_asset(world):
     with pytest.raises(CustodyError) as err:
         reserves.publish(["DOGE"])
     assert_equal(err.value.code, CustodyErrorCode.no_customer_accounts)
+
+
+# ---- publishing off the request path (migration 0043_reserves_jobs) ---------------------------------
+
+
+class Crash(Exception):
+    """Injected between two chunks of a build."""
+
+
+def _state(engine, ids):
+    with engine.connect() as c:
+        jobs = c.execute(text("SELECT id, state, leaves_built, leaves_total, attempts, error_code FROM reserve_job "
+                              "WHERE id = ANY(:i) ORDER BY id"), {"i": ids}).all()
+        reports = c.execute(text("SELECT count(*) FROM reserve_report WHERE id = ANY(:i)"), {"i": ids}).scalar_one()
+        leaves = c.execute(text("SELECT count(*) FROM reserve_leaf WHERE report_id = ANY(:i)"), {"i": ids}).scalar_one()
+    return jobs, reports, leaves
+
+
+def test_a_request_is_building_until_the_job_publishes_it(world, published, monkeypatch):
+    engine, reserves, customers, _ = world
+    key = f"req:{uuid.uuid4()}"
+    jobs, created = reserves.request(key, "test", ["BTC", "USDT"])
+    assert created
+    assert_equal([(j.asset, j.state, j.leaves_built, j.attempts) for j in jobs], [("BTC", "building", 0, 0), ("USDT", "building", 0, 0)])
+    again, created = reserves.request(key, "test", ["USDT", "BTC"])
+    assert_equal(([j.report_id for j in again], created), ([j.report_id for j in jobs], False))
+    with pytest.raises(CustodyError) as err:
+        reserves.request(key, "test", ["BTC"])
+    assert_equal(err.value.code, CustodyErrorCode.reserves_request_exists_with_different_assets)
+    btc = jobs[0].report_id
+    account = next(iter(customers["BTC"]))
+    log.info("a proof of a report still building is refused with its code")
+    with pytest.raises(CustodyError) as err:
+        reserves.proof(btc, account)
+    assert_equal(err.value.code, CustodyErrorCode.reserves_report_building)
+    assert reserves.report(btc) is None
+
+    log.info("the worker's job builds the request in chunks, recording its progress, and publishes it")
+    monkeypatch.setattr("custody.merkle_sum.PROGRESS_LEAVES", 16)  # a progress record after every chunk
+    seen: list[tuple[str, int, int]] = []
+    assert_equal(sorted(reserves.run_once(between_chunks=lambda *step: seen.append(step))), [j.report_id for j in jobs])
+    btc_steps = [s for s in seen if s[0] == "BTC"]
+    assert_equal([done for _, done, _ in btc_steps], list(range(16, 49, 16)))  # 10 accounts x 4 = 40 -> 48 leaves
+    assert_equal(btc_steps[0][2], 48)
+    rows, reports, _ = _state(engine, [j.report_id for j in jobs])
+    assert_equal([(r.state, r.leaves_built, r.leaves_total, r.attempts) for r in rows],
+                 [("published", 48, 48, 1), ("published", 16, 16, 1)])
+    assert_equal(reports, 2)
+    body = reserves.report(btc)
+    assert_equal(check_report(body), [])
+    assert_equal(check_proof(body, reserves.proof(btc, account)), [])
+    assert_equal(reserves.run_once(), [])  # nothing waits any more
+    _, created = reserves.request(key, "test", ["BTC", "USDT"])
+    assert not created
+
+
+def test_a_crash_between_chunks_publishes_nothing_and_the_rerun_completes(world, published, monkeypatch):
+    engine, reserves, customers, _ = world
+    jobs, _ = reserves.request(f"crash:{uuid.uuid4()}", "test", ["BTC", "ETH"])
+    ids = [j.report_id for j in jobs]
+    monkeypatch.setattr("custody.merkle_sum.PROGRESS_LEAVES", 16)
+
+    def crash(asset: str, done: int, total: int) -> None:
+        if asset == "ETH" and done == 16:  # BTC's tree is built, ETH's has its first chunk
+            raise Crash("killed between chunks")
+
+    log.info("a build crashes between two chunks: nothing is stored, nothing published, the rows stay building")
+    with pytest.raises(Crash):
+        reserves.run_once(between_chunks=crash)
+    rows, reports, leaves = _state(engine, ids)
+    assert_equal([(r.state, r.attempts, r.error_code) for r in rows], [("building", 1, "Crash")] * 2)
+    assert_equal((reports, leaves), (0, 0))
+    with pytest.raises(CustodyError) as err:
+        reserves.proof(ids[0], next(iter(customers["BTC"])))
+    assert_equal(err.value.code, CustodyErrorCode.reserves_report_building)
+
+    log.info("the next run starts the build again from nothing and publishes both")
+    progress: list[int] = []
+    assert_equal(sorted(reserves.run_once(between_chunks=lambda asset, done, total: progress.append(done))), ids)
+    assert_equal(progress[0], 16)  # counted again from the start
+    rows, reports, leaves = _state(engine, ids)
+    assert_equal([(r.state, r.attempts, r.error_code) for r in rows], [("published", 2, None)] * 2)
+    assert_equal((reports, leaves), (2, 48 + 16))
+    for report_id, asset in zip(ids, ("BTC", "ETH")):
+        body = reserves.report(report_id)
+        assert_equal(check_report(body), [])
+        for account in customers[asset]:
+            assert_equal(check_proof(body, reserves.proof(report_id, account)), [])
+
+
+def test_a_published_report_cannot_be_unpublished_nor_a_request_forged_as_published(world, published):
+    engine, reserves, _, _ = world
+    report_id = published["BTC"]["report_id"]
+    with engine.connect() as c:
+        for sql in (f"UPDATE reserve_job SET state = 'building', published_at = NULL WHERE id = {report_id}",
+                    "INSERT INTO reserve_job (request_key, asset, requested_by, state, published_at) "
+                    "VALUES ('forged', 'BTC', 'x', 'published', now())"):
+            with pytest.raises(Exception, match="reserve_job"):
+                c.execute(text(sql))
+            c.rollback()
+        jobs, _ = reserves.request(f"forge:{uuid.uuid4()}", "test", ["USDT"])
+        with pytest.raises(Exception, match="published without its report"):
+            c.execute(text("UPDATE reserve_job SET state = 'published', published_at = now() WHERE id = :i"),
+                      {"i": jobs[0].report_id})
+        c.rollback()
+    reserves.run_once()  # leave nothing building for the tests after
+
+
+def test_the_api_answers_202_then_the_job_publishes(world, published):
+    engine, reserves, customers, _ = world
+    settings = Settings(environment="test")
+    container = Container(settings=settings, engine=engine, ledger=Ledger(engine)).with_chains({})
+    container.reserves = reserves
+    run = uuid.uuid4().hex[:6]
+    keys = {role: create_api_key(engine, f"reserves-{role.value}-{run}", role, settings.api_key_pepper)
+            for role in (Role.operator, Role.backend, Role.auditor)}
+    client = TestClient(create_app(container), raise_server_exceptions=False)
+
+    def call(role: Role, method: str, path: str, **kw):
+        return client.request(method, path, headers={"X-API-Key": keys[role]}, **kw)
+
+    log.info("POST /v1/reserves/reports: 202 at once, the report ids building")
+    r = call(Role.operator, "POST", "/v1/reserves/reports", json={"idempotency_key": "monthly", "assets": ["BTC"]})
+    assert_equal(r.status_code, 202)
+    (job,) = r.json()["reports"]
+    assert_equal((job["asset"], job["state"], job["leaves_built"], job["report"], r.json()["created"]),
+                 ("BTC", "building", 0, None, True))
+    again = call(Role.operator, "POST", "/v1/reserves/reports", json={"idempotency_key": "monthly", "assets": ["BTC"]})
+    assert_equal((again.status_code, again.json()["created"], again.json()["reports"][0]["report_id"]),
+                 (202, False, job["report_id"]))
+    other = call(Role.operator, "POST", "/v1/reserves/reports", json={"idempotency_key": "monthly", "assets": ["ETH"]})
+    assert_equal((other.status_code, other.json()["error"]["code"]), (409, "reserves_request_exists_with_different_assets"))
+    assert_equal(call(Role.auditor, "POST", "/v1/reserves/reports", json={"idempotency_key": "a"}).status_code, 403)
+    account = next(iter(customers["BTC"]))
+    proof = call(Role.backend, "GET", f"/v1/reserves/reports/{job['report_id']}/proof", params={"account_id": account})
+    assert_equal((proof.status_code, proof.json()["error"]["code"]), (409, "reserves_report_building"))
+    assert_equal(call(Role.auditor, "GET", f"/v1/reserves/reports/{job['report_id']}").json()["state"], "building")
+
+    log.info("the worker's job publishes it; GET shows the report and its progress complete")
+    assert_equal(reserves.run_once(), [job["report_id"]])
+    done = call(Role.auditor, "GET", f"/v1/reserves/reports/{job['report_id']}").json()
+    assert_equal((done["state"], done["leaves_built"], done["leaves_total"], done["attempts"]), ("published", 48, 48, 1))
+    report = done["report"]
+    body = reserves.report(job["report_id"])
+    assert_equal(report["liabilities"]["root_hash"], body["liabilities"]["root_hash"])
+    proof = call(Role.backend, "GET", f"/v1/reserves/reports/{job['report_id']}/proof", params={"account_id": account})
+    assert_equal(proof.status_code, 200)
+    assert_equal(check_proof(body, proof.json()), [])
+    assert_equal(check_report(body), [])
+    assert_equal(call(Role.auditor, "GET", "/v1/reserves/reports/999999999").status_code, 404)
+
+
+def test_the_operators_command_builds_a_request_printing_its_progress(world, published, monkeypatch):
+    """`python -m custody reserves publish` (custody.reserves.publish_command) on this module's
+    services: it records the request, builds it under the job's lock printing the progress, and
+    exits 0 once published; the same key again answers the published reports."""
+    engine, reserves, _, _ = world
+
+    class Services:  # what build_services gives the command: the worker's reserves and engine
+        def __init__(self) -> None:
+            self.reserves, self.engine = reserves, engine
+
+        def close(self) -> None:  # the module's engine outlives the command
+            pass
+
+    monkeypatch.setattr("custody.config.DeploymentConfig.load", lambda path, process: None)
+    monkeypatch.setattr("custody.roots.common.build_services", lambda config, process: Services())
+    monkeypatch.setattr("custody.merkle_sum.PROGRESS_LEAVES", 16)
+    lines: list[str] = []
+    assert_equal(publish_command(None, ["BTC"], "monthly", out=lines.append), 0)
+    log.info("the command printed: %s", lines)
+    assert lines[0].startswith("requested under cli:monthly: report ")
+    assert_equal([line for line in lines if "leaves hashed" in line],
+                 ["BTC: 16 of 48 leaves hashed", "BTC: 32 of 48 leaves hashed", "BTC: 48 of 48 leaves hashed"])
+    assert lines[-1].endswith("(BTC): published"), lines[-1]
+    again: list[str] = []
+    assert_equal(publish_command(None, ["BTC"], "monthly", out=again.append), 0)
+    assert again[0].startswith("already requested under cli:monthly"), again
+
+
+def test_one_key_requested_at_once_from_several_connections_makes_one_request(world, published):
+    _, reserves, _, _ = world
+    key = f"race:{uuid.uuid4()}"
+    barrier = threading.Barrier(4)
+
+    def ask():
+        barrier.wait()
+        return reserves.request(key, "test", ["BTC", "ETH"])
+
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda _: ask(), range(4)))
+    assert_equal(sorted(created for _, created in answers), [False, False, False, True])
+    assert_equal(len({tuple(j.report_id for j in jobs) for jobs, _ in answers}), 1)
+    assert_equal(len(reserves.run_once()), 2)

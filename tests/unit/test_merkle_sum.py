@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from custody.merkle_sum import (CHUNK, CHUNK_LEVELS, NONCE_BYTES, PAD, Leaves, Node, Step, Tree, exposed, leaf, place, split,
-                                upper_positions, verify)
+from custody.merkle_sum import (CHUNK, CHUNK_LEVELS, NONCE_BYTES, PAD, Leaves, Node, Step, Tree, exposed, exposed_together, leaf,
+                                leaf_count, place, split, upper_positions, verify)
 from regtest.util import assert_equal
 
 # Ten customers whose balances are all distinct and far apart, so that a sum of random pieces
@@ -162,3 +162,74 @@ def test_exposed_finds_whole_accounts_alone_or_beside_one_owner():
 def test_the_naive_tree_is_all_exposed():
     tree = naive_tree(BALANCES)
     assert len(exposed(tree.leaves, 1)) >= len(BALANCES)
+
+
+def frontier_sums(tree: Tree, account: int) -> list[int]:
+    """The sums `account`'s proofs show of subtrees holding none of its own leaves (its frontier),
+    read from the proofs themselves: each step's sibling, at (level, position), unless one of the
+    account's leaves lies under it."""
+    mine = [i for i, a in enumerate(tree.leaves.accounts) if a == account]
+    found: dict[tuple[int, int], int] = {}
+    for i in mine:
+        for level, step in enumerate(tree.proof(i)):
+            position = (i >> level) ^ 1
+            if not any(j >> level == position for j in mine):
+                found[(level, position)] = step.sibling.sum
+    return list(found.values())
+
+
+def revealed_together(tree: Tree, account: int, balances: dict[int, int]) -> set[int]:
+    """Sums of whole balances of other customers (not all of them) equal to a sum of several of
+    the account's frontier sums added together."""
+    others = [b for a, b in balances.items() if a != account]
+    whole = {sum(c) for r in range(1, len(others)) for c in itertools.combinations(others, r)}
+    sums = {0}
+    for s in frontier_sums(tree, account):
+        sums |= {x + s for x in sums}
+    return sums & whole
+
+
+def shuffled(balances: dict[int, int], rng: random.Random) -> Leaves:
+    """What `place` draws before its checks: 4 pieces an account, padded, shuffled."""
+    accounts, amounts = [], []
+    for account, balance in balances.items():
+        accounts += [account] * 4
+        amounts += split(balance, 4, rng)
+    accounts += [0] * (-len(accounts) % CHUNK)
+    amounts += [0] * (-len(amounts) % CHUNK)
+    order = list(range(len(accounts)))
+    rng.shuffle(order)
+    return Leaves([accounts[i] for i in order], [amounts[i] for i in order], os.urandom(NONCE_BYTES * len(order)))
+
+
+def test_sibling_sums_added_together_can_expose_whole_balances_and_exposed_together_finds_them():
+    """The per-node check alone (`exposed`) passes some shuffles in which a customer adding several
+    of their sibling sums gets a sum of other customers' whole balances; `exposed_together` names
+    exactly the customers who can."""
+    rng = random.Random(11)
+    caught = 0
+    for _ in range(400):
+        leaves = shuffled(BALANCES, rng)
+        if exposed(leaves, 4):
+            continue
+        tree = Tree(leaves)
+        leaking = sorted(a for a in BALANCES if revealed_together(tree, a, BALANCES))
+        assert_equal(sorted(exposed_together(leaves, 4)), leaking)
+        caught += bool(leaking)
+    assert caught > 0  # such shuffles exist: the check can fail
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_no_proof_reveals_whole_balances_even_with_its_sibling_sums_added_together(seed):
+    tree = place(BALANCES.items(), parts=4, rng=random.Random(seed))
+    for account in BALANCES:
+        assert_equal(revealed_together(tree, account, BALANCES), set())
+
+
+def test_progress_is_reported_between_chunks(monkeypatch):
+    monkeypatch.setattr("custody.merkle_sum.PROGRESS_LEAVES", 32)
+    seen: list[int] = []
+    tree = place([(a, 10**9 + a) for a in range(1, 41)], parts=4, rng=random.Random(3), progress=seen.append)
+    assert_equal((len(tree.leaves), seen), (160, [32, 64, 96, 128, 160]))
+    assert_equal(leaf_count(40, 4), 160)
+    assert_equal(leaf_count(10, 4), 48)

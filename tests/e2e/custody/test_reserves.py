@@ -1,4 +1,5 @@
-"""reserves: one publish commits every customer account of BTC, ETH and USDT (one verified ledger
+"""reserves: an operator's request is built by the worker's job (a proof is refused while the
+reports build); one publish commits every customer account of BTC, ETH and USDT (one verified ledger
 snapshot) at the scanners' blocks of the real bitcoind and anvil; each report and a customer's proof
 pass the standalone verifier; the BIP-322 signatures also pass rust-bitcoin's verifier and the
 EIP-191 ones recover to the address; the listed holdings are what the nodes say at those blocks;
@@ -8,8 +9,9 @@ from __future__ import annotations
 import bip322 as rust_bip322
 from sqlalchemy import text
 
+from custody.errors import CustodyErrorCode
 from custody.reserves import check_proof, check_report
-from regtest.util import assert_equal
+from regtest.util import assert_equal, assert_raises_code
 from signer import eip191
 from tests.e2e.custody.conftest import BTC_FINALITY, ETH_FINALITY
 
@@ -24,7 +26,14 @@ def test_reports_commit_to_liabilities_and_prove_control(custody, customer, bitc
     bitcoind.mine(BTC_FINALITY)
     anvil.mine(ETH_FINALITY)
     custody.deposits.run_once(["bitcoin", "ethereum"])
-    reports = {r["asset"]: r for r in custody.reserves.publish()}
+    log.info("an operator requests the reports: building; a proof is refused until the worker's job publishes them")
+    jobs, created = custody.reserves.request(f"e2e:{acct}", "e2e")
+    assert created and all(j.state == "building" for j in jobs)
+    btc_job = next(j for j in jobs if j.asset == "BTC")
+    assert_raises_code(CustodyErrorCode.reserves_report_building, custody.reserves.proof, btc_job.report_id, acct)
+    assert_equal(sorted(custody.reserves.run_once()), sorted(j.report_id for j in jobs))
+    assert_equal({custody.reserves.job(j.report_id).state for j in jobs}, {"published"})
+    reports = {j.asset: custody.reserves.report(j.report_id) for j in jobs}
     for r in reports.values():
         log.info("report %d %s at %s height %d: liabilities %s over %d accounts (%d leaves), holdings %s over %d addresses",
                  r["report_id"], r["asset"], r["chain"], r["height"], r["liabilities"]["total"], r["liabilities"]["accounts"],
