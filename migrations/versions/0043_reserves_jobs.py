@@ -32,11 +32,11 @@ from their own leaves and checks every signature, so a forged row fails the chec
 from alembic import op
 
 revision = "0043_reserves_jobs"
-down_revision = "0038_treasury_tiers"
+down_revision = "0041_eth_sweep_fixes"
 branch_labels = None
 depends_on = None
 
-# 0038's custody_api_limited_tables() (LIMITED_0038 there), written out in full, without the report
+# 0039's custody_api_limited_tables() (LIMITED_0039 there: 0038's with the console's activation columns), written out in full, without the report
 # tables (the worker's now) and with reserve_job (the request).
 LIMITED_0043 = """
         ('wallet', 'UPDATE (next_index)'),
@@ -75,7 +75,7 @@ LIMITED_0043 = """
         ('webhook_endpoint', 'INSERT, UPDATE (description, event_types, enabled, secret_enc, previous_secret_enc, previous_secret_expires_at, updated_at, deleted_at)'),
         ('webhook_delivery', 'UPDATE (state, attempts, next_attempt_at, updated_at)'),
         ('convert_price', 'INSERT, UPDATE'),
-        ('console_credential', 'INSERT, UPDATE (role, state, decided_by, decided_at, sign_count, last_used_at)'),
+        ('console_credential', 'INSERT, UPDATE (role, state, decided_by, decided_at, sign_count, last_used_at, activation_key_id, activation_signature, activation_authenticator_data, activation_client_data)'),
         ('console_challenge', 'INSERT, UPDATE (used_at), DELETE'),
         ('console_session', 'INSERT, UPDATE (last_seen_at, ended_at, ended_reason)')"""
 assert "reserve_report" not in LIMITED_0043 and "reserve_leaf" not in LIMITED_0043
