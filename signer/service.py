@@ -260,6 +260,28 @@ _INSERT_ETH_SWEEP_SQL = text("""
 INSERT INTO signer_eth_sweep (signed_at, kind, sweep_id, chain_id, sender, nonce, destination, asset, amount, txid)
 VALUES (:at, :k, :s, :ci, :a, :n, :d, :asset, :amount, :t)
 """)
+_ETH_REBALANCE_ROW_SQL = text("""
+SELECT source_tier, destination_tier, asset, amount, destination, state
+FROM eth_rebalance
+WHERE id = :r
+""")
+_ETH_REBALANCE_RECORDS_SQL = text("""
+SELECT chain_id, sender, nonce, txid FROM signer_eth_rebalance WHERE rebalance_id = :r
+""")
+# every hot-address transaction the signer recorded: withdrawals, gas fundings, rebalances
+_HOT_SLOTS = """
+SELECT nonce, txid FROM signer_signature WHERE chain = 'ethereum' AND chain_id = :ci AND lower(sender) = lower(:a)
+UNION ALL
+SELECT nonce, txid FROM signer_eth_sweep WHERE kind = 'gas' AND chain_id = :ci AND lower(sender) = lower(:a)
+UNION ALL
+SELECT nonce, txid FROM signer_eth_rebalance WHERE chain_id = :ci AND lower(sender) = lower(:a)
+"""
+_HOT_SLOT_TAKEN_SQL = text(f"SELECT txid FROM ({_HOT_SLOTS}) s WHERE nonce = :n LIMIT 1")
+_HOT_SLOT_HIGHEST_SQL = text(f"SELECT max(nonce) FROM ({_HOT_SLOTS}) s")
+_INSERT_ETH_REBALANCE_SQL = text("""
+INSERT INTO signer_eth_rebalance (signed_at, rebalance_id, chain_id, sender, nonce, destination, asset, amount, txid)
+VALUES (:at, :r, :ci, :a, :n, :d, :asset, :amount, :t)
+""")
 HOT_INDEX = 0  # the ethereum hot address is the hot account's 0/0 (custody.destinations.HOT_RECEIVE_INDEX)
 WITHDRAWAL_HOLD_OWNER = "withdrawals"  # custody.withdrawals.HOLD_OWNER: the only owner of a withdrawal's hold
 _LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"  # one per withdrawal (and per capped asset), until commit
@@ -303,7 +325,7 @@ class Signer:
                  receive_window: int = RECEIVE_WINDOW, change_window: int = CHANGE_WINDOW,
                  approvers: ApproverRegistry | None = None, quorum: QuorumTable | None = None,
                  assets: Mapping[str, SignerAsset] | None = None, ethereum_chain_id: int | None = None,
-                 cold_xpubs: Mapping[str, str] | None = None,
+                 cold_xpubs: Mapping[str, str] | None = None, cold_addresses: Mapping[str, str] | None = None,
                  unapproved_limits: Mapping[str, UnapprovedLimit] | None = None, rebalance_quorum: int = 2) -> None:
         self.rebalance_quorum = rebalance_quorum  # distinct operators a warm -> hot refill needs, at least
         self.approvers = approvers  # the only approver keys whose signatures count (None: none do)
@@ -311,6 +333,7 @@ class Signer:
         self.assets = dict(DEFAULT_ASSETS if assets is None else assets)  # the only assets it pays, and how
         self.ethereum_chain_id = ethereum_chain_id  # None: no ethereum transaction is signed
         self.cold_xpubs = dict(cold_xpubs or {})  # chain -> the cold wallet's account xpub (none: no rebalance)
+        self.cold_addresses = dict(cold_addresses or {})  # ethereum -> the pinned cold address (none: no eth rebalance to cold)
         self.unapproved_limits = None if unapproved_limits is None else dict(unapproved_limits)  # None: no cap
         self.deposit_window = deposit_window  # deposit indexes 0..n-1 refused as destinations (signer.own_addresses)
         self.receive_window = receive_window
@@ -635,6 +658,80 @@ class Signer:
         if len(operators) < required:
             raise SigningRefused(RefusalCode.rebalance_not_approved,
                                  f"refill {rebalance_id} has {len(operators)} valid operator approval(s); {required} required")
+
+    # ---- ethereum rebalances ---------------------------------------------------------------
+
+    def sign_ethereum_rebalance(self, rebalance_id: int, *, asset: str, amount: int, destination_tier: str, chain_id: int,
+                                nonce: int, gas: int, max_fee_wei: int, priority_fee_wei: int) -> SignedEthTx:
+        """Sign ethereum rebalance `rebalance_id`: `amount` of `asset` from the hot address to the
+        signer's own warm address (ethereum account "warm", 0/0) or to the cold address pinned in its
+        configuration (`cold_addresses["ethereum"]`). The signer BUILDS the transaction itself (ether
+        as the value, or the token's `transfer(destination, amount)` to the contract of its own asset
+        table), so custody names no destination, contract or calldata. Checked, in order: the kill
+        switch (`kill_switch_on`); the chain id (`chain_id_mismatch`); the asset (`asset_unknown`);
+        the destination tier and its address (`destination_not_cold`: no cold address pinned); the
+        `eth_rebalance` row: open, hot -> that tier, that asset and amount, naming that destination
+        (`rebalance_not_open`); the fee cap (`fee_above_ceiling`); then the hot nonce against the
+        signer's OWN records: a rebalance it signed before only again at the same chain id and nonce
+        (`already_signed`); a new one never at a hot nonce it signed a withdrawal, gas funding or
+        other rebalance at (`already_signed`) and never above the highest it recorded + 1
+        (`nonce_gap`)."""
+        detail = {"rebalance_id": rebalance_id, "kind": "eth_rebalance", "asset": asset, "amount": str(amount), "nonce": nonce,
+                  "destination_tier": destination_tier}
+        with self._request(None, detail) as c:
+            c.execute(text(_LOCK_SQL), {"k": f"signer_eth_rebalance:{rebalance_id}"})
+            self._check_halted(c, "rebalances are halted by the kill switch")
+            self._check_chain_id(chain_id)
+            own = self.assets.get(asset)
+            if own is None or own.chain != "ethereum":
+                raise SigningRefused(RefusalCode.asset_unknown, f"the signer moves no asset {asset!r} on ethereum")
+            key = self._keys.private_key_for("ethereum", "hot", 0, HOT_INDEX)
+            sender = _eth_address(key)
+            c.execute(text(_LOCK_SQL), {"k": f"signer_eth_sender:{sender.lower()}"})
+            destination = self._eth_rebalance_destination(destination_tier)
+            if destination is None:
+                raise SigningRefused(RefusalCode.destination_not_cold, "no ethereum cold address is pinned in the signer's configuration")
+            row = c.execute(_ETH_REBALANCE_ROW_SQL, {"r": rebalance_id}).first()
+            if (row is None or row.state != "open"
+                    or (row.source_tier, row.destination_tier, row.asset, int(row.amount), row.destination.lower())
+                    != ("hot", destination_tier, asset, amount, destination.lower())):
+                raise SigningRefused(RefusalCode.rebalance_not_open, f"eth rebalance {rebalance_id} is not an open move of {amount} "
+                                     f"{asset} from hot to {destination_tier} {destination}")
+            self._check_eth_fee(gas, max_fee_wei, priority_fee_wei)
+            self._check_hot_slot(c, rebalance_id, sender, chain_id, nonce)
+            to, value, data = ((own.contract, 0, erc20_transfer_data(destination, amount)) if own.contract
+                               else (destination, amount, b""))
+            signed = sign_eip1559(key, chain_id=chain_id, nonce=nonce, to=to, value=value, data=data, gas=gas,
+                                  max_fee_wei=max_fee_wei, priority_fee_wei=priority_fee_wei)
+            c.execute(_INSERT_ETH_REBALANCE_SQL, {"at": self.clock(), "r": rebalance_id, "ci": chain_id, "a": sender, "n": nonce,
+                                                  "d": destination, "asset": asset, "amount": amount, "t": signed.txid})
+            self._audit(c, None, "signed", None, signed.txid, detail)
+            c.commit()
+        return signed
+
+    def _eth_rebalance_destination(self, tier: str) -> str | None:
+        """Warm: the signer's own warm address (account "warm", 0/0); cold: the pinned address; else None."""
+        if tier == "warm":
+            return _eth_address(self._keys.private_key_for("ethereum", "warm", 0, 0))
+        if tier == "cold":
+            return self.cold_addresses.get("ethereum")
+        return None
+
+    @staticmethod
+    def _check_hot_slot(c: Connection, rebalance_id: int, sender: str, chain_id: int, nonce: int) -> None:
+        """`already_signed` / `nonce_gap` for a rebalance from the hot address, from the signer's own
+        records of every hot-address transaction (withdrawals, gas fundings, rebalances)."""
+        mine = c.execute(_ETH_REBALANCE_RECORDS_SQL, {"r": rebalance_id}).all()
+        if mine:
+            if any((int(r.chain_id), r.sender.lower(), int(r.nonce)) != (chain_id, sender.lower(), nonce) for r in mine):
+                raise SigningRefused(RefusalCode.already_signed, f"eth rebalance {rebalance_id} was signed at nonce {mine[0].nonce}")
+            return
+        taken = c.execute(_HOT_SLOT_TAKEN_SQL, {"a": sender, "n": nonce, "ci": chain_id}).first()
+        if taken is not None:
+            raise SigningRefused(RefusalCode.already_signed, f"hot nonce {nonce} is already signed in {taken.txid}")
+        highest = c.execute(_HOT_SLOT_HIGHEST_SQL, {"a": sender, "ci": chain_id}).scalar()
+        if highest is not None and nonce > int(highest) + 1:
+            raise SigningRefused(RefusalCode.nonce_gap, f"{sender}: nonce {nonce}, the highest the signer signed is {highest}")
 
     # ---- proof of reserves ----------------------------------------------------------------
 
