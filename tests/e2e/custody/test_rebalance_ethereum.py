@@ -184,7 +184,7 @@ def test_hot_over_its_ceiling_moves_ether_to_warm_and_usdt_to_cold(svc, custody,
     assert_equal(moved, {("deposit", "ETH"): 0, ("deposit", "USDT"): 0, ("hot", "ETH"): -2 * ETHER - gas,
                          ("hot", "USDT"): -600 * USDT, ("warm", "ETH"): 2 * ETHER, ("warm", "USDT"): 0,
                          ("cold", "ETH"): 0, ("cold", "USDT"): 600 * USDT})
-    assert_equal(ledger.balance(expense).posted - expense_before, gas)
+    assert_equal(expense_before - ledger.balance(expense).posted, gas)  # debited: credits count positive
     assert_equal(eth_adapter.balance(warm) - chain_before["warm_eth"], 2 * ETHER)
     assert_equal(usdt.balance_of(COLD) - chain_before["cold_usdt"], 600 * USDT)
     assert_equal(chain_before["hot_eth"] - eth_adapter.balance(hot), 2 * ETHER + gas)
