@@ -55,7 +55,7 @@ own settings (`ENVIRONMENT`, `API_KEY_PEPPER`, `STATE_DIR`, `TREASURY_ADJUSTMENT
 | treasury | refill_quorum | 2 | distinct operators whose signed approvals a refill waits for (the signer applies its own `rebalance_quorum` too) |
 | treasury | psbt_min_fee_rate_sat_per_kvb, psbt_max_fee_rate_sat_per_kvb | 1000, 100000 | the fee-rate bounds of a cold -> hot PSBT, built and imported |
 | treasury | stuck_blocks, bump_percent, max_fee_rate_sat_per_kvb | 3, 50, 500000 | when a sweep or rebalance is fee-bumped, by how much, up to what (custody.firm_moves) |
-| treasury.ethereum.SYMBOL | ceiling, target, excess_to | - (no ethereum rebalance) | wei or token base units, target < ceiling: the hot address above `ceiling` sends everything over `target` to `warm` or `cold` (default cold) (custody.eth_rebalances) |
+| treasury.ethereum.SYMBOL | ceiling, target, floor, excess_to | - (no ethereum rebalance) | wei or token base units, floor < target < ceiling: the hot address above `ceiling` sends everything over `target` to `warm` or `cold` (default cold); below `floor` (when set) warm refills it up to `target` once `refill_quorum` operators signed (custody.eth_rebalances) |
 | treasury | ethereum_cold_address | - | the checksummed cold ethereum address (watch-only, reconciled); the signer pins its own copy (`cold_addresses`) and refuses any other |
 | events | sink | jetstream | where the worker's outbox dispatcher delivers events: `jetstream` (custody.broker) or `log` (a log line per event, no broker) |
 | events | nats_url | `NATS_URL` | the NATS server (`nats://host:port`); neither set: the embedded server in `STATE_DIR/nats` |
@@ -356,16 +356,17 @@ class JobsSection(Section):
 
 
 class EthTreasuryAsset(Section):
-    """One ethereum asset's hot-address thresholds (custody.eth_rebalances); no floor: refills are not built."""
+    """One ethereum asset's hot-address thresholds (custody.eth_rebalances); below `floor` warm refills hot."""
 
     ceiling: Amount
     target: Amount
+    floor: Amount | None = None
     excess_to: Literal["warm", "cold"] = "cold"
 
     @model_validator(mode="after")
     def _ordered(self) -> "EthTreasuryAsset":
-        if not self.target < self.ceiling:
-            raise ValueError("target < ceiling is required")
+        if not (self.floor if self.floor is not None else -1) < self.target < self.ceiling:
+            raise ValueError("floor < target < ceiling is required (target < ceiling without a floor)")
         return self
 
 

@@ -115,7 +115,7 @@ class Container:
                         self.engine, self.ledger, self.wallets, self.adapters["ethereum"], signer,  # type: ignore[arg-type]
                         hot_address=derive_eth_address(signer_keys.account_xpub("ethereum", "hot"), HOT_RECEIVE_INDEX),
                         warm_address=derive_eth_address(signer_keys.account_xpub("ethereum", "warm"), 0),
-                        config=eth_rebalance_config)
+                        config=eth_rebalance_config, approvers=self.approvers)
             if "bitcoin" in self.adapters:  # the hot wallet sync reads the wallet index: bring it to the tip first
                 deposits = self.deposits
                 self.payouts.catch_up = lambda: deposits.catch_up("bitcoin")

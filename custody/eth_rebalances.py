@@ -5,9 +5,17 @@ asset locations (`location:ethereum:<tier>:<asset>`), and the gas goes to the ne
 account (ETH). Thresholds are custody.rebalances' `RebalanceThreshold` (per asset, minor units:
 wei, token base units), in `EthRebalanceConfig.thresholds`.
 
-What is built (issue 16, ethereum): hot above its `ceiling` -> `excess_to` (warm or cold), one
-transaction of spendable - `target` from the hot address. NOT built here yet: the warm -> hot
-refill under the floor (a threshold's `floor` is ignored by this module; see the README).
+What is built (issue 16, ethereum), two directions in one table (`eth_rebalance`):
+| direction | when | who signs | approval |
+| --- | --- | --- | --- |
+| hot -> warm or cold (`excess_to`) | hot spendable above `ceiling`: moves spendable - `target` | the signer (hot key) | none: value stays the firm's |
+| warm -> hot (refill) | hot spendable below `floor`: moves `target` - spendable | the signer (warm key) | `refill_quorum` operators' SIGNED approvals (payload kind `rebalance-approval`, chain "ethereum"), verified by custody at the door (`approve_refill`) and by the signer against its own keys |
+A refill needs ether at the warm address for its gas: warm must HOLD ETH (booked at the warm
+location, e.g. from an earlier hot -> warm move of ether); custody opens a refill only when warm's
+booked ether covers the gas limit x max fee (plus the amount, for an ether refill), and never funds
+warm from hot. One refill at a time (the warm address sends nothing else, so its nonce is the
+signer's last warm record + 1 or the node's pending count; a partial unique index backs it). No
+HTTP route approves a refill yet: operators' signatures reach `approve_refill` in-process.
 
 Destinations, never a custody row: warm is the signer's own warm key (ethereum account "warm",
 0/0); cold is an address PINNED in the signer's configuration (`cold_addresses.ethereum`,
@@ -35,11 +43,11 @@ committed leaves a record no allocator hands out again. The signed bytes are sto
 anything is broadcast; broadcasting is idempotent.
 
 Books (kind `rebalance`, at the ETH finality depth), ONE journal transaction per row, key
-`eth_rebalance:<id>:final`: destination location <- hot location (amount, its asset); network-fee
-expense <- hot ETH (the gas the mined transaction burnt). A transaction mined but reverted (a
-token refusing the transfer): `eth_rebalance:<id>:reverted`, the gas only. Before finality
-reconciliation explains a mined row as in transit (`in_transit`): - amount on the hot line of its
-asset and - gas on the hot ETH line, + amount on the destination tier's line.
+`eth_rebalance:<id>:final`: destination location <- source location (amount, its asset);
+network-fee expense <- source ETH (the gas the mined transaction burnt). A transaction mined but
+reverted (a token refusing the transfer): `eth_rebalance:<id>:reverted`, the gas only. Before
+finality reconciliation explains a mined row as in transit (`in_transit`): - amount on the source
+line of its asset and - gas on the source ETH line, + amount on the destination tier's line.
 
 Jobs (`run_once()` runs them in order; each is callable alone): `decide()`, `sign()`,
 `broadcast()`, `track()`. Failures: a node or database error is retried next run; any other failure
@@ -68,6 +76,10 @@ from custody.wallets import Wallets
 from ledger.model import Transfer
 from ledger.service import Ledger
 from signer.ethereum_tx import erc20_transfer_data
+from custody.errors import CustodyError, CustodyErrorCode
+from custody.rebalances import refill_amount
+from custody.withdrawals import verify_operator_signature
+from signer.approvals import ApprovalSignature, ApproverRegistry, rebalance_approval_payload
 from signer.protocol import SignerPort, SigningRefused
 
 log = logging.getLogger(__name__)
@@ -84,6 +96,7 @@ class EthRebalanceConfig:
 
     thresholds: Mapping[str, RebalanceThreshold] = field(default_factory=dict)
     cold_address: str | None = None
+    refill_quorum: int = 2  # distinct operators who must sign a warm -> hot refill (the signer applies its own too)
     max_fee_wei: int = 500 * 10**9
     gas_margin_percent: int = 10
 
@@ -97,15 +110,17 @@ class MinedRebalance:
     gas: int
     destination_tier: str
     reverted: bool = False
+    source_tier: str = "hot"
 
 
 def in_transit(moves: Iterable[MinedRebalance], tier: str, asset: str, *, native: str = "ETH") -> int:
     """What mined, unbooked rebalances moved on chain but not yet in the books, for one
-    reconciliation line (`tier` hot, warm or cold; `asset`), signed as the chain moved it."""
+    reconciliation line (`tier` hot, warm or cold; `asset`), signed as the chain moved it: the
+    source tier lost the value and (ETH line) the gas, the destination tier gained the value."""
     total = 0
     for m in moves:
         moved = 0 if m.reverted else m.amount
-        if tier == "hot":
+        if tier == m.source_tier:
             total -= moved if m.asset == asset else 0
             total -= m.gas if asset == native else 0
         elif tier == m.destination_tier and m.asset == asset:
@@ -125,6 +140,10 @@ SELECT max(nonce) FROM (
     SELECT nonce FROM signer_eth_rebalance WHERE chain_id = :ci AND lower(sender) = lower(:a)
 ) n
 """)
+# the warm address sends refills only: its next nonce by the signer's own record
+_WARM_RECORDED_SQL = text("""
+SELECT max(nonce) FROM signer_eth_rebalance WHERE chain_id = :ci AND lower(sender) = lower(:a)
+""")
 _RECORDED_FOR_SQL = text("""
 SELECT nonce FROM signer_eth_rebalance WHERE rebalance_id = :r AND chain_id = :ci AND lower(sender) = lower(:a)
 ORDER BY id DESC LIMIT 1
@@ -143,28 +162,35 @@ SELECT asset, sum(amount) AS amount FROM (
     UNION ALL
     SELECT 'ETH', amount + gas_limit * max_fee_wei FROM eth_gas_funding WHERE state IN ('open', 'signed', 'broadcast', 'confirmed')
     UNION ALL
-    SELECT asset, amount FROM eth_rebalance WHERE state = ANY(:busy)
+    SELECT asset, amount FROM eth_rebalance WHERE source_tier = 'hot' AND state = ANY(:busy)
     UNION ALL
-    SELECT 'ETH', gas_limit * max_fee_wei FROM eth_rebalance WHERE state = ANY(:busy)
+    SELECT 'ETH', gas_limit * max_fee_wei FROM eth_rebalance WHERE source_tier = 'hot' AND state = ANY(:busy)
 ) o
 GROUP BY asset
 """)
 
 _CURRENT_SQL = text("SELECT id FROM eth_rebalance WHERE asset = :a AND source_tier = 'hot' AND state = ANY(:busy) LIMIT 1")
+_REFILL_CURRENT_SQL = text("SELECT id FROM eth_rebalance WHERE source_tier = 'warm' AND state = ANY(:busy) LIMIT 1")
 _INSERT_SQL = text("""
-INSERT INTO eth_rebalance (asset, source_tier, destination_tier, destination, amount, spendable, ceiling, target,
-                           gas_limit, max_fee_wei, priority_fee_wei, state)
-VALUES (:asset, 'hot', :tier, :d, :amount, :s, :ceil, :tgt, :gas, :max_fee, :priority, 'open')
+INSERT INTO eth_rebalance (asset, source_tier, destination_tier, destination, amount, spendable, ceiling, target, floor,
+                           approvals_required, gas_limit, max_fee_wei, priority_fee_wei, state)
+VALUES (:asset, :src, :tier, :d, :amount, :s, :ceil, :tgt, :floor, :q, :gas, :max_fee, :priority, 'open')
 RETURNING id
 """)
+_ROW_SQL = text("""
+SELECT id, asset, source_tier, destination_tier, destination, amount, state, approvals_required
+FROM eth_rebalance WHERE id = :r
+""")
+_APPROVALS_SQL = text("SELECT count(DISTINCT lower(operator)) FROM eth_rebalance_approval WHERE rebalance_id = :r")
 _OPEN_SQL = text("SELECT id FROM eth_rebalance WHERE state = 'open' ORDER BY id")
 _CLAIM_SQL = text("""
-SELECT id, asset, destination_tier, amount, gas_limit, max_fee_wei, priority_fee_wei
+SELECT id, asset, source_tier, destination_tier, amount, gas_limit, max_fee_wei, priority_fee_wei, approvals_required
 FROM eth_rebalance WHERE id = :i AND state = 'open' FOR UPDATE SKIP LOCKED
 """)
 _SIGNED_SQL = text("SELECT id, txid, raw FROM eth_rebalance WHERE state = 'signed' ORDER BY id")
 _TRACKED_SQL = text("SELECT id, txid, raw, state FROM eth_rebalance WHERE state IN ('broadcast', 'confirmed') ORDER BY id")
-_UNSETTLED_SQL = text("SELECT asset, amount, txid, destination_tier FROM eth_rebalance WHERE state = ANY(:s) ORDER BY id")
+_UNSETTLED_SQL = text("SELECT asset, amount, txid, source_tier, destination_tier FROM eth_rebalance WHERE state = ANY(:s) "
+                      "ORDER BY id")
 
 
 def unsettled(c: Connection) -> list:
@@ -198,7 +224,9 @@ class _Refused(Exception):
 
 class EthRebalances:
     def __init__(self, engine: Engine, ledger: Ledger, wallets: Wallets, ethereum: EthereumAdapter, signer: SignerPort, *,
-                 hot_address: str, warm_address: str | None, config: EthRebalanceConfig | None = None) -> None:
+                 hot_address: str, warm_address: str | None, config: EthRebalanceConfig | None = None,
+                 approvers: ApproverRegistry | None = None) -> None:
+        self.approvers = approvers  # custody's check of a refill approval at the door; the signer checks again
         self.engine = engine
         self.ledger = ledger
         self.wallets = wallets
@@ -243,14 +271,100 @@ class EthRebalances:
         return made
 
     def _decide_one(self, asset: str, threshold: RebalanceThreshold) -> int | None:
+        return self._decide_out(asset, threshold) or self._decide_refill(asset, threshold)
+
+    def _books(self, c: Connection, tier: str, asset: str) -> int:
+        return -self.ledger.balance(self.wallets.location_account("ethereum", tier, asset), conn=c).posted
+
+    def _fees(self) -> tuple[int, int]:
+        fee = self.ethereum.estimate_fee()
+        max_fee = min(fee.max_fee_wei, self.config.max_fee_wei)
+        return max_fee, min(max(fee.priority_fee_wei, 1), max_fee)
+
+    def _gas(self, sender: str, asset: str, destination: str, amount: int) -> int:
+        contract = self.wallets.chain_asset(asset).contract_address
+        if contract:
+            estimate = self.ethereum.estimate_gas(sender, contract, data=erc20_transfer_data(destination, amount))
+        else:
+            estimate = self.ethereum.estimate_gas(sender, destination, value=amount)
+        return gas_limit_with_margin(estimate, self.config.gas_margin_percent)
+
+    def _decide_refill(self, asset: str, threshold: RebalanceThreshold) -> int | None:
+        """Hot below its floor: a warm -> hot refill of target - spendable, open for approvals."""
+        if threshold.floor is None or self.warm_address is None:
+            return None
+        max_fee, priority = self._fees()
+        with self.engine.begin() as c:
+            c.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"), {"k": "eth_rebalance:warm"})
+            if c.execute(_REFILL_CURRENT_SQL, {"busy": list(IN_PROGRESS)}).first() is not None:
+                return None
+            spendable = self.hot_spendable(c, asset)
+            amount = refill_amount(spendable, threshold)
+            if amount == 0:
+                return None
+            warm_asset, warm_eth = self._books(c, "warm", asset), self._books(c, "warm", "ETH")
+            if warm_asset < amount:
+                log.warning("hot %s is below its floor but warm holds %d of the %d a refill needs", asset, warm_asset, amount)
+                return None
+            gas = self._gas(self.warm_address, asset, self.hot_address, amount)
+            if warm_eth - (amount if asset == "ETH" else 0) < gas * max_fee:
+                log.warning("refill of %d %s: warm holds too little ether for its gas (%d wei booked)", amount, asset, warm_eth)
+                return None
+            rebalance_id = c.execute(_INSERT_SQL, {
+                "asset": asset, "src": "warm", "tier": "hot", "d": self.hot_address, "amount": amount, "s": spendable,
+                "ceil": threshold.ceiling, "tgt": threshold.target, "floor": threshold.floor, "q": self.config.refill_quorum,
+                "gas": gas, "max_fee": max_fee, "priority": priority}).scalar_one()
+            audit(c, "custody", "eth_rebalance.create", f"eth_rebalance:{rebalance_id}",
+                  {"asset": asset, "source_tier": "warm", "destination_tier": "hot", "amount": str(amount),
+                   "spendable": str(spendable), "floor": str(threshold.floor), "target": str(threshold.target),
+                   "approvals_required": self.config.refill_quorum, "gas_limit": gas, "max_fee_wei": str(max_fee)})
+        log.info("eth refill %d: %d %s warm -> hot, waits for %d approvals", rebalance_id, amount, asset, self.config.refill_quorum)
+        return rebalance_id
+
+    # ---- refill approvals -------------------------------------------------------------------
+
+    def refill_payload(self, rebalance_id: int) -> bytes:
+        """The bytes an operator signs to approve ethereum refill `rebalance_id` (signer.approvals)."""
+        with self.engine.connect() as c:
+            row = c.execute(_ROW_SQL, {"r": rebalance_id}).first()
+        if row is None or row.source_tier != "warm":
+            raise CustodyError(CustodyErrorCode.rebalance_not_found, f"no ethereum warm -> hot refill {rebalance_id}")
+        return _payload(row)
+
+    def approve_refill(self, rebalance_id: int, *, operator: str, signature: ApprovalSignature | None) -> int:
+        """An operator's signed approval of an open ethereum refill, verified here against
+        `approvers` before it is stored (the signer verifies it again against its own keys); the
+        number of distinct operators who approved it. Codes, in the order checked:
+        rebalance_not_found, invalid_state, approval_signature_required, approver_unknown,
+        approval_scheme_mismatch, approval_signature_invalid, approver_not_caller, already_acted."""
+        with self.engine.begin() as c:
+            row = c.execute(text(f"{_ROW_SQL.text} FOR UPDATE"), {"r": rebalance_id}).first()
+            if row is None or row.source_tier != "warm":
+                raise CustodyError(CustodyErrorCode.rebalance_not_found, f"no ethereum warm -> hot refill {rebalance_id}")
+            if row.state != "open":
+                raise CustodyError(CustodyErrorCode.invalid_state, f"refill {rebalance_id} is {row.state}", state=row.state)
+            payload = _payload(row)
+            verify_operator_signature(self.approvers, operator, payload, signature)
+            inserted = c.execute(text(
+                "INSERT INTO eth_rebalance_approval (rebalance_id, operator, key_id, scheme, signed_payload, signature, "
+                "authenticator_data, client_data_json) VALUES (:r, :o, :k, :s, :p, :sig, :ad, :cd) "
+                "ON CONFLICT (rebalance_id, key_id) DO NOTHING RETURNING id"),
+                {"r": rebalance_id, "o": operator, "k": signature.key_id, "s": signature.scheme, "p": payload,
+                 "sig": signature.signature, "ad": signature.authenticator_data, "cd": signature.client_data_json}).first()
+            if inserted is None:
+                raise CustodyError(CustodyErrorCode.already_acted, f"{operator} already approved refill {rebalance_id}")
+            audit(c, operator, "eth_rebalance.approve", f"eth_rebalance:{rebalance_id}", {"key_id": signature.key_id})
+            return int(c.execute(_APPROVALS_SQL, {"r": rebalance_id}).scalar_one())
+
+    # ---- hot over its ceiling -----------------------------------------------------------------
+
+    def _decide_out(self, asset: str, threshold: RebalanceThreshold) -> int | None:
         destination = self.destinations().get(threshold.excess_to)
         if destination is None:
             log.warning("eth rebalance of %s: no %s address configured", asset, threshold.excess_to)
             return None
         contract = self.wallets.chain_asset(asset).contract_address
-        fee = self.ethereum.estimate_fee()
-        max_fee = min(fee.max_fee_wei, self.config.max_fee_wei)
-        priority = min(max(fee.priority_fee_wei, 1), max_fee)
+        max_fee, priority = self._fees()
         with self.engine.begin() as c:
             c.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"), {"k": f"eth_rebalance:hot:{asset}"})
             if c.execute(_CURRENT_SQL, {"a": asset, "busy": list(IN_PROGRESS)}).first() is not None:
@@ -259,18 +373,15 @@ class EthRebalances:
             amount = amount_to_move(spendable, threshold)
             if amount == 0:
                 return None
-            if contract:
-                estimate = self.ethereum.estimate_gas(self.hot_address, contract, data=erc20_transfer_data(destination, amount))
-            else:
-                estimate = self.ethereum.estimate_gas(self.hot_address, destination, value=amount)
-            gas = gas_limit_with_margin(estimate, self.config.gas_margin_percent)
+            gas = self._gas(self.hot_address, asset, destination, amount)
             ether_left = (spendable - amount) if not contract else self.hot_spendable(c, "ETH")
             if ether_left < gas * max_fee:
                 log.warning("eth rebalance of %d %s: the hot address cannot pay its gas (%d wei left, %d needed)", amount, asset,
                             ether_left, gas * max_fee)
                 return None
-            rebalance_id = c.execute(_INSERT_SQL, {"asset": asset, "tier": threshold.excess_to, "d": destination, "amount": amount,
-                                                   "s": spendable, "ceil": threshold.ceiling, "tgt": threshold.target, "gas": gas,
+            rebalance_id = c.execute(_INSERT_SQL, {"asset": asset, "src": "hot", "tier": threshold.excess_to, "d": destination,
+                                                   "amount": amount, "s": spendable, "ceil": threshold.ceiling,
+                                                   "tgt": threshold.target, "floor": threshold.floor, "q": 0, "gas": gas,
                                                    "max_fee": max_fee, "priority": priority}).scalar_one()
             audit(c, "custody", "eth_rebalance.create", f"eth_rebalance:{rebalance_id}",
                   {"asset": asset, "destination_tier": threshold.excess_to, "destination": destination, "amount": str(amount),
@@ -300,6 +411,8 @@ class EthRebalances:
                 row = c.execute(_CLAIM_SQL, {"i": rebalance_id}).first()
                 if row is None:
                     return None
+                if row.source_tier == "warm":
+                    return self._sign_refill(c, row, chain_id)
                 recorded = c.execute(_RECORDED_FOR_SQL, {"r": rebalance_id, "ci": chain_id, "a": self.hot_address}).scalar()
                 # the counter's row lock, taken either way: it serialises every hot-address signing
                 allocated = allocate_hot_nonce(c, self.hot_address, chain_id=chain_id,
@@ -324,6 +437,31 @@ class EthRebalances:
                               severity="warning")
             return None
         log.info("eth rebalance %d signed: %s (hot nonce %d)", rebalance_id, tx.txid, nonce)
+        return tx.txid
+
+    def _sign_refill(self, c: Connection, row, chain_id: int) -> str | None:
+        """A refill, once `approvals_required` distinct operators signed it (custody's count; the
+        signer counts again itself), at the warm address's next nonce (module docstring)."""
+        approvals = int(c.execute(_APPROVALS_SQL, {"r": row.id}).scalar_one())
+        if approvals < int(row.approvals_required):
+            log.info("eth refill %d waits for approvals (%d of %d)", row.id, approvals, int(row.approvals_required))
+            return None
+        warm = self.warm_address
+        c.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"), {"k": f"eth_rebalance:sender:{warm.lower()}"})
+        recorded = c.execute(_RECORDED_FOR_SQL, {"r": row.id, "ci": chain_id, "a": warm}).scalar()
+        if recorded is not None:
+            nonce = int(recorded)
+        else:
+            highest = c.execute(_WARM_RECORDED_SQL, {"ci": chain_id, "a": warm}).scalar()
+            nonce = max(self.ethereum.nonce(warm), int(highest) + 1 if highest is not None else 0)
+        try:
+            tx = self.signer.sign_ethereum_rebalance(
+                row.id, asset=row.asset, amount=int(row.amount), destination_tier="hot", chain_id=chain_id, nonce=nonce,
+                gas=int(row.gas_limit), max_fee_wei=int(row.max_fee_wei), priority_fee_wei=int(row.priority_fee_wei))
+        except SigningRefused as refused:
+            raise _Refused(refused) from None
+        advance(c, MACHINE, row.id, "open", "signed", txid=tx.txid, raw=tx.raw, nonce=nonce)
+        log.info("eth refill %d signed: %s (warm nonce %d)", row.id, tx.txid, nonce)
         return tx.txid
 
     # ---- broadcast and track ---------------------------------------------------------------------
@@ -379,19 +517,20 @@ class EthRebalances:
 
     def _book(self, c: Connection, rebalance_id: int, gas: int, *, reverted: bool) -> None:
         """The row's journal transaction (module docstring, "Books"), in the caller's transaction."""
-        row = c.execute(text("SELECT asset, destination_tier, amount, txid FROM eth_rebalance WHERE id = :i"),
+        row = c.execute(text("SELECT asset, source_tier, destination_tier, amount, txid FROM eth_rebalance WHERE id = :i"),
                         {"i": rebalance_id}).one()
-        hot = self.wallets.location_account("ethereum", "hot", row.asset, conn=c)
+        source = self.wallets.location_account("ethereum", row.source_tier, row.asset, conn=c)
         legs = [] if reverted else [Transfer(self.wallets.location_account("ethereum", row.destination_tier, row.asset, conn=c),
-                                             hot, int(row.amount))]
+                                             source, int(row.amount))]
         if gas:
             legs.append(Transfer(self.wallets.firm_account("network_fees", "ETH", conn=c),
-                                 self.wallets.location_account("ethereum", "hot", "ETH", conn=c), gas))
+                                 self.wallets.location_account("ethereum", row.source_tier, "ETH", conn=c), gas))
         outcome = "reverted" if reverted else "final"
         if legs:
             self.ledger.post(f"eth_rebalance:{rebalance_id}:{outcome}", legs, kind="rebalance",
                              metadata={"eth_rebalance_id": rebalance_id, "asset": row.asset, "txid": row.txid, "gas": gas,
-                                       "source_tier": "hot", "destination_tier": row.destination_tier, "reverted": reverted},
+                                       "source_tier": row.source_tier, "destination_tier": row.destination_tier,
+                                       "reverted": reverted},
                              conn=c)
         audit(c, "custody", f"eth_rebalance.{outcome}", f"eth_rebalance:{rebalance_id}",
               {"txid": row.txid, "amount": str(row.amount), "gas": str(gas)})
@@ -413,3 +552,9 @@ class EthRebalances:
                               {"step": step, "id": row_id, "error": str(exc)[:500]},
                               severity="critical" if on_chain else "warning")
         return None
+
+
+def _payload(row) -> bytes:
+    return rebalance_approval_payload(rebalance_id=int(row.id), chain="ethereum", asset=row.asset, amount=int(row.amount),
+                                      source_tier=row.source_tier, destination_tier=row.destination_tier,
+                                      destination=row.destination)

@@ -61,9 +61,9 @@ block number, never at "latest"):
   mined; one nonce, so at most one is). Treasury funding of the hot address is booked by
   `Payouts.book_hot_funding`; funding mined and not booked is a difference (a surplus, so a
   warning), on purpose.
-- ethereum rebalances (custody.eth_rebalances) mined but not yet final: the value has left the hot
-  address (- amount on its asset's line, - gas on the ETH line) and arrived at the warm or cold
-  address (+ amount on that tier's line), booked only at finality (`eth_rebalances.in_transit`).
+- ethereum rebalances (custody.eth_rebalances) mined but not yet final: the value has left the
+  source address (hot, or warm for a refill: - amount on its asset's line, - gas on the ETH line)
+  and arrived at the destination's (+ amount on that tier's line), booked only at finality (`eth_rebalances.in_transit`).
 - warm and cold (one line per asset each, once `eth_outer` names the tier's address: the service's
   EthRebalances sets it to the signer's warm 0/0 address and the pinned cold address): the
   address's balance at the pass's block against the tier's books, rebalances in transit
@@ -608,7 +608,7 @@ class Reconciliation:
         for m in unsettled_eth_rebalances(c):
             mined = self.adapters["ethereum"].mined(m.txid)
             if mined is not None and mined.block.height <= tip.height:
-                moves.append(MinedRebalance(m.asset, int(m.amount), mined.fee, m.destination_tier, mined.reverted))
+                moves.append(MinedRebalance(m.asset, int(m.amount), mined.fee, m.destination_tier, mined.reverted, m.source_tier))
         return moves
 
     def _eth_outer(self, tip: BlockRef, assets: list[ChainAsset], tier: str, address: str) -> list[Line]:

@@ -261,7 +261,7 @@ INSERT INTO signer_eth_sweep (signed_at, kind, sweep_id, chain_id, sender, nonce
 VALUES (:at, :k, :s, :ci, :a, :n, :d, :asset, :amount, :t)
 """)
 _ETH_REBALANCE_ROW_SQL = text("""
-SELECT source_tier, destination_tier, asset, amount, destination, state
+SELECT source_tier, destination_tier, asset, amount, destination, state, approvals_required
 FROM eth_rebalance
 WHERE id = :r
 """)
@@ -636,15 +636,17 @@ class Signer:
             if r is None or int(r.amount) != k.amount or (r.derivation_change, r.derivation_index) != (k.change, k.index):
                 raise SigningRefused(RefusalCode.unknown_input, f"input {k.txid}:{k.vout} is not reserved for this rebalance")
 
-    def _check_rebalance_approvals(self, c: Connection, rebalance_id: int, row) -> None:
+    def _check_rebalance_approvals(self, c: Connection, rebalance_id: int, row, *, chain: str = "bitcoin",
+                                   table: str = "rebalance_approval") -> None:
         """Distinct operators (from the signer's own registry) whose signature verifies over the
-        payload rebuilt from the row: at least max(row's count, rebalance_quorum)."""
-        payload = rebalance_approval_payload(rebalance_id=rebalance_id, chain="bitcoin", asset="BTC", amount=int(row.amount),
-                                             source_tier=row.source_tier, destination_tier=row.destination_tier,
-                                             destination=row.destination)
+        payload rebuilt from the row (`chain`'s; approvals read from `table`): at least
+        max(row's count, rebalance_quorum)."""
+        payload = rebalance_approval_payload(rebalance_id=rebalance_id, chain=chain, asset=row.asset if chain != "bitcoin" else "BTC",
+                                             amount=int(row.amount), source_tier=row.source_tier,
+                                             destination_tier=row.destination_tier, destination=row.destination)
         operators = set()
-        for a in c.execute(text("SELECT key_id, scheme, signed_payload, signature, authenticator_data, client_data_json "
-                                "FROM rebalance_approval WHERE rebalance_id = :r ORDER BY id"), {"r": rebalance_id}):
+        for a in c.execute(text(f"SELECT key_id, scheme, signed_payload, signature, authenticator_data, client_data_json "
+                                f"FROM {table} WHERE rebalance_id = :r ORDER BY id"), {"r": rebalance_id}):
             if bytes(a.signed_payload) != payload:
                 continue  # signed over something else: it approves nothing here
             try:
@@ -665,7 +667,11 @@ class Signer:
                                 nonce: int, gas: int, max_fee_wei: int, priority_fee_wei: int) -> SignedEthTx:
         """Sign ethereum rebalance `rebalance_id`: `amount` of `asset` from the hot address to the
         signer's own warm address (ethereum account "warm", 0/0) or to the cold address pinned in its
-        configuration (`cold_addresses["ethereum"]`). The signer BUILDS the transaction itself (ether
+        configuration (`cold_addresses["ethereum"]`); or, `destination_tier` "hot", a refill from the
+        warm address to the hot address, signed only with the signed approvals of
+        max(row's `approvals_required`, `rebalance_quorum`) distinct operators of its OWN registry
+        over the `rebalance-approval` payload it rebuilds (chain "ethereum"; table
+        `eth_rebalance_approval`; `rebalance_not_approved` otherwise, checked after the row). The signer BUILDS the transaction itself (ether
         as the value, or the token's `transfer(destination, amount)` to the contract of its own asset
         table), so custody names no destination, contract or calldata. Checked, in order: the kill
         switch (`kill_switch_on`); the chain id (`chain_id_mismatch`); the asset (`asset_unknown`);
@@ -685,7 +691,8 @@ class Signer:
             own = self.assets.get(asset)
             if own is None or own.chain != "ethereum":
                 raise SigningRefused(RefusalCode.asset_unknown, f"the signer moves no asset {asset!r} on ethereum")
-            key = self._keys.private_key_for("ethereum", "hot", 0, HOT_INDEX)
+            source = "warm" if destination_tier == "hot" else "hot"  # a refill comes from warm; anything else leaves hot
+            key = self._keys.private_key_for("ethereum", source, 0, HOT_INDEX if source == "hot" else 0)
             sender = _eth_address(key)
             c.execute(text(_LOCK_SQL), {"k": f"signer_eth_sender:{sender.lower()}"})
             destination = self._eth_rebalance_destination(destination_tier)
@@ -694,11 +701,13 @@ class Signer:
             row = c.execute(_ETH_REBALANCE_ROW_SQL, {"r": rebalance_id}).first()
             if (row is None or row.state != "open"
                     or (row.source_tier, row.destination_tier, row.asset, int(row.amount), row.destination.lower())
-                    != ("hot", destination_tier, asset, amount, destination.lower())):
+                    != (source, destination_tier, asset, amount, destination.lower())):
                 raise SigningRefused(RefusalCode.rebalance_not_open, f"eth rebalance {rebalance_id} is not an open move of {amount} "
-                                     f"{asset} from hot to {destination_tier} {destination}")
+                                     f"{asset} from {source} to {destination_tier} {destination}")
+            if source == "warm":
+                self._check_rebalance_approvals(c, rebalance_id, row, chain="ethereum", table="eth_rebalance_approval")
             self._check_eth_fee(gas, max_fee_wei, priority_fee_wei)
-            self._check_hot_slot(c, rebalance_id, sender, chain_id, nonce)
+            self._check_sender_slot(c, rebalance_id, sender, chain_id, nonce)
             to, value, data = ((own.contract, 0, erc20_transfer_data(destination, amount)) if own.contract
                                else (destination, amount, b""))
             signed = sign_eip1559(key, chain_id=chain_id, nonce=nonce, to=to, value=value, data=data, gas=gas,
@@ -710,7 +719,10 @@ class Signer:
         return signed
 
     def _eth_rebalance_destination(self, tier: str) -> str | None:
-        """Warm: the signer's own warm address (account "warm", 0/0); cold: the pinned address; else None."""
+        """Hot: the hot address; warm: the signer's own warm address (account "warm", 0/0); cold: the
+        pinned address; else None."""
+        if tier == "hot":
+            return self._eth_hot_address()
         if tier == "warm":
             return _eth_address(self._keys.private_key_for("ethereum", "warm", 0, 0))
         if tier == "cold":
@@ -718,9 +730,9 @@ class Signer:
         return None
 
     @staticmethod
-    def _check_hot_slot(c: Connection, rebalance_id: int, sender: str, chain_id: int, nonce: int) -> None:
-        """`already_signed` / `nonce_gap` for a rebalance from the hot address, from the signer's own
-        records of every hot-address transaction (withdrawals, gas fundings, rebalances)."""
+    def _check_sender_slot(c: Connection, rebalance_id: int, sender: str, chain_id: int, nonce: int) -> None:
+        """`already_signed` / `nonce_gap` for a rebalance from `sender` (hot or warm), from the
+        signer's own records of every transaction of that address (withdrawals, gas fundings, rebalances)."""
         mine = c.execute(_ETH_REBALANCE_RECORDS_SQL, {"r": rebalance_id}).all()
         if mine:
             if any((int(r.chain_id), r.sender.lower(), int(r.nonce)) != (chain_id, sender.lower(), nonce) for r in mine):

@@ -480,9 +480,10 @@ def _build(config: DeploymentConfig, process: Process, adapters: Mapping[str, Ch
                 hot_address=derive_eth_address(config.wallets["ethereum"].hot, HOT_RECEIVE_INDEX),
                 warm_address=derive_eth_address(warm, 0) if warm else None,
                 config=EthRebalanceConfig(
-                    thresholds={a: RebalanceThreshold(ceiling=t.ceiling, target=t.target, excess_to=t.excess_to)
+                    thresholds={a: RebalanceThreshold(ceiling=t.ceiling, target=t.target, floor=t.floor, excess_to=t.excess_to)
                                 for a, t in config.treasury.ethereum.items()},
-                    cold_address=config.treasury.ethereum_cold_address, max_fee_wei=payouts.config.max_fee_wei))
+                    cold_address=config.treasury.ethereum_cold_address, max_fee_wei=payouts.config.max_fee_wei,
+                    refill_quorum=config.treasury.refill_quorum), approvers=approvers)
     if "bitcoin" in adapters:
         hot = derive_btc_address(config.wallets["bitcoin"].hot, btc_network, 0, 0)
         rebalance_config, bump = treasury_config(config.treasury, bitcoin_network=btc_network)

@@ -43,7 +43,7 @@ WRITERS = (API, WORKER)
 INSUFFICIENT_PRIVILEGE = "42501"
 MIGRATION = Path(__file__).resolve().parents[2] / "migrations" / "versions" / "0020_process_roles.py"
 API_READ_ONLY = ["api_key", "btc_wallet_output", "chain_asset", "chain_cursor", "chain_transaction", "convert_quote",
-                 "denylist_address", "deposit_address_check", "eth_gas_funding", "eth_nonce", "eth_rebalance", "eth_sweep",
+                 "denylist_address", "deposit_address_check", "eth_gas_funding", "eth_nonce", "eth_rebalance", "eth_rebalance_approval", "eth_sweep",
                  "firm_tx_version",
                  "job_stat", "matching_snapshot", "node_view_health", "outbox", "outbox_aggregate"]
 # migrations 0022, 0023 (the wallet index), 0025, 0028 (the index's verdicts, the node view's health), 0032 (events:

@@ -10,6 +10,11 @@ ethereum lines, warm and cold included, are exactly what they were before the te
 finality move hot -> warm (2 ETH) and hot -> cold (600 USDT) exactly, the gas of both to the
 network-fee expense to the wei; the ledger verifies and nothing is left in flight.
 
+The third scenario drives hot below its floor: a warm -> hot refill (warm holds ether from an
+earlier move and pays its own gas) waits for the signed approvals of two operators: before them the
+worker does not ask and the signer, asked directly, refuses (`rebalance_not_approved`, also with one
+approval); after them it is signed, sent and booked warm -> hot at finality, reconciled throughout.
+
 The second scenario kills the process after the signer signed and before custody stored the
 signature: the restart signs the same rebalance at the same hot nonce (the signer's record), the
 same txid, and the move is booked once.
@@ -28,8 +33,8 @@ from custody.rebalances import RebalanceThreshold
 from regtest.anvil_node import FAUCET_ADDRESS
 from regtest.util import assert_equal
 from signer.assets import assets_from_entries
-from signer.protocol import RefusalCode
-from tests.approvers import registry
+from signer.protocol import RefusalCode, SigningRefused
+from tests.approvers import registry, sign_approval
 from tests.e2e.custody.conftest import ETH_FINALITY
 
 USDT = 10**6
@@ -235,3 +240,63 @@ def test_crash_after_the_signer_signed_re_signs_the_same_slot(svc, custody, sign
         booked = c.execute(text("SELECT count(*) FROM journal_transaction WHERE idempotency_key LIKE :k"),
                            {"k": f"%eth_rebalance:{made}:%"}).scalar_one()
     assert_equal(booked, 1)
+
+
+def test_hot_under_its_floor_is_refilled_from_warm_only_after_a_quorum(svc, anvil, usdt, eth_adapter, ledger, log):
+    r = svc.eth_rebalances
+    hot, warm = svc.payouts.hot_address("ethereum"), r.warm_address
+    baseline = differences(svc)
+    log.info("warm first receives ether from hot (it pays a refill's gas itself; hot never funds it)")
+    r.config = EthRebalanceConfig(thresholds={"ETH": thresholds_over(svc, eth_extra=3 * ETHER, usdt_extra=3)["ETH"]},
+                                  cold_address=COLD)
+    fund_hot(svc, anvil, usdt, ether=3 * ETHER, tokens=1)
+    assert_equal(len(r.decide()), 1)
+    drain(svc, anvil, baseline)
+
+    with svc.engine.connect() as c:
+        spendable = r.hot_spendable(c, "ETH")
+    r.config = EthRebalanceConfig(thresholds={"ETH": RebalanceThreshold(ceiling=spendable + 3 * ETHER, target=spendable + ETHER,
+                                                                        floor=spendable + ETHER // 2)},
+                                  cold_address=COLD, refill_quorum=2)
+    warm_account, hot_account = (svc.wallets.location_account("ethereum", t, "ETH") for t in ("warm", "hot"))
+    books_before = (-ledger.balance(warm_account).posted, -ledger.balance(hot_account).posted)
+    chain_before = (eth_adapter.balance(warm), eth_adapter.balance(hot))
+
+    log.info("hot below its floor: a refill of target - spendable from warm, open for approvals")
+    [refill] = r.decide()
+    assert_equal(r.decide(), [])  # one refill at a time
+    with svc.engine.connect() as c:
+        row = c.execute(text("SELECT * FROM eth_rebalance WHERE id = :r"), {"r": refill}).one()
+    assert_equal((row.source_tier, row.destination_tier, row.destination, int(row.amount), row.approvals_required, row.state),
+                 ("warm", "hot", hot, ETHER, 2, "open"))
+
+    def ask_signer():  # what a worker that skipped custody's count would ask
+        return r.signer.sign_ethereum_rebalance(
+            refill, asset="ETH", amount=ETHER, destination_tier="hot", chain_id=eth_adapter.chain_id,
+            nonce=eth_adapter.nonce(warm), gas=int(row.gas_limit), max_fee_wei=int(row.max_fee_wei),
+            priority_fee_wei=int(row.priority_fee_wei))
+
+    log.info("before the quorum: the worker waits and the signer refuses")
+    assert_equal(r.sign(), [])
+    with pytest.raises(SigningRefused) as refused:
+        ask_signer()
+    assert_equal(refused.value.code, RefusalCode.rebalance_not_approved)
+    payload = r.refill_payload(refill)
+    assert_equal(r.approve_refill(refill, operator="op-alice", signature=sign_approval(payload, "op-alice")), 1)
+    assert_equal(r.sign(), [])
+    with pytest.raises(SigningRefused) as refused:
+        ask_signer()
+    assert_equal(refused.value.code, RefusalCode.rebalance_not_approved)  # one operator is not a quorum
+    assert_equal(differences(svc), baseline)
+
+    log.info("a second operator: signed, sent, booked warm -> hot at finality; reconciled at every step")
+    assert_equal(r.approve_refill(refill, operator="op-bob", signature=sign_approval(payload, "op-bob")), 2)
+    drain(svc, anvil, baseline)
+    with svc.engine.connect() as c:
+        done = c.execute(text("SELECT state, fee FROM eth_rebalance WHERE id = :r"), {"r": refill}).one()
+    gas = int(done.fee)
+    assert_equal(done.state, "final")
+    assert_equal((-ledger.balance(warm_account).posted - books_before[0], -ledger.balance(hot_account).posted - books_before[1]),
+                 (-ETHER - gas, ETHER))
+    assert_equal((eth_adapter.balance(warm) - chain_before[0], eth_adapter.balance(hot) - chain_before[1]), (-ETHER - gas, ETHER))
+    assert_equal(r.decide(), [])  # back at target
