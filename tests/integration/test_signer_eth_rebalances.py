@@ -50,15 +50,17 @@ def env(database_url):
         yield engine, signer
 
 
-def row(engine, asset: str, tier: str, amount: int, destination: str) -> int:
-    """An open rebalance row, written as any database writer could; the previous ones of the asset closed."""
+def row(engine, asset: str, tier: str, amount: int, destination: str, source: str = "hot") -> int:
+    """An open rebalance row, written as any database writer could (a refill claiming it needs no
+    approval); the previous unfinished ones of the asset, or of warm, closed."""
     with engine.begin() as c:
         c.execute(text("UPDATE eth_rebalance SET state = 'final', txid = 'x' || id, raw = '\\x00', nonce = 1000000 + id "
-                       "WHERE asset = :a AND state = 'open'"), {"a": asset})
+                       "WHERE (asset = :a OR source_tier = 'warm') AND state = 'open'"), {"a": asset})
         return c.execute(text(
             "INSERT INTO eth_rebalance (asset, source_tier, destination_tier, destination, amount, spendable, ceiling, target, "
-            "gas_limit, max_fee_wei, priority_fee_wei, state) VALUES (:a, 'hot', :t, :d, :m, 0, 0, 0, 60000, 2000000000, "
-            "1000000000, 'open') RETURNING id"), {"a": asset, "t": tier, "d": destination, "m": amount}).scalar_one()
+            "gas_limit, max_fee_wei, priority_fee_wei, state, approvals_required) VALUES (:a, :s, :t, :d, :m, 0, 0, 0, 60000, "
+            "2000000000, 1000000000, 'open', 0) RETURNING id"),
+            {"a": asset, "s": source, "t": tier, "d": destination, "m": amount}).scalar_one()
 
 
 def decoded(raw: bytes) -> dict:
@@ -133,3 +135,15 @@ def test_unpinned_cold_and_the_kill_switch_are_refused(env):
     finally:
         with engine.begin() as c:
             set_flag(c, KILL_SWITCH, False, "test", "test")
+
+
+def test_a_refill_row_that_claims_no_approval_is_still_refused_without_the_signers_quorum(env):
+    engine, signer = env
+    refill = row(engine, "ETH", "hot", 10**18, eth_address("hot"), source="warm")
+    refused(RefusalCode.rebalance_not_approved, lambda: signer.sign_ethereum_rebalance(
+        refill, asset="ETH", amount=10**18, destination_tier="hot", chain_id=CHAIN_ID, nonce=0, **FEES))
+    to_warm = row(engine, "ETH", "hot", 10**18, eth_address("warm"), source="warm")  # a refill pointed elsewhere
+    with engine.begin() as c:
+        c.execute(text("UPDATE eth_rebalance SET destination = :d WHERE id = :r"), {"d": ATTACKER, "r": to_warm})
+    refused(RefusalCode.rebalance_not_open, lambda: signer.sign_ethereum_rebalance(
+        to_warm, asset="ETH", amount=10**18, destination_tier="hot", chain_id=CHAIN_ID, nonce=0, **FEES))

@@ -29,3 +29,11 @@ def test_every_move_sums_to_minus_its_gas_across_the_lines():
     for m in MOVES:
         total = sum(in_transit([m], tier, asset) for tier in ("hot", "warm", "cold") for asset in ("ETH", "USDT"))
         assert_equal(total if m.asset == "ETH" else in_transit([m], "hot", "ETH"), -m.gas)
+
+
+def test_a_refill_leaves_warm_and_arrives_at_hot():
+    refill = MinedRebalance("USDT", 300 * 10**6, 40_000, "hot", source_tier="warm")
+    assert_equal(in_transit([refill], "warm", "USDT"), -300 * 10**6)
+    assert_equal(in_transit([refill], "warm", "ETH"), -40_000)  # warm pays its own gas
+    assert_equal(in_transit([refill], "hot", "USDT"), 300 * 10**6)
+    assert_equal(in_transit([refill], "hot", "ETH"), 0)
