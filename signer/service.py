@@ -131,6 +131,14 @@ its own keys and asset table, so custody cannot name another destination, contra
   max fee, within the fee cap) (`output_mismatch`). One funding per sweep: a second at another
   nonce is `already_signed`, and so is a hot nonce the signer already signed a withdrawal or
   another funding at.
+Ethereum rebalances (custody.eth_rebalances): `sign_ethereum_rebalance` BUILDS the transfer from the
+hot key to its own warm address (account "warm", 0/0) or to the cold address pinned in its own
+configuration (`cold_addresses`; none: `destination_not_cold`), or, `destination_tier` hot, from
+the warm key to the hot address after verifying the refill's signed approvals itself
+(`rebalance_not_approved`); the row must be that open move (`rebalance_not_open`); the sender's
+nonce is checked against every record it holds for that address (`signer_signature`, gas
+fundings, `signer_eth_rebalance`): a re-sign only at the recorded nonce, a new one never at a used
+nonce (`already_signed`) nor above the highest + 1 (`nonce_gap`). Method docstring for the order.
 What the signer trusts: its keys, its own asset table, chain id and fee cap, and its own record of
 what it signed. What it reads from custody's rows only as a consistency check: the sweep row and
 the reserved deposits (a forged row can at worst make it sweep a wrong amount or fund a little gas,
