@@ -70,15 +70,13 @@ from chain_adapters.errors import ChainError
 from chain_adapters.ethereum import EthereumAdapter
 from custody.controls import audit, kill_switch, open_incident
 from custody.eth_sweeps import gas_limit_with_margin
-from custody.rebalances import RebalanceThreshold, amount_to_move
+from custody.rebalances import RebalanceThreshold, amount_to_move, refill_amount, store_refill_approval
 from custody.states import IllegalTransition, advance
 from custody.wallets import Wallets
 from ledger.model import Transfer
 from ledger.service import Ledger
 from signer.ethereum_tx import erc20_transfer_data
 from custody.errors import CustodyError, CustodyErrorCode
-from custody.rebalances import refill_amount
-from custody.withdrawals import verify_operator_signature
 from signer.approvals import ApprovalSignature, ApproverRegistry, rebalance_approval_payload
 from signer.protocol import SignerPort, SigningRefused
 
@@ -343,17 +341,8 @@ class EthRebalances:
                 raise CustodyError(CustodyErrorCode.rebalance_not_found, f"no ethereum warm -> hot refill {rebalance_id}")
             if row.state != "open":
                 raise CustodyError(CustodyErrorCode.invalid_state, f"refill {rebalance_id} is {row.state}", state=row.state)
-            payload = _payload(row)
-            verify_operator_signature(self.approvers, operator, payload, signature)
-            inserted = c.execute(text(
-                "INSERT INTO eth_rebalance_approval (rebalance_id, operator, key_id, scheme, signed_payload, signature, "
-                "authenticator_data, client_data_json) VALUES (:r, :o, :k, :s, :p, :sig, :ad, :cd) "
-                "ON CONFLICT (rebalance_id, key_id) DO NOTHING RETURNING id"),
-                {"r": rebalance_id, "o": operator, "k": signature.key_id, "s": signature.scheme, "p": payload,
-                 "sig": signature.signature, "ad": signature.authenticator_data, "cd": signature.client_data_json}).first()
-            if inserted is None:
-                raise CustodyError(CustodyErrorCode.already_acted, f"{operator} already approved refill {rebalance_id}")
-            audit(c, operator, "eth_rebalance.approve", f"eth_rebalance:{rebalance_id}", {"key_id": signature.key_id})
+            store_refill_approval(c, "eth_rebalance_approval", MACHINE, rebalance_id, self.approvers, operator, _payload(row),
+                                  signature)
             return int(c.execute(_APPROVALS_SQL, {"r": rebalance_id}).scalar_one())
 
     # ---- hot over its ceiling -----------------------------------------------------------------
