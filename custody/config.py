@@ -55,6 +55,8 @@ own settings (`ENVIRONMENT`, `API_KEY_PEPPER`, `STATE_DIR`, `TREASURY_ADJUSTMENT
 | treasury | refill_quorum | 2 | distinct operators whose signed approvals a refill waits for (the signer applies its own `rebalance_quorum` too) |
 | treasury | psbt_min_fee_rate_sat_per_kvb, psbt_max_fee_rate_sat_per_kvb | 1000, 100000 | the fee-rate bounds of a cold -> hot PSBT, built and imported |
 | treasury | stuck_blocks, bump_percent, max_fee_rate_sat_per_kvb | 3, 50, 500000 | when a sweep or rebalance is fee-bumped, by how much, up to what (custody.firm_moves) |
+| treasury.ethereum.SYMBOL | ceiling, target, floor, excess_to | - (no ethereum rebalance) | wei or token base units, floor < target < ceiling: the hot address above `ceiling` sends everything over `target` to `warm` or `cold` (default cold); below `floor` (when set) warm refills it up to `target` once `refill_quorum` operators signed (custody.eth_rebalances) |
+| treasury | ethereum_cold_address | - | the checksummed cold ethereum address (watch-only, reconciled); the signer pins its own copy (`cold_addresses`) and refuses any other |
 | events | sink | jetstream | where the worker's outbox dispatcher delivers events: `jetstream` (custody.broker) or `log` (a log line per event, no broker) |
 | events | nats_url | `NATS_URL` | the NATS server (`nats://host:port`); neither set: the embedded server in `STATE_DIR/nats` |
 | events | stream | CUSTODY | the JetStream stream (subjects `<subject_prefix>.>`), created or updated at start |
@@ -353,6 +355,21 @@ class JobsSection(Section):
     scale: Annotated[float, Field(gt=0, le=100)] = 1.0
 
 
+class EthTreasuryAsset(Section):
+    """One ethereum asset's hot-address thresholds (custody.eth_rebalances); below `floor` warm refills hot."""
+
+    ceiling: Amount
+    target: Amount
+    floor: Amount | None = None
+    excess_to: Literal["warm", "cold"] = "cold"
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "EthTreasuryAsset":
+        if not (self.floor if self.floor is not None else -1) < self.target < self.ceiling:
+            raise ValueError("floor < target < ceiling is required (target < ceiling without a floor)")
+        return self
+
+
 class TreasurySection(Section):
     """Thresholds of the bitcoin hot wallet and the treasury's fee rules (custody.rebalances, custody.firm_moves)."""
 
@@ -366,6 +383,17 @@ class TreasurySection(Section):
     stuck_blocks: Annotated[Whole, Field(ge=1)] = 3
     bump_percent: Annotated[Whole, Field(ge=1, le=1000)] = 50
     max_fee_rate_sat_per_kvb: Annotated[Whole, Field(ge=1)] = 500_000
+    ethereum: dict[str, EthTreasuryAsset] = Field(default_factory=dict)
+    ethereum_cold_address: str | None = None
+
+    @field_validator("ethereum_cold_address")
+    @classmethod
+    def _checksummed(cls, v: str | None) -> str | None:
+        from eth_utils import is_checksum_address
+
+        if v is not None and not is_checksum_address(v):
+            raise ValueError("must be a checksummed ethereum address")
+        return v
 
     @model_validator(mode="after")
     def _ordered(self) -> "TreasurySection":

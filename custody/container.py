@@ -40,6 +40,7 @@ class Container:
     sweeps: Any = None  # custody.sweeps.Sweeps (bitcoin, with a signer)
     eth_sweeps: Any = None  # custody.eth_sweeps.EthSweeps (ethereum deposits -> hot, with gas funding and a signer)
     rebalances: Any = None  # custody.rebalances.Rebalances (bitcoin hot -> cold, with a signer)
+    eth_rebalances: Any = None  # custody.eth_rebalances.EthRebalances (ethereum hot -> warm/cold, with a signer)
     reserves: Any = None  # custody.reserves.Reserves (with bitcoin and a signer; ethereum assets too)
     node_view: Any = None  # custody.node_view.NodeView (bitcoin, with_chains(node_view=True))
     approvers: ApproverRegistry | None = None  # approver public keys withdrawals' approvals must verify against
@@ -57,7 +58,8 @@ class Container:
                     payout_config: Any = None, rebalance_config: Any = None, approvers: ApproverRegistry | None = None,
                     quorum: QuorumTable | None = None, signer_assets: Mapping[str, SignerAsset] | None = None,
                     ethereum_chain_id: int | None = None, cold_xpubs: Mapping[str, str] | None = None,
-                    node_view: bool = False) -> "Container":
+                    node_view: bool = False, eth_rebalance_config: Any = None,
+                    cold_addresses: Mapping[str, str] | None = None) -> "Container":
         """Attach chain adapters and build the pipelines that need them. With `signer_keys` (a
         signer.keys.SignerKeys) the withdrawal side is built too: request/approval, the signer, payouts,
         sweeps and rebalances (thresholds: `rebalance_config`, a custody.rebalances.RebalanceConfig;
@@ -71,7 +73,10 @@ class Container:
         them as a deployment's signer.toml would (custody.devchains.signer_assets). `node_view`
         (bitcoin): reconciliation cross-checks the wallet index against a watch-only wallet in the
         node (custody.node_view); each pass first runs `self.node_view.ensure()` (creates the wallet,
-        widens its ranges), which the deployed worker does in its `node-view` job instead."""
+        widens its ranges), which the deployed worker does in its `node-view` job instead.
+        `eth_rebalance_config` (custody.eth_rebalances.EthRebalanceConfig) builds the ethereum
+        rebalances (and reconciliation's ethereum warm and cold lines); `cold_addresses` is the
+        in-process signer's pinned ethereum cold address (signer.config `cold_addresses`)."""
         from custody.payouts import PayoutConfig, Payouts
         from custody.policy_config import PolicyProvider, default_policy
         from custody.withdrawals import Withdrawals
@@ -88,7 +93,7 @@ class Container:
         if signer_keys is not None:
             signer = Signer(self.engine, signer_keys, bitcoin_network=bitcoin_network, approvers=self.approvers,
                             quorum=quorum or quorum_table_from_policy(policy or default_policy()), assets=signer_assets,
-                            ethereum_chain_id=ethereum_chain_id, cold_xpubs=cold_xpubs)
+                            ethereum_chain_id=ethereum_chain_id, cold_xpubs=cold_xpubs, cold_addresses=cold_addresses)
             config = payout_config or PayoutConfig(bitcoin_network=bitcoin_network)
             self.payouts = Payouts(self.engine, self.ledger, self.wallets, self.adapters, signer, config)
             self.payouts.withdrawals = self.withdrawals
@@ -103,6 +108,14 @@ class Container:
                                             hot_address=derive_eth_address(signer_keys.account_xpub("ethereum", "hot"), HOT_RECEIVE_INDEX),
                                             thresholds=thresholds,
                                             max_fee_wei=config.max_fee_wei)
+                if eth_rebalance_config is not None:
+                    from custody.eth_rebalances import EthRebalances
+
+                    self.eth_rebalances = EthRebalances(
+                        self.engine, self.ledger, self.wallets, self.adapters["ethereum"], signer,  # type: ignore[arg-type]
+                        hot_address=derive_eth_address(signer_keys.account_xpub("ethereum", "hot"), HOT_RECEIVE_INDEX),
+                        warm_address=derive_eth_address(signer_keys.account_xpub("ethereum", "warm"), 0),
+                        config=eth_rebalance_config, approvers=self.approvers)
             if "bitcoin" in self.adapters:  # the hot wallet sync reads the wallet index: bring it to the tip first
                 deposits = self.deposits
                 self.payouts.catch_up = lambda: deposits.catch_up("bitcoin")
@@ -144,6 +157,8 @@ class Container:
                                                  network=bitcoin_network, before=sync, node_view=self.node_view,
                                                  blind_warn_after=self.settings.node_view_warn_after_seconds,
                                                  blind_critical_after=self.settings.node_view_critical_after_seconds)
+            if self.eth_rebalances is not None:
+                self.reconciliation.eth_outer = self.eth_rebalances.destinations()
         return self
 
 

@@ -225,6 +225,8 @@ SELECT max(nonce) FROM (
     SELECT nonce FROM signer_signature WHERE chain = 'ethereum' AND lower(sender) = lower(:a)
     UNION ALL
     SELECT nonce FROM signer_eth_sweep WHERE kind = 'gas' AND lower(sender) = lower(:a)
+    UNION ALL  -- the hot address's rebalances (custody.eth_rebalances)
+    SELECT nonce FROM signer_eth_rebalance WHERE lower(sender) = lower(:a)
 ) n
 """)
 _HOT_NONCE_SET_SQL = text("UPDATE eth_nonce SET next_nonce = :n WHERE address = :a")

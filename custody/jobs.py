@@ -8,6 +8,7 @@ method that tests and the demo call directly, so time is driven deterministicall
 | sweeps | Sweeps.run_once(): booked deposit coins -> hot wallet (bitcoin), fee bumps of stuck sweeps | 30 s |
 | eth-sweeps | EthSweeps plan, sign, broadcast, track: booked ether and token deposits -> hot address, token addresses funded with gas first (custody.eth_sweeps) | 30 s |
 | rebalances | Rebalances.run_once(): hot -> warm/cold above the ceiling, approved warm -> hot refills below the floor, cold -> hot PSBTs once imported (bitcoin), fee bumps | 30 s |
+| eth-rebalances | EthRebalances decide, sign, broadcast, track: ether and tokens over the hot address's ceiling -> warm or cold (custody.eth_rebalances; only when configured) | 30 s |
 | expire-holds | Ledger.expire_holds() | 10 s |
 | outbox | OutboxDispatcher.dispatch(): outbox -> NATS JetStream in the worker (custody.broker) | 1 s |
 | webhooks | Webhooks.run_once(): outbox events -> signed POSTs to registered endpoints, retried with backoff, dead-lettered (custody.webhooks.delivery) | 1 s |
@@ -344,6 +345,10 @@ def build_scheduler(container: Any, *, sink: Callable[[str, dict], None] | None 
     if rebalances is not None:
         add("rebalances", failing_when_steps_fail(lambda: run_steps("rebalances", [
             rebalances.rebalance_bitcoin, rebalances.broadcast, rebalances.track, rebalances.bump_fees])), 30)
+    eth_rebalances = getattr(container, "eth_rebalances", None)
+    if eth_rebalances is not None:
+        add("eth-rebalances", failing_when_steps_fail(lambda: run_steps("eth-rebalances", [
+            eth_rebalances.decide, eth_rebalances.sign, eth_rebalances.broadcast, eth_rebalances.track])), 30)
     add("expire-holds", container.ledger.expire_holds, 10)
     add("outbox", dispatcher.dispatch, 1)
     webhooks = getattr(container, "webhooks", None)

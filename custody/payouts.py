@@ -138,11 +138,15 @@ SELECT nonce FROM signer_signature
 WHERE withdrawal_id = :w AND chain = 'ethereum' AND chain_id = :ci AND lower(sender) = lower(:a)
 ORDER BY id DESC LIMIT 1
 """)
+# every hot-address transaction the signer recorded: withdrawals, and ethereum rebalances (custody.eth_rebalances),
+# whose nonce a rolled-back signing transaction gave back to the counter but the signer holds
 _MAX_RECORDED_NONCE_SQL = text("""
 SELECT max(nonce) FROM (
     SELECT nonce FROM signer_signature WHERE chain = 'ethereum' AND chain_id = :ci AND lower(sender) = lower(:a)
     UNION ALL  -- the gas fundings it signed from the hot address (custody.eth_sweeps): never a withdrawal's nonce
     SELECT nonce FROM signer_eth_sweep WHERE kind = 'gas' AND chain_id = :ci AND lower(sender) = lower(:a)
+    UNION ALL  -- the ethereum rebalances it signed from the hot address (custody.eth_rebalances)
+    SELECT nonce FROM signer_eth_rebalance WHERE chain_id = :ci AND lower(sender) = lower(:a)
 ) n
 """)
 _RECORDED_SQL = text("""

@@ -410,17 +410,8 @@ class Rebalances(FirmMoves):
                 raise CustodyError(CustodyErrorCode.rebalance_not_found, f"no warm -> hot refill {rebalance_id}")
             if row.state != "open":
                 raise CustodyError(CustodyErrorCode.invalid_state, f"refill {rebalance_id} is {row.state}", state=row.state)
-            payload = _payload(rebalance_id, row)
-            verify_operator_signature(self.approvers, operator, payload, signature)
-            inserted = c.execute(text(
-                "INSERT INTO rebalance_approval (rebalance_id, operator, key_id, scheme, signed_payload, signature, "
-                "authenticator_data, client_data_json) VALUES (:r, :o, :k, :s, :p, :sig, :ad, :cd) "
-                "ON CONFLICT (rebalance_id, key_id) DO NOTHING RETURNING id"),
-                {"r": rebalance_id, "o": operator, "k": signature.key_id, "s": signature.scheme, "p": payload,
-                 "sig": signature.signature, "ad": signature.authenticator_data, "cd": signature.client_data_json}).first()
-            if inserted is None:
-                raise CustodyError(CustodyErrorCode.already_acted, f"{operator} already approved refill {rebalance_id}")
-            audit(c, operator, "rebalance.approve", f"rebalance:{rebalance_id}", {"key_id": signature.key_id})
+            store_refill_approval(c, "rebalance_approval", "rebalance", rebalance_id, self.approvers, operator,
+                                  _payload(rebalance_id, row), signature)
             return self._approvals(c, rebalance_id)
 
     # ---- cold -> hot through a PSBT ---------------------------------------------------------
@@ -583,6 +574,24 @@ class Rebalances(FirmMoves):
         self.broadcast()
         self.track()
         self.bump_fees()
+
+
+def store_refill_approval(c: Connection, table: str, machine: str, rebalance_id: int, approvers: ApproverRegistry | None,
+                          operator: str, payload: bytes, signature: ApprovalSignature | None) -> None:
+    """Verify an operator's signature over a refill's `payload` at the door (custody.withdrawals
+    `verify_operator_signature`: its codes) and store it in `table` (bitcoin `rebalance_approval`,
+    ethereum `eth_rebalance_approval`), audited `<machine>.approve`; `already_acted` when that key
+    already approved it. The signer verifies every stored approval again against its own keys."""
+    verify_operator_signature(approvers, operator, payload, signature)
+    inserted = c.execute(text(
+        f"INSERT INTO {table} (rebalance_id, operator, key_id, scheme, signed_payload, signature, "
+        "authenticator_data, client_data_json) VALUES (:r, :o, :k, :s, :p, :sig, :ad, :cd) "
+        "ON CONFLICT (rebalance_id, key_id) DO NOTHING RETURNING id"),
+        {"r": rebalance_id, "o": operator, "k": signature.key_id, "s": signature.scheme, "p": payload,
+         "sig": signature.signature, "ad": signature.authenticator_data, "cd": signature.client_data_json}).first()
+    if inserted is None:
+        raise CustodyError(CustodyErrorCode.already_acted, f"{operator} already approved refill {rebalance_id}")
+    audit(c, operator, f"{machine}.approve", f"{machine}:{rebalance_id}", {"key_id": signature.key_id})
 
 
 def _payload(rebalance_id: int, row) -> bytes:

@@ -61,7 +61,13 @@ block number, never at "latest"):
   mined; one nonce, so at most one is). Treasury funding of the hot address is booked by
   `Payouts.book_hot_funding`; funding mined and not booked is a difference (a surplus, so a
   warning), on purpose.
-No ethereum cold addresses exist (rebalances are bitcoin only), so there is no cold line.
+- ethereum rebalances (custody.eth_rebalances) mined but not yet final: the value has left the
+  source address (hot, or warm for a refill: - amount on its asset's line, - gas on the ETH line)
+  and arrived at the destination's (+ amount on that tier's line), booked only at finality (`eth_rebalances.in_transit`).
+- warm and cold (one line per asset each, once `eth_outer` names the tier's address: the service's
+  EthRebalances sets it to the signer's warm 0/0 address and the pinned cold address): the
+  address's balance at the pass's block against the tier's books, rebalances in transit
+  explained. Cold is watch-only: its balance is read, never signed for.
 
 Any other difference opens an incident with the figures (`line_severity` decides which):
 - a SHORTFALL (the chain holds less than books + in transit: someone's money is missing) is
@@ -120,6 +126,9 @@ from custody.addresses import derive_eth_address
 from custody.controls import open_incident
 from custody.eth_sweeps import MinedMove, moves_in_transit
 from custody.eth_sweeps import unsettled as unsettled_eth_moves
+from custody.eth_rebalances import MinedRebalance
+from custody.eth_rebalances import in_transit as eth_rebalances_in_transit
+from custody.eth_rebalances import unsettled as unsettled_eth_rebalances
 from custody.firm_moves import in_transit, unbooked
 from custody.node_view import NodeView, NodeViewNotReady, record_blind, record_escalation, record_read
 from custody.payouts import HOT_RECEIVE_INDEX
@@ -298,6 +307,7 @@ class Reconciliation:
         self.wallets = wallets
         self.adapters = dict(adapters)
         self.network = network
+        self.eth_outer: dict[str, str] = {}  # ethereum tier (warm, cold) -> its address: reconciled when named
         self._accounts: dict[tuple[str, str, str], int] = {}
 
     def run(self, *, chains: Iterable[str] | None = None, attempts: int = 3, prepare: bool = True) -> list[Line]:
@@ -530,8 +540,10 @@ class Reconciliation:
 
     def _ethereum_lines(self) -> Callable[[BlockRef], list[Line | None]]:
         assets = self.wallets.chain_assets("ethereum")
-        self._open_accounts("ethereum", ("deposit", "hot"), [a.asset for a in assets])
-        return lambda tip: [*self._eth_deposit_addresses(tip, assets), *self._eth_hot_address(tip, assets)]
+        outer = dict(self.eth_outer)
+        self._open_accounts("ethereum", ("deposit", "hot", *outer), [a.asset for a in assets])
+        return lambda tip: [*self._eth_deposit_addresses(tip, assets), *self._eth_hot_address(tip, assets),
+                            *(line for tier, address in outer.items() for line in self._eth_outer(tip, assets, tier, address))]
 
     def _eth_holdings(self, asset: ChainAsset, addresses: Iterable[str], height: int) -> int:
         eth = self.adapters["ethereum"]
@@ -576,6 +588,7 @@ class Reconciliation:
             books = {a.asset: self._books("ethereum", "hot", a.asset, c) for a in assets}
             off_chain = {a.asset: self._booked_off_chain("ethereum", "hot", a.asset, c) for a in assets}
             moves = self._eth_moves_mined(c, tip)
+            rebalances = self._eth_rebalances_mined(c, tip)
         unsettled = []
         for v in versions:
             mined = self.adapters["ethereum"].mined(v.txid)
@@ -584,5 +597,25 @@ class Reconciliation:
         hot = derive_eth_address(xpub, HOT_RECEIVE_INDEX)
         return [Line("ethereum", a.asset, "hot", self._eth_holdings(a, [hot], tip.height), books[a.asset],
                      hot_in_transit(unsettled, a.asset, native=self.adapters["ethereum"].native_asset)
-                     + moves_in_transit(moves, "hot", a.asset), off_chain[a.asset])
+                     + moves_in_transit(moves, "hot", a.asset) + eth_rebalances_in_transit(rebalances, "hot", a.asset),
+                     off_chain[a.asset])
                 for a in assets]
+
+    def _eth_rebalances_mined(self, c: Connection, tip: BlockRef) -> list[MinedRebalance]:
+        """Ethereum rebalances signed and not booked (read in the caller's snapshot) that the node has
+        mined at or below the pass's block, with the gas each burnt."""
+        moves = []
+        for m in unsettled_eth_rebalances(c):
+            mined = self.adapters["ethereum"].mined(m.txid)
+            if mined is not None and mined.block.height <= tip.height:
+                moves.append(MinedRebalance(m.asset, int(m.amount), mined.fee, m.destination_tier, mined.reverted, m.source_tier))
+        return moves
+
+    def _eth_outer(self, tip: BlockRef, assets: list[ChainAsset], tier: str, address: str) -> list[Line]:
+        """The warm or cold address: its holdings at the pass's block against the tier's books."""
+        with self._snapshot() as c, c.begin():
+            books = {a.asset: self._books("ethereum", tier, a.asset, c) for a in assets}
+            off_chain = {a.asset: self._booked_off_chain("ethereum", tier, a.asset, c) for a in assets}
+            rebalances = self._eth_rebalances_mined(c, tip)
+        return [Line("ethereum", a.asset, tier, self._eth_holdings(a, [address], tip.height), books[a.asset],
+                     eth_rebalances_in_transit(rebalances, tier, a.asset), off_chain[a.asset]) for a in assets]

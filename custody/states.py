@@ -124,6 +124,7 @@ MACHINES: Mapping[str, tuple[str, Mapping[str, frozenset[str]]]] = {
     "adjustment": ("treasury_adjustment", ADJUSTMENT_TRANSITIONS),
     "eth_sweep": ("eth_sweep", ETH_SWEEP_TRANSITIONS),
     "eth_gas_funding": ("eth_gas_funding", ETH_SWEEP_TRANSITIONS),
+    "eth_rebalance": ("eth_rebalance", ETH_SWEEP_TRANSITIONS),  # the same shape (custody.eth_rebalances)
     "batch_containment": ("withdrawal_batch", CONTAINMENT_TRANSITIONS),
     "sweep_containment": ("sweep", CONTAINMENT_TRANSITIONS),
     "rebalance_containment": ("rebalance", CONTAINMENT_TRANSITIONS),

@@ -105,6 +105,12 @@ class SignerClient:
         return self._call("sign_ethereum_gas_funding", sweep_id=sweep_id, deposit_index=deposit_index, chain_id=chain_id,
                           nonce=nonce, value=value, gas=gas, max_fee_wei=max_fee_wei, priority_fee_wei=priority_fee_wei)
 
+    def sign_ethereum_rebalance(self, rebalance_id: int, *, asset: str, amount: int, destination_tier: str, chain_id: int,
+                                nonce: int, gas: int, max_fee_wei: int, priority_fee_wei: int) -> SignedEthTx:
+        return self._call("sign_ethereum_rebalance", rebalance_id=rebalance_id, asset=asset, amount=amount,
+                          destination_tier=destination_tier, chain_id=chain_id, nonce=nonce, gas=gas, max_fee_wei=max_fee_wei,
+                          priority_fee_wei=priority_fee_wei)
+
     def sign_ethereum_sweep(self, sweep_id: int, *, deposit_index: int, asset: str, amount: int, chain_id: int,
                             nonce: int, gas: int, max_fee_wei: int, priority_fee_wei: int) -> SignedEthTx:
         return self._call("sign_ethereum_sweep", sweep_id=sweep_id, deposit_index=deposit_index, asset=asset, amount=amount,

@@ -21,6 +21,7 @@ are relative to the TOML file's directory. `build_signer(cfg)` makes the databas
 | ethereum_chain_id | int | none | the only chain id the signer signs ethereum transactions for; required when `assets` has an ethereum asset; none: no ethereum transaction is signed |
 | rebalance_quorum | int | 2 | distinct operators whose signed approvals (`rebalance-approval`, verified against `approvers`) a warm -> hot refill needs; the larger of this and the row's own count applies |
 | cold_xpubs | table | {} | {bitcoin = "vpub..." / "zpub..."}: the cold wallet's BIP84 account PUBLIC key a hot -> cold rebalance must pay (never read from custody's `wallet` table); none: every rebalance is refused (`destination_not_cold`) |
+| cold_addresses | table | {} | {ethereum = "0x..."}: the checksummed cold ETHEREUM address an ethereum hot -> cold rebalance must pay (custody.eth_rebalances; never read from custody); none: every ethereum rebalance to cold is refused (`destination_not_cold`) |
 | unapproved_limit | table | regtest: none (no cap); other networks: 0 for every asset | {SYMBOL = {amount, window_secs}}: minor units the signer signs for withdrawals with NO valid approval per sliding window (from its own `signer_signature`); an asset not listed has cap 0, so every withdrawal of it needs an approval; `amount` may be a string of digits (beyond TOML's 64-bit integers) |
 
 `quorum` is required on every network: the signer computes each withdrawal's quorum itself and
@@ -187,6 +188,7 @@ class SignerConfig(BaseSettings):
     assets: dict[str, AssetEntry] = {"BTC": AssetEntry(chain="bitcoin")}
     ethereum_chain_id: Int | None = Field(default=None, gt=0)
     cold_xpubs: dict[Literal["bitcoin"], str] = {}
+    cold_addresses: dict[Literal["ethereum"], str] = {}
     rebalance_quorum: Int = Field(default=2, ge=1, le=100)
     unapproved_limit: dict[str, UnapprovedLimitEntry] | None = None
 
@@ -255,6 +257,11 @@ class SignerConfig(BaseSettings):
             problem = _cold_key_problem(xpub, self.bitcoin_network)
             if problem:
                 raise ValueError(f"cold_xpubs.{chain}: {problem}")
+        for chain, address in self.cold_addresses.items():
+            from eth_utils import is_checksum_address
+
+            if not is_checksum_address(address):
+                raise ValueError(f"cold_addresses.{chain}: not a checksummed ethereum address")
         unknown = sorted(set(self.unapproved_limit or {}) - set(self.assets))
         if unknown:
             raise ValueError(f"unapproved_limit: {unknown} not in assets")
@@ -389,7 +396,7 @@ def boundary_arguments(cfg: SignerConfig) -> dict[str, Any]:
     if not cfg.cold_xpubs:
         log.warning("no cold_xpubs configured: every rebalance is refused")
     return {"assets": assets, "ethereum_chain_id": cfg.ethereum_chain_id, "cold_xpubs": dict(cfg.cold_xpubs),
-            "unapproved_limits": limits}
+            "unapproved_limits": limits, **({"cold_addresses": dict(cfg.cold_addresses)} if cfg.cold_addresses else {})}
 
 
 def build_signer(cfg: SignerConfig, *, keys: SignerKeys | None = None, engine: Engine | None = None) -> Signer:

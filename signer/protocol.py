@@ -158,6 +158,9 @@ class SignerPort(Protocol):
     def sign_ethereum_sweep(self, sweep_id: int, *, deposit_index: int, asset: str, amount: int, chain_id: int,
                             nonce: int, gas: int, max_fee_wei: int, priority_fee_wei: int) -> SignedEthTx: ...
 
+    def sign_ethereum_rebalance(self, rebalance_id: int, *, asset: str, amount: int, destination_tier: str, chain_id: int,
+                                nonce: int, gas: int, max_fee_wei: int, priority_fee_wei: int) -> SignedEthTx: ...
+
     def sign_ethereum_payment(self, batch_id: int, output: BatchOutput, *, hot_index: int, chain_id: int, nonce: int,
                               to: str, value: int, data: bytes, gas: int, max_fee_wei: int, priority_fee_wei: int,
                               replaces_txid: str | None = None) -> SignedEthTx: ...

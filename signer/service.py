@@ -142,6 +142,14 @@ its own keys and asset table, so custody cannot name another destination, contra
   funding at; `sign_ethereum_payment` refuses a hot nonce a funding took (`already_signed`).
   Fundings and ethereum withdrawals take one advisory lock per hot address, so the two checks
   cannot pass side by side.
+Ethereum rebalances (custody.eth_rebalances): `sign_ethereum_rebalance` BUILDS the transfer from the
+hot key to its own warm address (account "warm", 0/0) or to the cold address pinned in its own
+configuration (`cold_addresses`; none: `destination_not_cold`), or, `destination_tier` hot, from
+the warm key to the hot address after verifying the refill's signed approvals itself
+(`rebalance_not_approved`); the row must be that open move (`rebalance_not_open`); the sender's
+nonce is checked against every record it holds for that address (`signer_signature`, gas
+fundings, `signer_eth_rebalance`): a re-sign only at the recorded nonce, a new one never at a used
+nonce (`already_signed`) nor above the highest + 1 (`nonce_gap`). Method docstring for the order.
 What the signer trusts: its keys, its own asset table, chain id and fee cap, and its own record of
 what it signed. What it reads from custody's rows only as a consistency check: the sweep row and
 the reserved deposits. A forged row can at worst make it sweep a wrong amount, always to our hot
@@ -267,15 +275,20 @@ WHERE chain = 'ethereum' AND chain_id = :ci AND lower(sender) = lower(:a) AND no
 UNION ALL
 SELECT txid FROM signer_eth_sweep
 WHERE kind = 'gas' AND chain_id = :ci AND lower(sender) = lower(:a) AND nonce = :n AND sweep_id <> :s
+UNION ALL
+SELECT txid FROM signer_eth_rebalance
+WHERE chain_id = :ci AND lower(sender) = lower(:a) AND nonce = :n
 LIMIT 1
 """)
-# the highest hot-address nonce the signer recorded (withdrawals and gas fundings): a funding is
-# signed at most one past it (R15-S6), never leaving a gap the hot address cannot fill
+# the highest hot-address nonce the signer recorded (withdrawals, gas fundings, rebalances): a
+# funding is signed at most one past it (R15-S6), never leaving a gap the hot address cannot fill
 _HOT_NONCE_MAX_SQL = text("""
 SELECT max(nonce) FROM (
     SELECT nonce FROM signer_signature WHERE chain = 'ethereum' AND chain_id = :ci AND lower(sender) = lower(:a)
     UNION ALL
     SELECT nonce FROM signer_eth_sweep WHERE kind = 'gas' AND chain_id = :ci AND lower(sender) = lower(:a)
+    UNION ALL
+    SELECT nonce FROM signer_eth_rebalance WHERE chain_id = :ci AND lower(sender) = lower(:a)
 ) n
 """)
 # a gas funding the signer gave deposit address :d for another sweep than :s, which no sweep it
@@ -289,15 +302,41 @@ WHERE g.kind = 'gas'
                   AND lower(w.sender) = lower(:d))
 LIMIT 1
 """)
-# a gas funding the signer signed at this hot slot (R15-S2: a withdrawal is never signed there)
+# a gas funding or a rebalance the signer signed at this hot slot (R15-S2: a withdrawal is never
+# signed there)
 _HOT_NONCE_FUNDED_SQL = text("""
 SELECT txid FROM signer_eth_sweep
 WHERE kind = 'gas' AND chain_id = :ci AND lower(sender) = lower(:a) AND nonce = :n
+UNION ALL
+SELECT txid FROM signer_eth_rebalance
+WHERE chain_id = :ci AND lower(sender) = lower(:a) AND nonce = :n
 LIMIT 1
 """)
 _INSERT_ETH_SWEEP_SQL = text("""
 INSERT INTO signer_eth_sweep (signed_at, kind, sweep_id, chain_id, sender, nonce, destination, asset, amount, txid)
 VALUES (:at, :k, :s, :ci, :a, :n, :d, :asset, :amount, :t)
+""")
+_ETH_REBALANCE_ROW_SQL = text("""
+SELECT source_tier, destination_tier, asset, amount, destination, state, approvals_required
+FROM eth_rebalance
+WHERE id = :r
+""")
+_ETH_REBALANCE_RECORDS_SQL = text("""
+SELECT chain_id, sender, nonce, txid FROM signer_eth_rebalance WHERE rebalance_id = :r
+""")
+# every hot-address transaction the signer recorded: withdrawals, gas fundings, rebalances
+_HOT_SLOTS = """
+SELECT nonce, txid FROM signer_signature WHERE chain = 'ethereum' AND chain_id = :ci AND lower(sender) = lower(:a)
+UNION ALL
+SELECT nonce, txid FROM signer_eth_sweep WHERE kind = 'gas' AND chain_id = :ci AND lower(sender) = lower(:a)
+UNION ALL
+SELECT nonce, txid FROM signer_eth_rebalance WHERE chain_id = :ci AND lower(sender) = lower(:a)
+"""
+_HOT_SLOT_TAKEN_SQL = text(f"SELECT txid FROM ({_HOT_SLOTS}) s WHERE nonce = :n LIMIT 1")
+_HOT_SLOT_HIGHEST_SQL = text(f"SELECT max(nonce) FROM ({_HOT_SLOTS}) s")
+_INSERT_ETH_REBALANCE_SQL = text("""
+INSERT INTO signer_eth_rebalance (signed_at, rebalance_id, chain_id, sender, nonce, destination, asset, amount, txid)
+VALUES (:at, :r, :ci, :a, :n, :d, :asset, :amount, :t)
 """)
 HOT_INDEX = 0  # the ethereum hot address is the hot account's 0/0 (custody.destinations.HOT_RECEIVE_INDEX)
 WITHDRAWAL_HOLD_OWNER = "withdrawals"  # custody.withdrawals.HOLD_OWNER: the only owner of a withdrawal's hold
@@ -342,7 +381,7 @@ class Signer:
                  receive_window: int = RECEIVE_WINDOW, change_window: int = CHANGE_WINDOW,
                  approvers: ApproverRegistry | None = None, quorum: QuorumTable | None = None,
                  assets: Mapping[str, SignerAsset] | None = None, ethereum_chain_id: int | None = None,
-                 cold_xpubs: Mapping[str, str] | None = None,
+                 cold_xpubs: Mapping[str, str] | None = None, cold_addresses: Mapping[str, str] | None = None,
                  unapproved_limits: Mapping[str, UnapprovedLimit] | None = None, rebalance_quorum: int = 2) -> None:
         self.rebalance_quorum = rebalance_quorum  # distinct operators a warm -> hot refill needs, at least
         self.approvers = approvers  # the only approver keys whose signatures count (None: none do)
@@ -350,6 +389,7 @@ class Signer:
         self.assets = dict(DEFAULT_ASSETS if assets is None else assets)  # the only assets it pays, and how
         self.ethereum_chain_id = ethereum_chain_id  # None: no ethereum transaction is signed
         self.cold_xpubs = dict(cold_xpubs or {})  # chain -> the cold wallet's account xpub (none: no rebalance)
+        self.cold_addresses = dict(cold_addresses or {})  # ethereum -> the pinned cold address (none: no eth rebalance to cold)
         self.unapproved_limits = None if unapproved_limits is None else dict(unapproved_limits)  # None: no cap
         self.deposit_window = deposit_window  # deposit indexes 0..n-1 refused as destinations (signer.own_addresses)
         self.receive_window = receive_window
@@ -683,15 +723,17 @@ class Signer:
             if r is None or int(r.amount) != k.amount or (r.derivation_change, r.derivation_index) != (k.change, k.index):
                 raise SigningRefused(RefusalCode.unknown_input, f"input {k.txid}:{k.vout} is not reserved for this rebalance")
 
-    def _check_rebalance_approvals(self, c: Connection, rebalance_id: int, row) -> None:
+    def _check_rebalance_approvals(self, c: Connection, rebalance_id: int, row, *, chain: str = "bitcoin",
+                                   table: str = "rebalance_approval") -> None:
         """Distinct operators (from the signer's own registry) whose signature verifies over the
-        payload rebuilt from the row: at least max(row's count, rebalance_quorum)."""
-        payload = rebalance_approval_payload(rebalance_id=rebalance_id, chain="bitcoin", asset="BTC", amount=int(row.amount),
-                                             source_tier=row.source_tier, destination_tier=row.destination_tier,
-                                             destination=row.destination)
+        payload rebuilt from the row (`chain`'s; approvals read from `table`): at least
+        max(row's count, rebalance_quorum)."""
+        payload = rebalance_approval_payload(rebalance_id=rebalance_id, chain=chain, asset=row.asset if chain != "bitcoin" else "BTC",
+                                             amount=int(row.amount), source_tier=row.source_tier,
+                                             destination_tier=row.destination_tier, destination=row.destination)
         operators = set()
-        for a in c.execute(text("SELECT key_id, scheme, signed_payload, signature, authenticator_data, client_data_json "
-                                "FROM rebalance_approval WHERE rebalance_id = :r ORDER BY id"), {"r": rebalance_id}):
+        for a in c.execute(text(f"SELECT key_id, scheme, signed_payload, signature, authenticator_data, client_data_json "
+                                f"FROM {table} WHERE rebalance_id = :r ORDER BY id"), {"r": rebalance_id}):
             if bytes(a.signed_payload) != payload:
                 continue  # signed over something else: it approves nothing here
             try:
@@ -705,6 +747,90 @@ class Signer:
         if len(operators) < required:
             raise SigningRefused(RefusalCode.rebalance_not_approved,
                                  f"refill {rebalance_id} has {len(operators)} valid operator approval(s); {required} required")
+
+    # ---- ethereum rebalances ---------------------------------------------------------------
+
+    def sign_ethereum_rebalance(self, rebalance_id: int, *, asset: str, amount: int, destination_tier: str, chain_id: int,
+                                nonce: int, gas: int, max_fee_wei: int, priority_fee_wei: int) -> SignedEthTx:
+        """Sign ethereum rebalance `rebalance_id`: `amount` of `asset` from the hot address to the
+        signer's own warm address (ethereum account "warm", 0/0) or to the cold address pinned in its
+        configuration (`cold_addresses["ethereum"]`); or, `destination_tier` "hot", a refill from the
+        warm address to the hot address, signed only with the signed approvals of
+        max(row's `approvals_required`, `rebalance_quorum`) distinct operators of its OWN registry
+        over the `rebalance-approval` payload it rebuilds (chain "ethereum"; table
+        `eth_rebalance_approval`; `rebalance_not_approved` otherwise, checked after the row). The signer BUILDS the transaction itself (ether
+        as the value, or the token's `transfer(destination, amount)` to the contract of its own asset
+        table), so custody names no destination, contract or calldata. Checked, in order: the kill
+        switch (`kill_switch_on`); the chain id (`chain_id_mismatch`); the asset (`asset_unknown`);
+        the destination tier and its address (`destination_not_cold`: no cold address pinned); the
+        `eth_rebalance` row: open, hot -> that tier, that asset and amount, naming that destination
+        (`rebalance_not_open`); the fee cap (`fee_above_ceiling`); then the hot nonce against the
+        signer's OWN records: a rebalance it signed before only again at the same chain id and nonce
+        (`already_signed`); a new one never at a hot nonce it signed a withdrawal, gas funding or
+        other rebalance at (`already_signed`) and never above the highest it recorded + 1
+        (`nonce_gap`)."""
+        detail = {"rebalance_id": rebalance_id, "kind": "eth_rebalance", "asset": asset, "amount": str(amount), "nonce": nonce,
+                  "destination_tier": destination_tier}
+        with self._request(None, detail) as c:
+            c.execute(text(_LOCK_SQL), {"k": f"signer_eth_rebalance:{rebalance_id}"})
+            self._check_halted(c, "rebalances are halted by the kill switch")
+            self._check_chain_id(chain_id)
+            own = self.assets.get(asset)
+            if own is None or own.chain != "ethereum":
+                raise SigningRefused(RefusalCode.asset_unknown, f"the signer moves no asset {asset!r} on ethereum")
+            source = "warm" if destination_tier == "hot" else "hot"  # a refill comes from warm; anything else leaves hot
+            key = self._keys.private_key_for("ethereum", source, 0, HOT_INDEX if source == "hot" else 0)
+            sender = _eth_address(key)
+            c.execute(text(_LOCK_SQL), {"k": f"signer_eth_sender:{sender.lower()}"})
+            destination = self._eth_rebalance_destination(destination_tier)
+            if destination is None:
+                raise SigningRefused(RefusalCode.destination_not_cold, "no ethereum cold address is pinned in the signer's configuration")
+            row = c.execute(_ETH_REBALANCE_ROW_SQL, {"r": rebalance_id}).first()
+            if (row is None or row.state != "open"
+                    or (row.source_tier, row.destination_tier, row.asset, int(row.amount), row.destination.lower())
+                    != (source, destination_tier, asset, amount, destination.lower())):
+                raise SigningRefused(RefusalCode.rebalance_not_open, f"eth rebalance {rebalance_id} is not an open move of {amount} "
+                                     f"{asset} from {source} to {destination_tier} {destination}")
+            if source == "warm":
+                self._check_rebalance_approvals(c, rebalance_id, row, chain="ethereum", table="eth_rebalance_approval")
+            self._check_eth_fee(gas, max_fee_wei, priority_fee_wei)
+            self._check_sender_slot(c, rebalance_id, sender, chain_id, nonce)
+            to, value, data = ((own.contract, 0, erc20_transfer_data(destination, amount)) if own.contract
+                               else (destination, amount, b""))
+            signed = sign_eip1559(key, chain_id=chain_id, nonce=nonce, to=to, value=value, data=data, gas=gas,
+                                  max_fee_wei=max_fee_wei, priority_fee_wei=priority_fee_wei)
+            c.execute(_INSERT_ETH_REBALANCE_SQL, {"at": self.clock(), "r": rebalance_id, "ci": chain_id, "a": sender, "n": nonce,
+                                                  "d": destination, "asset": asset, "amount": amount, "t": signed.txid})
+            self._audit(c, None, "signed", None, signed.txid, detail)
+            c.commit()
+        return signed
+
+    def _eth_rebalance_destination(self, tier: str) -> str | None:
+        """Hot: the hot address; warm: the signer's own warm address (account "warm", 0/0); cold: the
+        pinned address; else None."""
+        if tier == "hot":
+            return self._eth_hot_address()
+        if tier == "warm":
+            return _eth_address(self._keys.private_key_for("ethereum", "warm", 0, 0))
+        if tier == "cold":
+            return self.cold_addresses.get("ethereum")
+        return None
+
+    @staticmethod
+    def _check_sender_slot(c: Connection, rebalance_id: int, sender: str, chain_id: int, nonce: int) -> None:
+        """`already_signed` / `nonce_gap` for a rebalance from `sender` (hot or warm), from the
+        signer's own records of every transaction of that address (withdrawals, gas fundings, rebalances)."""
+        mine = c.execute(_ETH_REBALANCE_RECORDS_SQL, {"r": rebalance_id}).all()
+        if mine:
+            if any((int(r.chain_id), r.sender.lower(), int(r.nonce)) != (chain_id, sender.lower(), nonce) for r in mine):
+                raise SigningRefused(RefusalCode.already_signed, f"eth rebalance {rebalance_id} was signed at nonce {mine[0].nonce}")
+            return
+        taken = c.execute(_HOT_SLOT_TAKEN_SQL, {"a": sender, "n": nonce, "ci": chain_id}).first()
+        if taken is not None:
+            raise SigningRefused(RefusalCode.already_signed, f"hot nonce {nonce} is already signed in {taken.txid}")
+        highest = c.execute(_HOT_SLOT_HIGHEST_SQL, {"a": sender, "ci": chain_id}).scalar()
+        if highest is not None and nonce > int(highest) + 1:
+            raise SigningRefused(RefusalCode.nonce_gap, f"{sender}: nonce {nonce}, the highest the signer signed is {highest}")
 
     # ---- proof of reserves ----------------------------------------------------------------
 

@@ -56,6 +56,7 @@ Methods (and nothing else):
 | sign_ethereum_payment | batch_id, output, hot_index, chain_id, nonce, to, value, data, gas, max_fee_wei, priority_fee_wei, replaces_txid | signed ethereum tx {raw, txid, sender, nonce} |
 | sign_ethereum_gas_funding | sweep_id, deposit_index, chain_id, nonce, value, gas, max_fee_wei, priority_fee_wei | signed ethereum tx |
 | sign_ethereum_sweep | sweep_id, deposit_index, asset, amount, chain_id, nonce, gas, max_fee_wei, priority_fee_wei | signed ethereum tx |
+| sign_ethereum_rebalance | rebalance_id, asset, amount, destination_tier, chain_id, nonce, gas, max_fee_wei, priority_fee_wei | signed ethereum tx |
 
 coins: [{txid, vout, amount, change, index}]; outputs / output: {withdrawal_id, address, amount,
 script}; change: null or [address, amount]. The signing methods are `signer.protocol.SignerPort`'s.
@@ -606,5 +607,8 @@ METHODS: dict[str, Method] = {
                                          "gas": INT, "max_fee_wei": INT, "priority_fee_wei": INT}, SIGNED_ETH_TX),
     "sign_ethereum_sweep": Method({"sweep_id": INT, "deposit_index": INT, "asset": STR, "amount": INT, "chain_id": INT,
                                    "nonce": INT, "gas": INT, "max_fee_wei": INT, "priority_fee_wei": INT}, SIGNED_ETH_TX),
+    "sign_ethereum_rebalance": Method({"rebalance_id": INT, "asset": STR, "amount": INT, "destination_tier": STR,
+                                       "chain_id": INT, "nonce": INT, "gas": INT, "max_fee_wei": INT, "priority_fee_wei": INT},
+                                      SIGNED_ETH_TX),
 }
 SIGNING_METHODS = frozenset(METHODS) - {"ping", "xpubs"}

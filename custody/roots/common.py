@@ -60,10 +60,11 @@ from custody.controls import open_incident
 from custody.database import make_engine, to_sqlalchemy_url
 from custody.deposits import Deposits
 from custody.destinations import HOT_RECEIVE_INDEX, DestinationGuard
+from custody.eth_rebalances import EthRebalanceConfig, EthRebalances
 from custody.eth_sweeps import EthSweeps
 from custody.payouts import PayoutConfig, Payouts
 from custody.policy_config import PolicyProvider
-from custody.rebalances import Rebalances, treasury_config
+from custody.rebalances import RebalanceThreshold, Rebalances, treasury_config
 from custody.node_view import NodeView
 from custody.reconciliation import Reconciliation
 from custody.reserves import Reserves
@@ -115,6 +116,7 @@ class CustodyServices:
     reserves: Reserves | None  # with bitcoin configured (then also every ethereum asset)
     node_view: NodeView | None = None  # bitcoin only: the node's watch-only wallet (custody.node_view)
     eth_sweeps: EthSweeps | None = None  # ethereum only: deposits -> hot address, with gas funding (custody.eth_sweeps)
+    eth_rebalances: EthRebalances | None = None  # ethereum with [treasury.ethereum]: hot -> warm/cold (custody.eth_rebalances)
     webhooks: Webhooks | None = None  # webhook endpoints (api) and their delivery job (worker)
 
     def close(self) -> None:
@@ -464,13 +466,24 @@ def _build(config: DeploymentConfig, process: Process, adapters: Mapping[str, Ch
     payouts.withdrawals = withdrawals
     if "bitcoin" in adapters and process == "worker":  # the index is the worker's to write (custody.wallet_index)
         payouts.catch_up = lambda: deposits.catch_up("bitcoin")
-    sweeps = rebalances = reserves = node_view = eth_sweeps = None
+    sweeps = rebalances = reserves = node_view = eth_sweeps = eth_rebalances = None
     if "ethereum" in adapters:
         eth_sweeps = EthSweeps(engine, ledger, wallets, adapters["ethereum"], signer,  # type: ignore[arg-type] - gated
                                hot_address=derive_eth_address(config.wallets["ethereum"].hot, HOT_RECEIVE_INDEX),
                                max_fee_wei=payouts.config.max_fee_wei,
                                thresholds={a: p.sweep_threshold for a, p in policy.base.assets.items()
                                            if p.sweep_threshold is not None})
+        if config.treasury.ethereum:
+            warm = config.wallets["ethereum"].warm
+            eth_rebalances = EthRebalances(
+                engine, ledger, wallets, adapters["ethereum"], signer,  # type: ignore[arg-type] - gated
+                hot_address=derive_eth_address(config.wallets["ethereum"].hot, HOT_RECEIVE_INDEX),
+                warm_address=derive_eth_address(warm, 0) if warm else None,
+                config=EthRebalanceConfig(
+                    thresholds={a: RebalanceThreshold(ceiling=t.ceiling, target=t.target, floor=t.floor, excess_to=t.excess_to)
+                                for a, t in config.treasury.ethereum.items()},
+                    cold_address=config.treasury.ethereum_cold_address, max_fee_wei=payouts.config.max_fee_wei,
+                    refill_quorum=config.treasury.refill_quorum), approvers=approvers)
     if "bitcoin" in adapters:
         hot = derive_btc_address(config.wallets["bitcoin"].hot, btc_network, 0, 0)
         rebalance_config, bump = treasury_config(config.treasury, bitcoin_network=btc_network)
@@ -487,13 +500,15 @@ def _build(config: DeploymentConfig, process: Process, adapters: Mapping[str, Ch
     reconciliation = Reconciliation(engine, ledger, wallets, adapters, network=btc_network, before=sync,
                                     node_view=node_view, blind_warn_after=settings.node_view_warn_after_seconds,
                                     blind_critical_after=settings.node_view_critical_after_seconds)
+    if eth_rebalances is not None:
+        reconciliation.eth_outer = eth_rebalances.destinations()
     adjustments = TreasuryAdjustments(engine, ledger, quorum=settings.treasury_adjustment_quorum)
     return CustodyServices(config=config, settings=settings, engine=engine, ledger=ledger, wallets=wallets,
                            adapters=adapters, signer=signer, deposits=deposits, withdrawals=withdrawals,
                            payouts=payouts, reconciliation=reconciliation, adjustments=adjustments,
                            approvers=approvers, process=process, wallet_check=check, sweeps=sweeps,
                            rebalances=rebalances, reserves=reserves, node_view=node_view,
-                           webhooks=Webhooks(engine, settings), eth_sweeps=eth_sweeps)
+                           webhooks=Webhooks(engine, settings), eth_sweeps=eth_sweeps, eth_rebalances=eth_rebalances)
 
 
 # ---- process plumbing --------------------------------------------------------------------------

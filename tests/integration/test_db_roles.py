@@ -43,14 +43,14 @@ WRITERS = (API, WORKER)
 INSUFFICIENT_PRIVILEGE = "42501"
 MIGRATION = Path(__file__).resolve().parents[2] / "migrations" / "versions" / "0020_process_roles.py"
 API_READ_ONLY = ["api_key", "btc_wallet_output", "chain_asset", "chain_cursor", "chain_transaction", "convert_quote",
-                 "denylist_address", "deposit_address_check", "eth_gas_funding", "eth_nonce", "eth_sweep", "firm_tx_version",
-                 "job_stat", "matching_snapshot", "node_view_health", "outbox", "outbox_aggregate", "reserve_leaf",
-                 "reserve_node", "reserve_report"]
+                 "denylist_address", "deposit_address_check", "eth_gas_funding", "eth_nonce", "eth_rebalance",
+                 "eth_rebalance_approval", "eth_sweep", "firm_tx_version", "job_stat", "matching_snapshot",
+                 "node_view_health", "outbox", "outbox_aggregate", "reserve_leaf", "reserve_node", "reserve_report"]
 # migrations 0022, 0023 (the wallet index), 0025, 0028 (the index's verdicts, the node view's health), 0032 (events:
 # written through the owner's custody_emit only), 0033 (convert quotes: through their SECURITY DEFINER functions
 # only), 0037 (ethereum sweeps: the worker's), 0038 (fee-bump versions of sweeps and rebalances: the worker's),
-# 0043 (proof-of-reserves reports, leaves and nodes: the worker's job builds and publishes them): custody_api may only
-# read them
+# 0043 (proof-of-reserves reports, leaves and nodes: the worker's job builds and publishes them), 0042 (ethereum
+# rebalances: the worker's): custody_api may only read them
 
 
 def sqlstate(engine: Engine, role: str | None, sql: str, params: dict | None = None) -> str | None:
@@ -127,6 +127,8 @@ SIGNER_FORBIDDEN = {
     "delete_signer_signature": "DELETE FROM signer_signature",
     "update_signer_eth_sweep": "UPDATE signer_eth_sweep SET nonce = nonce + 1",  # its record of sweeps signed: append-only
     "delete_signer_eth_sweep": "DELETE FROM signer_eth_sweep",
+    "update_signer_eth_rebalance": "UPDATE signer_eth_rebalance SET nonce = nonce + 1",  # its record: append-only
+    "delete_signer_eth_rebalance": "DELETE FROM signer_eth_rebalance",
     "update_eth_sweep": "UPDATE eth_sweep SET state = 'open' WHERE false",
 }
 
@@ -162,6 +164,8 @@ WRITER_FORBIDDEN = {
     "insert_signer_eth_sweep": "INSERT INTO signer_eth_sweep (signed_at, kind, sweep_id, chain_id, sender, nonce, destination, "
                                "asset, amount, txid) VALUES (now(), 'sweep', 1, 31337, '0xa', 0, '0xb', 'ETH', 1, '0xc')",
     "nextval_signer_eth_sweep_id": "SELECT nextval('signer_eth_sweep_id_seq')",
+    "insert_signer_eth_rebalance": "INSERT INTO signer_eth_rebalance (signed_at, rebalance_id, chain_id, sender, nonce, "
+                                   "destination, asset, amount, txid) VALUES (now(), 1, 31337, '0xa', 0, '0xb', 'ETH', 1, '0xc')",
     "update_alembic_version": "UPDATE alembic_version SET version_num = version_num",
 }
 
@@ -217,6 +221,8 @@ API_FORBIDDEN = {
     "rewrite_eth_sweep": "UPDATE eth_sweep SET amount = amount * 2, state = 'open' WHERE false",
     "insert_eth_gas_funding": "INSERT INTO eth_gas_funding SELECT * FROM eth_gas_funding WHERE false",
     "rewrite_eth_gas_funding": "UPDATE eth_gas_funding SET amount = amount * 2 WHERE false",
+    "insert_eth_rebalance": "INSERT INTO eth_rebalance SELECT * FROM eth_rebalance WHERE false",
+    "redirect_eth_rebalance": "UPDATE eth_rebalance SET destination = '0xattacker' WHERE false",
     "reserve_deposit_for_eth_sweep": "UPDATE deposit_observation SET eth_swept_by = NULL WHERE false",
     # reference data and keys that would outlive a compromise
     "change_asset_fees": "UPDATE chain_asset SET withdrawal_fee = 0, finality_confirmations = 0 WHERE false",
@@ -524,7 +530,7 @@ def test_every_table_has_exactly_its_roles_privileges(engine):
         read_only, limited = api_lists(c)
         tables = c.execute(text("SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY 1")).scalars().all()
         wrong = {t: privileges(c, t) for t in tables if privileges(c, t) != expected(t, signer_tables, read_only, limited)}
-    assert signer_tables == ["signer_audit", "signer_signature", "signer_eth_sweep"]
+    assert signer_tables == ["signer_audit", "signer_signature", "signer_eth_sweep", "signer_eth_rebalance"]
     assert sorted(read_only) == API_READ_ONLY
     assert wrong == {}
 

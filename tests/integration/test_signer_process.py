@@ -222,6 +222,9 @@ def test_the_api_client_may_publish_reserves_and_read_keys_and_nothing_else(runn
         "sign_ethereum_sweep": lambda: api.sign_ethereum_sweep(
             batch_id, deposit_index=0, asset="ETH", amount=1, chain_id=31337, nonce=0, gas=21_000, max_fee_wei=10**9,
             priority_fee_wei=1),
+        "sign_ethereum_rebalance": lambda: api.sign_ethereum_rebalance(
+            batch_id, asset="ETH", amount=1, destination_tier="warm", chain_id=31337, nonce=0, gas=21_000, max_fee_wei=10**9,
+            priority_fee_wei=1),
     }
     assert_equal(set(calls), SIGNING_METHODS - set(DEPLOYED_CLIENTS["api"]))
     for method, call in calls.items():

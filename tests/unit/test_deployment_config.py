@@ -409,3 +409,22 @@ def test_the_treasury_thresholds_are_ordered_satoshis(write):
                for p in problems(write(("# floor = 500000000", "floor = 3000000000"))))
     assert any(p.startswith("treasury.excess_to") for p in problems(write(('excess_to = "cold"', 'excess_to = "hot"'))))
     assert any(p.startswith("treasury.ceiling") for p in problems(write(("ceiling = 5000000000", "ceiling = 50.5"))))
+
+
+def test_the_ethereum_treasury_thresholds_are_ordered_minor_units(write):
+    cold = "0x" + "5A" * 20  # not checksummed: refused
+    edits = ("# ethereum_cold_address = \"0x...\"", f'ethereum_cold_address = "{cold}"')
+    body = "\n[treasury.ethereum.USDT]\nceiling = 5000000000\ntarget = 2000000000\nexcess_to = \"warm\"\n"
+    path = write(edits)
+    path.write_text(path.read_text() + body)
+    assert [p.split(":")[0] for p in problems(path)] == ["treasury.ethereum_cold_address"]
+    from eth_utils import to_checksum_address
+
+    path = write(("# ethereum_cold_address = \"0x...\"", f'ethereum_cold_address = "{to_checksum_address(cold)}"'))
+    path.write_text(path.read_text() + body)
+    treasury = DeploymentConfig.load(path).treasury
+    usdt = treasury.ethereum["USDT"]
+    assert (usdt.ceiling, usdt.target, usdt.excess_to, treasury.ethereum_cold_address) == (5_000_000_000, 2_000_000_000, "warm",
+                                                                                           to_checksum_address(cold))
+    path.write_text(path.read_text().replace("target = 2000000000\nexcess_to", "target = 5000000000\nexcess_to"))
+    assert any(p.startswith("treasury.ethereum.USDT") and "target < ceiling" in p for p in problems(path))

@@ -91,6 +91,12 @@ class FakeSigner:
                             chain_id=chain_id, nonce=nonce, value=value, gas=gas, max_fee_wei=max_fee_wei,
                             priority_fee_wei=priority_fee_wei)
 
+    def sign_ethereum_rebalance(self, rebalance_id, *, asset, amount, destination_tier, chain_id, nonce, gas, max_fee_wei,
+                                priority_fee_wei):
+        return self._record("sign_ethereum_rebalance", ETH_TX, rebalance_id=rebalance_id, asset=asset, amount=amount,
+                            destination_tier=destination_tier, chain_id=chain_id, nonce=nonce, gas=gas,
+                            max_fee_wei=max_fee_wei, priority_fee_wei=priority_fee_wei)
+
     def sign_ethereum_sweep(self, sweep_id, *, deposit_index, asset, amount, chain_id, nonce, gas, max_fee_wei,
                             priority_fee_wei):
         return self._record("sign_ethereum_sweep", ETH_TX, sweep_id=sweep_id, deposit_index=deposit_index, asset=asset,
@@ -307,6 +313,9 @@ def test_every_method_round_trips_its_values(served):
     sweep = dict(deposit_index=17, asset="USDT", amount=10**30, chain_id=31337, nonce=0, gas=56_000, max_fee_wei=2 * 10**9,
                  priority_fee_wei=10**9)
     assert_equal(client.sign_ethereum_sweep(5, **sweep), ETH_TX)
+    rebalance = dict(asset="USDT", amount=10**30, destination_tier="cold", chain_id=31337, nonce=9, gas=60_000,
+                     max_fee_wei=2 * 10**9, priority_fee_wei=10**9)
+    assert_equal(client.sign_ethereum_rebalance(6, **rebalance), ETH_TX)
     assert_equal([c[1] for c in fake.calls], [
         dict(batch_id=9, coins=COINS, outputs=OUTPUTS, change=("bcrt1qchange", 12_345)),
         dict(batch_id=9, replaces_txid="ef" * 32, coins=COINS, outputs=OUTPUTS, change=None),
@@ -318,6 +327,7 @@ def test_every_method_round_trips_its_values(served):
         dict(batch_id=9, output=OUTPUTS[0], **eth),
         dict(sweep_id=5, **funding),
         dict(sweep_id=5, **sweep),
+        dict(rebalance_id=6, **rebalance),
     ])
 
 
@@ -396,13 +406,16 @@ CALLS = {  # one well-formed call of each signing method, through the client
     "sign_ethereum_sweep": lambda c: c.sign_ethereum_sweep(
         5, deposit_index=1, asset="USDT", amount=1, chain_id=31337, nonce=0, gas=56_000, max_fee_wei=2 * 10**9,
         priority_fee_wei=10**9),
+    "sign_ethereum_rebalance": lambda c: c.sign_ethereum_rebalance(
+        6, asset="ETH", amount=1, destination_tier="warm", chain_id=31337, nonce=9, gas=21_000, max_fee_wei=2 * 10**9,
+        priority_fee_wei=10**9),
 }
 
 
 def test_the_forbidden_list_is_every_signing_method_but_reserves():
     assert_equal(FORBIDDEN_TO_API, ["sign_bitcoin_batch", "sign_bitcoin_rebalance", "sign_bitcoin_replacement",
                                     "sign_bitcoin_sweep", "sign_ethereum_gas_funding", "sign_ethereum_payment",
-                                    "sign_ethereum_sweep"])
+                                    "sign_ethereum_rebalance", "sign_ethereum_sweep"])
     assert_equal(set(CALLS), set(SIGNING_METHODS))
 
 
