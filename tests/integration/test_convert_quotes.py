@@ -271,6 +271,16 @@ def test_a_pair_with_a_market_is_priced_from_its_book(desk):
         r = desk.call("backend", "POST", f"/v1/markets/{symbol}/orders", json={
             "account": seller, "client_order_id": cid, "side": "sell", "qty": "0.1", "price": price})
         assert r.status_code == 201, r.text
+    log.info("a one-sided book prices nothing; nor does a two-sided one without a reference price")
+    r = desk.ask(taker, base, from_amount="9000")
+    assert_equal(refusal(r), (409, "convert_book_unreliable"))
+    r = desk.call("backend", "POST", f"/v1/markets/{symbol}/orders", json={
+        "account": owner, "client_order_id": "b1", "side": "buy", "qty": "0.01", "price": "59000"})
+    assert r.status_code == 201, r.text
+    r = desk.ask(taker, base, from_amount="9000")
+    assert_equal(refusal(r), (409, "convert_book_unreliable"))
+    r = desk.call("ops1", "POST", "/v1/convert/prices", json={"base_asset": base, "quote_asset": quote, "price": "60500"})
+    assert_equal(r.status_code, 200)
 
     log.info("9,000 %s buys through both ask levels: the rate is their average for the net amount", quote)
     r = desk.ask(taker, base, from_amount="9000")
@@ -284,6 +294,12 @@ def test_a_pair_with_a_market_is_priced_from_its_book(desk):
     r = desk.accept(q["id"], "book-1")
     assert_equal(r.status_code, 201)
     assert_equal(desk.posted(q["receive_account_id"]), got.numerator // got.denominator)
+
+    log.info("an average price more than the band (5%%) from the reference prices nothing")
+    r = desk.call("ops1", "POST", "/v1/convert/prices", json={"base_asset": base, "quote_asset": quote, "price": "56000"})
+    assert_equal(r.status_code, 200)
+    r = desk.ask(taker, base, from_amount="100")  # 60,000 against 56,000: 6.7% fewer base per quote unit
+    assert_equal(refusal(r), (409, "convert_book_unreliable"))
 
     log.info("more than the book holds cannot be priced; a pair with neither book nor price is unavailable")
     r = desk.ask(taker, base, from_amount="13000")

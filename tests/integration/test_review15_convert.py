@@ -1,6 +1,6 @@
-"""Adversarial review of convert (issue 17, migration 0033): findings as strict xfails.
+"""Adversarial review of convert (issue 17, migration 0033): its findings, fixed by migration 0040.
 
-Each test shows a defect on today's code and flips to a pass (so strict xfail fails) once fixed:
+Each test showed a defect of 0033's code (as a strict xfail) and passes since the fix:
 - R15-C1: `convert_quote_create` trusts any source named `book:<anything>`: the api role (or a
   compromised api process) labels a quote of a pair that has no market at all `book:NOPE` and so
   skips the operator-price bound, at any rate; `convert_accept` then pays it out of the house's
@@ -12,6 +12,10 @@ Each test shows a defect on today's code and flips to a pass (so strict xfail fa
 - R15-C4: two concurrent quote requests under one idempotency key: the loser's `INSERT` hits the
   unique key and raises instead of answering the quote the winner made (over HTTP a generic 409
   `conflict`, not the replay's 200 with the quote).
+Fixed: a book source names a market of the pair and every rate is bounded by the market's last
+trade or the operator's price (written only through `convert_price_set`), the rates come from
+`convert_config`, a book prices only when two-sided and within the band (`convert_book_unreliable`),
+and the insert is ON CONFLICT DO NOTHING then answers the winner's quote.
 The ledger is verified at the end of each test (the `ledger` fixture).
 """
 from __future__ import annotations
@@ -42,8 +46,6 @@ def desk(engine, ledger):
     return Desk(engine, ledger)
 
 
-@pytest.mark.xfail(strict=True, reason="R15-C1: convert_quote_create accepts any rate under a source 'book:<anything>', "
-                                       "even for a pair without a market, and convert_accept pays it from liquidity")
 def test_a_forged_book_source_cannot_price_a_quote_beyond_the_operators_price(engine, ledger, world):  # noqa: F811
     convert, eur, btc = world["convert"], world["eur"], world["btc"]
     convert.set_price(by="ops", base=btc, quote=eur, price_minor=5_800_000)  # 58,000.00 EUR/BTC; no market exists
@@ -65,8 +67,6 @@ def test_a_forged_book_source_cannot_price_a_quote_beyond_the_operators_price(en
     assert paid <= 171_982, f"the house paid {paid} satoshi for 100.00 EUR (operator's price: 171,982)"
 
 
-@pytest.mark.xfail(strict=True, reason="R15-C2: convert_quote_create checks the fee against the caller's own fee_ppm "
-                                       "(and the operator bound against the caller's spread_ppm): a zero-fee quote books")
 def test_the_api_role_cannot_choose_the_fee_rate_of_a_quote(engine, ledger, world):  # noqa: F811
     convert, eur, btc = world["convert"], world["eur"], world["btc"]
     convert.set_price(by="ops", base=btc, quote=eur, price_minor=5_800_000)
@@ -84,8 +84,6 @@ def test_the_api_role_cannot_choose_the_fee_rate_of_a_quote(engine, ledger, worl
     assert charged >= 25, f"100.00 EUR converted for a fee of {charged} cents; the service's rate (2500 ppm) is 25"
 
 
-@pytest.mark.xfail(strict=True, reason="R15-C3: a quote is priced from a one-sided book a customer set: the house sells "
-                                       "base at the customer's own ask, far below the market's last price")
 def test_a_customer_cannot_price_a_quote_with_an_ask_of_their_own(desk):
     run = desk.run.upper()[:6]
     base, quote = f"X{run}", f"Y{run}"
@@ -165,8 +163,6 @@ def _as_api_open(engine, sql: str, params: dict, meanwhile) -> None:
             meanwhile()
 
 
-@pytest.mark.xfail(strict=True, reason="R15-C4: convert_quote_create races on request_key: a concurrent request under "
-                                       "the same key raises unique_violation instead of answering the winner's quote")
 def test_concurrent_quote_requests_under_one_key_answer_one_quote(engine, ledger, world):  # noqa: F811
     convert, eur, btc = world["convert"], world["eur"], world["btc"]
     convert.set_price(by="ops", base=btc, quote=eur, price_minor=5_800_000)
