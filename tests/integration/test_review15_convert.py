@@ -172,3 +172,57 @@ def test_concurrent_quote_requests_under_one_key_answer_one_quote(engine, ledger
                 lambda: as_api(engine, CREATE, honest)[0])
     assert "error" not in out, f"the second request under the key raised: {out.get('error')!s:.200}"
     assert_equal(out["answer"].status, "exists")
+
+
+def test_the_database_bounds_a_book_priced_rate_by_the_markets_last_trade(desk):
+    """R15-C1/C3 in the database: as custody_api, a `book:` quote of a real market is refused above
+    its last trade plus the band (5 %), and booked at it; a market of another pair is refused."""
+    run = desk.run.upper()[:6]
+    base, quote = f"P{run}", f"Q{run}"
+    for code, decimals in ((base, 8), (quote, 6)):
+        assert desk.call("admin", "POST", "/v1/assets", json={"code": code, "decimals": decimals}).status_code == 201
+    symbol = f"{base}-{quote}"
+    r = desk.call("admin", "POST", "/v1/markets", json={
+        "symbol": symbol, "base_asset": base, "quote_asset": quote, "lot_size": 10_000, "quote_per_tick_lot": 1,
+        "fees": {"default": {"maker_ppm": 0, "taker_ppm": 0}}})
+    assert r.status_code == 201, r.text
+    equity = {a: desk.ledger.account_by_name(f"equity:{a}").id for a in (base, quote)}
+    desk.adjust(equity[base], desk.liquidity(base)["account_id"], "1", f"fund-{base}")
+    owners = {}
+    for name, asset, minor in (("maker", base, 10**7), ("taker", quote, 10_000 * 10**6)):
+        owners[name] = f"cv{desk.run}-{name}"
+        account = desk.ledger.open_account(asset, AccountKind.customer, f"customer:{owners[name]}:{asset}",
+                                           owner=owners[name]).id
+        desk.ledger.transfer(f"test:{desk.run}:{name}:{asset}", equity[asset], account, minor)
+        owners[f"{name}_account"] = account
+    receive = desk.ledger.open_account(base, AccountKind.customer, f"customer:{owners['taker']}:{base}",
+                                       owner=owners["taker"]).id
+    sql = ("SELECT quote_id AS id, status FROM convert_quote_create('b', :cust, :recv, :frm, :fee, :to, :num, :den, "
+           "2500, 0, :src, 10, :key, 'h')")
+
+    def forged(key: str, num: int, den: int, src: str = f"book:{symbol}") -> dict:
+        frm = 10 * 10**6  # 10 quote units
+        fee = (frm * 2500 + 999_999) // 10**6
+        return {"cust": owners["taker_account"], "recv": receive, "frm": frm, "fee": fee,
+                "to": (frm - fee) * num // den, "num": num, "den": den, "src": src, "key": f"{key}-{desk.run}"}
+
+    log.info("no trade and no operator price: nothing bounds a book-priced rate, so the database refuses it")
+    with pytest.raises(DBAPIError) as refused:
+        as_api(desk.engine, sql, forged("untraded", 1, 600))
+    assert_equal(refused.value.orig.sqlstate, "42501")
+    for who, side, cid in (("maker", "sell", "m1"), ("taker", "buy", "t1")):
+        r = desk.call("backend", "POST", f"/v1/markets/{symbol}/orders", json={
+            "account": owners[who], "client_order_id": cid, "side": side, "qty": "0.1", "price": "60000"})
+        assert r.status_code == 201, r.text
+    # the last trade: 60,000 quote units per base unit = 10^8 / (60,000 * 10^6) = 1/600 base minor per quote minor
+    log.info("twice the last trade's rate, and just beyond the band, are refused")
+    for key, num, den in (("double", 2, 600), ("beyond", 1_050_001, 600 * 10**6)):
+        with pytest.raises(DBAPIError) as refused:
+            as_api(desk.engine, sql, forged(key, num, den))
+        assert_equal(refused.value.orig.sqlstate, "42501")
+    log.info("a market that is not of the quote's pair is refused")
+    with pytest.raises(DBAPIError) as refused:
+        as_api(desk.engine, sql, forged("other", 1, 600, src="book:BTC-EUR-NONE"))
+    assert_equal(refused.value.orig.sqlstate, "42501")
+    log.info("the band's edge is booked")
+    assert_equal(as_api(desk.engine, sql, forged("edge", 1_050_000, 600 * 10**6))[0].status, "created")
