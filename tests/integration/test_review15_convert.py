@@ -85,15 +85,7 @@ def test_the_api_role_cannot_choose_the_fee_rate_of_a_quote(engine, ledger, worl
 
 
 def test_a_customer_cannot_price_a_quote_with_an_ask_of_their_own(desk):
-    run = desk.run.upper()[:6]
-    base, quote = f"X{run}", f"Y{run}"
-    for code, decimals in ((base, 8), (quote, 6)):
-        assert desk.call("admin", "POST", "/v1/assets", json={"code": code, "decimals": decimals}).status_code == 201
-    symbol = f"{base}-{quote}"
-    r = desk.call("admin", "POST", "/v1/markets", json={
-        "symbol": symbol, "base_asset": base, "quote_asset": quote, "lot_size": 10_000, "quote_per_tick_lot": 1,
-        "fees": {"default": {"maker_ppm": 0, "taker_ppm": 0}}})
-    assert r.status_code == 201, r.text
+    base, quote, symbol = desk.market()
     r = desk.call("ops1", "POST", "/v1/convert/prices", json={"base_asset": base, "quote_asset": quote, "price": "60000"})
     assert_equal(r.status_code, 200)
     equity = {a: desk.ledger.account_by_name(f"equity:{a}").id for a in (base, quote)}
@@ -177,15 +169,7 @@ def test_concurrent_quote_requests_under_one_key_answer_one_quote(engine, ledger
 def test_the_database_bounds_a_book_priced_rate_by_the_markets_last_trade(desk):
     """R15-C1/C3 in the database: as custody_api, a `book:` quote of a real market is refused above
     its last trade plus the band (5 %), and booked at it; a market of another pair is refused."""
-    run = desk.run.upper()[:6]
-    base, quote = f"P{run}", f"Q{run}"
-    for code, decimals in ((base, 8), (quote, 6)):
-        assert desk.call("admin", "POST", "/v1/assets", json={"code": code, "decimals": decimals}).status_code == 201
-    symbol = f"{base}-{quote}"
-    r = desk.call("admin", "POST", "/v1/markets", json={
-        "symbol": symbol, "base_asset": base, "quote_asset": quote, "lot_size": 10_000, "quote_per_tick_lot": 1,
-        "fees": {"default": {"maker_ppm": 0, "taker_ppm": 0}}})
-    assert r.status_code == 201, r.text
+    base, quote, symbol = desk.market("P", "Q")
     equity = {a: desk.ledger.account_by_name(f"equity:{a}").id for a in (base, quote)}
     desk.adjust(equity[base], desk.liquidity(base)["account_id"], "1", f"fund-{base}")
     owners = {}
