@@ -81,7 +81,7 @@
 | convert_pair_unavailable | 422 | the pair has neither a market whose book prices it nor an operator-set price (`POST /v1/convert/prices`) |
 | convert_depth_insufficient | 409 | the market's order book is not deep enough to price the whole amount |
 | convert_amount_too_small | 422 | the payout rounds down to nothing (or the amount is smaller than the fee) |
-| convert_book_unreliable | 409 | the market's book cannot price this quote: one side of it is empty, the market has no reference price (no trade and no operator price), or the average price for the amount strays more than `CONVERT_PRICE_BAND_PPM` from that reference |
+| convert_book_unreliable | 409 | the market's book cannot price this quote: one side of it is empty, the market has no reference price (no trade and no operator price), or the average price for the amount strays more than `CONVERT_PRICE_BAND_PPM` from the last trade or the operator's price |
 """
 from __future__ import annotations
 

@@ -9,10 +9,10 @@ Guarantees:
   looks the liquidity and fee accounts up itself, takes the fee and spread rates from
   `convert_config` (never the caller's), and bounds every rate by a reference the api cannot set
   at will: the operator's price less the spread, or for a book (a `market` of the pair) its last
-  trade, else the operator's price, within the band; the api role cannot write quotes otherwise;
+  trade and the operator's price, within the band; the api role cannot write quotes otherwise;
 - a book prices a quote only when both its sides have orders and the average price for the
-  amount lies within `CONVERT_PRICE_BAND_PPM` of the market's last trade (else of the operator's
-  price of the pair): a customer's own ask on an empty side prices nothing
+  amount lies within `CONVERT_PRICE_BAND_PPM` of the market's last trade and of the operator's
+  price of the pair (each that exists; one must): a customer's own ask on an empty side prices nothing
   (`convert_book_unreliable`);
 - the fee, spread and band rates are the `convert_config` row, written by the worker at start-up
   from its settings (`write_config`) and read-only for the api;
@@ -273,7 +273,8 @@ class Convert:
     def _price(self, from_asset: str, to_asset: str, from_amount: int | None, to_amount: int | None,
                books: Books | None, config: Config) -> tuple[str, Figures]:
         """(source, figures): from the book of a market of the pair (two-sided, its average within
-        the band of the reference), else the operator's price."""
+        the band of its last trade and of the operator's price, each that exists), else the
+        operator's price."""
         market = _market_of(books, from_asset, to_asset)
         try:
             operator = self._operator_rate(from_asset, to_asset)
@@ -294,14 +295,17 @@ class Convert:
                 else:
                     assert to_amount is not None
                     average = to_amount / pricing.receive_through(levels, to_amount)
-                reference = self._last_trade_rate(market.symbol, selling_base=selling_base) or operator
-                if reference is None or not pricing.within_band(average, reference, config.band_ppm):
-                    raise CustodyError(
-                        CustodyErrorCode.convert_book_unreliable,
-                        f"the book of {market.symbol} prices this amount more than {config.band_ppm} ppm away from "
-                        f"the market's last trade (or the operator's price)" if reference is not None else
-                        f"{market.symbol} has neither a trade nor an operator price to check its book against",
-                        market=market.symbol)
+                references = [r for r in (self._last_trade_rate(market.symbol, selling_base=selling_base), operator)
+                              if r is not None]
+                if not references:
+                    raise CustodyError(CustodyErrorCode.convert_book_unreliable,
+                                       f"{market.symbol} has neither a trade nor an operator price to check its book "
+                                       "against", market=market.symbol)
+                if not all(pricing.within_band(average, r, config.band_ppm) for r in references):
+                    raise CustodyError(CustodyErrorCode.convert_book_unreliable,
+                                       f"the book of {market.symbol} prices this amount more than {config.band_ppm} "
+                                       "ppm away from the market's last trade or the operator's price",
+                                       market=market.symbol)
                 source = f"book:{market.symbol}"
             elif operator is not None:
                 average, source = operator, "operator"

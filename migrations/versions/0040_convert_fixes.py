@@ -23,11 +23,10 @@ What changes:
     against the row, never trusted): a quote with another rate is refused (42501);
   - a source `book:<symbol>` must name a `market` row of the quote's two assets (else 42501);
   - every rate is bounded by a reference the api cannot write or move at will: for `operator`,
-    the operator's price less the spread (as before); for a book, the market's last fill (its
-    `quote_amount / base_amount`, `fill` is append-only) or, when the market never traded, the
-    operator's price of the pair, times (10^6 + band) / 10^6 and less the spread. A book-priced
-    pair with neither reference is refused (42501): the api refuses it first with
-    `convert_book_unreliable`;
+    the operator's price less the spread (as before); for a book, both the market's last fill (its
+    `quote_amount / base_amount`; `fill` is append-only) and the operator's price of the pair,
+    each that exists, times (10^6 + band) / 10^6 and less the spread. A book-priced pair with
+    neither reference is refused (42501): the api refuses it first with `convert_book_unreliable`;
   - the insert is `ON CONFLICT (request_key) DO NOTHING`: a concurrent request under the same key
     waits for the first, then answers its quote (`exists`, or `idempotency_conflict` for another
     request).
@@ -175,8 +174,9 @@ BEGIN
     IF p_source = 'operator' THEN
         v_band := 0;  -- the rate may not beat the operator's price less the spread
     ELSIF p_source LIKE 'book:%' THEN
-        -- A book source names a market of the pair (R15-C1) and is bounded by its last trade, else
-        -- by the operator's price, within the band (R15-C3).
+        -- A book source names a market of the pair (R15-C1) and is bounded, within the band, by its
+        -- last trade and by the operator's price of the pair, each that exists (R15-C3).
+        v_band := v_config.band_ppm;
         v_symbol := substr(p_source, 6);
         SELECT m.base_asset INTO v_base FROM market m
          WHERE m.symbol = v_symbol
@@ -188,11 +188,15 @@ BEGIN
         SELECT f.base_amount, f.quote_amount INTO v_fill_base, v_fill_quote FROM fill f
          WHERE f.market = v_symbol AND f.base_amount > 0 AND f.quote_amount > 0
          ORDER BY f.seq DESC, f.match_no DESC LIMIT 1;
-        IF FOUND THEN  -- else (never traded) the operator's price above, if there is one
+        IF FOUND THEN  -- else (never traded) the operator's price alone, if there is one
+            IF v_ref_num IS NOT NULL AND p_rate_num * v_ref_den * 1000000000000
+                   > v_ref_num * p_rate_den * (1000000 + v_band) * (1000000 - p_spread_ppm) THEN
+                RAISE EXCEPTION 'convert: the rate beats the operator''s price of % / % (source %)', v_from.asset,
+                    v_to.asset, p_source USING ERRCODE = 'insufficient_privilege';
+            END IF;
             v_ref_num := CASE WHEN v_base = v_from.asset THEN v_fill_quote ELSE v_fill_base END;
             v_ref_den := CASE WHEN v_base = v_from.asset THEN v_fill_base ELSE v_fill_quote END;
         END IF;
-        v_band := v_config.band_ppm;
     ELSE
         RAISE EXCEPTION 'convert: unknown price source %', p_source USING ERRCODE = 'insufficient_privilege';
     END IF;

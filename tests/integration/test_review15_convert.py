@@ -168,7 +168,8 @@ def test_concurrent_quote_requests_under_one_key_answer_one_quote(engine, ledger
 
 def test_the_database_bounds_a_book_priced_rate_by_the_markets_last_trade(desk):
     """R15-C1/C3 in the database: as custody_api, a `book:` quote of a real market is refused above
-    its last trade plus the band (5 %), and booked at it; a market of another pair is refused."""
+    its last trade plus the band (5 %), and booked at it; a market of another pair is refused; an
+    operator's price of the pair bounds it as well."""
     base, quote, symbol = desk.market("P", "Q")
     equity = {a: desk.ledger.account_by_name(f"equity:{a}").id for a in (base, quote)}
     desk.adjust(equity[base], desk.liquidity(base)["account_id"], "1", f"fund-{base}")
@@ -210,3 +211,9 @@ def test_the_database_bounds_a_book_priced_rate_by_the_markets_last_trade(desk):
     assert_equal(refused.value.orig.sqlstate, "42501")
     log.info("the band's edge is booked")
     assert_equal(as_api(desk.engine, sql, forged("edge", 1_050_000, 600 * 10**6))[0].status, "created")
+    log.info("an operator's price of the pair bounds it too: at 70,000 the same rate beats it by more than the band")
+    r = desk.call("ops1", "POST", "/v1/convert/prices", json={"base_asset": base, "quote_asset": quote, "price": "70000"})
+    assert_equal(r.status_code, 200)
+    with pytest.raises(DBAPIError) as refused:
+        as_api(desk.engine, sql, forged("edge-2", 1_050_000, 600 * 10**6))
+    assert_equal(refused.value.orig.sqlstate, "42501")
