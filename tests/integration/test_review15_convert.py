@@ -29,6 +29,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
+from custody.convert.service import write_config
+from custody.settings import Settings
 from ledger.model import AccountKind
 from regtest.util import assert_equal
 from tests.integration.test_convert_guards import as_api, world  # noqa: F401  (fixture)
@@ -217,3 +219,32 @@ def test_the_database_bounds_a_book_priced_rate_by_the_markets_last_trade(desk):
     with pytest.raises(DBAPIError) as refused:
         as_api(desk.engine, sql, forged("edge-2", 1_050_000, 600 * 10**6))
     assert_equal(refused.value.orig.sqlstate, "42501")
+
+
+def test_the_rates_are_the_workers_and_the_api_writes_neither_them_nor_a_price(engine, ledger, world):  # noqa: F811
+    """R15-C1/C2: custody_api may not write `convert_config` or `convert_price` (only through
+    `convert_price_set`, which audits); the worker's settings, written at start-up, are what a quote
+    is charged."""
+    convert, eur, btc = world["convert"], world["eur"], world["btc"]
+    for sql in ("UPDATE convert_config SET fee_ppm = 0",
+                f"INSERT INTO convert_price (base_asset, quote_asset, quote_minor_per_base_unit, set_by) "
+                f"VALUES ('{btc}', '{eur}', 1, 'mallory')"):
+        with pytest.raises(DBAPIError) as refused:
+            as_api(engine, sql, {})
+        assert_equal(refused.value.orig.sqlstate, "42501")
+    log.info("the api role sets a price only through convert_price_set, which writes its audit row")
+    as_api(engine, "SELECT * FROM convert_price_set('ops-a', :b, :q, 5900000)", {"b": btc, "q": eur})
+    convert.set_price(by="ops-b", base=btc, quote=eur, price_minor=5_800_000)
+    with engine.connect() as c:
+        audited = c.execute(text("SELECT actor, detail->>'quote_minor_per_base_unit' FROM audit_event "
+                                 "WHERE action = 'convert.price' AND subject = :s ORDER BY id"),
+                            {"s": f"convert-price:{btc}/{eur}"}).all()
+    assert_equal([tuple(a) for a in audited], [("ops-a", "5900000"), ("ops-b", "5800000")])
+    assert_equal((convert.price(btc, eur).quote_minor_per_base_unit, convert.price(btc, eur).set_by), (5_800_000, "ops-b"))
+    try:
+        write_config(engine, Settings(environment="test", convert_fee_ppm=5_000), by="test")
+        quote, created = convert.quote(caller="b", key=f"rates-{world['run']}", account_id=world["alice"],
+                                       to_asset=btc, from_amount=10_000, to_amount=None, books=None)
+        assert_equal((created, quote.fee, quote.fee_ppm), (True, 50, 5_000))
+    finally:
+        write_config(engine, Settings(environment="test"), by="test")
