@@ -37,8 +37,9 @@ the operators' route) naming any operator, but each change is in the audit log; 
 moves a book's reference: the liquidity guard (0033) and the band bound what one forged fill can
 take, not to zero.
 
-The custody_api role lists are 0038's (read from that migration's file, not copied) with
-`convert_price` moved from the limited list to the read-only one and `convert_config` added to it.
+The custody_api role lists are rewritten from the database's own (0038's at this point of the
+chain, plus anything a migration chained before this one added): `convert_price` moves from the
+limited list to the read-only one and `convert_config` joins it (`TO_0040`; `FROM_0040` undoes it).
 """
 import importlib.util
 import re
@@ -61,13 +62,56 @@ def _sibling(filename: str):
     return module
 
 
-_M0038 = _sibling("0038_treasury_tiers.py")
-LIMITED_0038: str = _M0038.LIMITED_0038
-READ_ONLY_0038: str = _M0038.READ_ONLY_0038
-_CONVERT_PRICE_ROW = "        ('convert_price', 'INSERT, UPDATE'),\n"
-assert LIMITED_0038.count(_CONVERT_PRICE_ROW) == 1
-LIMITED_0040 = LIMITED_0038.replace(_CONVERT_PRICE_ROW, "")
-READ_ONLY_0040 = READ_ONLY_0038 + ", 'convert_price', 'convert_config'"
+# custody_api's lists are rewritten from what the database holds at this point of the chain (0038's
+# LIMITED_0038 / READ_ONLY_0038, plus whatever a migration chained before this one added), so a
+# re-chaining keeps every other migration's rows: `convert_price` leaves the limited list and joins
+# the read-only one with `convert_config`; downgrade does the reverse.
+LIMITED_NOW = ("SELECT relation, privileges, n FROM custody_api_limited_tables() "
+               "WITH ORDINALITY AS l(relation, privileges, n)")
+
+
+def _set_limited(rows: str) -> str:
+    """Redefine custody_api_limited_tables() as the rows (relation, privileges, n) of `rows`, by n."""
+    return f"""
+DO $do$
+DECLARE v_rows text;
+BEGIN
+    SELECT string_agg(format('(%L, %L)', t.relation, t.privileges), ', ' ORDER BY t.n) INTO v_rows FROM ({rows}) t;
+    EXECUTE format('CREATE OR REPLACE FUNCTION custody_api_limited_tables() RETURNS TABLE (relation text, '
+                   'privileges text) LANGUAGE sql IMMUTABLE AS $f$ VALUES %s $f$', v_rows);
+END $do$;
+"""
+
+
+def _set_read_only(tables: str) -> str:
+    """Redefine custody_api_read_only_tables() as the text[] expression `tables`."""
+    return f"""
+DO $do$
+DECLARE v_tables text;
+BEGIN
+    SELECT string_agg(quote_literal(r.t), ', ' ORDER BY r.n) INTO v_tables FROM unnest({tables}) WITH ORDINALITY AS r(t, n);
+    EXECUTE format('CREATE OR REPLACE FUNCTION custody_api_read_only_tables() RETURNS text[] LANGUAGE sql IMMUTABLE '
+                   'AS $f$ SELECT ARRAY[%s]::text[] $f$', v_tables);
+END $do$;
+"""
+
+
+TO_0040 = f"""
+DO $do$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM custody_api_limited_tables() WHERE relation = 'convert_price') THEN
+        RAISE EXCEPTION 'migration 0040: convert_price is not in custody_api_limited_tables()';
+    END IF;
+END $do$;
+{_set_limited(LIMITED_NOW + " WHERE relation <> 'convert_price'")}
+{_set_read_only("custody_api_read_only_tables() || ARRAY['convert_price', 'convert_config']")}
+CALL custody_apply_role_grants();
+"""
+FROM_0040 = f"""
+{_set_limited(LIMITED_NOW + " UNION ALL SELECT 'convert_price', 'INSERT, UPDATE', 1000000")}
+{_set_read_only("array_remove(array_remove(custody_api_read_only_tables(), 'convert_price'), 'convert_config')")}
+CALL custody_apply_role_grants();
+"""
 
 UPGRADE = r"""
 CREATE TABLE convert_config (
@@ -236,23 +280,16 @@ DROP TABLE convert_config;
 """
 
 
-def _role_lists(limited: str, read_only: str) -> None:
-    m0038 = _M0038
-    op.execute(m0038._limited(limited))
-    op.execute(m0038._read_only(read_only))
-    op.execute("CALL custody_apply_role_grants()")
-
-
 def upgrade() -> None:
     op.execute(UPGRADE)
-    _role_lists(LIMITED_0040, READ_ONLY_0040)
+    op.execute(TO_0040)
 
 
 def downgrade() -> None:
-    # 0033's convert_quote_create again (the weak one this migration replaced), then the lists of 0038.
+    # 0033's convert_quote_create again (the weak one this migration replaced), then the api's lists.
     body = _sibling("0033_convert.py").UPGRADE
     found = re.search(r"CREATE FUNCTION convert_quote_create\(.*?END \$\$;", body, re.S)
     assert found is not None
     op.execute(found.group(0).replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1))
+    op.execute(FROM_0040)
     op.execute(DOWNGRADE)
-    _role_lists(LIMITED_0038, READ_ONLY_0038)
