@@ -78,7 +78,7 @@ def prepare(api_base: str, owner_url: str, pepper: str) -> http_api.World:
             account = ledger.open_account("USDT", AccountKind.customer, f"customer:{owner}:USDT", owner=owner)
             ledger.post(f"bench:fund:{i}", [Transfer(world, account.id, 10**15)])
             accounts.append(account.id)
-        return http_api.World(api_base, key, tuple(accounts), ())
+        return http_api.World((api_base,), key, tuple(accounts), ())
     finally:
         engine.dispose()
 

@@ -85,6 +85,7 @@
 | convert_pair_unavailable | 422 | the pair has neither a market whose book prices it nor an operator-set price (`POST /v1/convert/prices`) |
 | convert_depth_insufficient | 409 | the market's order book is not deep enough to price the whole amount |
 | convert_amount_too_small | 422 | the payout rounds down to nothing (or the amount is smaller than the fee) |
+| convert_book_unreliable | 409 | the market's book cannot price this quote: one side of it is empty, the market has no reference price (no trade and no operator price), or the average price for the amount strays more than `CONVERT_PRICE_BAND_PPM` from the last trade or the operator's price |
 """
 from __future__ import annotations
 
@@ -175,6 +176,7 @@ class CustodyErrorCode(str, enum.Enum):
     convert_pair_unavailable = "convert_pair_unavailable"
     convert_depth_insufficient = "convert_depth_insufficient"
     convert_amount_too_small = "convert_amount_too_small"
+    convert_book_unreliable = "convert_book_unreliable"
 
     @property
     def http_status(self) -> int:
@@ -265,6 +267,7 @@ _STATUS = {
     CustodyErrorCode.convert_pair_unavailable: 422,
     CustodyErrorCode.convert_depth_insufficient: 409,
     CustodyErrorCode.convert_amount_too_small: 422,
+    CustodyErrorCode.convert_book_unreliable: 409,
 }
 
 

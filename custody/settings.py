@@ -9,8 +9,9 @@
 | `API_HOST` / `API_PORT` | `127.0.0.1` / `8000` | where `python -m custody serve` listens |
 | `TREASURY_ADJUSTMENT_QUORUM` | `1` | operators other than the proposer who must approve a treasury adjustment |
 | `CONVERT_QUOTE_TTL_SECONDS` | `10` | how long a convert quote may be accepted (1-60 s; the database refuses a longer one) |
-| `CONVERT_FEE_PPM` | `2500` | the convert fee in parts per million of the amount sold (2500 = 0.25%), rounded up, in the asset sold |
-| `CONVERT_SPREAD_PPM` | `0` | the house's spread in parts per million: a quote's rate is the book's average (or the operator's) price times (10^6 - spread) / 10^6 |
+| `CONVERT_FEE_PPM` | `2500` | the convert fee in parts per million of the amount sold (2500 = 0.25%), rounded up, in the asset sold; the worker writes it into `convert_config` at start-up, which the api and the database read |
+| `CONVERT_SPREAD_PPM` | `0` | the house's spread in parts per million: a quote's rate is the book's average (or the operator's) price times (10^6 - spread) / 10^6 (into `convert_config` like the fee) |
+| `CONVERT_PRICE_BAND_PPM` | `50000` | how far (parts per million, 50000 = 5%) a book's average price for a quote may stray from the market's last trade and from the operator's price of the pair (each that exists) before convert refuses it (`convert_book_unreliable`; into `convert_config` like the fee) |
 | `NATS_URL` | unset | the NATS server (with JetStream) the worker publishes events to; unset starts the embedded one (custody.broker) in `STATE_DIR/nats` |
 | `WEBHOOK_SECRET_KEY` | unset | 64 hex digits: the key that encrypts webhook endpoint secrets; unset: `STATE_DIR/webhook-secret.key`, created on first use (api and worker must share it) |
 | `WEBHOOK_MAX_ATTEMPTS` | `8` | failed attempts after which a webhook delivery is dead-lettered (`dead`) |
@@ -59,6 +60,7 @@ class Settings(BaseSettings):
     convert_quote_ttl_seconds: int = Field(default=10, ge=1, le=60)
     convert_fee_ppm: int = Field(default=2500, ge=0, le=999_999)
     convert_spread_ppm: int = Field(default=0, ge=0, le=999_999)
+    convert_price_band_ppm: int = Field(default=50_000, ge=0, le=999_999)
     nats_url: str | None = None
     webhook_secret_key: SecretStr | None = None
     webhook_max_attempts: int = Field(default=8, ge=1, le=100)

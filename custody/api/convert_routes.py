@@ -8,7 +8,9 @@ the house's liquidity.
 - `POST /v1/quotes/{quote_id}/accept` (backend, the key that asked): books the quote's ONE linked
   transaction, once; a replay of the idempotency key answers 200 with the same transaction.
 - `GET /v1/quotes/{quote_id}` (a backend reads its own quotes; operators and auditors every one).
-- `POST /v1/convert/prices` (operator): the price of a pair without a market.
+- `POST /v1/convert/prices` (operator): the price of a pair without a market, and the reference a
+  market's book is checked against until the market trades (written with its audit row by the
+  database function `convert_price_set`).
 - `GET /v1/convert/liquidity/{asset}` (operator, auditor): the house's liquidity account of the
   asset (opened if it was not) and its balance; fund or drain it with a treasury adjustment.
 """
@@ -35,7 +37,8 @@ from ledger.amounts import format_amount, parse_amount
 router = APIRouter(prefix="/v1", tags=["convert"])
 
 QUOTE_CODES = ("account_not_found", "asset_not_found", "invalid_amount", "excess_precision", "kind_not_permitted",
-               "account_closed", "account_frozen", "convert_pair_unavailable", "convert_depth_insufficient",
+               "account_closed", "account_frozen", "convert_pair_unavailable", "convert_book_unreliable",
+               "convert_depth_insufficient",
                "convert_amount_too_small", "insufficient_liquidity", "idempotency_conflict", "conflict")
 ACCEPT_CODES = ("quote_not_found", "quote_already_used", "quote_expired", "idempotency_conflict", "account_frozen",
                 "insufficient_funds", "insufficient_liquidity", "account_closed", "limit_exceeded", "conflict")

@@ -15,6 +15,9 @@ A rate is an exact fraction: minor units of the to-asset per minor unit of the f
 - **remainder**: `cost - payout / rate`, the part of one from-asset minor unit (< 1) the house keeps
   beyond that; it cannot be booked in whole minor units, so the quote states it exactly;
 - **spread**: the house's rate is the reference rate times `(10^6 - spread_ppm) / 10^6`;
+- **band**: a book's average rate is usable only within `band_ppm` of a reference rate (the
+  market's last trade, else the operator's price): `|average - reference| <= reference * band_ppm / 10^6`
+  (`within_band`); the database bounds the house's side of it again (migration 0040);
 - **long rates**: a book's average rate whose denominator exceeds 10^30 is rounded DOWN to a
   denominator of 10^30 (the database stores numerator and denominator as NUMERIC(78,0)).
 
@@ -103,6 +106,11 @@ def apply_spread(reference: Fraction, spread_ppm: int) -> Fraction:
     if rate <= 0:
         raise PricingRefused("too_small", "the rate rounds to nothing")
     return rate
+
+
+def within_band(rate: Fraction, reference: Fraction, band_ppm: int) -> bool:
+    """Whether `rate` lies within `band_ppm` parts per million of `reference` (both sides)."""
+    return abs(rate - reference) * PPM <= reference * band_ppm
 
 
 def operator_rate(price_minor_per_base_unit: int, base_decimals: int, *, selling_base: bool) -> Fraction:

@@ -5,9 +5,19 @@ Guarantees:
 - a quote states every figure before anything moves: the amount sold (fee included), the fee
   (rounded up), the payout (rounded down), the exact rate and what rounding kept back
   (`custody.convert.pricing`); it is stored by the SECURITY DEFINER function
-  `convert_quote_create` (migration 0033), which checks those figures against each other, looks
-  the liquidity and fee accounts up itself, and bounds an operator-priced rate by the operator's
-  price; the api role cannot write quotes otherwise;
+  `convert_quote_create` (migrations 0033, 0040), which checks those figures against each other,
+  looks the liquidity and fee accounts up itself, takes the fee and spread rates from
+  `convert_config` (never the caller's), and bounds every rate by a reference the api cannot set
+  at will: the operator's price less the spread, or for a book (a `market` of the pair) its last
+  trade and the operator's price, within the band; the api role cannot write quotes otherwise;
+- a book prices a quote only when both its sides have orders and the average price for the
+  amount lies within `CONVERT_PRICE_BAND_PPM` of the market's last trade and of the operator's
+  price of the pair (each that exists; one must): a customer's own ask on an empty side prices nothing
+  (`convert_book_unreliable`);
+- the fee, spread and band rates are the `convert_config` row, written by the worker at start-up
+  from its settings (`write_config`) and read-only for the api;
+- an operator's price is written through `convert_price_set` (SECURITY DEFINER), which writes its
+  audit row with it; the api role cannot write `convert_price` itself;
 - accepting books ONE journal transaction (`convert:<quote id>`, kind `convert`): customer ->
   liquidity (from-asset: the payout's cost at the rate, rounded up), liquidity -> customer
   (to-asset), customer -> fee income (from-asset), customer -> `convert:rounding:<from asset>`
@@ -24,7 +34,7 @@ Codes, in the order they are checked. Quote: `idempotency_conflict` (the key mad
 another request; the same request answers the quote it made), the ledger's `account_not_found` / `asset_not_found`
 / `invalid_amount` / `excess_precision` / `invalid_request` (the account is not a customer
 account, one asset twice, both amounts or neither), `account_frozen`,
-`convert_pair_unavailable`, `convert_depth_insufficient`, `convert_amount_too_small`,
+`convert_pair_unavailable`, `convert_book_unreliable`, `convert_depth_insufficient`, `convert_amount_too_small`,
 `insufficient_liquidity`. Accept: `quote_not_found`, `quote_already_used` (a replay of the same key
 answers the original instead), `quote_expired`, `idempotency_conflict` (the key accepted another
 quote), `account_frozen`, `insufficient_funds` (the customer), `insufficient_liquidity` (the
@@ -35,13 +45,14 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import logging
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Protocol, Sequence
 
 from sqlalchemy import Engine, text
+from sqlalchemy.exc import DBAPIError
 
-from custody.controls import audit
 from custody.errors import CustodyError, CustodyErrorCode
 from custody.incidents import refuse_frozen
 from custody.settings import Settings
@@ -50,6 +61,8 @@ from ledger.model import Account, AccountKind
 from ledger.service import Ledger
 from custody.convert import pricing
 from custody.convert.pricing import Figures, Level, PricingRefused
+
+log = logging.getLogger(__name__)
 
 LIQUIDITY_PREFIX = "convert:liquidity:"
 BOOK_LEVELS = 1000  # price levels read from a book to price one quote
@@ -123,13 +136,29 @@ class PriceView:
     updated_at: dt.datetime
 
 
+@dataclass(frozen=True)
+class Config:
+    """The `convert_config` row: what every quote is charged and bounded by."""
+
+    fee_ppm: int
+    spread_ppm: int
+    band_ppm: int
+
+
+def write_config(engine: Engine, settings: Settings, *, by: str) -> Config:
+    """Write the settings' fee, spread and band rates into `convert_config` (the worker, at
+    start-up; the api role may only read the row) and answer them."""
+    config = Config(settings.convert_fee_ppm, settings.convert_spread_ppm, settings.convert_price_band_ppm)
+    with engine.begin() as c:
+        c.execute(text(_WRITE_CONFIG_SQL), {"f": config.fee_ppm, "s": config.spread_ppm, "b": config.band_ppm, "by": by})
+    return config
+
+
 class Convert:
     def __init__(self, engine: Engine, ledger: Ledger, settings: Settings) -> None:
         self.engine = engine
         self.ledger = ledger
         self.ttl_seconds = settings.convert_quote_ttl_seconds
-        self.fee_ppm = settings.convert_fee_ppm
-        self.spread_ppm = settings.convert_spread_ppm
         # Facts that never change once read (an account's id and kind by name, an asset's decimals),
         # kept per process; bounded by the number of assets.
         self._liquidity: dict[str, Account] = {}
@@ -160,12 +189,19 @@ class Convert:
         A pair with a market is priced from its book whatever is set here."""
         if base == quote:
             raise LedgerError(ErrorCode.invalid_request, "a price needs two different assets")
+        if price_minor <= 0:
+            raise LedgerError(ErrorCode.invalid_amount, "a price is more than zero")
         for asset in (base, quote):
             self.ledger.get_asset(asset)  # asset_not_found
-        with self.engine.begin() as c:
+        with self.engine.begin() as c:  # the price and its audit row, written by convert_price_set
             row = c.execute(text(_SET_PRICE_SQL), {"b": base, "q": quote, "p": price_minor, "by": by}).one()
-            audit(c, by, "convert.price", f"convert-price:{base}/{quote}", {"quote_minor_per_base_unit": str(price_minor)})
         return _price(row)
+
+    def config(self) -> Config:
+        """The fee, spread and band rates now (`convert_config`)."""
+        with self.engine.connect() as c:
+            row = c.execute(text(_CONFIG_SQL)).one()
+        return Config(row.fee_ppm, row.spread_ppm, row.band_ppm)
 
     def price(self, base: str, quote: str) -> PriceView | None:
         """The operator's price of the pair in either orientation, or None."""
@@ -201,62 +237,110 @@ class Convert:
                                            owner=account.owner)
         if receive.closed:
             raise LedgerError(ErrorCode.account_closed, f"account {receive.id} is closed")
-        source, figures = self._price(account.asset, to_asset, from_amount, to_amount, books)
+        config = self.config()
+        source, figures = self._price(account.asset, to_asset, from_amount, to_amount, books, config)
         self.open_accounts(account.asset)
         liquidity_out = self.open_accounts(to_asset)
         available = self.ledger.balance(liquidity_out.id).available
         if available < figures.to_amount:
             raise CustodyError(CustodyErrorCode.insufficient_liquidity,
                                f"the house's {to_asset} liquidity cannot pay this amount", asset=to_asset)
+        try:
+            return self._store(caller, key, request_hash, account_id, receive.id, source, figures, config)
+        except DBAPIError as refused:
+            # The market traded between the book's check and the database's (a new last price): the
+            # database's band refused the rate. Any other refusal of the function is a bug: raise it.
+            if getattr(refused.orig, "sqlstate", None) != "42501" or not source.startswith("book:"):
+                raise
+            log.warning("convert: the database refused a %s quote's rate: %s", source, str(refused.orig).strip())
+            raise CustodyError(CustodyErrorCode.convert_book_unreliable,
+                               "the market's reference price moved while the quote was made; ask again",
+                               market=source.removeprefix("book:")) from None
+
+    def _store(self, caller: str, key: str, request_hash: str, account_id: int, receive_id: int, source: str,
+               figures: Figures, config: Config) -> tuple[QuoteView, bool]:
+        """Store the quote through `convert_quote_create`: (the quote, made now?)."""
         with self.engine.begin() as c:
             made = c.execute(text(_CREATE_SQL), {
-                "by": caller, "customer": account_id, "receive": receive.id, "from_amount": figures.from_amount,
+                "by": caller, "customer": account_id, "receive": receive_id, "from_amount": figures.from_amount,
                 "fee": figures.fee, "to_amount": figures.to_amount, "num": figures.rate.numerator,
-                "den": figures.rate.denominator, "fee_ppm": self.fee_ppm, "spread_ppm": self.spread_ppm,
+                "den": figures.rate.denominator, "fee_ppm": config.fee_ppm, "spread_ppm": config.spread_ppm,
                 "source": source, "ttl": self.ttl_seconds, "key": key, "hash": request_hash}).one()
             if made.status == "idempotency_conflict":
                 raise LedgerError(ErrorCode.idempotency_conflict, "the key was used for another quote request")
             return _quote(c.execute(text(_QUOTE_SQL), {"i": made.quote_id}).one()), made.status == "created"
 
     def _price(self, from_asset: str, to_asset: str, from_amount: int | None, to_amount: int | None,
-               books: Books | None) -> tuple[str, Figures]:
-        """(source, figures): from the book of a market of the pair, else the operator's price."""
+               books: Books | None, config: Config) -> tuple[str, Figures]:
+        """(source, figures): from the book of a market of the pair (two-sided, its average within
+        the band of its last trade and of the operator's price, each that exists), else the
+        operator's price."""
         market = _market_of(books, from_asset, to_asset)
         try:
+            operator = self._operator_rate(from_asset, to_asset)
             if market is not None:
                 assert books is not None
+                selling_base = from_asset == market.base_asset
                 _, bids, asks = books.depth(market.symbol, BOOK_LEVELS)
-                levels = _levels(market, bids if from_asset == market.base_asset else asks,
-                                 selling_base=from_asset == market.base_asset)
+                if not bids or not asks:
+                    raise CustodyError(CustodyErrorCode.convert_book_unreliable,
+                                       f"the book of {market.symbol} has an empty side: it prices no quote",
+                                       market=market.symbol)
+                levels = _levels(market, bids if selling_base else asks, selling_base=selling_base)
                 if from_amount is not None:
-                    net = from_amount - pricing.fee_for(from_amount, self.fee_ppm)
+                    net = from_amount - pricing.fee_for(from_amount, config.fee_ppm)
                     if net <= 0:
                         raise PricingRefused("too_small", "the amount does not exceed its fee")
-                    reference = pricing.spend_through(levels, net) / net
+                    average = pricing.spend_through(levels, net) / net
                 else:
                     assert to_amount is not None
-                    reference = to_amount / pricing.receive_through(levels, to_amount)
+                    average = to_amount / pricing.receive_through(levels, to_amount)
+                references = [r for r in (self._last_trade_rate(market.symbol, selling_base=selling_base), operator)
+                              if r is not None]
+                if not references:
+                    raise CustodyError(CustodyErrorCode.convert_book_unreliable,
+                                       f"{market.symbol} has neither a trade nor an operator price to check its book "
+                                       "against", market=market.symbol)
+                if not all(pricing.within_band(average, r, config.band_ppm) for r in references):
+                    raise CustodyError(CustodyErrorCode.convert_book_unreliable,
+                                       f"the book of {market.symbol} prices this amount more than {config.band_ppm} "
+                                       "ppm away from the market's last trade or the operator's price",
+                                       market=market.symbol)
                 source = f"book:{market.symbol}"
+            elif operator is not None:
+                average, source = operator, "operator"
             else:
-                price = self.price(from_asset, to_asset)
-                if price is None:
-                    raise CustodyError(CustodyErrorCode.convert_pair_unavailable,
-                                       f"no market and no operator price for {from_asset} -> {to_asset}")
-                base_decimals = self.decimals(price.base_asset)
-                reference = pricing.operator_rate(price.quote_minor_per_base_unit, base_decimals,
-                                                  selling_base=from_asset == price.base_asset)
-                source = "operator"
-            rate = pricing.apply_spread(reference, self.spread_ppm)
+                raise CustodyError(CustodyErrorCode.convert_pair_unavailable,
+                                   f"no market and no operator price for {from_asset} -> {to_asset}")
+            rate = pricing.apply_spread(average, config.spread_ppm)
             if from_amount is not None:
-                return source, pricing.figures_for_from(from_amount, rate, self.fee_ppm)
+                return source, pricing.figures_for_from(from_amount, rate, config.fee_ppm)
             assert to_amount is not None
-            return source, pricing.figures_for_to(to_amount, rate, self.fee_ppm)
+            return source, pricing.figures_for_to(to_amount, rate, config.fee_ppm)
         except PricingRefused as refused:
             if refused.reason == "too_large":
                 raise LedgerError(ErrorCode.invalid_amount, str(refused)) from None
             code = {"depth": CustodyErrorCode.convert_depth_insufficient}.get(
                 refused.reason, CustodyErrorCode.convert_amount_too_small)
             raise CustodyError(code, str(refused)) from None
+
+    def _operator_rate(self, from_asset: str, to_asset: str) -> Fraction | None:
+        """The operator's price of the pair as to-asset minor units per from-asset minor unit."""
+        price = self.price(from_asset, to_asset)
+        if price is None:
+            return None
+        return pricing.operator_rate(price.quote_minor_per_base_unit, self.decimals(price.base_asset),
+                                     selling_base=from_asset == price.base_asset)
+
+    def _last_trade_rate(self, symbol: str, *, selling_base: bool) -> Fraction | None:
+        """The market's last fill as to-asset minor units per from-asset minor unit (the reference
+        `convert_quote_create` bounds a book's rate by), or None if it never traded."""
+        with self.engine.connect() as c:
+            row = c.execute(text(_LAST_FILL_SQL), {"m": symbol}).first()
+        if row is None:
+            return None
+        base, quote = int(row.base_amount), int(row.quote_amount)
+        return Fraction(quote, base) if selling_base else Fraction(base, quote)
 
     def get(self, quote_id: int, *, caller: str | None = None) -> QuoteView:
         """The quote; with `caller` (a backend), only one that caller asked for."""
@@ -307,13 +391,22 @@ def _levels(market: BookMarket, levels: list, *, selling_base: bool) -> list[Lev
 
 
 _SET_PRICE_SQL = """
-INSERT INTO convert_price (base_asset, quote_asset, quote_minor_per_base_unit, set_by)
-VALUES (:b, :q, :p, :by)
-ON CONFLICT (base_asset, quote_asset) DO UPDATE
-   SET quote_minor_per_base_unit = excluded.quote_minor_per_base_unit,
-       set_by = excluded.set_by,
-       updated_at = now()
-RETURNING base_asset, quote_asset, quote_minor_per_base_unit, set_by, updated_at
+SELECT base_asset, quote_asset, quote_minor_per_base_unit, set_by, updated_at
+FROM convert_price_set(:by, :b, :q, :p)
+"""
+
+_CONFIG_SQL = "SELECT fee_ppm, spread_ppm, band_ppm FROM convert_config WHERE id = 1"
+
+_WRITE_CONFIG_SQL = """
+INSERT INTO convert_config (id, fee_ppm, spread_ppm, band_ppm, updated_by) VALUES (1, :f, :s, :b, :by)
+ON CONFLICT (id) DO UPDATE SET fee_ppm = excluded.fee_ppm, spread_ppm = excluded.spread_ppm,
+                               band_ppm = excluded.band_ppm, updated_by = excluded.updated_by, updated_at = now()
+"""
+
+_LAST_FILL_SQL = """
+SELECT base_amount, quote_amount FROM fill
+WHERE market = :m AND base_amount > 0 AND quote_amount > 0
+ORDER BY seq DESC, match_no DESC LIMIT 1
 """
 
 _PRICE_SQL = """

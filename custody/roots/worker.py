@@ -34,6 +34,7 @@ from sqlalchemy import Engine, text
 from chain_adapters.base import ChainAdapter
 from custody.broker import JetStreamSink, configured_nats_url, embedded_nats_url
 from custody.config import DeploymentConfig
+from custody.convert.service import write_config
 from custody.jobs import build_scheduler
 from custody.roots.common import CustodyServices, build_services, install_module_dump
 from custody.roots.guards import signer_gated
@@ -122,6 +123,8 @@ def run_worker(root: WorkerRoot, *, stop: threading.Event | None = None) -> int:
         signal.signal(signal.SIGTERM, request_stop)
         signal.signal(signal.SIGINT, request_stop)
         install_module_dump("custody-worker", root.settings.state_dir)
+    convert = write_config(root.engine, root.settings, by="custody-worker")  # the api and the database read it
+    log.info("convert: fee %d ppm, spread %d ppm, price band %d ppm", convert.fee_ppm, convert.spread_ppm, convert.band_ppm)
     sink = event_sink(root.config)
     scheduler = build_scheduler(signer_gated(root, root.wallet_check), scale=root.config.jobs.scale,  # type: ignore[arg-type]
                                 sink=sink)

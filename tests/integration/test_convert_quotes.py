@@ -61,6 +61,19 @@ class Desk:
             self.ledger.transfer(f"test:{self.run}:fund:{name}", self.location, account.id, eur_minor, kind="deposit")
         return account.id
 
+    def market(self, base_prefix: str = "X", quote_prefix: str = "Y") -> tuple[str, str, str]:
+        """New assets (base 8 decimals, quote 6) and their market without fees: (base, quote, symbol)."""
+        run = self.run.upper()[:6]
+        base, quote = f"{base_prefix}{run}", f"{quote_prefix}{run}"
+        for code, decimals in ((base, 8), (quote, 6)):
+            assert self.call("admin", "POST", "/v1/assets", json={"code": code, "decimals": decimals}).status_code == 201
+        symbol = f"{base}-{quote}"
+        r = self.call("admin", "POST", "/v1/markets", json={
+            "symbol": symbol, "base_asset": base, "quote_asset": quote, "lot_size": 10_000, "quote_per_tick_lot": 1,
+            "fees": {"default": {"maker_ppm": 0, "taker_ppm": 0}}})
+        assert r.status_code == 201, r.text
+        return base, quote, symbol
+
     def adjust(self, debit: int, credit: int, amount: str, reason: str) -> None:
         """A treasury adjustment: ops1 proposes, ops2 approves (quorum 1): the api's only way to move liquidity."""
         r = self.call("ops1", "POST", "/v1/treasury/adjustments", json={
@@ -251,15 +264,9 @@ def test_concurrent_accepts_of_one_quote_book_once(desk):
 
 
 def test_a_pair_with_a_market_is_priced_from_its_book(desk):
-    run = desk.run.upper()[:6]
-    base, quote, other = f"X{run}", f"Y{run}", f"Z{run}"
-    for code, decimals in ((base, 8), (quote, 6), (other, 2)):
-        assert desk.call("admin", "POST", "/v1/assets", json={"code": code, "decimals": decimals}).status_code == 201
-    symbol = f"{base}-{quote}"
-    r = desk.call("admin", "POST", "/v1/markets", json={
-        "symbol": symbol, "base_asset": base, "quote_asset": quote, "lot_size": 10_000, "quote_per_tick_lot": 1,
-        "fees": {"default": {"maker_ppm": 0, "taker_ppm": 0}}})
-    assert r.status_code == 201, r.text
+    base, quote, symbol = desk.market()
+    other = f"Z{desk.run.upper()[:6]}"
+    assert desk.call("admin", "POST", "/v1/assets", json={"code": other, "decimals": 2}).status_code == 201
     seller, owner = f"cv{desk.run}-maker", f"cv{desk.run}-taker"
     equity = {a: desk.ledger.account_by_name(f"equity:{a}").id for a in (base, quote)}
     maker = desk.ledger.open_account(base, AccountKind.customer, f"customer:{seller}:{base}", owner=seller).id
@@ -271,6 +278,16 @@ def test_a_pair_with_a_market_is_priced_from_its_book(desk):
         r = desk.call("backend", "POST", f"/v1/markets/{symbol}/orders", json={
             "account": seller, "client_order_id": cid, "side": "sell", "qty": "0.1", "price": price})
         assert r.status_code == 201, r.text
+    log.info("a one-sided book prices nothing; nor does a two-sided one without a reference price")
+    r = desk.ask(taker, base, from_amount="9000")
+    assert_equal(refusal(r), (409, "convert_book_unreliable"))
+    r = desk.call("backend", "POST", f"/v1/markets/{symbol}/orders", json={
+        "account": owner, "client_order_id": "b1", "side": "buy", "qty": "0.01", "price": "59000"})
+    assert r.status_code == 201, r.text
+    r = desk.ask(taker, base, from_amount="9000")
+    assert_equal(refusal(r), (409, "convert_book_unreliable"))
+    r = desk.call("ops1", "POST", "/v1/convert/prices", json={"base_asset": base, "quote_asset": quote, "price": "60500"})
+    assert_equal(r.status_code, 200)
 
     log.info("9,000 %s buys through both ask levels: the rate is their average for the net amount", quote)
     r = desk.ask(taker, base, from_amount="9000")
@@ -284,6 +301,12 @@ def test_a_pair_with_a_market_is_priced_from_its_book(desk):
     r = desk.accept(q["id"], "book-1")
     assert_equal(r.status_code, 201)
     assert_equal(desk.posted(q["receive_account_id"]), got.numerator // got.denominator)
+
+    log.info("an average price more than the band (5%%) from the reference prices nothing")
+    r = desk.call("ops1", "POST", "/v1/convert/prices", json={"base_asset": base, "quote_asset": quote, "price": "56000"})
+    assert_equal(r.status_code, 200)
+    r = desk.ask(taker, base, from_amount="100")  # 60,000 against 56,000: 6.7% fewer base per quote unit
+    assert_equal(refusal(r), (409, "convert_book_unreliable"))
 
     log.info("more than the book holds cannot be priced; a pair with neither book nor price is unavailable")
     r = desk.ask(taker, base, from_amount="13000")

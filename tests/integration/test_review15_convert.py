@@ -1,6 +1,6 @@
-"""Adversarial review of convert (issue 17, migration 0033): findings as strict xfails.
+"""Adversarial review of convert (issue 17, migration 0033): its findings, fixed by migration 0040.
 
-Each test shows a defect on today's code and flips to a pass (so strict xfail fails) once fixed:
+Each test showed a defect of 0033's code (as a strict xfail) and passes since the fix:
 - R15-C1: `convert_quote_create` trusts any source named `book:<anything>`: the api role (or a
   compromised api process) labels a quote of a pair that has no market at all `book:NOPE` and so
   skips the operator-price bound, at any rate; `convert_accept` then pays it out of the house's
@@ -12,6 +12,10 @@ Each test shows a defect on today's code and flips to a pass (so strict xfail fa
 - R15-C4: two concurrent quote requests under one idempotency key: the loser's `INSERT` hits the
   unique key and raises instead of answering the quote the winner made (over HTTP a generic 409
   `conflict`, not the replay's 200 with the quote).
+Fixed: a book source names a market of the pair and every rate is bounded by the market's last
+trade or the operator's price (written only through `convert_price_set`), the rates come from
+`convert_config`, a book prices only when two-sided and within the band (`convert_book_unreliable`),
+and the insert is ON CONFLICT DO NOTHING then answers the winner's quote.
 The ledger is verified at the end of each test (the `ledger` fixture).
 """
 from __future__ import annotations
@@ -25,6 +29,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
+from custody.convert.service import write_config
+from custody.settings import Settings
 from ledger.model import AccountKind
 from regtest.util import assert_equal
 from tests.integration.test_convert_guards import as_api, world  # noqa: F401  (fixture)
@@ -42,8 +48,6 @@ def desk(engine, ledger):
     return Desk(engine, ledger)
 
 
-@pytest.mark.xfail(strict=True, reason="R15-C1: convert_quote_create accepts any rate under a source 'book:<anything>', "
-                                       "even for a pair without a market, and convert_accept pays it from liquidity")
 def test_a_forged_book_source_cannot_price_a_quote_beyond_the_operators_price(engine, ledger, world):  # noqa: F811
     convert, eur, btc = world["convert"], world["eur"], world["btc"]
     convert.set_price(by="ops", base=btc, quote=eur, price_minor=5_800_000)  # 58,000.00 EUR/BTC; no market exists
@@ -65,8 +69,6 @@ def test_a_forged_book_source_cannot_price_a_quote_beyond_the_operators_price(en
     assert paid <= 171_982, f"the house paid {paid} satoshi for 100.00 EUR (operator's price: 171,982)"
 
 
-@pytest.mark.xfail(strict=True, reason="R15-C2: convert_quote_create checks the fee against the caller's own fee_ppm "
-                                       "(and the operator bound against the caller's spread_ppm): a zero-fee quote books")
 def test_the_api_role_cannot_choose_the_fee_rate_of_a_quote(engine, ledger, world):  # noqa: F811
     convert, eur, btc = world["convert"], world["eur"], world["btc"]
     convert.set_price(by="ops", base=btc, quote=eur, price_minor=5_800_000)
@@ -84,18 +86,8 @@ def test_the_api_role_cannot_choose_the_fee_rate_of_a_quote(engine, ledger, worl
     assert charged >= 25, f"100.00 EUR converted for a fee of {charged} cents; the service's rate (2500 ppm) is 25"
 
 
-@pytest.mark.xfail(strict=True, reason="R15-C3: a quote is priced from a one-sided book a customer set: the house sells "
-                                       "base at the customer's own ask, far below the market's last price")
 def test_a_customer_cannot_price_a_quote_with_an_ask_of_their_own(desk):
-    run = desk.run.upper()[:6]
-    base, quote = f"X{run}", f"Y{run}"
-    for code, decimals in ((base, 8), (quote, 6)):
-        assert desk.call("admin", "POST", "/v1/assets", json={"code": code, "decimals": decimals}).status_code == 201
-    symbol = f"{base}-{quote}"
-    r = desk.call("admin", "POST", "/v1/markets", json={
-        "symbol": symbol, "base_asset": base, "quote_asset": quote, "lot_size": 10_000, "quote_per_tick_lot": 1,
-        "fees": {"default": {"maker_ppm": 0, "taker_ppm": 0}}})
-    assert r.status_code == 201, r.text
+    base, quote, symbol = desk.market()
     r = desk.call("ops1", "POST", "/v1/convert/prices", json={"base_asset": base, "quote_asset": quote, "price": "60000"})
     assert_equal(r.status_code, 200)
     equity = {a: desk.ledger.account_by_name(f"equity:{a}").id for a in (base, quote)}
@@ -165,8 +157,6 @@ def _as_api_open(engine, sql: str, params: dict, meanwhile) -> None:
             meanwhile()
 
 
-@pytest.mark.xfail(strict=True, reason="R15-C4: convert_quote_create races on request_key: a concurrent request under "
-                                       "the same key raises unique_violation instead of answering the winner's quote")
 def test_concurrent_quote_requests_under_one_key_answer_one_quote(engine, ledger, world):  # noqa: F811
     convert, eur, btc = world["convert"], world["eur"], world["btc"]
     convert.set_price(by="ops", base=btc, quote=eur, price_minor=5_800_000)
@@ -176,3 +166,85 @@ def test_concurrent_quote_requests_under_one_key_answer_one_quote(engine, ledger
                 lambda: as_api(engine, CREATE, honest)[0])
     assert "error" not in out, f"the second request under the key raised: {out.get('error')!s:.200}"
     assert_equal(out["answer"].status, "exists")
+
+
+def test_the_database_bounds_a_book_priced_rate_by_the_markets_last_trade(desk):
+    """R15-C1/C3 in the database: as custody_api, a `book:` quote of a real market is refused above
+    its last trade plus the band (5 %), and booked at it; a market of another pair is refused; an
+    operator's price of the pair bounds it as well."""
+    base, quote, symbol = desk.market("P", "Q")
+    equity = {a: desk.ledger.account_by_name(f"equity:{a}").id for a in (base, quote)}
+    desk.adjust(equity[base], desk.liquidity(base)["account_id"], "1", f"fund-{base}")
+    owners = {}
+    for name, asset, minor in (("maker", base, 10**7), ("taker", quote, 10_000 * 10**6)):
+        owners[name] = f"cv{desk.run}-{name}"
+        account = desk.ledger.open_account(asset, AccountKind.customer, f"customer:{owners[name]}:{asset}",
+                                           owner=owners[name]).id
+        desk.ledger.transfer(f"test:{desk.run}:{name}:{asset}", equity[asset], account, minor)
+        owners[f"{name}_account"] = account
+    receive = desk.ledger.open_account(base, AccountKind.customer, f"customer:{owners['taker']}:{base}",
+                                       owner=owners["taker"]).id
+    sql = ("SELECT quote_id AS id, status FROM convert_quote_create('b', :cust, :recv, :frm, :fee, :to, :num, :den, "
+           "2500, 0, :src, 10, :key, 'h')")
+
+    def forged(key: str, num: int, den: int, src: str = f"book:{symbol}") -> dict:
+        frm = 10 * 10**6  # 10 quote units
+        fee = (frm * 2500 + 999_999) // 10**6
+        return {"cust": owners["taker_account"], "recv": receive, "frm": frm, "fee": fee,
+                "to": (frm - fee) * num // den, "num": num, "den": den, "src": src, "key": f"{key}-{desk.run}"}
+
+    log.info("no trade and no operator price: nothing bounds a book-priced rate, so the database refuses it")
+    with pytest.raises(DBAPIError) as refused:
+        as_api(desk.engine, sql, forged("untraded", 1, 600))
+    assert_equal(refused.value.orig.sqlstate, "42501")
+    for who, side, cid in (("maker", "sell", "m1"), ("taker", "buy", "t1")):
+        r = desk.call("backend", "POST", f"/v1/markets/{symbol}/orders", json={
+            "account": owners[who], "client_order_id": cid, "side": side, "qty": "0.1", "price": "60000"})
+        assert r.status_code == 201, r.text
+    # the last trade: 60,000 quote units per base unit = 10^8 / (60,000 * 10^6) = 1/600 base minor per quote minor
+    log.info("twice the last trade's rate, and just beyond the band, are refused")
+    for key, num, den in (("double", 2, 600), ("beyond", 1_050_001, 600 * 10**6)):
+        with pytest.raises(DBAPIError) as refused:
+            as_api(desk.engine, sql, forged(key, num, den))
+        assert_equal(refused.value.orig.sqlstate, "42501")
+    log.info("a market that is not of the quote's pair is refused")
+    with pytest.raises(DBAPIError) as refused:
+        as_api(desk.engine, sql, forged("other", 1, 600, src="book:BTC-EUR-NONE"))
+    assert_equal(refused.value.orig.sqlstate, "42501")
+    log.info("the band's edge is booked")
+    assert_equal(as_api(desk.engine, sql, forged("edge", 1_050_000, 600 * 10**6))[0].status, "created")
+    log.info("an operator's price of the pair bounds it too: at 70,000 the same rate beats it by more than the band")
+    r = desk.call("ops1", "POST", "/v1/convert/prices", json={"base_asset": base, "quote_asset": quote, "price": "70000"})
+    assert_equal(r.status_code, 200)
+    with pytest.raises(DBAPIError) as refused:
+        as_api(desk.engine, sql, forged("edge-2", 1_050_000, 600 * 10**6))
+    assert_equal(refused.value.orig.sqlstate, "42501")
+
+
+def test_the_rates_are_the_workers_and_the_api_writes_neither_them_nor_a_price(engine, ledger, world):  # noqa: F811
+    """R15-C1/C2: custody_api may not write `convert_config` or `convert_price` (only through
+    `convert_price_set`, which audits); the worker's settings, written at start-up, are what a quote
+    is charged."""
+    convert, eur, btc = world["convert"], world["eur"], world["btc"]
+    for sql in ("UPDATE convert_config SET fee_ppm = 0",
+                f"INSERT INTO convert_price (base_asset, quote_asset, quote_minor_per_base_unit, set_by) "
+                f"VALUES ('{btc}', '{eur}', 1, 'mallory')"):
+        with pytest.raises(DBAPIError) as refused:
+            as_api(engine, sql, {})
+        assert_equal(refused.value.orig.sqlstate, "42501")
+    log.info("the api role sets a price only through convert_price_set, which writes its audit row")
+    as_api(engine, "SELECT * FROM convert_price_set('ops-a', :b, :q, 5900000)", {"b": btc, "q": eur})
+    convert.set_price(by="ops-b", base=btc, quote=eur, price_minor=5_800_000)
+    with engine.connect() as c:
+        audited = c.execute(text("SELECT actor, detail->>'quote_minor_per_base_unit' FROM audit_event "
+                                 "WHERE action = 'convert.price' AND subject = :s ORDER BY id"),
+                            {"s": f"convert-price:{btc}/{eur}"}).all()
+    assert_equal([tuple(a) for a in audited], [("ops-a", "5900000"), ("ops-b", "5800000")])
+    assert_equal((convert.price(btc, eur).quote_minor_per_base_unit, convert.price(btc, eur).set_by), (5_800_000, "ops-b"))
+    try:
+        write_config(engine, Settings(environment="test", convert_fee_ppm=5_000), by="test")
+        quote, created = convert.quote(caller="b", key=f"rates-{world['run']}", account_id=world["alice"],
+                                       to_asset=btc, from_amount=10_000, to_amount=None, books=None)
+        assert_equal((created, quote.fee, quote.fee_ppm), (True, 50, 5_000))
+    finally:
+        write_config(engine, Settings(environment="test"), by="test")

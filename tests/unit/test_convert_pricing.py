@@ -2,7 +2,8 @@
 
 The README's worked example, the rounding directions (fee up, payout down, remainder stated and
 below one minor unit), amounts on the receiving side, the spread, and average prices over book
-levels, including refusals when the book is too shallow or the payout rounds to nothing.
+levels, including refusals when the book is too shallow or the payout rounds to nothing, and the
+band a book's average must keep around its reference.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from custody.convert.pricing import (
     operator_rate,
     receive_through,
     spend_through,
+    within_band,
 )
 from regtest.util import assert_equal
 
@@ -101,3 +103,13 @@ def test_average_price_over_levels():
     with pytest.raises(PricingRefused) as refused:
         spend_through(levels, 301)
     assert_equal(refused.value.reason, "depth")
+
+
+def test_the_band_holds_both_sides_of_the_reference_exactly():
+    reference = Fraction(100, 6)
+    band = 50_000  # 5%
+    assert within_band(reference * Fraction(105, 100), reference, band)
+    assert within_band(reference * Fraction(95, 100), reference, band)
+    assert not within_band(reference * Fraction(105, 100) + Fraction(1, 10**30), reference, band)
+    assert not within_band(reference * Fraction(95, 100) - Fraction(1, 10**30), reference, band)
+    assert within_band(reference, reference, 0) and not within_band(reference * Fraction(1_000_001, 10**6), reference, 0)
