@@ -5,7 +5,7 @@ Construction (what custody.reserves publishes and a customer's verifier recomput
     leaf = H(0x00 || nonce || account_id || amount)            sum = amount (>= 0, refused otherwise)
     node = H(0x01 || left.hash || left.sum || right.hash || right.sum)    sum = left.sum + right.sum
 
-H is SHA-256; account_id is 8 bytes and sums 32 bytes, big-endian unsigned; nonce is 16 random
+H is SHA-256; account_id is 8 bytes and sums 40 bytes (SUM_BYTES), big-endian unsigned; nonce is 16 random
 bytes per LEAF (not per account), so no leaf can be linked to an account, or to another leaf, by
 guessing. Each customer balance is split (`split`) into `parts` leaves of random amounts that sum
 exactly to it: all positive when the balance has at least `parts` minor units, else pieces of 1
@@ -51,8 +51,11 @@ EXACT_LEAVES = 1 << 10  # trees up to this many leaves also get the check of sib
 PROGRESS_LEAVES = 1 << 16  # Tree reports its progress every this many leaves hashed (a multiple of CHUNK)
 
 
+SUM_BYTES = 40  # 320 bits: a ledger amount is numeric(78,0) (< 10^78 < 2^260), and 2^60 leaves of it still fit
+
+
 def _sum_bytes(value: int) -> bytes:
-    return value.to_bytes(32, "big")
+    return value.to_bytes(SUM_BYTES, "big")
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,8 @@ assert LIMITED_0034.count("reserve_node") == 0
 
 UPGRADE = """
 ALTER TABLE reserve_report ADD COLUMN version smallint NOT NULL DEFAULT 1 CHECK (version IN (1, 2));
+-- the total of balances of numeric(78,0) each may pass numeric(78,0) (sums are 40 bytes in the tree)
+ALTER TABLE reserve_report ALTER COLUMN liabilities TYPE numeric, ALTER COLUMN holdings TYPE numeric;
 ALTER TABLE reserve_leaf DROP CONSTRAINT reserve_leaf_report_id_account_id_key;
 ALTER TABLE reserve_leaf ALTER COLUMN account_id DROP NOT NULL;
 ALTER TABLE reserve_leaf DROP CONSTRAINT reserve_leaf_account_id_fkey;
@@ -97,7 +99,7 @@ CREATE TABLE reserve_node (
     level      smallint NOT NULL CHECK (level >= 4),
     position   integer NOT NULL CHECK (position >= 0),
     hash       bytea NOT NULL CHECK (length(hash) = 32),
-    sum        numeric(78,0) NOT NULL CHECK (sum >= 0),
+    sum        numeric NOT NULL CHECK (sum >= 0),  -- a sum of balances may pass numeric(78,0)
     PRIMARY KEY (report_id, level, position)
 );
 CREATE TRIGGER reserve_node_append_only BEFORE UPDATE OR DELETE ON reserve_node
