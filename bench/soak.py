@@ -62,6 +62,7 @@ import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 
 if __name__ == "__main__":
@@ -354,7 +355,7 @@ class Soak:
             self.customers.append(c)
         ep = self.admin.create_webhook_endpoint(url=self.webhook.url, description="soak receiver",
                                                 event_types=["deposit.credited", "withdrawal.final", "fill.executed"])
-        self.endpoint_id = ep.id
+        self.endpoint_id = ep.endpoint.id
         for c in self.customers:  # everyone starts with something of each asset
             for asset in ASSETS:
                 self.deposit(c, asset, self.rng)
@@ -522,6 +523,9 @@ class Soak:
             name = {"kill_api": "custody-api", "kill_worker": "custody-worker", "kill_signer": "custody-signer"}[kind]
             self.restart_process(name)
             detail = f"{name} pid now {self.w.deployment.processes.pid(name)}"
+            if kind == "kill_worker":  # recovered: the new worker published what waited when it died
+                mark = time.time()
+                probe = lambda: self.ready() and self.outbox_waiting(before=mark) == 0  # noqa: E731
         elif kind == "bitcoind_restart":
             with self.chain_lock:
                 control.stop_node(cl.bitcoin)
@@ -597,12 +601,19 @@ class Soak:
         self.t0 = time.monotonic()
         threads = [threading.Thread(target=self.driver, args=(i,), name=f"driver-{i}", daemon=True)
                    for i in range(self.n_drivers)]
-        threads += [threading.Thread(target=t, name=t.__name__, daemon=True)
-                    for t in (self.miner, self.approver, self.fault_loop)]
+        threads += [threading.Thread(target=t, name=t.__name__, daemon=True) for t in (self.miner, self.approver)]
         for t in threads:
             t.start()
-        self.stop.wait(self.seconds)
-        self.stop.set()
+        # Faults run on this (the calling) thread: a process or node restarted from a thread that
+        # ends would die with it (regtest.process spawns children with PR_SET_PDEATHSIG, which
+        # fires when the spawning thread exits).
+        timer = threading.Timer(self.seconds, self.stop.set)
+        timer.start()
+        try:
+            self.fault_loop()
+        finally:
+            timer.cancel()
+            self.stop.set()
         for t in threads:
             t.join(ANSWER_DEADLINE_S + 60)
         self.load_seconds = time.monotonic() - self.t0
@@ -624,6 +635,7 @@ class Soak:
                         self.answered("cancel", self.backend.cancel_order, o["symbol"], o["order_id"], account=o["owner"])
         approvers = [(self.w.client(name), load_private_key(path))
                      for name, path in self.w.deployment.approver_keys.items()]
+        said = start
         while time.monotonic() - start < timeout:
             cl.bitcoin.mine(1)
             cl.anvil.mine(2)
@@ -636,7 +648,13 @@ class Soak:
             open_w = [wid for wid, s in states.items() if s not in TERMINAL]
             uncredited = [d for d in self.model.deposits if not self.credited(d)]
             pending_hooks = self.admin.list_webhook_deliveries(self.endpoint_id, state="pending") if self.endpoint_id else []
-            if not open_w and not uncredited and not pending_hooks and self.outbox_waiting() == 0:
+            waiting = self.outbox_waiting()
+            if time.monotonic() - said > 15:
+                said = time.monotonic()
+                log.info("quiesce %.0f s: %d withdrawal(s) open %s, %d deposit(s) not credited, %d webhook(s) "
+                         "pending, %d event(s) not published", said - start, len(open_w),
+                         sorted({states[w] for w in open_w}), len(uncredited), len(pending_hooks), waiting)
+            if not open_w and not uncredited and not pending_hooks and waiting == 0:
                 for wid, s in states.items():
                     self.model.withdrawals[wid]["state"] = s
                 break
@@ -654,13 +672,16 @@ class Soak:
         deps = self.backend.list_account_deposits(d["account_id"])
         return any(x.txid.lower() == d["txid"] and x.state == "credited" for x in deps)
 
-    def outbox_waiting(self) -> int:
+    def outbox_waiting(self, before: float | None = None) -> int:
+        """Events not yet published (only those written before `before`, seconds of the epoch)."""
         from sqlalchemy import create_engine, text
 
         engine = create_engine(self.w.owner_url)
         try:
             with engine.connect() as c:
-                return int(c.execute(text("SELECT count(*) FROM outbox WHERE delivered_at IS NULL")).scalar())
+                return int(c.execute(text("SELECT count(*) FROM outbox WHERE delivered_at IS NULL AND "
+                                          "(CAST(:b AS float8) IS NULL OR created_at < to_timestamp(:b))"),
+                                     {"b": before}).scalar())
         finally:
             engine.dispose()
 
@@ -782,7 +803,7 @@ class Soak:
                 outputs = [(txid, d) for e in got for txid in e.get("txids", [])
                            for d in cl.bitcoin.wallet("gettransaction", txid)["details"]
                            if d.get("address") == w["destination"] and d["category"] == "receive"]
-                paid = sum(round(float(d["amount"]) * 10**8) for _, d in outputs)  # noqa: the node's JSON; exact to 1e-8
+                paid = sum(int(Decimal(str(d["amount"])) * 10**8) for _, d in outputs)  # the node's JSON, 8 decimals
                 if len(outputs) != (1 if want else 0) or paid != want:
                     problems.append(f"withdrawal {wid} ({w['state']}, BTC {want}): {len(outputs)} output(s) paying {paid}")
             else:
