@@ -416,9 +416,8 @@ class Soak:
         asset = rng.choice(ASSETS)
         if asset == "BTC":
             with self.model.lock:
-                if not self.btc_destinations:
-                    return
-                dest = self.btc_destinations.pop()
+                dest = self.btc_destinations.pop() if self.btc_destinations else None
+            dest = dest or self.node_call(self.w.cluster.bitcoin.wallet, "getnewaddress", "", "bech32")
         else:
             dest = Account.create().address
         cwid = f"w-{uuid.uuid4().hex[:12]}"
