@@ -54,8 +54,10 @@ import json
 import logging
 import os
 import random
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -139,7 +141,12 @@ def world(root: Path) -> Iterator[World]:
 
     root.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
-        pg = get_server((root / "pgdata").resolve(), cleanup_mode="stop")
+        # PostgreSQL runs as its own system user, so its directory lives outside `root`: pytest
+        # makes its temporary tree 0700 again whenever another session starts, which would lock
+        # the server out of its own data at the next restart.
+        pg_dir = Path(tempfile.mkdtemp(prefix="custody-soak-pg-"))
+        stack.callback(shutil.rmtree, pg_dir, True)
+        pg = get_server(pg_dir / "pgdata", cleanup_mode="stop")
         stack.callback(pg.cleanup)
         owner_url = with_database(to_sqlalchemy_url(pg.get_uri()), f"soak_{uuid.uuid4().hex[:8]}")
         ensure_database(owner_url)
@@ -977,6 +984,10 @@ def plant_second_payment(soak: Soak) -> str:
     w = next((wid, w) for wid, w in soak.model.withdrawals.items() if w["asset"] == "ETH" and w["state"] == "final")
     keys = SignerKeys(seed_from_text(read_seed_file(soak.w.deployment.root / "dev-seed.txt")), "regtest")
     acct = Account.from_key(keys.private_key_for("ethereum", "hot", 0, 0))
+    from custody.addresses import derive_eth_address
+
+    if acct.address.lower() != derive_eth_address(soak.w.deployment.xpubs["ethereum"]["hot"], 0).lower():
+        raise SoakError(f"the seed's ethereum hot key {acct.address} is not the service's hot address")
     w3 = soak.w.cluster.anvil.w3
     tx = acct.sign_transaction({"to": w[1]["destination"], "value": w[1]["amount_minor"], "gas": 21_000,
                                 "gasPrice": w3.eth.gas_price * 2, "nonce": w3.eth.get_transaction_count(acct.address, "pending"),
@@ -1043,8 +1054,6 @@ def soak_in(w: World, *, seed: int, seconds: float, **options) -> tuple[Soak, li
 
 
 def main(argv: list[str] | None = None) -> int:
-    import tempfile
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=180.0, help="seconds of load (default 180)")
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: random, printed)")
