@@ -73,6 +73,7 @@ if __name__ == "__main__":
 import httpx  # noqa: E402
 
 from custody.client import CustodyClient  # noqa: E402
+from custody.devchains import REGTEST_ASSETS  # noqa: E402  (what deploy() configures: decimals, fees)
 from custody.client.errors import ClientError, CustodyApiError, CustodyConnectionError, ServerError  # noqa: E402
 
 log = logging.getLogger("soak")
@@ -428,14 +429,16 @@ class Soak:
         else:
             dest = Account.create().address
         cwid = f"w-{uuid.uuid4().hex[:12]}"
+        amount = rng.choice(WITHDRAWALS[asset])
         try:
             w = self.answered("withdrawal", self.backend.request_withdrawal, client_withdrawal_id=cwid,
-                              account_id=c.accounts[asset], amount=rng.choice(WITHDRAWALS[asset]), destination=dest)
+                              account_id=c.accounts[asset], amount=amount, destination=dest)
         except ClientError:
             return
         with self.model.lock:
             self.model.withdrawals[w.id] = {"owner": c.owner, "asset": asset, "destination": dest,
-                                            "client_withdrawal_id": cwid, "state": w.state}
+                                            "client_withdrawal_id": cwid, "state": w.state,
+                                            "requested": int(Decimal(amount) * 10 ** REGTEST_ASSETS[asset]["decimals"])}
 
     def driver(self, index: int) -> None:
         rng = random.Random(self.seed * 1000 + index)
@@ -803,6 +806,10 @@ class Soak:
         final = 0
         for wid, w in self.model.withdrawals.items():
             want = w["amount_minor"] if w["state"] == "final" else 0
+            fee = REGTEST_ASSETS[w["asset"]]["withdrawal_fee"]
+            if (w["amount_minor"], w["fee_minor"]) != (w["requested"], fee):
+                problems.append(f"withdrawal {wid}: amount {w['amount_minor']} fee {w['fee_minor']}, requested "
+                                f"{w['requested']} at the configured fee {fee}")
             final += w["state"] == "final"
             if w["asset"] == "BTC":
                 got = cl.bitcoin.wallet("listreceivedbyaddress", 0, True, True, w["destination"])
