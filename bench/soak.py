@@ -30,7 +30,8 @@ service must survive).
 Invariants (`check()`), each with its figures: verify() ok; reconciliation zero on every line;
 deposits credited exactly once; every acknowledged order found once by its client id, every fill
 between acknowledged orders, fills per order summing to its filled lots, fills priced as reported;
-withdrawals paid exactly once (each final withdrawal's fresh destination received its amount in one
+withdrawals paid exactly once (each booked at the amount requested and the configured fee; each final
+withdrawal's fresh destination received its amount in one
 output, a withdrawal not final received nothing); each customer balance equal to the model; no
 negative customer balance; totals zero per asset; no customer hold left; webhooks all delivered, none
 dead; no 5xx answer; every operation answered; the projection built from the event stream (read
