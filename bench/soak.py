@@ -18,7 +18,7 @@ The model (`Model`): per customer and asset, the sum of the deposits it paid on 
 reports it (buyer: +qty, -(quote_amount + own fee); seller: -qty, +(quote_amount - own fee)), minus
 `amount + fee_quoted` of each withdrawal that ended `final`.
 
-Faults (`FAULT_KINDS`), one at a time at random intervals, each logged with its duration and its
+Faults (`FAULT_KINDS`), one at a time at random intervals (0.5-1.5 x the mean gap), each logged with its duration and its
 recovery time (from the end of the fault until `GET /health/ready` answers 200; for the webhook
 receiver, until the next delivery is accepted): SIGKILL and restart of the api, the worker and the
 signer; stop and restart of bitcoind; SIGSTOP/SIGCONT of bitcoind or anvil; a fast restart of
@@ -603,7 +603,7 @@ class Soak:
             except Exception as exc:  # noqa: BLE001 - a fault that could not be injected is reported
                 log.exception("fault %s", kind)
                 self.thread_errors.append(f"fault {kind}: {exc!r}")
-            self.stop.wait(rng.expovariate(1 / self.mean_fault_gap))
+            self.stop.wait(rng.uniform(0.5, 1.5) * self.mean_fault_gap)  # random, but a floor on the count
 
     # -- running ------------------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ SECONDS = float(os.environ.get("SOAK_SECONDS", "180"))
 def soaked(tmp_path_factory):
     seed = int(os.environ.get("SOAK_SEED", random.randrange(2**31)))
     with soak_bench.world(tmp_path_factory.mktemp("soak")) as w:
-        soak, invariants = soak_bench.soak_in(w, seed=seed, seconds=SECONDS, mean_fault_gap=8.0)
+        soak, invariants = soak_bench.soak_in(w, seed=seed, seconds=SECONDS, mean_fault_gap=6.0)
         print("\n" + soak.report(invariants))
         yield soak, invariants
         soak.webhook.close()
