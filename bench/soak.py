@@ -71,8 +71,6 @@ from pathlib import Path
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's packages
 
-import httpx  # noqa: E402
-
 from custody.client import CustodyClient  # noqa: E402
 from custody.devchains import REGTEST_ASSETS  # noqa: E402  (what deploy() configures: decimals, fees)
 from custody.client.errors import ClientError, CustodyApiError, CustodyConnectionError, ServerError  # noqa: E402
@@ -274,6 +272,7 @@ class Soak:
         self.run = uuid.uuid4().hex[:6]
         self.backend, self.admin = w.client("backend"), w.client("admin")
         self.op1, self.op2 = w.client("operator"), w.client("operator-2")
+        self.probe = CustodyClient(w.deployment.api_base, w.keys["admin"], timeout=5, retries=0)
         self.customers: list[Customer] = []
         self.model = Model()
         self.faults: list[Fault] = []
@@ -496,9 +495,11 @@ class Soak:
     # -- faults -------------------------------------------------------------------------------
 
     def ready(self) -> bool:
+        """`GET /health/ready` answers 200 (the probe client never retries: one probe, one answer)."""
         try:
-            return httpx.get(f"{self.w.deployment.api_base}/health/ready", timeout=5).status_code == 200
-        except httpx.HTTPError:
+            self.probe.health_ready()
+            return True
+        except CustodyApiError:
             return False
 
     def wait_recovered(self, probe: Callable[[], bool], timeout: float = 180.0) -> float | None:
@@ -518,7 +519,7 @@ class Soak:
             ping = SignerClient.from_key_file(f"unix:{dep.root / 'signer.sock'}", dep.signer_clients["api"], client="api")
             procs.start(name, ready=lambda: ping.ping() is not None, timeout=120)
         elif name == "custody-api":
-            procs.start(name, ready=lambda: httpx.get(f"{dep.api_base}/health", timeout=1).status_code == 200, timeout=120)
+            procs.start(name, ready=lambda: self.probe.health() is not None, timeout=120)
         else:
             procs.start(name)
 
