@@ -94,6 +94,7 @@ WITHDRAWALS = {  # asset: decimal amounts ("0.6" BTC needs one operator's approv
 }
 FAULT_KINDS = ("kill_api", "kill_worker", "kill_signer", "bitcoind_restart", "hang_bitcoind", "hang_anvil",
                "postgres_restart", "reorg_bitcoin", "reorg_ethereum", "webhook_fail")
+LOST_CODES = {"temporarily_unavailable", "node_unavailable", None, ""}  # 503s that say "send it again"
 TERMINAL = {"final", "rejected", "cancelled", "released"}
 WEBHOOK_ENV = {"WEBHOOK_ALLOW_PRIVATE_HOSTS": "127.0.0.1", "WEBHOOK_BACKOFF_SECONDS": "1",
                "WEBHOOK_BACKOFF_MAX_SECONDS": "4"}
@@ -301,6 +302,10 @@ class Soak:
                     self.model.refused[f"{kind}:{exc.code}"] += 1
                 raise
             except (CustodyConnectionError, ServerError) as exc:
+                if isinstance(exc, ServerError) and exc.status == 503 and exc.code not in LOST_CODES:
+                    with self.model.lock:  # e.g. withdrawals_halted: an answer (nothing done), not a lost one
+                        self.model.refused[f"{kind}:{exc.code}"] += 1
+                    raise
                 if isinstance(exc, ServerError) and exc.status not in (502, 503, 504):
                     with self.model.lock:
                         self.model.server_errors.append(f"{kind}: {exc.status} {exc.code} {exc.message[:200]}")
@@ -458,7 +463,7 @@ class Soak:
                     self.withdraw(c, rng)
                 else:
                     self.deposit(c, rng.choice(ASSETS), rng)
-            except Unanswered:
+            except (Unanswered, ServerError):  # unanswered, or a 503 answer (already counted)
                 pass
             except Exception as exc:  # noqa: BLE001 - a soak error, reported
                 log.exception("driver %d: %s", index, kind)
@@ -736,7 +741,7 @@ class Soak:
         out = [self.check_verify(), self.check_reconciliation(), self.check_deposits(), self.check_orders(),
                self.check_payouts()]
         out += self.check_balances()
-        out += [self.check_webhooks(), self.check_answers(), self.check_projection()]
+        out += [self.check_webhooks(), self.check_answers(), self.check_incidents(), self.check_projection()]
         return out
 
     def check_verify(self) -> Invariant:
@@ -868,6 +873,15 @@ class Soak:
         return Invariant("every request answered, no 5xx", not bad,
                          f"{sum(self.model.ops.values())} answered, {len(self.model.server_errors)} 5xx, "
                          f"{len(self.model.unanswered)} unanswered, {len(self.thread_errors)} soak errors", bad)
+
+    def check_incidents(self) -> Invariant:
+        """No incident opened and the kill switch off: the faults are ones the service must ride out."""
+        incidents = self.admin.list_incidents(open_only=False)
+        switch = self.admin.get_kill_switch()
+        bad = [f"incident {i.id} {i.severity} {i.kind} at {i.opened_at:%H:%M:%S}: {json.dumps(i.detail)[:300]}"
+               for i in incidents] + ([f"kill switch engaged: {switch.reason} ({switch.changed_by})"] if switch.engaged else [])
+        return Invariant("no incident, kill switch off", not bad,
+                         f"{len(incidents)} incident(s), kill switch {'ENGAGED' if switch.engaged else 'off'}", bad)
 
     def check_projection(self) -> Invariant:
         p = read_projection(self.w.nats_url, self.w.stream, f"{self.w.subject_prefix}.>")
