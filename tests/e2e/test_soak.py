@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -24,13 +26,20 @@ SECONDS = float(os.environ.get("SOAK_SECONDS", "180"))
 
 
 @pytest.fixture(scope="module")
-def soaked(tmp_path_factory):
+def soaked():
+    """The soak, run once for both tests. Its directory (service logs, node data) is outside
+    pytest's temporary tree, which other sessions rotate, and is kept when an invariant failed."""
     seed = int(os.environ.get("SOAK_SEED", random.randrange(2**31)))
-    with soak_bench.world(tmp_path_factory.mktemp("soak")) as w:
+    root = Path(tempfile.mkdtemp(prefix="custody-soak-test-"))
+    with soak_bench.world(root) as w:
         soak, invariants = soak_bench.soak_in(w, seed=seed, seconds=SECONDS, mean_fault_gap=6.0)
         print("\n" + soak.report(invariants))
         yield soak, invariants
         soak.webhook.close()
+    if all(i.ok for i in invariants):
+        shutil.rmtree(root, ignore_errors=True)
+    else:
+        print(f"\n[soak] an invariant failed: logs and node data kept in {root} (seed {seed})")
 
 
 def _red(invariants, name: str) -> bool:
