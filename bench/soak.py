@@ -652,6 +652,7 @@ class Soak:
         approvers = [(self.w.client(name), load_private_key(path))
                      for name, path in self.w.deployment.approver_keys.items()]
         said = start
+        states: dict[int, str] = {}  # a terminal state is final: only the others are asked again
         while time.monotonic() - start < timeout:
             cl.bitcoin.mine(1)
             cl.anvil.mine(2)
@@ -659,8 +660,8 @@ class Soak:
                 for client, key in approvers:
                     with contextlib.suppress(CustodyApiError):
                         approve_with_client(client, w.id, key, comment="soak: quiesce", show=lambda s: None)
-            states = {wid: self.answered("get_withdrawal", self.admin.get_withdrawal, wid).state
-                      for wid in self.model.withdrawals}
+            states.update({wid: self.answered("get_withdrawal", self.admin.get_withdrawal, wid).state
+                           for wid in self.model.withdrawals if states.get(wid) not in TERMINAL})
             open_w = [wid for wid, s in states.items() if s not in TERMINAL]
             uncredited = [d for d in self.model.deposits if not self.credited(d)]
             pending_hooks = self.admin.list_webhook_deliveries(self.endpoint_id, state="pending") if self.endpoint_id else []
