@@ -47,7 +47,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
-from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
@@ -72,8 +72,12 @@ _DUPLICATE_STATES = {"23505", "23P01"}
 
 
 def transient(exc: DBAPIError) -> bool:
+    """True when a retry can succeed and nothing was committed. An OperationalError without a
+    SQLSTATE is the driver's own: the connection could not be made (the server restarting or
+    refusing connections) or was lost; it carries no server state and is transient too."""
     state = getattr(exc.orig, "sqlstate", None) or ""
-    return exc.connection_invalidated or state in _TRANSIENT_STATES or state.startswith(_TRANSIENT_CLASSES)
+    return (exc.connection_invalidated or state in _TRANSIENT_STATES or state.startswith(_TRANSIENT_CLASSES)
+            or (isinstance(exc, OperationalError) and not state))
 
 
 def refused_input(exc: DBAPIError) -> tuple[int, str] | None:

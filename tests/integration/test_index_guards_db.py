@@ -87,3 +87,28 @@ def test_verdicts_are_recorded_once_and_trusted_by_a_later_process(database_url)
         with pytest.raises(DBAPIError), eng.begin() as c:  # verdicts are never rewritten
             c.execute(text("UPDATE deposit_address_check SET derived = true"))
         ledger.assert_verified()
+
+
+def test_an_address_issued_between_the_wallet_read_and_the_row_fetch_is_not_refused(database_url):
+    """The refresh reads the wallets, then fetches the new deposit address rows in a later statement:
+    an address the api issued and committed in between (row and next_index in one transaction) was
+    refused as "never handed out" against the older next_index, opening a critical incident and
+    engaging the kill switch (found by bench/soak.py while customers were being given addresses)."""
+    from custody.wallet_index import _WALLETS_SQL
+
+    with own_database(database_url, "guard_race") as eng:
+        ledger = Ledger(eng)
+        wallets = Wallets(eng, ledger)
+        wallets.configure_asset("BTC", 8, "bitcoin", finality=2)
+        wallets.register_wallet("bitcoin", "deposit", "regtest", KEYS.account_xpub("bitcoin", "deposit"))
+        account = ledger.open_account("BTC", AccountKind.customer, "customer:eve:BTC", owner="eve").id
+        index = WalletIndex("bitcoin")
+        index.prepare(eng, cursor=None)
+        with eng.begin() as c:
+            stale = {r.id: r for r in c.execute(_WALLETS_SQL)}  # what the refresh read first
+            issued = wallets.issue_address("eve:1", account)  # the api, committed in between
+            index._refresh_deposit_addresses(c, stale)
+        assert issued.address in index.addresses
+        with eng.connect() as c:
+            assert_equal(c.execute(text("SELECT count(*) FROM incident")).scalar_one(), 0)
+        assert not kill_switch(eng).engaged
