@@ -14,8 +14,9 @@ A refill needs ether at the warm address for its gas: warm must HOLD ETH (booked
 location, e.g. from an earlier hot -> warm move of ether); custody opens a refill only when warm's
 booked ether covers the gas limit x max fee (plus the amount, for an ether refill), and never funds
 warm from hot. One refill at a time (the warm address sends nothing else, so its nonce is the
-signer's last warm record + 1 or the node's pending count; a partial unique index backs it). No
-HTTP route approves a refill yet: operators' signatures reach `approve_refill` in-process.
+signer's last warm record + 1 or the node's pending count; a partial unique index backs it).
+Operators approve over `POST /v1/eth-rebalances/{id}/approve` (custody.api.treasury_routes), which
+calls `approve_refill`.
 
 Destinations, never a custody row: warm is the signer's own warm key (ethereum account "warm",
 0/0); cold is an address PINNED in the signer's configuration (`cold_addresses.ethereum`,
