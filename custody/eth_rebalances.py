@@ -335,9 +335,15 @@ class EthRebalances:
         `approvers` before it is stored (the signer verifies it again against its own keys); the
         number of distinct operators who approved it. Codes, in the order checked:
         rebalance_not_found, invalid_state, approval_signature_required, approver_unknown,
-        approval_scheme_mismatch, approval_signature_invalid, approver_not_caller, already_acted."""
+        approval_scheme_mismatch, approval_signature_invalid, approver_not_caller, already_acted.
+
+        The row is read without a lock: custody_api may not lock `eth_rebalance` (FOR UPDATE needs an
+        UPDATE privilege the api has not; it is the worker's table, read-only for the api). Nothing
+        needs one: an open refill's amount and destination never change, approvals only ever add,
+        and the worker counts them in its signing transaction (the signer again, itself), so an
+        approval stored as the row leaves `open` is a late extra row that changes nothing."""
         with self.engine.begin() as c:
-            row = c.execute(text(f"{_ROW_SQL.text} FOR UPDATE"), {"r": rebalance_id}).first()
+            row = c.execute(_ROW_SQL, {"r": rebalance_id}).first()
             if row is None or row.source_tier != "warm":
                 raise CustodyError(CustodyErrorCode.rebalance_not_found, f"no ethereum warm -> hot refill {rebalance_id}")
             if row.state != "open":
