@@ -304,7 +304,7 @@ def test_hot_under_its_floor_is_refilled_from_warm_only_after_a_quorum(svc, anvi
     alice, bob = operator_api(svc, "op-alice"), operator_api(svc, "op-bob")
     [listed] = [x for x in alice.list_eth_rebalances(state="open") if x.id == refill]
     assert_equal((listed.source_tier, listed.destination_tier, listed.amount_minor, listed.approvals_required, listed.approvals),
-                 ("warm", "hot", str(ETHER), 2, 0))
+                 ("warm", "hot", ETHER, 2, 0))
     assert_equal(approve_over_http(alice, refill, "op-alice"), 1)
     with pytest.raises(Conflict) as again:
         approve_over_http(alice, refill, "op-alice")
