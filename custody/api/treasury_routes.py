@@ -171,17 +171,24 @@ def _rebalances(c: Container) -> Any:
     return c.rebalances
 
 
+def _latest(c: Container, select: str, *, state: str | None, limit: int, rebalance_id: int | None,
+            before_id: int | None) -> list:
+    """The rows of `select` (a SELECT ... FROM <table> r) newest first: in one state (None: any),
+    the one with `rebalance_id`, below `before_id`, at most `limit`."""
+    with c.engine.connect() as conn:
+        return conn.execute(text(
+            f"{select} WHERE (CAST(:s AS text) IS NULL OR r.state = :s) AND (CAST(:i AS bigint) IS NULL OR r.id = :i) "
+            "AND (CAST(:b AS bigint) IS NULL OR r.id < :b) ORDER BY r.id DESC LIMIT :l"),
+            {"s": state, "i": rebalance_id, "b": before_id, "l": limit}).all()
+
+
 def _list(c: Container, *, state: str | None = None, limit: int = 1, rebalance_id: int | None = None,
           before_id: int | None = None) -> list[RebalanceOut]:
     """The latest rebalances (optionally in one state, below `before_id`: the next page of a
     walk), or the one with `rebalance_id`."""
-    with c.engine.connect() as conn:
-        rows = conn.execute(text(
-            "SELECT id, chain, asset, source_tier, destination_tier, state, destination, amount, fee, spendable, "
-            "ceiling, target, txid, confirmations, created_at, updated_at FROM rebalance "
-            "WHERE (CAST(:s AS text) IS NULL OR state = :s) AND (CAST(:i AS bigint) IS NULL OR id = :i) "
-            "AND (CAST(:b AS bigint) IS NULL OR id < :b) "
-            "ORDER BY id DESC LIMIT :l"), {"s": state, "i": rebalance_id, "b": before_id, "l": limit}).all()
+    rows = _latest(c, "SELECT id, chain, asset, source_tier, destination_tier, state, destination, amount, fee, spendable, "
+                      "ceiling, target, txid, confirmations, created_at, updated_at FROM rebalance r",
+                   state=state, limit=limit, rebalance_id=rebalance_id, before_id=before_id)
     out = []
     for r in rows:
         decimals = c.ledger.get_asset(r.asset).decimals
@@ -233,8 +240,9 @@ def abandon_rebalance(rebalance_id: IdPath, body: CommentIn, c: ContainerDep, wh
     return row
 
 
-def _one(c: Container, rebalance_id: int) -> RebalanceOut:
-    rows = _list(c, rebalance_id=rebalance_id)
+def _one(c: Container, rebalance_id: int, listing: Callable[..., list] | None = None) -> Any:
+    """The row `rebalance_id` of `listing` (default `_list`: bitcoin; `_eth_list`), or rebalance_not_found."""
+    rows = (listing or _list)(c, rebalance_id=rebalance_id)
     if not rows:
         raise ApiError(404, "rebalance_not_found", f"no rebalance {rebalance_id}")
     return rows[0]
@@ -320,13 +328,8 @@ def _eth_rebalances(c: Container) -> Any:
 def _eth_list(c: Container, *, state: str | None = None, limit: int = 1, rebalance_id: int | None = None,
               before_id: int | None = None) -> list[EthRebalanceOut]:
     """The latest ethereum rebalances (optionally in one state, below `before_id`), or the one with `rebalance_id`."""
-    with c.engine.connect() as conn:
-        rows = conn.execute(text(
-            "SELECT r.*, (SELECT count(*) FROM eth_rebalance_approval a WHERE a.rebalance_id = r.id) AS approvals "
-            "FROM eth_rebalance r "
-            "WHERE (CAST(:s AS text) IS NULL OR r.state = :s) AND (CAST(:i AS bigint) IS NULL OR r.id = :i) "
-            "AND (CAST(:b AS bigint) IS NULL OR r.id < :b) "
-            "ORDER BY r.id DESC LIMIT :l"), {"s": state, "i": rebalance_id, "b": before_id, "l": limit}).all()
+    rows = _latest(c, "SELECT r.*, (SELECT count(*) FROM eth_rebalance_approval a WHERE a.rebalance_id = r.id) AS approvals "
+                      "FROM eth_rebalance r", state=state, limit=limit, rebalance_id=rebalance_id, before_id=before_id)
     out = []
     for r in rows:
         decimals = c.ledger.get_asset(r.asset).decimals
@@ -342,13 +345,6 @@ def _eth_list(c: Container, *, state: str | None = None, limit: int = 1, rebalan
     return out
 
 
-def _eth_one(c: Container, rebalance_id: int) -> EthRebalanceOut:
-    rows = _eth_list(c, rebalance_id=rebalance_id)
-    if not rows:
-        raise ApiError(404, "rebalance_not_found", f"no ethereum rebalance {rebalance_id}")
-    return rows[0]
-
-
 @router.get("/eth-rebalances", response_model=list[EthRebalanceOut], responses=responses(*PAGED))
 def list_eth_rebalances(c: ContainerDep, _: Auditor, page: EthRebalancesPage,
                         state: str | None = Query(default=None, max_length=40)) -> list[EthRebalanceOut]:
@@ -360,7 +356,7 @@ def list_eth_rebalances(c: ContainerDep, _: Auditor, page: EthRebalancesPage,
     responses=responses(*REFILL_PAYLOAD_CODES))
 def eth_refill_payload(rebalance_id: IdPath, c: ContainerDep, _: Auditor) -> RefillPayloadOut:
     """What an operator signs to approve an ethereum warm -> hot refill (payload chain "ethereum")."""
-    return _refill_payload_out(_eth_rebalances(c), rebalance_id, lambda: _eth_one(c, rebalance_id))
+    return _refill_payload_out(_eth_rebalances(c), rebalance_id, lambda: _one(c, rebalance_id, _eth_list))
 
 
 @router.post("/eth-rebalances/{rebalance_id}/approve", response_model=EthRefillApprovedOut,
@@ -368,7 +364,7 @@ def eth_refill_payload(rebalance_id: IdPath, c: ContainerDep, _: Auditor) -> Ref
 def approve_eth_refill(rebalance_id: IdPath, body: ApproveIn, c: ContainerDep, who: OperatorOnly) -> EthRefillApprovedOut:
     """Approve an ethereum warm -> hot refill with the operator's own signature over its approval payload."""
     approvals = _approve(_eth_rebalances(c), rebalance_id, body, who)
-    return EthRefillApprovedOut(rebalance=_eth_one(c, rebalance_id), approvals=approvals)
+    return EthRefillApprovedOut(rebalance=_one(c, rebalance_id, _eth_list), approvals=approvals)
 
 
 @router.post("/treasury/hot-funding", response_model=list[HotFundingOut],

@@ -32,16 +32,12 @@ branch_labels = None
 depends_on = None
 
 
-def _sibling(filename: str):
-    """A migration module of this directory, loaded by path (their names start with a digit)."""
-    spec = importlib.util.spec_from_file_location(f"_migration_{filename[:4]}", Path(__file__).with_name(filename))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_0040 = _sibling("0040_convert_fixes.py")  # its list rewriters: LIMITED_NOW, _set_limited, _set_read_only
+# 0040's list rewriters (LIMITED_NOW, _set_limited, _set_read_only), its module loaded by path (the
+# name starts with a digit)
+_spec = importlib.util.spec_from_file_location("_migration_0040", Path(__file__).with_name("0040_convert_fixes.py"))
+assert _spec is not None and _spec.loader is not None
+_0040 = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_0040)
 
 TO_0044 = f"""
 DO $do$
