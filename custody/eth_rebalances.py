@@ -14,8 +14,9 @@ A refill needs ether at the warm address for its gas: warm must HOLD ETH (booked
 location, e.g. from an earlier hot -> warm move of ether); custody opens a refill only when warm's
 booked ether covers the gas limit x max fee (plus the amount, for an ether refill), and never funds
 warm from hot. One refill at a time (the warm address sends nothing else, so its nonce is the
-signer's last warm record + 1 or the node's pending count; a partial unique index backs it). No
-HTTP route approves a refill yet: operators' signatures reach `approve_refill` in-process.
+signer's last warm record + 1 or the node's pending count; a partial unique index backs it).
+Operators approve over `POST /v1/eth-rebalances/{id}/approve` (custody.api.treasury_routes), which
+calls `approve_refill`.
 
 Destinations, never a custody row: warm is the signer's own warm key (ethereum account "warm",
 0/0); cold is an address PINNED in the signer's configuration (`cold_addresses.ethereum`,
@@ -334,9 +335,15 @@ class EthRebalances:
         `approvers` before it is stored (the signer verifies it again against its own keys); the
         number of distinct operators who approved it. Codes, in the order checked:
         rebalance_not_found, invalid_state, approval_signature_required, approver_unknown,
-        approval_scheme_mismatch, approval_signature_invalid, approver_not_caller, already_acted."""
+        approval_scheme_mismatch, approval_signature_invalid, approver_not_caller, already_acted.
+
+        The row is read without a lock: custody_api may not lock `eth_rebalance` (FOR UPDATE needs an
+        UPDATE privilege the api has not; it is the worker's table, read-only for the api). Nothing
+        needs one: an open refill's amount and destination never change, approvals only ever add,
+        and the worker counts them in its signing transaction (the signer again, itself), so an
+        approval stored as the row leaves `open` is a late extra row that changes nothing."""
         with self.engine.begin() as c:
-            row = c.execute(text(f"{_ROW_SQL.text} FOR UPDATE"), {"r": rebalance_id}).first()
+            row = c.execute(_ROW_SQL, {"r": rebalance_id}).first()
             if row is None or row.source_tier != "warm":
                 raise CustodyError(CustodyErrorCode.rebalance_not_found, f"no ethereum warm -> hot refill {rebalance_id}")
             if row.state != "open":

@@ -24,6 +24,12 @@ and booking treasury funding of the ethereum hot wallet (custody.payouts).
   only, body `{"comment", "signature"}` as for a withdrawal): a signed approval, verified against
   custody's approver keys; the signer verifies it again and signs the refill only once the
   quorum is reached.
+- `GET /v1/eth-rebalances` (auditor, operator): the ethereum rebalances (custody.eth_rebalances:
+  hot -> warm/cold over the ceiling, warm -> hot refills) with their state, amounts, thresholds,
+  approvals so far and the transaction once signed; newest first, paged.
+  `GET /v1/eth-rebalances/{id}/approval-payload` and `POST /v1/eth-rebalances/{id}/approve` are the
+  bitcoin refill's two routes for an ethereum refill (payload chain "ethereum"), served by the same
+  functions (`_refill_payload_out`, `_approve`): same body, same checks, same codes.
 - `POST /v1/treasury/hot-funding` (operator, body `{"chain": "ethereum", "txid": "0x..."}`): book
   what one final treasury transaction paid the ethereum hot address, read from the chain (its ether
   value, each configured token's Transfer log); answers the items (asset, amount as a decimal string
@@ -36,7 +42,7 @@ Without chain adapters the service answers `chains_not_configured` (503).
 from __future__ import annotations
 
 import base64
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
@@ -55,6 +61,7 @@ from ledger.amounts import format_amount, parse_amount
 
 router = APIRouter(prefix="/v1", tags=["treasury"])
 RebalancesPage = pager("rebalances", newest_first=True, default=50, maximum=500)
+EthRebalancesPage = pager("eth-rebalances", newest_first=True, default=50, maximum=500)
 
 
 class RebalanceOut(BaseModel):
@@ -107,6 +114,38 @@ class RefillApprovedOut(BaseModel):
     approvals: int = Field(description="distinct operators who approved it so far")
 
 
+class EthRebalanceOut(BaseModel):
+    id: int
+    chain: Literal["ethereum"] = "ethereum"
+    asset: str
+    source_tier: str
+    destination_tier: str
+    state: str
+    destination: str
+    amount: str
+    amount_minor: str
+    spendable_minor: str
+    ceiling_minor: str
+    target_minor: str
+    floor_minor: str | None
+    approvals_required: int = Field(description="a refill's operator quorum (0: no approval needed)")
+    approvals: int = Field(description="distinct operator keys that approved it so far")
+    nonce: int | None = Field(description="the sender's nonce, taken when it is signed")
+    gas_limit: int
+    max_fee_wei: str
+    txid: str | None
+    fee_minor: str | None = Field(description="gas burnt (wei), once mined")
+    confirmations: int
+    created_at: str
+    updated_at: str
+    amounts: dict[str, Money] = Field(description="`amount`, `spendable`, `ceiling` and `target` as {value, minor}")
+
+
+class EthRefillApprovedOut(BaseModel):
+    rebalance: EthRebalanceOut
+    approvals: int = Field(description="distinct operators who approved it so far")
+
+
 class HotFundingIn(BaseModel):
     chain: Literal["ethereum"] = Field(description="ethereum only: bitcoin funding of the hot wallet is booked "
                                                    "automatically by the hot-wallet sync")
@@ -132,17 +171,24 @@ def _rebalances(c: Container) -> Any:
     return c.rebalances
 
 
+def _latest(c: Container, select: str, *, state: str | None, limit: int, rebalance_id: int | None,
+            before_id: int | None) -> list:
+    """The rows of `select` (a SELECT ... FROM <table> r) newest first: in one state (None: any),
+    the one with `rebalance_id`, below `before_id`, at most `limit`."""
+    with c.engine.connect() as conn:
+        return conn.execute(text(
+            f"{select} WHERE (CAST(:s AS text) IS NULL OR r.state = :s) AND (CAST(:i AS bigint) IS NULL OR r.id = :i) "
+            "AND (CAST(:b AS bigint) IS NULL OR r.id < :b) ORDER BY r.id DESC LIMIT :l"),
+            {"s": state, "i": rebalance_id, "b": before_id, "l": limit}).all()
+
+
 def _list(c: Container, *, state: str | None = None, limit: int = 1, rebalance_id: int | None = None,
           before_id: int | None = None) -> list[RebalanceOut]:
     """The latest rebalances (optionally in one state, below `before_id`: the next page of a
     walk), or the one with `rebalance_id`."""
-    with c.engine.connect() as conn:
-        rows = conn.execute(text(
-            "SELECT id, chain, asset, source_tier, destination_tier, state, destination, amount, fee, spendable, "
-            "ceiling, target, txid, confirmations, created_at, updated_at FROM rebalance "
-            "WHERE (CAST(:s AS text) IS NULL OR state = :s) AND (CAST(:i AS bigint) IS NULL OR id = :i) "
-            "AND (CAST(:b AS bigint) IS NULL OR id < :b) "
-            "ORDER BY id DESC LIMIT :l"), {"s": state, "i": rebalance_id, "b": before_id, "l": limit}).all()
+    rows = _latest(c, "SELECT id, chain, asset, source_tier, destination_tier, state, destination, amount, fee, spendable, "
+                      "ceiling, target, txid, confirmations, created_at, updated_at FROM rebalance r",
+                   state=state, limit=limit, rebalance_id=rebalance_id, before_id=before_id)
     out = []
     for r in rows:
         decimals = c.ledger.get_asset(r.asset).decimals
@@ -194,8 +240,9 @@ def abandon_rebalance(rebalance_id: IdPath, body: CommentIn, c: ContainerDep, wh
     return row
 
 
-def _one(c: Container, rebalance_id: int) -> RebalanceOut:
-    rows = _list(c, rebalance_id=rebalance_id)
+def _one(c: Container, rebalance_id: int, listing: Callable[..., list] | None = None) -> Any:
+    """The row `rebalance_id` of `listing` (default `_list`: bitcoin; `_eth_list`), or rebalance_not_found."""
+    rows = (listing or _list)(c, rebalance_id=rebalance_id)
     if not rows:
         raise ApiError(404, "rebalance_not_found", f"no rebalance {rebalance_id}")
     return rows[0]
@@ -230,24 +277,94 @@ def import_psbt(rebalance_id: IdPath, body: PsbtIn, c: ContainerDep, who: Operat
     return PsbtOut(rebalance=_one(c, rebalance_id), psbt=None)
 
 
-@router.get("/rebalances/{rebalance_id}/approval-payload", response_model=RefillPayloadOut,
-    responses=responses("chains_not_configured", "rebalance_not_found"))
-def refill_payload(rebalance_id: IdPath, c: ContainerDep, _: Auditor) -> RefillPayloadOut:
-    """What an operator signs to approve a warm -> hot refill."""
-    payload = _rebalances(c).refill_payload(rebalance_id)
-    row = _one(c, rebalance_id)
-    return RefillPayloadOut(rebalance_id=rebalance_id, amount_minor=row.amount_minor, destination=row.destination,
+# A refill's approval routes, bitcoin (`/v1/rebalances/...`, custody.rebalances) and ethereum
+# (`/v1/eth-rebalances/...`, custody.eth_rebalances): both services answer `refill_payload(id)` and
+# `approve_refill(id, operator=, signature=)` with the same checks and codes, so one pair of
+# functions serves both and each route only names its service and its row.
+REFILL_PAYLOAD_CODES = ("chains_not_configured", "rebalance_not_found")
+REFILL_APPROVE_CODES = ("chains_not_configured", "rebalance_not_found", "invalid_state", "already_acted",
+                        "approval_signature_required", "approval_signature_malformed", "approver_unknown",
+                        "approval_scheme_mismatch", "approval_signature_invalid", "approver_not_caller")
+
+
+def _refill_payload_out(service: Any, rebalance_id: int, row: Callable[[], Any]) -> RefillPayloadOut:
+    """The payload of refill `rebalance_id` (the service refuses anything but a refill first), with
+    the figures of its row."""
+    payload = service.refill_payload(rebalance_id)
+    r = row()
+    return RefillPayloadOut(rebalance_id=rebalance_id, amount_minor=r.amount_minor, destination=r.destination,
                             payload=payload.decode("utf-8"), payload_base64=base64.b64encode(payload).decode("ascii"))
 
 
+def _approve(service: Any, rebalance_id: int, body: ApproveIn, who: Any) -> int:
+    """Store the calling operator's signed approval (verified at the door against custody's
+    approver registry: the key must be the caller's own; one approval per key); how many so far."""
+    return service.approve_refill(rebalance_id, operator=f"api:{who.name}", signature=_signature(body))
+
+
+@router.get("/rebalances/{rebalance_id}/approval-payload", response_model=RefillPayloadOut,
+    responses=responses(*REFILL_PAYLOAD_CODES))
+def refill_payload(rebalance_id: IdPath, c: ContainerDep, _: Auditor) -> RefillPayloadOut:
+    """What an operator signs to approve a warm -> hot refill."""
+    return _refill_payload_out(_rebalances(c), rebalance_id, lambda: _one(c, rebalance_id))
+
+
 @router.post("/rebalances/{rebalance_id}/approve", response_model=RefillApprovedOut,
-    responses=responses("chains_not_configured", "rebalance_not_found", "invalid_state", "already_acted",
-                        "approval_signature_required", "approval_signature_malformed", "approver_unknown",
-                        "approval_scheme_mismatch", "approval_signature_invalid", "approver_not_caller"))
+    responses=responses(*REFILL_APPROVE_CODES))
 def approve_refill(rebalance_id: IdPath, body: ApproveIn, c: ContainerDep, who: OperatorOnly) -> RefillApprovedOut:
     """Approve a warm -> hot refill with the operator's own signature over its approval payload."""
-    approvals = _rebalances(c).approve_refill(rebalance_id, operator=f"api:{who.name}", signature=_signature(body))
+    approvals = _approve(_rebalances(c), rebalance_id, body, who)
     return RefillApprovedOut(rebalance=_one(c, rebalance_id), approvals=approvals)
+
+
+# ---- ethereum rebalances ----------------------------------------------------------------------
+
+def _eth_rebalances(c: Container) -> Any:
+    if c.eth_rebalances is None:
+        raise ApiError(503, "chains_not_configured", "no ethereum rebalances are configured on this service")
+    return c.eth_rebalances
+
+
+def _eth_list(c: Container, *, state: str | None = None, limit: int = 1, rebalance_id: int | None = None,
+              before_id: int | None = None) -> list[EthRebalanceOut]:
+    """The latest ethereum rebalances (optionally in one state, below `before_id`), or the one with `rebalance_id`."""
+    rows = _latest(c, "SELECT r.*, (SELECT count(*) FROM eth_rebalance_approval a WHERE a.rebalance_id = r.id) AS approvals "
+                      "FROM eth_rebalance r", state=state, limit=limit, rebalance_id=rebalance_id, before_id=before_id)
+    out = []
+    for r in rows:
+        decimals = c.ledger.get_asset(r.asset).decimals
+        out.append(EthRebalanceOut(
+            id=r.id, asset=r.asset, source_tier=r.source_tier, destination_tier=r.destination_tier, state=r.state,
+            destination=r.destination, amount=format_amount(int(r.amount), decimals), amount_minor=str(int(r.amount)),
+            spendable_minor=str(int(r.spendable)), ceiling_minor=str(int(r.ceiling)), target_minor=str(int(r.target)),
+            floor_minor=None if r.floor is None else str(int(r.floor)), approvals_required=r.approvals_required,
+            approvals=r.approvals, nonce=None if r.nonce is None else int(r.nonce), gas_limit=int(r.gas_limit),
+            max_fee_wei=str(int(r.max_fee_wei)), txid=r.txid, fee_minor=None if r.fee is None else str(int(r.fee)),
+            confirmations=r.confirmations, created_at=r.created_at.isoformat(), updated_at=r.updated_at.isoformat(),
+            amounts={name: Money.of(int(getattr(r, name)), decimals) for name in ("amount", "spendable", "ceiling", "target")}))
+    return out
+
+
+@router.get("/eth-rebalances", response_model=list[EthRebalanceOut], responses=responses(*PAGED))
+def list_eth_rebalances(c: ContainerDep, _: Auditor, page: EthRebalancesPage,
+                        state: str | None = Query(default=None, max_length=40)) -> list[EthRebalanceOut]:
+    """Ethereum rebalances newest first (paged: `X-Next-Cursor`)."""
+    return page.finish(_eth_list(c, state=state, before_id=page.key, limit=page.fetch), key=lambda r: r.id)
+
+
+@router.get("/eth-rebalances/{rebalance_id}/approval-payload", response_model=RefillPayloadOut,
+    responses=responses(*REFILL_PAYLOAD_CODES))
+def eth_refill_payload(rebalance_id: IdPath, c: ContainerDep, _: Auditor) -> RefillPayloadOut:
+    """What an operator signs to approve an ethereum warm -> hot refill (payload chain "ethereum")."""
+    return _refill_payload_out(_eth_rebalances(c), rebalance_id, lambda: _one(c, rebalance_id, _eth_list))
+
+
+@router.post("/eth-rebalances/{rebalance_id}/approve", response_model=EthRefillApprovedOut,
+    responses=responses(*REFILL_APPROVE_CODES))
+def approve_eth_refill(rebalance_id: IdPath, body: ApproveIn, c: ContainerDep, who: OperatorOnly) -> EthRefillApprovedOut:
+    """Approve an ethereum warm -> hot refill with the operator's own signature over its approval payload."""
+    approvals = _approve(_eth_rebalances(c), rebalance_id, body, who)
+    return EthRefillApprovedOut(rebalance=_one(c, rebalance_id, _eth_list), approvals=approvals)
 
 
 @router.post("/treasury/hot-funding", response_model=list[HotFundingOut],

@@ -38,6 +38,7 @@ _DESTINATIONALLOWEDOUT: TypeAdapter[Any] = TypeAdapter(DestinationAllowedOut)
 _DESTINATIONREMOVEDOUT: TypeAdapter[Any] = TypeAdapter(DestinationRemovedOut)
 _ENDPOINTOUT: TypeAdapter[Any] = TypeAdapter(EndpointOut)
 _ENDPOINTSECRETOUT: TypeAdapter[Any] = TypeAdapter(EndpointSecretOut)
+_ETHREFILLAPPROVEDOUT: TypeAdapter[Any] = TypeAdapter(EthRefillApprovedOut)
 _FILLSOUT: TypeAdapter[Any] = TypeAdapter(FillsOut)
 _HOLDOUT: TypeAdapter[Any] = TypeAdapter(HoldOut)
 _INCIDENTOUT: TypeAdapter[Any] = TypeAdapter(IncidentOut)
@@ -72,6 +73,7 @@ _LIST_ASSETOUT: TypeAdapter[Any] = TypeAdapter(list[AssetOut])
 _LIST_DELIVERYOUT: TypeAdapter[Any] = TypeAdapter(list[DeliveryOut])
 _LIST_DEPOSITOUT: TypeAdapter[Any] = TypeAdapter(list[DepositOut])
 _LIST_ENDPOINTOUT: TypeAdapter[Any] = TypeAdapter(list[EndpointOut])
+_LIST_ETHREBALANCEOUT: TypeAdapter[Any] = TypeAdapter(list[EthRebalanceOut])
 _LIST_HOTFUNDINGOUT: TypeAdapter[Any] = TypeAdapter(list[HotFundingOut])
 _LIST_INCIDENTOUT: TypeAdapter[Any] = TypeAdapter(list[IncidentOut])
 _LIST_MARKETOUT: TypeAdapter[Any] = TypeAdapter(list[MarketOut])
@@ -367,6 +369,22 @@ class SyncMethods:
     def approve_refill(self, rebalance_id: int, body: ApproveIn | Mapping[str, Any] | None = None, /, **fields: Any) -> RefillApprovedOut:
         'POST /v1/rebalances/{rebalance_id}/approve: Approve Refill'
         return self._call('POST', f'/v1/rebalances/{_seg(rebalance_id)}/approve', params=None, body=_body(ApproveIn, body, fields), answer=_REFILLAPPROVEDOUT)
+
+    def list_eth_rebalances(self, *, state: str | None = None, cursor: str | None = None, limit: int = 50) -> list[EthRebalanceOut]:
+        'GET /v1/eth-rebalances: List Eth Rebalances'
+        return self._call('GET', '/v1/eth-rebalances', params={'state': state, 'cursor': cursor, 'limit': limit}, body=None, answer=_LIST_ETHREBALANCEOUT)
+
+    def iter_eth_rebalances(self, *, state: str | None = None, limit: int = 50) -> Iterator[EthRebalanceOut]:
+        'Every item of GET /v1/eth-rebalances, page after page (follows X-Next-Cursor).'
+        return self._walk(lambda cursor: self._page('GET', '/v1/eth-rebalances', params={'state': state, 'cursor': cursor, 'limit': limit}, answer=_LIST_ETHREBALANCEOUT), None)
+
+    def eth_refill_approval_payload(self, rebalance_id: int, /) -> RefillPayloadOut:
+        'GET /v1/eth-rebalances/{rebalance_id}/approval-payload: Eth Refill Payload'
+        return self._call('GET', f'/v1/eth-rebalances/{_seg(rebalance_id)}/approval-payload', params=None, body=None, answer=_REFILLPAYLOADOUT)
+
+    def approve_eth_refill(self, rebalance_id: int, body: ApproveIn | Mapping[str, Any] | None = None, /, **fields: Any) -> EthRefillApprovedOut:
+        'POST /v1/eth-rebalances/{rebalance_id}/approve: Approve Eth Refill'
+        return self._call('POST', f'/v1/eth-rebalances/{_seg(rebalance_id)}/approve', params=None, body=_body(ApproveIn, body, fields), answer=_ETHREFILLAPPROVEDOUT)
 
     def book_hot_funding(self, body: HotFundingIn | Mapping[str, Any] | None = None, /, **fields: Any) -> list[HotFundingOut]:
         'POST /v1/treasury/hot-funding: Book Hot Funding'
@@ -799,6 +817,22 @@ class AsyncMethods:
     async def approve_refill(self, rebalance_id: int, body: ApproveIn | Mapping[str, Any] | None = None, /, **fields: Any) -> RefillApprovedOut:
         'POST /v1/rebalances/{rebalance_id}/approve: Approve Refill'
         return await self._call('POST', f'/v1/rebalances/{_seg(rebalance_id)}/approve', params=None, body=_body(ApproveIn, body, fields), answer=_REFILLAPPROVEDOUT)
+
+    async def list_eth_rebalances(self, *, state: str | None = None, cursor: str | None = None, limit: int = 50) -> list[EthRebalanceOut]:
+        'GET /v1/eth-rebalances: List Eth Rebalances'
+        return await self._call('GET', '/v1/eth-rebalances', params={'state': state, 'cursor': cursor, 'limit': limit}, body=None, answer=_LIST_ETHREBALANCEOUT)
+
+    def iter_eth_rebalances(self, *, state: str | None = None, limit: int = 50) -> AsyncIterator[EthRebalanceOut]:
+        'Every item of GET /v1/eth-rebalances, page after page (follows X-Next-Cursor).'
+        return self._walk(lambda cursor: self._page('GET', '/v1/eth-rebalances', params={'state': state, 'cursor': cursor, 'limit': limit}, answer=_LIST_ETHREBALANCEOUT), None)
+
+    async def eth_refill_approval_payload(self, rebalance_id: int, /) -> RefillPayloadOut:
+        'GET /v1/eth-rebalances/{rebalance_id}/approval-payload: Eth Refill Payload'
+        return await self._call('GET', f'/v1/eth-rebalances/{_seg(rebalance_id)}/approval-payload', params=None, body=None, answer=_REFILLPAYLOADOUT)
+
+    async def approve_eth_refill(self, rebalance_id: int, body: ApproveIn | Mapping[str, Any] | None = None, /, **fields: Any) -> EthRefillApprovedOut:
+        'POST /v1/eth-rebalances/{rebalance_id}/approve: Approve Eth Refill'
+        return await self._call('POST', f'/v1/eth-rebalances/{_seg(rebalance_id)}/approve', params=None, body=_body(ApproveIn, body, fields), answer=_ETHREFILLAPPROVEDOUT)
 
     async def book_hot_funding(self, body: HotFundingIn | Mapping[str, Any] | None = None, /, **fields: Any) -> list[HotFundingOut]:
         'POST /v1/treasury/hot-funding: Book Hot Funding'

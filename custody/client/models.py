@@ -442,6 +442,42 @@ class EntryOut(BaseModel):
     metadata: dict[str, Any] | None = None
 
 
+class EthRebalanceOut(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    id: int
+    chain: str = 'ethereum'
+    asset: str
+    source_tier: str
+    destination_tier: str
+    state: str
+    destination: str
+    amount: Amount
+    amount_minor: Minor
+    spendable_minor: Minor
+    ceiling_minor: Minor
+    target_minor: Minor
+    floor_minor: Minor | None
+    approvals_required: int
+    approvals: int
+    nonce: int | None
+    gas_limit: int
+    max_fee_wei: str
+    txid: str | None
+    fee_minor: Minor | None
+    confirmations: int
+    created_at: str
+    updated_at: str
+    amounts: dict[str, Money]
+
+
+class EthRefillApprovedOut(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    rebalance: EthRebalanceOut
+    approvals: int
+
+
 class FeeTierIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

@@ -44,7 +44,7 @@ INSUFFICIENT_PRIVILEGE = "42501"
 MIGRATION = Path(__file__).resolve().parents[2] / "migrations" / "versions" / "0020_process_roles.py"
 API_READ_ONLY = ["api_key", "btc_wallet_output", "chain_asset", "chain_cursor", "chain_transaction", "convert_config",
                  "convert_price", "convert_quote", "denylist_address", "deposit_address_check", "eth_gas_funding",
-                 "eth_nonce", "eth_rebalance", "eth_rebalance_approval", "eth_sweep", "firm_tx_version", "job_stat",
+                 "eth_nonce", "eth_rebalance", "eth_sweep", "firm_tx_version", "job_stat",
                  "matching_snapshot", "node_view_health", "outbox", "outbox_aggregate", "reserve_leaf", "reserve_node",
                  "reserve_report"]
 # migrations 0022, 0023 (the wallet index), 0025, 0028 (the index's verdicts, the node view's health), 0032 (events:
@@ -52,7 +52,8 @@ API_READ_ONLY = ["api_key", "btc_wallet_output", "chain_asset", "chain_cursor", 
 # only), 0037 (ethereum sweeps: the worker's), 0038 (fee-bump versions of sweeps and rebalances: the worker's),
 # 0043 (proof-of-reserves reports, leaves and nodes: the worker's job builds and publishes them), 0042 (ethereum
 # rebalances: the worker's), 0040 (convert's rates and operator prices: the worker's start-up and the SECURITY
-# DEFINER convert_price_set): custody_api may only read them
+# DEFINER convert_price_set): custody_api may only read them; 0044 took `eth_rebalance_approval` out (the api
+# INSERTs operators' signed approvals of an ethereum refill, nothing more)
 
 
 def sqlstate(engine: Engine, role: str | None, sql: str, params: dict | None = None) -> str | None:
@@ -225,6 +226,8 @@ API_FORBIDDEN = {
     "rewrite_eth_gas_funding": "UPDATE eth_gas_funding SET amount = amount * 2 WHERE false",
     "insert_eth_rebalance": "INSERT INTO eth_rebalance SELECT * FROM eth_rebalance WHERE false",
     "redirect_eth_rebalance": "UPDATE eth_rebalance SET destination = '0xattacker' WHERE false",
+    "rewrite_eth_rebalance_approval": "UPDATE eth_rebalance_approval SET signature = signature WHERE false",
+    "delete_eth_rebalance_approval": "DELETE FROM eth_rebalance_approval WHERE false",
     "reserve_deposit_for_eth_sweep": "UPDATE deposit_observation SET eth_swept_by = NULL WHERE false",
     # reference data and keys that would outlive a compromise
     "change_asset_fees": "UPDATE chain_asset SET withdrawal_fee = 0, finality_confirmations = 0 WHERE false",

@@ -14,6 +14,10 @@ The third scenario drives hot below its floor: a warm -> hot refill (warm holds 
 earlier move and pays its own gas) waits for the signed approvals of two operators: before them the
 worker does not ask and the signer, asked directly, refuses (`rebalance_not_approved`, also with one
 approval); after them it is signed, sent and booked warm -> hot at finality, reconciled throughout.
+The operators work over HTTP with the typed client (custody.client, on the in-process app): they
+find the refill in `GET /v1/eth-rebalances`, read `GET /v1/eth-rebalances/{id}/approval-payload`,
+sign it with their own keys and POST `/v1/eth-rebalances/{id}/approve`; a second approval by the
+same operator is `already_acted`.
 
 The second scenario kills the process after the signer signed and before custody stored the
 signature: the restart signs the same rebalance at the same hot nonce (the signer's record), the
@@ -22,10 +26,13 @@ same txid, and the move is booked once.
 from __future__ import annotations
 
 import pytest
+from fastapi.testclient import TestClient
 from eth_utils import keccak, to_checksum_address
 from sqlalchemy import text
 
 import custody.eth_rebalances as eth_rebalances_module
+from custody.api.app import create_app
+from custody.client import Conflict, CustodyClient
 from custody.container import Container
 from custody.devchains import signer_asset_entries
 from custody.eth_rebalances import EthRebalanceConfig
@@ -34,7 +41,7 @@ from regtest.anvil_node import FAUCET_ADDRESS
 from regtest.util import assert_equal
 from signer.assets import assets_from_entries
 from signer.protocol import RefusalCode, SigningRefused
-from tests.approvers import registry, sign_approval
+from tests.approvers import operator_key, registry, sign_approval, signature_json
 from tests.e2e.custody.conftest import ETH_FINALITY
 
 USDT = 10**6
@@ -242,6 +249,19 @@ def test_crash_after_the_signer_signed_re_signs_the_same_slot(svc, custody, sign
     assert_equal(booked, 1)
 
 
+def operator_api(svc, name: str) -> CustodyClient:
+    """The typed client as operator `name` (API key and approver key of that name) on `svc`'s app."""
+    return CustodyClient("http://testserver", operator_key(svc, name), http=TestClient(create_app(svc)), retries=0)
+
+
+def approve_over_http(api: CustodyClient, refill: int, operator: str) -> int:
+    """`operator` reads the refill's payload over HTTP, signs it with their key, approves it; the approvals so far."""
+    payload = api.eth_refill_approval_payload(refill).payload.encode()
+    answer = api.approve_eth_refill(refill, comment="refill checked", signature=signature_json(sign_approval(payload, operator)))
+    assert_equal((answer.rebalance.id, answer.rebalance.approvals), (refill, answer.approvals))
+    return answer.approvals
+
+
 def test_hot_under_its_floor_is_refilled_from_warm_only_after_a_quorum(svc, anvil, usdt, eth_adapter, ledger, log):
     r = svc.eth_rebalances
     hot, warm = svc.payouts.hot_address("ethereum"), r.warm_address
@@ -281,8 +301,14 @@ def test_hot_under_its_floor_is_refilled_from_warm_only_after_a_quorum(svc, anvi
     with pytest.raises(SigningRefused) as refused:
         ask_signer()
     assert_equal(refused.value.code, RefusalCode.rebalance_not_approved)
-    payload = r.refill_payload(refill)
-    assert_equal(r.approve_refill(refill, operator="op-alice", signature=sign_approval(payload, "op-alice")), 1)
+    alice, bob = operator_api(svc, "op-alice"), operator_api(svc, "op-bob")
+    [listed] = [x for x in alice.list_eth_rebalances(state="open") if x.id == refill]
+    assert_equal((listed.source_tier, listed.destination_tier, listed.amount_minor, listed.approvals_required, listed.approvals),
+                 ("warm", "hot", ETHER, 2, 0))
+    assert_equal(approve_over_http(alice, refill, "op-alice"), 1)
+    with pytest.raises(Conflict) as again:
+        approve_over_http(alice, refill, "op-alice")
+    assert_equal(again.value.code, "already_acted")
     assert_equal(r.sign(), [])
     with pytest.raises(SigningRefused) as refused:
         ask_signer()
@@ -290,7 +316,7 @@ def test_hot_under_its_floor_is_refilled_from_warm_only_after_a_quorum(svc, anvi
     assert_equal(differences(svc), baseline)
 
     log.info("a second operator: signed, sent, booked warm -> hot at finality; reconciled at every step")
-    assert_equal(r.approve_refill(refill, operator="op-bob", signature=sign_approval(payload, "op-bob")), 2)
+    assert_equal(approve_over_http(bob, refill, "op-bob"), 2)
     drain(svc, anvil, baseline)
     with svc.engine.connect() as c:
         done = c.execute(text("SELECT state, fee FROM eth_rebalance WHERE id = :r"), {"r": refill}).one()
@@ -300,3 +326,6 @@ def test_hot_under_its_floor_is_refilled_from_warm_only_after_a_quorum(svc, anvi
                  (-ETHER - gas, ETHER))
     assert_equal((eth_adapter.balance(warm) - chain_before[0], eth_adapter.balance(hot) - chain_before[1]), (-ETHER - gas, ETHER))
     assert_equal(r.decide(), [])  # back at target
+    assert_equal(differences(svc), dict.fromkeys(TIERS, 0))  # reconciliation: zero on every ethereum line
+    assert_equal(unfinished(svc.engine), 0)
+    ledger.assert_verified()
