@@ -319,8 +319,12 @@ def approve_refill(rebalance_id: IdPath, body: ApproveIn, c: ContainerDep, who: 
 
 # ---- ethereum rebalances ----------------------------------------------------------------------
 
-def _eth_rebalances(c: Container) -> Any:
+def _eth_rebalances(c: Container, rebalance_id: int) -> Any:
+    """The ethereum rebalance service; without one (no `[treasury.ethereum]`), a row that does not
+    exist is still `rebalance_not_found` (404), as it is with one: only an existing row's action
+    needs the service (`chains_not_configured`, 503)."""
     if c.eth_rebalances is None:
+        _one(c, rebalance_id, _eth_list)
         raise ApiError(503, "chains_not_configured", "no ethereum rebalances are configured on this service")
     return c.eth_rebalances
 
@@ -356,14 +360,14 @@ def list_eth_rebalances(c: ContainerDep, _: Auditor, page: EthRebalancesPage,
     responses=responses(*REFILL_PAYLOAD_CODES))
 def eth_refill_payload(rebalance_id: IdPath, c: ContainerDep, _: Auditor) -> RefillPayloadOut:
     """What an operator signs to approve an ethereum warm -> hot refill (payload chain "ethereum")."""
-    return _refill_payload_out(_eth_rebalances(c), rebalance_id, lambda: _one(c, rebalance_id, _eth_list))
+    return _refill_payload_out(_eth_rebalances(c, rebalance_id), rebalance_id, lambda: _one(c, rebalance_id, _eth_list))
 
 
 @router.post("/eth-rebalances/{rebalance_id}/approve", response_model=EthRefillApprovedOut,
     responses=responses(*REFILL_APPROVE_CODES))
 def approve_eth_refill(rebalance_id: IdPath, body: ApproveIn, c: ContainerDep, who: OperatorOnly) -> EthRefillApprovedOut:
     """Approve an ethereum warm -> hot refill with the operator's own signature over its approval payload."""
-    approvals = _approve(_eth_rebalances(c), rebalance_id, body, who)
+    approvals = _approve(_eth_rebalances(c, rebalance_id), rebalance_id, body, who)
     return EthRefillApprovedOut(rebalance=_one(c, rebalance_id, _eth_list), approvals=approvals)
 
 
