@@ -75,6 +75,10 @@ def decode(list_name: str, cursor: str) -> Key:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
     except (binascii.Error, ValueError):
         raise _invalid("it is not url-safe base64") from None
+    if base64.urlsafe_b64encode(raw).rstrip(b"=").decode() != cursor:
+        # the last character of unpadded base64 carries bits the decoder ignores: only the one
+        # spelling `encode` writes is a cursor, so a changed character is never the same cursor
+        raise _invalid("it is not the cursor X-Next-Cursor gave: copy it unchanged")
     payload, check = raw[:-_CHECK_BYTES], raw[-_CHECK_BYTES:]
     if len(raw) <= _CHECK_BYTES or _check(payload) != check:
         raise _invalid("its checksum does not match: copy it unchanged from X-Next-Cursor")

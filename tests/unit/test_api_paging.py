@@ -58,3 +58,28 @@ def test_an_in_memory_list_pages_in_its_order():
     assert "X-Next-Cursor" not in last.response.headers
     newest = _page(3, 5, newest_first=True)
     assert newest.slice([1, 2, 3, 4], key=lambda x: x) == [2, 1]
+
+
+def test_a_cursor_with_its_unused_bits_changed_is_refused():
+    """Unpadded base64's last character carries bits the decoder drops: a cursor whose last
+    character is changed within them decodes to the same bytes, and was accepted (a flaky
+    test_a_bad_cursor_is_a_4xx_never_a_500 found it). Only the spelling `encode` wrote is a cursor."""
+    import base64
+
+    from custody.api.errors import ApiError
+    from custody.api.paging import decode, encode
+
+    for key in range(1, 200):
+        cursor = encode("firm-accounts", key)
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+        twins = [cursor[:-1] + ch for ch in alphabet if ch != cursor[-1]
+                 and base64.urlsafe_b64decode(cursor[:-1] + ch + "=" * (-len(cursor) % 4)) == raw]
+        for twin in twins:
+            try:
+                decode("firm-accounts", twin)
+            except ApiError as exc:
+                assert exc.code == "invalid_cursor"
+            else:
+                raise AssertionError(f"{twin!r} (a twin of {cursor!r}) was accepted")
+        assert decode("firm-accounts", cursor) == key

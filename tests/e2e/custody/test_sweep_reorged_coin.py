@@ -120,6 +120,27 @@ def explained(custody, engine, ledger, incident_id: int, decision: str = "captur
     release_kill_switch(engine, "reorged deposit explained")
 
 
+@pytest.fixture(autouse=True)
+def no_earlier_coins(custody, bitcoind, engine, log):
+    """The e2e session's database is shared: earlier suites leave booked, unswept deposit coins, and a
+    sweep takes the oldest `max_inputs` of them first. Sweep them all to finality before each test,
+    so that its sweeps are made of its own coins (found by the whole suite: a sweep of 200 earlier
+    coins did not hold this test's deposit)."""
+    sweeps = custody.sweeps
+    for _ in range(50):
+        custody.deposits.run_once(["bitcoin"])
+        if sweeps.sweep_bitcoin() is None:
+            break
+        sweeps.broadcast()
+        bitcoind.mine(BTC_FINALITY)
+        custody.deposits.run_once(["bitcoin"])
+        sweeps.track()
+    with engine.connect() as c:
+        unswept = c.execute(text("SELECT count(*) FROM sweep WHERE state NOT IN ('final', 'dropped', 'abandoned')")).scalar_one()
+    assert_equal(unswept, 0)
+    log.info("earlier suites' deposit coins swept: this test's sweeps hold only its own")
+
+
 def test_sweep_never_reserves_a_coin_reorged_out_after_finality(custody, customer, btc, bitcoind, engine, ledger, log):
     sweeps = custody.sweeps
     log.info("a credited deposit is double-spent away in a longer chain after finality")
