@@ -72,6 +72,7 @@ if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's packages
 
 from custody.client import CustodyClient  # noqa: E402
+from custody.client.projection import EventProjection  # noqa: E402
 from custody.devchains import REGTEST_ASSETS  # noqa: E402  (what deploy() configures: decimals, fees)
 from custody.client.errors import ClientError, CustodyApiError, CustodyConnectionError, ServerError  # noqa: E402
 
@@ -291,6 +292,7 @@ class Soak:
         self.t0 = time.monotonic()
         self.btc_destinations: list[str] = []
         self.webhook = WebhookReceiver()
+        self.consumer = LiveConsumer(w.nats_url, w.stream, f"{w.subject_prefix}.>", f"soak-{self.run}")
         self.endpoint_id: int | None = None
         self.thread_errors: list[str] = []
 
@@ -341,6 +343,7 @@ class Soak:
         from custody.addresses import derive_btc_address, derive_eth_address
 
         cl, dep = self.w.cluster, self.w.deployment
+        self.consumer.start()
         for code, decimals in (("BTC", 8), ("ETH", 18), ("USDT", 6)):
             self.admin.create_asset(code=code, decimals=decimals)
         for symbol, (base, quote, lot, tick, _, _) in MARKETS.items():
@@ -751,7 +754,8 @@ class Soak:
         out = [self.check_verify(), self.check_reconciliation(), self.check_deposits(), self.check_orders(),
                self.check_payouts()]
         out += self.check_balances()
-        out += [self.check_webhooks(), self.check_answers(), self.check_incidents(), self.check_projection()]
+        out += [self.check_webhooks(), self.check_answers(), self.check_incidents(), self.check_projection(),
+                self.check_live_consumer()]
         return out
 
     def check_verify(self) -> Invariant:
@@ -780,13 +784,47 @@ class Soak:
                 by_account[d["account_id"]] = self.backend.list_account_deposits(d["account_id"])
             credited = [x for x in by_account[d["account_id"]] if x.txid.lower() == d["txid"] and x.state == "credited"]
             if len(credited) != 1 or credited[0].amount_minor != d["amount"]:
-                problems.append(f"{d['asset']} {d['txid']} of {d['amount']}: credited {[x.amount_minor for x in credited]}")
+                problems.append(f"{d['asset']} {d['txid']} of {d['amount']}: credited {[x.amount_minor for x in credited]}"
+                                f" ({self.explain_deposit(d)})")
         paid = {d["txid"] for d in self.model.deposits}
         extra = [f"account {a}: credited {x.txid} not paid by the soak" for a, xs in by_account.items() for x in xs
                  if x.state == "credited" and x.txid.lower() not in paid]
         return Invariant("deposits credited exactly once", not problems and not extra,
                          f"{len(self.model.deposits)} paid, {len(self.model.deposits) - len(problems)} credited once",
                          problems + extra)
+
+    def explain_deposit(self, d: dict) -> str:
+        """Where a deposit the soak paid stands, for the report of one not credited once: on the
+        chain (the paying node's own word) and in the service's tables (read as the superuser)."""
+        from sqlalchemy import create_engine, text
+
+        said = []
+        try:
+            if d["asset"] == "BTC":
+                tx = self.w.cluster.bitcoin.wallet("gettransaction", d["txid"])
+                said.append(f"node: {tx.get('confirmations')} confirmations, block {tx.get('blockheight')}, "
+                            f"conflicts {tx.get('walletconflicts')}, replaced_by {tx.get('replaced_by_txid')}, "
+                            f"mempool {d['txid'] in self.w.cluster.bitcoin.rpc('getrawmempool')}")
+            else:
+                receipt = self.w.cluster.anvil.w3.eth.get_transaction_receipt(d["txid"])
+                said.append(f"node: block {receipt['blockNumber']}, status {receipt['status']}")
+        except Exception as exc:  # noqa: BLE001 - a diagnosis, never a failure of its own
+            said.append(f"node: {exc!r}"[:200])
+        engine = create_engine(self.w.owner_url)
+        try:
+            with engine.connect() as c:
+                obs = c.execute(text("SELECT id, state, block_height, amount FROM deposit_observation WHERE lower(txid) = :t"),
+                                {"t": d["txid"]}).all()
+                idx = c.execute(text("SELECT vout, address, height, spent_txid FROM btc_wallet_output WHERE txid = :t"),
+                                {"t": d["txid"]}).all()
+                cur = c.execute(text("SELECT chain, height FROM chain_cursor ORDER BY chain")).all()
+            said.append(f"observations {[tuple(r) for r in obs]}, wallet index {[tuple(r) for r in idx]}, "
+                        f"cursors {[tuple(r) for r in cur]}")
+        except Exception as exc:  # noqa: BLE001
+            said.append(f"tables: {exc!r}"[:200])
+        finally:
+            engine.dispose()
+        return "; ".join(said)
 
     def check_orders(self) -> Invariant:
         problems = []
@@ -898,7 +936,24 @@ class Soak:
                          f"{'ENGAGED' if switch.engaged else 'off'}", bad)
 
     def check_projection(self) -> Invariant:
+        """The stream read again from its start, at check time (what the self-test tampers with)."""
         p = read_projection(self.w.nats_url, self.w.stream, f"{self.w.subject_prefix}.>")
+        problems = self.projection_differences(p)
+        return Invariant("event projection equals the API", not problems,
+                         f"{p.events} events ({p.duplicates} duplicates skipped), {len(problems)} differences", problems)
+
+    def check_live_consumer(self) -> Invariant:
+        """The projection of the consumer that ran through the whole soak (durable, explicit acks,
+        across every fault), once it has caught up with the stream's end."""
+        caught_up = self.consumer.wait_caught_up(stream_last_seq(self.w.nats_url, self.w.stream), timeout=120)
+        p = self.consumer.projection
+        problems = ([] if caught_up else [f"not caught up: at stream sequence {self.consumer.last_seq}"]) + \
+            ([f"consumer error: {self.consumer.error!r}"] if self.consumer.error else []) + self.projection_differences(p)
+        return Invariant("live consumer's projection equals the API", not problems,
+                         f"{p.events} deliveries ({p.duplicates} redeliveries skipped), {len(problems)} differences",
+                         problems)
+
+    def projection_differences(self, p: EventProjection) -> list[str]:
         problems = []
         accounts = p.accounts() | {a for c in self.customers for a in c.accounts.values()}
         for acct in sorted(accounts):
@@ -914,9 +969,7 @@ class Soak:
         for wid, w in self.model.withdrawals.items():
             if p.withdrawals.get(wid) != w["state"]:
                 problems.append(f"withdrawal {wid}: events {p.withdrawals.get(wid)}, api {w['state']}")
-        return Invariant("event projection equals the API", not problems,
-                         f"{p.events} events ({p.duplicates} duplicates skipped), {len(accounts)} accounts, "
-                         f"{len(self.model.orders)} orders, {len(self.model.withdrawals)} withdrawals compared", problems)
+        return problems
 
     # -- the report ---------------------------------------------------------------------------
 
@@ -938,52 +991,12 @@ class Soak:
 
 # ---- the event projection -----------------------------------------------------------------------
 
-class Projection:
-    """Balances, holds, orders and withdrawals from events only (the README's "Events" contract)."""
-
-    def __init__(self) -> None:
-        self.applied: set[str] = set()
-        self.last_seq: dict[str, int] = {}
-        self.posted: dict[int, int] = defaultdict(int)
-        self.holds: dict[int, tuple[int, int]] = {}
-        self.orders: dict[str, dict] = {}
-        self.withdrawals: dict[int, str] = {}
-        self.events = self.duplicates = 0
-
-    def apply(self, event: dict) -> None:
-        self.events += 1
-        if event["event_key"] in self.applied:
-            self.duplicates += 1
-            return
-        self.applied.add(event["event_key"])
-        kind, data, agg, seq = event["type"], event["data"], event["aggregate"], event["aggregate_seq"]
-        if kind == "ledger.transaction_posted":
-            for leg in data["legs"]:
-                self.posted[leg["account_id"]] += leg["amount"]
-            return
-        if seq <= self.last_seq.get(agg, 0):
-            return
-        self.last_seq[agg] = seq
-        if kind == "ledger.hold_changed":
-            self.holds[data["hold_id"]] = (data["account_id"], data["held"])
-        elif kind.startswith("order."):
-            self.orders[data["order_id"]] = data
-        elif kind == "withdrawal.state_changed":
-            self.withdrawals[data["withdrawal_id"]] = data["state"]
-
-    def accounts(self) -> set[int]:
-        return set(self.posted) | {a for a, _ in self.holds.values()}
-
-    def balance(self, account_id: int) -> tuple[int, int]:
-        return self.posted.get(account_id, 0), sum(h for a, h in self.holds.values() if a == account_id)
-
-
-def read_projection(nats_url: str, stream: str, subjects: str) -> Projection:
+def read_projection(nats_url: str, stream: str, subjects: str) -> EventProjection:
     """Read the whole stream from its start (an ephemeral consumer of the checker's own)."""
     import nats
     from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-    projection = Projection()
+    projection = EventProjection()
 
     async def go() -> None:
         nc = await nats.connect(nats_url)
@@ -1007,6 +1020,70 @@ def read_projection(nats_url: str, stream: str, subjects: str) -> Projection:
 
     asyncio.run(go())
     return projection
+
+
+def stream_last_seq(nats_url: str, stream: str) -> int:
+    import nats
+
+    async def go() -> int:
+        nc = await nats.connect(nats_url)
+        try:
+            return (await nc.jetstream().stream_info(stream)).state.last_seq
+        finally:
+            await nc.close()
+
+    return asyncio.run(go())
+
+
+class LiveConsumer:
+    """A backend's consumer running through the whole soak: a durable pull consumer with explicit
+    acks on a thread (and event loop) of its own, applying each message to its projection before
+    acknowledging it. What it saw is compared with the API at the end (`check_live_consumer`)."""
+
+    def __init__(self, nats_url: str, stream: str, subjects: str, durable: str) -> None:
+        self.nats_url, self.stream, self.subjects, self.durable = nats_url, stream, subjects, durable
+        self.projection = EventProjection()
+        self.last_seq = 0  # the highest stream sequence applied
+        self.error: BaseException | None = None
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), name="live-consumer", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join(10)
+
+    def wait_caught_up(self, last_seq: int, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while self.last_seq < last_seq and time.monotonic() < deadline and self.thread.is_alive():
+            time.sleep(0.2)
+        return self.last_seq >= last_seq
+
+    async def _run(self) -> None:
+        import nats
+        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+        try:
+            nc = await nats.connect(self.nats_url, max_reconnect_attempts=-1)
+            try:
+                sub = await nc.jetstream().pull_subscribe(self.subjects, durable=self.durable, stream=self.stream,
+                                                           config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=5,
+                                                                                 deliver_policy=DeliverPolicy.ALL))
+                while not self.stopping.is_set():
+                    try:
+                        msgs = await sub.fetch(batch=200, timeout=1)
+                    except TimeoutError:
+                        continue
+                    for m in msgs:
+                        self.projection.apply(json.loads(m.data))
+                        await m.ack()
+                        self.last_seq = max(self.last_seq, m.metadata.sequence.stream)
+            finally:
+                await nc.close()
+        except BaseException as exc:  # noqa: BLE001 - reported by check_live_consumer
+            self.error = exc
 
 
 # ---- planted defects (the self-test) ------------------------------------------------------------
@@ -1108,6 +1185,7 @@ def main(argv: list[str] | None = None) -> int:
                                    mean_fault_gap=args.fault_gap)
         print(soak.report(invariants), flush=True)
         soak.webhook.close()
+        soak.consumer.stop()
     return 0 if all(i.ok for i in invariants) else 1
 
 

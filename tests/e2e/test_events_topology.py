@@ -47,6 +47,7 @@ from sqlalchemy import create_engine, text
 
 from custody.broker import JetStreamSink, embedded_nats_url
 from custody.client import CustodyClient
+from custody.client.projection import EventProjection
 from custody.launch import Deployment, Nodes, deploy
 from regtest.util import assert_equal
 from tests.e2e.custody.api_helpers import answered
@@ -67,60 +68,13 @@ def _until(what: str, probe, timeout: float = 60.0, every: float = 0.25):
     raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
 
 
-class Projection:
-    """Balances, orders and withdrawals built from events only (see the module docstring)."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.applied: set[str] = set()
-        self.last_seq: dict[str, int] = {}
-        self.posted: dict[int, int] = {}
-        self.holds: dict[int, tuple[int, int]] = {}  # hold id -> (account id, held)
-        self.orders: dict[str, dict] = {}
-        self.withdrawals: dict[int, str] = {}
-        self.types: set[str] = set()
-        self.duplicates = 0  # event keys seen again (redeliveries) and skipped
-        self.duplicate_types: set[str] = set()
-
-    def apply(self, event: dict) -> None:
-        with self.lock:
-            if event["event_key"] in self.applied:
-                self.duplicates += 1
-                self.duplicate_types.add(event["type"])
-                return
-            self.applied.add(event["event_key"])
-            self.types.add(event["type"])
-            kind, data, agg, seq = event["type"], event["data"], event["aggregate"], event["aggregate_seq"]
-            if kind == "ledger.transaction_posted":  # a posting adds up, whatever the order
-                for leg in data["legs"]:
-                    self.posted[leg["account_id"]] = self.posted.get(leg["account_id"], 0) + leg["amount"]
-                return
-            if seq <= self.last_seq.get(agg, 0):
-                return  # an older state of something a newer event already set
-            self.last_seq[agg] = seq
-            if kind == "ledger.hold_changed":
-                self.holds[data["hold_id"]] = (data["account_id"], data["held"])
-            elif kind.startswith("order."):
-                self.orders[data["order_id"]] = data
-            elif kind == "withdrawal.state_changed":
-                self.withdrawals[data["withdrawal_id"]] = data["state"]
-
-    def accounts(self) -> set[int]:
-        with self.lock:
-            return set(self.posted) | {a for a, _ in self.holds.values()}
-
-    def balance(self, account_id: int) -> tuple[int, int]:
-        with self.lock:
-            return self.posted.get(account_id, 0), sum(h for a, h in self.holds.values() if a == account_id)
-
-
 class Consumer:
     """A durable pull consumer with explicit acks, fetching on a thread (and event loop) of its own
     until stopped. `arm_crash()` makes it apply its next batch that holds a journal posting, not
     acknowledge any of that batch, and drop its connection, as a process that dies between its
     effect and its ack (a posting: applied twice, it would double a balance)."""
 
-    def __init__(self, url: str, stream: str, prefix: str, durable: str, projection: Projection) -> None:
+    def __init__(self, url: str, stream: str, prefix: str, durable: str, projection: EventProjection) -> None:
         self.url, self.stream, self.prefix, self.durable, self.projection = url, stream, prefix, durable, projection
         self.stop_event = threading.Event()
         self.crash_event = threading.Event()
@@ -295,7 +249,7 @@ def _customer(api: CustodyClient, owner_name: str, asset: str) -> int:
                                                owner=owner_name)).id
 
 
-def _differences(projection: Projection, clients, orders: dict[str, str], withdrawals: list[int]) -> list[str]:
+def _differences(projection: EventProjection, clients, orders: dict[str, str], withdrawals: list[int]) -> list[str]:
     """Where the projection and the API disagree (empty when they are equal)."""
     out = []
     for acct in sorted(projection.accounts()):
@@ -329,7 +283,7 @@ def test_projection_from_jetstream_survives_restarts_and_equals_the_api(deployme
     ready = answered(admin, 200, admin.health_ready())
     assert ready.checks["broker"].ok, ready
 
-    projection = Projection()
+    projection = EventProjection()
     durable = f"projection-{run}"
     consumer = Consumer(nats_url, stream, prefix, durable, projection)
     consumer.start()

@@ -36,6 +36,7 @@ def soaked():
         print("\n" + soak.report(invariants))
         yield soak, invariants
         soak.webhook.close()
+        soak.consumer.stop()
     if all(i.ok for i in invariants):
         shutil.rmtree(root, ignore_errors=True)
     else:

@@ -25,6 +25,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from sqlalchemy import text
 
 from custody.broker import DEFAULT_STREAM, BrokerUnavailable, JetStreamSink, embedded_nats_url
+from custody.client.projection import EventProjection
 from custody.jobs import OutboxDispatcher
 from matching.settlement import customer_account_name
 from tests.integration.test_matching_support import fund
@@ -36,44 +37,6 @@ log = logging.getLogger(__name__)
 @pytest.fixture(scope="module")
 def nats_url(tmp_path_factory: pytest.TempPathFactory) -> str:
     return os.environ.get("NATS_URL") or embedded_nats_url(Path(tmp_path_factory.mktemp("state")))
-
-
-class Projection:
-    """What a backend would keep in its own database: balances, orders, withdrawals, and the event
-    keys it applied (with the last applied sequence per aggregate)."""
-
-    def __init__(self) -> None:
-        self.applied: set[str] = set()
-        self.last_seq: dict[str, int] = {}
-        self.posted: dict[int, int] = {}
-        self.holds: dict[int, tuple[int, int]] = {}  # hold id -> (account id, held)
-        self.orders: dict[str, dict] = {}
-        self.withdrawals: dict[int, str] = {}
-        self.duplicates = 0
-
-    def apply(self, event: dict) -> None:
-        if event["event_key"] in self.applied:
-            self.duplicates += 1
-            return
-        self.applied.add(event["event_key"])
-        kind, data, agg, seq = event["type"], event["data"], event["aggregate"], event["aggregate_seq"]
-        if kind == "ledger.transaction_posted":
-            for leg in data["legs"]:
-                self.posted[leg["account_id"]] = self.posted.get(leg["account_id"], 0) + leg["amount"]
-            return
-        if seq <= self.last_seq.get(agg, 0):
-            return  # an older state of something newer already applied
-        self.last_seq[agg] = seq
-        if kind == "ledger.hold_changed":
-            self.holds[data["hold_id"]] = (data["account_id"], data["held"])
-        elif kind.startswith("order."):
-            self.orders[data["order_id"]] = data
-        elif kind == "withdrawal.state_changed":
-            self.withdrawals[data["withdrawal_id"]] = data["state"]
-
-    def balance(self, account_id: int) -> tuple[int, int]:
-        held = sum(h for a, h in self.holds.values() if a == account_id)
-        return self.posted.get(account_id, 0), held
 
 
 class Consumer:
@@ -93,7 +56,7 @@ class Consumer:
                 opt_start_seq=self.start_seq))
         self.loop.run_until_complete(go())
 
-    def pull(self, projection: Projection, *, ack: bool = True, batch: int = 200) -> int:
+    def pull(self, projection: EventProjection, *, ack: bool = True, batch: int = 200) -> int:
         async def go() -> int:
             try:
                 msgs = await self.sub.fetch(batch=batch, timeout=1)
@@ -106,7 +69,7 @@ class Consumer:
             return len(msgs)
         return self.loop.run_until_complete(go())
 
-    def drain(self, projection: Projection) -> None:
+    def drain(self, projection: EventProjection) -> None:
         while self.pull(projection):
             pass
 
@@ -139,7 +102,7 @@ def test_projection_from_events_equals_the_api(engine, ledger, nats_url, caplog)
     dispatch_all(dispatcher)  # earlier tests' events first
     consumer = Consumer(nats_url, f"projection-{run}", stream_last_seq(nats_url) + 1)
     consumer.start()
-    projection = Projection()
+    projection = EventProjection()
 
     log.info("Two customers funded, a market, a trade that fills one order and leaves one resting")
     ledger.create_asset("USDT", 6)
