@@ -676,6 +676,7 @@ class Soak:
                            for wid in self.model.withdrawals if states.get(wid) not in TERMINAL})
             open_w = [wid for wid, s in states.items() if s not in TERMINAL]
             uncredited = [d for d in self.model.deposits if not self.credited(d)]
+            self.rebroadcast_dropped(uncredited)
             pending_hooks = self.admin.list_webhook_deliveries(self.endpoint_id, state="pending") if self.endpoint_id else []
             waiting = self.outbox_waiting()
             if time.monotonic() - said > 15:
@@ -696,6 +697,27 @@ class Soak:
             time.sleep(0.5)
         self.quiesce_seconds = time.monotonic() - start
         return self.quiesce_seconds
+
+    def rebroadcast_dropped(self, deposits: list[dict]) -> None:
+        """What a customer's wallet does with a payment the chain dropped: send it again. A reorg
+        returns the undone blocks' transactions to the mempool, but bitcoind drops those that spend
+        a coinbase output no longer mature at the lower tip (the faucet spends coinbases as they
+        mature), and never offers them again by itself (its wallet resends after 12-36 hours). The
+        payment stays in the faucet wallet, unconfirmed and in no mempool: nobody was paid yet. Sent
+        again once it is valid, it is mined and credited like any deposit. Each time is counted
+        (`deposit_rebroadcast`) and logged."""
+        node = self.w.cluster.bitcoin
+        for d in deposits:
+            if d["asset"] != "BTC":
+                continue
+            with contextlib.suppress(Exception):  # a node fault or a payment not valid yet: the next pass tries again
+                tx = node.wallet("gettransaction", d["txid"])
+                if tx.get("confirmations", 0) != 0 or d["txid"] in node.rpc("getrawmempool"):
+                    continue
+                node.rpc("sendrawtransaction", tx["hex"])
+                log.info("deposit %s was in no block and no mempool: sent again", d["txid"])
+                with self.model.lock:
+                    self.model.ops["deposit_rebroadcast"] += 1
 
     def credited(self, d: dict) -> bool:
         deps = self.backend.list_account_deposits(d["account_id"])
