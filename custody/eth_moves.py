@@ -63,16 +63,18 @@ log = logging.getLogger(__name__)
 MIN_REPLACEMENT_PERCENT = 10  # geth and anvil replace a pending transaction only with both fees >= +10%
 
 # Every hot-address nonce the signer recorded (its own tables, which custody may read): withdrawals,
-# gas fundings and rebalances. The one statement custody's nonce allocators (custody.payouts,
-# custody.eth_sweeps, custody.eth_rebalances) read after taking the `eth_nonce` row lock.
+# gas fundings and rebalances, on chain id :ci (NULL: on any). The one statement custody's nonce
+# allocators (custody.payouts, custody.eth_sweeps, custody.eth_rebalances) read after taking the
+# `eth_nonce` row lock.
 HOT_NONCE_RECORDED_SQL = text("""
 SELECT max(nonce) FROM (
-    SELECT nonce FROM signer_signature WHERE chain = 'ethereum' AND chain_id = :ci AND lower(sender) = lower(:a)
+    SELECT nonce, chain_id FROM signer_signature WHERE chain = 'ethereum' AND lower(sender) = lower(:a)
     UNION ALL  -- the gas fundings it signed from the hot address (custody.eth_sweeps): never a withdrawal's nonce
-    SELECT nonce FROM signer_eth_sweep WHERE kind = 'gas' AND chain_id = :ci AND lower(sender) = lower(:a)
+    SELECT nonce, chain_id FROM signer_eth_sweep WHERE kind = 'gas' AND lower(sender) = lower(:a)
     UNION ALL  -- the ethereum rebalances it signed from the hot address (custody.eth_rebalances)
-    SELECT nonce FROM signer_eth_rebalance WHERE chain_id = :ci AND lower(sender) = lower(:a)
+    SELECT nonce, chain_id FROM signer_eth_rebalance WHERE lower(sender) = lower(:a)
 ) n
+WHERE CAST(:ci AS bigint) IS NULL OR n.chain_id = CAST(:ci AS bigint)
 """)
 
 _INSERT_VERSION_SQL = text("""

@@ -376,7 +376,7 @@ class EthSweeps(EthMoves):
         same counter under the same row lock, so no two rows ever hold one nonce."""
         c.execute(_HOT_NONCE_SEED_SQL, {"a": self.hot_address, "n": self.ethereum.nonce(self.hot_address)})
         counter = int(c.execute(_HOT_NONCE_LOCK_SQL, {"a": self.hot_address}).scalar_one())
-        recorded = c.execute(HOT_NONCE_RECORDED_SQL, {"a": self.hot_address, "ci": self.ethereum.chain_id}).scalar()
+        recorded = c.execute(HOT_NONCE_RECORDED_SQL, {"a": self.hot_address, "ci": None}).scalar()  # on any chain id
         nonce = max(counter, int(recorded) + 1 if recorded is not None else 0)
         c.execute(_HOT_NONCE_SET_SQL, {"n": nonce + 1, "a": self.hot_address})
         return nonce
