@@ -178,17 +178,21 @@ class EthMoves:
         """The highest max fee per gas a replacement of the row may offer."""
         return self.bump.max_fee_wei
 
+    def _advance(self, c: Connection, table: str, row_id: int, from_state: str, to_state: str, **columns: object) -> None:
+        """Every state change of a row (custody.states.advance); a subclass passes its own module's
+        `advance`, where a crash test stands in for it."""
+        advance(c, table, row_id, from_state, to_state, **columns)
+
     def _conflict_incident(self, table: str, row_id: int, txid: str, status: str) -> tuple[str, dict]:
         return f"{self.prefix}_nonce_conflict:{table}:{row_id}", {"table": table, "id": row_id, "txid": txid, "status": status}
 
     # ---- signing: the first version ---------------------------------------------------------
 
-    @staticmethod
-    def _store_signed(c: Connection, table: str, row_id: int, tx: SignedEthTx, *, gas: int, max_fee_wei: int,
+    def _store_signed(self, c: Connection, table: str, row_id: int, tx: SignedEthTx, *, gas: int, max_fee_wei: int,
                       priority_fee_wei: int, **columns: object) -> None:
         """Record a first signature: the row `open` -> `signed` with its txid and raw, and its first
         version, in the caller's database transaction."""
-        advance(c, table, row_id, "open", "signed", txid=tx.txid, raw=tx.raw, **columns)
+        self._advance(c, table, row_id, "open", "signed", txid=tx.txid, raw=tx.raw, **columns)
         c.execute(_INSERT_VERSION_SQL, {"m": table, "r": row_id, "t": tx.txid, "raw": tx.raw, "n": tx.nonce, "gas": gas,
                                         "max_fee": max_fee_wei, "priority": priority_fee_wei, "rep": None})
 
@@ -210,7 +214,7 @@ class EthMoves:
         self.ethereum.broadcast(bytes(r.raw))
         height = self.ethereum.tip().height
         with self.engine.begin() as c:
-            advance(c, table, r.id, "signed", "broadcast", broadcast_height=height)
+            self._advance(c, table, r.id, "signed", "broadcast", broadcast_height=height)
         return True
 
     # ---- track ----------------------------------------------------------------------------------
@@ -232,7 +236,7 @@ class EthMoves:
         if status.state is TxState.CONFIRMED:
             with self.engine.begin() as c:
                 if r.state == "broadcast":
-                    advance(c, table, r.id, "broadcast", "confirmed", confirmations=status.confirmations)
+                    self._advance(c, table, r.id, "broadcast", "confirmed", confirmations=status.confirmations)
                 else:
                     c.execute(text(f"UPDATE {table} SET confirmations = :n WHERE id = :i"), {"n": status.confirmations, "i": r.id})
                 if status.confirmations < finality:
@@ -240,12 +244,12 @@ class EthMoves:
                 mined = self.ethereum.mined(r.txid)
                 if mined is None:
                     raise ChainError(f"{r.txid} left the main chain while being booked")
-                advance(c, table, r.id, "confirmed", "reverted" if mined.reverted else "final", fee=mined.fee)
+                self._advance(c, table, r.id, "confirmed", "reverted" if mined.reverted else "final", fee=mined.fee)
                 self._book(c, table, r.id, mined.fee, reverted=mined.reverted)
             return 1
         if status.state is TxState.MEMPOOL and r.state == "confirmed":
             with self.engine.begin() as c:  # its block was reorged out; it waits in the mempool again
-                advance(c, table, r.id, "confirmed", "broadcast", confirmations=0)
+                self._advance(c, table, r.id, "confirmed", "broadcast", confirmations=0)
         elif status.state is TxState.UNKNOWN:
             self.ethereum.broadcast(bytes(r.raw))  # evicted (or stored and never sent): the same bytes again
         elif status.state in (TxState.REPLACED, TxState.CONFLICTED):
