@@ -51,7 +51,9 @@ finality reconciliation explains a mined row as in transit (`in_transit`): - amo
 line of its asset and - gas on the source ETH line, + amount on the destination tier's line.
 
 Jobs (`run_once()` runs them in order; each is callable alone): `decide()`, `sign()`,
-`broadcast()`, `track()`. Failures: a node or database error is retried next run; any other failure
+`broadcast()`, `bump_fees()`, `track()`; the last three are custody.eth_moves' (shared with
+ethereum sweeps): a rebalance stuck in the mempool is replaced at the same nonce with higher fees,
+every version kept (`eth_tx_version`), the mined one booked with its own gas. Failures: a node or database error is retried next run; any other failure
 opens an `eth_rebalance_failed` incident (critical in broadcast or track, where the transaction may
 be on chain; else a warning); a signer refusal opens an `eth_rebalance_refused` warning (the row
 stays open, retried every run, its nonce given back); a transaction of ours whose nonce something

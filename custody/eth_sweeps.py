@@ -64,7 +64,13 @@ a refused funding's hot nonce could not be given back), `eth_sweep_failed`, `eth
 (below).
 
 Jobs (`run_once()` runs them in order; each is callable alone): `plan()`, `sign()`, `broadcast()`,
-`track()`. Nothing new is planned, signed or broadcast while the kill switch is engaged; tracking
+`bump_fees()`, `track()`; the last three are custody.eth_moves' (shared with ethereum rebalances):
+a funding or sweep stuck in the mempool is replaced at the same nonce with higher fees, every
+version kept (`eth_tx_version`), the mined one booked with its own gas. A sweep's deposit address
+pays its gas, so the sweep keeps gas money for its bumps: `max_fee_cap_wei` = max fee x (100 +
+`bump_reserve_percent`) / 100 (at most the bump ceiling) is what the funding covers (token) or the
+ether sweep holds back (ether): gas limit x cap in the amounts above, where the cap replaces the
+max fee; the unburnt rest is gas dust as before. Nothing new is planned, signed or broadcast while the kill switch is engaged; tracking
 and booking go on. A row whose step fails is logged (a node or database error is retried next run;
 any other failure also opens an `eth_sweep_failed` incident, critical when the step was broadcast or
 track, whose transaction may be on chain, else a warning) and the other rows go on; every step is
