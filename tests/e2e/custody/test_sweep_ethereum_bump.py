@@ -14,9 +14,12 @@ The second scenario asks a bump twice: the process dies after the signer answere
 custody stored the replacement; the restart asks again and gets the SAME replacement (one record
 at the signer, one version stored). Its broadcast fails, so the node still has only the first
 version, which is mined: tracking follows that version (no nonce-conflict incident) and books it,
-once, with its gas; the sweep then goes through. The ledger verifies at the end of each.
+once, with its gas; the sweep then goes through. The third has two workers bump the same stuck
+funding at once: one replacement. The ledger verifies at the end of each.
 """
 from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from sqlalchemy import text
@@ -26,7 +29,7 @@ from custody.eth_moves import EthBumpConfig
 from regtest import control
 from regtest.util import assert_equal
 from tests.e2e.custody.conftest import ETH_FINALITY
-from tests.e2e.custody.test_sweep_ethereum import clean_slate, deposit, differences, drain, fund_hot, rows, unfinished
+from tests.e2e.custody.test_sweep_ethereum import clean_slate, deposit, differences, drain, fund_hot, restart, rows, unfinished
 
 USDT = 10**6
 ETHER = 10**18
@@ -236,3 +239,36 @@ def test_a_bump_asked_again_after_a_crash_is_the_same_replacement_and_the_first_
     [sw] = rows(engine, "eth_sweep", [address])
     assert_equal(sw.state, "final")
     assert_equal(expense_before - ledger.balance(expense).posted, gas_of(anvil, first) + gas_of(anvil, sw.txid))
+
+
+def test_two_workers_bumping_at_once_make_one_replacement(custody, customer, anvil, usdt, engine, signer_keys, eth_adapter,
+                                                          sweeps, log):
+    """Two worker processes (fresh service objects) run `bump_fees` side by side on the same stuck
+    funding: the row lock held across the signer call lets one replace it; the other finds the new
+    txid and stops. One replacement, one record at the signer, two versions."""
+    s = sweeps
+    baseline, address, sweep, funding = planned_token_sweep(custody, customer, anvil, usdt, s, log)
+    workers = []
+    for _ in range(2):
+        w = restart(custody, signer_keys, usdt, eth_adapter, s.thresholds).eth_sweeps
+        w.bump, w.bump_reserve_percent = s.bump, s.bump_reserve_percent
+        workers.append(w)
+    with control.manual_mining(anvil):
+        [first] = s.sign()
+        s.broadcast()
+        limit = stall(anvil)
+        with ThreadPoolExecutor(2) as pool:
+            made = [txid for new in pool.map(lambda w: w.bump_fees(), workers) for txid in new]
+        assert_equal(len(made), 1)
+        assert_equal([v.txid for v in versions(engine, "eth_gas_funding", funding.id)], [first, made[0]])
+        with engine.connect() as c:
+            replacements = c.execute(text("SELECT count(*) FROM signer_eth_sweep WHERE kind = 'gas' AND sweep_id = :s "
+                                          "AND replaces_txid IS NOT NULL"), {"s": sweep.id}).scalar_one()
+        assert_equal(replacements, 1)
+        anvil.call("evm_setBlockGasLimit", hex(limit))
+        s.track()
+        assert_equal(differences(custody), baseline)
+    log.info("the replacement is mined and booked; the sweep goes through")
+    drain(custody, anvil, baseline, log)
+    [f] = rows(engine, "eth_gas_funding", [address])
+    assert_equal((f.state, f.txid, int(f.fee)), ("final", made[0], gas_of(anvil, made[0])))
