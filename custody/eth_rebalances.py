@@ -51,7 +51,9 @@ finality reconciliation explains a mined row as in transit (`in_transit`): - amo
 line of its asset and - gas on the source ETH line, + amount on the destination tier's line.
 
 Jobs (`run_once()` runs them in order; each is callable alone): `decide()`, `sign()`,
-`broadcast()`, `track()`. Failures: a node or database error is retried next run; any other failure
+`broadcast()`, `bump_fees()`, `track()`; the last three are custody.eth_moves' (shared with
+ethereum sweeps): a rebalance stuck in the mempool is replaced at the same nonce with higher fees,
+every version kept (`eth_tx_version`), the mined one booked with its own gas. Failures: a node or database error is retried next run; any other failure
 opens an `eth_rebalance_failed` incident (critical in broadcast or track, where the transaction may
 be on chain; else a warning); a signer refusal opens an `eth_rebalance_refused` warning (the row
 stays open, retried every run, its nonce given back); a transaction of ours whose nonce something
@@ -64,19 +66,17 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
 from sqlalchemy import Connection, Engine, text
-from sqlalchemy.exc import OperationalError
 
-from chain_adapters.base import TxState
-from chain_adapters.errors import ChainError
 from chain_adapters.ethereum import EthereumAdapter
 from custody.controls import audit, kill_switch, open_incident
+from custody.eth_moves import HOT_NONCE_RECORDED_SQL, EthBumpConfig, EthMoves, unsettled_versions
 from custody.eth_sweeps import gas_limit_with_margin
 from custody.rebalances import RebalanceThreshold, amount_to_move, refill_amount, store_refill_approval
-from custody.states import IllegalTransition, advance
+from custody.states import advance
 from custody.wallets import Wallets
 from ledger.model import Transfer
 from ledger.service import Ledger
-from signer.ethereum_tx import erc20_transfer_data
+from signer.ethereum_tx import SignedEthTx, erc20_transfer_data
 from custody.errors import CustodyError, CustodyErrorCode
 from signer.approvals import ApprovalSignature, ApproverRegistry, rebalance_approval_payload
 from signer.protocol import SignerPort, SigningRefused
@@ -129,16 +129,6 @@ def in_transit(moves: Iterable[MinedRebalance], tier: str, asset: str, *, native
 
 # ---- named queries -------------------------------------------------------------------------------
 
-# every hot-address transaction the signer recorded (withdrawals, gas fundings, rebalances)
-_HOT_RECORDED_SQL = text("""
-SELECT max(nonce) FROM (
-    SELECT nonce FROM signer_signature WHERE chain = 'ethereum' AND chain_id = :ci AND lower(sender) = lower(:a)
-    UNION ALL
-    SELECT nonce FROM signer_eth_sweep WHERE kind = 'gas' AND chain_id = :ci AND lower(sender) = lower(:a)
-    UNION ALL
-    SELECT nonce FROM signer_eth_rebalance WHERE chain_id = :ci AND lower(sender) = lower(:a)
-) n
-""")
 # the warm address sends refills only: its next nonce by the signer's own record
 _WARM_RECORDED_SQL = text("""
 SELECT max(nonce) FROM signer_eth_rebalance WHERE chain_id = :ci AND lower(sender) = lower(:a)
@@ -186,16 +176,13 @@ _CLAIM_SQL = text("""
 SELECT id, asset, source_tier, destination_tier, amount, gas_limit, max_fee_wei, priority_fee_wei, approvals_required
 FROM eth_rebalance WHERE id = :i AND state = 'open' FOR UPDATE SKIP LOCKED
 """)
-_SIGNED_SQL = text("SELECT id, txid, raw FROM eth_rebalance WHERE state = 'signed' ORDER BY id")
-_TRACKED_SQL = text("SELECT id, txid, raw, state FROM eth_rebalance WHERE state IN ('broadcast', 'confirmed') ORDER BY id")
-_UNSETTLED_SQL = text("SELECT asset, amount, txid, source_tier, destination_tier FROM eth_rebalance WHERE state = ANY(:s) "
-                      "ORDER BY id")
 
 
 def unsettled(c: Connection) -> list:
-    """Rebalances signed and not booked (asset, amount, txid, destination_tier): reconciliation asks
-    the node which are mined and at what gas (`in_transit`)."""
-    return c.execute(_UNSETTLED_SQL, {"s": list(UNSETTLED)}).all()
+    """Every signed version of the rebalances signed and not booked (asset, amount, source_tier,
+    destination_tier, txid): reconciliation asks the node which is mined and at what gas
+    (`in_transit`); one nonce per row, so at most one version of a row is."""
+    return unsettled_versions(c, MACHINE, "m.asset, m.amount, m.source_tier, m.destination_tier", UNSETTLED)
 
 
 def allocate_hot_nonce(c: Connection, address: str, *, chain_id: int, node_nonce: Callable[[], int]) -> int:
@@ -207,7 +194,7 @@ def allocate_hot_nonce(c: Connection, address: str, *, chain_id: int, node_nonce
               {"a": address, "n": node_nonce()})
     counter = int(c.execute(text("SELECT next_nonce FROM eth_nonce WHERE address = :a FOR UPDATE"), {"a": address}).scalar_one())
     # a statement after the lock: it sees what a signer committed while this worker waited for it
-    recorded = c.execute(_HOT_RECORDED_SQL, {"a": address, "ci": chain_id}).scalar()
+    recorded = c.execute(HOT_NONCE_RECORDED_SQL, {"a": address, "ci": chain_id}).scalar()
     nonce = max(counter, int(recorded) + 1 if recorded is not None else 0)
     c.execute(text("UPDATE eth_nonce SET next_nonce = :n WHERE address = :a"), {"n": nonce + 1, "a": address})
     return nonce
@@ -221,17 +208,19 @@ class _Refused(Exception):
         self.refused = refused
 
 
-class EthRebalances:
+class EthRebalances(EthMoves):
+    tables = (MACHINE,)
+    prefix = "eth_rebalance"
+    label = "eth rebalance"
+
+    def _advance(self, c: Connection, table: str, row_id: int, from_state: str, to_state: str, **columns: object) -> None:
+        advance(c, table, row_id, from_state, to_state, **columns)  # this module's name (a crash test replaces it)
+
     def __init__(self, engine: Engine, ledger: Ledger, wallets: Wallets, ethereum: EthereumAdapter, signer: SignerPort, *,
                  hot_address: str, warm_address: str | None, config: EthRebalanceConfig | None = None,
-                 approvers: ApproverRegistry | None = None) -> None:
+                 approvers: ApproverRegistry | None = None, bump: EthBumpConfig | None = None) -> None:
+        super().__init__(engine, ledger, wallets, ethereum, signer, hot_address=hot_address, bump=bump)
         self.approvers = approvers  # custody's check of a refill approval at the door; the signer checks again
-        self.engine = engine
-        self.ledger = ledger
-        self.wallets = wallets
-        self.ethereum = ethereum
-        self.signer = signer
-        self.hot_address = hot_address  # checksummed, as custody.payouts keys `eth_nonce` by it
         self.warm_address = warm_address  # the signer's warm 0/0 address (its xpub), custody's copy
         self.config = config or EthRebalanceConfig()
         self.refusals: list[tuple[int, str]] = []  # (rebalance id, refusal code), most recent last
@@ -244,6 +233,7 @@ class EthRebalances:
         self.decide()
         self.sign()
         self.broadcast()
+        self.bump_fees()
         self.track()
 
     # ---- decide ---------------------------------------------------------------------------------
@@ -423,7 +413,8 @@ class EthRebalances:
                         priority_fee_wei=int(row.priority_fee_wei))
                 except SigningRefused as refused:
                     raise _Refused(refused) from None
-                advance(c, MACHINE, rebalance_id, "open", "signed", txid=tx.txid, raw=tx.raw, nonce=nonce)
+                self._store_signed(c, MACHINE, rebalance_id, tx, gas=int(row.gas_limit), max_fee_wei=int(row.max_fee_wei),
+                                   priority_fee_wei=int(row.priority_fee_wei), nonce=nonce)
         except _Refused as exc:  # rolled back: the nonce is back in the counter, the row stays open
             log.warning("eth rebalance %d not signed: %s", rebalance_id, exc.refused)
             self.refusals.append((rebalance_id, exc.refused.code.value))
@@ -456,62 +447,23 @@ class EthRebalances:
                 gas=int(row.gas_limit), max_fee_wei=int(row.max_fee_wei), priority_fee_wei=int(row.priority_fee_wei))
         except SigningRefused as refused:
             raise _Refused(refused) from None
-        advance(c, MACHINE, row.id, "open", "signed", txid=tx.txid, raw=tx.raw, nonce=nonce)
+        self._store_signed(c, MACHINE, row.id, tx, gas=int(row.gas_limit), max_fee_wei=int(row.max_fee_wei),
+                           priority_fee_wei=int(row.priority_fee_wei), nonce=nonce)
         log.info("eth refill %d signed: %s (warm nonce %d)", row.id, tx.txid, nonce)
         return tx.txid
 
-    # ---- broadcast and track ---------------------------------------------------------------------
+    # ---- fee bumps (custody.eth_moves) ----------------------------------------------------------
 
-    def broadcast(self) -> int:
-        """Send every stored signed rebalance (idempotent at the node)."""
-        if kill_switch(self.engine).engaged:
-            return 0
-        with self.engine.connect() as c:
-            rows = c.execute(_SIGNED_SQL).all()
-        return sum(bool(self._guard("broadcast", r.id, lambda r=r: self._broadcast_one(r))) for r in rows)
+    def _resign(self, c: Connection, table: str, row, max_fee_wei: int, priority_fee_wei: int) -> SignedEthTx:
+        return self.signer.sign_ethereum_rebalance(
+            row.id, asset=row.asset, amount=int(row.amount), destination_tier=row.destination_tier,
+            chain_id=self.ethereum.chain_id, nonce=int(row.nonce), gas=int(row.gas_limit), max_fee_wei=max_fee_wei,
+            priority_fee_wei=priority_fee_wei, replaces_txid=row.txid)
 
-    def _broadcast_one(self, r) -> bool:
-        self.ethereum.broadcast(bytes(r.raw))
-        with self.engine.begin() as c:
-            advance(c, MACHINE, r.id, "signed", "broadcast")
-        return True
+    def _conflict_incident(self, table: str, row_id: int, txid: str, status: str) -> tuple[str, dict]:
+        return f"eth_rebalance_nonce_conflict:{row_id}", {"id": row_id, "txid": txid, "status": status}
 
-    def track(self) -> int:
-        """Follow every broadcast rebalance; book each once at the ETH finality depth. How many were booked."""
-        finality = self.wallets.chain_asset("ETH").finality_confirmations
-        with self.engine.connect() as c:
-            rows = c.execute(_TRACKED_SQL).all()
-        return sum(self._guard("track", r.id, lambda r=r: self._track_one(r, finality)) or 0 for r in rows)
-
-    def _track_one(self, r, finality: int) -> int:
-        status = self.ethereum.tx_status(r.txid, raw=bytes(r.raw))
-        if status.state is TxState.CONFIRMED:
-            with self.engine.begin() as c:
-                if r.state == "broadcast":
-                    advance(c, MACHINE, r.id, "broadcast", "confirmed", confirmations=status.confirmations)
-                else:
-                    c.execute(text("UPDATE eth_rebalance SET confirmations = :n WHERE id = :i"),
-                              {"n": status.confirmations, "i": r.id})
-                if status.confirmations < finality:
-                    return 0
-                mined = self.ethereum.mined(r.txid)
-                if mined is None:
-                    raise ChainError(f"{r.txid} left the main chain while being booked")
-                advance(c, MACHINE, r.id, "confirmed", "reverted" if mined.reverted else "final", fee=mined.fee)
-                self._book(c, r.id, mined.fee, reverted=mined.reverted)
-            return 1
-        if status.state is TxState.MEMPOOL and r.state == "confirmed":
-            with self.engine.begin() as c:  # its block was reorged out; it waits in the mempool again
-                advance(c, MACHINE, r.id, "confirmed", "broadcast", confirmations=0)
-        elif status.state is TxState.UNKNOWN:
-            self.ethereum.broadcast(bytes(r.raw))  # evicted: the same bytes again
-        elif status.state in (TxState.REPLACED, TxState.CONFLICTED):
-            with self.engine.begin() as c:
-                open_incident(c, "eth_rebalance_nonce_conflict", f"eth_rebalance_nonce_conflict:{r.id}",
-                              {"id": r.id, "txid": r.txid, "status": status.state.value})
-        return 0
-
-    def _book(self, c: Connection, rebalance_id: int, gas: int, *, reverted: bool) -> None:
+    def _book(self, c: Connection, table: str, rebalance_id: int, gas: int, *, reverted: bool) -> None:
         """The row's journal transaction (module docstring, "Books"), in the caller's transaction."""
         row = c.execute(text("SELECT asset, source_tier, destination_tier, amount, txid FROM eth_rebalance WHERE id = :i"),
                         {"i": rebalance_id}).one()
@@ -530,24 +482,6 @@ class EthRebalances:
                              conn=c)
         audit(c, "custody", f"eth_rebalance.{outcome}", f"eth_rebalance:{rebalance_id}",
               {"txid": row.txid, "amount": str(row.amount), "gas": str(gas)})
-
-    # ---- failures -------------------------------------------------------------------------------
-
-    def _guard(self, step: str, row_id: int, work: Callable):
-        """Run one step: a node or database error, or a row another worker moved, is retried next
-        run; anything else is logged with an incident (module docstring). Never raises."""
-        try:
-            return work()
-        except (ChainError, OperationalError, IllegalTransition) as exc:
-            log.warning("eth rebalance %s of %d failed (%s); retried next run", step, row_id, exc)
-        except Exception as exc:  # noqa: BLE001 - one row must not stop the others; recorded below
-            log.exception("eth rebalance %s of %d failed", step, row_id)
-            on_chain = step in ("broadcast", "track")
-            with self.engine.begin() as c:
-                open_incident(c, "eth_rebalance_failed", f"eth_rebalance_failed:{step}:{row_id}:{type(exc).__name__}",
-                              {"step": step, "id": row_id, "error": str(exc)[:500]},
-                              severity="critical" if on_chain else "warning")
-        return None
 
 
 def _payload(row) -> bytes:

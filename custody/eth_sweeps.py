@@ -64,7 +64,13 @@ a refused funding's hot nonce could not be given back), `eth_sweep_failed`, `eth
 (below).
 
 Jobs (`run_once()` runs them in order; each is callable alone): `plan()`, `sign()`, `broadcast()`,
-`track()`. Nothing new is planned, signed or broadcast while the kill switch is engaged; tracking
+`bump_fees()`, `track()`; the last three are custody.eth_moves' (shared with ethereum rebalances):
+a funding or sweep stuck in the mempool is replaced at the same nonce with higher fees, every
+version kept (`eth_tx_version`), the mined one booked with its own gas. A sweep's deposit address
+pays its gas, so the sweep keeps gas money for its bumps: `max_fee_cap_wei` = max fee x (100 +
+`bump_reserve_percent`) / 100 (at most the bump ceiling) is what the funding covers (token) or the
+ether sweep holds back (ether): gas limit x cap in the amounts above, where the cap replaces the
+max fee; the unburnt rest is gas dust as before. Nothing new is planned, signed or broadcast while the kill switch is engaged; tracking
 and booking go on. A row whose step fails is logged (a node or database error is retried next run;
 any other failure also opens an `eth_sweep_failed` incident, critical when the step was broadcast or
 track, whose transaction may be on chain, else a warning) and the other rows go on; every step is
@@ -79,18 +85,16 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
 from sqlalchemy import Connection, Engine, text
-from sqlalchemy.exc import OperationalError
 
-from chain_adapters.base import TxState
-from chain_adapters.errors import ChainError
 from chain_adapters.ethereum import EthereumAdapter
 from custody.controls import audit, kill_switch, open_incident
-from custody.states import IllegalTransition, advance
+from custody.eth_moves import HOT_NONCE_RECORDED_SQL, EthBumpConfig, EthMoves, unsettled_versions
+from custody.states import advance
 from custody.sweeps import BOOKED
 from custody.wallets import ChainAsset, Wallets
 from ledger.model import Transfer
 from ledger.service import Ledger
-from signer.ethereum_tx import erc20_transfer_data
+from signer.ethereum_tx import SignedEthTx, erc20_transfer_data
 from signer.protocol import RefusalCode, SignerPort, SigningRefused
 
 log = logging.getLogger(__name__)
@@ -206,8 +210,9 @@ SELECT coalesce(max(nonce) + 1, 0) FROM eth_sweep WHERE lower(address) = lower(:
 """)
 
 _INSERT_SWEEP_SQL = text("""
-INSERT INTO eth_sweep (asset, address, deposit_index, nonce, amount, gas_limit, max_fee_wei, priority_fee_wei, state)
-VALUES (:asset, :address, :index, :nonce, :amount, :gas, :max_fee, :priority, 'open')
+INSERT INTO eth_sweep (asset, address, deposit_index, nonce, amount, gas_limit, max_fee_wei, priority_fee_wei, max_fee_cap_wei,
+                       state)
+VALUES (:asset, :address, :index, :nonce, :amount, :gas, :max_fee, :priority, :cap, 'open')
 RETURNING id
 """)
 
@@ -220,15 +225,6 @@ RETURNING id
 # the hot nonce: the counter withdrawals use (custody.payouts), past every nonce the signer recorded
 _HOT_NONCE_SEED_SQL = text("INSERT INTO eth_nonce (address, next_nonce) VALUES (:a, :n) ON CONFLICT DO NOTHING")
 _HOT_NONCE_LOCK_SQL = text("SELECT next_nonce FROM eth_nonce WHERE address = :a FOR UPDATE")
-_HOT_NONCE_RECORDED_SQL = text("""
-SELECT max(nonce) FROM (
-    SELECT nonce FROM signer_signature WHERE chain = 'ethereum' AND lower(sender) = lower(:a)
-    UNION ALL
-    SELECT nonce FROM signer_eth_sweep WHERE kind = 'gas' AND lower(sender) = lower(:a)
-    UNION ALL  -- the hot address's rebalances (custody.eth_rebalances)
-    SELECT nonce FROM signer_eth_rebalance WHERE lower(sender) = lower(:a)
-) n
-""")
 _HOT_NONCE_SET_SQL = text("UPDATE eth_nonce SET next_nonce = :n WHERE address = :a")
 # a funding: claimed with its nonce (NULL: given back after a refusal); given a nonce, or none
 _CLAIM_FUNDING_SQL = text("SELECT id, nonce FROM eth_gas_funding WHERE id = :i AND state = 'open' FOR UPDATE SKIP LOCKED")
@@ -256,35 +252,33 @@ ORDER BY s.id
 """)
 
 _CLAIM_SQL = {t: text(f"SELECT id FROM {t} WHERE id = :i AND state = 'open' FOR UPDATE SKIP LOCKED") for t in TABLES}
-_SIGNED_SQL = {t: text(f"SELECT id, txid, raw FROM {t} WHERE state = 'signed' ORDER BY id") for t in TABLES}
-_TRACKED_SQL = {t: text(f"SELECT id, txid, raw, state, amount FROM {t} WHERE state IN ('broadcast', 'confirmed') ORDER BY id")
-                for t in TABLES}
-
-# every signed, unbooked move, for reconciliation: gas fundings first
-_UNSETTLED_SQL = text("""
-SELECT 'gas' AS kind, 'ETH' AS asset, amount, txid FROM eth_gas_funding WHERE state = ANY(:s)
-UNION ALL
-SELECT 'sweep', asset, amount, txid FROM eth_sweep WHERE state = ANY(:s)
-""")
 
 
 def unsettled(c: Connection) -> list:
-    """Sweeps and gas fundings signed but not booked (kind, asset, amount, txid): reconciliation asks
-    the node which are mined and at what gas (`moves_in_transit`)."""
-    return c.execute(_UNSETTLED_SQL, {"s": list(UNSETTLED)}).all()
+    """Every signed version of the sweeps and gas fundings signed but not booked (kind, asset,
+    amount, txid), gas fundings first: reconciliation asks the node which is mined and at what gas
+    (`moves_in_transit`); one nonce per row, so at most one version of a row is."""
+    return [*unsettled_versions(c, "eth_gas_funding", "'gas' AS kind, 'ETH' AS asset, m.amount", UNSETTLED),
+            *unsettled_versions(c, "eth_sweep", "'sweep' AS kind, m.asset, m.amount", UNSETTLED)]
 
 
-class EthSweeps:
+class EthSweeps(EthMoves):
+    tables = TABLES
+    prefix = "eth_sweep"
+    label = "eth sweep"
+
+    def _advance(self, c: Connection, table: str, row_id: int, from_state: str, to_state: str, **columns: object) -> None:
+        advance(c, table, row_id, from_state, to_state, **columns)  # this module's name (a crash test replaces it)
+
     def __init__(self, engine: Engine, ledger: Ledger, wallets: Wallets, ethereum: EthereumAdapter, signer: SignerPort, *,
                  hot_address: str, thresholds: Mapping[str, int], gas_margin_percent: int = 10,
                  max_fee_wei: int = 500 * 10**9, max_addresses: int = 200,
-                 min_per_address: Mapping[str, int] | None = None) -> None:
-        self.engine = engine
-        self.ledger = ledger
-        self.wallets = wallets
-        self.ethereum = ethereum
-        self.signer = signer
-        self.hot_address = hot_address  # checksummed, as custody.payouts keys `eth_nonce` by it
+                 min_per_address: Mapping[str, int] | None = None, bump: EthBumpConfig | None = None,
+                 bump_reserve_percent: int = 0) -> None:
+        super().__init__(engine, ledger, wallets, ethereum, signer, hot_address=hot_address, bump=bump)
+        # gas money a sweep keeps for its bumps: funded (token) or held back (ether) at gas limit x
+        # max fee x (100 + this) / 100, at most the bump ceiling (`max_fee_cap_wei`, module docstring)
+        self.bump_reserve_percent = bump_reserve_percent
         self.thresholds = dict(thresholds)  # asset -> minor units (policy data: AssetPolicy.sweep_threshold)
         self.gas_margin_percent = gas_margin_percent
         self.max_fee_wei = max_fee_wei  # ceiling for the max fee per gas a sweep or funding is signed at
@@ -303,7 +297,13 @@ class EthSweeps:
         self.plan()
         self.sign()
         self.broadcast()
+        self.bump_fees()
         self.track()
+
+    def fee_cap(self, max_fee_wei: int) -> int:
+        """The highest max fee per gas a sweep planned at `max_fee_wei` may be bumped to: what its
+        deposit address is given (or keeps) gas money for."""
+        return max(max_fee_wei, min(max_fee_wei * (100 + self.bump_reserve_percent) // 100, self.bump.max_fee_wei))
 
     # ---- plan ---------------------------------------------------------------------------------
 
@@ -355,17 +355,18 @@ class EthSweeps:
             rows = c.execute(_UNSWEPT_AT_SQL, {"d": cand.deposit_address_id, "a": asset.asset, "booked": list(BOOKED)}).all()
             if not rows:
                 return None
+            cap = self.fee_cap(max_fee)
             if token:
-                amount, funding = sum(int(r.amount) for r in rows), gas_funding_needed(gas, max_fee, booked_ether)
+                amount, funding = sum(int(r.amount) for r in rows), gas_funding_needed(gas, cap, booked_ether)
             else:
-                amount, funding = ether_sweep_amount(booked_ether, max_fee), 0
+                amount, funding = ether_sweep_amount(booked_ether, cap), 0
                 if amount == 0 or on_chain_ether < booked_ether:
                     log.info("eth sweep of ether at %s skipped: %d booked, %d on chain", cand.address, booked_ether, on_chain_ether)
                     return None
             nonce = max(chain_nonce, int(c.execute(_NEXT_SWEEP_NONCE_SQL, {"a": cand.address}).scalar_one()))
             sweep_id = c.execute(_INSERT_SWEEP_SQL, {"asset": asset.asset, "address": cand.address, "index": cand.derivation_index,
                                                      "nonce": nonce, "amount": amount, "gas": gas, "max_fee": max_fee,
-                                                     "priority": priority}).scalar_one()
+                                                     "priority": priority, "cap": cap}).scalar_one()
             c.execute(text("UPDATE deposit_observation SET eth_swept_by = :s WHERE id = ANY(:i)"),
                       {"s": sweep_id, "i": [r.id for r in rows]})
             detail = {"asset": asset.asset, "address": cand.address, "amount": str(amount), "nonce": nonce, "gas_limit": gas,
@@ -385,7 +386,7 @@ class EthSweeps:
         same counter under the same row lock, so no two rows ever hold one nonce."""
         c.execute(_HOT_NONCE_SEED_SQL, {"a": self.hot_address, "n": self.ethereum.nonce(self.hot_address)})
         counter = int(c.execute(_HOT_NONCE_LOCK_SQL, {"a": self.hot_address}).scalar_one())
-        recorded = c.execute(_HOT_NONCE_RECORDED_SQL, {"a": self.hot_address}).scalar()
+        recorded = c.execute(HOT_NONCE_RECORDED_SQL, {"a": self.hot_address, "ci": None}).scalar()  # on any chain id
         nonce = max(counter, int(recorded) + 1 if recorded is not None else 0)
         c.execute(_HOT_NONCE_SET_SQL, {"n": nonce + 1, "a": self.hot_address})
         return nonce
@@ -407,14 +408,15 @@ class EthSweeps:
         with self.engine.connect() as c:
             sweeps = c.execute(_OPEN_SWEEPS_SQL).all()
         for s in sweeps:
-            txid = self._guard("sign", s.id, lambda s=s: self._sign_one("eth_sweep", s.id, lambda: self.signer.sign_ethereum_sweep(
+            txid = self._guard("sign", s.id, lambda s=s: self._sign_one("eth_sweep", s, lambda: self.signer.sign_ethereum_sweep(
                 s.id, deposit_index=s.deposit_index, asset=s.asset, amount=int(s.amount), chain_id=chain_id, nonce=int(s.nonce),
                 gas=int(s.gas_limit), max_fee_wei=int(s.max_fee_wei), priority_fee_wei=int(s.priority_fee_wei))))
             signed += [txid] if txid else []
         return signed
 
-    def _sign_one(self, table: str, row_id: int, ask: Callable) -> str | None:
+    def _sign_one(self, table: str, row, ask: Callable) -> str | None:
         """Claim the open row (a second worker skips it), ask the signer, store, in one transaction."""
+        row_id = row.id
         with self.engine.begin() as c:
             if c.execute(_CLAIM_SQL[table], {"i": row_id}).first() is None:
                 return None
@@ -426,7 +428,8 @@ class EthSweeps:
                               {"table": table, "id": row_id, "code": refused.code.value, "message": refused.message},
                               severity="warning")
                 return None
-            advance(c, table, row_id, "open", "signed", txid=tx.txid, raw=tx.raw)
+            self._store_signed(c, table, row_id, tx, gas=int(row.gas_limit), max_fee_wei=int(row.max_fee_wei),
+                               priority_fee_wei=int(row.priority_fee_wei))
         log.info("%s %d signed: %s (nonce %d)", table, row_id, tx.txid, tx.nonce)
         return tx.txid
 
@@ -451,7 +454,8 @@ class EthSweeps:
             except SigningRefused as refused:
                 self._refused_funding(c, f.id, f.sweep_id, nonce, refused)
                 return None
-            advance(c, "eth_gas_funding", f.id, "open", "signed", txid=tx.txid, raw=tx.raw)
+            self._store_signed(c, "eth_gas_funding", f.id, tx, gas=int(f.gas_limit), max_fee_wei=int(f.max_fee_wei),
+                               priority_fee_wei=int(f.priority_fee_wei))
         log.info("eth_gas_funding %d signed: %s (hot nonce %d)", f.id, tx.txid, tx.nonce)
         return tx.txid
 
@@ -485,65 +489,26 @@ class EthSweeps:
                        "hot_nonce": nonce, "nonce_given_back": given_back},
                       severity="warning" if given_back or transient else "critical")
 
-    # ---- broadcast and track ---------------------------------------------------------------------
+    # ---- fee bumps (custody.eth_moves) ----------------------------------------------------------
 
-    def broadcast(self) -> int:
-        """Send every stored signed funding and sweep (idempotent at the node)."""
-        if kill_switch(self.engine).engaged:
-            return 0
-        sent = 0
-        for table in TABLES:
-            with self.engine.connect() as c:
-                rows = c.execute(_SIGNED_SQL[table]).all()
-            for r in rows:
-                sent += bool(self._guard("broadcast", r.id, lambda r=r, table=table: self._broadcast_one(table, r)))
-        return sent
+    def _bump_cap(self, c: Connection, table: str, row) -> int:
+        """A funding (from hot): the bump ceiling. A sweep: also what its deposit address holds gas
+        money for (`max_fee_cap_wei`; a row from before it: its own max fee, so never bumped)."""
+        if table == "eth_sweep":
+            return min(self.bump.max_fee_wei, int(row.max_fee_cap_wei if row.max_fee_cap_wei is not None else row.max_fee_wei))
+        return self.bump.max_fee_wei
 
-    def _broadcast_one(self, table: str, r) -> bool:
-        self.ethereum.broadcast(bytes(r.raw))
-        with self.engine.begin() as c:
-            advance(c, table, r.id, "signed", "broadcast")
-        return True
-
-    def track(self) -> int:
-        """Follow every broadcast funding and sweep; book each once at the ETH finality depth.
-        Returns how many were booked."""
-        finality = self.wallets.chain_asset("ETH").finality_confirmations
-        booked = 0
-        for table in TABLES:
-            with self.engine.connect() as c:
-                rows = c.execute(_TRACKED_SQL[table]).all()
-            for r in rows:
-                booked += self._guard("track", r.id, lambda r=r, table=table: self._track_one(table, r, finality)) or 0
-        return booked
-
-    def _track_one(self, table: str, r, finality: int) -> int:
-        status = self.ethereum.tx_status(r.txid, raw=bytes(r.raw))
-        if status.state is TxState.CONFIRMED:
-            with self.engine.begin() as c:
-                if r.state == "broadcast":
-                    advance(c, table, r.id, "broadcast", "confirmed", confirmations=status.confirmations)
-                else:
-                    c.execute(text(f"UPDATE {table} SET confirmations = :n WHERE id = :i"), {"n": status.confirmations, "i": r.id})
-                if status.confirmations < finality:
-                    return 0
-                mined = self.ethereum.mined(r.txid)
-                if mined is None:
-                    raise ChainError(f"{r.txid} left the main chain while being booked")
-                to = "reverted" if mined.reverted else "final"
-                advance(c, table, r.id, "confirmed", to, fee=mined.fee)
-                self._book(c, table, r.id, mined.fee, reverted=mined.reverted)
-            return 1
-        if status.state is TxState.MEMPOOL and r.state == "confirmed":
-            with self.engine.begin() as c:  # its block was reorged out; it waits in the mempool again
-                advance(c, table, r.id, "confirmed", "broadcast", confirmations=0)
-        elif status.state is TxState.UNKNOWN:
-            self.ethereum.broadcast(bytes(r.raw))  # evicted: the same bytes again
-        elif status.state in (TxState.REPLACED, TxState.CONFLICTED):
-            with self.engine.begin() as c:
-                open_incident(c, "eth_sweep_nonce_conflict", f"eth_sweep_nonce_conflict:{table}:{r.id}",
-                              {"table": table, "id": r.id, "txid": r.txid, "status": status.state.value})
-        return 0
+    def _resign(self, c: Connection, table: str, row, max_fee_wei: int, priority_fee_wei: int) -> SignedEthTx:
+        chain_id = self.ethereum.chain_id
+        if table == "eth_gas_funding":
+            deposit_index = c.execute(text("SELECT deposit_index FROM eth_sweep WHERE id = :s"), {"s": row.sweep_id}).scalar_one()
+            return self.signer.sign_ethereum_gas_funding(
+                row.sweep_id, deposit_index=deposit_index, chain_id=chain_id, nonce=int(row.nonce), value=int(row.amount),
+                gas=int(row.gas_limit), max_fee_wei=max_fee_wei, priority_fee_wei=priority_fee_wei, replaces_txid=row.txid)
+        return self.signer.sign_ethereum_sweep(
+            row.id, deposit_index=row.deposit_index, asset=row.asset, amount=int(row.amount), chain_id=chain_id,
+            nonce=int(row.nonce), gas=int(row.gas_limit), max_fee_wei=max_fee_wei, priority_fee_wei=priority_fee_wei,
+            replaces_txid=row.txid)
 
     def _book(self, c: Connection, table: str, row_id: int, gas: int, *, reverted: bool) -> None:
         """The row's journal transaction (module docstring, "Books"), in the caller's transaction."""
@@ -566,21 +531,3 @@ class EthSweeps:
             self.ledger.post(f"{table}:{row_id}:{'reverted' if reverted else 'final'}", legs, kind="sweep", metadata=meta, conn=c)
         audit(c, "custody", f"{table}.{'reverted' if reverted else 'final'}", f"{table}:{row_id}",
               {"txid": row.txid, "amount": str(amount), "gas": str(gas)})
-
-    # ---- failures -------------------------------------------------------------------------------
-
-    def _guard(self, step: str, row_id: int, work: Callable):
-        """Run one row's step: a node or database error, or a row another worker moved, is retried
-        next run; anything else is logged with a warning incident. Never raises: the rows go on."""
-        try:
-            return work()
-        except (ChainError, OperationalError, IllegalTransition) as exc:
-            log.warning("eth sweep %s of %d failed (%s); retried next run", step, row_id, exc)
-        except Exception as exc:  # noqa: BLE001 - one row must not stop the others; recorded below
-            log.exception("eth sweep %s of %d failed", step, row_id)
-            on_chain = step in ("broadcast", "track")  # its transaction may be on chain, the books behind it
-            with self.engine.begin() as c:
-                open_incident(c, "eth_sweep_failed", f"eth_sweep_failed:{step}:{row_id}:{type(exc).__name__}",
-                              {"step": step, "id": row_id, "error": str(exc)[:500]},
-                              severity="critical" if on_chain else "warning")
-        return None

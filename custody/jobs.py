@@ -341,14 +341,15 @@ def build_scheduler(container: Any, *, sink: Callable[[str, dict], None] | None 
     eth_sweeps = getattr(container, "eth_sweeps", None)
     if eth_sweeps is not None:
         add("eth-sweeps", failing_when_steps_fail(lambda: run_steps("eth-sweeps", [
-            eth_sweeps.plan, eth_sweeps.sign, eth_sweeps.broadcast, eth_sweeps.track, sweeps.bump_fees])), 30)
+            eth_sweeps.plan, eth_sweeps.sign, eth_sweeps.broadcast, eth_sweeps.bump_fees, eth_sweeps.track])), 30)
     if rebalances is not None:
         add("rebalances", failing_when_steps_fail(lambda: run_steps("rebalances", [
             rebalances.rebalance_bitcoin, rebalances.broadcast, rebalances.track, rebalances.bump_fees])), 30)
     eth_rebalances = getattr(container, "eth_rebalances", None)
     if eth_rebalances is not None:
         add("eth-rebalances", failing_when_steps_fail(lambda: run_steps("eth-rebalances", [
-            eth_rebalances.decide, eth_rebalances.sign, eth_rebalances.broadcast, eth_rebalances.track])), 30)
+            eth_rebalances.decide, eth_rebalances.sign, eth_rebalances.broadcast, eth_rebalances.bump_fees,
+            eth_rebalances.track])), 30)
     add("expire-holds", container.ledger.expire_holds, 10)
     add("outbox", dispatcher.dispatch, 1)
     webhooks = getattr(container, "webhooks", None)

@@ -82,6 +82,7 @@ from custody.controls import DRAIN, audit, emit, flag, kill_switch, open_inciden
 from custody.deposits import reopen_returns, returns_reorged_out
 from custody.destinations import HOT_RECEIVE_INDEX, DestinationGuard, eth_payout_call
 from custody.errors import CustodyError, CustodyErrorCode
+from custody.eth_moves import HOT_NONCE_RECORDED_SQL
 from custody.incidents import frozen_accounts
 from custody.states import advance, advance_many
 from custody.wallet_index import issued_rule
@@ -138,17 +139,10 @@ SELECT nonce FROM signer_signature
 WHERE withdrawal_id = :w AND chain = 'ethereum' AND chain_id = :ci AND lower(sender) = lower(:a)
 ORDER BY id DESC LIMIT 1
 """)
-# every hot-address transaction the signer recorded: withdrawals, and ethereum rebalances (custody.eth_rebalances),
-# whose nonce a rolled-back signing transaction gave back to the counter but the signer holds
-_MAX_RECORDED_NONCE_SQL = text("""
-SELECT max(nonce) FROM (
-    SELECT nonce FROM signer_signature WHERE chain = 'ethereum' AND chain_id = :ci AND lower(sender) = lower(:a)
-    UNION ALL  -- the gas fundings it signed from the hot address (custody.eth_sweeps): never a withdrawal's nonce
-    SELECT nonce FROM signer_eth_sweep WHERE kind = 'gas' AND chain_id = :ci AND lower(sender) = lower(:a)
-    UNION ALL  -- the ethereum rebalances it signed from the hot address (custody.eth_rebalances)
-    SELECT nonce FROM signer_eth_rebalance WHERE chain_id = :ci AND lower(sender) = lower(:a)
-) n
-""")
+# every hot-address transaction the signer recorded: withdrawals, gas fundings and ethereum rebalances,
+# whose nonce a rolled-back signing transaction gave back to the counter but the signer holds (one
+# statement for custody's allocators: custody.eth_moves)
+_MAX_RECORDED_NONCE_SQL = HOT_NONCE_RECORDED_SQL
 _RECORDED_SQL = text("""
 SELECT DISTINCT withdrawal_id FROM signer_signature WHERE batch_id = :b AND withdrawal_id = ANY(:w)
 """)

@@ -101,20 +101,25 @@ class SignerClient:
                           max_fee_wei=max_fee_wei, priority_fee_wei=priority_fee_wei, replaces_txid=replaces_txid)
 
     def sign_ethereum_gas_funding(self, sweep_id: int, *, deposit_index: int, chain_id: int, nonce: int, value: int,
-                                  gas: int, max_fee_wei: int, priority_fee_wei: int) -> SignedEthTx:
+                                  gas: int, max_fee_wei: int, priority_fee_wei: int,
+                                  replaces_txid: str | None = None) -> SignedEthTx:
         return self._call("sign_ethereum_gas_funding", sweep_id=sweep_id, deposit_index=deposit_index, chain_id=chain_id,
-                          nonce=nonce, value=value, gas=gas, max_fee_wei=max_fee_wei, priority_fee_wei=priority_fee_wei)
+                          nonce=nonce, value=value, gas=gas, max_fee_wei=max_fee_wei, priority_fee_wei=priority_fee_wei,
+                          replaces_txid=replaces_txid)
 
     def sign_ethereum_rebalance(self, rebalance_id: int, *, asset: str, amount: int, destination_tier: str, chain_id: int,
-                                nonce: int, gas: int, max_fee_wei: int, priority_fee_wei: int) -> SignedEthTx:
+                                nonce: int, gas: int, max_fee_wei: int, priority_fee_wei: int,
+                                replaces_txid: str | None = None) -> SignedEthTx:
         return self._call("sign_ethereum_rebalance", rebalance_id=rebalance_id, asset=asset, amount=amount,
                           destination_tier=destination_tier, chain_id=chain_id, nonce=nonce, gas=gas, max_fee_wei=max_fee_wei,
-                          priority_fee_wei=priority_fee_wei)
+                          priority_fee_wei=priority_fee_wei, replaces_txid=replaces_txid)
 
     def sign_ethereum_sweep(self, sweep_id: int, *, deposit_index: int, asset: str, amount: int, chain_id: int,
-                            nonce: int, gas: int, max_fee_wei: int, priority_fee_wei: int) -> SignedEthTx:
+                            nonce: int, gas: int, max_fee_wei: int, priority_fee_wei: int,
+                            replaces_txid: str | None = None) -> SignedEthTx:
         return self._call("sign_ethereum_sweep", sweep_id=sweep_id, deposit_index=deposit_index, asset=asset, amount=amount,
-                          chain_id=chain_id, nonce=nonce, gas=gas, max_fee_wei=max_fee_wei, priority_fee_wei=priority_fee_wei)
+                          chain_id=chain_id, nonce=nonce, gas=gas, max_fee_wei=max_fee_wei, priority_fee_wei=priority_fee_wei,
+                          replaces_txid=replaces_txid)
 
     # ---- one round trip ----------------------------------------------------------------------
 

@@ -78,8 +78,8 @@ of the batch and signs the rest (custody.payouts `drop_refused`). The others nam
 | kill_switch_on | withdrawals are halted |
 | chain_id_mismatch | an ethereum transaction for another chain id than the signer's own `ethereum_chain_id` (or none is configured) |
 | empty_batch | the batch pays nothing |
-| replacement_unknown | a replacement of a version the signer never signed for this batch, or one with other inputs (bitcoin) or another nonce, sender or chain id (ethereum) than that version |
-| output_mismatch | an output does not match exactly one withdrawal of the batch (address, amount, or a script other than the one the signer computes from the address), or a replacement pays other withdrawals, destinations or amounts than the version it replaces; the ethereum call is not the one the signer builds; change not to the batch's own change address |
+| replacement_unknown | a replacement of a version the signer never signed for this batch (or ethereum funding, sweep or rebalance), or one with other inputs (bitcoin) or another nonce, sender, chain id or gas limit (ethereum) than that version; an ethereum funding, sweep or rebalance replacement that does not raise both fees by at least 10% |
+| output_mismatch | an output does not match exactly one withdrawal of the batch (address, amount, or a script other than the one the signer computes from the address), or a replacement pays other withdrawals, destinations or amounts than the version it replaces; the ethereum call is not the one the signer builds; change not to the batch's own change address; an ethereum funding, sweep or rebalance replacement paying another destination, asset or amount than the version it replaces |
 | asset_unknown | a withdrawal's asset is not in the signer's own asset table, or that table puts it on another chain than the transaction's |
 | destination_denied | a destination is on the denylist now (checked again at signing) |
 | destination_internal | an output pays an address the signer derives from its own keys (hot receive and sender, hot change around the batch id, deposit and warm windows; signer.own_addresses), checked right after the denylist |
@@ -96,12 +96,12 @@ of the batch and signs the rest (custody.payouts `drop_refused`). The others nam
 | hold_not_live | the hold is not pending, does not cover amount + fee, is on another account or is not custody's withdrawal hold (a replacement: the hold was never captured) |
 | unknown_input | an input is not an unspent hot-wallet coin reserved for this batch |
 | fee_above_ceiling | the fee is above the ceiling rate for the transaction's size (bitcoin) or gas x max fee above the cap (ethereum) |
-| already_signed | the signer already signed this withdrawal in a transaction this one does not conflict with (bitcoin: no outpoint common to all; ethereum: another chain id, sender or nonce; or another chain): both could confirm; or one that pays another asset, amount or destination than what it recorded for it (a re-sign pays exactly what was first signed, so a row raised after a small unapproved signature cannot ride the first one past the cap); an ethereum withdrawal at a hot nonce a gas funding took; a gas funding at a hot nonce taken, of a sweep funded at another nonce, or of a deposit address holding a funding no signed sweep used yet |
+| already_signed | an ethereum funding, sweep or rebalance version the signer already replaced, asked to be replaced at other fees (one replacement per version; the same request again is answered with the same transaction); the signer already signed this withdrawal in a transaction this one does not conflict with (bitcoin: no outpoint common to all; ethereum: another chain id, sender or nonce; or another chain): both could confirm; or one that pays another asset, amount or destination than what it recorded for it (a re-sign pays exactly what was first signed, so a row raised after a small unapproved signature cannot ride the first one past the cap); an ethereum withdrawal at a hot nonce a gas funding took; a gas funding at a hot nonce taken, of a sweep funded at another nonce, or of a deposit address holding a funding no signed sweep used yet |
 | unapproved_limit_reached | a withdrawal with no valid approval would take the value the signer signed without approvals for its asset within the window above its cap (`unapproved_limits`; an asset the table does not list has cap 0); read under a per-asset advisory lock, so two requests cannot both pass on the same headroom |
 | rebalance_not_open | a rebalance is unknown, of another chain, not in state `open` (a replacement: not `signed` or `broadcast`, or the version it replaces is not the row's), or not hot -> cold, hot -> warm or warm -> hot |
 | destination_not_cold | a rebalance to cold pays an address that is not derived at its index from the cold wallet public key the signer is configured with (`cold_xpubs`; none configured: every such rebalance is refused); to warm or hot, the same mismatch is `output_mismatch` |
 | rebalance_not_approved | a warm -> hot refill carries fewer signed approvals of distinct operators (verified against the signer's own registry over the `rebalance-approval` payload it rebuilds) than the larger of the row's `approvals_required` and `rebalance_quorum` |
-| sweep_not_open | an ethereum sweep (or the sweep a gas funding is for) is unknown, not `open`, or its row names another deposit index, address, asset, amount or nonce than the request; a gas funding for a sweep of ether (only token sweeps are funded) |
+| sweep_not_open | an ethereum sweep (or the sweep a gas funding is for) is unknown, not `open` (a sweep's replacement: not `signed` or `broadcast`), or its row names another deposit index, address, asset, amount or nonce than the request; a gas funding for a sweep of ether (only token sweeps are funded) |
 | nonce_gap | an ethereum sweep's deposit-address nonce is not the one after the last the signer itself signed from that address (0 for the first): a gap would block every later sweep of it, and a nonce already used would make two sweeps of which one cannot be mined; a gas funding for a sweep not at that nonce, or at a hot nonce more than one past the highest the signer recorded from the hot address |
 | statement_invalid | `sign_reserves_message` was given anything but a proof-of-reserves statement of the fixed grammar (signer.protocol.ReservesStatement) for the chain asked, naming the address of the very key asked for |
 
@@ -150,6 +150,15 @@ the warm key to the hot address after verifying the refill's signed approvals it
 nonce is checked against every record it holds for that address (`signer_signature`, gas
 fundings, `signer_eth_rebalance`): a re-sign only at the recorded nonce, a new one never at a used
 nonce (`already_signed`) nor above the highest + 1 (`nonce_gap`). Method docstring for the order.
+Fee bumps of those (custody.eth_moves): the same three methods with `replaces_txid`, a same-nonce
+replacement of the version the signer recorded under that txid for that row. The signer rebuilds
+the transaction as before and compares it with ITS record of that version (`signer_eth_sweep`,
+`signer_eth_rebalance`, which since migration 0045 keep the gas limit and both fees): the same
+chain id, sender, nonce and gas limit (`replacement_unknown`), the same destination, asset and
+amount (`output_mismatch`), both fees raised by at least 10% (`replacement_unknown`) and within the
+cap (`fee_above_ceiling`); the row `signed` or `broadcast` (a funding's sweep still `open`). One
+replacement per version: the same request again (a crash after the signer answered) is signed
+again (RFC 6979: the same txid) and recorded once; other fees are `already_signed`.
 What the signer trusts: its keys, its own asset table, chain id and fee cap, and its own record of
 what it signed. What it reads from custody's rows only as a consistency check: the sweep row and
 the reserved deposits. A forged row can at worst make it sweep a wrong amount, always to our hot
@@ -244,7 +253,7 @@ FROM unnest(CAST(:w AS bigint[]), CAST(:chain AS text[]), CAST(:asset AS text[])
 ORDER BY p.n
 """
 _ETH_SWEEP_ROW_SQL = text("""
-SELECT asset, address, deposit_index, nonce, amount, gas_limit, max_fee_wei, state
+SELECT asset, address, deposit_index, nonce, amount, gas_limit, max_fee_wei, max_fee_cap_wei, state
 FROM eth_sweep
 WHERE id = :s
 """)
@@ -313,9 +322,29 @@ WHERE chain_id = :ci AND lower(sender) = lower(:a) AND nonce = :n
 LIMIT 1
 """)
 _INSERT_ETH_SWEEP_SQL = text("""
-INSERT INTO signer_eth_sweep (signed_at, kind, sweep_id, chain_id, sender, nonce, destination, asset, amount, txid)
-VALUES (:at, :k, :s, :ci, :a, :n, :d, :asset, :amount, :t)
+INSERT INTO signer_eth_sweep (signed_at, kind, sweep_id, chain_id, sender, nonce, destination, asset, amount, txid, gas_limit,
+                              max_fee_wei, priority_fee_wei, replaces_txid)
+VALUES (:at, :k, :s, :ci, :a, :n, :d, :asset, :amount, :t, :gas, :max_fee, :priority, :replaces)
 """)
+# the signer's own record of one version it signed (what a replacement must repeat), and of the
+# replacement it signed of that version, if any (at most one per version)
+_ETH_SWEEP_VERSION_SQL = text("""
+SELECT chain_id, sender, nonce, destination, asset, amount, gas_limit, max_fee_wei, priority_fee_wei, txid
+FROM signer_eth_sweep WHERE kind = :k AND sweep_id = :s AND txid = :t ORDER BY id LIMIT 1
+""")
+_ETH_SWEEP_REPLACED_SQL = text("""
+SELECT txid, max_fee_wei, priority_fee_wei FROM signer_eth_sweep WHERE kind = :k AND sweep_id = :s AND replaces_txid = :t
+ORDER BY id LIMIT 1
+""")
+_ETH_REBALANCE_VERSION_SQL = text("""
+SELECT chain_id, sender, nonce, destination, asset, amount, gas_limit, max_fee_wei, priority_fee_wei, txid
+FROM signer_eth_rebalance WHERE rebalance_id = :r AND txid = :t ORDER BY id LIMIT 1
+""")
+_ETH_REBALANCE_REPLACED_SQL = text("""
+SELECT txid, max_fee_wei, priority_fee_wei FROM signer_eth_rebalance WHERE rebalance_id = :r AND replaces_txid = :t
+ORDER BY id LIMIT 1
+""")
+MIN_REPLACEMENT_PERCENT = 10  # both fees of an ethereum replacement at least +10% (geth's and anvil's minimum)
 _ETH_REBALANCE_ROW_SQL = text("""
 SELECT source_tier, destination_tier, asset, amount, destination, state, approvals_required
 FROM eth_rebalance
@@ -335,8 +364,9 @@ SELECT nonce, txid FROM signer_eth_rebalance WHERE chain_id = :ci AND lower(send
 _HOT_SLOT_TAKEN_SQL = text(f"SELECT txid FROM ({_HOT_SLOTS}) s WHERE nonce = :n LIMIT 1")
 _HOT_SLOT_HIGHEST_SQL = text(f"SELECT max(nonce) FROM ({_HOT_SLOTS}) s")
 _INSERT_ETH_REBALANCE_SQL = text("""
-INSERT INTO signer_eth_rebalance (signed_at, rebalance_id, chain_id, sender, nonce, destination, asset, amount, txid)
-VALUES (:at, :r, :ci, :a, :n, :d, :asset, :amount, :t)
+INSERT INTO signer_eth_rebalance (signed_at, rebalance_id, chain_id, sender, nonce, destination, asset, amount, txid, gas_limit,
+                                  max_fee_wei, priority_fee_wei, replaces_txid)
+VALUES (:at, :r, :ci, :a, :n, :d, :asset, :amount, :t, :gas, :max_fee, :priority, :replaces)
 """)
 HOT_INDEX = 0  # the ethereum hot address is the hot account's 0/0 (custody.destinations.HOT_RECEIVE_INDEX)
 WITHDRAWAL_HOLD_OWNER = "withdrawals"  # custody.withdrawals.HOLD_OWNER: the only owner of a withdrawal's hold
@@ -569,9 +599,13 @@ class Signer:
     # ---- ethereum sweeps -------------------------------------------------------------------
 
     def sign_ethereum_sweep(self, sweep_id: int, *, deposit_index: int, asset: str, amount: int, chain_id: int,
-                            nonce: int, gas: int, max_fee_wei: int, priority_fee_wei: int) -> SignedEthTx:
-        """Sign one ethereum sweep: deposit address `deposit_index` -> our hot address (module docstring)."""
-        detail = {"sweep_id": sweep_id, "kind": "sweep", "asset": asset, "amount": str(amount), "nonce": nonce}
+                            nonce: int, gas: int, max_fee_wei: int, priority_fee_wei: int,
+                            replaces_txid: str | None = None) -> SignedEthTx:
+        """Sign one ethereum sweep: deposit address `deposit_index` -> our hot address (module docstring).
+        With `replaces_txid`, a same-nonce replacement of that version at higher fees
+        (`_check_eth_replacement`): the row `signed` or `broadcast`."""
+        detail = {"sweep_id": sweep_id, "kind": "sweep", "asset": asset, "amount": str(amount), "nonce": nonce,
+                  **({"replaces": replaces_txid, "max_fee_wei": str(max_fee_wei)} if replaces_txid else {})}
         with self._request(None, detail) as c:
             c.execute(text(_LOCK_SQL), {"k": f"signer_eth_sweep:{sweep_id}"})
             self._check_halted(c, "sweeps are halted by the kill switch")
@@ -583,7 +617,8 @@ class Signer:
             sender, hot = _eth_address(key), self._eth_hot_address()
             c.execute(text(_LOCK_SQL), {"k": f"signer_eth_sender:{sender.lower()}"})
             row = c.execute(_ETH_SWEEP_ROW_SQL, {"s": sweep_id}).first()
-            if (row is None or row.state != "open" or (row.asset, row.deposit_index, row.address.lower(), int(row.amount),
+            states = ("open",) if replaces_txid is None else ("signed", "broadcast")
+            if (row is None or row.state not in states or (row.asset, row.deposit_index, row.address.lower(), int(row.amount),
                                                         int(row.nonce)) != (asset, deposit_index, sender.lower(), amount, nonce)):
                 raise SigningRefused(RefusalCode.sweep_not_open, f"sweep {sweep_id} is not an open sweep of {amount} {asset} "
                                      f"from deposit address {deposit_index} at nonce {nonce}")
@@ -593,18 +628,33 @@ class Signer:
                     raise SigningRefused(RefusalCode.output_mismatch,
                                          f"sweep {sweep_id}: {amount} {asset}, but {reserved} booked deposits are reserved for it")
             self._check_eth_fee(gas, max_fee_wei, priority_fee_wei)
-            self._check_sweep_nonce(c, sweep_id, sender, chain_id, nonce)
+            again = False
+            if replaces_txid is None:
+                self._check_sweep_nonce(c, sweep_id, sender, chain_id, nonce)
+            else:
+                keys = {"k": "sweep", "s": sweep_id, "t": replaces_txid}
+                again = self._check_eth_replacement(c.execute(_ETH_SWEEP_VERSION_SQL, keys).first(),
+                                                    c.execute(_ETH_SWEEP_REPLACED_SQL, keys).first(), replaces_txid,
+                                                    chain_id=chain_id, sender=sender, nonce=nonce, destination=hot, asset=asset,
+                                                    amount=amount, gas=gas, max_fee_wei=max_fee_wei,
+                                                    priority_fee_wei=priority_fee_wei)
             to, value, data = ((own.contract, 0, erc20_transfer_data(hot, amount)) if own.contract else (hot, amount, b""))
             signed = sign_eip1559(key, chain_id=chain_id, nonce=nonce, to=to, value=value, data=data, gas=gas,
                                   max_fee_wei=max_fee_wei, priority_fee_wei=priority_fee_wei)
-            self._record_eth_sweep(c, "sweep", sweep_id, chain_id, signed, hot, asset, amount, detail)
+            self._record_eth_sweep(c, "sweep", sweep_id, chain_id, signed, hot, asset, amount, detail, gas=gas,
+                                   max_fee_wei=max_fee_wei, priority_fee_wei=priority_fee_wei, replaces_txid=replaces_txid,
+                                   again=again)
         return signed
 
     def sign_ethereum_gas_funding(self, sweep_id: int, *, deposit_index: int, chain_id: int, nonce: int, value: int,
-                                  gas: int, max_fee_wei: int, priority_fee_wei: int) -> SignedEthTx:
+                                  gas: int, max_fee_wei: int, priority_fee_wei: int,
+                                  replaces_txid: str | None = None) -> SignedEthTx:
         """Sign the hot address's payment of gas to the deposit address of token sweep `sweep_id`
-        (module docstring): at most that sweep's gas limit x max fee, once per sweep."""
-        detail = {"sweep_id": sweep_id, "kind": "gas", "value": str(value), "nonce": nonce}
+        (module docstring): at most that sweep's gas limit x max fee cap, once per sweep. With
+        `replaces_txid`, a same-nonce replacement of that version at higher fees
+        (`_check_eth_replacement`); the sweep still `open`."""
+        detail = {"sweep_id": sweep_id, "kind": "gas", "value": str(value), "nonce": nonce,
+                  **({"replaces": replaces_txid, "max_fee_wei": str(max_fee_wei)} if replaces_txid else {})}
         with self._request(None, detail) as c:
             c.execute(text(_LOCK_SQL), {"k": f"signer_eth_sweep:{sweep_id}"})
             self._check_halted(c, "sweeps are halted by the kill switch")
@@ -623,7 +673,7 @@ class Signer:
             if reserved != int(row.amount):
                 raise SigningRefused(RefusalCode.output_mismatch, f"sweep {sweep_id}: {int(row.amount)} {row.asset}, but "
                                      f"{reserved} booked deposits are reserved for it: nothing to fund")
-            need = int(row.gas_limit) * int(row.max_fee_wei)
+            need = int(row.gas_limit) * int(row.max_fee_cap_wei if row.max_fee_cap_wei is not None else row.max_fee_wei)
             if type(value) is not int or not 0 < value <= min(need, self.max_eth_fee_wei):
                 raise SigningRefused(RefusalCode.output_mismatch, f"gas funding {value} wei is outside 1..{need}, the gas "
                                      f"sweep {sweep_id} may burn")
@@ -639,9 +689,19 @@ class Signer:
             taken = c.execute(_HOT_NONCE_TAKEN_SQL, {"a": sender, "n": nonce, "ci": chain_id, "s": sweep_id}).first()
             if taken is not None:
                 raise SigningRefused(RefusalCode.already_signed, f"hot nonce {nonce} is already signed in {taken.txid}")
+            again = False
+            if replaces_txid is not None:
+                keys = {"k": "gas", "s": sweep_id, "t": replaces_txid}
+                again = self._check_eth_replacement(c.execute(_ETH_SWEEP_VERSION_SQL, keys).first(),
+                                                    c.execute(_ETH_SWEEP_REPLACED_SQL, keys).first(), replaces_txid,
+                                                    chain_id=chain_id, sender=sender, nonce=nonce, destination=destination,
+                                                    asset="ETH", amount=value, gas=gas, max_fee_wei=max_fee_wei,
+                                                    priority_fee_wei=priority_fee_wei)
             signed = sign_eip1559(key, chain_id=chain_id, nonce=nonce, to=destination, value=value, gas=gas,
                                   max_fee_wei=max_fee_wei, priority_fee_wei=priority_fee_wei)
-            self._record_eth_sweep(c, "gas", sweep_id, chain_id, signed, destination, "ETH", value, detail)
+            self._record_eth_sweep(c, "gas", sweep_id, chain_id, signed, destination, "ETH", value, detail, gas=gas,
+                                   max_fee_wei=max_fee_wei, priority_fee_wei=priority_fee_wei, replaces_txid=replaces_txid,
+                                   again=again)
         return signed
 
     @staticmethod
@@ -692,12 +752,50 @@ class Signer:
             raise SigningRefused(RefusalCode.nonce_gap, f"{sender}: nonce {nonce}, the next the signer may sign is {expected}")
 
     def _record_eth_sweep(self, c: Connection, kind: str, sweep_id: int, chain_id: int, signed: SignedEthTx, destination: str,
-                          asset: str, amount: int, detail: dict) -> None:
-        """The signer's own record (`signer_eth_sweep`) and audit row, committed before the answer."""
-        c.execute(_INSERT_ETH_SWEEP_SQL, {"at": self.clock(), "k": kind, "s": sweep_id, "ci": chain_id, "a": signed.sender,
-                                          "n": signed.nonce, "d": destination, "asset": asset, "amount": amount, "t": signed.txid})
+                          asset: str, amount: int, detail: dict, *, gas: int, max_fee_wei: int, priority_fee_wei: int,
+                          replaces_txid: str | None, again: bool = False) -> None:
+        """The signer's own record (`signer_eth_sweep`) and audit row, committed before the answer
+        (a replacement asked again, `again`: the record it has already; the audit row only)."""
+        if not again:
+            c.execute(_INSERT_ETH_SWEEP_SQL, {"at": self.clock(), "k": kind, "s": sweep_id, "ci": chain_id, "a": signed.sender,
+                                              "n": signed.nonce, "d": destination, "asset": asset, "amount": amount,
+                                              "t": signed.txid, "gas": gas, "max_fee": max_fee_wei, "priority": priority_fee_wei,
+                                              "replaces": replaces_txid})
         self._audit(c, None, "signed", None, signed.txid, detail)
         c.commit()
+
+    def _check_eth_replacement(self, version, replaced, replaces_txid: str, *, chain_id: int, sender: str, nonce: int,
+                               destination: str, asset: str, amount: int, gas: int, max_fee_wei: int,
+                               priority_fee_wei: int) -> bool:
+        """A same-nonce replacement of a funding, sweep or rebalance, checked against the signer's
+        OWN record of the version it replaces (`version`), never custody's row. In order:
+        `replacement_unknown` (no such version of this row; another chain id, sender or nonce;
+        another gas limit; a version recorded without fees, from before fee bumps; a fee not raised
+        by at least MIN_REPLACEMENT_PERCENT), `output_mismatch` (another destination, asset or
+        amount: it pays exactly what the version paid), `fee_above_ceiling`, `already_signed` (that
+        version was replaced already at other fees: at most one replacement per version). True when
+        this very replacement was signed before (asked again after a crash: the same transaction,
+        nothing new recorded)."""
+        if version is None:
+            raise SigningRefused(RefusalCode.replacement_unknown, f"{replaces_txid} is no version the signer signed for this row")
+        if (int(version.chain_id), version.sender.lower(), int(version.nonce)) != (chain_id, sender.lower(), nonce):
+            raise SigningRefused(RefusalCode.replacement_unknown,
+                                 f"a replacement uses exactly the chain id, sender and nonce of {replaces_txid}")
+        if version.gas_limit is None or version.max_fee_wei is None or int(version.gas_limit) != gas:
+            raise SigningRefused(RefusalCode.replacement_unknown, f"a replacement uses exactly the gas limit of {replaces_txid}")
+        if (version.destination.lower(), version.asset, int(version.amount)) != (destination.lower(), asset, amount):
+            raise SigningRefused(RefusalCode.output_mismatch,
+                                 f"a replacement pays exactly the destination, asset and amount of {replaces_txid}")
+        for new, old in ((max_fee_wei, int(version.max_fee_wei)), (priority_fee_wei, int(version.priority_fee_wei))):
+            if new < max(old + 1, -(-old * (100 + MIN_REPLACEMENT_PERCENT) // 100)):
+                raise SigningRefused(RefusalCode.replacement_unknown, f"a replacement raises both fees of {replaces_txid} by at "
+                                     f"least {MIN_REPLACEMENT_PERCENT}%")
+        self._check_eth_fee(gas, max_fee_wei, priority_fee_wei)
+        if replaced is None:
+            return False
+        if (int(replaced.max_fee_wei), int(replaced.priority_fee_wei)) != (max_fee_wei, priority_fee_wei):
+            raise SigningRefused(RefusalCode.already_signed, f"{replaces_txid} was replaced already, by {replaced.txid}")
+        return True
 
     def _rebalance_destination(self, row) -> str | None:
         """The address a rebalance must pay, from keys the signer holds or pins; None when it cannot say."""
@@ -751,7 +849,8 @@ class Signer:
     # ---- ethereum rebalances ---------------------------------------------------------------
 
     def sign_ethereum_rebalance(self, rebalance_id: int, *, asset: str, amount: int, destination_tier: str, chain_id: int,
-                                nonce: int, gas: int, max_fee_wei: int, priority_fee_wei: int) -> SignedEthTx:
+                                nonce: int, gas: int, max_fee_wei: int, priority_fee_wei: int,
+                                replaces_txid: str | None = None) -> SignedEthTx:
         """Sign ethereum rebalance `rebalance_id`: `amount` of `asset` from the hot address to the
         signer's own warm address (ethereum account "warm", 0/0) or to the cold address pinned in its
         configuration (`cold_addresses["ethereum"]`); or, `destination_tier` "hot", a refill from the
@@ -768,9 +867,13 @@ class Signer:
         signer's OWN records: a rebalance it signed before only again at the same chain id and nonce
         (`already_signed`); a new one never at a hot nonce it signed a withdrawal, gas funding or
         other rebalance at (`already_signed`) and never above the highest it recorded + 1
-        (`nonce_gap`)."""
+        (`nonce_gap`). With `replaces_txid`, a same-nonce replacement of that version at higher
+        fees: the row `signed` or `broadcast`, checked against the signer's own record of that
+        version (`_check_eth_replacement`) instead of the nonce checks; a refill's approvals are
+        verified again."""
         detail = {"rebalance_id": rebalance_id, "kind": "eth_rebalance", "asset": asset, "amount": str(amount), "nonce": nonce,
-                  "destination_tier": destination_tier}
+                  "destination_tier": destination_tier,
+                  **({"replaces": replaces_txid, "max_fee_wei": str(max_fee_wei)} if replaces_txid else {})}
         with self._request(None, detail) as c:
             c.execute(text(_LOCK_SQL), {"k": f"signer_eth_rebalance:{rebalance_id}"})
             self._check_halted(c, "rebalances are halted by the kill switch")
@@ -786,7 +889,8 @@ class Signer:
             if destination is None:
                 raise SigningRefused(RefusalCode.destination_not_cold, "no ethereum cold address is pinned in the signer's configuration")
             row = c.execute(_ETH_REBALANCE_ROW_SQL, {"r": rebalance_id}).first()
-            if (row is None or row.state != "open"
+            states = ("open",) if replaces_txid is None else ("signed", "broadcast")
+            if (row is None or row.state not in states
                     or (row.source_tier, row.destination_tier, row.asset, int(row.amount), row.destination.lower())
                     != (source, destination_tier, asset, amount, destination.lower())):
                 raise SigningRefused(RefusalCode.rebalance_not_open, f"eth rebalance {rebalance_id} is not an open move of {amount} "
@@ -794,13 +898,25 @@ class Signer:
             if source == "warm":
                 self._check_rebalance_approvals(c, rebalance_id, row, chain="ethereum", table="eth_rebalance_approval")
             self._check_eth_fee(gas, max_fee_wei, priority_fee_wei)
-            self._check_sender_slot(c, rebalance_id, sender, chain_id, nonce)
+            again = False
+            if replaces_txid is None:
+                self._check_sender_slot(c, rebalance_id, sender, chain_id, nonce)
+            else:
+                keys = {"r": rebalance_id, "t": replaces_txid}
+                again = self._check_eth_replacement(c.execute(_ETH_REBALANCE_VERSION_SQL, keys).first(),
+                                                    c.execute(_ETH_REBALANCE_REPLACED_SQL, keys).first(), replaces_txid,
+                                                    chain_id=chain_id, sender=sender, nonce=nonce, destination=destination,
+                                                    asset=asset, amount=amount, gas=gas, max_fee_wei=max_fee_wei,
+                                                    priority_fee_wei=priority_fee_wei)
             to, value, data = ((own.contract, 0, erc20_transfer_data(destination, amount)) if own.contract
                                else (destination, amount, b""))
             signed = sign_eip1559(key, chain_id=chain_id, nonce=nonce, to=to, value=value, data=data, gas=gas,
                                   max_fee_wei=max_fee_wei, priority_fee_wei=priority_fee_wei)
-            c.execute(_INSERT_ETH_REBALANCE_SQL, {"at": self.clock(), "r": rebalance_id, "ci": chain_id, "a": sender, "n": nonce,
-                                                  "d": destination, "asset": asset, "amount": amount, "t": signed.txid})
+            if not again:
+                c.execute(_INSERT_ETH_REBALANCE_SQL, {"at": self.clock(), "r": rebalance_id, "ci": chain_id, "a": sender, "n": nonce,
+                                                      "d": destination, "asset": asset, "amount": amount, "t": signed.txid,
+                                                      "gas": gas, "max_fee": max_fee_wei, "priority": priority_fee_wei,
+                                                      "replaces": replaces_txid})
             self._audit(c, None, "signed", None, signed.txid, detail)
             c.commit()
         return signed

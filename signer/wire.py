@@ -54,9 +54,9 @@ Methods (and nothing else):
 | sign_bitcoin_rebalance | rebalance_id, coins, destination, amount, change, replaces_txid | signed bitcoin tx |
 | sign_reserves_message | chain, tier, change, index, message | {address, signature} (BIP-322 simple or EIP-191; message: a signer.protocol.ReservesStatement) |
 | sign_ethereum_payment | batch_id, output, hot_index, chain_id, nonce, to, value, data, gas, max_fee_wei, priority_fee_wei, replaces_txid | signed ethereum tx {raw, txid, sender, nonce} |
-| sign_ethereum_gas_funding | sweep_id, deposit_index, chain_id, nonce, value, gas, max_fee_wei, priority_fee_wei | signed ethereum tx |
-| sign_ethereum_sweep | sweep_id, deposit_index, asset, amount, chain_id, nonce, gas, max_fee_wei, priority_fee_wei | signed ethereum tx |
-| sign_ethereum_rebalance | rebalance_id, asset, amount, destination_tier, chain_id, nonce, gas, max_fee_wei, priority_fee_wei | signed ethereum tx |
+| sign_ethereum_gas_funding | sweep_id, deposit_index, chain_id, nonce, value, gas, max_fee_wei, priority_fee_wei, replaces_txid | signed ethereum tx |
+| sign_ethereum_sweep | sweep_id, deposit_index, asset, amount, chain_id, nonce, gas, max_fee_wei, priority_fee_wei, replaces_txid | signed ethereum tx |
+| sign_ethereum_rebalance | rebalance_id, asset, amount, destination_tier, chain_id, nonce, gas, max_fee_wei, priority_fee_wei, replaces_txid | signed ethereum tx |
 
 coins: [{txid, vout, amount, change, index}]; outputs / output: {withdrawal_id, address, amount,
 script}; change: null or [address, amount]. The signing methods are `signer.protocol.SignerPort`'s.
@@ -604,11 +604,13 @@ METHODS: dict[str, Method] = {
                                      "to": STR, "value": INT, "data": HEX, "gas": INT, "max_fee_wei": INT,
                                      "priority_fee_wei": INT, "replaces_txid": optional(STR)}, SIGNED_ETH_TX),
     "sign_ethereum_gas_funding": Method({"sweep_id": INT, "deposit_index": INT, "chain_id": INT, "nonce": INT, "value": INT,
-                                         "gas": INT, "max_fee_wei": INT, "priority_fee_wei": INT}, SIGNED_ETH_TX),
+                                         "gas": INT, "max_fee_wei": INT, "priority_fee_wei": INT,
+                                         "replaces_txid": optional(STR)}, SIGNED_ETH_TX),
     "sign_ethereum_sweep": Method({"sweep_id": INT, "deposit_index": INT, "asset": STR, "amount": INT, "chain_id": INT,
-                                   "nonce": INT, "gas": INT, "max_fee_wei": INT, "priority_fee_wei": INT}, SIGNED_ETH_TX),
+                                   "nonce": INT, "gas": INT, "max_fee_wei": INT, "priority_fee_wei": INT,
+                                   "replaces_txid": optional(STR)}, SIGNED_ETH_TX),
     "sign_ethereum_rebalance": Method({"rebalance_id": INT, "asset": STR, "amount": INT, "destination_tier": STR,
-                                       "chain_id": INT, "nonce": INT, "gas": INT, "max_fee_wei": INT, "priority_fee_wei": INT},
-                                      SIGNED_ETH_TX),
+                                       "chain_id": INT, "nonce": INT, "gas": INT, "max_fee_wei": INT, "priority_fee_wei": INT,
+                                       "replaces_txid": optional(STR)}, SIGNED_ETH_TX),
 }
 SIGNING_METHODS = frozenset(METHODS) - {"ping", "xpubs"}

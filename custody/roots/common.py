@@ -61,6 +61,7 @@ from custody.database import make_engine, to_sqlalchemy_url
 from custody.deposits import Deposits
 from custody.destinations import HOT_RECEIVE_INDEX, DestinationGuard
 from custody.eth_rebalances import EthRebalanceConfig, EthRebalances
+from custody.eth_moves import MIN_REPLACEMENT_PERCENT, EthBumpConfig
 from custody.eth_sweeps import EthSweeps
 from custody.payouts import PayoutConfig, Payouts
 from custody.policy_config import PolicyProvider
@@ -468,9 +469,13 @@ def _build(config: DeploymentConfig, process: Process, adapters: Mapping[str, Ch
         payouts.catch_up = lambda: deposits.catch_up("bitcoin")
     sweeps = rebalances = reserves = node_view = eth_sweeps = eth_rebalances = None
     if "ethereum" in adapters:
+        eth_bump = EthBumpConfig(stuck_blocks=config.treasury.stuck_blocks,
+                                 bump_percent=max(config.treasury.bump_percent, MIN_REPLACEMENT_PERCENT),
+                                 max_fee_wei=config.treasury.ethereum_bump_max_fee_wei)
         eth_sweeps = EthSweeps(engine, ledger, wallets, adapters["ethereum"], signer,  # type: ignore[arg-type] - gated
                                hot_address=derive_eth_address(config.wallets["ethereum"].hot, HOT_RECEIVE_INDEX),
-                               max_fee_wei=payouts.config.max_fee_wei,
+                               max_fee_wei=payouts.config.max_fee_wei, bump=eth_bump,
+                               bump_reserve_percent=config.treasury.ethereum_sweep_bump_reserve_percent,
                                thresholds={a: p.sweep_threshold for a, p in policy.base.assets.items()
                                            if p.sweep_threshold is not None})
         if config.treasury.ethereum:
@@ -483,7 +488,7 @@ def _build(config: DeploymentConfig, process: Process, adapters: Mapping[str, Ch
                     thresholds={a: RebalanceThreshold(ceiling=t.ceiling, target=t.target, floor=t.floor, excess_to=t.excess_to)
                                 for a, t in config.treasury.ethereum.items()},
                     cold_address=config.treasury.ethereum_cold_address, max_fee_wei=payouts.config.max_fee_wei,
-                    refill_quorum=config.treasury.refill_quorum), approvers=approvers)
+                    refill_quorum=config.treasury.refill_quorum), approvers=approvers, bump=eth_bump)
     if "bitcoin" in adapters:
         hot = derive_btc_address(config.wallets["bitcoin"].hot, btc_network, 0, 0)
         rebalance_config, bump = treasury_config(config.treasury, bitcoin_network=btc_network)

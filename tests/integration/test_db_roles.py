@@ -44,7 +44,7 @@ INSUFFICIENT_PRIVILEGE = "42501"
 MIGRATION = Path(__file__).resolve().parents[2] / "migrations" / "versions" / "0020_process_roles.py"
 API_READ_ONLY = ["api_key", "btc_wallet_output", "chain_asset", "chain_cursor", "chain_transaction", "convert_config",
                  "convert_price", "convert_quote", "denylist_address", "deposit_address_check", "eth_gas_funding",
-                 "eth_nonce", "eth_rebalance", "eth_sweep", "firm_tx_version", "job_stat",
+                 "eth_nonce", "eth_rebalance", "eth_sweep", "eth_tx_version", "firm_tx_version", "job_stat",
                  "matching_snapshot", "node_view_health", "outbox", "outbox_aggregate", "reserve_leaf", "reserve_node",
                  "reserve_report"]
 # migrations 0022, 0023 (the wallet index), 0025, 0028 (the index's verdicts, the node view's health), 0032 (events:
@@ -53,7 +53,8 @@ API_READ_ONLY = ["api_key", "btc_wallet_output", "chain_asset", "chain_cursor", 
 # 0043 (proof-of-reserves reports, leaves and nodes: the worker's job builds and publishes them), 0042 (ethereum
 # rebalances: the worker's), 0040 (convert's rates and operator prices: the worker's start-up and the SECURITY
 # DEFINER convert_price_set): custody_api may only read them; 0044 took `eth_rebalance_approval` out (the api
-# INSERTs operators' signed approvals of an ethereum refill, nothing more)
+# INSERTs operators' signed approvals of an ethereum refill, nothing more), 0045 (every signed version of an
+# ethereum funding, sweep or rebalance: the worker's)
 
 
 def sqlstate(engine: Engine, role: str | None, sql: str, params: dict | None = None) -> str | None:

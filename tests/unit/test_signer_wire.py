@@ -86,22 +86,23 @@ class FakeSigner:
                             chain_id=chain_id, nonce=nonce, to=to, value=value, data=data, gas=gas,
                             max_fee_wei=max_fee_wei, priority_fee_wei=priority_fee_wei, replaces_txid=replaces_txid)
 
-    def sign_ethereum_gas_funding(self, sweep_id, *, deposit_index, chain_id, nonce, value, gas, max_fee_wei, priority_fee_wei):
+    def sign_ethereum_gas_funding(self, sweep_id, *, deposit_index, chain_id, nonce, value, gas, max_fee_wei, priority_fee_wei,
+                                  replaces_txid=None):
         return self._record("sign_ethereum_gas_funding", ETH_TX, sweep_id=sweep_id, deposit_index=deposit_index,
                             chain_id=chain_id, nonce=nonce, value=value, gas=gas, max_fee_wei=max_fee_wei,
-                            priority_fee_wei=priority_fee_wei)
+                            priority_fee_wei=priority_fee_wei, replaces_txid=replaces_txid)
 
     def sign_ethereum_rebalance(self, rebalance_id, *, asset, amount, destination_tier, chain_id, nonce, gas, max_fee_wei,
-                                priority_fee_wei):
+                                priority_fee_wei, replaces_txid=None):
         return self._record("sign_ethereum_rebalance", ETH_TX, rebalance_id=rebalance_id, asset=asset, amount=amount,
                             destination_tier=destination_tier, chain_id=chain_id, nonce=nonce, gas=gas,
-                            max_fee_wei=max_fee_wei, priority_fee_wei=priority_fee_wei)
+                            max_fee_wei=max_fee_wei, priority_fee_wei=priority_fee_wei, replaces_txid=replaces_txid)
 
     def sign_ethereum_sweep(self, sweep_id, *, deposit_index, asset, amount, chain_id, nonce, gas, max_fee_wei,
-                            priority_fee_wei):
+                            priority_fee_wei, replaces_txid=None):
         return self._record("sign_ethereum_sweep", ETH_TX, sweep_id=sweep_id, deposit_index=deposit_index, asset=asset,
                             amount=amount, chain_id=chain_id, nonce=nonce, gas=gas, max_fee_wei=max_fee_wei,
-                            priority_fee_wei=priority_fee_wei)
+                            priority_fee_wei=priority_fee_wei, replaces_txid=replaces_txid)
 
 
 def service(fake: FakeSigner, now: float = NOW) -> SignerService:
@@ -308,13 +309,13 @@ def test_every_method_round_trips_its_values(served):
                gas=65_000, max_fee_wei=2 * 10**9, priority_fee_wei=10**9, replaces_txid=None)
     assert_equal(client.sign_ethereum_payment(9, OUTPUTS[0], **eth), ETH_TX)
     funding = dict(deposit_index=17, chain_id=31337, nonce=8, value=12 * 10**13, gas=21_000, max_fee_wei=2 * 10**9,
-                   priority_fee_wei=10**9)
+                   priority_fee_wei=10**9, replaces_txid=None)
     assert_equal(client.sign_ethereum_gas_funding(5, **funding), ETH_TX)
     sweep = dict(deposit_index=17, asset="USDT", amount=10**30, chain_id=31337, nonce=0, gas=56_000, max_fee_wei=2 * 10**9,
-                 priority_fee_wei=10**9)
+                 priority_fee_wei=10**9, replaces_txid="cd" * 32)
     assert_equal(client.sign_ethereum_sweep(5, **sweep), ETH_TX)
     rebalance = dict(asset="USDT", amount=10**30, destination_tier="cold", chain_id=31337, nonce=9, gas=60_000,
-                     max_fee_wei=2 * 10**9, priority_fee_wei=10**9)
+                     max_fee_wei=2 * 10**9, priority_fee_wei=10**9, replaces_txid=None)
     assert_equal(client.sign_ethereum_rebalance(6, **rebalance), ETH_TX)
     assert_equal([c[1] for c in fake.calls], [
         dict(batch_id=9, coins=COINS, outputs=OUTPUTS, change=("bcrt1qchange", 12_345)),
