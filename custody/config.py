@@ -56,7 +56,7 @@ own settings (`ENVIRONMENT`, `API_KEY_PEPPER`, `STATE_DIR`, `TREASURY_ADJUSTMENT
 | treasury | psbt_min_fee_rate_sat_per_kvb, psbt_max_fee_rate_sat_per_kvb | 1000, 100000 | the fee-rate bounds of a cold -> hot PSBT, built and imported |
 | treasury | stuck_blocks, bump_percent, max_fee_rate_sat_per_kvb | 3, 50, 500000 | when a sweep or rebalance is fee-bumped, by how much, up to what (custody.firm_moves; the first two also for ethereum, custody.eth_moves, where bump_percent is at least 10) |
 | treasury | ethereum_bump_max_fee_wei | 500000000000 | the highest max fee per gas a same-nonce replacement of an ethereum gas funding, sweep or rebalance offers (custody.eth_moves) |
-| treasury | ethereum_sweep_bump_reserve_percent | 0 | gas money an ethereum sweep keeps for its bumps: its deposit address is funded (token) or keeps back (ether) gas limit x max fee x (100 + this) / 100, at most gas limit x `ethereum_bump_max_fee_wei`; 0: a sweep is bumped only as far as what its address already holds allows (custody.eth_sweeps) |
+| treasury | ethereum_sweep_bump_reserve_percent | 100 | gas money an ethereum sweep keeps for its bumps: its deposit address is funded (token) or keeps back (ether) gas limit x max fee x (100 + this) / 100, at most gas limit x `ethereum_bump_max_fee_wei`; 0: a sweep is bumped only as far as what its address already holds allows (custody.eth_sweeps) |
 | treasury.ethereum.SYMBOL | ceiling, target, floor, excess_to | - (no ethereum rebalance) | wei or token base units, floor < target < ceiling: the hot address above `ceiling` sends everything over `target` to `warm` or `cold` (default cold); below `floor` (when set) warm refills it up to `target` once `refill_quorum` operators signed (custody.eth_rebalances) |
 | treasury | ethereum_cold_address | - | the checksummed cold ethereum address (watch-only, reconciled); the signer pins its own copy (`cold_addresses`) and refuses any other |
 | events | sink | jetstream | where the worker's outbox dispatcher delivers events: `jetstream` (custody.broker) or `log` (a log line per event, no broker) |
@@ -386,7 +386,7 @@ class TreasurySection(Section):
     bump_percent: Annotated[Whole, Field(ge=1, le=1000)] = 50
     max_fee_rate_sat_per_kvb: Annotated[Whole, Field(ge=1)] = 500_000
     ethereum_bump_max_fee_wei: Annotated[Whole, Field(ge=1)] = 500 * 10**9
-    ethereum_sweep_bump_reserve_percent: Annotated[Whole, Field(ge=0, le=1000)] = 0
+    ethereum_sweep_bump_reserve_percent: Annotated[Whole, Field(ge=0, le=1000)] = 100
     ethereum: dict[str, EthTreasuryAsset] = Field(default_factory=dict)
     ethereum_cold_address: str | None = None
 
