@@ -149,14 +149,28 @@ def _approver_fields(key_id: str, username: str, public_key: bytes, rp_id: str, 
 def refuse_inactive_console_key(c, key_id: str) -> None:
     """A `console:` approver key whose credential is not active now (revoked, or unknown to this
     database) approves nothing, whatever the configured approver entries say: `approver_unknown`."""
-    if not key_id.startswith("console:"):
-        return
-    raw = _b64url_decode(key_id[len("console:"):], "the key id")
-    state = c.execute(text("SELECT state FROM console_credential WHERE credential_id = :i"), {"i": raw}).scalar()
-    if state != "active":
+    if key_id in inactive_console_keys(c, [key_id]):
         raise CustodyError(CustodyErrorCode.approver_unknown,
-                           f"console credential {key_id!r} is {state or 'unknown'}: its approver entry must be removed "
+                           f"console credential {key_id!r} is not active: its approver entry must be removed "
                            "from the signer's and custody's configuration", key_id=key_id)
+
+
+def inactive_console_keys(c, key_ids) -> set[str]:
+    """The `console:` key ids among `key_ids` whose credential is not active now (revoked, pending,
+    unknown to this database, or not a credential id at all). Other key ids (ed25519 approvers) are
+    never in it: they stop counting when their entry leaves the approver registry."""
+    wanted: dict[bytes, str] = {}
+    bad = set()
+    for key_id in {k for k in key_ids if k and k.startswith("console:")}:
+        try:
+            wanted[_b64url_decode(key_id[len("console:"):], "the key id")] = key_id
+        except CustodyError:
+            bad.add(key_id)
+    if not wanted:
+        return bad
+    active = set(c.execute(text("SELECT credential_id FROM console_credential WHERE credential_id = ANY(:i) "
+                                "AND state = 'active'"), {"i": list(wanted)}).scalars())
+    return bad | {key_id for raw, key_id in wanted.items() if raw not in {bytes(a) for a in active}}
 
 
 def _b64url_decode(value: object, what: str) -> bytes:
