@@ -61,13 +61,14 @@ from sqlalchemy import Connection, Engine, Row, text
 
 from chain_adapters.base import ChainAdapter
 from chain_adapters.bitcoin import txid_of
-from custody.addresses import derive_btc_address
+from custody.addresses import btc_key_origin, derive_btc_address
+from custody.destinations import HOT_RECEIVE_INDEX
 from custody.containment import Step, contained
 from custody.controls import audit, kill_switch
 from custody.errors import CustodyError, CustodyErrorCode
 from custody.firm_moves import BumpConfig, FirmMoves
 from custody.payouts import spendable_coins
-from custody.psbt import PsbtError, PsbtInput, build, decode, encode, extract, unsigned_tx
+from custody.psbt import KeyOrigin, PsbtError, PsbtInput, build, decode, encode, extract, unsigned_tx
 from custody.states import MACHINES, advance
 from custody.wallets import Wallets
 from ledger.model import Transfer
@@ -172,21 +173,29 @@ class RebalanceConfig:
     psbt_min_fee_rate_sat_per_kvb: int = 1_000  # a cold -> hot PSBT is built and accepted within these bounds
     psbt_max_fee_rate_sat_per_kvb: int = 100_000
     refill_ttl: dt.timedelta = DEFAULT_REFILL_TTL  # policy data (PolicySet.refill_ttl): how long a refill waits for its quorum
+    # tier -> the master fingerprint (8 hex digits) of its account xpub's key origin, when known: a
+    # PSBT's BIP32 derivations then start there (custody.psbt); absent: the xpub's own fingerprint
+    master_fingerprints: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.refill_ttl, dt.timedelta) or self.refill_ttl <= dt.timedelta(0):
             raise ValueError(f"refill_ttl must be a positive timedelta, got {self.refill_ttl!r}")
+        for tier, fingerprint in self.master_fingerprints.items():
+            if not isinstance(fingerprint, str) or len(fingerprint) != 8 or any(ch not in "0123456789abcdef" for ch in fingerprint):
+                raise ValueError(f"the {tier} master fingerprint must be 8 lowercase hex digits, got {fingerprint!r}")
 
 
-def treasury_config(section, *, bitcoin_network: str,
-                    refill_ttl: dt.timedelta = DEFAULT_REFILL_TTL) -> tuple[RebalanceConfig, BumpConfig]:
+def treasury_config(section, *, bitcoin_network: str, refill_ttl: dt.timedelta = DEFAULT_REFILL_TTL,
+                    master_fingerprints: Mapping[str, str] | None = None) -> tuple[RebalanceConfig, BumpConfig]:
     """The rebalance and fee-bump configuration of a deployment's `[treasury]` section (custody.config);
-    `refill_ttl` is the policy's (PolicySet.refill_ttl)."""
+    `refill_ttl` is the policy's (PolicySet.refill_ttl), `master_fingerprints` the bitcoin wallets'
+    (`[wallets.bitcoin] hot_fingerprint`, `cold_fingerprint`)."""
     threshold = RebalanceThreshold(ceiling=section.ceiling, target=section.target, floor=section.floor,
                                    excess_to=section.excess_to)
     return (RebalanceConfig(bitcoin_network=bitcoin_network, thresholds={"BTC": threshold}, refill_quorum=section.refill_quorum,
                             psbt_min_fee_rate_sat_per_kvb=section.psbt_min_fee_rate_sat_per_kvb,
-                            psbt_max_fee_rate_sat_per_kvb=section.psbt_max_fee_rate_sat_per_kvb, refill_ttl=refill_ttl),
+                            psbt_max_fee_rate_sat_per_kvb=section.psbt_max_fee_rate_sat_per_kvb, refill_ttl=refill_ttl,
+                            master_fingerprints=dict(master_fingerprints or {})),
             BumpConfig(stuck_blocks=section.stuck_blocks, bump_percent=section.bump_percent,
                        max_fee_rate_sat_per_kvb=section.max_fee_rate_sat_per_kvb))
 
@@ -363,7 +372,8 @@ class Rebalances(FirmMoves):
                 raise
             raise CustodyError(CustodyErrorCode.rebalance_insufficient_funds, str(exc), tier=wallet.tier, amount=amount) from None
         outputs = [(hot_script, amount)] + ([(change_script, change)] if change else [])
-        unsigned = build([self._psbt_input(k, wallet) for k in chosen], outputs) if psbt else None
+        unsigned = build([self._psbt_input(k, wallet) for k in chosen], outputs,
+                         self._psbt_output_origins(c, wallet, wallet.next_index if change else None)) if psbt else None
         rebalance_id = c.execute(_INSERT_SQL, {
             "src": wallet.tier, "dst": "hot", "d": self.hot_address, "i": 0, "a": amount, "f": fee, "ch": change, "r": rate,
             "s": spendable, "ceil": threshold.ceiling if threshold else 0, "tgt": threshold.target if threshold else 0,
@@ -381,7 +391,26 @@ class Rebalances(FirmMoves):
 
     def _psbt_input(self, k: BtcCoin, wallet) -> PsbtInput:
         address = derive_btc_address(wallet.xpub, self.network, k.change, k.index)
-        return PsbtInput(k.txid, k.vout, k.amount, address_to_script(address, self.network))
+        return PsbtInput(k.txid, k.vout, k.amount, address_to_script(address, self.network),
+                         self._origin(wallet.tier, wallet.xpub, k.change, k.index))
+
+    def _origin(self, tier: str, xpub: str, change: int, index: int) -> KeyOrigin:
+        """The BIP32 derivation a PSBT states for the key at `<tier account>/<change>/<index>`
+        (custody.psbt module docstring): from the tier's master fingerprint when one is configured
+        (`RebalanceConfig.master_fingerprints`), else from the account xpub's own."""
+        return KeyOrigin(*btc_key_origin(xpub, self.network, change, index, self.config.master_fingerprints.get(tier)))
+
+    def _psbt_output_origins(self, c: Connection, wallet, change_index: int | None) -> list[KeyOrigin | None]:
+        """The derivations of a cold -> hot PSBT's outputs: the hot receive address (0/0 of the hot
+        wallet's xpub, only if that is indeed `hot_address`) and the change (the source tier's
+        `0/<change_index>`), in the order the outputs are built."""
+        hot = c.execute(text("SELECT xpub, network FROM wallet WHERE chain = 'bitcoin' AND tier = 'hot'")).first()
+        hot_origin = None
+        if hot is not None and hot.network == self.network and \
+                derive_btc_address(hot.xpub, self.network, 0, HOT_RECEIVE_INDEX) == self.hot_address:
+            hot_origin = self._origin("hot", hot.xpub, 0, HOT_RECEIVE_INDEX)
+        change = [self._origin(wallet.tier, wallet.xpub, 0, change_index)] if change_index is not None else []
+        return [hot_origin] + change
 
     def _open_refill(self, c: Connection, warm, threshold: RebalanceThreshold, rate: int) -> int | None:
         """Hot below its floor: reserve warm coins for target - spendable (a quorum must approve it)."""

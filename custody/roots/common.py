@@ -488,7 +488,8 @@ def _build(config: DeploymentConfig, process: Process, adapters: Mapping[str, Ch
     if "bitcoin" in adapters:
         hot = derive_btc_address(config.wallets["bitcoin"].hot, btc_network, 0, 0)
         rebalance_config, bump = treasury_config(config.treasury, bitcoin_network=btc_network,
-                                                 refill_ttl=policy.base.refill_ttl)
+                                                 refill_ttl=policy.base.refill_ttl,
+                                                 master_fingerprints=config.wallets["bitcoin"].master_fingerprints())
         sweeps = Sweeps(engine, ledger, wallets, adapters["bitcoin"], signer, hot_address=hot, network=btc_network, bump=bump)
         rebalances = Rebalances(engine, ledger, wallets, adapters["bitcoin"], signer, hot_address=hot, approvers=approvers,
                                 config=rebalance_config, bump=bump)
