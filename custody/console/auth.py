@@ -35,8 +35,11 @@ Approving is signing (signer.approvals, scheme `webauthn`): an active credential
 key, rp id and origin) is what an admin adds to the signer's `[[approvers]]` (and custody's
 `approvers` setting, for the early check at the door); until then custody refuses the console's
 approvals with `approver_unknown`. The signer never reads `console_credential`; custody refuses a
-`console:` key whose credential is not active (`refuse_inactive_console_key`), but the entry must
-still be removed from both configurations when a credential is revoked.
+`console:` key whose credential is not active (`refuse_inactive_console_key`: withdrawal and refill
+approvals alike, custody.withdrawals `verify_operator_approval`), and a refill approval already
+stored stops counting towards its quorum once its credential is revoked (`inactive_console_keys`,
+custody.withdrawals `live_approvers`), but the entry must still be removed from both
+configurations when a credential is revoked: that is how the signer learns it.
 
 Activation is signed (the root of trust is configuration, not a row): an operator's enrolment is
 approved with the approving admin's WebAuthn assertion over `activation_payload` (credential id,
