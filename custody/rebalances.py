@@ -31,8 +31,13 @@ Steps, as jobs (`run_once()` runs them in order; each is also callable alone):
   between the signature and the store, the next run signs the same open rebalance again: same
   coins, outputs and fee, and deterministic (RFC 6979) signatures give the same txid. A refill
   is sent to the signer only once `approvals_required` distinct operators signed its payload
-  (`approve_refill`); the signer counts them again itself and refuses with
-  `rebalance_not_approved` otherwise.
+  (`approve_refill`, checked at the door as a withdrawal approval is), counting only approvals
+  whose key still counts now (`counted_refill_approvals`: a key revoked or removed after it
+  approved does not); the signer counts them again itself against its own keys and refuses with
+  `rebalance_not_approved` otherwise. A refill still short of its quorum `refill_ttl` (policy
+  data, PolicySet.refill_ttl) after it was opened expires (`expire_refill`: open -> expired,
+  audited; its warm coins free again) and late approvals are `refill_expired`; while hot is still
+  below its floor the next run opens a fresh one.
 - Cold -> hot: `open_cold_to_hot(amount)` chooses cold coins (the wallet index's, unspent, issued,
   not reserved), builds the unsigned PSBT (custody.psbt: our hot receive address only, change to a
   fresh cold address) at the node's fee estimate clamped to the bounds, and stores it on the row
@@ -440,10 +445,11 @@ class Rebalances(FirmMoves):
     def approve_refill(self, rebalance_id: int, *, operator: str, signature: ApprovalSignature | None) -> int:
         """An operator's signed approval of an open refill, verified here against `approvers` before
         it is stored (the signer verifies it again against its own keys). Returns the number of
-        distinct operators who approved it. Codes in the order checked: rebalance_not_found,
-        invalid_state, approval_signature_required, approver_unknown, approval_scheme_mismatch,
-        approval_signature_invalid, approver_not_caller, already_acted. `refill_expired` (checked
-        after rebalance_not_found) when it waited `refill_ttl` or longer, expired or not yet."""
+        distinct operators whose approval still counts. Codes in the order checked:
+        rebalance_not_found, refill_expired (it waited `refill_ttl` or longer, expired by the worker
+        yet or not), invalid_state, approval_signature_required, approver_unknown (also a revoked
+        console key), approval_scheme_mismatch, approval_signature_invalid, approver_not_caller,
+        already_acted."""
         with self.engine.begin() as c:
             row = c.execute(text(f"{_ROW_SQL.text} FOR UPDATE"), {"r": rebalance_id}).first()
             if row is None or row.source_tier != "warm":
