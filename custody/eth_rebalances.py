@@ -16,7 +16,9 @@ booked ether covers the gas limit x max fee (plus the amount, for an ether refil
 warm from hot. One refill at a time (the warm address sends nothing else, so its nonce is the
 signer's last warm record + 1 or the node's pending count; a partial unique index backs it).
 Operators approve over `POST /v1/eth-rebalances/{id}/approve` (custody.api.treasury_routes), which
-calls `approve_refill`.
+calls `approve_refill`. Approvals are counted, and a refill short of its quorum after
+`EthRebalanceConfig.refill_ttl` (policy data) expires, as bitcoin refills do (custody.rebalances
+`counted_refill_approvals`, `expire_refill`, `refuse_late_approval`).
 
 Destinations, never a custody row: warm is the signer's own warm key (ethereum account "warm",
 0/0); cold is an address PINNED in the signer's configuration (`cold_addresses.ethereum`,
