@@ -99,9 +99,10 @@ def test_cold_to_hot_through_a_psbt(custody, bitcoind, engine, ledger, signer_ke
         assert derivation["path"].startswith("m/0/"), derivation
     for vout, out in zip(decoded["tx"]["vout"], decoded["outputs"]):
         [derivation] = out["bip32_derivs"]
-        hot = vout["scriptPubKey"]["address"] == hot_address
-        assert_equal((derivation["master_fingerprint"], derivation["path"].startswith("m/0/")), (own["hot" if hot else "cold"], True))
-        assert not hot or derivation["path"] == "m/0/0", derivation
+        to_hot = vout["scriptPubKey"]["address"] == hot_address
+        assert_equal((derivation["master_fingerprint"], derivation["path"].startswith("m/0/")),
+                     (own["hot" if to_hot else "cold"], True))
+        assert not to_hot or derivation["path"] == "m/0/0", derivation
 
     log.info("the operator exports it with the CLI and signs it offline")
     unsigned_file, signed_file, key_file = tmp_path / "unsigned.psbt", tmp_path / "signed.psbt", tmp_path / "api-key"
