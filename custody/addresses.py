@@ -194,6 +194,32 @@ def derive_btc_addresses(account_xpub: str, network: str, change: int, start: in
     return [branch.AddressIndex(i).PublicKey().ToAddress() for i in range(start, stop)]
 
 
+def btc_key_origin(account_xpub: str, network: str, change: int, index: int,
+                   master_fingerprint: str | None = None) -> tuple[bytes, bytes, tuple[int, ...]]:
+    """(compressed public key, fingerprint, path) of the key at `<account>/<change>/<index>`, as a
+    PSBT's BIP32 derivation states it (custody.psbt `KeyOrigin`). With `master_fingerprint` (8 hex
+    digits): that fingerprint and the full BIP84 path `84h/<coin>h/<account>h/<change>/<index>`
+    (the account's child number read from the xpub, which must be an account key, depth 3). Without
+    one: the account xpub's OWN fingerprint (HASH160 of its public key, first 4 bytes) and the path
+    relative to it, `<change>/<index>`, which is how Bitcoin Core reads a descriptor key without an
+    origin (`wpkh(tpub.../0/*)`)."""
+    _check_child(change, index)
+    account = _btc_account(account_xpub, network)
+    chain = Bip44Changes.CHAIN_EXT if change == 0 else Bip44Changes.CHAIN_INT
+    pubkey = account.Change(chain).AddressIndex(index).PublicKey().RawCompressed().ToBytes()
+    bip32 = account.Bip32Object()
+    if master_fingerprint is None:
+        return pubkey, bip32.FingerPrint().ToBytes(), (change, index)
+    fingerprint = master_fingerprint.lower()
+    if len(fingerprint) != 8 or any(c not in "0123456789abcdef" for c in fingerprint):
+        raise AddressError("master_fingerprint must be 8 hex digits")
+    if bip32.Depth().ToInt() != 3 or not bip32.Index().IsHardened():
+        raise AddressError("a master fingerprint is given for an account key (depth 3, hardened) only")
+    coin = 0 if _network(network).coin is Bip84Coins.BITCOIN else 1
+    hardened = 0x80000000
+    return pubkey, bytes.fromhex(fingerprint), (84 | hardened, coin | hardened, bip32.Index().ToInt(), change, index)
+
+
 def derive_eth_address(account_xpub: str, index: int) -> str:
     """The EIP-55 checksummed ethereum address at `<account>/0/<index>` (BIP44, coin 60).
 

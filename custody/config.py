@@ -44,6 +44,7 @@ own settings (`ENVIRONMENT`, `API_KEY_PEPPER`, `STATE_DIR`, `TREASURY_ADJUSTMENT
 | wallets.CHAIN | deposit, hot | required | account xpubs from `python -m signer xpubs` |
 | wallets.CHAIN | warm | - | warm account xpub (`python -m signer xpubs`; the signer holds its key): hot above its ceiling may go there, refills come from it |
 | wallets.CHAIN | cold | - | watch-only cold account xpub (rebalances need it) |
+| wallets.bitcoin | hot_fingerprint, cold_fingerprint | - (the account xpub's own) | 8 hex digits: the master fingerprint of that account key's origin (`[fp/84h/<coin>h/<account>h]`), from which a cold -> hot PSBT states its BIP32 derivations (custody.psbt); without it they are relative to the account xpub, which Bitcoin Core signs with but a hardware wallet does not recognise |
 | signer | endpoint | required | `unix:/abs/path.sock` or `tcp:127.0.0.1:PORT` (loopback only) |
 | signer | client | required | this process's client name in the signer's `[[clients]]`; `CUSTODY_API_SIGNER_CLIENT` / `CUSTODY_WORKER_SIGNER_CLIENT` override it per process |
 | signer | auth_key_file | required | that client's own auth key (hex, mode 600); `CUSTODY_API_SIGNER_AUTH_KEY_FILE` / `CUSTODY_WORKER_SIGNER_AUTH_KEY_FILE` override it per process |
@@ -274,6 +275,21 @@ class WalletSection(Section):
     hot: str
     warm: str | None = None
     cold: str | None = None
+    # bitcoin: the master fingerprint of the hot / cold account key's origin (8 hex digits), when
+    # known: a cold -> hot PSBT's BIP32 derivations then start at that master (custody.psbt)
+    hot_fingerprint: str | None = None
+    cold_fingerprint: str | None = None
+
+    @field_validator("hot_fingerprint", "cold_fingerprint")
+    @classmethod
+    def _fingerprint(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[0-9a-fA-F]{8}", value):
+            raise ValueError("a master fingerprint is 8 hex digits (as in a descriptor's key origin [d34db33f/84h/0h/0h])")
+        return value.lower() if value is not None else None
+
+    def master_fingerprints(self) -> dict[str, str]:
+        """tier -> master fingerprint, of the tiers that name one."""
+        return {t: f for t, f in (("hot", self.hot_fingerprint), ("cold", self.cold_fingerprint)) if f is not None}
 
     def tiers(self) -> dict[str, str]:
         return {t: x for t, x in (("deposit", self.deposit), ("hot", self.hot), ("warm", self.warm), ("cold", self.cold))

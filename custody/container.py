@@ -78,7 +78,7 @@ class Container:
         rebalances (and reconciliation's ethereum warm and cold lines); `cold_addresses` is the
         in-process signer's pinned ethereum cold address (signer.config `cold_addresses`)."""
         from custody.payouts import PayoutConfig, Payouts
-        from custody.policy_config import PolicyProvider, default_policy
+        from custody.policy_config import PolicyProvider, default_policy, sweep_minimums
         from custody.withdrawals import Withdrawals
         from signer.service import Signer
 
@@ -106,7 +106,7 @@ class Container:
                               if p.sweep_threshold is not None}
                 self.eth_sweeps = EthSweeps(self.engine, self.ledger, self.wallets, self.adapters["ethereum"], signer,  # type: ignore[arg-type]
                                             hot_address=derive_eth_address(signer_keys.account_xpub("ethereum", "hot"), HOT_RECEIVE_INDEX),
-                                            thresholds=thresholds,
+                                            thresholds=thresholds, min_per_address=sweep_minimums(policy or default_policy()),
                                             max_fee_wei=config.max_fee_wei)
                 if eth_rebalance_config is not None:
                     from custody.eth_rebalances import EthRebalances
@@ -130,7 +130,9 @@ class Container:
 
                 self.rebalances = Rebalances(self.engine, self.ledger, self.wallets, self.adapters["bitcoin"], signer,
                                              hot_address=hot, approvers=self.approvers,
-                                             config=rebalance_config or RebalanceConfig(bitcoin_network=bitcoin_network))
+                                             config=rebalance_config or RebalanceConfig(
+                                                 bitcoin_network=bitcoin_network,
+                                                 refill_ttl=(policy or default_policy()).refill_ttl))
                 from custody.reserves import Reserves
 
                 self.reserves = Reserves(self.engine, self.adapters, signer, network=bitcoin_network,

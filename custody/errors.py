@@ -48,6 +48,7 @@
 | rebalance_wallet_missing | 409 | the wallet tier a rebalance needs (warm or cold) is not registered |
 | rebalance_in_progress | 409 | a rebalance from that tier is already open, signed or on its way: one at a time per source tier |
 | rebalance_insufficient_funds | 409 | the source tier's coins cannot pay the amount and its fee |
+| refill_expired | 409 | the warm -> hot refill waited longer than the policy's `refill_ttl` for its operator quorum: it expired (or expires at the worker's next pass) and takes no more approvals; the worker opens a fresh one if hot is still below its floor |
 | psbt_malformed | 422 | the PSBT is not base64 or not a well-formed BIP 174 PSBT (custody.psbt) |
 | psbt_transaction_mismatch | 422 | the PSBT's transaction is not the one custody built for this rebalance (another input, output or amount) |
 | psbt_not_signed | 422 | an input of the PSBT carries no signature (neither a final witness nor one partial signature) |
@@ -139,6 +140,7 @@ class CustodyErrorCode(str, enum.Enum):
     rebalance_wallet_missing = "rebalance_wallet_missing"
     rebalance_in_progress = "rebalance_in_progress"
     rebalance_insufficient_funds = "rebalance_insufficient_funds"
+    refill_expired = "refill_expired"
     psbt_malformed = "psbt_malformed"
     psbt_transaction_mismatch = "psbt_transaction_mismatch"
     psbt_not_signed = "psbt_not_signed"
@@ -230,6 +232,7 @@ _STATUS = {
     CustodyErrorCode.rebalance_wallet_missing: 409,
     CustodyErrorCode.rebalance_in_progress: 409,
     CustodyErrorCode.rebalance_insufficient_funds: 409,
+    CustodyErrorCode.refill_expired: 409,
     CustodyErrorCode.psbt_malformed: 422,
     CustodyErrorCode.psbt_transaction_mismatch: 422,
     CustodyErrorCode.psbt_not_signed: 422,

@@ -16,7 +16,9 @@ booked ether covers the gas limit x max fee (plus the amount, for an ether refil
 warm from hot. One refill at a time (the warm address sends nothing else, so its nonce is the
 signer's last warm record + 1 or the node's pending count; a partial unique index backs it).
 Operators approve over `POST /v1/eth-rebalances/{id}/approve` (custody.api.treasury_routes), which
-calls `approve_refill`.
+calls `approve_refill`. Approvals are counted, and a refill short of its quorum after
+`EthRebalanceConfig.refill_ttl` (policy data) expires, as bitcoin refills do (custody.rebalances
+`counted_refill_approvals`, `expire_refill`, `refuse_late_approval`).
 
 Destinations, never a custody row: warm is the signer's own warm key (ethereum account "warm",
 0/0); cold is an address PINNED in the signer's configuration (`cold_addresses.ethereum`,
@@ -61,6 +63,7 @@ else consumed opens a critical `eth_rebalance_nonce_conflict`.
 """
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
@@ -71,11 +74,13 @@ from chain_adapters.ethereum import EthereumAdapter
 from custody.controls import audit, kill_switch, open_incident
 from custody.eth_moves import HOT_NONCE_RECORDED_SQL, EthBumpConfig, EthMoves, unsettled_versions
 from custody.eth_sweeps import gas_limit_with_margin
-from custody.rebalances import RebalanceThreshold, amount_to_move, refill_amount, store_refill_approval
+from custody.rebalances import (RebalanceThreshold, amount_to_move, counted_refill_approvals, expire_refill, refill_amount,
+                                refuse_late_approval, store_refill_approval)
 from custody.states import advance
 from custody.wallets import Wallets
 from ledger.model import Transfer
 from ledger.service import Ledger
+from policies.rules import DEFAULT_REFILL_TTL
 from signer.ethereum_tx import SignedEthTx, erc20_transfer_data
 from custody.errors import CustodyError, CustodyErrorCode
 from signer.approvals import ApprovalSignature, ApproverRegistry, rebalance_approval_payload
@@ -98,6 +103,7 @@ class EthRebalanceConfig:
     refill_quorum: int = 2  # distinct operators who must sign a warm -> hot refill (the signer applies its own too)
     max_fee_wei: int = 500 * 10**9
     gas_margin_percent: int = 10
+    refill_ttl: dt.timedelta = DEFAULT_REFILL_TTL  # policy data (PolicySet.refill_ttl): how long a refill waits for its quorum
 
 
 @dataclass(frozen=True)
@@ -170,7 +176,6 @@ _ROW_SQL = text("""
 SELECT id, asset, source_tier, destination_tier, destination, amount, state, approvals_required
 FROM eth_rebalance WHERE id = :r
 """)
-_APPROVALS_SQL = text("SELECT count(DISTINCT lower(operator)) FROM eth_rebalance_approval WHERE rebalance_id = :r")
 _OPEN_SQL = text("SELECT id FROM eth_rebalance WHERE state = 'open' ORDER BY id")
 _CLAIM_SQL = text("""
 SELECT id, asset, source_tier, destination_tier, amount, gas_limit, max_fee_wei, priority_fee_wei, approvals_required
@@ -324,7 +329,8 @@ class EthRebalances(EthMoves):
         """An operator's signed approval of an open ethereum refill, verified here against
         `approvers` before it is stored (the signer verifies it again against its own keys); the
         number of distinct operators who approved it. Codes, in the order checked:
-        rebalance_not_found, invalid_state, approval_signature_required, approver_unknown,
+        rebalance_not_found, refill_expired (it waited `refill_ttl` or longer: custody.rebalances
+        `refuse_late_approval`), invalid_state, approval_signature_required, approver_unknown,
         approval_scheme_mismatch, approval_signature_invalid, approver_not_caller, already_acted.
 
         The row is read without a lock: custody_api may not lock `eth_rebalance` (FOR UPDATE needs an
@@ -336,11 +342,12 @@ class EthRebalances(EthMoves):
             row = c.execute(_ROW_SQL, {"r": rebalance_id}).first()
             if row is None or row.source_tier != "warm":
                 raise CustodyError(CustodyErrorCode.rebalance_not_found, f"no ethereum warm -> hot refill {rebalance_id}")
+            refuse_late_approval(c, MACHINE, rebalance_id, row.state, self.config.refill_ttl)
             if row.state != "open":
                 raise CustodyError(CustodyErrorCode.invalid_state, f"refill {rebalance_id} is {row.state}", state=row.state)
             store_refill_approval(c, "eth_rebalance_approval", MACHINE, rebalance_id, self.approvers, operator, _payload(row),
                                   signature)
-            return int(c.execute(_APPROVALS_SQL, {"r": rebalance_id}).scalar_one())
+            return counted_refill_approvals(c, "eth_rebalance_approval", rebalance_id, self.approvers)
 
     # ---- hot over its ceiling -----------------------------------------------------------------
 
@@ -429,7 +436,9 @@ class EthRebalances(EthMoves):
     def _sign_refill(self, c: Connection, row, chain_id: int) -> str | None:
         """A refill, once `approvals_required` distinct operators signed it (custody's count; the
         signer counts again itself), at the warm address's next nonce (module docstring)."""
-        approvals = int(c.execute(_APPROVALS_SQL, {"r": row.id}).scalar_one())
+        approvals = counted_refill_approvals(c, "eth_rebalance_approval", row.id, self.approvers)
+        if expire_refill(c, MACHINE, row.id, self.config.refill_ttl, approvals, int(row.approvals_required)):
+            return None  # the next decide() opens a fresh refill if hot is still below its floor
         if approvals < int(row.approvals_required):
             log.info("eth refill %d waits for approvals (%d of %d)", row.id, approvals, int(row.approvals_required))
             return None

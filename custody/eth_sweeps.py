@@ -29,7 +29,8 @@ Guarantees:
   the funding is signed: `eth_sweep_refused` is then critical, unless the refusal is transient
   (`nonce_gap`, `kill_switch_on`).
 - A deposit address is swept only when what it holds of the due asset reaches the asset's
-  per-address minimum (`min_per_address`; default 1% of the asset's threshold): a dust deposit
+  per-address minimum (policy data: `AssetPolicy.sweep_min_per_address`, given here as
+  `min_per_address`; absent, 1% of the asset's threshold): a dust deposit
   is never paid gas worth more than it (R15-S4); it stays booked where it is until more arrives.
 - The signer builds both transactions itself from its own keys and asset table (signer.service,
   "Ethereum sweeps"): the destination is always our hot address or our own deposit address.
@@ -288,7 +289,8 @@ class EthSweeps(EthMoves):
 
     def minimum(self, asset: str) -> int:
         """What one deposit address must hold of `asset` (booked, unswept) to be swept: the asset's
-        configured `min_per_address`, else 1% of its threshold (at least 1 base unit)."""
+        `min_per_address` (policy data, `AssetPolicy.sweep_min_per_address`, custody.policy_config
+        `sweep_minimums`), else 1% of its threshold (at least 1 base unit)."""
         if asset in self.min_per_address:
             return self.min_per_address[asset]
         return max(1, self.thresholds.get(asset, 0) // DUST_FRACTION)

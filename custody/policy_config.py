@@ -41,7 +41,10 @@ def check_policy_version(version: object) -> str:
 def default_policy() -> PolicySet:
     """Regtest defaults: BTC auto-approved up to 0.5, one operator up to 2, two operators up to
     1,000; ETH and USDT likewise in their units. Velocity: 5 BTC / 100 ETH / 1M USDT per day.
-    Ethereum deposits are swept once more than 1 ETH / 1,000 USDT waits on deposit addresses."""
+    Ethereum deposits are swept once more than 1 ETH / 1,000 USDT waits on deposit addresses, from
+    each address holding at least 0.01 ETH / 10 USDT (`sweep_min_per_address`, here the default:
+    1% of the threshold). A warm -> hot refill waits at most 24 hours for its operator quorum
+    (`refill_ttl`)."""
     day = dt.timedelta(days=1)
     return PolicySet(
         version="regtest-2026-11-29.1",
@@ -56,7 +59,14 @@ def default_policy() -> PolicySet:
                                 sweep_threshold=1_000 * 10**6),
         },
         decision_ttl=dt.timedelta(hours=24),
+        refill_ttl=dt.timedelta(hours=24),
     )
+
+
+def sweep_minimums(policy: PolicySet) -> dict[str, int]:
+    """asset -> `sweep_min_per_address` of the assets whose policy names one (custody.eth_sweeps
+    `min_per_address`; an asset absent here gets `EthSweeps.minimum`'s default)."""
+    return {a: p.sweep_min_per_address for a, p in policy.assets.items() if p.sweep_min_per_address is not None}
 
 
 class PolicyProvider:

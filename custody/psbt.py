@@ -4,7 +4,18 @@ The cold wallet is watch-only: custody holds its account PUBLIC key, the signer 
 Value leaves cold only through a transaction an operator signs offline. Custody builds that
 transaction as an unsigned PSBT (`build`): version 2, the cold coins it chose as inputs (each with
 its `witness_utxo`: amount and P2WPKH script, all a P2WPKH signer needs; nSequence 0xfffffffd, so it
-can be fee-bumped), our outputs only, locktime 0. The operator exports it (base64), signs it with
+can be fee-bumped), our outputs only, locktime 0. Each input carries `PSBT_IN_BIP32_DERIVATION` and
+each output of ours (the hot receive address, the cold change) `PSBT_OUT_BIP32_DERIVATION`
+(`KeyOrigin`: public key, fingerprint, path), so an offline signer finds its key without scanning
+(a hardware wallet needs it; Bitcoin Core's `walletprocesspsbt` uses it too) and recognises our
+outputs as its own or the hot wallet's. The fingerprint and path: with the cold key's master
+fingerprint known (`[wallets.bitcoin] cold_fingerprint`, the origin `[fp/84h/<coin>h/<account>h]`
+of a BIP84 account; likewise `hot_fingerprint`), the full path from that master; when none is
+recorded (the `wallet` table holds the account xpub only, and an xpub names its parent's
+fingerprint, not its master's), the account xpub's OWN fingerprint (HASH160 of its public key,
+first 4 bytes) with the path relative to it, `<change>/<index>`: what Bitcoin Core assumes for a
+descriptor `wpkh(tpub.../0/*)` without an origin, and what a hardware wallet holding the seed will
+NOT recognise (record the fingerprint for one). The operator exports it (base64), signs it with
 the cold key (an offline wallet: Bitcoin Core's `walletprocesspsbt`, a hardware wallet...) and
 imports it back; `extract` then:
 
@@ -29,6 +40,11 @@ Errors (`PsbtError.code`), in the order they are checked:
 | psbt_not_signed | an input carries neither a final witness nor exactly one partial signature |
 | psbt_signature_invalid | an input's witness is not [DER signature + SIGHASH_ALL, 33-byte key], the key is not the spent script's, or the signature does not verify |
 
+What the signer put in the maps besides signatures (derivations it copied, its own proprietary
+fields) is ignored: the transaction alone says where the value goes, and it must be custody's own,
+byte for byte, so a PSBT that pays anything but our hot address (and our cold change) is refused
+(`psbt_transaction_mismatch`) whatever its output maps claim.
+
 No library: python-bitcoinlib (already used by the chain adapter) has no PSBT support, and the
 version-0 format is a few key-value maps; the serialisation and BIP 143 digest are the signer's
 own (signer.bitcoin_tx).
@@ -52,6 +68,9 @@ IN_WITNESS_UTXO = 0x01
 IN_PARTIAL_SIG = 0x02
 IN_FINAL_SCRIPTSIG = 0x07
 IN_FINAL_SCRIPTWITNESS = 0x08
+IN_BIP32_DERIVATION = 0x06  # PSBT_IN_BIP32_DERIVATION: key 0x06 || pubkey, value fingerprint || path
+OUT_BIP32_DERIVATION = 0x02  # PSBT_OUT_BIP32_DERIVATION: the same for an output's key
+HARDENED = 0x80000000
 
 
 class PsbtErrorCode(str, enum.Enum):
@@ -70,13 +89,38 @@ class PsbtError(Exception):
 
 
 @dataclass(frozen=True)
+class KeyOrigin:
+    """Where a key comes from (BIP 174 `PSBT_IN_BIP32_DERIVATION` / `PSBT_OUT_BIP32_DERIVATION`): the
+    33-byte compressed public key, the 4-byte fingerprint of the extended key the path starts from
+    (a master key's, or, when no origin is recorded, the account xpub's own) and the child numbers
+    from it (a hardened one with bit 31 set)."""
+
+    pubkey: bytes
+    fingerprint: bytes
+    path: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.pubkey) != 33 or self.pubkey[0] not in (2, 3):
+            raise ValueError("a key origin's public key is 33 bytes, compressed")
+        if len(self.fingerprint) != 4:
+            raise ValueError("a key origin's fingerprint is 4 bytes")
+        if any(type(i) is not int or not 0 <= i <= 0xFFFFFFFF for i in self.path):
+            raise ValueError("a key origin's path is child numbers of 32 bits")
+
+    def pair(self, field_type: int) -> tuple[bytes, bytes]:
+        """The (key, value) of this origin as a PSBT field of `field_type` (0x06 input, 0x02 output)."""
+        return bytes((field_type,)) + self.pubkey, self.fingerprint + b"".join(i.to_bytes(4, "little") for i in self.path)
+
+
+@dataclass(frozen=True)
 class PsbtInput:
-    """A coin to spend: outpoint, amount (sat) and its P2WPKH scriptPubKey."""
+    """A coin to spend: outpoint, amount (sat) and its P2WPKH scriptPubKey; `origin`: its key's, when known."""
 
     txid: str
     vout: int
     amount: int
     script_pubkey: bytes
+    origin: KeyOrigin | None = None
 
 
 @dataclass(frozen=True)
@@ -115,13 +159,40 @@ def serialize(tx: bytes, input_maps: Sequence[dict[bytes, bytes]], output_maps: 
     return MAGIC + one({bytes((GLOBAL_UNSIGNED_TX,)): tx}) + b"".join(map(one, input_maps)) + b"".join(map(one, output_maps))
 
 
-def build(inputs: Sequence[PsbtInput], outputs: Sequence[tuple[bytes, int]]) -> bytes:
-    """The unsigned PSBT: the global transaction, each input's witness_utxo, empty output maps."""
+def build(inputs: Sequence[PsbtInput], outputs: Sequence[tuple[bytes, int]],
+          output_origins: Sequence[KeyOrigin | None] | None = None) -> bytes:
+    """The unsigned PSBT: the global transaction; each input's witness_utxo and, when its origin is
+    known, its BIP32 derivation; each output's BIP32 derivation where `output_origins` names one
+    (our own outputs: hot, change), else an empty map. An origin must be the key of the script it
+    describes (a P2WPKH of that key), or ValueError: a wrong derivation would make an offline
+    signer sign with the wrong key, or take our output for someone else's."""
     if not inputs or not outputs:
         raise ValueError("a PSBT spends at least one coin to at least one output")
-    utxos = [{bytes((IN_WITNESS_UTXO,)): k.amount.to_bytes(8, "little") + _varint(len(k.script_pubkey)) + k.script_pubkey}
-             for k in inputs]
-    return serialize(unsigned_tx(inputs, outputs), utxos, [{} for _ in outputs])
+    origins = list(output_origins) if output_origins is not None else [None] * len(outputs)
+    if len(origins) != len(outputs):
+        raise ValueError("one output origin (or None) per output")
+    in_maps = []
+    for k in inputs:
+        fields = {bytes((IN_WITNESS_UTXO,)): k.amount.to_bytes(8, "little") + _varint(len(k.script_pubkey)) + k.script_pubkey}
+        if k.origin is not None:
+            _check_origin(k.origin, k.script_pubkey)
+            key, value = k.origin.pair(IN_BIP32_DERIVATION)
+            fields[key] = value
+        in_maps.append(fields)
+    out_maps = []
+    for (script, _), origin in zip(outputs, origins):
+        fields = {}
+        if origin is not None:
+            _check_origin(origin, script)
+            key, value = origin.pair(OUT_BIP32_DERIVATION)
+            fields[key] = value
+        out_maps.append(fields)
+    return serialize(unsigned_tx(inputs, outputs), in_maps, out_maps)
+
+
+def _check_origin(origin: KeyOrigin, script_pubkey: bytes) -> None:
+    if script_pubkey != b"\x00\x14" + _hash160(origin.pubkey):
+        raise ValueError("a key origin's public key is not the key of the script it is given for")
 
 
 # ---- reading ----------------------------------------------------------------------------------

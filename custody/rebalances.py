@@ -31,8 +31,13 @@ Steps, as jobs (`run_once()` runs them in order; each is also callable alone):
   between the signature and the store, the next run signs the same open rebalance again: same
   coins, outputs and fee, and deterministic (RFC 6979) signatures give the same txid. A refill
   is sent to the signer only once `approvals_required` distinct operators signed its payload
-  (`approve_refill`); the signer counts them again itself and refuses with
-  `rebalance_not_approved` otherwise.
+  (`approve_refill`, checked at the door as a withdrawal approval is), counting only approvals
+  whose key still counts now (`counted_refill_approvals`: a key revoked or removed after it
+  approved does not); the signer counts them again itself against its own keys and refuses with
+  `rebalance_not_approved` otherwise. A refill still short of its quorum `refill_ttl` (policy
+  data, PolicySet.refill_ttl) after it was opened expires (`expire_refill`: open -> expired,
+  audited; its warm coins free again) and late approvals are `refill_expired`; while hot is still
+  below its floor the next run opens a fresh one.
 - Cold -> hot: `open_cold_to_hot(amount)` chooses cold coins (the wallet index's, unspent, issued,
   not reserved), builds the unsigned PSBT (custody.psbt: our hot receive address only, change to a
   fresh cold address) at the node's fee estimate clamped to the bounds, and stores it on the row
@@ -52,6 +57,7 @@ transit on both lines (source: - amount - fee; destination: + amount; custody.fi
 """
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -60,18 +66,20 @@ from sqlalchemy import Connection, Engine, Row, text
 
 from chain_adapters.base import ChainAdapter
 from chain_adapters.bitcoin import txid_of
-from custody.addresses import derive_btc_address
+from custody.addresses import btc_key_origin, derive_btc_address
+from custody.destinations import HOT_RECEIVE_INDEX
 from custody.containment import Step, contained
 from custody.controls import audit, kill_switch
 from custody.errors import CustodyError, CustodyErrorCode
 from custody.firm_moves import BumpConfig, FirmMoves
 from custody.payouts import spendable_coins
-from custody.psbt import PsbtError, PsbtInput, build, decode, encode, extract, unsigned_tx
-from custody.states import advance
+from custody.psbt import KeyOrigin, PsbtError, PsbtInput, build, decode, encode, extract, unsigned_tx
+from custody.states import MACHINES, advance
 from custody.wallets import Wallets
 from ledger.model import Transfer
 from ledger.service import Ledger
-from custody.withdrawals import verify_operator_signature
+from policies.rules import DEFAULT_REFILL_TTL
+from custody.withdrawals import live_approvers, verify_operator_approval
 from signer.approvals import ApprovalSignature, ApproverRegistry, rebalance_approval_payload
 from signer.bitcoin_tx import _sha256d, address_to_script, dust_threshold, estimate_vsize, fee_for, select_coins
 from signer.errors import SignerError, SignerErrorCode
@@ -169,15 +177,30 @@ class RebalanceConfig:
     refill_quorum: int = 2  # distinct operators who must sign a warm -> hot refill (the signer applies its own too)
     psbt_min_fee_rate_sat_per_kvb: int = 1_000  # a cold -> hot PSBT is built and accepted within these bounds
     psbt_max_fee_rate_sat_per_kvb: int = 100_000
+    refill_ttl: dt.timedelta = DEFAULT_REFILL_TTL  # policy data (PolicySet.refill_ttl): how long a refill waits for its quorum
+    # tier -> the master fingerprint (8 hex digits) of its account xpub's key origin, when known: a
+    # PSBT's BIP32 derivations then start there (custody.psbt); absent: the xpub's own fingerprint
+    master_fingerprints: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.refill_ttl, dt.timedelta) or self.refill_ttl <= dt.timedelta(0):
+            raise ValueError(f"refill_ttl must be a positive timedelta, got {self.refill_ttl!r}")
+        for tier, fingerprint in self.master_fingerprints.items():
+            if not isinstance(fingerprint, str) or len(fingerprint) != 8 or any(ch not in "0123456789abcdef" for ch in fingerprint):
+                raise ValueError(f"the {tier} master fingerprint must be 8 lowercase hex digits, got {fingerprint!r}")
 
 
-def treasury_config(section, *, bitcoin_network: str) -> tuple[RebalanceConfig, BumpConfig]:
-    """The rebalance and fee-bump configuration of a deployment's `[treasury]` section (custody.config)."""
+def treasury_config(section, *, bitcoin_network: str, refill_ttl: dt.timedelta = DEFAULT_REFILL_TTL,
+                    master_fingerprints: Mapping[str, str] | None = None) -> tuple[RebalanceConfig, BumpConfig]:
+    """The rebalance and fee-bump configuration of a deployment's `[treasury]` section (custody.config);
+    `refill_ttl` is the policy's (PolicySet.refill_ttl), `master_fingerprints` the bitcoin wallets'
+    (`[wallets.bitcoin] hot_fingerprint`, `cold_fingerprint`)."""
     threshold = RebalanceThreshold(ceiling=section.ceiling, target=section.target, floor=section.floor,
                                    excess_to=section.excess_to)
     return (RebalanceConfig(bitcoin_network=bitcoin_network, thresholds={"BTC": threshold}, refill_quorum=section.refill_quorum,
                             psbt_min_fee_rate_sat_per_kvb=section.psbt_min_fee_rate_sat_per_kvb,
-                            psbt_max_fee_rate_sat_per_kvb=section.psbt_max_fee_rate_sat_per_kvb),
+                            psbt_max_fee_rate_sat_per_kvb=section.psbt_max_fee_rate_sat_per_kvb, refill_ttl=refill_ttl,
+                            master_fingerprints=dict(master_fingerprints or {})),
             BumpConfig(stuck_blocks=section.stuck_blocks, bump_percent=section.bump_percent,
                        max_fee_rate_sat_per_kvb=section.max_fee_rate_sat_per_kvb))
 
@@ -274,16 +297,17 @@ class Rebalances(FirmMoves):
             if rebalance_id is None:
                 return None
             row = c.execute(_ROW_SQL, {"r": rebalance_id}).one()
-            if signable and self._approvals(c, rebalance_id) < row.approvals_required:
-                log.info("refill %d waits for approvals (%d of %d)", rebalance_id, self._approvals(c, rebalance_id),
-                         row.approvals_required)
+            if current is not None and expire_refill(c, "rebalance", rebalance_id, self.config.refill_ttl,
+                                                     self._approvals(c, rebalance_id), row.approvals_required):
+                return None  # the next run opens a fresh refill if hot is still below its floor
+            if signable and (approvals := self._approvals(c, rebalance_id)) < row.approvals_required:
+                log.info("refill %d waits for approvals (%d of %d)", rebalance_id, approvals, row.approvals_required)
                 return None
             return rebalance_id, self._coins(c, rebalance_id, "warm"), row
 
-    @staticmethod
-    def _approvals(c: Connection, rebalance_id: int) -> int:
-        return int(c.execute(text("SELECT count(DISTINCT lower(operator)) FROM rebalance_approval WHERE rebalance_id = :r"),
-                             {"r": rebalance_id}).scalar_one())
+    def _approvals(self, c: Connection, rebalance_id: int) -> int:
+        """Distinct operators whose approval still counts (`counted_refill_approvals`)."""
+        return counted_refill_approvals(c, "rebalance_approval", rebalance_id, self.approvers)
 
     @staticmethod
     def _coins(c: Connection, rebalance_id: int, source_tier: str) -> list[BtcCoin]:
@@ -353,7 +377,8 @@ class Rebalances(FirmMoves):
                 raise
             raise CustodyError(CustodyErrorCode.rebalance_insufficient_funds, str(exc), tier=wallet.tier, amount=amount) from None
         outputs = [(hot_script, amount)] + ([(change_script, change)] if change else [])
-        unsigned = build([self._psbt_input(k, wallet) for k in chosen], outputs) if psbt else None
+        unsigned = build([self._psbt_input(k, wallet) for k in chosen], outputs,
+                         self._psbt_output_origins(c, wallet, wallet.next_index if change else None)) if psbt else None
         rebalance_id = c.execute(_INSERT_SQL, {
             "src": wallet.tier, "dst": "hot", "d": self.hot_address, "i": 0, "a": amount, "f": fee, "ch": change, "r": rate,
             "s": spendable, "ceil": threshold.ceiling if threshold else 0, "tgt": threshold.target if threshold else 0,
@@ -371,7 +396,26 @@ class Rebalances(FirmMoves):
 
     def _psbt_input(self, k: BtcCoin, wallet) -> PsbtInput:
         address = derive_btc_address(wallet.xpub, self.network, k.change, k.index)
-        return PsbtInput(k.txid, k.vout, k.amount, address_to_script(address, self.network))
+        return PsbtInput(k.txid, k.vout, k.amount, address_to_script(address, self.network),
+                         self._origin(wallet.tier, wallet.xpub, k.change, k.index))
+
+    def _origin(self, tier: str, xpub: str, change: int, index: int) -> KeyOrigin:
+        """The BIP32 derivation a PSBT states for the key at `<tier account>/<change>/<index>`
+        (custody.psbt module docstring): from the tier's master fingerprint when one is configured
+        (`RebalanceConfig.master_fingerprints`), else from the account xpub's own."""
+        return KeyOrigin(*btc_key_origin(xpub, self.network, change, index, self.config.master_fingerprints.get(tier)))
+
+    def _psbt_output_origins(self, c: Connection, wallet, change_index: int | None) -> list[KeyOrigin | None]:
+        """The derivations of a cold -> hot PSBT's outputs: the hot receive address (0/0 of the hot
+        wallet's xpub, only if that is indeed `hot_address`) and the change (the source tier's
+        `0/<change_index>`), in the order the outputs are built."""
+        hot = c.execute(text("SELECT xpub, network FROM wallet WHERE chain = 'bitcoin' AND tier = 'hot'")).first()
+        hot_origin = None
+        if hot is not None and hot.network == self.network and \
+                derive_btc_address(hot.xpub, self.network, 0, HOT_RECEIVE_INDEX) == self.hot_address:
+            hot_origin = self._origin("hot", hot.xpub, 0, HOT_RECEIVE_INDEX)
+        change = [self._origin(wallet.tier, wallet.xpub, 0, change_index)] if change_index is not None else []
+        return [hot_origin] + change
 
     def _open_refill(self, c: Connection, warm, threshold: RebalanceThreshold, rate: int) -> int | None:
         """Hot below its floor: reserve warm coins for target - spendable (a quorum must approve it)."""
@@ -401,13 +445,16 @@ class Rebalances(FirmMoves):
     def approve_refill(self, rebalance_id: int, *, operator: str, signature: ApprovalSignature | None) -> int:
         """An operator's signed approval of an open refill, verified here against `approvers` before
         it is stored (the signer verifies it again against its own keys). Returns the number of
-        distinct operators who approved it. Codes in the order checked: rebalance_not_found,
-        invalid_state, approval_signature_required, approver_unknown, approval_scheme_mismatch,
-        approval_signature_invalid, approver_not_caller, already_acted."""
+        distinct operators whose approval still counts. Codes in the order checked:
+        rebalance_not_found, refill_expired (it waited `refill_ttl` or longer, expired by the worker
+        yet or not), invalid_state, approval_signature_required, approver_unknown (also a revoked
+        console key), approval_scheme_mismatch, approval_signature_invalid, approver_not_caller,
+        already_acted."""
         with self.engine.begin() as c:
             row = c.execute(text(f"{_ROW_SQL.text} FOR UPDATE"), {"r": rebalance_id}).first()
             if row is None or row.source_tier != "warm":
                 raise CustodyError(CustodyErrorCode.rebalance_not_found, f"no warm -> hot refill {rebalance_id}")
+            refuse_late_approval(c, "rebalance", rebalance_id, row.state, self.config.refill_ttl)
             if row.state != "open":
                 raise CustodyError(CustodyErrorCode.invalid_state, f"refill {rebalance_id} is {row.state}", state=row.state)
             store_refill_approval(c, "rebalance_approval", "rebalance", rebalance_id, self.approvers, operator,
@@ -578,11 +625,13 @@ class Rebalances(FirmMoves):
 
 def store_refill_approval(c: Connection, table: str, machine: str, rebalance_id: int, approvers: ApproverRegistry | None,
                           operator: str, payload: bytes, signature: ApprovalSignature | None) -> None:
-    """Verify an operator's signature over a refill's `payload` at the door (custody.withdrawals
-    `verify_operator_signature`: its codes) and store it in `table` (bitcoin `rebalance_approval`,
-    ethereum `eth_rebalance_approval`), audited `<machine>.approve`; `already_acted` when that key
-    already approved it. The signer verifies every stored approval again against its own keys."""
-    verify_operator_signature(approvers, operator, payload, signature)
+    """Verify an operator's approval of a refill's `payload` at the door with the check withdrawal
+    approvals use (custody.withdrawals `verify_operator_approval`: its codes; a revoked console key
+    is `approver_unknown`) and store it in `table` (bitcoin `rebalance_approval`, ethereum
+    `eth_rebalance_approval`), audited `<machine>.approve`; `already_acted` when that key already
+    approved it. The signer verifies every stored approval again against its own keys."""
+    verify_operator_approval(c, approvers, operator, payload, signature)
+    assert signature is not None  # verify_operator_approval refuses None
     inserted = c.execute(text(
         f"INSERT INTO {table} (rebalance_id, operator, key_id, scheme, signed_payload, signature, "
         "authenticator_data, client_data_json) VALUES (:r, :o, :k, :s, :p, :sig, :ad, :cd) "
@@ -592,6 +641,48 @@ def store_refill_approval(c: Connection, table: str, machine: str, rebalance_id:
     if inserted is None:
         raise CustodyError(CustodyErrorCode.already_acted, f"{operator} already approved refill {rebalance_id}")
     audit(c, operator, f"{machine}.approve", f"{machine}:{rebalance_id}", {"key_id": signature.key_id})
+
+
+def _waited(c: Connection, machine: str, rebalance_id: int, ttl: dt.timedelta) -> bool:
+    """Whether the row was made `ttl` or longer ago, by the database's clock (the one that stamped it)."""
+    table, _ = MACHINES[machine]
+    return bool(c.execute(text(f"SELECT now() - created_at >= :ttl FROM {table} WHERE id = :r"),
+                          {"ttl": ttl, "r": rebalance_id}).scalar_one())
+
+
+def refuse_late_approval(c: Connection, machine: str, rebalance_id: int, state: str, ttl: dt.timedelta) -> None:
+    """`refill_expired` for an approval of a refill (`machine` "rebalance" or "eth_rebalance") that
+    expired, or that waited `ttl` or longer and has not been expired by the worker yet: no
+    approval is taken once its time is up, so a quorum is never completed late."""
+    if state == "expired" or (state == "open" and _waited(c, machine, rebalance_id, ttl)):
+        raise CustodyError(CustodyErrorCode.refill_expired,
+                           f"refill {rebalance_id} waited {ttl} for its approvals: it expired", rebalance_id=rebalance_id)
+
+
+def expire_refill(c: Connection, machine: str, rebalance_id: int, ttl: dt.timedelta, approvals: int,
+                  required: int) -> bool:
+    """Expire open refill `rebalance_id` (`machine` "rebalance" or "eth_rebalance") if it waited
+    `ttl` or longer short of its quorum (`approvals` counted now < `required`): open -> expired,
+    audited `<machine>.expire`; True when it did. Nothing of it was signed; what it reserved is
+    free again with the state (bitcoin: its warm inputs count as reserved only while it is in
+    progress; ethereum: a refill reserves nothing, its nonce is taken only when it is signed).
+    A refill whose quorum is complete is signed, never expired."""
+    if approvals >= required or not _waited(c, machine, rebalance_id, ttl):
+        return False
+    advance(c, machine, rebalance_id, "open", "expired")
+    audit(c, "custody", f"{machine}.expire", f"{machine}:{rebalance_id}",
+          {"approvals": approvals, "approvals_required": int(required), "ttl_seconds": int(ttl.total_seconds())})
+    log.warning("%s %d expired: %d of %d approvals after %s", machine, rebalance_id, approvals, required, ttl)
+    return True
+
+
+def counted_refill_approvals(c: Connection, table: str, rebalance_id: int, approvers: ApproverRegistry | None) -> int:
+    """How many distinct operators approved refill `rebalance_id` (rows of `table`) with a key that
+    still counts now (custody.withdrawals `live_approvers`: in `approvers`, the operator's own, a
+    console credential still active): what the worker compares with `approvals_required` before it
+    asks the signer, so a key revoked after it approved no longer makes up a quorum."""
+    rows = c.execute(text(f"SELECT operator, key_id FROM {table} WHERE rebalance_id = :r"), {"r": rebalance_id}).all()
+    return len(live_approvers(c, approvers, [(r.operator, r.key_id) for r in rows]))
 
 
 def _payload(rebalance_id: int, row) -> bytes:

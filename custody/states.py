@@ -85,7 +85,10 @@ SWEEP_TRANSITIONS: Mapping[str, frozenset[str]] = {
 # A rebalance moves value between the firm's wallet tiers (bitcoin: hot -> cold); booked once final.
 # The same shape as a sweep, so one piece of code broadcasts and tracks both (custody.firm_moves);
 # a signed rebalance is not dropped (only a sweep is, custody.sweeps `drop_stranded`).
-REBALANCE_TRANSITIONS: Mapping[str, frozenset[str]] = {**SWEEP_TRANSITIONS, "signed": frozenset({"broadcast"})}
+# `expired`: a warm -> hot refill that waited longer than the policy's `refill_ttl` for its operator
+# quorum (custody.rebalances `expire_refill`); nothing was signed, its warm coins are free again.
+REBALANCE_TRANSITIONS: Mapping[str, frozenset[str]] = {**SWEEP_TRANSITIONS, "open": frozenset({"signed", "abandoned", "expired"}),
+                                                       "signed": frozenset({"broadcast"}), "expired": frozenset()}
 
 # An ethereum sweep (deposit address -> hot address) or its gas funding (hot -> deposit address):
 # one transaction each, its nonce reserved when the row is made, never dropped (a gap would block
@@ -99,6 +102,9 @@ ETH_SWEEP_TRANSITIONS: Mapping[str, frozenset[str]] = {
     "final": frozenset(),
     "reverted": frozenset(),
 }
+# An ethereum rebalance: the same shape, and a refill can expire unsigned (as a bitcoin one).
+ETH_REBALANCE_TRANSITIONS: Mapping[str, frozenset[str]] = {**ETH_SWEEP_TRANSITIONS, "open": frozenset({"signed", "expired"}),
+                                                           "expired": frozenset()}
 
 # Whether the jobs work on a batch, sweep or rebalance (column `containment`, beside `state`).
 CONTAINMENT_TRANSITIONS: Mapping[str, frozenset[str]] = {
@@ -124,7 +130,7 @@ MACHINES: Mapping[str, tuple[str, Mapping[str, frozenset[str]]]] = {
     "adjustment": ("treasury_adjustment", ADJUSTMENT_TRANSITIONS),
     "eth_sweep": ("eth_sweep", ETH_SWEEP_TRANSITIONS),
     "eth_gas_funding": ("eth_gas_funding", ETH_SWEEP_TRANSITIONS),
-    "eth_rebalance": ("eth_rebalance", ETH_SWEEP_TRANSITIONS),  # the same shape (custody.eth_rebalances)
+    "eth_rebalance": ("eth_rebalance", ETH_REBALANCE_TRANSITIONS),  # custody.eth_rebalances
     "batch_containment": ("withdrawal_batch", CONTAINMENT_TRANSITIONS),
     "sweep_containment": ("sweep", CONTAINMENT_TRANSITIONS),
     "rebalance_containment": ("rebalance", CONTAINMENT_TRANSITIONS),

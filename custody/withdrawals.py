@@ -50,7 +50,7 @@ from typing import Callable
 
 from sqlalchemy import Connection, Engine, text
 
-from custody.console.auth import refuse_inactive_console_key
+from custody.console.auth import inactive_console_keys, refuse_inactive_console_key
 from custody.controls import audit, emit, kill_switch
 from custody.deposits import reopen_returns, return_reorged_out
 from custody.destinations import DestinationGuard
@@ -172,6 +172,35 @@ def verify_operator_signature(approvers: ApproverRegistry | None, operator: str,
     if operator_identity(key.operator) != operator_identity(operator):
         raise CustodyError(CustodyErrorCode.approver_not_caller, f"key {key.key_id!r} is not the caller's own",
                            key_id=key.key_id)
+
+def verify_operator_approval(c: Connection, approvers: ApproverRegistry | None, operator: str, payload: bytes,
+                             signature: ApprovalSignature | None) -> None:
+    """THE check of an operator's approval when it is recorded, for withdrawals and for refills
+    between the firm's tiers alike: `verify_operator_signature` (its codes, in order), then a
+    `console:` key must belong to a console credential that is active now (a revoked one approves
+    nothing, even while its entry is still configured: `approver_unknown`)."""
+    verify_operator_signature(approvers, operator, payload, signature)
+    assert signature is not None  # verify_operator_signature refuses None
+    refuse_inactive_console_key(c, signature.key_id)
+
+
+def live_approvers(c: Connection, approvers: ApproverRegistry | None, approvals) -> set[str]:
+    """The distinct operators (operator_identity) of stored approvals, given as (operator, key_id)
+    pairs, whose key still counts NOW: it is in `approvers` (an entry removed from the
+    configuration, an operator taken off, counts no more), it is that operator's own, and a
+    `console:` key's credential is still active (`verify_operator_approval`'s rule, applied again
+    when a quorum is counted, so a key revoked after it approved does not count). The signature
+    itself was verified when the approval was recorded; the signer verifies it again."""
+    approvals = [(operator, key_id) for operator, key_id in approvals]
+    inactive = inactive_console_keys(c, [key_id for _, key_id in approvals])
+    live = set()
+    for operator, key_id in approvals:
+        key = approvers.get(key_id) if approvers is not None and key_id else None
+        if key is None or key_id in inactive or operator_identity(key.operator) != operator_identity(operator):
+            continue
+        live.add(operator_identity(operator))
+    return live
+
 
 class Withdrawals:
     def __init__(self, engine: Engine, ledger: Ledger, wallets: Wallets, policies: PolicyProvider,
@@ -364,9 +393,7 @@ class Withdrawals:
         """The signature verifies against `approvers` and is the caller's own; a `console:` key must
         also belong to a console credential that is active now (a revoked one approves nothing,
         even while its entry is still configured: `approver_unknown`)."""
-        verify_operator_signature(self.approvers, operator, payload, signature)
-        assert signature is not None  # verify_operator_signature refuses None
-        refuse_inactive_console_key(c, signature.key_id)
+        verify_operator_approval(c, self.approvers, operator, payload, signature)
 
     def _act(self, wid: int, operator: str, comment: str, action: str,
              signature: ApprovalSignature | None = None) -> WithdrawalView:

@@ -64,6 +64,9 @@ class AssetPolicy:
 
     `sweep_threshold` (ethereum, custody.eth_sweeps): once the booked deposits of the asset not yet
     swept exceed it, every deposit address holding some is swept to the hot address.
+    `sweep_min_per_address` (with `sweep_threshold`): what one deposit address must hold of the asset
+    (booked, unswept) to be swept, so dust is never paid gas worth more than it; None: 1% of
+    `sweep_threshold`, at least 1 (custody.eth_sweeps `EthSweeps.minimum`).
     `velocity` limits each account; `owner_velocity` limits each owner over all their accounts of
     the asset (None: the same figures as `velocity`, so a second account of one owner never brings
     a fresh limit).
@@ -75,12 +78,17 @@ class AssetPolicy:
     velocity: VelocityLimit | None = None
     owner_velocity: VelocityLimit | None = None
     sweep_threshold: int | None = None  # minor units of booked, unswept deposits above which they are swept; None: never
+    sweep_min_per_address: int | None = None  # minor units one address must hold to be swept; None: 1% of the threshold
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tiers", tuple(self.tiers))
         require_int("AssetPolicy.fee_ceiling", self.fee_ceiling, minimum=0)
         if self.sweep_threshold is not None:
             require_int("AssetPolicy.sweep_threshold", self.sweep_threshold, minimum=0)
+        if self.sweep_min_per_address is not None:
+            require_int("AssetPolicy.sweep_min_per_address", self.sweep_min_per_address, minimum=1)
+            if self.sweep_threshold is None:
+                raise ValueError("AssetPolicy.sweep_min_per_address needs a sweep_threshold (the asset is never swept)")
         require_int("AssetPolicy.min_amount", self.min_amount, minimum=1)
         if not self.tiers:
             raise ValueError("AssetPolicy.tiers must not be empty")
@@ -233,6 +241,9 @@ def _frozen_mapping(value: Mapping) -> Mapping:
     return MappingProxyType(dict(value))
 
 
+DEFAULT_REFILL_TTL = timedelta(hours=24)  # PolicySet.refill_ttl when a set names none
+
+
 @dataclass(frozen=True)
 class PolicySet:
     """One immutable version of every withdrawal rule.
@@ -246,6 +257,9 @@ class PolicySet:
     - `decision_ttl`: how long a decision (and the approvals gathered for it) stays valid.
     - `quarantine_return_approvals`: operators (never the requester) a quarantine return needs,
       whatever its amount (at least one).
+    - `refill_ttl`: how long a refill between the firm's own tiers (warm -> hot, bitcoin and
+      ethereum: custody.rebalances, custody.eth_rebalances) may wait for its operator quorum; past
+      it the refill expires and approvals of it are refused (`refill_expired`).
     """
 
     version: str
@@ -257,6 +271,7 @@ class PolicySet:
     decision_ttl: timedelta = timedelta(minutes=30)
     owner_velocity_overrides: Mapping[tuple[str, str], VelocityLimit] = field(default_factory=dict)
     quarantine_return_approvals: int = 1
+    refill_ttl: timedelta = DEFAULT_REFILL_TTL
 
     def __post_init__(self) -> None:
         if not isinstance(self.version, str) or not self.version.strip():
@@ -265,6 +280,8 @@ class PolicySet:
             raise TypeError("PolicySet.kill_switch must be a bool")
         if not isinstance(self.decision_ttl, timedelta) or self.decision_ttl <= timedelta(0):
             raise ValueError("PolicySet.decision_ttl must be a positive timedelta")
+        if not isinstance(self.refill_ttl, timedelta) or self.refill_ttl <= timedelta(0):
+            raise ValueError("PolicySet.refill_ttl must be a positive timedelta")
         object.__setattr__(self, "assets", _frozen_mapping(self.assets))
         object.__setattr__(self, "allowlists", _frozen_mapping(self.allowlists))
         object.__setattr__(self, "velocity_overrides", _frozen_mapping(self.velocity_overrides))

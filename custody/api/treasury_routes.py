@@ -282,7 +282,7 @@ def import_psbt(rebalance_id: IdPath, body: PsbtIn, c: ContainerDep, who: Operat
 # `approve_refill(id, operator=, signature=)` with the same checks and codes, so one pair of
 # functions serves both and each route only names its service and its row.
 REFILL_PAYLOAD_CODES = ("chains_not_configured", "rebalance_not_found")
-REFILL_APPROVE_CODES = ("chains_not_configured", "rebalance_not_found", "invalid_state", "already_acted",
+REFILL_APPROVE_CODES = ("chains_not_configured", "rebalance_not_found", "refill_expired", "invalid_state", "already_acted",
                         "approval_signature_required", "approval_signature_malformed", "approver_unknown",
                         "approval_scheme_mismatch", "approval_signature_invalid", "approver_not_caller")
 

@@ -35,8 +35,11 @@ Approving is signing (signer.approvals, scheme `webauthn`): an active credential
 key, rp id and origin) is what an admin adds to the signer's `[[approvers]]` (and custody's
 `approvers` setting, for the early check at the door); until then custody refuses the console's
 approvals with `approver_unknown`. The signer never reads `console_credential`; custody refuses a
-`console:` key whose credential is not active (`refuse_inactive_console_key`), but the entry must
-still be removed from both configurations when a credential is revoked.
+`console:` key whose credential is not active (`refuse_inactive_console_key`: withdrawal and refill
+approvals alike, custody.withdrawals `verify_operator_approval`), and a refill approval already
+stored stops counting towards its quorum once its credential is revoked (`inactive_console_keys`,
+custody.withdrawals `live_approvers`), but the entry must still be removed from both
+configurations when a credential is revoked: that is how the signer learns it.
 
 Activation is signed (the root of trust is configuration, not a row): an operator's enrolment is
 approved with the approving admin's WebAuthn assertion over `activation_payload` (credential id,
@@ -149,14 +152,28 @@ def _approver_fields(key_id: str, username: str, public_key: bytes, rp_id: str, 
 def refuse_inactive_console_key(c, key_id: str) -> None:
     """A `console:` approver key whose credential is not active now (revoked, or unknown to this
     database) approves nothing, whatever the configured approver entries say: `approver_unknown`."""
-    if not key_id.startswith("console:"):
-        return
-    raw = _b64url_decode(key_id[len("console:"):], "the key id")
-    state = c.execute(text("SELECT state FROM console_credential WHERE credential_id = :i"), {"i": raw}).scalar()
-    if state != "active":
+    if key_id in inactive_console_keys(c, [key_id]):
         raise CustodyError(CustodyErrorCode.approver_unknown,
-                           f"console credential {key_id!r} is {state or 'unknown'}: its approver entry must be removed "
+                           f"console credential {key_id!r} is not active: its approver entry must be removed "
                            "from the signer's and custody's configuration", key_id=key_id)
+
+
+def inactive_console_keys(c, key_ids) -> set[str]:
+    """The `console:` key ids among `key_ids` whose credential is not active now (revoked, pending,
+    unknown to this database, or not a credential id at all). Other key ids (ed25519 approvers) are
+    never in it: they stop counting when their entry leaves the approver registry."""
+    wanted: dict[bytes, str] = {}
+    bad = set()
+    for key_id in {k for k in key_ids if k and k.startswith("console:")}:
+        try:
+            wanted[_b64url_decode(key_id[len("console:"):], "the key id")] = key_id
+        except CustodyError:
+            bad.add(key_id)
+    if not wanted:
+        return bad
+    active = set(c.execute(text("SELECT credential_id FROM console_credential WHERE credential_id = ANY(:i) "
+                                "AND state = 'active'"), {"i": list(wanted)}).scalars())
+    return bad | {key_id for raw, key_id in wanted.items() if raw not in {bytes(a) for a in active}}
 
 
 def _b64url_decode(value: object, what: str) -> bytes:

@@ -64,7 +64,7 @@ from custody.eth_rebalances import EthRebalanceConfig, EthRebalances
 from custody.eth_moves import MIN_REPLACEMENT_PERCENT, EthBumpConfig
 from custody.eth_sweeps import EthSweeps
 from custody.payouts import PayoutConfig, Payouts
-from custody.policy_config import PolicyProvider
+from custody.policy_config import PolicyProvider, sweep_minimums
 from custody.rebalances import RebalanceThreshold, Rebalances, treasury_config
 from custody.node_view import NodeView
 from custody.reconciliation import Reconciliation
@@ -477,7 +477,8 @@ def _build(config: DeploymentConfig, process: Process, adapters: Mapping[str, Ch
                                max_fee_wei=payouts.config.max_fee_wei, bump=eth_bump,
                                bump_reserve_percent=config.treasury.ethereum_sweep_bump_reserve_percent,
                                thresholds={a: p.sweep_threshold for a, p in policy.base.assets.items()
-                                           if p.sweep_threshold is not None})
+                                           if p.sweep_threshold is not None},
+                               min_per_address=sweep_minimums(policy.base))
         if config.treasury.ethereum:
             warm = config.wallets["ethereum"].warm
             eth_rebalances = EthRebalances(
@@ -488,10 +489,13 @@ def _build(config: DeploymentConfig, process: Process, adapters: Mapping[str, Ch
                     thresholds={a: RebalanceThreshold(ceiling=t.ceiling, target=t.target, floor=t.floor, excess_to=t.excess_to)
                                 for a, t in config.treasury.ethereum.items()},
                     cold_address=config.treasury.ethereum_cold_address, max_fee_wei=payouts.config.max_fee_wei,
-                    refill_quorum=config.treasury.refill_quorum), approvers=approvers, bump=eth_bump)
+                    refill_quorum=config.treasury.refill_quorum, refill_ttl=policy.base.refill_ttl), approvers=approvers,
+                bump=eth_bump)
     if "bitcoin" in adapters:
         hot = derive_btc_address(config.wallets["bitcoin"].hot, btc_network, 0, 0)
-        rebalance_config, bump = treasury_config(config.treasury, bitcoin_network=btc_network)
+        rebalance_config, bump = treasury_config(config.treasury, bitcoin_network=btc_network,
+                                                 refill_ttl=policy.base.refill_ttl,
+                                                 master_fingerprints=config.wallets["bitcoin"].master_fingerprints())
         sweeps = Sweeps(engine, ledger, wallets, adapters["bitcoin"], signer, hot_address=hot, network=btc_network, bump=bump)
         rebalances = Rebalances(engine, ledger, wallets, adapters["bitcoin"], signer, hot_address=hot, approvers=approvers,
                                 config=rebalance_config, bump=bump)

@@ -1,7 +1,9 @@
 """bitcoin_tiers_psbt: cold -> hot through a PSBT. Custody builds the unsigned PSBT spending cold coins
 to our hot receive address only (change to a fresh cold address); the operator exports it (the
 `psbt` CLI over the API), signs it offline with a bitcoind descriptor wallet holding the cold
-account's private key (`walletprocesspsbt`), and imports it. The import refuses the unsigned PSBT
+account's private key (`walletprocesspsbt`), and imports it. The PSBT states each key's BIP32
+derivation (no origin recorded: the account xpub's own fingerprint, path `0/<index>` below it, as
+bitcoind reads its origin-less descriptor). The import refuses the unsigned PSBT
 and one signed for other outputs; the accepted one is broadcast by the worker's job and booked once
 at finality: hot location debited the amount, cold location credited amount + fee, the fee to
 network-fee expense. Reconciliation is zero at the end (cold line included), nothing is left in
@@ -14,7 +16,7 @@ from bip_utils import Base58Decoder, Base58Encoder, Bip39SeedGenerator, Bip84, B
 from sqlalchemy import text
 
 from chain_adapters.bitcoin import to_sat
-from custody.addresses import derive_btc_address
+from custody.addresses import btc_key_origin, derive_btc_address
 from custody.psbt import PsbtInput, build, encode
 from custody.psbt_cli import main as psbt_cli
 from custody.rebalances import RebalanceConfig, RebalanceThreshold
@@ -89,6 +91,18 @@ def test_cold_to_hot_through_a_psbt(custody, bitcoind, engine, ledger, signer_ke
         change_address = c.execute(text("SELECT change_address FROM rebalance WHERE id = :r"), {"r": rid}).scalar_one()
     assert set(outputs) <= {hot_address, change_address}  # our hot address, change to our own cold address only
     assert_equal(decoded["fee"] > 0, True)
+    log.info("every input and our outputs state their BIP32 derivation; no origin is recorded: below the account xpubs")
+    own = {t: btc_key_origin(signer_keys.account_xpub("bitcoin", t), "regtest", 0, 0)[1].hex() for t in ("hot", "cold")}
+    for vin in decoded["inputs"]:
+        [derivation] = vin["bip32_derivs"]
+        assert_equal((derivation["master_fingerprint"], derivation["path"].count("/")), (own["cold"], 2))
+        assert derivation["path"].startswith("m/0/"), derivation
+    for vout, out in zip(decoded["tx"]["vout"], decoded["outputs"]):
+        [derivation] = out["bip32_derivs"]
+        to_hot = vout["scriptPubKey"]["address"] == hot_address
+        assert_equal((derivation["master_fingerprint"], derivation["path"].startswith("m/0/")),
+                     (own["hot" if to_hot else "cold"], True))
+        assert not to_hot or derivation["path"] == "m/0/0", derivation
 
     log.info("the operator exports it with the CLI and signs it offline")
     unsigned_file, signed_file, key_file = tmp_path / "unsigned.psbt", tmp_path / "signed.psbt", tmp_path / "api-key"
