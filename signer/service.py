@@ -185,7 +185,8 @@ from signer import bip322, eip191
 from signer.approvals import (ApprovalInvalid, ApproverKey, ApproverRegistry, QuorumTable, approval_payload, operator_identity,
                               parse_payload, rebalance_approval_payload, unprintable_fields, verify_approval)
 from signer.assets import DEFAULT_ASSETS, SignerAsset, UnapprovedLimit
-from signer.bitcoin_tx import PayOutput, SignedTx, SpendInput, address_to_script, estimate_vsize, fee_for, sign_batch
+from signer.bitcoin_tx import (PayOutput, SignedTx, SpendInput, address_to_script, dust_threshold, estimate_vsize, fee_for,
+                               parse_transaction, sign_batch)
 from signer.errors import SignerError
 from signer.ethereum_tx import SignedEthTx, erc20_transfer_data, sign_eip1559
 from signer.keys import SignerKeys
@@ -252,6 +253,14 @@ FROM unnest(CAST(:w AS bigint[]), CAST(:chain AS text[]), CAST(:asset AS text[])
             CAST(:dest AS text[]), CAST(:approvals AS integer[])) WITH ORDINALITY AS p(w, chain, asset, amount, dest, approvals, n)
 ORDER BY p.n
 """
+# the signer's own record of the CPFP children it signed of one parent output (custody.cpfp)
+_CPFP_RECORDS_SQL = text("""
+SELECT txid, fee, replaces_txid FROM signer_cpfp WHERE parent_txid = :t AND parent_vout = :v ORDER BY id
+""")
+_INSERT_CPFP_SQL = text("""
+INSERT INTO signer_cpfp (signed_at, rebalance_id, parent_txid, parent_vout, txid, fee, replaces_txid)
+VALUES (:at, :r, :t, :v, :txid, :f, :rep)
+""")
 _ETH_SWEEP_ROW_SQL = text("""
 SELECT asset, address, deposit_index, nonce, amount, gas_limit, max_fee_wei, max_fee_cap_wei, state
 FROM eth_sweep
@@ -595,6 +604,89 @@ class Signer:
                                                                "destination_tier": row.destination_tier})
             c.commit()
         return signed
+
+    def sign_bitcoin_cpfp(self, rebalance_id: int, parent_raw: bytes, parent_vout: int, destination: str, fee: int,
+                          replaces_txid: str | None = None) -> SignedTx:
+        """Sign a child (CPFP) of rebalance `rebalance_id`'s stuck transaction into hot: one input,
+        output `parent_vout` of `parent_raw`, one output to the hot receive address, `fee` sat.
+        Checked, in this order (module table): the kill switch is off; the rebalance is a bitcoin
+        move into hot, `signed` or `broadcast` (`rebalance_not_open`); `parent_raw` parses, its txid
+        (computed here) is the row's, and its output `parent_vout` pays the hot receive address
+        derived from the signer's OWN hot key (`unknown_input`); `destination` is that address and
+        the child's output is not dust (`output_mismatch`); the fee is positive and at most the
+        ceiling rate over parent + child (`fee_above_ceiling`); then its own record (`signer_cpfp`):
+        one child per parent output (a new child where one is recorded: `already_signed`, unless
+        it is the same fee again, a lost reply, answered with the same transaction); a replacement
+        names the latest child recorded for that output (`replacement_unknown` otherwise) and pays
+        a strictly higher fee (`replacement_unknown`); a child already replaced is `already_signed`.
+        The output of the parent is what the signer reads from the bytes, never custody's figure."""
+        detail: dict = {"rebalance_id": rebalance_id, "cpfp": True, "parent_vout": parent_vout, "fee": fee}
+        if replaces_txid is not None:
+            detail["replaces"] = replaces_txid
+        with self._request(None, detail) as c:
+            self._check_halted(c, "rebalances are halted by the kill switch")
+            row = c.execute(text("SELECT destination_tier, state, txid FROM rebalance WHERE id = :r AND chain = 'bitcoin'"),
+                            {"r": rebalance_id}).first()
+            if row is None or row.destination_tier != "hot" or row.state not in ("signed", "broadcast"):
+                raise SigningRefused(RefusalCode.rebalance_not_open,
+                                     f"rebalance {rebalance_id} is not a bitcoin move into hot waiting to be mined")
+            hot = self._hot_address(0, 0)
+            hot_script = address_to_script(hot, self.bitcoin_network)
+            try:
+                parent = parse_transaction(parent_raw)
+            except SignerError as exc:
+                raise SigningRefused(RefusalCode.unknown_input, f"the parent is not a transaction: {exc}") from None
+            if parent.txid != row.txid:
+                raise SigningRefused(RefusalCode.unknown_input, f"the parent {parent.txid} is not rebalance {rebalance_id}'s")
+            if type(parent_vout) is not int or not 0 <= parent_vout < len(parent.outputs) \
+                    or parent.outputs[parent_vout][1] != hot_script:
+                raise SigningRefused(RefusalCode.unknown_input,
+                                     f"output {parent_vout} of {parent.txid} does not pay the hot receive address")
+            value = parent.outputs[parent_vout][0]
+            if destination != hot:
+                raise SigningRefused(RefusalCode.output_mismatch, "a CPFP child pays only the hot wallet's receive address")
+            cap = fee_for(parent.vsize + estimate_vsize(1, [hot_script]), self.max_fee_rate_sat_per_kvb)
+            if type(fee) is not int or not 0 < fee <= cap:
+                raise SigningRefused(RefusalCode.fee_above_ceiling,
+                                     f"fee {fee} sat is outside 1..{cap} for the parent and its child")
+            if value - fee < dust_threshold(hot_script):
+                raise SigningRefused(RefusalCode.output_mismatch, f"a fee of {fee} sat leaves dust of a {value} sat output")
+            c.execute(text(_LOCK_SQL), {"k": f"signer_cpfp:{parent.txid}:{parent_vout}"})
+            records = c.execute(_CPFP_RECORDS_SQL, {"t": parent.txid, "v": parent_vout}).all()
+            again = self._check_cpfp_record(records, fee, replaces_txid)
+            key = self._keys.private_key_for("bitcoin", "hot", 0, 0)
+            signed = sign_batch([SpendInput(parent.txid, parent_vout, value, key, hot_script)], [PayOutput(hot, value - fee)],
+                                self.bitcoin_network, change=None, rbf=True)
+            if not again:
+                c.execute(_INSERT_CPFP_SQL, {"at": self.clock(), "r": rebalance_id, "t": parent.txid, "v": parent_vout,
+                                             "txid": signed.txid, "f": fee, "rep": replaces_txid})
+            self._audit(c, None, "signed", None, signed.txid, {**detail, "parent": parent.txid, "again": again})
+            c.commit()
+        return signed
+
+    @staticmethod
+    def _check_cpfp_record(records, fee: int, replaces_txid: str | None) -> bool:
+        """The signer's own record of the children of one parent output (oldest first) against a
+        request: True when it is one already signed (the same child again), else it may be signed
+        and recorded; refusals as `sign_bitcoin_cpfp` says."""
+        replaced = {r.replaces_txid for r in records if r.replaces_txid is not None}
+        for r in records:  # the same request again: a lost reply, answered with the same transaction
+            if r.replaces_txid == replaces_txid and int(r.fee) == fee:
+                return True
+        if replaces_txid is None:
+            if records:
+                raise SigningRefused(RefusalCode.already_signed,
+                                     f"a child of this parent output was already signed ({records[0].txid}): one per parent")
+            return False
+        version = next((r for r in records if r.txid == replaces_txid), None)
+        if version is None:
+            raise SigningRefused(RefusalCode.replacement_unknown, f"{replaces_txid} is no child the signer signed of this parent")
+        if replaces_txid in replaced:
+            raise SigningRefused(RefusalCode.already_signed, f"child {replaces_txid} was already replaced")
+        if fee <= int(version.fee):
+            raise SigningRefused(RefusalCode.replacement_unknown,
+                                 f"a replacement pays more than the {int(version.fee)} sat of the child it replaces")
+        return False
 
     # ---- ethereum sweeps -------------------------------------------------------------------
 
