@@ -1,0 +1,173 @@
+"""bitcoin_cpfp: a cold -> hot move (a PSBT signed offline) stuck in the mempool is bumped by a CPFP
+child, since RBF cannot re-sign it (its key is offline).
+
+The market is made with `prioritisetransaction`: the parent's fee counts as zero to this node's
+block assembler, so `generatetoaddress` leaves it out (below the minimum block fee rate) until a
+child pays for the package. After `stuck_blocks` blocks the worker has the signer sign a child
+spending the parent's output at the hot receive address back to it, at a fee that brings the
+package to the bumped rate. The first ask loses the signer's reply (a crash after the signer
+recorded it): asked again, the signer answers the same child, and there is one child. That child is
+then made stuck the same way, and the next bump replaces the CHILD by RBF (the parent is never
+re-signed). The package mines; the parent is booked once as the rebalance (its own fee), the
+mined child's fee once (hot -> network-fee expense); the replaced child never. Reconciliation is
+zero before, while the parent and children wait, once mined but not final, and after; the child's
+output is hot's to spend once final, the parent's spent output never; the ledger verifies."""
+from __future__ import annotations
+
+from sqlalchemy import text
+
+from regtest.util import assert_equal
+from signer.wire import SignerUnavailable
+from tests.e2e.custody.conftest import BTC_FINALITY, custody, signer_keys  # noqa: F401 - fixtures
+from tests.e2e.test_bitcoin_tiers_psbt import offline_signer
+from tests.e2e.treasury_helpers import rebalances, reconciled, spendable  # noqa: F401 - fixture
+from custody.rebalances import RebalanceConfig, RebalanceThreshold
+
+BTC = 100_000_000
+TIERS = ("deposit", "hot", "cold")
+
+
+def booked(engine, key: str) -> list:
+    with engine.connect() as c:
+        return c.execute(text("SELECT metadata FROM journal_transaction WHERE idempotency_key = :k"), {"k": key}).scalars().all()
+
+
+def booked_txid(engine, txid: str) -> int:
+    with engine.connect() as c:
+        return c.execute(text("SELECT count(*) FROM journal_transaction WHERE metadata->>'txid' = :t"), {"t": txid}).scalar_one()
+
+
+def cold_coins(custody, bitcoind, engine, rebalances):  # noqa: F811
+    """Cold gets a coin the way it does in production: a hot -> cold rebalance above the ceiling, booked final."""
+    base = spendable(custody, engine)
+    rebalances.config = RebalanceConfig(thresholds={"BTC": RebalanceThreshold(ceiling=base + BTC, target=base + BTC // 4)})
+    bitcoind.fund(custody.payouts.hot_address("bitcoin"), 2 * BTC)
+    bitcoind.mine(1)
+    spendable(custody, engine)
+    assert rebalances.rebalance_bitcoin() is not None
+    rebalances.run_once()
+    bitcoind.mine(BTC_FINALITY)
+    custody.deposits.run_once(["bitcoin"])
+    assert_equal(rebalances.track(), 1)
+    rebalances.config = RebalanceConfig(thresholds={"BTC": RebalanceThreshold(ceiling=base + 100 * BTC, target=base)})
+
+
+class LostReply:
+    """The signer's port, but the reply to the first CPFP request is lost after the signer signed and recorded it."""
+
+    def __init__(self, real) -> None:
+        self.real, self.lost = real, 0
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def sign_bitcoin_cpfp(self, *args, **kwargs):
+        signed = self.real.sign_bitcoin_cpfp(*args, **kwargs)
+        if not self.lost:
+            self.lost += 1
+            raise SignerUnavailable("the reply was lost")
+        return signed
+
+
+def test_a_stuck_cold_to_hot_move_is_bumped_by_a_child_and_only_the_mined_child_is_booked(
+        custody, bitcoind, engine, ledger, signer_keys, rebalances, log):  # noqa: F811
+    wallets = custody.wallets
+    wallets.register_wallet("bitcoin", "cold", "regtest", signer_keys.account_xpub("bitcoin", "cold"))
+    hot, cold = wallets.location_account("bitcoin", "hot", "BTC"), wallets.location_account("bitcoin", "cold", "BTC")
+    expense = wallets.firm_account("network_fees", "BTC")
+    cpfp = rebalances.cpfp
+    stuck = cpfp.bump.stuck_blocks
+    bitcoind.mine(1)
+    cold_coins(custody, bitcoind, engine, rebalances)
+    reconciled(custody, TIERS)
+    before = {a: ledger.balance(a).posted for a in (hot, cold, expense)}
+    held = spendable(custody, engine)
+
+    log.info("a 1.5 BTC cold -> hot PSBT, signed offline, imported and sent; its fee counts as zero to the miner")
+    rid = rebalances.open_cold_to_hot(3 * BTC // 2, by="op-trent")
+    _name, offline = offline_signer(bitcoind, signer_keys)
+    processed = offline.call("walletprocesspsbt", rebalances.export_psbt(rid))
+    assert processed["complete"]
+    parent = rebalances.import_psbt(rid, processed["psbt"], by="op-trent")
+    assert_equal(rebalances.broadcast(), 1)
+    with engine.connect() as c:
+        move = c.execute(text("SELECT amount, fee FROM rebalance WHERE id = :r"), {"r": rid}).one()
+    amount, parent_fee = int(move.amount), int(move.fee)
+    bitcoind.rpc("prioritisetransaction", parent, 0, -parent_fee)
+    assert_equal(rebalances.bump_fees(), [])  # RBF cannot re-sign a cold move
+    for _ in range(stuck - 1):
+        bitcoind.mine(1)
+        assert_equal(cpfp.bump_fees(), [])  # not stuck yet
+    assert parent in bitcoind.rpc("getrawmempool")  # a block was mined each time: the parent stays out
+    reconciled(custody, TIERS)
+
+    log.info("stuck: the first ask loses the signer's reply; asked again, the same child, and one child")
+    bitcoind.mine(1)
+    real = cpfp.signer
+    cpfp.signer = LostReply(real)
+    try:
+        assert_equal(cpfp.bump_fees(), [])  # logged, retried next run: nothing stored
+        assert_equal(cpfp.signer.lost, 1)
+        with engine.connect() as c:
+            assert_equal(c.execute(text("SELECT count(*) FROM rebalance_cpfp WHERE rebalance_id = :r"), {"r": rid}).scalar_one(), 0)
+        [first] = cpfp.bump_fees()
+    finally:
+        cpfp.signer = real
+    assert_equal(cpfp.bump_fees(), [])  # one child per parent
+    with engine.connect() as c:
+        child = c.execute(text("SELECT id, txid, fee, fee_rate, state, parent_txid FROM rebalance_cpfp WHERE rebalance_id = :r"),
+                          {"r": rid}).one()
+        recorded = c.execute(text("SELECT txid FROM signer_cpfp WHERE parent_txid = :p"), {"p": parent}).scalars().all()
+    assert_equal((child.txid, child.state, child.parent_txid, recorded), (first, "broadcast", parent, [first]))
+    package = bitcoind.rpc("getmempoolentry", first)
+    assert_equal(package["depends"], [parent])
+    parent_vsize = bitcoind.rpc("getmempoolentry", parent)["vsize"]
+    child_fee = int(child.fee)
+    assert (parent_fee + child_fee) * 1000 >= int(child.fee_rate) * (parent_vsize + package["vsize"])  # the package rate
+    assert int(child.fee_rate) > parent_fee * 1000 // parent_vsize
+    reconciled(custody, TIERS)
+
+    log.info("the child is made stuck too: the next bump replaces the CHILD (RBF), never the parent")
+    bitcoind.rpc("prioritisetransaction", first, 0, -child_fee)
+    for _ in range(stuck):
+        bitcoind.mine(1)
+    mempool = bitcoind.rpc("getrawmempool")
+    assert parent in mempool and first in mempool
+    assert_equal(rebalances.bump_fees(), [])
+    [second] = cpfp.bump_fees()
+    assert_equal(cpfp.bump_fees(), [])
+    mempool = bitcoind.rpc("getrawmempool")
+    assert parent in mempool and second in mempool and first not in mempool
+    with engine.connect() as c:
+        versions = c.execute(text("SELECT id, txid, fee, fee_rate, replaces_id FROM firm_tx_version WHERE machine = 'cpfp' "
+                                  "AND row_id = :i ORDER BY id"), {"i": child.id}).all()
+        assert_equal(c.execute(text("SELECT txid FROM rebalance WHERE id = :r"), {"r": rid}).scalar_one(), parent)
+    assert_equal([(v.txid, v.replaces_id) for v in versions], [(first, None), (second, versions[0].id)])
+    assert int(versions[1].fee) > int(versions[0].fee) and int(versions[1].fee_rate) > int(versions[0].fee_rate)
+    reconciled(custody, TIERS)
+
+    log.info("the package mines: in transit until final, then the parent booked once, the mined child's fee once")
+    bitcoind.mine(1)
+    assert_equal(bitcoind.rpc("getrawmempool"), [])
+    rebalances.track()
+    cpfp.track()
+    reconciled(custody, TIERS)  # mined, not final: + amount - child fee on hot, - amount - fee on cold
+    bitcoind.mine(BTC_FINALITY - 1)
+    assert_equal(rebalances.track(), 1)
+    assert_equal(cpfp.track(), 1)
+    assert_equal((rebalances.track(), cpfp.track()), (0, 0))
+    mined_fee = int(versions[1].fee)
+    [rebalance_booked] = booked(engine, f"rebalance:{rid}:final")
+    [child_booked] = booked(engine, f"cpfp:{child.id}:final")
+    assert_equal((rebalance_booked["txid"], rebalance_booked["network_fee"]), (parent, parent_fee))
+    assert_equal((child_booked["txid"], child_booked["network_fee"]), (second, mined_fee))
+    assert_equal((booked_txid(engine, second), booked_txid(engine, first)), (1, 0))
+    assert_equal(ledger.balance(hot).posted - before[hot], -(amount - mined_fee))
+    assert_equal(ledger.balance(cold).posted - before[cold], amount + parent_fee)
+    assert_equal(ledger.balance(expense).posted - before[expense], -(parent_fee + mined_fee))
+    assert_equal(spendable(custody, engine), held + amount - mined_fee)  # the child's output; the parent's is spent
+    with engine.connect() as c:
+        assert_equal(c.execute(text("SELECT state FROM rebalance_cpfp WHERE id = :i"), {"i": child.id}).scalar_one(), "final")
+        assert_equal(c.execute(text("SELECT count(*) FROM rebalance WHERE state NOT IN ('final', 'abandoned')")).scalar_one(), 0)
+    reconciled(custody, TIERS)
+    ledger.assert_verified()
