@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from sqlalchemy import text
 
+from chain_adapters.bitcoin import txid_of
 from regtest.util import assert_equal
 from signer.wire import SignerUnavailable
 from tests.e2e.custody.conftest import BTC_FINALITY, custody, signer_keys  # noqa: F401 - fixtures
@@ -24,6 +25,7 @@ from tests.e2e.treasury_helpers import rebalances, reconciled, spendable  # noqa
 from custody.rebalances import RebalanceConfig, RebalanceThreshold
 
 BTC = 100_000_000
+OTHER = "bcrt1qw508d6qejxtdg4y5r3zarvary0c5xw7kygt080"  # a block mined to someone else
 TIERS = ("deposit", "hot", "cold")
 
 
@@ -152,6 +154,7 @@ def test_a_stuck_cold_to_hot_move_is_bumped_by_a_child_and_only_the_mined_child_
     rebalances.track()
     cpfp.track()
     reconciled(custody, TIERS)  # mined, not final: + amount - child fee on hot, - amount - fee on cold
+    assert_equal(spendable(custody, engine), held)  # neither the parent's output (spent) nor the child's (not final)
     bitcoind.mine(BTC_FINALITY - 1)
     assert_equal(rebalances.track(), 1)
     assert_equal(cpfp.track(), 1)
@@ -169,5 +172,59 @@ def test_a_stuck_cold_to_hot_move_is_bumped_by_a_child_and_only_the_mined_child_
     with engine.connect() as c:
         assert_equal(c.execute(text("SELECT state FROM rebalance_cpfp WHERE id = :i"), {"i": child.id}).scalar_one(), "final")
         assert_equal(c.execute(text("SELECT count(*) FROM rebalance WHERE state NOT IN ('final', 'abandoned')")).scalar_one(), 0)
+    reconciled(custody, TIERS)
+    ledger.assert_verified()
+
+
+def test_a_child_that_never_mines_is_dropped_when_its_parent_is_final_alone(
+        custody, bitcoind, engine, ledger, signer_keys, rebalances, log, monkeypatch):  # noqa: F811
+    """The child is stored and "sent", but the node never keeps it (a node that lost its mempool,
+    simulated: every send but the parent's is swallowed). A miner takes the parent alone; while
+    the child is in progress the parent's hot output is not selectable; once the parent is final
+    the child is dropped, nothing is booked for it, and the parent's output is hot's to spend."""
+    wallets = custody.wallets
+    wallets.register_wallet("bitcoin", "cold", "regtest", signer_keys.account_xpub("bitcoin", "cold"))
+    hot, expense = wallets.location_account("bitcoin", "hot", "BTC"), wallets.firm_account("network_fees", "BTC")
+    cpfp = rebalances.cpfp
+    bitcoind.mine(1)
+    cold_coins(custody, bitcoind, engine, rebalances)
+    reconciled(custody, TIERS)
+    before = {a: ledger.balance(a).posted for a in (hot, expense)}
+    held = spendable(custody, engine)
+    rid = rebalances.open_cold_to_hot(BTC // 2, by="op-trent")
+    _name, offline = offline_signer(bitcoind, signer_keys)
+    parent = rebalances.import_psbt(rid, offline.call("walletprocesspsbt", rebalances.export_psbt(rid))["psbt"], by="op-trent")
+    assert_equal(rebalances.broadcast(), 1)
+    with engine.connect() as c:
+        move = c.execute(text("SELECT amount, fee FROM rebalance WHERE id = :r"), {"r": rid}).one()
+    bitcoind.rpc("prioritisetransaction", parent, 0, -int(move.fee))
+    bitcoind.mine(cpfp.bump.stuck_blocks)
+    real_send = cpfp.bitcoin.broadcast
+    monkeypatch.setattr(cpfp.bitcoin, "broadcast", lambda raw: real_send(raw) if txid_of(raw) == parent else None)
+    [child] = cpfp.bump_fees()
+    with engine.connect() as c:
+        row = c.execute(text("SELECT id, state FROM rebalance_cpfp WHERE rebalance_id = :r"), {"r": rid}).one()
+    assert_equal(row.state, "broadcast")
+    assert child not in bitcoind.rpc("getrawmempool")
+
+    log.info("a miner takes the parent alone; the child stays in progress until the parent is final")
+    bitcoind.rpc("generateblock", OTHER, [parent])
+    assert_equal(cpfp.track(), 0)
+    reconciled(custody, TIERS)
+    bitcoind.mine(BTC_FINALITY - 1)
+    assert_equal(rebalances.track(), 1)
+    with engine.connect() as c:
+        recorded = c.execute(text("SELECT count(*) FROM wallet_utxo WHERE txid = :t"), {"t": parent}).scalar_one()
+    assert_equal((spendable(custody, engine), recorded), (held, 1))  # recorded, but a child in progress spends it
+    assert_equal(cpfp.track(), 0)
+    with engine.connect() as c:
+        assert_equal(c.execute(text("SELECT state FROM rebalance_cpfp WHERE id = :i"), {"i": row.id}).scalar_one(), "dropped")
+    assert_equal((booked(engine, f"cpfp:{row.id}:final"), booked_txid(engine, child)), ([], 0))
+    assert_equal(spendable(custody, engine), held + int(move.amount))
+    assert_equal(ledger.balance(hot).posted - before[hot], -int(move.amount))
+    assert_equal(ledger.balance(expense).posted - before[expense], -int(move.fee))
+    monkeypatch.undo()
+    assert_equal((cpfp.broadcast(), cpfp.track(), cpfp.bump_fees()), (0, 0, []))  # a dropped child is never sent again
+    assert child not in bitcoind.rpc("getrawmempool")
     reconciled(custody, TIERS)
     ledger.assert_verified()
