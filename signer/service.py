@@ -78,7 +78,7 @@ of the batch and signs the rest (custody.payouts `drop_refused`). The others nam
 | kill_switch_on | withdrawals are halted |
 | chain_id_mismatch | an ethereum transaction for another chain id than the signer's own `ethereum_chain_id` (or none is configured) |
 | empty_batch | the batch pays nothing |
-| replacement_unknown | a replacement of a version the signer never signed for this batch (or ethereum funding, sweep or rebalance), or one with other inputs (bitcoin) or another nonce, sender, chain id or gas limit (ethereum) than that version; an ethereum funding, sweep or rebalance replacement that does not raise both fees by at least 10% |
+| replacement_unknown | a CPFP child replacing a child the signer did not sign for that parent output, or not at a higher fee; a replacement of a version the signer never signed for this batch (or ethereum funding, sweep or rebalance), or one with other inputs (bitcoin) or another nonce, sender, chain id or gas limit (ethereum) than that version; an ethereum funding, sweep or rebalance replacement that does not raise both fees by at least 10% |
 | output_mismatch | an output does not match exactly one withdrawal of the batch (address, amount, or a script other than the one the signer computes from the address), or a replacement pays other withdrawals, destinations or amounts than the version it replaces; the ethereum call is not the one the signer builds; change not to the batch's own change address; an ethereum funding, sweep or rebalance replacement paying another destination, asset or amount than the version it replaces |
 | asset_unknown | a withdrawal's asset is not in the signer's own asset table, or that table puts it on another chain than the transaction's |
 | destination_denied | a destination is on the denylist now (checked again at signing) |
@@ -94,11 +94,11 @@ of the batch and signs the rest (custody.payouts `drop_refused`). The others nam
 | decision_not_approved | the decision rejects, or the distinct operators of valid approvals (never the requester) are fewer than the larger of the decision's quorum and the signer's own quorum table's (an asset or amount the table does not cover is refused); a withdrawal from a non-customer account is a quarantine return naming its deposit, or is refused, and always needs one operator other than the requester |
 | decision_expired | the decision is past its expiry (not checked for a replacement, nor for a withdrawal the signer already signed in this batch: see above) |
 | hold_not_live | the hold is not pending, does not cover amount + fee, is on another account or is not custody's withdrawal hold (a replacement: the hold was never captured) |
-| unknown_input | an input is not an unspent hot-wallet coin reserved for this batch |
+| unknown_input | an input is not an unspent hot-wallet coin reserved for this batch; a CPFP parent that is not the rebalance's transaction, or whose output spent does not pay the hot receive address |
 | fee_above_ceiling | the fee is above the ceiling rate for the transaction's size (bitcoin) or gas x max fee above the cap (ethereum) |
-| already_signed | an ethereum funding, sweep or rebalance version the signer already replaced, asked to be replaced at other fees (one replacement per version; the same request again is answered with the same transaction); the signer already signed this withdrawal in a transaction this one does not conflict with (bitcoin: no outpoint common to all; ethereum: another chain id, sender or nonce; or another chain): both could confirm; or one that pays another asset, amount or destination than what it recorded for it (a re-sign pays exactly what was first signed, so a row raised after a small unapproved signature cannot ride the first one past the cap); an ethereum withdrawal at a hot nonce a gas funding took; a gas funding at a hot nonce taken, of a sweep funded at another nonce, or of a deposit address holding a funding no signed sweep used yet |
+| already_signed | a second CPFP child of a parent output (not the one recorded), or a replacement of a child already replaced; an ethereum funding, sweep or rebalance version the signer already replaced, asked to be replaced at other fees (one replacement per version; the same request again is answered with the same transaction); the signer already signed this withdrawal in a transaction this one does not conflict with (bitcoin: no outpoint common to all; ethereum: another chain id, sender or nonce; or another chain): both could confirm; or one that pays another asset, amount or destination than what it recorded for it (a re-sign pays exactly what was first signed, so a row raised after a small unapproved signature cannot ride the first one past the cap); an ethereum withdrawal at a hot nonce a gas funding took; a gas funding at a hot nonce taken, of a sweep funded at another nonce, or of a deposit address holding a funding no signed sweep used yet |
 | unapproved_limit_reached | a withdrawal with no valid approval would take the value the signer signed without approvals for its asset within the window above its cap (`unapproved_limits`; an asset the table does not list has cap 0); read under a per-asset advisory lock, so two requests cannot both pass on the same headroom |
-| rebalance_not_open | a rebalance is unknown, of another chain, not in state `open` (a replacement: not `signed` or `broadcast`, or the version it replaces is not the row's), or not hot -> cold, hot -> warm or warm -> hot |
+| rebalance_not_open | a CPFP child's rebalance is not a bitcoin move into hot `signed` or `broadcast`; a rebalance is unknown, of another chain, not in state `open` (a replacement: not `signed` or `broadcast`, or the version it replaces is not the row's), or not hot -> cold, hot -> warm or warm -> hot |
 | destination_not_cold | a rebalance to cold pays an address that is not derived at its index from the cold wallet public key the signer is configured with (`cold_xpubs`; none configured: every such rebalance is refused); to warm or hot, the same mismatch is `output_mismatch` |
 | rebalance_not_approved | a warm -> hot refill carries fewer signed approvals of distinct operators (verified against the signer's own registry over the `rebalance-approval` payload it rebuilds) than the larger of the row's `approvals_required` and `rebalance_quorum` |
 | sweep_not_open | an ethereum sweep (or the sweep a gas funding is for) is unknown, not `open` (a sweep's replacement: not `signed` or `broadcast`), or its row names another deposit index, address, asset, amount or nonce than the request; a gas funding for a sweep of ether (only token sweeps are funded) |
@@ -115,6 +115,17 @@ operators (payload kind `rebalance-approval`, signer.approvals), verified here a
 own approver keys, whatever custody's rows say. A fee bump of a sweep is the same request at a
 higher fee over the same reserved coins; of a rebalance, `replaces_txid` names the row's version.
 The cold tier is never signed here: cold -> hot goes through a PSBT signed offline (custody.psbt).
+A stuck move into hot that cannot be re-signed (cold source, or no change) is bumped by a CPFP
+child (`sign_bitcoin_cpfp`, custody.cpfp), checked against what the signer reads and holds
+itself: the parent's bytes (it computes their txid, which must be the rebalance's: a bitcoin move
+into hot, `signed` or `broadcast`, else `rebalance_not_open`), the output spent, which must pay the
+hot receive address of its own hot key (`unknown_input`), one input and one output to that same
+address (`output_mismatch`), a fee of at most the ceiling rate over parent + child
+(`fee_above_ceiling`), and its own record `signer_cpfp` (migration 0046): one child per parent
+output (another new one: `already_signed`; the same one again is answered with the same
+transaction), replaced only by naming the latest child at a higher fee (`replacement_unknown`; a
+child already replaced: `already_signed`). At worst a forged row makes it move a hot coin to the
+same hot address once per parent output, paying a fee within its ceiling.
 
 Ethereum sweeps (custody.eth_sweeps) are two calls; the signer BUILDS each transaction itself from
 its own keys and asset table, so custody cannot name another destination, contract or calldata:
