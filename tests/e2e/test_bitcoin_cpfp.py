@@ -6,7 +6,7 @@ block assembler, so `generatetoaddress` leaves it out (below the minimum block f
 child pays for the package. After `stuck_blocks` blocks the worker has the signer sign a child
 spending the parent's output at the hot receive address back to it, at a fee that brings the
 package to the bumped rate. The first ask loses the signer's reply (a crash after the signer
-recorded it): asked again, the signer answers the same child, and there is one child. That child is
+recorded it): asked again, by two workers at once, the signer answers the same child, and there is one child. That child is
 then made stuck the same way, and the next bump replaces the CHILD by RBF (the parent is never
 re-signed). The package mines; the parent is booked once as the rebalance (its own fee), the
 mined child's fee once (hot -> network-fee expense); the replaced child never. Reconciliation is
@@ -14,15 +14,18 @@ zero before, while the parent and children wait, once mined but not final, and a
 output is hot's to spend once final, the parent's spent output never; the ledger verifies."""
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 from sqlalchemy import text
 
-from chain_adapters.bitcoin import txid_of
+from chain_adapters.bitcoin import BitcoinAdapter, txid_of
+from custody.cpfp import Cpfp
+from custody.rebalances import RebalanceConfig, RebalanceThreshold
 from regtest.util import assert_equal
 from signer.wire import SignerUnavailable
 from tests.e2e.custody.conftest import BTC_FINALITY, custody, signer_keys  # noqa: F401 - fixtures
 from tests.e2e.test_bitcoin_tiers_psbt import offline_signer
 from tests.e2e.treasury_helpers import rebalances, reconciled, spendable  # noqa: F401 - fixture
-from custody.rebalances import RebalanceConfig, RebalanceThreshold
 
 BTC = 100_000_000
 OTHER = "bcrt1qw508d6qejxtdg4y5r3zarvary0c5xw7kygt080"  # a block mined to someone else
@@ -112,9 +115,18 @@ def test_a_stuck_cold_to_hot_move_is_bumped_by_a_child_and_only_the_mined_child_
         assert_equal(cpfp.signer.lost, 1)
         with engine.connect() as c:
             assert_equal(c.execute(text("SELECT count(*) FROM rebalance_cpfp WHERE rebalance_id = :r"), {"r": rid}).scalar_one(), 0)
-        [first] = cpfp.bump_fees()
     finally:
         cpfp.signer = real
+    log.info("two workers (their own node connections) ask at once: the parent row locked across the signer call")
+    workers = [Cpfp(engine, ledger, wallets, BitcoinAdapter(bitcoind.rpc_url, network="regtest"), real,
+                    hot_address=cpfp.hot_address, network="regtest", bump=cpfp.bump) for _ in range(2)]
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            made = [txid for new in pool.map(lambda w: w.bump_fees(), workers) for txid in new]
+    finally:
+        for w in workers:
+            w.bitcoin.close()
+    [first] = made
     assert_equal(cpfp.bump_fees(), [])  # one child per parent
     with engine.connect() as c:
         child = c.execute(text("SELECT id, txid, fee, fee_rate, state, parent_txid FROM rebalance_cpfp WHERE rebalance_id = :r"),
