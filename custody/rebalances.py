@@ -41,8 +41,9 @@ Steps, as jobs (`run_once()` runs them in order; each is also callable alone):
   stores the signed transaction (`signed`). Before it broadcasts a cold row the worker checks the
   stored bytes' txid against the transaction built from the row's own inputs and outputs again.
 - `broadcast()` / `track()` / `bump_fees()` (custody.firm_moves, shared with sweeps): idempotent
-  broadcast; RBF for a stuck hot or warm rebalance (the higher fee out of the change; a cold move
-  is bumped by an operator's new PSBT, not here); at the finality depth ONE journal transaction,
+  broadcast; RBF for a stuck hot or warm rebalance (the higher fee out of the change; a cold move,
+  or one into hot without change, is bumped by a CPFP child instead: `self.cpfp`, custody.cpfp,
+  run after the RBF step); at the finality depth ONE journal transaction,
   key `rebalance:<id>:final`: destination location debited by the amount, source location
   credited by amount + fee, network-fee expense debited by the fee, with the mined version's fee.
 The change back to the hot receive address is spendable once the rebalance is mined (like payout
