@@ -20,6 +20,7 @@ from sqlalchemy import text
 
 from chain_adapters.bitcoin import BitcoinAdapter, txid_of
 from custody.cpfp import Cpfp
+from custody.firm_moves import BumpConfig
 from custody.rebalances import RebalanceConfig, RebalanceThreshold
 from regtest.util import assert_equal
 from signer.wire import SignerUnavailable
@@ -191,7 +192,8 @@ def test_a_stuck_cold_to_hot_move_is_bumped_by_a_child_and_only_the_mined_child_
 def test_a_child_that_never_mines_is_dropped_when_its_parent_is_final_alone(
         custody, bitcoind, engine, ledger, signer_keys, rebalances, log, monkeypatch):  # noqa: F811
     """The child is stored and "sent", but the node never keeps it (a node that lost its mempool,
-    simulated: every send but the parent's is swallowed). A miner takes the parent alone; while
+    simulated: every send but the parent's is swallowed); first, with the ceiling at the parent's
+    own rate, no child at all but a `fee_ceiling_reached` warning. A miner takes the parent alone; while
     the child is in progress the parent's hot output is not selectable; once the parent is final
     the child is dropped, nothing is booked for it, and the parent's output is hot's to spend."""
     wallets = custody.wallets
@@ -211,6 +213,19 @@ def test_a_child_that_never_mines_is_dropped_when_its_parent_is_final_alone(
         move = c.execute(text("SELECT amount, fee FROM rebalance WHERE id = :r"), {"r": rid}).one()
     bitcoind.rpc("prioritisetransaction", parent, 0, -int(move.fee))
     bitcoind.mine(cpfp.bump.stuck_blocks)
+    log.info("with the ceiling at the parent's own rate there is no room: a fee_ceiling_reached warning, no child")
+    saved = cpfp.bump
+    parent_rate = int(move.fee) * 1000 // bitcoind.rpc("getmempoolentry", parent)["vsize"]
+    cpfp.bump = BumpConfig(saved.stuck_blocks, saved.bump_percent, parent_rate)
+    try:
+        assert_equal(cpfp.bump_fees(), [])
+    finally:
+        cpfp.bump = saved
+    with engine.connect() as c:
+        incident = c.execute(text("SELECT kind, severity, detail FROM incident WHERE dedupe_key = :k"),
+                             {"k": f"fee_ceiling:rebalance:{parent}"}).one()
+        assert_equal(c.execute(text("SELECT count(*) FROM rebalance_cpfp WHERE rebalance_id = :r"), {"r": rid}).scalar_one(), 0)
+    assert_equal((incident.kind, incident.severity, incident.detail["cpfp"]), ("fee_ceiling_reached", "warning", True))
     real_send = cpfp.bitcoin.broadcast
     monkeypatch.setattr(cpfp.bitcoin, "broadcast", lambda raw: real_send(raw) if txid_of(raw) == parent else None)
     [child] = cpfp.bump_fees()
