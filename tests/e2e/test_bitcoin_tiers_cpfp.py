@@ -1,4 +1,4 @@
-"""bitcoin_cpfp: a cold -> hot move (a PSBT signed offline) stuck in the mempool is bumped by a CPFP
+"""bitcoin_tiers_cpfp: a cold -> hot move (a PSBT signed offline) stuck in the mempool is bumped by a CPFP
 child, since RBF cannot re-sign it (its key is offline).
 
 The market is made with `prioritisetransaction`: the parent's fee counts as zero to this node's
