@@ -51,7 +51,7 @@ from custody.states import MACHINES, IllegalTransition, advance
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-CONTAINED = ("batch", "sweep", "rebalance")  # the machines whose rows can be set aside
+CONTAINED = ("batch", "sweep", "rebalance", "cpfp")  # the machines whose rows can be set aside
 ON_CHAIN_STATES = frozenset({"broadcast", "confirmed", "final"})  # the row's transaction was sent
 
 
@@ -184,6 +184,8 @@ _SET_ASIDE_SQL = text(
     "FROM sweep WHERE containment = 'set_aside' "
     "UNION ALL SELECT 'rebalance', id, state, set_aside_step, set_aside_incident_id, set_aside_count "
     "FROM rebalance WHERE containment = 'set_aside' "
+    "UNION ALL SELECT 'cpfp', id, state, set_aside_step, set_aside_incident_id, set_aside_count "
+    "FROM rebalance_cpfp WHERE containment = 'set_aside' "
     "ORDER BY machine, id")
 
 

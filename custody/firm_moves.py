@@ -1,4 +1,5 @@
-"""Broadcast and tracking shared by the firm's internal bitcoin moves: sweeps and rebalances.
+"""Broadcast and tracking shared by the firm's internal bitcoin moves: sweeps and rebalances (and
+the CPFP children of stuck rebalances into hot, custody.cpfp, machine `cpfp`).
 
 Both are one signed transaction per row of their own table (`sweep`, `rebalance`), stored before
 anything is broadcast, followed on chain and booked once at the finality depth. They differ only

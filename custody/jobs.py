@@ -344,7 +344,8 @@ def build_scheduler(container: Any, *, sink: Callable[[str, dict], None] | None 
             eth_sweeps.plan, eth_sweeps.sign, eth_sweeps.broadcast, eth_sweeps.bump_fees, eth_sweeps.track])), 30)
     if rebalances is not None:
         add("rebalances", failing_when_steps_fail(lambda: run_steps("rebalances", [
-            rebalances.rebalance_bitcoin, rebalances.broadcast, rebalances.track, rebalances.bump_fees])), 30)
+            rebalances.rebalance_bitcoin, rebalances.broadcast, rebalances.track, rebalances.bump_fees,
+            rebalances.cpfp.bump_fees, rebalances.cpfp.broadcast, rebalances.cpfp.track])), 30)
     eth_rebalances = getattr(container, "eth_rebalances", None)
     if eth_rebalances is not None:
         add("eth-rebalances", failing_when_steps_fail(lambda: run_steps("eth-rebalances", [

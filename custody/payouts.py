@@ -150,13 +150,13 @@ SELECT DISTINCT withdrawal_id FROM signer_signature WHERE batch_id = :b AND with
 
 def hot_coin_origin(*, known: bool, tx_kind: str | None) -> str:
     """What a confirmed coin at a hot address is, from whether (txid, vout) is recorded already
-    (`known`) and which of our transactions made it (`tx_kind`: payout, sweep, rebalance, or None):
-    `known` (our payout change, recorded when signed; or seen before), `ours` (sweep or rebalance
-    output: booked by its own finality), `misdirected` (another output of our payout: a withdrawal
+    (`known`) and which of our transactions made it (`tx_kind`: payout, sweep, rebalance, cpfp, or
+    None): `known` (our payout change, recorded when signed; or seen before), `ours` (sweep,
+    rebalance or CPFP child output, custody.cpfp: booked by its own finality), `misdirected` (another output of our payout: a withdrawal
     paid our address), `funding` (anyone else's transaction)."""
     if known:
         return "known"
-    if tx_kind in ("sweep", "rebalance"):
+    if tx_kind in ("sweep", "rebalance", "cpfp"):
         return "ours"
     return "misdirected" if tx_kind == "payout" else "funding"
 
@@ -197,7 +197,8 @@ class PayoutConfig:
 def spendable_coins(c: Connection) -> list[BtcCoin]:
     """Unreserved, unspent hot coins whose creating transaction is confirmed (external ones are):
     a swept coin only once its sweep is final (booked), rebalance change once the rebalance is
-    mined, a coin a rebalance brought into hot (warm or cold -> hot) once it is final (booked). They are locked (skipping coins another job has locked) for the caller's transaction,
+    mined, a coin a rebalance brought into hot (warm or cold -> hot) once it is final (booked) and
+    no CPFP child in progress spends it, a CPFP child's output once the child is final (custody.cpfp). They are locked (skipping coins another job has locked) for the caller's transaction,
     so withdrawal batches and rebalances never reserve the same coin.
 
     Only a coin the wallet index (custody.wallet_index) holds, unspent, in the chain up to the
@@ -222,7 +223,11 @@ def spendable_coins(c: Connection) -> list[BtcCoin]:
         "(SELECT x.id FROM sweep x WHERE x.txid = u.txid)) "
         "LEFT JOIN rebalance r ON r.id = coalesce(CASE WHEN v.machine = 'rebalance' THEN v.row_id END, "
         "(SELECT x.id FROM rebalance x WHERE x.txid = u.txid)) "
+        "LEFT JOIN rebalance_cpfp p ON v.machine = 'cpfp' AND p.id = v.row_id "
         "WHERE u.spent_by IS NULL AND u.reserved_by IS NULL AND u.rebalance_id IS NULL "
+        "AND (p.id IS NULL OR p.state = 'final') "
+        "AND NOT EXISTS (SELECT 1 FROM rebalance_cpfp q WHERE q.parent_txid = u.txid AND q.parent_vout = u.vout "
+        "AND q.state IN ('signed', 'broadcast', 'confirmed')) "
         "AND (t.id IS NULL OR t.state IN ('confirmed', 'final')) AND (s.id IS NULL OR s.state = 'final') "
         "AND (r.id IS NULL OR r.state = 'final' OR (r.state = 'confirmed' AND r.destination_tier <> 'hot')) "
         "AND EXISTS (SELECT 1 FROM btc_wallet_output o WHERE o.txid = u.txid AND o.vout = u.vout AND o.spent_txid IS NULL) "

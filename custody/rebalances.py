@@ -46,8 +46,9 @@ Steps, as jobs (`run_once()` runs them in order; each is also callable alone):
   stores the signed transaction (`signed`). Before it broadcasts a cold row the worker checks the
   stored bytes' txid against the transaction built from the row's own inputs and outputs again.
 - `broadcast()` / `track()` / `bump_fees()` (custody.firm_moves, shared with sweeps): idempotent
-  broadcast; RBF for a stuck hot or warm rebalance (the higher fee out of the change; a cold move
-  is bumped by an operator's new PSBT, not here); at the finality depth ONE journal transaction,
+  broadcast; RBF for a stuck hot or warm rebalance (the higher fee out of the change; a cold move,
+  or one into hot without change, is bumped by a CPFP child instead: `self.cpfp`, custody.cpfp,
+  run after the RBF step); at the finality depth ONE journal transaction,
   key `rebalance:<id>:final`: destination location debited by the amount, source location
   credited by amount + fee, network-fee expense debited by the fee, with the mined version's fee.
 The change back to the hot receive address is spendable once the rebalance is mined (like payout
@@ -70,6 +71,7 @@ from custody.addresses import btc_key_origin, derive_btc_address
 from custody.destinations import HOT_RECEIVE_INDEX
 from custody.containment import Step, contained
 from custody.controls import audit, kill_switch
+from custody.cpfp import Cpfp
 from custody.errors import CustodyError, CustodyErrorCode
 from custody.firm_moves import BumpConfig, FirmMoves
 from custody.payouts import spendable_coins
@@ -217,6 +219,9 @@ class Rebalances(FirmMoves):
         self.config = config or RebalanceConfig()
         self.approvers = approvers  # custody's check of a refill approval at the door; the signer checks again
         self.refusals: list[tuple[int, str]] = []  # (rebalance id, refusal code), most recent last
+        # a stuck move into hot that `_resign` cannot bump (cold source, no change) gets a CPFP child
+        self.cpfp = Cpfp(engine, ledger, wallets, bitcoin, signer, hot_address=hot_address, network=self.network,
+                         bump=self.bump)
 
     @property
     def network(self) -> str:
@@ -572,12 +577,14 @@ class Rebalances(FirmMoves):
 
     def _resign(self, c: Connection, row_id: int, rate: int):
         """The same coins, destination and amount at `rate`, the higher fee out of the change. None
-        (logged) for a cold move (its key is offline: an operator signs a new PSBT) or when the
+        for a cold move (its key is offline) or a move without change: one INTO hot is bumped by a
+        CPFP child instead (custody.cpfp, `self.cpfp`), any other is logged; None too when the
         change cannot carry the fee."""
         row = c.execute(_ROW_SQL, {"r": row_id}).one()
         if row.source_tier == "cold" or not int(row.change_amount):
-            log.warning("rebalance %d (%s -> %s) is not bumped here: %s", row_id, row.source_tier, row.destination_tier,
-                        "a cold move needs a new offline signature" if row.source_tier == "cold" else "it has no change")
+            if row.destination_tier != "hot":
+                log.warning("rebalance %d (%s -> %s) is not bumped: it has no change", row_id, row.source_tier,
+                            row.destination_tier)
             return None
         coins = self._coins(c, row_id, row.source_tier)
         change_script = address_to_script(self._change_address(row), self.network)
@@ -621,6 +628,7 @@ class Rebalances(FirmMoves):
         self.broadcast()
         self.track()
         self.bump_fees()
+        self.cpfp.run_once()
 
 
 def store_refill_approval(c: Connection, table: str, machine: str, rebalance_id: int, approvers: ApproverRegistry | None,

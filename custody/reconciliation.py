@@ -24,7 +24,9 @@ with an index this same code built):
   wallet (+ amount - fee) on chain, booked only at finality;
 - rebalances mined but not yet final: gone from their source tier (- amount - fee; the change
   stays in that tier) and arrived in their destination tier (+ amount), booked only at finality
-  (custody.firm_moves.in_transit; every signed version is asked, at most one is mined).
+  (custody.firm_moves.in_transit; every signed version is asked, at most one is mined);
+- a CPFP child of a rebalance into hot (custody.cpfp) mined but not yet final: its fee has left
+  the hot wallet on chain, booked only at its finality (- fee on the hot line).
 The warm and cold wallets are each reconciled once registered (tier `warm` / `cold` in `wallet`),
 the same way: their receive addresses up to the wallet's next index (rebalance destinations are
 checked against the tier key's derivation at their index, custody.wallet_index), read like the
@@ -129,6 +131,7 @@ from custody.eth_sweeps import unsettled as unsettled_eth_moves
 from custody.eth_rebalances import MinedRebalance
 from custody.eth_rebalances import in_transit as eth_rebalances_in_transit
 from custody.eth_rebalances import unsettled as unsettled_eth_rebalances
+from custody.cpfp import in_transit_fee
 from custody.firm_moves import in_transit, unbooked
 from custody.node_view import NodeView, NodeViewNotReady, record_blind, record_escalation, record_read
 from custody.payouts import HOT_RECEIVE_INDEX
@@ -519,10 +522,12 @@ class Reconciliation:
             off_chain = self._booked_off_chain("bitcoin", "hot", "BTC", c)
             sweeps = unbooked(c, "sweep")
             rebalances = unbooked(c, "rebalance")
+            children = unbooked(c, "cpfp")
         # Mined but not yet booked final: gone from the wallet on chain, still in flight in the books.
         leaving = sum(int(p.paid) + int(p.fee) for p in pending if self._mined(p.txid, p.raw))
         arriving = sum(int(sw.amount) - int(sw.fee) for sw in sweeps if self._mined(sw.txid, sw.raw))
         arriving += in_transit(rebalances, "hot", self._mined)
+        arriving -= in_transit_fee(children, self._mined)  # a CPFP child's fee, mined, not booked (custody.cpfp)
         return Line("bitcoin", "BTC", "hot", on_chain, books, arriving - leaving, off_chain)
 
     def _outer_wallet(self, tip: BlockRef, tier: str) -> Line | None:

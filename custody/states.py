@@ -90,6 +90,17 @@ SWEEP_TRANSITIONS: Mapping[str, frozenset[str]] = {
 REBALANCE_TRANSITIONS: Mapping[str, frozenset[str]] = {**SWEEP_TRANSITIONS, "open": frozenset({"signed", "abandoned", "expired"}),
                                                        "signed": frozenset({"broadcast"}), "expired": frozenset()}
 
+# A CPFP child of a stuck rebalance into hot (custody.cpfp): signed and stored, sent, mined, booked
+# once final (its fee); `dropped` when its parent is final without it and it is neither mined nor in
+# the mempool (nothing booked). Back to broadcast: its block was reorged out.
+CPFP_TRANSITIONS: Mapping[str, frozenset[str]] = {
+    "signed": frozenset({"broadcast"}),
+    "broadcast": frozenset({"confirmed", "dropped"}),
+    "confirmed": frozenset({"final", "broadcast"}),
+    "final": frozenset(),
+    "dropped": frozenset(),
+}
+
 # An ethereum sweep (deposit address -> hot address) or its gas funding (hot -> deposit address):
 # one transaction each, its nonce reserved when the row is made, never dropped (a gap would block
 # every later transaction of its sender), booked once final (custody.eth_sweeps). `reverted`: mined
@@ -127,6 +138,7 @@ MACHINES: Mapping[str, tuple[str, Mapping[str, frozenset[str]]]] = {
     "chain_transaction": ("chain_transaction", CHAIN_TX_TRANSITIONS),
     "sweep": ("sweep", SWEEP_TRANSITIONS),
     "rebalance": ("rebalance", REBALANCE_TRANSITIONS),
+    "cpfp": ("rebalance_cpfp", CPFP_TRANSITIONS),
     "adjustment": ("treasury_adjustment", ADJUSTMENT_TRANSITIONS),
     "eth_sweep": ("eth_sweep", ETH_SWEEP_TRANSITIONS),
     "eth_gas_funding": ("eth_gas_funding", ETH_SWEEP_TRANSITIONS),
@@ -134,9 +146,10 @@ MACHINES: Mapping[str, tuple[str, Mapping[str, frozenset[str]]]] = {
     "batch_containment": ("withdrawal_batch", CONTAINMENT_TRANSITIONS),
     "sweep_containment": ("sweep", CONTAINMENT_TRANSITIONS),
     "rebalance_containment": ("rebalance", CONTAINMENT_TRANSITIONS),
+    "cpfp_containment": ("rebalance_cpfp", CONTAINMENT_TRANSITIONS),
 }
 # The column a machine moves, where it is not `state`.
-COLUMNS: Mapping[str, str] = {f"{m}_containment": "containment" for m in ("batch", "sweep", "rebalance")}
+COLUMNS: Mapping[str, str] = {f"{m}_containment": "containment" for m in ("batch", "sweep", "rebalance", "cpfp")}
 
 
 class IllegalTransition(Exception):

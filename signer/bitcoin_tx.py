@@ -484,3 +484,69 @@ def _varint(n: int) -> bytes:
 
 def _varint_len(n: int) -> int:
     return 1 if n < 0xFD else 3 if n <= 0xFFFF else 5 if n <= 0xFFFFFFFF else 9
+
+
+# --- reading a transaction ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedTx:
+    """What the signer reads from a serialised transaction it did not build (a CPFP parent): its
+    txid (computed here from the bytes), virtual size and outputs (amount, script) in order."""
+
+    txid: str
+    vsize: int
+    outputs: tuple[tuple[int, bytes], ...]
+
+
+def parse_transaction(raw: bytes) -> ParsedTx:
+    """Parse a serialised transaction (legacy or segwit, BIP144), strictly: every byte is read
+    exactly once and nothing trails. `invalid_input` for anything else."""
+    if not isinstance(raw, (bytes, bytearray)):
+        raise SignerError(SignerErrorCode.INVALID_INPUT, "a transaction must be bytes")
+    raw = bytes(raw)
+    pos = 0
+
+    def take(n: int) -> bytes:
+        nonlocal pos
+        if n < 0 or pos + n > len(raw):
+            raise SignerError(SignerErrorCode.INVALID_INPUT, "the transaction is truncated")
+        pos += n
+        return raw[pos - n:pos]
+
+    def varint() -> int:
+        first = take(1)[0]
+        if first < 0xFD:
+            return first
+        return int.from_bytes(take({0xFD: 2, 0xFE: 4, 0xFF: 8}[first]), "little")
+
+    version = take(4)
+    segwit = raw[pos:pos + 2] == b"\x00\x01"
+    if segwit:
+        take(2)
+    body_start = pos
+    n_in = varint()
+    if n_in == 0 or n_in > len(raw):
+        raise SignerError(SignerErrorCode.INVALID_INPUT, "the transaction has no inputs")
+    for _ in range(n_in):
+        take(36)
+        take(varint())
+        take(4)
+    n_out = varint()
+    if n_out == 0 or n_out > len(raw):
+        raise SignerError(SignerErrorCode.INVALID_INPUT, "the transaction has no outputs")
+    outputs = []
+    for _ in range(n_out):
+        amount = int.from_bytes(take(8), "little")
+        outputs.append((amount, take(varint())))
+    body_end = pos
+    if segwit:
+        for _ in range(n_in):
+            for _ in range(varint()):
+                take(varint())
+    locktime = take(4)
+    if pos != len(raw):
+        raise SignerError(SignerErrorCode.INVALID_INPUT, "bytes trail the transaction")
+    stripped = version + raw[body_start:body_end] + locktime
+    weight = 3 * len(stripped) + len(raw)
+    return ParsedTx(_sha256d(stripped)[::-1].hex(), (weight + 3) // 4, tuple(outputs))

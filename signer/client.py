@@ -90,6 +90,11 @@ class SignerClient:
         return self._call("sign_bitcoin_rebalance", rebalance_id=rebalance_id, coins=coins, destination=destination,
                           amount=amount, change=change, replaces_txid=replaces_txid)
 
+    def sign_bitcoin_cpfp(self, rebalance_id: int, parent_raw: bytes, parent_vout: int, destination: str, fee: int,
+                          replaces_txid: str | None = None) -> SignedTx:
+        return self._call("sign_bitcoin_cpfp", rebalance_id=rebalance_id, parent_raw=parent_raw, parent_vout=parent_vout,
+                          destination=destination, fee=fee, replaces_txid=replaces_txid)
+
     def sign_reserves_message(self, chain: str, tier: str, change: int, index: int, message: str) -> ReservesSignature:
         return self._call("sign_reserves_message", chain=chain, tier=tier, change=change, index=index, message=message)
 

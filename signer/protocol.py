@@ -150,6 +150,9 @@ class SignerPort(Protocol):
     def sign_bitcoin_rebalance(self, rebalance_id: int, coins: Sequence[BtcCoin], destination: str, amount: int,
                                change: tuple[str, int] | None, replaces_txid: str | None = None) -> SignedTx: ...
 
+    def sign_bitcoin_cpfp(self, rebalance_id: int, parent_raw: bytes, parent_vout: int, destination: str, fee: int,
+                          replaces_txid: str | None = None) -> SignedTx: ...
+
     def sign_reserves_message(self, chain: str, tier: str, change: int, index: int, message: str) -> ReservesSignature: ...
 
     def sign_ethereum_gas_funding(self, sweep_id: int, *, deposit_index: int, chain_id: int, nonce: int, value: int,

@@ -78,7 +78,7 @@ of the batch and signs the rest (custody.payouts `drop_refused`). The others nam
 | kill_switch_on | withdrawals are halted |
 | chain_id_mismatch | an ethereum transaction for another chain id than the signer's own `ethereum_chain_id` (or none is configured) |
 | empty_batch | the batch pays nothing |
-| replacement_unknown | a replacement of a version the signer never signed for this batch (or ethereum funding, sweep or rebalance), or one with other inputs (bitcoin) or another nonce, sender, chain id or gas limit (ethereum) than that version; an ethereum funding, sweep or rebalance replacement that does not raise both fees by at least 10% |
+| replacement_unknown | a CPFP child replacing a child the signer did not sign for that parent output, or not at a higher fee; a replacement of a version the signer never signed for this batch (or ethereum funding, sweep or rebalance), or one with other inputs (bitcoin) or another nonce, sender, chain id or gas limit (ethereum) than that version; an ethereum funding, sweep or rebalance replacement that does not raise both fees by at least 10% |
 | output_mismatch | an output does not match exactly one withdrawal of the batch (address, amount, or a script other than the one the signer computes from the address), or a replacement pays other withdrawals, destinations or amounts than the version it replaces; the ethereum call is not the one the signer builds; change not to the batch's own change address; an ethereum funding, sweep or rebalance replacement paying another destination, asset or amount than the version it replaces |
 | asset_unknown | a withdrawal's asset is not in the signer's own asset table, or that table puts it on another chain than the transaction's |
 | destination_denied | a destination is on the denylist now (checked again at signing) |
@@ -94,11 +94,11 @@ of the batch and signs the rest (custody.payouts `drop_refused`). The others nam
 | decision_not_approved | the decision rejects, or the distinct operators of valid approvals (never the requester) are fewer than the larger of the decision's quorum and the signer's own quorum table's (an asset or amount the table does not cover is refused); a withdrawal from a non-customer account is a quarantine return naming its deposit, or is refused, and always needs one operator other than the requester |
 | decision_expired | the decision is past its expiry (not checked for a replacement, nor for a withdrawal the signer already signed in this batch: see above) |
 | hold_not_live | the hold is not pending, does not cover amount + fee, is on another account or is not custody's withdrawal hold (a replacement: the hold was never captured) |
-| unknown_input | an input is not an unspent hot-wallet coin reserved for this batch |
+| unknown_input | an input is not an unspent hot-wallet coin reserved for this batch; a CPFP parent that is not the rebalance's transaction, or whose output spent does not pay the hot receive address |
 | fee_above_ceiling | the fee is above the ceiling rate for the transaction's size (bitcoin) or gas x max fee above the cap (ethereum) |
-| already_signed | an ethereum funding, sweep or rebalance version the signer already replaced, asked to be replaced at other fees (one replacement per version; the same request again is answered with the same transaction); the signer already signed this withdrawal in a transaction this one does not conflict with (bitcoin: no outpoint common to all; ethereum: another chain id, sender or nonce; or another chain): both could confirm; or one that pays another asset, amount or destination than what it recorded for it (a re-sign pays exactly what was first signed, so a row raised after a small unapproved signature cannot ride the first one past the cap); an ethereum withdrawal at a hot nonce a gas funding took; a gas funding at a hot nonce taken, of a sweep funded at another nonce, or of a deposit address holding a funding no signed sweep used yet |
+| already_signed | a second CPFP child of a parent output (not the one recorded), or a replacement of a child already replaced; an ethereum funding, sweep or rebalance version the signer already replaced, asked to be replaced at other fees (one replacement per version; the same request again is answered with the same transaction); the signer already signed this withdrawal in a transaction this one does not conflict with (bitcoin: no outpoint common to all; ethereum: another chain id, sender or nonce; or another chain): both could confirm; or one that pays another asset, amount or destination than what it recorded for it (a re-sign pays exactly what was first signed, so a row raised after a small unapproved signature cannot ride the first one past the cap); an ethereum withdrawal at a hot nonce a gas funding took; a gas funding at a hot nonce taken, of a sweep funded at another nonce, or of a deposit address holding a funding no signed sweep used yet |
 | unapproved_limit_reached | a withdrawal with no valid approval would take the value the signer signed without approvals for its asset within the window above its cap (`unapproved_limits`; an asset the table does not list has cap 0); read under a per-asset advisory lock, so two requests cannot both pass on the same headroom |
-| rebalance_not_open | a rebalance is unknown, of another chain, not in state `open` (a replacement: not `signed` or `broadcast`, or the version it replaces is not the row's), or not hot -> cold, hot -> warm or warm -> hot |
+| rebalance_not_open | a CPFP child's rebalance is not a bitcoin move into hot `signed` or `broadcast`; a rebalance is unknown, of another chain, not in state `open` (a replacement: not `signed` or `broadcast`, or the version it replaces is not the row's), or not hot -> cold, hot -> warm or warm -> hot |
 | destination_not_cold | a rebalance to cold pays an address that is not derived at its index from the cold wallet public key the signer is configured with (`cold_xpubs`; none configured: every such rebalance is refused); to warm or hot, the same mismatch is `output_mismatch` |
 | rebalance_not_approved | a warm -> hot refill carries fewer signed approvals of distinct operators (verified against the signer's own registry over the `rebalance-approval` payload it rebuilds) than the larger of the row's `approvals_required` and `rebalance_quorum` |
 | sweep_not_open | an ethereum sweep (or the sweep a gas funding is for) is unknown, not `open` (a sweep's replacement: not `signed` or `broadcast`), or its row names another deposit index, address, asset, amount or nonce than the request; a gas funding for a sweep of ether (only token sweeps are funded) |
@@ -115,6 +115,17 @@ operators (payload kind `rebalance-approval`, signer.approvals), verified here a
 own approver keys, whatever custody's rows say. A fee bump of a sweep is the same request at a
 higher fee over the same reserved coins; of a rebalance, `replaces_txid` names the row's version.
 The cold tier is never signed here: cold -> hot goes through a PSBT signed offline (custody.psbt).
+A stuck move into hot that cannot be re-signed (cold source, or no change) is bumped by a CPFP
+child (`sign_bitcoin_cpfp`, custody.cpfp), checked against what the signer reads and holds
+itself: the parent's bytes (it computes their txid, which must be the rebalance's: a bitcoin move
+into hot, `signed` or `broadcast`, else `rebalance_not_open`), the output spent, which must pay the
+hot receive address of its own hot key (`unknown_input`), one input and one output to that same
+address (`output_mismatch`), a fee of at most the ceiling rate over parent + child
+(`fee_above_ceiling`), and its own record `signer_cpfp` (migration 0046): one child per parent
+output (another new one: `already_signed`; the same one again is answered with the same
+transaction), replaced only by naming the latest child at a higher fee (`replacement_unknown`; a
+child already replaced: `already_signed`). At worst a forged row makes it move a hot coin to the
+same hot address once per parent output, paying a fee within its ceiling.
 
 Ethereum sweeps (custody.eth_sweeps) are two calls; the signer BUILDS each transaction itself from
 its own keys and asset table, so custody cannot name another destination, contract or calldata:
@@ -185,7 +196,8 @@ from signer import bip322, eip191
 from signer.approvals import (ApprovalInvalid, ApproverKey, ApproverRegistry, QuorumTable, approval_payload, operator_identity,
                               parse_payload, rebalance_approval_payload, unprintable_fields, verify_approval)
 from signer.assets import DEFAULT_ASSETS, SignerAsset, UnapprovedLimit
-from signer.bitcoin_tx import PayOutput, SignedTx, SpendInput, address_to_script, estimate_vsize, fee_for, sign_batch
+from signer.bitcoin_tx import (PayOutput, SignedTx, SpendInput, address_to_script, dust_threshold, estimate_vsize, fee_for,
+                               parse_transaction, sign_batch)
 from signer.errors import SignerError
 from signer.ethereum_tx import SignedEthTx, erc20_transfer_data, sign_eip1559
 from signer.keys import SignerKeys
@@ -252,6 +264,14 @@ FROM unnest(CAST(:w AS bigint[]), CAST(:chain AS text[]), CAST(:asset AS text[])
             CAST(:dest AS text[]), CAST(:approvals AS integer[])) WITH ORDINALITY AS p(w, chain, asset, amount, dest, approvals, n)
 ORDER BY p.n
 """
+# the signer's own record of the CPFP children it signed of one parent output (custody.cpfp)
+_CPFP_RECORDS_SQL = text("""
+SELECT txid, fee, replaces_txid FROM signer_cpfp WHERE parent_txid = :t AND parent_vout = :v ORDER BY id
+""")
+_INSERT_CPFP_SQL = text("""
+INSERT INTO signer_cpfp (signed_at, rebalance_id, parent_txid, parent_vout, txid, fee, replaces_txid)
+VALUES (:at, :r, :t, :v, :txid, :f, :rep)
+""")
 _ETH_SWEEP_ROW_SQL = text("""
 SELECT asset, address, deposit_index, nonce, amount, gas_limit, max_fee_wei, max_fee_cap_wei, state
 FROM eth_sweep
@@ -595,6 +615,89 @@ class Signer:
                                                                "destination_tier": row.destination_tier})
             c.commit()
         return signed
+
+    def sign_bitcoin_cpfp(self, rebalance_id: int, parent_raw: bytes, parent_vout: int, destination: str, fee: int,
+                          replaces_txid: str | None = None) -> SignedTx:
+        """Sign a child (CPFP) of rebalance `rebalance_id`'s stuck transaction into hot: one input,
+        output `parent_vout` of `parent_raw`, one output to the hot receive address, `fee` sat.
+        Checked, in this order (module table): the kill switch is off; the rebalance is a bitcoin
+        move into hot, `signed` or `broadcast` (`rebalance_not_open`); `parent_raw` parses, its txid
+        (computed here) is the row's, and its output `parent_vout` pays the hot receive address
+        derived from the signer's OWN hot key (`unknown_input`); `destination` is that address and
+        the child's output is not dust (`output_mismatch`); the fee is positive and at most the
+        ceiling rate over parent + child (`fee_above_ceiling`); then its own record (`signer_cpfp`):
+        one child per parent output (a new child where one is recorded: `already_signed`, unless
+        it is the same fee again, a lost reply, answered with the same transaction); a replacement
+        names the latest child recorded for that output (`replacement_unknown` otherwise) and pays
+        a strictly higher fee (`replacement_unknown`); a child already replaced is `already_signed`.
+        The output of the parent is what the signer reads from the bytes, never custody's figure."""
+        detail: dict = {"rebalance_id": rebalance_id, "cpfp": True, "parent_vout": parent_vout, "fee": fee}
+        if replaces_txid is not None:
+            detail["replaces"] = replaces_txid
+        with self._request(None, detail) as c:
+            self._check_halted(c, "rebalances are halted by the kill switch")
+            row = c.execute(text("SELECT destination_tier, state, txid FROM rebalance WHERE id = :r AND chain = 'bitcoin'"),
+                            {"r": rebalance_id}).first()
+            if row is None or row.destination_tier != "hot" or row.state not in ("signed", "broadcast"):
+                raise SigningRefused(RefusalCode.rebalance_not_open,
+                                     f"rebalance {rebalance_id} is not a bitcoin move into hot waiting to be mined")
+            hot = self._hot_address(0, 0)
+            hot_script = address_to_script(hot, self.bitcoin_network)
+            try:
+                parent = parse_transaction(parent_raw)
+            except SignerError as exc:
+                raise SigningRefused(RefusalCode.unknown_input, f"the parent is not a transaction: {exc}") from None
+            if parent.txid != row.txid:
+                raise SigningRefused(RefusalCode.unknown_input, f"the parent {parent.txid} is not rebalance {rebalance_id}'s")
+            if type(parent_vout) is not int or not 0 <= parent_vout < len(parent.outputs) \
+                    or parent.outputs[parent_vout][1] != hot_script:
+                raise SigningRefused(RefusalCode.unknown_input,
+                                     f"output {parent_vout} of {parent.txid} does not pay the hot receive address")
+            value = parent.outputs[parent_vout][0]
+            if destination != hot:
+                raise SigningRefused(RefusalCode.output_mismatch, "a CPFP child pays only the hot wallet's receive address")
+            cap = fee_for(parent.vsize + estimate_vsize(1, [hot_script]), self.max_fee_rate_sat_per_kvb)
+            if type(fee) is not int or not 0 < fee <= cap:
+                raise SigningRefused(RefusalCode.fee_above_ceiling,
+                                     f"fee {fee} sat is outside 1..{cap} for the parent and its child")
+            if value - fee < dust_threshold(hot_script):
+                raise SigningRefused(RefusalCode.output_mismatch, f"a fee of {fee} sat leaves dust of a {value} sat output")
+            c.execute(text(_LOCK_SQL), {"k": f"signer_cpfp:{parent.txid}:{parent_vout}"})
+            records = c.execute(_CPFP_RECORDS_SQL, {"t": parent.txid, "v": parent_vout}).all()
+            again = self._check_cpfp_record(records, fee, replaces_txid)
+            key = self._keys.private_key_for("bitcoin", "hot", 0, 0)
+            signed = sign_batch([SpendInput(parent.txid, parent_vout, value, key, hot_script)], [PayOutput(hot, value - fee)],
+                                self.bitcoin_network, change=None, rbf=True)
+            if not again:
+                c.execute(_INSERT_CPFP_SQL, {"at": self.clock(), "r": rebalance_id, "t": parent.txid, "v": parent_vout,
+                                             "txid": signed.txid, "f": fee, "rep": replaces_txid})
+            self._audit(c, None, "signed", None, signed.txid, {**detail, "parent": parent.txid, "again": again})
+            c.commit()
+        return signed
+
+    @staticmethod
+    def _check_cpfp_record(records, fee: int, replaces_txid: str | None) -> bool:
+        """The signer's own record of the children of one parent output (oldest first) against a
+        request: True when it is one already signed (the same child again), else it may be signed
+        and recorded; refusals as `sign_bitcoin_cpfp` says."""
+        replaced = {r.replaces_txid for r in records if r.replaces_txid is not None}
+        for r in records:  # the same request again: a lost reply, answered with the same transaction
+            if r.replaces_txid == replaces_txid and int(r.fee) == fee:
+                return True
+        if replaces_txid is None:
+            if records:
+                raise SigningRefused(RefusalCode.already_signed,
+                                     f"a child of this parent output was already signed ({records[0].txid}): one per parent")
+            return False
+        version = next((r for r in records if r.txid == replaces_txid), None)
+        if version is None:
+            raise SigningRefused(RefusalCode.replacement_unknown, f"{replaces_txid} is no child the signer signed of this parent")
+        if replaces_txid in replaced:
+            raise SigningRefused(RefusalCode.already_signed, f"child {replaces_txid} was already replaced")
+        if fee <= int(version.fee):
+            raise SigningRefused(RefusalCode.replacement_unknown,
+                                 f"a replacement pays more than the {int(version.fee)} sat of the child it replaces")
+        return False
 
     # ---- ethereum sweeps -------------------------------------------------------------------
 

@@ -52,6 +52,7 @@ Methods (and nothing else):
 | sign_bitcoin_replacement | batch_id, replaces_txid, coins, outputs, change | signed bitcoin tx |
 | sign_bitcoin_sweep | sweep_id, coins, destination, fee | signed bitcoin tx |
 | sign_bitcoin_rebalance | rebalance_id, coins, destination, amount, change, replaces_txid | signed bitcoin tx |
+| sign_bitcoin_cpfp | rebalance_id, parent_raw, parent_vout, destination, fee, replaces_txid | signed bitcoin tx (a CPFP child of a stuck rebalance into hot) |
 | sign_reserves_message | chain, tier, change, index, message | {address, signature} (BIP-322 simple or EIP-191; message: a signer.protocol.ReservesStatement) |
 | sign_ethereum_payment | batch_id, output, hot_index, chain_id, nonce, to, value, data, gas, max_fee_wei, priority_fee_wei, replaces_txid | signed ethereum tx {raw, txid, sender, nonce} |
 | sign_ethereum_gas_funding | sweep_id, deposit_index, chain_id, nonce, value, gas, max_fee_wei, priority_fee_wei, replaces_txid | signed ethereum tx |
@@ -598,6 +599,8 @@ METHODS: dict[str, Method] = {
     "sign_bitcoin_sweep": Method({"sweep_id": INT, "coins": list_of(COIN), "destination": STR, "fee": INT}, SIGNED_TX),
     "sign_bitcoin_rebalance": Method({"rebalance_id": INT, "coins": list_of(COIN), "destination": STR, "amount": INT,
                                       "change": CHANGE, "replaces_txid": optional(STR)}, SIGNED_TX),
+    "sign_bitcoin_cpfp": Method({"rebalance_id": INT, "parent_raw": HEX, "parent_vout": INT, "destination": STR, "fee": INT,
+                                 "replaces_txid": optional(STR)}, SIGNED_TX),
     "sign_reserves_message": Method({"chain": STR, "tier": STR, "change": INT, "index": INT, "message": STR},
                                     RESERVES_SIGNATURE),
     "sign_ethereum_payment": Method({"batch_id": INT, "output": OUTPUT, "hot_index": INT, "chain_id": INT, "nonce": INT,

@@ -45,8 +45,8 @@ MIGRATION = Path(__file__).resolve().parents[2] / "migrations" / "versions" / "0
 API_READ_ONLY = ["api_key", "btc_wallet_output", "chain_asset", "chain_cursor", "chain_transaction", "convert_config",
                  "convert_price", "convert_quote", "denylist_address", "deposit_address_check", "eth_gas_funding",
                  "eth_nonce", "eth_rebalance", "eth_sweep", "eth_tx_version", "firm_tx_version", "job_stat",
-                 "matching_snapshot", "node_view_health", "outbox", "outbox_aggregate", "reserve_leaf", "reserve_node",
-                 "reserve_report"]
+                 "matching_snapshot", "node_view_health", "outbox", "outbox_aggregate", "rebalance_cpfp", "reserve_leaf",
+                 "reserve_node", "reserve_report"]
 # migrations 0022, 0023 (the wallet index), 0025, 0028 (the index's verdicts, the node view's health), 0032 (events:
 # written through the owner's custody_emit only), 0033 (convert quotes: through their SECURITY DEFINER functions
 # only), 0037 (ethereum sweeps: the worker's), 0038 (fee-bump versions of sweeps and rebalances: the worker's),
@@ -54,7 +54,7 @@ API_READ_ONLY = ["api_key", "btc_wallet_output", "chain_asset", "chain_cursor", 
 # rebalances: the worker's), 0040 (convert's rates and operator prices: the worker's start-up and the SECURITY
 # DEFINER convert_price_set): custody_api may only read them; 0044 took `eth_rebalance_approval` out (the api
 # INSERTs operators' signed approvals of an ethereum refill, nothing more), 0045 (every signed version of an
-# ethereum funding, sweep or rebalance: the worker's)
+# ethereum funding, sweep or rebalance: the worker's), 0046 (CPFP children of rebalances into hot: the worker's)
 
 
 def sqlstate(engine: Engine, role: str | None, sql: str, params: dict | None = None) -> str | None:
@@ -133,6 +133,9 @@ SIGNER_FORBIDDEN = {
     "delete_signer_eth_sweep": "DELETE FROM signer_eth_sweep",
     "update_signer_eth_rebalance": "UPDATE signer_eth_rebalance SET nonce = nonce + 1",  # its record: append-only
     "delete_signer_eth_rebalance": "DELETE FROM signer_eth_rebalance",
+    "update_signer_cpfp": "UPDATE signer_cpfp SET fee = fee + 1",  # its record of CPFP children: append-only
+    "delete_signer_cpfp": "DELETE FROM signer_cpfp",
+    "update_rebalance_cpfp": "UPDATE rebalance_cpfp SET state = 'final' WHERE false",
     "update_eth_sweep": "UPDATE eth_sweep SET state = 'open' WHERE false",
 }
 
@@ -170,6 +173,9 @@ WRITER_FORBIDDEN = {
     "nextval_signer_eth_sweep_id": "SELECT nextval('signer_eth_sweep_id_seq')",
     "insert_signer_eth_rebalance": "INSERT INTO signer_eth_rebalance (signed_at, rebalance_id, chain_id, sender, nonce, "
                                    "destination, asset, amount, txid) VALUES (now(), 1, 31337, '0xa', 0, '0xb', 'ETH', 1, '0xc')",
+    "insert_signer_cpfp": "INSERT INTO signer_cpfp (signed_at, rebalance_id, parent_txid, parent_vout, txid, fee) "
+                          "VALUES (now(), 1, 'a', 0, 'b', 1)",
+    "nextval_signer_cpfp_id": "SELECT nextval('signer_cpfp_id_seq')",
     "update_alembic_version": "UPDATE alembic_version SET version_num = version_num",
 }
 
@@ -198,6 +204,7 @@ API_FORBIDDEN = {
     # chain records: what was signed and broadcast, coins, nonces, the scanner's cursor, deposits
     "record_chain_transaction": "INSERT INTO chain_transaction SELECT * FROM chain_transaction WHERE false",
     "rewrite_chain_transaction": "UPDATE chain_transaction SET raw = raw, state = 'final' WHERE false",
+    "rewrite_rebalance_cpfp": "UPDATE rebalance_cpfp SET raw = raw, fee = fee WHERE false",  # a CPFP child: the worker's
     "delete_chain_transaction": "DELETE FROM chain_transaction WHERE false",
     "nextval_chain_transaction_id": "SELECT nextval('chain_transaction_id_seq')",
     "record_coin": "INSERT INTO wallet_utxo SELECT * FROM wallet_utxo WHERE false",
@@ -536,7 +543,7 @@ def test_every_table_has_exactly_its_roles_privileges(engine):
         read_only, limited = api_lists(c)
         tables = c.execute(text("SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY 1")).scalars().all()
         wrong = {t: privileges(c, t) for t in tables if privileges(c, t) != expected(t, signer_tables, read_only, limited)}
-    assert signer_tables == ["signer_audit", "signer_signature", "signer_eth_sweep", "signer_eth_rebalance"]
+    assert signer_tables == ["signer_audit", "signer_signature", "signer_eth_sweep", "signer_eth_rebalance", "signer_cpfp"]
     assert sorted(read_only) == API_READ_ONLY
     assert wrong == {}
 

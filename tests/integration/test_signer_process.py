@@ -214,6 +214,7 @@ def test_the_api_client_may_publish_reserves_and_read_keys_and_nothing_else(runn
         "sign_bitcoin_replacement": lambda: api.sign_bitcoin_replacement(batch_id, "ab" * 32, [], [output], None),
         "sign_bitcoin_sweep": lambda: api.sign_bitcoin_sweep(batch_id, [], REGTEST_ADDRESS, 1_000),
         "sign_bitcoin_rebalance": lambda: api.sign_bitcoin_rebalance(batch_id, [], REGTEST_ADDRESS, 1_000, None),
+        "sign_bitcoin_cpfp": lambda: api.sign_bitcoin_cpfp(batch_id, b"\x02\x00", 0, REGTEST_ADDRESS, 1_000),
         "sign_ethereum_payment": lambda: api.sign_ethereum_payment(
             batch_id, output, hot_index=0, chain_id=31337, nonce=0, to="0x" + "22" * 20, value=1, data=b"", gas=21_000,
             max_fee_wei=10**9, priority_fee_wei=10**9),

@@ -48,7 +48,7 @@ def test_error_code_names_the_code_or_the_class():
 def test_containment_machine_table():
     assert dict(CONTAINMENT_TRANSITIONS) == {"active": {"set_aside"}, "set_aside": {"active"}}
     assert COLUMNS == {"batch_containment": "containment", "sweep_containment": "containment",
-                       "rebalance_containment": "containment"}
+                       "rebalance_containment": "containment", "cpfp_containment": "containment"}
     check("batch_containment", "active", "set_aside")
     check("sweep_containment", "set_aside", "active")
     with pytest.raises(IllegalTransition):

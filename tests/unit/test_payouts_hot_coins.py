@@ -19,7 +19,7 @@ def test_an_unrecorded_output_of_our_payout_is_a_withdrawal_that_paid_our_addres
     assert hot_coin_origin(known=False, tx_kind="payout") == "misdirected"
 
 
-@pytest.mark.parametrize("tx_kind", ["sweep", "rebalance"])
+@pytest.mark.parametrize("tx_kind", ["sweep", "rebalance", "cpfp"])
 def test_sweep_and_rebalance_outputs_are_ours(tx_kind):
     assert hot_coin_origin(known=False, tx_kind=tx_kind) == "ours"
 

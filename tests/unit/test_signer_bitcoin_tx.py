@@ -473,3 +473,35 @@ def test_eip1559_signing_fields():
     assert_raises_code(E.ADDRESS_NOT_CHECKSUMMED, sign_eip1559, key, **{**kw, "to": CHECKSUMMED.lower()})
     exc = assert_raises_code(E.INVALID_INPUT, sign_eip1559, bytes(32), **kw)
     assert exc.__cause__ is None
+
+
+# --- parse_transaction (a CPFP parent the signer did not build) -------------------------------
+
+
+def test_parse_transaction_reads_what_sign_batch_wrote():
+    from chain_adapters.bitcoin import txid_of
+    from signer.bitcoin_tx import PayOutput, SpendInput, parse_transaction, sign_batch
+
+    key = bytes(31) + b"\x07"
+    signed = sign_batch([SpendInput("ab" * 32, 1, 100_000, key), SpendInput("cd" * 32, 0, 50_000, key)],
+                        [PayOutput("bcrt1qw508d6qejxtdg4y5r3zarvary0c5xw7kygt080", 60_000)], "regtest",
+                        change=PayOutput("bcrt1qw508d6qejxtdg4y5r3zarvary0c5xw7kygt080", 80_000))
+    parsed = parse_transaction(signed.raw)
+    assert (parsed.txid, parsed.vsize) == (signed.txid, signed.vsize) and parsed.txid == txid_of(signed.raw)
+    assert [amount for amount, _ in parsed.outputs] == [60_000, 80_000]
+    assert all(script[:2] == b"\x00\x14" and len(script) == 22 for _, script in parsed.outputs)
+
+
+def test_parse_transaction_reads_a_legacy_transaction_and_refuses_anything_else():
+    from signer.bitcoin_tx import parse_transaction
+    from signer.errors import SignerError, SignerErrorCode
+
+    script = b"\x00\x14" + bytes(20)
+    legacy = (b"\x01\x00\x00\x00" + b"\x01" + bytes(32) + b"\x00\x00\x00\x00" + b"\x00" + b"\xff\xff\xff\xff"
+              + b"\x01" + (1234).to_bytes(8, "little") + bytes([len(script)]) + script + b"\x00\x00\x00\x00")
+    parsed = parse_transaction(legacy)
+    assert parsed.outputs == ((1234, script),) and parsed.vsize == len(legacy)
+    for bad in (b"", legacy[:-1], legacy + b"\x00", b"\x02\x00\x00\x00garbage", legacy[:4] + b"\x00" + legacy[5:]):
+        with pytest.raises(SignerError) as err:
+            parse_transaction(bad)
+        assert err.value.code is SignerErrorCode.INVALID_INPUT

@@ -76,6 +76,10 @@ class FakeSigner:
         return self._record("sign_bitcoin_rebalance", TX, rebalance_id=rebalance_id, coins=coins,
                             destination=destination, amount=amount, change=change, replaces_txid=replaces_txid)
 
+    def sign_bitcoin_cpfp(self, rebalance_id, parent_raw, parent_vout, destination, fee, replaces_txid=None):
+        return self._record("sign_bitcoin_cpfp", TX, rebalance_id=rebalance_id, parent_raw=parent_raw,
+                            parent_vout=parent_vout, destination=destination, fee=fee, replaces_txid=replaces_txid)
+
     def sign_reserves_message(self, chain, tier, change, index, message):
         return self._record("sign_reserves_message", RESERVES_SIG, chain=chain, tier=tier, change=change, index=index,
                             message=message)
@@ -398,6 +402,7 @@ CALLS = {  # one well-formed call of each signing method, through the client
     "sign_bitcoin_replacement": lambda c: c.sign_bitcoin_replacement(9, "ef" * 32, COINS, OUTPUTS, None),
     "sign_bitcoin_sweep": lambda c: c.sign_bitcoin_sweep(3, COINS, "bcrt1qhot", 500),
     "sign_bitcoin_rebalance": lambda c: c.sign_bitcoin_rebalance(4, COINS, "bcrt1qcold", 1_000, None),
+    "sign_bitcoin_cpfp": lambda c: c.sign_bitcoin_cpfp(4, b"\x02\x00", 0, "bcrt1qhot", 500),
     "sign_ethereum_payment": lambda c: c.sign_ethereum_payment(
         9, OUTPUTS[0], hot_index=0, chain_id=31337, nonce=7, to="0x" + "22" * 20, value=1, data=b"", gas=21_000,
         max_fee_wei=2 * 10**9, priority_fee_wei=10**9),
@@ -414,7 +419,7 @@ CALLS = {  # one well-formed call of each signing method, through the client
 
 
 def test_the_forbidden_list_is_every_signing_method_but_reserves():
-    assert_equal(FORBIDDEN_TO_API, ["sign_bitcoin_batch", "sign_bitcoin_rebalance", "sign_bitcoin_replacement",
+    assert_equal(FORBIDDEN_TO_API, ["sign_bitcoin_batch", "sign_bitcoin_cpfp", "sign_bitcoin_rebalance", "sign_bitcoin_replacement",
                                     "sign_bitcoin_sweep", "sign_ethereum_gas_funding", "sign_ethereum_payment",
                                     "sign_ethereum_rebalance", "sign_ethereum_sweep"])
     assert_equal(set(CALLS), set(SIGNING_METHODS))
