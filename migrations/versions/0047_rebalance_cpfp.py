@@ -1,7 +1,7 @@
 """CPFP for a stuck rebalance into hot that RBF cannot bump (issue 16): `rebalance_cpfp`, `signer_cpfp`.
 
-Revision ID: 0046_rebalance_cpfp
-Revises: 0045_eth_fee_bumps
+Revision ID: 0047_rebalance_cpfp
+Revises: 0046_refill_expiry
 
 Why: a cold -> hot move (signed offline through a PSBT) or a rebalance into hot without change
 cannot be re-signed at a higher fee by the worker (custody.rebalances `_resign`); stuck in the
@@ -30,8 +30,8 @@ from pathlib import Path
 
 from alembic import op
 
-revision = "0046_rebalance_cpfp"
-down_revision = "0045_eth_fee_bumps"
+revision = "0047_rebalance_cpfp"
+down_revision = "0046_refill_expiry"
 branch_labels = None
 depends_on = None
 
