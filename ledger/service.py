@@ -360,6 +360,42 @@ class Ledger:
             return PostResult(row.transaction_id, False)
         raise LedgerError(ErrorCode(row.status), index=row.failed_index, transaction_id=row.transaction_id)
 
+    def check_post(
+        self,
+        key: str,
+        transfers: Sequence[Transfer],
+        *,
+        kind: str = "transfer",
+        metadata: dict[str, Any] | None = None,
+        hold_owner: str | None = None,
+        conn: Connection | None = None,
+    ) -> LedgerError | None:
+        """What `post` with the same arguments would answer now, without posting and without locks:
+        the LedgerError it would raise, or None (it would post, or answer a replay). One read-only
+        statement (_CHECK_POST_SQL) with `ledger_post`'s refusals in its order of precedence:
+        a replay of the key (exists; idempotency_conflict), missing or closed accounts or mixed
+        assets, the captures' holds (not found, owner, account, resolved, expired, exceeded), then
+        the limits on each account's net effect against its committed balance. Advisory: nothing
+        is locked, so a change committed afterwards can make the posting answer otherwise (its own
+        checks, under its locks, decide). The NUMERIC(78,0) range check and reversals are not
+        covered (a check of a reversal raises invalid_request). Raises for input `post` would
+        refuse before the database."""
+        _require_key(key)
+        validate_transfers(transfers)
+        _require_small_metadata(metadata)
+        digest = content_hash(kind, transfers, {"metadata": metadata or {}, "reverses": None})
+        with self._one(conn) as c:
+            row = c.exec_driver_sql(_CHECK_POST_SQL, {
+                "key": key, "hash": digest, "owner": hold_owner,
+                "d": _int_array([t.debit_account_id for t in transfers]),
+                "c": _int_array([t.credit_account_id for t in transfers]),
+                "a": _int_array([t.amount for t in transfers]),
+                "h": _int_array([t.hold_id for t in transfers]),
+            }).first()
+        if row is None or row.status == "exists":
+            return None
+        return LedgerError(ErrorCode(row.status), index=row.failed_index)
+
     def apply(self, commands: Sequence[LedgerCommand], *, conn: Connection | None = None) -> list[CommandResult]:
         """Run `commands` in order in ONE statement (one round trip): holds, releases, hold
         replacements and postings, each exactly as when sent alone (same checks, same keys and
@@ -810,6 +846,68 @@ _POST_SQL = (
     "%s::text, %s::text, %s::text, %s::jsonb, %s::bigint[], %s::bigint[], %s::numeric[], %s::bigint[], "
     "%s::text, %s::bigint)"
 )
+# Ledger.check_post: ledger_post's refusals (0010, general path) read without locks, in its order.
+_CHECK_POST_SQL = """
+WITH l AS MATERIALIZED (
+    SELECT u.debit, u.credit, u.amount, u.hold_id, u.i::integer AS i
+      FROM unnest(%(d)s::bigint[], %(c)s::bigint[], %(a)s::numeric[], %(h)s::bigint[])
+           WITH ORDINALITY AS u(debit, credit, amount, hold_id, i)
+), replay AS (
+    SELECT CASE WHEN t.content_hash = %(hash)s THEN 'exists' ELSE 'idempotency_conflict' END AS status,
+           NULL::integer AS i
+      FROM journal_transaction t WHERE t.idempotency_key = %(key)s
+), accounts AS (
+    SELECT CASE WHEN bool_or(d.id IS NULL OR c.id IS NULL) THEN 'account_not_found'
+                WHEN bool_or(d.closed_at IS NOT NULL OR c.closed_at IS NOT NULL) THEN 'account_closed'
+                ELSE 'asset_mismatch' END AS status, min(l.i) AS i
+      FROM l LEFT JOIN account d ON d.id = l.debit LEFT JOIN account c ON c.id = l.credit
+     WHERE d.id IS NULL OR c.id IS NULL OR d.closed_at IS NOT NULL OR c.closed_at IS NOT NULL OR d.asset <> c.asset
+    HAVING count(*) > 0
+), holds AS (
+    SELECT CASE WHEN bool_or(h.id IS NULL) THEN 'hold_not_found'
+                WHEN bool_or(h.owner IS DISTINCT FROM %(owner)s) THEN 'hold_owner_mismatch'
+                WHEN bool_or(h.account_id <> l.debit) THEN 'hold_account_mismatch'
+                WHEN bool_or(h.state <> 'pending') THEN 'hold_already_resolved'
+                ELSE 'hold_expired' END AS status, min(l.i) AS i
+      FROM l LEFT JOIN hold h ON h.id = l.hold_id
+     WHERE l.hold_id IS NOT NULL
+       AND (h.id IS NULL OR h.owner IS DISTINCT FROM %(owner)s OR h.account_id <> l.debit
+            OR h.state <> 'pending' OR h.expires_at <= now())
+    HAVING count(*) > 0
+), exceeded AS (
+    SELECT 'hold_exceeded' AS status, min(x.first_i) AS i
+      FROM (SELECT l.hold_id, sum(l.amount) AS total, min(l.i) AS first_i FROM l
+             WHERE l.hold_id IS NOT NULL GROUP BY l.hold_id) x
+      JOIN hold h ON h.id = x.hold_id
+     WHERE x.total > h.amount - h.captured - h.released
+    HAVING count(*) > 0
+), net AS (
+    SELECT m.account_id, sum(m.delta) AS delta, sum(m.held_delta) AS held_delta, min(m.i) AS first_i
+      FROM (SELECT l.debit AS account_id, -l.amount AS delta,
+                   CASE WHEN l.hold_id IS NULL THEN 0 ELSE -l.amount END AS held_delta, l.i FROM l
+            UNION ALL
+            SELECT l.credit, l.amount, 0, l.i FROM l) m
+     GROUP BY m.account_id
+), limits AS (
+    SELECT CASE WHEN bool_or(NOT a.may_go_negative AND n.delta < 0
+                             AND b.posted + n.delta - (b.held + n.held_delta) < 0) THEN 'insufficient_funds'
+                ELSE 'limit_exceeded' END AS status, min(n.first_i) AS i
+      FROM net n
+      JOIN account a ON a.id = n.account_id
+      CROSS JOIN LATERAL (SELECT coalesce(sum(s.posted), 0) AS posted, coalesce(sum(s.held), 0) AS held
+                            FROM account_balance s WHERE s.account_id = n.account_id) b
+     WHERE (NOT a.may_go_negative AND n.delta < 0 AND b.posted + n.delta - (b.held + n.held_delta) < 0)
+        OR (NOT a.may_go_positive AND n.delta > 0 AND b.posted + n.delta > 0)
+    HAVING count(*) > 0
+)
+SELECT r.status, r.i - 1 AS failed_index
+  FROM (SELECT 1 AS rank, * FROM replay
+        UNION ALL SELECT 2, * FROM accounts
+        UNION ALL SELECT 3, * FROM holds
+        UNION ALL SELECT 4, * FROM exceeded
+        UNION ALL SELECT 5, * FROM limits) r
+ ORDER BY r.rank LIMIT 1
+"""
 # A caller's check run on the connection of a posting just before its statement (no second pool
 # checkout, no transaction of its own: in autocommit it is one more statement, not three): it reads
 # through the driver cursor it is given and raises to refuse. It is not atomic with the posting,
