@@ -119,7 +119,15 @@ class Ledger:
         Without `conn`: a pooled connection in autocommit (see `_one`). With a `conn` inside a
         transaction: that connection's driver connection, so the statement is part of the caller's
         transaction. A `conn` not yet in a transaction goes through SQLAlchemy (which begins one).
-        `precheck` (see `Precheck`) runs first, on the same connection."""
+        `precheck` (see `Precheck`) runs first: a StatementPrecheck in the same statement
+        (`_gated`), a callable on the same connection."""
+        if isinstance(precheck, StatementPrecheck):
+            gated_sql, gated_params = _gated(sql, params, precheck)
+            row = self._call(conn, gated_sql, gated_params)
+            if row.refusal_ is not None:
+                precheck.refuse(row.refusal_)
+                raise AssertionError("a StatementPrecheck's refuse() must raise")
+            return row
         if conn is not None:
             if precheck is not None:
                 self._checked(precheck, conn.connection.driver_connection, None)
@@ -908,11 +916,47 @@ SELECT r.status, r.i - 1 AS failed_index
         UNION ALL SELECT 5, * FROM limits) r
  ORDER BY r.rank LIMIT 1
 """
-# A caller's check run on the connection of a posting just before its statement (no second pool
-# checkout, no transaction of its own: in autocommit it is one more statement, not three): it reads
-# through the driver cursor it is given and raises to refuse. It is not atomic with the posting,
-# as a separate check before it never was; the ledger's own checks are (under its row locks).
-Precheck = Callable[[psycopg.Cursor], None]
+
+
+@dataclass(frozen=True)
+class StatementPrecheck:
+    """A caller's refusal read in the SAME statement as a posting or hold, just before it: `sql` is
+    a SELECT (psycopg named placeholders, `params`) whose first row, if any, refuses; `refuse` is
+    called with that row (a dict of its columns) and must raise. The ledger's function then does
+    not run: the statement gates it on the check's answer (`_gated`). One round trip instead of
+    two, and atomic with the posting (in autocommit the statement is its transaction)."""
+
+    sql: str
+    params: dict[str, Any]
+    refuse: Callable[[dict[str, Any]], None]
+
+
+# A caller's check run before a posting or hold: a StatementPrecheck (in the same statement), or a
+# callable run on the connection just before the statement (no second pool checkout, no
+# transaction of its own: one more statement): it reads through the driver cursor it is given and
+# raises to refuse; that form is not atomic with the posting. The ledger's own checks are (under
+# its row locks).
+Precheck = Callable[[psycopg.Cursor], None] | StatementPrecheck
+
+
+def _gated(sql: str, params: tuple, check: StatementPrecheck) -> tuple[str, dict[str, Any]]:
+    """`sql` (one of the ledger's `SELECT ... FROM <function>(%s, ...)` statements, no WHERE)
+    behind `check`, as one statement: the check's first row is read first (`refusal_`, NULL when
+    there is none) and the function runs only when there is none. Its lateral subquery's WHERE
+    names only the check's row, so PostgreSQL plans it as a one-time filter above the function
+    scan (OFFSET 0 keeps the subquery from being merged into the join): a refused call never
+    starts the function."""
+    parts = sql.split("%s")
+    if len(parts) - 1 != len(params):
+        raise ValueError("placeholders and parameters differ")
+    body = parts[0] + "".join(f"%(p{i}_)s{part}" for i, part in enumerate(parts[1:]))
+    named = {f"p{i}_": value for i, value in enumerate(params)}
+    if named.keys() & check.params.keys():
+        raise ValueError("a precheck's parameter names end without an underscore")
+    gated = ("SELECT to_jsonb(pre_) - 'refused_' AS refusal_, call_.* FROM (SELECT 1) AS one_ "
+             f"LEFT JOIN LATERAL (SELECT true AS refused_, x_.* FROM ({check.sql}) AS x_ LIMIT 1) AS pre_ ON true "
+             f"LEFT JOIN LATERAL ({body} WHERE pre_.refused_ IS NULL OFFSET 0) AS call_ ON true")
+    return gated, {**named, **check.params}
 REFERENCE_CACHE_SIZE = 200_000  # accounts whose asset, kind and decimals a Ledger remembers
 
 
