@@ -59,61 +59,72 @@ depends_on = None
 _DEFINER = "SECURITY DEFINER SET search_path = public, pg_temp"
 
 
-def _emit_statement(events: str) -> str:
+def _emit_statement(events: str, old: str | None = None) -> str:
     """The PL/pgSQL body that writes the events `events` selects (columns topic, aggregate, payload,
-    ord; keys are `<aggregate>#<seq>`, version 1) in one statement, then gives back the numbers of
-    any that were not written (key taken). Precondition: each aggregate at most once in `events`."""
+    ord; keys are `<aggregate>#<seq>`, version 1), then gives back the numbers of any that were not
+    written (key taken). Precondition: each aggregate at most once in `events`. `old`: a SELECT
+    INTO v_old of the old rows' figures as a jsonb object keyed by id, for `events` to compare
+    against (`v_old -> n.id::text`).
+
+    No statement joins a transition table to anything: PL/pgSQL plans each statement once per
+    session, with the transition table's row count of that first call as its estimate, so a join
+    planned for one row would be a nested loop over every pair of rows of a large statement (and
+    one planned for many a scan of a whole table for one row). The old rows are looked up in a
+    jsonb object, each aggregate's number in the jsonb object of the numbering upsert's RETURNING,
+    the account's asset by a scalar subquery on its key: each a lookup per row whatever the plan."""
+    prelude = f"\n    {old}" if old else ""
     return f"""
 DECLARE
-    v_dropped text[];
-BEGIN
-    WITH ev AS MATERIALIZED (
+    v_old jsonb;
+    v_topics text[];
+    v_aggregates text[];
+    v_payloads jsonb[];
+    v_seq jsonb;
+    v_written text[];
+BEGIN{prelude}
+    SELECT array_agg(e.topic ORDER BY e.ord), array_agg(e.aggregate ORDER BY e.ord), array_agg(e.payload ORDER BY e.ord)
+      INTO v_topics, v_aggregates, v_payloads
+      FROM (
 {events}
-    ), numbered AS (
+           ) e;
+    IF v_aggregates IS NULL THEN
+        RETURN NULL;
+    END IF;
+    WITH numbered AS (
         INSERT INTO outbox_aggregate AS a (aggregate, last_seq)
-        SELECT ev.aggregate, 1 FROM ev ORDER BY ev.ord
+        SELECT u.aggregate, 1 FROM unnest(v_aggregates) WITH ORDINALITY AS u(aggregate, i) ORDER BY u.i
         ON CONFLICT (aggregate) DO UPDATE SET last_seq = a.last_seq + 1
         RETURNING a.aggregate, a.last_seq
-    ), written AS (
+    )
+    SELECT jsonb_object_agg(n.aggregate, n.last_seq) INTO v_seq FROM numbered n;
+    WITH written AS (
         INSERT INTO outbox (topic, event_key, aggregate, aggregate_seq, version, payload)
-        SELECT ev.topic, ev.aggregate || '#' || n.last_seq, ev.aggregate, n.last_seq, 1, ev.payload
-          FROM ev JOIN numbered n ON n.aggregate = ev.aggregate
-         ORDER BY ev.ord
+        SELECT u.topic, u.aggregate || '#' || (v_seq ->> u.aggregate), u.aggregate, (v_seq ->> u.aggregate)::bigint,
+               1, u.payload
+          FROM unnest(v_topics, v_aggregates, v_payloads) WITH ORDINALITY AS u(topic, aggregate, payload, i)
+         ORDER BY u.i
         ON CONFLICT (event_key) DO NOTHING
         RETURNING aggregate
     )
-    SELECT array_agg(n.aggregate) INTO v_dropped FROM numbered n
-     WHERE NOT EXISTS (SELECT 1 FROM written w WHERE w.aggregate = n.aggregate);
-    IF v_dropped IS NOT NULL THEN  -- written meanwhile under the same key: keep the numbering gapless
-        UPDATE outbox_aggregate SET last_seq = last_seq - 1 WHERE aggregate = ANY (v_dropped);
+    SELECT array_agg(w.aggregate) INTO v_written FROM written w;
+    IF coalesce(cardinality(v_written), 0) < cardinality(v_aggregates) THEN
+        -- written meanwhile under the same key: give those numbers back (the numbering stays gapless)
+        UPDATE outbox_aggregate SET last_seq = last_seq - 1
+         WHERE aggregate = ANY (ARRAY(SELECT u.aggregate FROM unnest(v_aggregates) u(aggregate)
+                                       WHERE NOT u.aggregate = ANY (coalesce(v_written, '{{}}'))));
     END IF;
     RETURN NULL;
 END"""
 
 
 _HOLD_PAYLOAD = """jsonb_build_object(
-                   'hold_id', n.id, 'account_id', n.account_id, 'asset', acc.asset,
+                   'hold_id', n.id, 'account_id', n.account_id,
+                   'asset', (SELECT acc.asset FROM account acc WHERE acc.id = n.account_id),
                    'amount', n.amount, 'captured', n.captured, 'released', n.released,
                    'held', CASE WHEN n.state = 'pending' THEN n.amount - n.captured - n.released ELSE 0 END,
                    'state', n.state, 'owner', n.owner, 'reference', n.reference)"""
 
-HOLDS_INSERTED = f"""
-CREATE FUNCTION custody_event_holds_inserted() RETURNS trigger LANGUAGE plpgsql {_DEFINER} AS $$
-{_emit_statement(f'''        SELECT 'ledger.hold_changed' AS topic, 'hold:' || n.id AS aggregate, n.ord,
-               {_HOLD_PAYLOAD} AS payload
-          FROM (SELECT r.*, row_number() OVER () AS ord FROM new_rows r) n
-          LEFT JOIN account acc ON acc.id = n.account_id''')} $$;
-"""
-
-HOLDS_UPDATED = f"""
-CREATE FUNCTION custody_event_holds_updated() RETURNS trigger LANGUAGE plpgsql {_DEFINER} AS $$
-{_emit_statement(f'''        SELECT 'ledger.hold_changed' AS topic, 'hold:' || n.id AS aggregate, n.ord,
-               {_HOLD_PAYLOAD} AS payload
-          FROM (SELECT r.*, row_number() OVER () AS ord FROM new_rows r) n
-          JOIN old_rows o ON o.id = n.id
-          LEFT JOIN account acc ON acc.id = n.account_id
-         WHERE (o.state, o.captured, o.released) IS DISTINCT FROM (n.state, n.captured, n.released)''')} $$;
-"""
+_NEW_ROWS = "          FROM (SELECT r.*, row_number() OVER () AS ord FROM new_rows r) n"
 
 _WITHDRAWAL_PAYLOAD = """jsonb_build_object(
                    'withdrawal_id', n.id, 'client_withdrawal_id', n.client_withdrawal_id,
@@ -122,21 +133,29 @@ _WITHDRAWAL_PAYLOAD = """jsonb_build_object(
                    'state', n.state, 'previous_state', {previous},
                    'hold_id', n.hold_id, 'batch_id', n.batch_id)"""
 
-WITHDRAWALS_INSERTED = f"""
-CREATE FUNCTION custody_event_withdrawals_inserted() RETURNS trigger LANGUAGE plpgsql {_DEFINER} AS $$
-{_emit_statement(f'''        SELECT 'withdrawal.state_changed' AS topic, 'withdrawal:' || n.id AS aggregate, n.ord,
-               {_WITHDRAWAL_PAYLOAD.format(previous="NULL::text")} AS payload
-          FROM (SELECT r.*, row_number() OVER () AS ord FROM new_rows r) n''')} $$;
+_HOLD_EVENTS = (f"        SELECT 'ledger.hold_changed' AS topic, 'hold:' || n.id AS aggregate, n.ord,\n"
+                f"               {_HOLD_PAYLOAD} AS payload\n{_NEW_ROWS}")
+_WITHDRAWAL_EVENTS = ("        SELECT 'withdrawal.state_changed' AS topic, 'withdrawal:' || n.id AS aggregate, n.ord,\n"
+                      "               " + _WITHDRAWAL_PAYLOAD + " AS payload\n" + _NEW_ROWS)
+
+
+def _trigger_function(name: str, body: str) -> str:
+    return f"""
+CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql {_DEFINER} AS $$
+{body} $$;
 """
 
-WITHDRAWALS_UPDATED = f"""
-CREATE FUNCTION custody_event_withdrawals_updated() RETURNS trigger LANGUAGE plpgsql {_DEFINER} AS $$
-{_emit_statement(f'''        SELECT 'withdrawal.state_changed' AS topic, 'withdrawal:' || n.id AS aggregate, n.ord,
-               {_WITHDRAWAL_PAYLOAD.format(previous="o.state")} AS payload
-          FROM (SELECT r.*, row_number() OVER () AS ord FROM new_rows r) n
-          JOIN old_rows o ON o.id = n.id
-         WHERE o.state IS DISTINCT FROM n.state''')} $$;
-"""
+
+HOLDS_INSERTED = _trigger_function("custody_event_holds_inserted", _emit_statement(_HOLD_EVENTS))
+HOLDS_UPDATED = _trigger_function("custody_event_holds_updated", _emit_statement(
+    _HOLD_EVENTS + "\n         WHERE jsonb_build_array(n.state, n.captured, n.released) IS DISTINCT FROM v_old -> n.id::text",
+    old="SELECT jsonb_object_agg(o.id, jsonb_build_array(o.state, o.captured, o.released)) INTO v_old FROM old_rows o;"))
+WITHDRAWALS_INSERTED = _trigger_function("custody_event_withdrawals_inserted", _emit_statement(
+    _WITHDRAWAL_EVENTS.format(previous="NULL::text")))
+WITHDRAWALS_UPDATED = _trigger_function("custody_event_withdrawals_updated", _emit_statement(
+    _WITHDRAWAL_EVENTS.format(previous="v_old ->> n.id::text")
+    + "\n         WHERE (v_old ->> n.id::text) IS DISTINCT FROM n.state",
+    old="SELECT jsonb_object_agg(o.id, o.state) INTO v_old FROM old_rows o;"))
 
 TRANSACTION_POSTED = f"""
 CREATE OR REPLACE FUNCTION custody_event_transaction_posted() RETURNS trigger LANGUAGE plpgsql {_DEFINER} AS $$
@@ -173,23 +192,25 @@ END $$;
 LIQUIDITY_GUARD = r"""
 CREATE FUNCTION convert_guard_liquidity_debits() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
+    -- lookups by key per row only (scalar subqueries): see _emit_statement on transition tables
     IF EXISTS (
         SELECT 1
           FROM new_rows n
-          JOIN account acc ON acc.id = n.account_id AND acc.kind = 'liquidity'
-          LEFT JOIN journal_transaction t ON t.id = n.transaction_id
          WHERE n.amount < 0
-           AND NOT EXISTS (
-               SELECT 1 FROM treasury_adjustment a
-                WHERE a.id = CASE WHEN t.idempotency_key ~ '^treasury-adjustment:[0-9]{1,18}$'
-                                  THEN split_part(t.idempotency_key, ':', 2)::bigint END
-                  AND a.state = 'proposed'
-                  AND EXISTS (SELECT 1 FROM jsonb_array_elements(a.transfers) x
-                               WHERE (x->>'debit_account_id')::bigint = n.account_id
-                                 AND (x->>'amount')::numeric = -n.amount)
-                  AND (SELECT count(DISTINCT v.operator) FROM treasury_adjustment_vote v
-                        WHERE v.adjustment_id = a.id AND v.decision = 'approve' AND v.operator <> a.proposed_by)
-                      >= a.quorum)) THEN
+           AND (SELECT acc.kind FROM account acc WHERE acc.id = n.account_id) = 'liquidity'
+           AND NOT coalesce((
+               SELECT EXISTS (
+                   SELECT 1 FROM treasury_adjustment a
+                    WHERE a.id = CASE WHEN t.idempotency_key ~ '^treasury-adjustment:[0-9]{1,18}$'
+                                      THEN split_part(t.idempotency_key, ':', 2)::bigint END
+                      AND a.state = 'proposed'
+                      AND EXISTS (SELECT 1 FROM jsonb_array_elements(a.transfers) x
+                                   WHERE (x->>'debit_account_id')::bigint = n.account_id
+                                     AND (x->>'amount')::numeric = -n.amount)
+                      AND (SELECT count(DISTINCT v.operator) FROM treasury_adjustment_vote v
+                            WHERE v.adjustment_id = a.id AND v.decision = 'approve' AND v.operator <> a.proposed_by)
+                          >= a.quorum)
+                 FROM journal_transaction t WHERE t.id = n.transaction_id), false)) THEN
         RAISE EXCEPTION 'ledger: % may debit a liquidity account only through convert_accept or an approved treasury adjustment',
             current_user USING ERRCODE = 'insufficient_privilege';
     END IF;
