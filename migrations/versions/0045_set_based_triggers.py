@@ -15,10 +15,12 @@ unchanged; only how many statements write them):
   `hold_event_update`: AFTER ... FOR EACH STATEMENT with transition tables (REFERENCING NEW TABLE,
   and OLD TABLE for updates; PostgreSQL allows transition tables only on single-event triggers
   without column lists). One call per statement builds every changed hold's `ledger.hold_changed`
-  and writes them in one statement: the aggregates' numbering upsert and the outbox INSERT as
-  data-modifying CTEs, the outbox ids assigned in the order of the rows in the transition table
-  (the order in which the row trigger fired). An UPDATE that leaves (state, captured, released)
-  as they were emits nothing, as before.
+  and writes them with one numbering upsert and one outbox INSERT for all of them (a few
+  statements per call, whatever the number of rows), the outbox ids assigned in the order of the
+  rows in the transition table (the order in which the row trigger fired). An UPDATE that leaves
+  (state, captured, released) as they were emits nothing, as before. No statement joins a
+  transition table (see `_emit_statement`: a plan cached for one row would make a join over 500
+  quadratic).
 - `withdrawal_request_event` (AFTER INSERT OR UPDATE OF state, FOR EACH ROW) becomes
   `withdrawal_request_event_insert` / `_update` the same way; an UPDATE emits for the rows whose
   state changed (an UPDATE of other columns now fires the statement trigger once and emits nothing).
@@ -37,8 +39,9 @@ unchanged; only how many statements write them):
   key `ledger.transaction_posted:<id>` names a journal transaction created in this database
   transaction, so the key lookup before numbering is replaced by ON CONFLICT (key) on the INSERT,
   and a conflict gives the number back afterwards, as `custody_emit_row` does.
-The trigger functions stay SECURITY DEFINER (owner, `search_path` pinned) as in 0032: the api's
-rows get their events written with the owner's rights.
+- The trigger functions stay SECURITY DEFINER (owner, `search_path` pinned) as in 0032: the api's
+  rows get their events written with the owner's rights. The per-row functions of 0026/0032 stay
+  (unused) for the downgrade.
 - `journal_entry_liquidity_guard` (0033: BEFORE INSERT FOR EACH ROW WHEN the entry is a debit and
   the writer is custody_api or custody_worker) becomes AFTER INSERT FOR EACH STATEMENT (same name,
   same WHEN on the writer) over the statement's entries (the transition table `new_rows`, which
