@@ -385,9 +385,9 @@ class Ledger:
         assets, the captures' holds (not found, owner, account, resolved, expired, exceeded), then
         the limits on each account's net effect against its committed balance. Advisory: nothing
         is locked, so a change committed afterwards can make the posting answer otherwise (its own
-        checks, under its locks, decide). The NUMERIC(78,0) range check and reversals are not
-        covered (a check of a reversal raises invalid_request). Raises for input `post` would
-        refuse before the database."""
+        checks, under its locks, decide). Not covered: the NUMERIC(78,0) range check, reversals
+        (check_post takes none) and a missing balance row (data_corrupted). Raises for input
+        `post` would refuse before the database."""
         _require_key(key)
         validate_transfers(transfers)
         _require_small_metadata(metadata)
