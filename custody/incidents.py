@@ -42,16 +42,16 @@ import datetime as dt
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
-import psycopg
 from sqlalchemy import Connection, Engine, text
 
 from custody.controls import audit
 from custody.errors import CustodyError, CustodyErrorCode
 from ledger.errors import ErrorCode, LedgerError
 from ledger.model import Transfer
-from ledger.service import Ledger, Precheck
+from ledger.service import Ledger, Precheck, StatementPrecheck
 
 DECISIONS = ("release", "capture")
 
@@ -225,18 +225,19 @@ def refuse_frozen(conn: Connection | Engine, account_ids: Iterable[int]) -> None
 
 
 def frozen_precheck(account_ids: Iterable[int]) -> Precheck | None:
-    """`refuse_frozen` as a ledger `Precheck` (ledger.service): run on the posting's own connection
-    just before its statement, instead of on a connection and in a transaction of its own. None
-    when there is nothing to check."""
+    """`refuse_frozen` as a ledger `StatementPrecheck` (ledger.service): read in the posting's (or
+    hold's) own statement, just before the ledger's function, which then does not run if an
+    account is frozen: one round trip, atomic with the posting. None when there is nothing to
+    check."""
     ids = sorted({int(a) for a in account_ids})
     if not ids:
         return None
+    return StatementPrecheck(_FROZEN_DRIVER_SQL, {"a": ids}, _refuse_row)
 
-    def check(cur: psycopg.Cursor) -> None:
-        cur.execute(_FROZEN_DRIVER_SQL, {"a": ids})
-        _refuse(cur.fetchone())
 
-    return check
+def _refuse_row(frozen: dict) -> None:
+    """`_refuse` for a StatementPrecheck's row (a dict)."""
+    _refuse(SimpleNamespace(**frozen))
 
 
 def _refuse(frozen: Any) -> None:

@@ -19,11 +19,23 @@ Jobs (APScheduler runs them; tests call them directly, in this order):
   destination is rejected and released, the rest go on) become one batch; coins are selected from
   the tracked hot-wallet coins and reserved for it. `batch_ethereum()`: one batch per withdrawal.
 - `sign_open_batches()`: the signer (which re-checks everything itself) signs each open batch; in
-  ONE database transaction the capture is tried in a savepoint rolled back before the signer is
-  asked (`_try_capture`: a capture the ledger refuses never reaches the signer, and no balance row
-  stays locked across the call), the signer signs, then the holds are captured (customer ->
-  in-flight, quoted fee -> fee income), the signed raw transaction is stored in
-  `chain_transaction` and the rows move to `signed`. A crash before that commit leaves nothing
+  ONE database transaction the ledger's answer to the capture is read before the signer is asked
+  (`_try_capture`, `Ledger.check_post`: the posting's refusals in one read-only statement, no
+  locks; a capture the ledger would refuse never reaches the signer, and no balance row stays
+  locked across the call), the signer signs, then the holds are captured (customer -> in-flight,
+  quoted fee -> fee income), the signed raw transaction is stored in `chain_transaction` and the
+  rows move to `signed`. The capture is posted once, after the signature. Why that is as safe as
+  the trial posting it replaces (issue 20: the trial in a rolled-back savepoint
+  posted every batch's 1,000 legs twice): (1) nothing is signed unless a hold covers it: the
+  signer itself refuses any withdrawal whose hold is not live (it reads the committed hold), and
+  neither the trial nor the check holds anything across the call; (2) a signed transaction is
+  always booked: a signature is stored (and so can be broadcast) only in the database transaction
+  that posts its capture, and a refused capture rolls the store back with it; (3) the check's
+  answer is advisory in both designs (the trial's locks were released before the call): what
+  changes between it and the real capture is caught by the real capture, as before. A refusal the
+  check does not read (the NUMERIC range) only moves the refusal after the signature, where a
+  refused capture was always possible: the signature is not stored, the signer's record pins the
+  batch (below) and the step fails contained. A crash before that commit leaves nothing
   signed on record, and nothing unrecorded is ever broadcast. That transaction locks the batch row
   first and holds it across the signer call (`_claim_batch`, NO KEY UPDATE SKIP LOCKED; on
   ethereum the `eth_nonce` row too): it blocks only a second worker in the same step (a job lock
@@ -776,39 +788,40 @@ class Payouts:
                   {"t": txid, "v": vout, "a": change[0], "i": batch_id, "m": change[1]})
 
     def _try_capture(self, c: Connection, batch_id: int, rows) -> LedgerError | None:
-        """Post the batch's capture in a savepoint that is ALWAYS rolled back, before the signer is
-        asked: the ledger's answer without keeping its locks. The customers' balance rows the
-        posting locks are released with the savepoint, so nothing of the ledger stays locked across
-        the signer call (up to the client's timeout); the real capture is posted after the answer,
-        with the store (`_record_signed`), in milliseconds. A capture the ledger refuses for a
-        lasting reason (a squatted capture key, say) fails the step before anything is signed, so
-        the batch is set aside with no signer record and `retry_batch` can re-batch it. A hold that
-        is no longer live (`SIGNER_REFUSES`) is returned instead: the signer, reading the same
-        committed hold, is asked anyway and refuses it itself (`hold_not_live`, audited; the batch
-        stays open). Should the capture after the answer be refused all the same (the hold changed
-        meanwhile), the signature is never stored or sent; the signer's record keeps the batch on
-        its coins or nonce (`_signer_recorded`) and the next attempt re-signs the same transaction."""
-        savepoint = c.begin_nested()
-        try:
-            self._capture(c, batch_id, rows)
-        except LedgerError as exc:
-            if exc.code not in SIGNER_REFUSES:
-                raise
-            return exc
-        finally:
-            savepoint.rollback()
-        return None
+        """The ledger's answer to the batch's capture before the signer is asked, without posting
+        it and without locks (`Ledger.check_post`: the posting's own refusals, read in one
+        statement): nothing of the ledger stays locked across the signer call (up to the client's
+        timeout), and the capture is posted once, after the answer, with the store
+        (`_record_signed`), in milliseconds. A capture the ledger would refuse for a lasting reason
+        (a squatted capture key, say) fails the step before anything is signed, so the batch is
+        set aside with no signer record and `retry_batch` can re-batch it. A hold that is no
+        longer live (`SIGNER_REFUSES`) is returned instead: the signer, reading the same committed
+        hold, is asked anyway and refuses it itself (`hold_not_live`, audited; the batch stays
+        open). Should the capture after the answer be refused all the same (the hold or a balance
+        changed meanwhile, or a refusal the check does not read), the signature is never stored or
+        sent; the signer's record keeps the batch on its coins or nonce (`_signer_recorded`) and
+        the next attempt re-signs the same transaction."""
+        key, legs, metadata = self._capture_posting(c, batch_id, rows)
+        refused = self.ledger.check_post(key, legs, kind="withdrawal_capture", hold_owner=HOLD_OWNER,
+                                         metadata=metadata, conn=c)
+        if refused is not None and refused.code not in SIGNER_REFUSES:
+            raise refused
+        return refused
 
-    def _capture(self, c: Connection, batch_id: int, rows) -> None:
-        """One balanced transaction for the batch: each hold captured in full (customer ->
-        in-flight, quoted fee -> fee income)."""
+    def _capture_posting(self, c: Connection, batch_id: int, rows) -> tuple[str, list[Transfer], dict]:
+        """The batch's capture: one balanced transaction, each hold captured in full (customer ->
+        in-flight, quoted fee -> fee income). (key, transfers, metadata)."""
         legs = []
         for w in rows:
             legs.append(Transfer(w.account_id, self.wallets.firm_account("in_flight", w.asset, conn=c), int(w.amount), w.hold_id))
             if int(w.fee_quoted) > 0:
                 legs.append(Transfer(w.account_id, self.wallets.firm_account("fees", w.asset, conn=c), int(w.fee_quoted), w.hold_id))
-        self.ledger.post(f"batch:{batch_id}:capture", legs, kind="withdrawal_capture", hold_owner=HOLD_OWNER,
-                         metadata={"batch_id": batch_id, "withdrawals": [w.id for w in rows]}, conn=c)
+        return f"batch:{batch_id}:capture", legs, {"batch_id": batch_id, "withdrawals": [w.id for w in rows]}
+
+    def _capture(self, c: Connection, batch_id: int, rows) -> None:
+        """Post the batch's capture (`_capture_posting`) in the caller's transaction."""
+        key, legs, metadata = self._capture_posting(c, batch_id, rows)
+        self.ledger.post(key, legs, kind="withdrawal_capture", hold_owner=HOLD_OWNER, metadata=metadata, conn=c)
 
     def _record_signed(self, c: Connection, batch_id: int, chain: str, txid: str, raw: bytes, fee: int, rate: int, rows,
                        *, nonce: int | None = None, sender: str | None = None) -> int:

@@ -119,7 +119,15 @@ class Ledger:
         Without `conn`: a pooled connection in autocommit (see `_one`). With a `conn` inside a
         transaction: that connection's driver connection, so the statement is part of the caller's
         transaction. A `conn` not yet in a transaction goes through SQLAlchemy (which begins one).
-        `precheck` (see `Precheck`) runs first, on the same connection."""
+        `precheck` (see `Precheck`) runs first: a StatementPrecheck in the same statement
+        (`_gated`), a callable on the same connection."""
+        if isinstance(precheck, StatementPrecheck):
+            gated_sql, gated_params = _gated(sql, params, precheck)
+            row = self._call(conn, gated_sql, gated_params)
+            if row.refusal_ is not None:
+                precheck.refuse(row.refusal_)
+                raise AssertionError("a StatementPrecheck's refuse() must raise")
+            return row
         if conn is not None:
             if precheck is not None:
                 self._checked(precheck, conn.connection.driver_connection, None)
@@ -359,6 +367,42 @@ class Ledger:
         if row.status == "exists":
             return PostResult(row.transaction_id, False)
         raise LedgerError(ErrorCode(row.status), index=row.failed_index, transaction_id=row.transaction_id)
+
+    def check_post(
+        self,
+        key: str,
+        transfers: Sequence[Transfer],
+        *,
+        kind: str = "transfer",
+        metadata: dict[str, Any] | None = None,
+        hold_owner: str | None = None,
+        conn: Connection | None = None,
+    ) -> LedgerError | None:
+        """What `post` with the same arguments would answer now, without posting and without locks:
+        the LedgerError it would raise, or None (it would post, or answer a replay). One read-only
+        statement (_CHECK_POST_SQL) with `ledger_post`'s refusals in its order of precedence:
+        a replay of the key (exists; idempotency_conflict), missing or closed accounts or mixed
+        assets, the captures' holds (not found, owner, account, resolved, expired, exceeded), then
+        the limits on each account's net effect against its committed balance. Advisory: nothing
+        is locked, so a change committed afterwards can make the posting answer otherwise (its own
+        checks, under its locks, decide). Not covered: the NUMERIC(78,0) range check, reversals
+        (check_post takes none) and a missing balance row (data_corrupted). Raises for input
+        `post` would refuse before the database."""
+        _require_key(key)
+        validate_transfers(transfers)
+        _require_small_metadata(metadata)
+        digest = content_hash(kind, transfers, {"metadata": metadata or {}, "reverses": None})
+        with self._one(conn) as c:
+            row = c.exec_driver_sql(_CHECK_POST_SQL, {
+                "key": key, "hash": digest, "owner": hold_owner,
+                "d": _int_array([t.debit_account_id for t in transfers]),
+                "c": _int_array([t.credit_account_id for t in transfers]),
+                "a": _int_array([t.amount for t in transfers]),
+                "h": _int_array([t.hold_id for t in transfers]),
+            }).first()
+        if row is None or row.status == "exists":
+            return None
+        return LedgerError(ErrorCode(row.status), index=row.failed_index)
 
     def apply(self, commands: Sequence[LedgerCommand], *, conn: Connection | None = None) -> list[CommandResult]:
         """Run `commands` in order in ONE statement (one round trip): holds, releases, hold
@@ -810,11 +854,109 @@ _POST_SQL = (
     "%s::text, %s::text, %s::text, %s::jsonb, %s::bigint[], %s::bigint[], %s::numeric[], %s::bigint[], "
     "%s::text, %s::bigint)"
 )
-# A caller's check run on the connection of a posting just before its statement (no second pool
-# checkout, no transaction of its own: in autocommit it is one more statement, not three): it reads
-# through the driver cursor it is given and raises to refuse. It is not atomic with the posting,
-# as a separate check before it never was; the ledger's own checks are (under its row locks).
-Precheck = Callable[[psycopg.Cursor], None]
+# Ledger.check_post: ledger_post's refusals (0010, general path) read without locks, in its order.
+_CHECK_POST_SQL = """
+WITH l AS MATERIALIZED (
+    SELECT u.debit, u.credit, u.amount, u.hold_id, u.i::integer AS i
+      FROM unnest(%(d)s::bigint[], %(c)s::bigint[], %(a)s::numeric[], %(h)s::bigint[])
+           WITH ORDINALITY AS u(debit, credit, amount, hold_id, i)
+), replay AS (
+    SELECT CASE WHEN t.content_hash = %(hash)s THEN 'exists' ELSE 'idempotency_conflict' END AS status,
+           NULL::integer AS i
+      FROM journal_transaction t WHERE t.idempotency_key = %(key)s
+), accounts AS (
+    SELECT CASE WHEN bool_or(d.id IS NULL OR c.id IS NULL) THEN 'account_not_found'
+                WHEN bool_or(d.closed_at IS NOT NULL OR c.closed_at IS NOT NULL) THEN 'account_closed'
+                ELSE 'asset_mismatch' END AS status, min(l.i) AS i
+      FROM l LEFT JOIN account d ON d.id = l.debit LEFT JOIN account c ON c.id = l.credit
+     WHERE d.id IS NULL OR c.id IS NULL OR d.closed_at IS NOT NULL OR c.closed_at IS NOT NULL OR d.asset <> c.asset
+    HAVING count(*) > 0
+), holds AS (
+    SELECT CASE WHEN bool_or(h.id IS NULL) THEN 'hold_not_found'
+                WHEN bool_or(h.owner IS DISTINCT FROM %(owner)s) THEN 'hold_owner_mismatch'
+                WHEN bool_or(h.account_id <> l.debit) THEN 'hold_account_mismatch'
+                WHEN bool_or(h.state <> 'pending') THEN 'hold_already_resolved'
+                ELSE 'hold_expired' END AS status, min(l.i) AS i
+      FROM l LEFT JOIN hold h ON h.id = l.hold_id
+     WHERE l.hold_id IS NOT NULL
+       AND (h.id IS NULL OR h.owner IS DISTINCT FROM %(owner)s OR h.account_id <> l.debit
+            OR h.state <> 'pending' OR h.expires_at <= now())
+    HAVING count(*) > 0
+), exceeded AS (
+    SELECT 'hold_exceeded' AS status, min(x.first_i) AS i
+      FROM (SELECT l.hold_id, sum(l.amount) AS total, min(l.i) AS first_i FROM l
+             WHERE l.hold_id IS NOT NULL GROUP BY l.hold_id) x
+      JOIN hold h ON h.id = x.hold_id
+     WHERE x.total > h.amount - h.captured - h.released
+    HAVING count(*) > 0
+), net AS (
+    SELECT m.account_id, sum(m.delta) AS delta, sum(m.held_delta) AS held_delta, min(m.i) AS first_i
+      FROM (SELECT l.debit AS account_id, -l.amount AS delta,
+                   CASE WHEN l.hold_id IS NULL THEN 0 ELSE -l.amount END AS held_delta, l.i FROM l
+            UNION ALL
+            SELECT l.credit, l.amount, 0, l.i FROM l) m
+     GROUP BY m.account_id
+), limits AS (
+    SELECT CASE WHEN bool_or(NOT a.may_go_negative AND n.delta < 0
+                             AND b.posted + n.delta - (b.held + n.held_delta) < 0) THEN 'insufficient_funds'
+                ELSE 'limit_exceeded' END AS status, min(n.first_i) AS i
+      FROM net n
+      JOIN account a ON a.id = n.account_id
+      CROSS JOIN LATERAL (SELECT coalesce(sum(s.posted), 0) AS posted, coalesce(sum(s.held), 0) AS held
+                            FROM account_balance s WHERE s.account_id = n.account_id) b
+     WHERE (NOT a.may_go_negative AND n.delta < 0 AND b.posted + n.delta - (b.held + n.held_delta) < 0)
+        OR (NOT a.may_go_positive AND n.delta > 0 AND b.posted + n.delta > 0)
+    HAVING count(*) > 0
+)
+SELECT r.status, r.i - 1 AS failed_index
+  FROM (SELECT 1 AS rank, * FROM replay
+        UNION ALL SELECT 2, * FROM accounts
+        UNION ALL SELECT 3, * FROM holds
+        UNION ALL SELECT 4, * FROM exceeded
+        UNION ALL SELECT 5, * FROM limits) r
+ ORDER BY r.rank LIMIT 1
+"""
+
+
+@dataclass(frozen=True)
+class StatementPrecheck:
+    """A caller's refusal read in the SAME statement as a posting or hold, just before it: `sql` is
+    a SELECT (psycopg named placeholders, `params`) whose first row, if any, refuses; `refuse` is
+    called with that row (a dict of its columns) and must raise. The ledger's function then does
+    not run: the statement gates it on the check's answer (`_gated`). One round trip instead of
+    two, and atomic with the posting (in autocommit the statement is its transaction)."""
+
+    sql: str
+    params: dict[str, Any]
+    refuse: Callable[[dict[str, Any]], None]
+
+
+# A caller's check run before a posting or hold: a StatementPrecheck (in the same statement), or a
+# callable run on the connection just before the statement (no second pool checkout, no
+# transaction of its own: one more statement): it reads through the driver cursor it is given and
+# raises to refuse; that form is not atomic with the posting. The ledger's own checks are (under
+# its row locks).
+Precheck = Callable[[psycopg.Cursor], None] | StatementPrecheck
+
+
+def _gated(sql: str, params: tuple, check: StatementPrecheck) -> tuple[str, dict[str, Any]]:
+    """`sql` (one of the ledger's `SELECT ... FROM <function>(%s, ...)` statements, no WHERE)
+    behind `check`, as one statement: the check's first row is read first (`refusal_`, NULL when
+    there is none) and the function runs only when there is none. Its lateral subquery's WHERE
+    names only the check's row, so PostgreSQL plans it as a one-time filter above the function
+    scan (OFFSET 0 keeps the subquery from being merged into the join): a refused call never
+    starts the function."""
+    parts = sql.split("%s")
+    if len(parts) - 1 != len(params):
+        raise ValueError("placeholders and parameters differ")
+    body = parts[0] + "".join(f"%(p{i}_)s{part}" for i, part in enumerate(parts[1:]))
+    named = {f"p{i}_": value for i, value in enumerate(params)}
+    if named.keys() & check.params.keys():
+        raise ValueError("a precheck's parameter names end without an underscore")
+    gated = ("SELECT to_jsonb(pre_) - 'refused_' AS refusal_, call_.* FROM (SELECT 1) AS one_ "
+             f"LEFT JOIN LATERAL (SELECT true AS refused_, x_.* FROM ({check.sql}) AS x_ LIMIT 1) AS pre_ ON true "
+             f"LEFT JOIN LATERAL ({body} WHERE pre_.refused_ IS NULL OFFSET 0) AS call_ ON true")
+    return gated, {**named, **check.params}
 REFERENCE_CACHE_SIZE = 200_000  # accounts whose asset, kind and decimals a Ledger remembers
 
 
