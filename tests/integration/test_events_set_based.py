@@ -24,7 +24,7 @@ from sqlalchemy import text
 
 from ledger.model import AccountKind, PlaceHold, ReleaseHold, Transfer
 
-_MIGRATION = Path(__file__).resolve().parents[2] / "migrations/versions/0045_set_based_triggers.py"
+_MIGRATION = Path(__file__).resolve().parents[2] / "migrations/versions/0048_set_based_triggers.py"
 _spec = importlib.util.spec_from_file_location("set_based_events_0045", _MIGRATION)
 _migration = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_migration)

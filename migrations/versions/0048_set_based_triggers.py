@@ -1,7 +1,7 @@
 """Events of holds and withdrawals, and the liquidity guard, per statement instead of per row; a posting's event in one statement (issue 20).
 
-Revision ID: 0045_set_based_triggers
-Revises: 0044_eth_refill_routes
+Revision ID: 0048_set_based_triggers
+Revises: 0047_rebalance_cpfp
 
 Why: the payout job of 500 withdrawals made about 2,000 `custody_emit_row` calls per batch (one per
 withdrawal state change and per hold change, from the per-row triggers of 0026/0032), each a
@@ -54,8 +54,8 @@ unchanged; only how many statements write them):
 """
 from alembic import op
 
-revision = "0045_set_based_triggers"
-down_revision = "0044_eth_refill_routes"
+revision = "0048_set_based_triggers"
+down_revision = "0047_rebalance_cpfp"
 branch_labels = None
 depends_on = None
 
