@@ -1,0 +1,61 @@
+"""Review 16 (R2): the signer's CPFP fee ceiling is computed from the parent's vsize as read from
+the bytes custody sends. The txid excludes the witness, so the real parent with a padded witness
+has the same txid and a much larger vsize: the ceiling grows with the padding."""
+from __future__ import annotations
+
+import pytest
+
+from signer.bitcoin_tx import address_to_script, estimate_vsize, fee_for, parse_transaction
+from signer.protocol import SigningRefused
+from signer.service import Signer
+from tests.integration.test_signer_cpfp import AMOUNT, KEYS, db, hot, parent_move  # noqa: F401 - fixtures
+
+RATE = 100_000  # sat/kvB: 100 sat/vB ceiling
+
+
+def _varint(n: int) -> bytes:
+    if n < 0xFD:
+        return bytes([n])
+    if n <= 0xFFFF:
+        return b"\xfd" + n.to_bytes(2, "little")
+    return b"\xfe" + n.to_bytes(4, "little")
+
+
+def padded(raw: bytes, pad: int) -> bytes:
+    """The same transaction (same txid) with its one input's witness replaced by one item of `pad` bytes."""
+    tx = parse_transaction(raw)
+    assert raw[4:6] == b"\x00\x01"
+    body_and_witness = raw[6:-4]
+    # the body's end: the shortest prefix that parses with an empty witness to the same txid
+    for body_len in range(len(body_and_witness)):
+        cand = raw[:4] + b"\x00\x01" + body_and_witness[:body_len] + _varint(1) + _varint(0) + raw[-4:]
+        try:
+            if parse_transaction(cand).txid == tx.txid:
+                break
+        except Exception:  # noqa: BLE001
+            continue
+    else:
+        raise AssertionError("no body found")
+    out = raw[:4] + b"\x00\x01" + body_and_witness[:body_len] + _varint(1) + _varint(pad) + b"\x00" * pad + raw[-4:]
+    assert parse_transaction(out).txid == tx.txid
+    return out
+
+
+@pytest.mark.xfail(strict=True, reason="R2-1: CPFP fee ceiling grows with a padded parent witness (txid unchanged)")
+def test_cpfp_fee_ceiling_is_not_raised_by_a_padded_parent_witness(db, hot):  # noqa: F811
+    eng, ledger = db
+    signer = Signer(eng, KEYS, bitcoin_network="regtest", max_fee_rate_sat_per_kvb=RATE)
+    rid, raw, vout = parent_move(eng, hot)
+    parent = parse_transaction(raw)
+    cap = fee_for(parent.vsize + estimate_vsize(1, [address_to_script(hot, "regtest")]), RATE)
+    fat = padded(raw, 8_000_000)  # +2,000,000 vB of witness nobody checks
+    assert parse_transaction(fat).txid == parent.txid
+    burn = AMOUNT - 100_000  # 1.499 BTC of the 1.5 BTC hot output to miners
+    assert burn > 100 * cap
+    try:
+        child = signer.sign_bitcoin_cpfp(rid, fat, vout, hot, burn)
+    except SigningRefused as exc:
+        assert exc.code.value == "fee_above_ceiling"
+    else:
+        pytest.fail(f"signed a child paying {child.fee} sat of fee; the ceiling for the real parent is {cap}")
+    ledger.assert_verified()
