@@ -61,3 +61,46 @@ def test_cpfp_fee_ceiling_is_not_raised_by_a_padded_parent_witness(db, hot):  # 
     else:
         pytest.fail(f"signed a child paying {child.fee} sat of fee; the ceiling for the real parent is {cap}")
     ledger.assert_verified()
+
+
+class _StuckChain:
+    """The node as the CPFP job asks it: the tip far past the parent's broadcast, the parent in the mempool."""
+
+    def tip(self):
+        return type("Tip", (), {"height": 1_000})()
+
+    def tx_status(self, txid, raw=None):
+        from chain_adapters.base import TxState, TxStatus
+        return TxStatus(txid, TxState.MEMPOOL)
+
+
+@pytest.mark.xfail(strict=True, reason="R2-2: custody_api rewrites rebalance.raw/fee; the worker's CPFP job then gets a "
+                                       "child signed far above the real parent's ceiling")
+def test_api_rewrite_of_a_stuck_parent_makes_the_worker_burn_hot_coins_in_fees(db, hot):  # noqa: F811
+    from custody.cpfp import _PARENTS_SQL, Cpfp
+    from custody.firm_moves import BumpConfig
+    from custody.wallets import Wallets
+    from sqlalchemy import text
+
+    eng, ledger = db
+    signer = Signer(eng, KEYS, bitcoin_network="regtest")  # default ceiling 500 sat/vB
+    rid, raw, vout = parent_move(eng, hot)  # a legitimately stuck cold -> hot move
+    hot_script = address_to_script(hot, "regtest")
+    real_cap = fee_for(parse_transaction(raw).vsize + estimate_vsize(1, [hot_script]), signer.max_fee_rate_sat_per_kvb)
+    # custody_api's grant: rebalance UPDATE (state, containment, updated_at, txid, raw, fee); same txid, padded witness
+    with eng.begin() as c:
+        c.execute(text("SET LOCAL ROLE custody_api"))
+        c.execute(text("UPDATE rebalance SET raw = :raw, fee = 1800000 WHERE id = :r"),
+                  {"raw": padded(raw, 400_000), "r": rid})
+    cpfp = Cpfp(eng, ledger, Wallets(eng, ledger), _StuckChain(), signer, hot_address=hot, network="regtest",
+                bump=BumpConfig())
+    with eng.connect() as c:
+        [r] = [p for p in c.execute(_PARENTS_SQL).all() if p.id == rid]
+    try:
+        cpfp._first_child(r)
+    except SigningRefused:
+        pass
+    with eng.connect() as c:
+        fees = [int(f) for f in c.execute(text("SELECT fee FROM rebalance_cpfp WHERE rebalance_id = :r"), {"r": rid}).scalars()]
+    assert all(f <= real_cap for f in fees), f"child fee {fees} sat; the real parent allows at most {real_cap}"
+    ledger.assert_verified()
