@@ -104,3 +104,23 @@ def test_api_rewrite_of_a_stuck_parent_makes_the_worker_burn_hot_coins_in_fees(d
         fees = [int(f) for f in c.execute(text("SELECT fee FROM rebalance_cpfp WHERE rebalance_id = :r"), {"r": rid}).scalars()]
     assert all(f <= real_cap for f in fees), f"child fee {fees} sat; the real parent allows at most {real_cap}"
     ledger.assert_verified()
+
+
+@pytest.mark.xfail(strict=True, reason="R2-3: a CPFP child above sign_batch's absolute rate limit raises SignerError, "
+                                       "unaudited and uncaught by the CPFP job (which then fails every run)")
+def test_an_api_fee_lie_is_a_refusal_not_a_crash_of_the_cpfp_job(db, hot):  # noqa: F811
+    from custody.cpfp import Cpfp
+    from custody.firm_moves import BumpConfig
+    from custody.wallets import Wallets
+    from sqlalchemy import text
+
+    eng, ledger = db
+    signer = Signer(eng, KEYS, bitcoin_network="regtest")
+    rid, raw, vout = parent_move(eng, hot)
+    with eng.begin() as c:
+        c.execute(text("SET LOCAL ROLE custody_api"))
+        c.execute(text("UPDATE rebalance SET raw = :raw, fee = 3000000 WHERE id = :r"), {"raw": padded(raw, 400_000), "r": rid})
+    cpfp = Cpfp(eng, ledger, Wallets(eng, ledger), _StuckChain(), signer, hot_address=hot, network="regtest", bump=BumpConfig())
+    cpfp.bump_fees()  # a refusal is logged and kept in cpfp.refusals; the job goes on
+    assert [code for r, code in cpfp.refusals if r == rid], "no refusal recorded"
+    ledger.assert_verified()
