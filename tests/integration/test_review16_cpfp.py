@@ -124,3 +124,38 @@ def test_an_api_fee_lie_is_a_refusal_not_a_crash_of_the_cpfp_job(db, hot):  # no
     cpfp.bump_fees()  # a refusal is logged and kept in cpfp.refusals; the job goes on
     assert [code for r, code in cpfp.refusals if r == rid], "no refusal recorded"
     ledger.assert_verified()
+
+
+@pytest.mark.xfail(strict=True, reason="R2-5: custody_api INSERTs a 'broadcast' rebalance into hot naming any pending "
+                                       "transaction that pays the hot receive address (a sweep); the worker gets a CPFP child "
+                                       "of it signed")
+def test_a_rebalance_row_inserted_by_the_api_role_gets_no_child(db, hot):  # noqa: F811
+    from custody.cpfp import _PARENTS_SQL, Cpfp
+    from custody.firm_moves import BumpConfig
+    from custody.wallets import Wallets
+    from sqlalchemy import text
+
+    from tests.integration.test_signer_cpfp import parent_tx
+
+    eng, ledger = db
+    signer = Signer(eng, KEYS, bitcoin_network="regtest")
+    sweep = parent_tx(hot)  # stands for a deposit sweep in the mempool: output 1 pays the hot receive address
+    with eng.begin() as c:
+        c.execute(text("UPDATE rebalance SET state = 'final' WHERE source_tier = 'cold'"))
+        c.execute(text("SET LOCAL ROLE custody_api"))  # its grant: rebalance INSERT (any column), no trigger
+        rid = c.execute(text(
+            "INSERT INTO rebalance (chain, asset, source_tier, destination_tier, state, destination, destination_index, "
+            "amount, fee, change_amount, fee_rate, spendable, ceiling, target, txid, raw, broadcast_height) "
+            "VALUES ('bitcoin', 'BTC', 'cold', 'hot', 'broadcast', :d, 0, :a, 300, 0, 1000, 0, 1, 0, :t, :raw, 1) RETURNING id"),
+            {"d": hot, "a": AMOUNT, "t": sweep.txid, "raw": sweep.raw}).scalar_one()
+    cpfp = Cpfp(eng, ledger, Wallets(eng, ledger), _StuckChain(), signer, hot_address=hot, network="regtest", bump=BumpConfig())
+    with eng.connect() as c:
+        [r] = [p for p in c.execute(_PARENTS_SQL).all() if p.id == rid]
+    try:
+        cpfp._first_child(r)
+    except SigningRefused:
+        pass
+    with eng.connect() as c:
+        children = c.execute(text("SELECT txid, fee FROM rebalance_cpfp WHERE rebalance_id = :r"), {"r": rid}).all()
+    assert children == [], f"a child of a transaction no rebalance made was signed: {children}"
+    ledger.assert_verified()
