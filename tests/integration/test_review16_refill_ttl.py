@@ -47,3 +47,29 @@ def test_a_late_approval_written_by_the_api_role_does_not_complete_an_expired_re
     finally:
         with engine.begin() as c:
             c.execute(text("UPDATE rebalance SET state = 'abandoned' WHERE id = :r AND state = 'open'"), {"r": rebalance_id})
+
+
+@pytest.mark.xfail(strict=True, reason="R2-6: between the TTL and the worker's next pass custody_api stores a late "
+                                       "approval of an ethereum refill directly; the worker then asks the signer")
+def test_a_late_ethereum_approval_written_by_the_api_role_is_not_counted(env):  # noqa: F811
+    from tests.integration.test_refill_approval_keys import eth_refill
+
+    engine, eth, _, signer, _ = env
+    rebalance_id = eth_refill(engine)
+    payload = eth.refill_payload(rebalance_id)
+    eth.approve_refill(rebalance_id, operator="op-alice", signature=sign_approval(payload, "op-alice"))
+    age(engine, "eth_rebalance", rebalance_id, TTL + dt.timedelta(minutes=5))
+    late = sign_approval(payload, "op-bob")
+    refused(CustodyErrorCode.refill_expired, lambda: eth.approve_refill(rebalance_id, operator="op-bob", signature=late))
+    with engine.begin() as c:  # custody_api's grant: eth_rebalance_approval INSERT (0044)
+        c.execute(text("SET LOCAL ROLE custody_api"))
+        c.execute(text("INSERT INTO eth_rebalance_approval (rebalance_id, operator, key_id, scheme, signed_payload, signature) "
+                       "VALUES (:r, 'api:op-bob', :k, :s, :p, :sig)"),
+                  {"r": rebalance_id, "k": late.key_id, "s": late.scheme, "p": payload, "sig": late.signature})
+    asked = len(signer.asked)
+    eth.sign()
+    try:
+        assert_equal((state(engine, "eth_rebalance", rebalance_id), signer.asked[asked:]), ("expired", []))
+    finally:
+        with engine.begin() as c:
+            c.execute(text("UPDATE eth_rebalance SET state = 'expired' WHERE id = :r AND state = 'open'"), {"r": rebalance_id})
