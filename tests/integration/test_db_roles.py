@@ -428,6 +428,8 @@ def test_api_and_worker_run_the_ledger(engine, engines, ledger, role):
     assert result.ok
     with engines[role].begin() as c:
         assert len(led.reserve_hold_ids(2, conn=c)) == 2
+    spare = led.open_account("BTC", AccountKind.customer, f"{p}:spare", owner=p).id
+    assert led.close_account(spare).closed  # the api's one UPDATE of `account` (0049)
     led.rebuild_projections()
     assert (led.balance(alice).posted, led.balance(bob).posted, led.balance(fees).posted) == (804_000, 195_000, 1_000)
     # the journal is append-only for both: the worker meets the trigger (restrict_violation), the
@@ -534,7 +536,26 @@ def grant_state(c) -> dict[str, object]:
         "FROM pg_class c, pg_roles r WHERE c.relkind = 'S' AND c.relnamespace = 'public'::regnamespace "
         "AND r.rolname = ANY(:roles) ORDER BY 1, 2"), {"roles": list(PROCESS_ROLES)}).all()
     return {"tables": {t: privileges(c, t) for t in tables}, "api_update_columns": [tuple(r) for r in columns],
-            "sequences": [tuple(r) for r in sequences]}
+            "sequences": [tuple(r) for r in sequences], "trigger_functions": executable_trigger_functions(c),
+            "temporary": temporary_roles(c)}
+
+
+def executable_trigger_functions(c) -> list[tuple[str, str]]:
+    """(function, role) for every trigger function of the schema a process role or PUBLIC may
+    EXECUTE, i.e. attach to a table of its own (migration 0049: none)."""
+    return [tuple(r) for r in c.execute(text(
+        "SELECT p.oid::regprocedure::text, r.rolname FROM pg_proc p, "
+        "(SELECT unnest(CAST(:roles AS text[])) AS rolname) r "
+        "WHERE p.pronamespace = 'public'::regnamespace AND p.prorettype = 'trigger'::regtype "
+        "AND has_function_privilege(r.rolname, p.oid, 'EXECUTE') ORDER BY 1, 2"),
+        {"roles": [*PROCESS_ROLES, "public"]}).all()]
+
+
+def temporary_roles(c) -> list[str]:
+    """The process roles (and PUBLIC) that may create a temporary table in this database (0049: none)."""
+    return [role for role in (*PROCESS_ROLES, "public")
+            if c.execute(text("SELECT has_database_privilege(:r, current_database(), 'TEMPORARY')"),
+                         {"r": role}).scalar_one()]
 
 
 def test_every_table_has_exactly_its_roles_privileges(engine):
@@ -582,6 +603,8 @@ def test_the_apis_column_and_sequence_privileges_are_exactly_its_lists(engine):
             wrong_columns.append((table, column, may))
     assert wrong_columns == []
     assert update_columns(limited["wallet"]) == ["next_index"]  # the wallet's key is the worker's
+    # the api closes an account; its kind, flags, owner and asset are not the api's (0049, review 16 R1-2)
+    assert update_columns(limited["account"]) == ["closed_at"]
     wrong_sequences = []
     for seq, role, usage, update, select in state["sequences"]:
         table = owned.get(seq)
@@ -600,14 +623,55 @@ def test_applying_the_grants_again_converges_and_never_regrants_the_api(engine):
         before = grant_state(c)
         c.execute(text("GRANT ALL ON ALL TABLES IN SCHEMA public TO custody_api"))
         c.execute(text("GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO custody_api"))
+        c.execute(text("GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO PUBLIC, custody_api, custody_worker"))
+        c.execute(text("DO $$ BEGIN EXECUTE format('GRANT TEMPORARY ON DATABASE %I TO PUBLIC, custody_api', "
+                       "current_database()); END $$"))
         drifted = privileges(c, "wallet")[API]
+        drifted_functions = executable_trigger_functions(c)
         c.execute(text("CALL custody_apply_role_grants()"))
         once = grant_state(c)
         c.execute(text("CALL custody_apply_role_grants()"))
         twice = grant_state(c)
         t.rollback()
-    assert drifted == "arwdDxt"
+    assert drifted == "arwdDxt" and drifted_functions != []
     assert once == before and twice == before
+
+
+def test_no_role_may_attach_a_trigger_function_or_create_a_temporary_table(engine):
+    """Migration 0049 (review 16 R1-1): the trigger functions (the event ones are SECURITY DEFINER)
+    are executable by no process role nor PUBLIC, so none can attach one to a table of its own
+    (CREATE TRIGGER needs EXECUTE; firing the owner's triggers does not), and no process role may
+    create a temporary table. Even with TEMPORARY given back, custody_api is refused the trigger."""
+    with engine.connect() as c, c.begin() as t:
+        functions = executable_trigger_functions(c)
+        temporary = temporary_roles(c)
+        c.execute(text("DO $$ BEGIN EXECUTE format('GRANT TEMPORARY ON DATABASE %I TO custody_api', "
+                       "current_database()); END $$"))
+        c.execute(text(f"SET LOCAL ROLE {API}"))
+        c.execute(text("CREATE TEMP TABLE roles_fake_tx (id bigint, idempotency_key text, kind text, "
+                       "reverses_id bigint, metadata jsonb, created_at timestamptz)"))
+        with pytest.raises(DBAPIError) as refused:
+            with c.begin_nested():
+                c.execute(text("CREATE TRIGGER roles_forge AFTER INSERT ON roles_fake_tx FOR EACH ROW "
+                               "EXECUTE FUNCTION custody_event_transaction_posted()"))
+        t.rollback()
+    assert functions == [] and temporary == []
+    assert refused.value.orig.sqlstate == INSUFFICIENT_PRIVILEGE
+
+
+def test_a_trigger_function_made_by_a_later_migration_is_revoked_by_the_procedure(engine):
+    """A later migration's trigger function gets EXECUTE from the default privileges; the next
+    `custody_apply_role_grants()` takes it away (0049), as a later migration's call does."""
+    name = f"later_trigger_{uuid.uuid4().hex[:8]}"
+    with engine.connect() as c, c.begin() as t:
+        c.execute(text(f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER "
+                       "AS $$ BEGIN RETURN NULL; END $$"))
+        made = executable_trigger_functions(c)
+        c.execute(text("CALL custody_apply_role_grants()"))
+        after = executable_trigger_functions(c)
+        t.rollback()
+    assert {role for f, role in made if f == f"{name}()"} == {API, WORKER}
+    assert after == []
 
 
 @pytest.mark.parametrize("change, message", [

@@ -17,8 +17,6 @@ from ledger.model import AccountKind, Transfer
 
 
 @pytest.mark.parametrize("flag", ["may_go_negative = true", "kind = 'customer'"])
-@pytest.mark.xfail(strict=True, reason="R1: custody_api rewrites account flags (may_go_negative, kind) and overdraws "
-                                       "a customer account or debits a liquidity account")
 def test_api_role_cannot_rewrite_the_flags_the_ledger_checks(engine, ledger, flag):
     run = uuid.uuid4().hex[:8]
     ledger.create_asset("BTC", 8)

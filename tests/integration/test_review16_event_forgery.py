@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import uuid
 
-import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
@@ -34,8 +33,6 @@ _FORGE = [
 ]
 
 
-@pytest.mark.xfail(strict=True, reason="R1: custody_api attaches the SECURITY DEFINER event trigger functions to a "
-                                       "temp table of its own and forges events / squats a posting's event key")
 def test_api_role_cannot_write_events_through_the_trigger_functions(engine, ledger):
     run = uuid.uuid4().hex[:8]
     ledger.create_asset("BTC", 8)
