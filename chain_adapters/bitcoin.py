@@ -124,6 +124,16 @@ def txid_of(raw: bytes) -> str:
 
 
 @dataclass(frozen=True)
+class MempoolEntry:
+    """What the node's mempool says of one of its transactions (`getmempoolentry`): its virtual
+    size and its own fee in satoshis (`fees.base`: without descendants' or prioritisation)."""
+
+    txid: str
+    vsize: int
+    fee: int
+
+
+@dataclass(frozen=True)
 class UtxoScan:
     """What one `scantxoutset` found: at `height`/`block_hash`, `unspents` as (descriptor-derived
     key origin `desc`, txid, vout, amount in satoshis, height); `aborted` when it was stopped."""
@@ -264,6 +274,30 @@ class BitcoinAdapter(BlockWalker, WatchWalletRpc):
             if exc.rpc_code == RPC_INVALID_ADDRESS_OR_KEY:
                 return False
             raise
+
+    def mempool_entry(self, txid: str) -> MempoolEntry | None:
+        """The node's own figures for a transaction in its mempool (None when it is not there):
+        what custody.cpfp sizes a child by, never a database row's."""
+        try:
+            entry = self.rpc.call("getmempoolentry", txid)
+        except RpcError as exc:
+            if exc.rpc_code == RPC_INVALID_ADDRESS_OR_KEY:
+                return None
+            raise
+        return MempoolEntry(txid, int(entry["vsize"]), to_sat(entry["fees"]["base"]))
+
+    def raw_transaction(self, txid: str) -> bytes | None:
+        """The node's serialisation (with its witness) of a transaction in its mempool or, with
+        `-txindex`, in the chain; None when it knows none. Its txid is checked here."""
+        try:
+            raw = bytes.fromhex(self.rpc.call("getrawtransaction", txid, 0))
+        except RpcError as exc:
+            if exc.rpc_code == RPC_INVALID_ADDRESS_OR_KEY:
+                return None
+            raise
+        if txid_of(raw) != txid:
+            raise ChainError(f"the node answered another transaction for {txid}")
+        return raw
 
     def tx_status(self, txid: str, *, raw: bytes | None = None) -> TxStatus:
         if self._in_mempool(txid):

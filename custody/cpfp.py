@@ -12,9 +12,19 @@ both (miners take the package):
   raised by `bump_percent`, capped at `max_fee_rate_sat_per_kvb` (no room left: the warning
   incident `fee_ceiling_reached`, as for RBF). The child's fee makes (parent fee + child fee) /
   (parent vsize + child vsize) reach that rate (`child_fee`).
+- the parent as the NODE has it: its bytes (`getrawtransaction`), vsize and own fee
+  (`getmempoolentry`) through the bitcoin adapter (`raw_transaction`, `mempool_entry`), never the
+  row's `raw`/`fee` (custody_api may write those for an imported PSBT: a padded witness keeps the
+  txid and would inflate the child's fee). And only a move of ours (`_ours`): the parent's txid is
+  a version of the row the worker recorded (`firm_tx_version`) and every coin it spends is in the
+  wallet index in the row's source tier; else no child (the warning incident
+  `cpfp_parent_not_ours`; custody_api can INSERT a rebalance row naming any transaction that pays
+  hot). A SignerError (the signer's own sanity limits raise rather than refuse) is contained to its
+  parent: the warning incident `cpfp_signer_error`, the later parents go on.
 - the signer (signer.service `sign_bitcoin_cpfp`) checks it on its own: the parent's bytes are the
   row's transaction (it computes the txid), the output spent pays the hot receive address of its
-  own key, the child pays only that address, one input, the fee within its ceiling, and at most
+  own key, the child pays only that address, one input, the fee within its ceiling (the parent's
+  size counted from its txid-covered bytes with P2WPKH inputs at most), and at most
   one child per parent output (replacements only at a higher fee), from its own record.
 - stored before it is sent: one `rebalance_cpfp` row per parent (UNIQUE: one child per parent;
   the parent row is locked across the signer call, so two workers make one child), every signed
@@ -49,7 +59,8 @@ from custody.states import advance
 from custody.wallets import Wallets
 from ledger.model import Transfer
 from ledger.service import Ledger
-from signer.bitcoin_tx import address_to_script, estimate_vsize, fee_for, parse_transaction
+from signer.bitcoin_tx import ParsedTx, address_to_script, estimate_vsize, fee_for, parse_transaction
+from signer.errors import SignerError
 from signer.protocol import SignerPort, SigningRefused
 
 log = logging.getLogger(__name__)
@@ -57,7 +68,7 @@ MIN_RELAY_SAT_PER_KVB = 1_000  # Bitcoin Core's default minrelaytxfee and increm
 
 # Rebalances into hot that RBF cannot bump (cold source, or no change), sent, with no child yet.
 _PARENTS_SQL = text("""
-SELECT r.id, r.txid, r.raw, r.fee, r.amount, r.broadcast_height
+SELECT r.id, r.txid, r.raw, r.fee, r.amount, r.broadcast_height, r.source_tier
 FROM rebalance r
 WHERE r.chain = 'bitcoin'
   AND r.state = 'broadcast'
@@ -74,6 +85,10 @@ RETURNING id
 """)
 _VERSION_SQL = text("INSERT INTO firm_tx_version (machine, row_id, txid, raw, fee, fee_rate) "
                     "VALUES ('cpfp', :i, :t, :raw, :f, :fr)")
+# The parent is a version of this rebalance the worker recorded (firm_tx_version: the worker's own
+# signature, or an imported cold PSBT that passed `Rebalances._checked_import` before it was sent).
+_RECORDED_SQL = text("SELECT 1 FROM firm_tx_version WHERE machine = 'rebalance' AND row_id = :r AND txid = :t")
+_INPUT_TIER_SQL = text("SELECT tier FROM btc_wallet_output WHERE txid = :t AND vout = :v")
 _ROW_SQL = text("""
 SELECT p.id, p.rebalance_id, p.parent_txid, p.parent_vout, p.txid, p.fee, r.raw AS parent_raw, r.fee AS parent_fee,
        r.state AS parent_state
@@ -145,6 +160,11 @@ class Cpfp(FirmMoves):
                 log.warning("rebalance %d: CPFP child refused: %s", r.id, refused)
                 self.refusals.append((r.id, refused.code.value))
                 continue
+            except SignerError as exc:
+                # the signer's own sanity limits (sign_batch: e.g. `fee_exceeds_maximum`) raise, not
+                # refuse: contained to this parent (a warning incident), the later parents go on
+                self._signer_error(r, exc)
+                continue
             except ChainError as exc:
                 log.warning("rebalance %d: CPFP not made now (%s); tried again next run", r.id, exc)
                 continue
@@ -154,25 +174,73 @@ class Cpfp(FirmMoves):
             self.broadcast()
         return new + super().bump_fees()
 
+    def _signer_error(self, r, exc: SignerError) -> None:
+        log.error("rebalance %d: CPFP child not signed, signer error: %s", r.id, exc)
+        self.refusals.append((r.id, exc.code.value))
+        with self.engine.begin() as c:
+            open_incident(c, "cpfp_signer_error", f"cpfp_signer_error:{r.id}:{r.txid}",
+                          {"rebalance_id": r.id, "txid": r.txid, "code": exc.code.value, "message": str(exc)},
+                          severity="warning")
+
+    def _node_parent(self, txid: str) -> tuple[bytes, ParsedTx, int, int] | None:
+        """The parent as the NODE has it in its mempool: (raw, parsed, vsize, fee), or None when it
+        is not there. Never the rebalance row's `raw`/`fee`: custody_api may rewrite those (an
+        imported PSBT's columns), and a padded witness keeps the txid but inflates the size, hence
+        the child's fee. The node holds the valid witness (the one it relays)."""
+        entry = self.bitcoin.mempool_entry(txid)
+        raw = self.bitcoin.raw_transaction(txid) if entry is not None else None
+        if entry is None or raw is None:
+            return None
+        parent = parse_transaction(raw)
+        if parent.txid != txid:
+            raise ChainError(f"the node's transaction for {txid} is {parent.txid}")
+        return raw, parent, int(entry.vsize), int(entry.fee)
+
+    def _ours(self, c: Connection, r, parent: ParsedTx) -> bool:
+        """Whether the parent is a move into hot this service made from the row's source tier: its
+        txid is a version of the row the worker recorded (`firm_tx_version`, never written by
+        custody_api), and every coin it spends is one the wallet index (`btc_wallet_output`, the
+        worker's) holds in that tier. custody_api may INSERT or rewrite a rebalance row naming any
+        transaction that pays the hot receive address (a sweep, a stranger's deposit): no child of
+        those is ever asked for."""
+        if c.execute(_RECORDED_SQL, {"r": r.id, "t": parent.txid}).first() is None:
+            return False
+        return all(c.execute(_INPUT_TIER_SQL, {"t": t, "v": v}).scalar() == r.source_tier for t, v in parent.inputs)
+
+    def _not_ours(self, r) -> None:
+        log.error("rebalance %d: %s is not a move of ours from %s into hot; no CPFP", r.id, r.txid, r.source_tier)
+        self.refusals.append((r.id, "unknown_input"))
+        with self.engine.begin() as c:
+            open_incident(c, "cpfp_parent_not_ours", f"cpfp_parent_not_ours:{r.id}:{r.txid}",
+                          {"rebalance_id": r.id, "txid": r.txid, "source_tier": r.source_tier}, severity="warning")
+
     def _first_child(self, r) -> str | None:
         tip = self.bitcoin.tip().height
         if not is_stuck(tip, r.broadcast_height, self.bump):
             return None
         if self.bitcoin.tx_status(r.txid, raw=bytes(r.raw)).state is not TxState.MEMPOOL:
             return None
-        parent = parse_transaction(bytes(r.raw))
+        node = self._node_parent(r.txid)
+        if node is None:
+            return None
+        raw, parent, parent_vsize, parent_fee = node
+        with self.engine.connect() as c:
+            ours = self._ours(c, r, parent)
+        if not ours:
+            self._not_ours(r)
+            return None
         vout = next((i for i, (amount, script) in enumerate(parent.outputs)
                      if script == self._hot_script and amount == int(r.amount)), None)
         if vout is None:
             log.error("rebalance %d: no output of %s pays %d sat to the hot receive address; no CPFP", r.id, r.txid,
                       int(r.amount))
             return None
-        parent_rate = int(r.fee) * 1000 // parent.vsize
+        parent_rate = parent_fee * 1000 // parent_vsize
         rate = bumped_rate(parent_rate, self.bump)
         if rate is None:
             self._ceiling(r.txid, "rebalance", r.id, parent_rate)
             return None
-        fee = child_fee(int(r.fee), parent.vsize, self.child_vsize, rate)
+        fee = child_fee(parent_fee, parent_vsize, self.child_vsize, rate)
         with self.engine.begin() as c:
             # the parent locked across the signer call: a second worker waits, then finds the child and stops
             current = c.execute(text("SELECT txid FROM rebalance WHERE id = :i AND state = 'broadcast' FOR NO KEY UPDATE"),
@@ -180,7 +248,7 @@ class Cpfp(FirmMoves):
             if current != r.txid or c.execute(text("SELECT 1 FROM rebalance_cpfp WHERE rebalance_id = :r"),
                                               {"r": r.id}).first() is not None:
                 return None
-            signed = self.signer.sign_bitcoin_cpfp(r.id, bytes(r.raw), vout, self.hot_address, fee)
+            signed = self.signer.sign_bitcoin_cpfp(r.id, raw, vout, self.hot_address, fee)
             child_id = c.execute(_INSERT_SQL, {"r": r.id, "pt": r.txid, "pv": vout, "a": parent.outputs[vout][0],
                                                "t": signed.txid, "raw": signed.raw, "f": signed.fee, "fr": rate}).scalar_one()
             c.execute(_VERSION_SQL, {"i": child_id, "t": signed.txid, "raw": signed.raw, "f": signed.fee, "fr": rate})
@@ -202,9 +270,12 @@ class Cpfp(FirmMoves):
         row = c.execute(_ROW_SQL, {"i": row_id}).one()
         if row.parent_state != "broadcast" or self.bitcoin.tx_status(row.parent_txid).state is not TxState.MEMPOOL:
             return None
-        parent = parse_transaction(bytes(row.parent_raw))
-        fee = child_fee(int(row.parent_fee), parent.vsize, self.child_vsize, rate, replaces_fee=int(row.fee))
-        signed = self.signer.sign_bitcoin_cpfp(row.rebalance_id, bytes(row.parent_raw), row.parent_vout, self.hot_address,
+        node = self._node_parent(row.parent_txid)  # the node's figures, never the row's (see _node_parent)
+        if node is None:
+            return None
+        raw, _, parent_vsize, parent_fee = node
+        fee = child_fee(parent_fee, parent_vsize, self.child_vsize, rate, replaces_fee=int(row.fee))
+        signed = self.signer.sign_bitcoin_cpfp(row.rebalance_id, raw, row.parent_vout, self.hot_address,
                                                fee, replaces_txid=row.txid)
         return signed, {}
 

@@ -492,11 +492,18 @@ def _varint_len(n: int) -> int:
 @dataclass(frozen=True, slots=True)
 class ParsedTx:
     """What the signer reads from a serialised transaction it did not build (a CPFP parent): its
-    txid (computed here from the bytes), virtual size and outputs (amount, script) in order."""
+    txid (computed here from the bytes), virtual size and outputs (amount, script) in order; the
+    outpoints its inputs spend (txid in display order, vout) in order; and `p2wpkh_vsize`, the
+    virtual size the same transaction has at most when every input is a P2WPKH spend with a
+    low-S signature (its non-witness bytes, which the txid commits to, plus `P2WPKH_INPUT_WEIGHT`'s
+    witness part per input). The witness is not covered by the txid: whoever sends the bytes can
+    pad it without changing the txid, so `vsize` alone is no bound on the real transaction's size."""
 
     txid: str
     vsize: int
     outputs: tuple[tuple[int, bytes], ...]
+    inputs: tuple[tuple[str, int], ...] = ()
+    p2wpkh_vsize: int = 0
 
 
 def parse_transaction(raw: bytes) -> ParsedTx:
@@ -528,8 +535,10 @@ def parse_transaction(raw: bytes) -> ParsedTx:
     n_in = varint()
     if n_in == 0 or n_in > len(raw):
         raise SignerError(SignerErrorCode.INVALID_INPUT, "the transaction has no inputs")
+    inputs = []
     for _ in range(n_in):
-        take(36)
+        outpoint = take(36)
+        inputs.append((outpoint[:32][::-1].hex(), int.from_bytes(outpoint[32:], "little")))
         take(varint())
         take(4)
     n_out = varint()
@@ -549,4 +558,6 @@ def parse_transaction(raw: bytes) -> ParsedTx:
         raise SignerError(SignerErrorCode.INVALID_INPUT, "bytes trail the transaction")
     stripped = version + raw[body_start:body_end] + locktime
     weight = 3 * len(stripped) + len(raw)
-    return ParsedTx(_sha256d(stripped)[::-1].hex(), (weight + 3) // 4, tuple(outputs))
+    p2wpkh_weight = 4 * len(stripped) + _SEGWIT_MARKER_WEIGHT + n_in * (P2WPKH_INPUT_WEIGHT - 41 * 4)
+    return ParsedTx(_sha256d(stripped)[::-1].hex(), (weight + 3) // 4, tuple(outputs), tuple(inputs),
+                    (p2wpkh_weight + 3) // 4)

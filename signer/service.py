@@ -625,7 +625,9 @@ class Signer:
         (computed here) is the row's, and its output `parent_vout` pays the hot receive address
         derived from the signer's OWN hot key (`unknown_input`); `destination` is that address and
         the child's output is not dust (`output_mismatch`); the fee is positive and at most the
-        ceiling rate over parent + child (`fee_above_ceiling`); then its own record (`signer_cpfp`):
+        ceiling rate over parent + child (`fee_above_ceiling`; the parent's size counted is at most
+        what its txid-covered bytes allow with P2WPKH inputs, `ParsedTx.p2wpkh_vsize`, so a padded
+        witness, which keeps the txid, does not raise the ceiling); then its own record (`signer_cpfp`):
         one child per parent output (a new child where one is recorded: `already_signed`, unless
         it is the same fee again, a lost reply, answered with the same transaction); a replacement
         names the latest child recorded for that output (`replacement_unknown` otherwise) and pays
@@ -656,7 +658,11 @@ class Signer:
             value = parent.outputs[parent_vout][0]
             if destination != hot:
                 raise SigningRefused(RefusalCode.output_mismatch, "a CPFP child pays only the hot wallet's receive address")
-            cap = fee_for(parent.vsize + estimate_vsize(1, [hot_script]), self.max_fee_rate_sat_per_kvb)
+            # the parent's size as the ceiling counts it: never above what its non-witness bytes (which
+            # the txid commits to) allow with P2WPKH inputs, the only kind our wallets spend. The sent
+            # witness is not covered by the txid: padded, it would raise `parent.vsize` and the ceiling.
+            parent_vsize = min(parent.vsize, parent.p2wpkh_vsize)
+            cap = fee_for(parent_vsize + estimate_vsize(1, [hot_script]), self.max_fee_rate_sat_per_kvb)
             if type(fee) is not int or not 0 < fee <= cap:
                 raise SigningRefused(RefusalCode.fee_above_ceiling,
                                      f"fee {fee} sat is outside 1..{cap} for the parent and its child")

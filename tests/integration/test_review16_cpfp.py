@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 
 from signer.bitcoin_tx import address_to_script, estimate_vsize, fee_for, parse_transaction
+from signer.errors import SignerError, SignerErrorCode
 from signer.protocol import SigningRefused
 from signer.service import Signer
-from tests.integration.test_signer_cpfp import AMOUNT, KEYS, db, hot, parent_move  # noqa: F401 - fixtures
+from tests.integration.test_signer_cpfp import AMOUNT, KEYS, PARENT_FEE, db, hot, parent_move  # noqa: F401 - fixtures
 
 RATE = 100_000  # sat/kvB: 100 sat/vB ceiling
 
@@ -42,7 +43,6 @@ def padded(raw: bytes, pad: int) -> bytes:
     return out
 
 
-@pytest.mark.xfail(strict=True, reason="R2-1: CPFP fee ceiling grows with a padded parent witness (txid unchanged)")
 def test_cpfp_fee_ceiling_is_not_raised_by_a_padded_parent_witness(db, hot):  # noqa: F811
     eng, ledger = db
     signer = Signer(eng, KEYS, bitcoin_network="regtest", max_fee_rate_sat_per_kvb=RATE)
@@ -64,7 +64,18 @@ def test_cpfp_fee_ceiling_is_not_raised_by_a_padded_parent_witness(db, hot):  # 
 
 
 class _StuckChain:
-    """The node as the CPFP job asks it: the tip far past the parent's broadcast, the parent in the mempool."""
+    """The node as the CPFP job asks it: the tip far past the parent's broadcast, the parent in the
+    mempool, as the node holds it: `parent` (its real bytes) paying `fee` sat."""
+
+    def __init__(self, parent: bytes, fee: int = PARENT_FEE) -> None:
+        self.parent, self.fee = parent, fee
+
+    def mempool_entry(self, txid):
+        parsed = parse_transaction(self.parent)
+        return type("Entry", (), {"txid": txid, "vsize": parsed.vsize, "fee": self.fee})() if parsed.txid == txid else None
+
+    def raw_transaction(self, txid):
+        return self.parent if parse_transaction(self.parent).txid == txid else None
 
     def tip(self):
         return type("Tip", (), {"height": 1_000})()
@@ -74,8 +85,22 @@ class _StuckChain:
         return TxStatus(txid, TxState.MEMPOOL)
 
 
-@pytest.mark.xfail(strict=True, reason="R2-2: custody_api rewrites rebalance.raw/fee; the worker's CPFP job then gets a "
-                                       "child signed far above the real parent's ceiling")
+def ours(eng, rid: int, raw: bytes, tier: str = "cold") -> None:
+    """What the worker holds for a real move of ours from `tier` into hot: the coins the parent
+    spends in the wallet index (`tier`), and the parent as a version of the row it recorded before
+    sending it (firm_tx_version). Without them the CPFP job asks for no child at all (R2-4)."""
+    from bitcoin.core import CTransaction, b2lx
+    from sqlalchemy import text
+    parent = parse_transaction(raw)
+    with eng.begin() as c:
+        for txid, vout in [(b2lx(i.prevout.hash), i.prevout.n) for i in CTransaction.deserialize(raw).vin]:
+            c.execute(text("INSERT INTO btc_wallet_output (txid, vout, address, tier, derivation_change, derivation_index, "
+                           "amount, block_height, block_hash) VALUES (:t, :v, 'a-coin-of-ours', :tier, 0, 0, :a, 1, :b)"),
+                      {"t": txid, "v": vout, "tier": tier, "a": AMOUNT + 50_000 + PARENT_FEE, "b": "00" * 32})
+        c.execute(text("INSERT INTO firm_tx_version (machine, row_id, txid, raw, fee, fee_rate) "
+                       "VALUES ('rebalance', :r, :t, :raw, :f, 1000)"), {"r": rid, "t": parent.txid, "raw": raw, "f": PARENT_FEE})
+
+
 def test_api_rewrite_of_a_stuck_parent_makes_the_worker_burn_hot_coins_in_fees(db, hot):  # noqa: F811
     from custody.cpfp import _PARENTS_SQL, Cpfp
     from custody.firm_moves import BumpConfig
@@ -85,6 +110,7 @@ def test_api_rewrite_of_a_stuck_parent_makes_the_worker_burn_hot_coins_in_fees(d
     eng, ledger = db
     signer = Signer(eng, KEYS, bitcoin_network="regtest")  # default ceiling 500 sat/vB
     rid, raw, vout = parent_move(eng, hot)  # a legitimately stuck cold -> hot move
+    ours(eng, rid, raw)
     hot_script = address_to_script(hot, "regtest")
     real_cap = fee_for(parse_transaction(raw).vsize + estimate_vsize(1, [hot_script]), signer.max_fee_rate_sat_per_kvb)
     # custody_api's grant: rebalance UPDATE (state, containment, updated_at, txid, raw, fee); same txid, padded witness
@@ -92,7 +118,7 @@ def test_api_rewrite_of_a_stuck_parent_makes_the_worker_burn_hot_coins_in_fees(d
         c.execute(text("SET LOCAL ROLE custody_api"))
         c.execute(text("UPDATE rebalance SET raw = :raw, fee = 1800000 WHERE id = :r"),
                   {"raw": padded(raw, 400_000), "r": rid})
-    cpfp = Cpfp(eng, ledger, Wallets(eng, ledger), _StuckChain(), signer, hot_address=hot, network="regtest",
+    cpfp = Cpfp(eng, ledger, Wallets(eng, ledger), _StuckChain(raw), signer, hot_address=hot, network="regtest",
                 bump=BumpConfig())
     with eng.connect() as c:
         [r] = [p for p in c.execute(_PARENTS_SQL).all() if p.id == rid]
@@ -103,32 +129,47 @@ def test_api_rewrite_of_a_stuck_parent_makes_the_worker_burn_hot_coins_in_fees(d
     with eng.connect() as c:
         fees = [int(f) for f in c.execute(text("SELECT fee FROM rebalance_cpfp WHERE rebalance_id = :r"), {"r": rid}).scalars()]
     assert all(f <= real_cap for f in fees), f"child fee {fees} sat; the real parent allows at most {real_cap}"
+    assert len(fees) == 1, "the real stuck parent (the node's bytes and fee) gets its child"
     ledger.assert_verified()
 
 
-@pytest.mark.xfail(strict=True, reason="R2-3: a CPFP child above sign_batch's absolute rate limit raises SignerError, "
-                                       "unaudited and uncaught by the CPFP job (which then fails every run)")
-def test_an_api_fee_lie_is_a_refusal_not_a_crash_of_the_cpfp_job(db, hot):  # noqa: F811
+class _FailingSigner:
+    """A signer whose CPFP signing raises SignerError (as sign_batch's own absolute rate limit,
+    `fee_exceeds_maximum`, does instead of a refusal)."""
+
+    def __init__(self, signer: Signer) -> None:
+        self.signer = signer
+
+    def sign_bitcoin_cpfp(self, *args, **kwargs):
+        raise SignerError(SignerErrorCode.FEE_EXCEEDS_MAXIMUM, "fee above the absolute sanity limit")
+
+
+def test_a_signer_error_is_contained_to_its_parent_not_a_crash_of_the_cpfp_job(db, hot):  # noqa: F811
+    """R2-3: a SignerError from the signer (not a SigningRefused) escaped Cpfp.bump_fees and stopped
+    every later parent, on every run. Now it is recorded for its parent, with a warning incident."""
+    from custody.controls import kill_switch
     from custody.cpfp import Cpfp
     from custody.firm_moves import BumpConfig
     from custody.wallets import Wallets
     from sqlalchemy import text
 
     eng, ledger = db
-    signer = Signer(eng, KEYS, bitcoin_network="regtest")
+    signer = _FailingSigner(Signer(eng, KEYS, bitcoin_network="regtest"))
     rid, raw, vout = parent_move(eng, hot)
-    with eng.begin() as c:
-        c.execute(text("SET LOCAL ROLE custody_api"))
-        c.execute(text("UPDATE rebalance SET raw = :raw, fee = 3000000 WHERE id = :r"), {"raw": padded(raw, 400_000), "r": rid})
-    cpfp = Cpfp(eng, ledger, Wallets(eng, ledger), _StuckChain(), signer, hot_address=hot, network="regtest", bump=BumpConfig())
-    cpfp.bump_fees()  # a refusal is logged and kept in cpfp.refusals; the job goes on
-    assert [code for r, code in cpfp.refusals if r == rid], "no refusal recorded"
+    ours(eng, rid, raw)
+    cpfp = Cpfp(eng, ledger, Wallets(eng, ledger), _StuckChain(raw), signer, hot_address=hot, network="regtest",
+                bump=BumpConfig())
+    assert cpfp.bump_fees() == []  # contained: the job goes on
+    assert (rid, "fee_exceeds_maximum") in cpfp.refusals
+    with eng.connect() as c:
+        kinds = c.execute(text("SELECT kind, severity FROM incident WHERE detail->>'rebalance_id' = :r"),
+                          {"r": str(rid)}).all()
+        assert c.execute(text("SELECT count(*) FROM rebalance_cpfp WHERE rebalance_id = :r"), {"r": rid}).scalar_one() == 0
+    assert [(k.kind, k.severity) for k in kinds] == [("cpfp_signer_error", "warning")]
+    assert not kill_switch(eng).engaged
     ledger.assert_verified()
 
 
-@pytest.mark.xfail(strict=True, reason="R2-5: custody_api INSERTs a 'broadcast' rebalance into hot naming any pending "
-                                       "transaction that pays the hot receive address (a sweep); the worker gets a CPFP child "
-                                       "of it signed")
 def test_a_rebalance_row_inserted_by_the_api_role_gets_no_child(db, hot):  # noqa: F811
     from custody.cpfp import _PARENTS_SQL, Cpfp
     from custody.firm_moves import BumpConfig
@@ -148,7 +189,8 @@ def test_a_rebalance_row_inserted_by_the_api_role_gets_no_child(db, hot):  # noq
             "amount, fee, change_amount, fee_rate, spendable, ceiling, target, txid, raw, broadcast_height) "
             "VALUES ('bitcoin', 'BTC', 'cold', 'hot', 'broadcast', :d, 0, :a, 300, 0, 1000, 0, 1, 0, :t, :raw, 1) RETURNING id"),
             {"d": hot, "a": AMOUNT, "t": sweep.txid, "raw": sweep.raw}).scalar_one()
-    cpfp = Cpfp(eng, ledger, Wallets(eng, ledger), _StuckChain(), signer, hot_address=hot, network="regtest", bump=BumpConfig())
+    cpfp = Cpfp(eng, ledger, Wallets(eng, ledger), _StuckChain(sweep.raw), signer, hot_address=hot, network="regtest",
+                bump=BumpConfig())
     with eng.connect() as c:
         [r] = [p for p in c.execute(_PARENTS_SQL).all() if p.id == rid]
     try:
@@ -158,4 +200,5 @@ def test_a_rebalance_row_inserted_by_the_api_role_gets_no_child(db, hot):  # noq
     with eng.connect() as c:
         children = c.execute(text("SELECT txid, fee FROM rebalance_cpfp WHERE rebalance_id = :r"), {"r": rid}).all()
     assert children == [], f"a child of a transaction no rebalance made was signed: {children}"
+    assert (rid, "unknown_input") in cpfp.refusals
     ledger.assert_verified()

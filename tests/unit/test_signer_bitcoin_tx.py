@@ -492,6 +492,26 @@ def test_parse_transaction_reads_what_sign_batch_wrote():
     assert all(script[:2] == b"\x00\x14" and len(script) == 22 for _, script in parsed.outputs)
 
 
+def test_parse_transaction_bounds_the_size_by_the_txid_covered_bytes():
+    """`p2wpkh_vsize` (the CPFP ceiling's parent size, R2-1) is at least the real size of a
+    P2WPKH-spending transaction, and does not grow with a padded witness that keeps the txid."""
+    from signer.bitcoin_tx import PayOutput, SpendInput, parse_transaction, sign_batch
+
+    key = bytes(31) + b"\x07"
+    for n in (1, 2, 5):
+        signed = sign_batch([SpendInput(f"{i:064x}", i, 100_000, key) for i in range(n)],
+                            [PayOutput("bcrt1qw508d6qejxtdg4y5r3zarvary0c5xw7kygt080", 60_000)], "regtest", change=None)
+        parsed = parse_transaction(signed.raw)
+        assert parsed.vsize <= parsed.p2wpkh_vsize <= parsed.vsize + n  # at most a byte per input above a real one
+        assert parsed.inputs == tuple((f"{i:064x}", i) for i in range(n))
+        tx = CTransaction.deserialize(signed.raw)
+        body = tx.serialize({"include_witness": False})
+        fat = body[:4] + b"\x00\x01" + body[4:-4] + (b"\x01\xfd\x10\x27" + bytes(10_000)) * n + body[-4:]
+        padded = parse_transaction(fat)
+        assert padded.txid == parsed.txid and padded.vsize > parsed.vsize + 2_000 * n
+        assert padded.p2wpkh_vsize == parsed.p2wpkh_vsize
+
+
 def test_parse_transaction_reads_a_legacy_transaction_and_refuses_anything_else():
     from signer.bitcoin_tx import parse_transaction
     from signer.errors import SignerError, SignerErrorCode
