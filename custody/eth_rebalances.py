@@ -347,7 +347,8 @@ class EthRebalances(EthMoves):
                 raise CustodyError(CustodyErrorCode.invalid_state, f"refill {rebalance_id} is {row.state}", state=row.state)
             store_refill_approval(c, "eth_rebalance_approval", MACHINE, rebalance_id, self.approvers, operator, _payload(row),
                                   signature)
-            return counted_refill_approvals(c, "eth_rebalance_approval", rebalance_id, self.approvers)
+            return counted_refill_approvals(c, "eth_rebalance_approval", rebalance_id, self.approvers,
+                                            ttl=self.config.refill_ttl)
 
     # ---- hot over its ceiling -----------------------------------------------------------------
 
@@ -436,7 +437,8 @@ class EthRebalances(EthMoves):
     def _sign_refill(self, c: Connection, row, chain_id: int) -> str | None:
         """A refill, once `approvals_required` distinct operators signed it (custody's count; the
         signer counts again itself), at the warm address's next nonce (module docstring)."""
-        approvals = counted_refill_approvals(c, "eth_rebalance_approval", row.id, self.approvers)
+        approvals = counted_refill_approvals(c, "eth_rebalance_approval", row.id, self.approvers,
+                                             ttl=self.config.refill_ttl)
         if expire_refill(c, MACHINE, row.id, self.config.refill_ttl, approvals, int(row.approvals_required)):
             return None  # the next decide() opens a fresh refill if hot is still below its floor
         if approvals < int(row.approvals_required):

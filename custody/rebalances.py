@@ -32,8 +32,9 @@ Steps, as jobs (`run_once()` runs them in order; each is also callable alone):
   coins, outputs and fee, and deterministic (RFC 6979) signatures give the same txid. A refill
   is sent to the signer only once `approvals_required` distinct operators signed its payload
   (`approve_refill`, checked at the door as a withdrawal approval is), counting only approvals
-  whose key still counts now (`counted_refill_approvals`: a key revoked or removed after it
-  approved does not); the signer counts them again itself against its own keys and refuses with
+  whose key still counts now and that were given before the refill's TTL ran out
+  (`counted_refill_approvals`: a key revoked or removed after it approved does not, nor an approval
+  stored late past the door); the signer counts them again itself against its own keys and refuses with
   `rebalance_not_approved` otherwise. A refill still short of its quorum `refill_ttl` (policy
   data, PolicySet.refill_ttl) after it was opened expires (`expire_refill`: open -> expired,
   audited; its warm coins free again) and late approvals are `refill_expired`; while hot is still
@@ -312,7 +313,7 @@ class Rebalances(FirmMoves):
 
     def _approvals(self, c: Connection, rebalance_id: int) -> int:
         """Distinct operators whose approval still counts (`counted_refill_approvals`)."""
-        return counted_refill_approvals(c, "rebalance_approval", rebalance_id, self.approvers)
+        return counted_refill_approvals(c, "rebalance_approval", rebalance_id, self.approvers, ttl=self.config.refill_ttl)
 
     @staticmethod
     def _coins(c: Connection, rebalance_id: int, source_tier: str) -> list[BtcCoin]:
@@ -684,12 +685,28 @@ def expire_refill(c: Connection, machine: str, rebalance_id: int, ttl: dt.timede
     return True
 
 
-def counted_refill_approvals(c: Connection, table: str, rebalance_id: int, approvers: ApproverRegistry | None) -> int:
-    """How many distinct operators approved refill `rebalance_id` (rows of `table`) with a key that
-    still counts now (custody.withdrawals `live_approvers`: in `approvers`, the operator's own, a
-    console credential still active): what the worker compares with `approvals_required` before it
-    asks the signer, so a key revoked after it approved no longer makes up a quorum."""
-    rows = c.execute(text(f"SELECT operator, key_id FROM {table} WHERE rebalance_id = :r"), {"r": rebalance_id}).all()
+_APPROVED = {"rebalance_approval": "rebalance", "eth_rebalance_approval": "eth_rebalance"}  # approvals -> refills
+
+
+def counted_refill_approvals(c: Connection, table: str, rebalance_id: int, approvers: ApproverRegistry | None, *,
+                             ttl: dt.timedelta) -> int:
+    """How many distinct operators approved refill `rebalance_id` (rows of `table`) in time with a
+    key that still counts now (custody.withdrawals `live_approvers`: in `approvers`, the operator's
+    own, a console credential still active): what the worker compares with `approvals_required`
+    before it asks the signer, so a key revoked after it approved no longer makes up a quorum.
+
+    In time: stamped (`at`) before the refill's `created_at + ttl`, the very bound the door applies
+    (`refuse_late_approval`: refused from `ttl` on), both stamps the database's clock (migration
+    0049 forces them on INSERT and keeps `created_at` from moving). The door is not enough:
+    custody_api may INSERT approval rows directly and set an expired bitcoin refill back to `open`,
+    so a late approval stored past the door, on a refill the worker has not expired yet or one put
+    back, never completes a quorum and the refill expires at the worker's pass instead of being
+    signed. An approval given in time still counts after the TTL (a refill whose quorum was met in
+    time is signed, never expired)."""
+    refills = _APPROVED[table]
+    rows = c.execute(text(f"SELECT a.operator, a.key_id FROM {table} a JOIN {refills} r ON r.id = a.rebalance_id "
+                          "WHERE a.rebalance_id = :r AND a.at < r.created_at + :ttl"),
+                     {"r": rebalance_id, "ttl": ttl}).all()
     return len(live_approvers(c, approvers, [(r.operator, r.key_id) for r in rows]))
 
 

@@ -18,8 +18,6 @@ from tests.approvers import sign_approval
 from tests.integration.test_refill_approval_keys import KEYS, TTL, age, btc_refill, env, refused, state  # noqa: F401 - fixture
 
 
-@pytest.mark.xfail(strict=True, reason="R2-4: custody_api un-expires a bitcoin refill and stores a late approval; "
-                                       "the worker claims it for signing past its TTL")
 def test_a_late_approval_written_by_the_api_role_does_not_complete_an_expired_refill(env):  # noqa: F811
     engine, _, btc, _, _ = env
     rebalance_id = btc_refill(engine)
@@ -49,8 +47,6 @@ def test_a_late_approval_written_by_the_api_role_does_not_complete_an_expired_re
             c.execute(text("UPDATE rebalance SET state = 'abandoned' WHERE id = :r AND state = 'open'"), {"r": rebalance_id})
 
 
-@pytest.mark.xfail(strict=True, reason="R2-6: between the TTL and the worker's next pass custody_api stores a late "
-                                       "approval of an ethereum refill directly; the worker then asks the signer")
 def test_a_late_ethereum_approval_written_by_the_api_role_is_not_counted(env):  # noqa: F811
     from tests.integration.test_refill_approval_keys import eth_refill
 
@@ -73,3 +69,43 @@ def test_a_late_ethereum_approval_written_by_the_api_role_is_not_counted(env):  
     finally:
         with engine.begin() as c:
             c.execute(text("UPDATE eth_rebalance SET state = 'expired' WHERE id = :r AND state = 'open'"), {"r": rebalance_id})
+
+
+def test_the_stamps_a_refill_expires_by_are_the_databases(env):  # noqa: F811
+    """Migration 0049: an approval's `at` and a refill's `created_at` are now() whatever the inserter
+    wrote (custody_api may INSERT both), and no process role moves `created_at` afterwards."""
+    engine, _, btc, _, _ = env
+    rebalance_id = btc_refill(engine)
+    payload = btc.refill_payload(rebalance_id)
+    early = sign_approval(payload, "op-bob")
+    for table in ("rebalance_approval", "eth_rebalance_approval"):
+        target = rebalance_id if table == "rebalance_approval" else _eth_refill(engine)
+        with engine.begin() as c:
+            c.execute(text("SET LOCAL ROLE custody_api"))
+            stamped = c.execute(text(
+                f"INSERT INTO {table} (rebalance_id, operator, key_id, scheme, signed_payload, signature, at) "
+                "VALUES (:r, 'op-bob', :k, :s, :p, :sig, now() - interval '2 days') RETURNING at = now()"),
+                {"r": target, "k": early.key_id, "s": early.scheme, "p": payload, "sig": early.signature}).scalar_one()
+        assert stamped, f"{table}: custody_api back-dated an approval"
+    with engine.begin() as c:  # any inserter: the default was now() already, an explicit value is overwritten
+        created_now = c.execute(text(
+            "INSERT INTO rebalance (chain, asset, source_tier, destination_tier, state, destination, destination_index, amount, "
+            "fee, change_amount, fee_rate, spendable, ceiling, target, floor, approvals_required, created_at) VALUES "
+            "('bitcoin', 'BTC', 'warm', 'hot', 'abandoned', 'x', 0, 1, 1, 0, 1, 0, 5, 2, 1, 2, now() + interval '1 day') "
+            "RETURNING created_at = now()")).scalar_one()
+    assert created_now, "a refill was stored with a creation stamp of the inserter's choice"
+    for role, refused_with in (("custody_api", "42501"), ("custody_worker", "23001")):  # no column grant / 0049's trigger
+        for table, row_id in (("rebalance", rebalance_id), ("eth_rebalance", _eth_refill(engine))):
+            with pytest.raises(Exception) as exc, engine.begin() as c:
+                c.execute(text(f"SET LOCAL ROLE {role}"))
+                c.execute(text(f"UPDATE {table} SET created_at = created_at + interval '1 day' WHERE id = :r"), {"r": row_id})
+            sqlstate = getattr(exc.value.orig, "sqlstate", None)  # type: ignore[attr-defined]
+            assert sqlstate == refused_with, f"{role} moved {table}.created_at ({exc.value})"
+    with engine.begin() as c:
+        c.execute(text("UPDATE rebalance SET state = 'abandoned' WHERE id = :r AND state = 'open'"), {"r": rebalance_id})
+
+
+def _eth_refill(engine) -> int:
+    from tests.integration.test_refill_approval_keys import eth_refill
+
+    return eth_refill(engine)
