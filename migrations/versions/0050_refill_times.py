@@ -1,7 +1,7 @@
 """A refill's and its approvals' time stamps are the database's, and stay (review 16, R2-5/R2-6).
 
-Revision ID: 0049_refill_times
-Revises: 0048_set_based_triggers
+Revision ID: 0050_refill_times
+Revises: 0049_role_hardening
 
 Why: a refill expires `refill_ttl` after `created_at` (custody.rebalances `refuse_late_approval`,
 `expire_refill`), and the worker now counts towards a refill's quorum only the approvals stamped
@@ -29,8 +29,8 @@ No grant changes and no table is added.
 """
 from alembic import op
 
-revision = "0049_refill_times"
-down_revision = "0048_set_based_triggers"
+revision = "0050_refill_times"
+down_revision = "0049_role_hardening"
 branch_labels = None
 depends_on = None
 
@@ -85,6 +85,8 @@ DROP FUNCTION custody_refill_created_now();
 
 def upgrade() -> None:
     op.execute(UPGRADE)
+    # the procedure (0049) takes EXECUTE on the new trigger functions away from the process roles
+    op.execute("CALL custody_apply_role_grants()")
 
 
 def downgrade() -> None:
