@@ -53,6 +53,7 @@ from chain_adapters.base import TxState
 from chain_adapters.errors import ChainError
 from chain_adapters.ethereum import EthereumAdapter
 from custody.controls import audit, kill_switch, open_incident
+from custody.firm_moves import live_version
 from custody.states import IllegalTransition, advance
 from custody.wallets import Wallets
 from ledger.service import Ledger
@@ -273,14 +274,7 @@ class EthMoves:
         one in the mempool; (None, None) when there is none."""
         with self.engine.connect() as c:
             versions = c.execute(_OTHER_VERSIONS_SQL, {"m": table, "r": r.id, "t": r.txid}).all()
-        pending = None
-        for v in versions:
-            state = self.ethereum.tx_status(v.txid, raw=bytes(v.raw)).state
-            if state is TxState.CONFIRMED:
-                return v, state
-            if state is TxState.MEMPOOL and pending is None:
-                pending = v
-        return (pending, TxState.MEMPOOL) if pending is not None else (None, None)
+        return live_version(versions, self.ethereum)
 
     def _follow(self, table: str, r, v):
         """Make version `v` the row's: its txid, raw and fees are what is tracked and booked from now.

@@ -225,14 +225,7 @@ class FirmMoves:
             versions = c.execute(text("SELECT id, txid, raw, fee, fee_rate FROM firm_tx_version WHERE machine = :m "
                                       "AND row_id = :r AND txid <> :t ORDER BY id DESC"),
                                  {"m": self.machine, "r": r.id, "t": r.txid}).all()
-        pending = None
-        for v in versions:
-            state = self.bitcoin.tx_status(v.txid, raw=bytes(v.raw)).state
-            if state is TxState.CONFIRMED:
-                return v, state
-            if state is TxState.MEMPOOL and pending is None:
-                pending = v
-        return (pending, TxState.MEMPOOL) if pending is not None else (None, None)
+        return live_version(versions, self.bitcoin)
 
     def _follow(self, r, v) -> None:
         """Make version `v` the row's: its txid, raw and fee are what is tracked and booked from now."""
@@ -313,6 +306,20 @@ class FirmMoves:
         run does the failed step (sign again the same open row, record the broadcast, track and
         book at finality) exactly once (custody.containment)."""
         return retry(self.engine, self.machine, row_id, by=by, comment=comment)
+
+
+def live_version(versions, chain: ChainAdapter) -> tuple:
+    """Of `versions` (rows with txid and raw, newest first), the one the chain holds, with its
+    state: a mined one first, else the first in the mempool; (None, None) when there is none.
+    Bitcoin moves (`FirmMoves`) and ethereum moves (custody.eth_moves) follow versions alike."""
+    pending = None
+    for v in versions:
+        state = chain.tx_status(v.txid, raw=bytes(v.raw)).state
+        if state is TxState.CONFIRMED:
+            return v, state
+        if state is TxState.MEMPOOL and pending is None:
+            pending = v
+    return (pending, TxState.MEMPOOL) if pending is not None else (None, None)
 
 
 def unbooked(c: Connection, machine: str) -> list:
