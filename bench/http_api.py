@@ -26,9 +26,14 @@ Cases (each request a real one, with a new idempotency key, as the exchange back
 the market, the others forward its orders to it) and spreads the clients over them round-robin; the
 CPU per request is then the sum over all api processes.
 
-Clients are threads of this process, one `httpx.Client` (one keep-alive connection) each; the
-client, the server and PostgreSQL share this machine's cores, so the load average is printed with
-every line. Per line: requests/s, p50 and p99 latency, the api process's CPU per request (utime +
+Clients (`--client`): `raw` (the default) is one coroutine per client on one uvloop event loop
+in this process, each with its own keep-alive HTTP/1.1 connection, writing the request's bytes
+and reading the answer's status line, headers and Content-Length body itself (`RawConnection`):
+about 30-60 us of client CPU per request, so the client leaves the two cores to the server and the
+database. `httpx` is a thread of this process per client with one `httpx.Client` each, as the
+backend's Python client would be (several hundred us of client CPU per request, and the threads
+share one GIL). The client, the server and PostgreSQL share this machine's cores, so the load
+average is printed with every line. Per line: requests/s, p50 and p99 latency, the api process's CPU per request (utime +
 stime from /proc/<pid>/stat before and after the run, in ms), the 1-minute load average, and where
 the rest of the machine's CPU per request went: `db CPU` (the PostgreSQL server processes of the
 bench database's connections, the same way) and `client CPU` (this process: the httpx clients). A
@@ -38,6 +43,7 @@ At the end the ledger's self-checks run (`Ledger.verify()`); any failed check ex
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import os
@@ -56,6 +62,7 @@ from typing import Iterator
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository's packages
 
 import httpx  # noqa: E402
+import uvloop  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
 from custody.auth import create_api_key  # noqa: E402
@@ -115,6 +122,103 @@ class Result:
         return seconds / self.requests * 1000
 
 
+class RawConnection:
+    """One keep-alive HTTP/1.1 connection, the bench's lean client: the request is written as bytes,
+    the answer read as a status line, headers and a Content-Length body (what uvicorn sends for
+    every JSON answer; a chunked answer is refused as an invalid run)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str, key: str) -> None:
+        self.reader, self.writer = reader, writer
+        self.head = f"Host: {host}\r\nX-API-Key: {key}\r\n".encode()
+
+    @classmethod
+    async def open(cls, base: str, key: str) -> "RawConnection":
+        url = httpx.URL(base)
+        reader, writer = await asyncio.open_connection(url.host, url.port)
+        return cls(reader, writer, f"{url.host}:{url.port}", key)
+
+    async def request(self, method: str, path: str, body: object = None) -> tuple[int, bytes]:
+        if body is None:
+            data = b""
+            head = f"{method} {path} HTTP/1.1\r\n".encode() + self.head + b"\r\n"
+        else:
+            data = json.dumps(body, separators=(",", ":")).encode()
+            head = (f"{method} {path} HTTP/1.1\r\n".encode() + self.head
+                    + f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode())
+        self.writer.write(head + data)
+        lines = (await self.reader.readuntil(b"\r\n\r\n")).split(b"\r\n")
+        status = int(lines[0].split(b" ", 2)[1])
+        length = None
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            if name.lower() == b"content-length":
+                length = int(value)
+            elif name.lower() == b"transfer-encoding":
+                raise BenchError(f"{method} {path}: a chunked answer (the raw client reads Content-Length bodies)")
+        if length is None:
+            raise BenchError(f"{method} {path}: {status} without Content-Length")
+        return status, await self.reader.readexactly(length)
+
+    async def expect(self, method: str, path: str, body: object, *statuses: int) -> dict:
+        status, data = await self.request(method, path, body)
+        if status not in statuses:
+            raise BenchError(f"{method} {path}: {status} {data[:500]!r}")
+        return json.loads(data)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def _single_body(world: World, rng: random.Random, key: str) -> dict:
+    a, b = rng.sample(world.accounts, 2)
+    return {"idempotency_key": key, "transfers": [{"debit_account_id": a, "credit_account_id": b, "amount": "0.000001"}]}
+
+
+def _batch_body(world: World, rng: random.Random, key: str) -> dict:
+    transfers = []
+    for _ in range(100):
+        a, b = rng.sample(world.accounts, 2)
+        transfers.append({"debit_account_id": a, "credit_account_id": b, "amount": "0.000001"})
+    return {"idempotency_key": key, "transfers": transfers}
+
+
+def _order_body(world: World, rng: random.Random, key: str) -> tuple[str, dict]:
+    trader = rng.choice(world.traders)
+    side = rng.choice(("buy", "sell"))
+    # buys at 59,995-60,004 and sells at 59,996-60,005: about half of them cross the other side
+    price = 59_995 + rng.randrange(10) + (1 if side == "sell" else 0)
+    return trader, {"account": trader, "client_order_id": key.replace(":", "-"), "side": side, "qty": "0.01",
+                    "price": str(price)}
+
+
+async def _single_raw(conn: RawConnection, world: World, rng: random.Random, run: str, n: int) -> int:
+    await conn.expect("POST", "/v1/transactions", _single_body(world, rng, f"{run}:{n}"), 201)
+    return 1
+
+
+async def _batch_raw(conn: RawConnection, world: World, rng: random.Random, run: str, n: int) -> int:
+    await conn.expect("POST", "/v1/transactions", _batch_body(world, rng, f"{run}:{n}"), 201)
+    return 1
+
+
+async def _health_raw(conn: RawConnection, world: World, rng: random.Random, run: str, n: int) -> int:
+    await conn.expect("GET", "/health/live", None, 200)
+    return 1
+
+
+async def _order_raw(conn: RawConnection, world: World, rng: random.Random, run: str, n: int) -> int:
+    trader, body = _order_body(world, rng, f"{run}:{n}")
+    order = await conn.expect("POST", f"/v1/markets/{SYMBOL}/orders", body, 201)
+    if order["state"] in ("working", "partially_filled") and rng.random() < 1 / 3:
+        await conn.expect("POST", f"/v1/markets/{SYMBOL}/orders/{order['order_id']}/cancel", {"account": trader},
+                          200, 409)  # 409 order_not_open: another client's order filled it meanwhile
+        return 2
+    return 1
+
+
+RAW_CASES = {"health": _health_raw, "single": _single_raw, "batch100": _batch_raw, "orders": _order_raw}
+
+
 def _expect(r: httpx.Response, *statuses: int) -> dict:
     if r.status_code not in statuses:
         raise BenchError(f"{r.request.method} {r.request.url.path}: {r.status_code} {r.text[:500]}")
@@ -122,18 +226,12 @@ def _expect(r: httpx.Response, *statuses: int) -> dict:
 
 
 def _single(client: httpx.Client, world: World, rng: random.Random, run: str, n: int) -> int:
-    a, b = rng.sample(world.accounts, 2)
-    _expect(client.post("/v1/transactions", json={"idempotency_key": f"{run}:{n}", "transfers": [
-        {"debit_account_id": a, "credit_account_id": b, "amount": "0.000001"}]}), 201)
+    _expect(client.post("/v1/transactions", json=_single_body(world, rng, f"{run}:{n}")), 201)
     return 1
 
 
 def _batch(client: httpx.Client, world: World, rng: random.Random, run: str, n: int) -> int:
-    transfers = []
-    for _ in range(100):
-        a, b = rng.sample(world.accounts, 2)
-        transfers.append({"debit_account_id": a, "credit_account_id": b, "amount": "0.000001"})
-    _expect(client.post("/v1/transactions", json={"idempotency_key": f"{run}:{n}", "transfers": transfers}), 201)
+    _expect(client.post("/v1/transactions", json=_batch_body(world, rng, f"{run}:{n}")), 201)
     return 1
 
 
@@ -143,12 +241,8 @@ def _health(client: httpx.Client, world: World, rng: random.Random, run: str, n:
 
 
 def _order(client: httpx.Client, world: World, rng: random.Random, run: str, n: int) -> int:
-    trader = rng.choice(world.traders)
-    side = rng.choice(("buy", "sell"))
-    # buys at 59,995-60,004 and sells at 59,996-60,005: about half of them cross the other side
-    price = 59_995 + rng.randrange(10) + (1 if side == "sell" else 0)
-    order = _expect(client.post(f"/v1/markets/{SYMBOL}/orders", json={
-        "account": trader, "client_order_id": f"{run}-{n}", "side": side, "qty": "0.01", "price": str(price)}), 201)
+    trader, body = _order_body(world, rng, f"{run}:{n}")
+    order = _expect(client.post(f"/v1/markets/{SYMBOL}/orders", json=body), 201)
     if order["state"] in ("working", "partially_filled") and rng.random() < 1 / 3:
         _expect(client.post(f"/v1/markets/{SYMBOL}/orders/{order['order_id']}/cancel", json={"account": trader}),
                 200, 409)  # 409 order_not_open: another client's order filled it meanwhile
@@ -233,6 +327,57 @@ def drive(world: World, api_pids: list[int], case: str, clients: int, seconds: f
                   os.getloadavg()[0], items, db, client)
 
 
+def drive_raw(world: World, api_pids: list[int], case: str, clients: int, seconds: float,
+              owner_url: str | None = None) -> Result:
+    """`drive` with the lean client: `clients` coroutines on one uvloop loop, one RawConnection each."""
+    fn, items = RAW_CASES[case], CASES[case][1]
+    run = f"{case}-{clients}-{uuid.uuid4().hex[:8]}"
+    latencies: list[list[float]] = [[] for _ in range(clients)]
+    counts = [0] * clients
+
+    async def main() -> tuple[float, float, float, dict[int, float], float]:
+        conns = [await RawConnection.open(world.bases[i % len(world.bases)], world.key) for i in range(clients)]
+        for conn in conns:  # every connection is open (and answered once) before the clock starts
+            await conn.expect("GET", "/health/live", None, 200)
+        stop = asyncio.Event()
+
+        async def client_loop(i: int) -> None:
+            rng = random.Random(f"{run}:{i}")
+            conn, n, perf = conns[i], 0, time.perf_counter
+            try:
+                while not stop.is_set():
+                    t0 = perf()
+                    done = await fn(conn, world, rng, f"{run}:{i}", n)
+                    elapsed = perf() - t0
+                    latencies[i].extend([elapsed / done] * done)
+                    counts[i] += done
+                    n += 1
+            except BaseException:
+                stop.set()
+                raise
+
+        db0 = processes_cpu_seconds(backend_pids(owner_url)) if owner_url else {}
+        client0, cpu0, t0 = time.process_time(), sum(map(process_cpu_seconds, api_pids)), time.perf_counter()
+        tasks = [asyncio.ensure_future(client_loop(i)) for i in range(clients)]
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), seconds)
+        stop.set()
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        elapsed, cpu = time.perf_counter() - t0, sum(map(process_cpu_seconds, api_pids)) - cpu0
+        client = time.process_time() - client0
+        for conn in conns:
+            conn.close()
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return elapsed, cpu, client, db0, os.getloadavg()[0]
+
+    elapsed, cpu, client, db0, load = uvloop.run(main())
+    db = db_cpu_since(owner_url, db0) if owner_url else 0.0
+    return Result(case, clients, sum(counts), elapsed, tuple(x for lat in latencies for x in lat), cpu,
+                  load, items, db, client)
+
+
 def prepare(deployment: Deployment, owner_url: str, pepper: str) -> World:
     """An admin-made market, a backend key, 200 funded customer accounts and 16 funded traders."""
     engine = make_engine(owner_url, pool_size=2)
@@ -313,12 +458,13 @@ def _run(args: argparse.Namespace, deployment: Deployment, owner_url: str, peppe
         deployment.processes.kill("custody-worker", signal.SIGTERM)
     running = ", ".join(n for n, p in deployment.processes.procs.items() if p.poll() is None)
     server = Settings().database_url and "DATABASE_URL" or "the embedded PostgreSQL"
-    print(f"bench/http_api.py: {running} on {server}; api pids {', '.join(map(str, api_pids))}; {os.cpu_count()} cores; "
+    drive_fn = drive_raw if args.client == "raw" else drive
+    print(f"bench/http_api.py: {args.client} client; {running} on {server}; api pids {', '.join(map(str, api_pids))}; {os.cpu_count()} cores; "
           f"load {os.getloadavg()[0]:.1f} before")
     results = []
     for case in args.cases:
         for clients in args.clients_for(case):
-            result = drive(world, api_pids, case, clients, args.seconds, owner_url)
+            result = drive_fn(world, api_pids, case, clients, args.seconds, owner_url)
             results.append(result)
             print(result.line(), flush=True)
     failed = verify(owner_url)
@@ -340,6 +486,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     parser.add_argument("--with-worker", action="store_true", help="keep the worker running during the runs")
     parser.add_argument("--api-processes", type=int, default=1, help="api processes sharing the database (default 1)")
+    parser.add_argument("--client", choices=("raw", "httpx"), default="raw",
+                        help="raw: lean asyncio connections (default); httpx: a thread and an httpx.Client per client")
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     args = parser.parse_args(argv)
     args.seconds = args.seconds or (2.0 if args.quick else 8.0)

@@ -25,7 +25,7 @@ def test_http_bench_quick_prints_every_case_and_the_ledger_verifies() -> None:
                           cwd=ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=600)
     out = proc.stdout
     assert proc.returncode == 0, f"exit {proc.returncode}\n{out}\n{proc.stderr[-3000:]}"
-    assert re.search(r"^bench/http_api\.py: custody-signer, custody-api on ", out, re.M), out
+    assert re.search(r"^bench/http_api\.py: raw client; custody-signer, custody-api on ", out, re.M), out
     for case, clients in (("health", 16), ("single", 16), ("batch100", 4), ("orders", 16)):
         assert re.search(LINE.format(case=case, clients=clients), out, re.M), out
     assert re.search(r"^batch100 .*\([\d,]+ transfers/s\)$", out, re.M), out
