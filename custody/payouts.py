@@ -59,6 +59,13 @@ Jobs (APScheduler runs them; tests call them directly, in this order):
   (back to the operators under a fresh decision, or rejected with its hold released, by code:
   BACK_TO_OPERATORS, REJECTED_ON_REFUSAL) with a warning incident, and the rest is signed on the
   next run. A refusal naming no withdrawal (kill switch, inputs, fee) leaves the batch open.
+  Approver keys are counted again at both steps (`Withdrawals.lapsed_quorum`, the rule refills
+  use): an approved withdrawal whose approvals no longer make its quorum with the keys that count
+  now (a console credential revoked, an approver removed from `approvers`, after it approved) is
+  not batched, and one batched meanwhile is taken out before its batch is signed (`drop_lapsed`;
+  not one the signer already signed in that batch); either goes back to the operators under a fresh
+  decision (`withdrawal.quorum_lapsed`). The signer counts its own configured keys and cannot see a
+  console revocation until the entry leaves its configuration.
 - `broadcast()`: sends every stored signed transaction (idempotent at the adapter: a transaction
   the node already has is success). A crash after sending but before recording re-sends the same
   bytes, which the node answers as already known: one payment.
@@ -422,6 +429,8 @@ class Payouts:
             text("SELECT id, account_id, asset, amount, fee_quoted, destination, destination_script, hold_id FROM withdrawal_request "
                  f"WHERE state = 'approved' AND chain = :c ORDER BY {order} LIMIT :l FOR UPDATE SKIP LOCKED"),
             {"c": chain, "l": limit}).all()
+        lapsed = self._return_lapsed(c, [w.id for w in rows])
+        rows = [w for w in rows if w.id not in lapsed]
         if draining:
             left = c.execute(text("SELECT count(*) FROM withdrawal_request WHERE state = 'approved' AND NOT (id = ANY(:t))"),
                              {"t": [r.id for r in rows]}).scalar_one()
@@ -450,6 +459,29 @@ class Payouts:
             else:
                 keep.append(w)
         return keep
+
+    def _return_lapsed(self, c: Connection, withdrawal_ids: list[int]) -> set[int]:
+        """Those of `withdrawal_ids` (`approved`, locked by the caller) whose quorum no longer holds
+        with the approver keys that count now (`Withdrawals.lapsed_quorum`: a console credential
+        revoked, an approver removed, after it approved) go back to the operators under a fresh
+        decision (`Withdrawals.return_to_operators`: `pending_approval`, or `rejected` with the hold
+        released when the policy now rejects it), audited `withdrawal.quorum_lapsed`. The signer
+        would sign them: it counts its own configured keys and cannot see a console revocation.
+        Without withdrawals wired (a payouts object of its own in tests) nothing is checked."""
+        if self.withdrawals is None or not withdrawal_ids:
+            return set()
+        lapsed = self.withdrawals.lapsed_quorum(c, withdrawal_ids)
+        self._send_back(c, lapsed, None)
+        return set(lapsed)
+
+    def _send_back(self, c: Connection, lapsed: list[int], batch_id: int | None) -> None:
+        """`approved` withdrawals short of their live quorum back to the operators (`_return_lapsed`)."""
+        assert self.withdrawals is not None
+        for wid in lapsed:
+            state = self.withdrawals.return_to_operators(c, wid)
+            audit(c, "custody", "withdrawal.quorum_lapsed", f"withdrawal:{wid}", {"state": state, "batch_id": batch_id})
+            log.warning("withdrawal %d: its approvals no longer make its quorum (an approver key revoked or removed); %s",
+                        wid, state)
 
     def _new_batch(self, c: Connection, chain: str, asset: str, members: list, fee_rate: int) -> int:
         batch_id = c.execute(text("INSERT INTO withdrawal_batch (chain, asset, state, fee_rate) VALUES (:c, :a, 'open', :f) RETURNING id"),
@@ -607,7 +639,38 @@ class Payouts:
                 txids.append(txid)
         return txids
 
+    def drop_lapsed(self, batch_id: int) -> list[int]:
+        """Before open batch `batch_id` is signed: its withdrawals whose quorum no longer holds with
+        the approver keys that count now (`_return_lapsed`) leave it (an emptied batch is abandoned,
+        its coins freed) and go back to the operators. One database transaction, audited
+        (`batch.drop_lapsed`); answers the withdrawals taken out. A withdrawal the signer has a
+        record for in this batch stays (`_signer_recorded`: signed while its quorum held, it is
+        re-signed in the same slot), as does everything of a batch no longer open and active or being
+        signed by another worker (`_claim_batch` skips it too)."""
+        if self.withdrawals is None:
+            return []
+        with self.engine.begin() as c:
+            # as `_claim_batch` locks it: a batch another worker is signing is skipped, never waited for
+            batch = c.execute(text("SELECT state, containment FROM withdrawal_batch WHERE id = :b FOR NO KEY UPDATE SKIP LOCKED"),
+                              {"b": batch_id}).first()
+            if batch is None or batch.state != "open" or batch.containment != "active":
+                return []
+            members = c.execute(text("SELECT w.id FROM batch_output o JOIN withdrawal_request w ON w.id = o.withdrawal_id "
+                                     "WHERE o.batch_id = :b AND w.state = 'batched' ORDER BY w.id FOR UPDATE OF w"),
+                                {"b": batch_id}).scalars().all()
+            pinned = self._signer_recorded(c, batch_id, members)
+            lapsed = self.withdrawals.lapsed_quorum(c, [wid for wid in members if wid not in pinned])
+            if not lapsed:
+                return []
+            abandoned = self._unbatch(c, batch_id, lapsed)  # batched -> approved, holds still pending
+            self._send_back(c, lapsed, batch_id)
+            audit(c, "custody", "batch.drop_lapsed", f"batch:{batch_id}", {"withdrawals": lapsed, "abandoned": abandoned})
+        log.warning("batch %d: withdrawal(s) %s short of their quorum with the keys that count now; back to the "
+                    "operators%s", batch_id, lapsed, "; the batch is abandoned" if abandoned else "")
+        return lapsed
+
     def _sign_one(self, batch_id: int, chain: str) -> str | None:
+        self.drop_lapsed(batch_id)  # an approver revoked since batching: not signed on its word
         try:
             return self._sign_bitcoin(batch_id) if chain == "bitcoin" else self._sign_ethereum(batch_id)
         except SigningRefused as refused:  # the signer audited it; the batch stays open for an operator

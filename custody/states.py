@@ -37,7 +37,7 @@ WITHDRAWAL_TRANSITIONS: Mapping[str, frozenset[str]] = {
     "requested": frozenset({"held", "rejected"}),
     "held": frozenset({"pending_approval", "approved", "rejected"}),
     "pending_approval": frozenset({"approved", "rejected", "cancelled"}),
-    "approved": frozenset({"batched", "rejected", "cancelled", "pending_approval"}),  # re-evaluated after expiry
+    "approved": frozenset({"batched", "rejected", "cancelled", "pending_approval"}),  # re-decided: expired, approvals lapsed
     "batched": frozenset({"signed", "approved", "rejected"}),  # back to approved: dropped from a batch
     "signed": frozenset({"broadcast", "failed"}),
     "broadcast": frozenset({"confirmed", "failed"}),

@@ -12,7 +12,13 @@ An approval is a signature (signer.approvals): the operator signs the withdrawal
 their own Ed25519 or WebAuthn key; `approve` verifies it against the approver keys custody is given
 (`approvers`), requires the key to be the caller's own, and stores the signature with the exact
 bytes signed. The signer verifies the stored signatures again against its own keys; custody's
-check is the early, friendly refusal, not the one money depends on.
+check is the early, friendly refusal, not the one money depends on. A quorum counts only approvals
+whose key still counts when it is counted (`live_approvers`: in `approvers`, the operator's own, a
+console credential still active), when an approval completes it and again before an approved
+withdrawal is batched and before its batch is signed (custody.payouts: `lapsed_quorum`), so a key
+revoked after it approved no longer makes up a quorum: the withdrawal goes back to the operators
+under a fresh decision (`return_to_operators`). The signer cannot see a console revocation until the
+key's entry leaves its own configuration.
 
 The kill switch refuses new requests at the door (`withdrawals_halted`); batching and signing check
 it again, so a switch engaged after approval still stops the money.
@@ -439,13 +445,39 @@ class Withdrawals:
                 emit(c, "withdrawal.rejected", f"withdrawal.rejected:{wid}", {"withdrawal_id": wid, "by": operator},
                      aggregate=f"withdrawal:{wid}")
             else:
-                approvals = c.execute(text("SELECT operator, at FROM approval WHERE decision_id = :d AND action = 'approve'"),
-                                      {"d": w.decision_id}).all()
-                if quorum_met(decision, [Approval(a.operator, a.at) for a in approvals], w.requested_by):
+                approvals = c.execute(text(_APPROVALS_SQL), {"d": [w.decision_id]}).all()
+                if self._live_quorum_met(c, decision, approvals, w.requested_by):
                     advance(c, "withdrawal", wid, "pending_approval", "approved")
                     emit(c, "withdrawal.approved", f"withdrawal.approved:{wid}", {"withdrawal_id": wid},
                          aggregate=f"withdrawal:{wid}")
             return _view(c.execute(text(f"{_W_SQL} WHERE id = :i"), {"i": wid}).one())
+
+    def _live_quorum_met(self, c: Connection, decision: Decision, approvals, requester: str) -> bool:
+        """`quorum_met` over the approvals (rows with operator, key_id, at) whose key still counts
+        now (`live_approvers`)."""
+        live = live_approvers(c, self.approvers, [(a.operator, a.key_id) for a in approvals])
+        counted = [Approval(a.operator, a.at) for a in approvals if operator_identity(a.operator) in live]
+        return quorum_met(decision, counted, requester)
+
+    def lapsed_quorum(self, c: Connection, withdrawal_ids: list[int]) -> list[int]:
+        """Those of `withdrawal_ids` whose decision needs operators and whose approvals by keys that
+        still count NOW (`live_approvers`) no longer make its quorum: an approver's console
+        credential revoked, or its entry removed from `approvers`, after it approved. Withdrawals an
+        automatic decision approved, and rejected ones, are never in it. Reads only; custody.payouts
+        asks before batching and before signing and sends these back (`return_to_operators`)."""
+        if not withdrawal_ids:
+            return []
+        rows = c.execute(text(f"{_W_SQL} WHERE id = ANY(:i) AND EXISTS (SELECT 1 FROM policy_decision d "
+                              "WHERE d.id = withdrawal_request.decision_id AND d.outcome = 'needs_approval') ORDER BY id"),
+                         {"i": list(withdrawal_ids)}).all()
+        if not rows:
+            return []
+        views = [_view(r) for r in rows]
+        by_decision: dict[int, list] = {}
+        for a in c.execute(text(_APPROVALS_SQL), {"d": [w.decision_id for w in views]}).all():
+            by_decision.setdefault(a.decision_id, []).append(a)
+        return [w.id for w in views
+                if not self._live_quorum_met(c, self._load_decision(c, w), by_decision.get(w.decision_id, []), w.requested_by)]
 
     @staticmethod
     def _load_decision(c: Connection, w: WithdrawalView) -> Decision:
@@ -592,6 +624,10 @@ class Withdrawals:
                      "AND id > :after ORDER BY id LIMIT :l"),
                 {"s": state, "a": account_id, "after": after_id or 0, "l": limit}).all()
         return [_view(r) for r in rows]
+
+
+# The approvals of decisions `:d` (an array), with the key each was signed with (live_approvers).
+_APPROVALS_SQL = "SELECT decision_id, operator, key_id, at FROM approval WHERE decision_id = ANY(:d) AND action = 'approve'"
 
 
 _INSERT_APPROVAL_SQL = """

@@ -56,7 +56,7 @@ class ApiKeyList(BaseModel):
 
 
 class RotateIn(BaseModel):
-    model_config = ConfigDict(json_schema_extra={"examples": [{"grace_seconds": 3600}]})
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"grace_seconds": 3600}]})
     grace_seconds: int = Field(default=0, ge=0, le=MAX_GRACE_SECONDS,
                                description="how long the old key keeps working (0: stops at once)")
 

@@ -218,10 +218,11 @@ def accept_quote(quote_id: IdPath, body: AcceptIn, c: ContainerDep, who: Backend
 @router.post("/convert/prices", response_model=PriceOut, responses=responses("asset_not_found", "invalid_amount",
                                                                               "excess_precision", "conflict"))
 def set_price(body: PriceIn, c: ContainerDep, who: Operator) -> PriceOut:
-    """Set the price of a pair without a market (audited). A pair with a market is priced from its book."""
+    """Set the price of a pair without a market (audited as `api:<the caller's name>`, the actor every
+    route names; the database refuses any other). A pair with a market is priced from its book."""
     quote_decimals = c.ledger.get_asset(body.quote_asset).decimals
     c.ledger.get_asset(body.base_asset)
-    price = _convert(c).set_price(by=who.name, base=body.base_asset, quote=body.quote_asset,
+    price = _convert(c).set_price(by=f"api:{who.name}", base=body.base_asset, quote=body.quote_asset,
                                   price_minor=parse_amount(body.price, quote_decimals))
     return PriceOut(base_asset=price.base_asset, quote_asset=price.quote_asset,
                     price=Money.of(price.quote_minor_per_base_unit, quote_decimals), set_by=price.set_by,

@@ -409,10 +409,13 @@ def test_api_and_worker_run_the_ledger(engine, engines, ledger, role):
     led = Ledger(engines[role])
     led.create_asset("BTC", 8)
     p = f"roles-{role}-{uuid.uuid4().hex[:8]}"
-    world = led.open_account("BTC", AccountKind.equity, f"{p}:world").id
-    alice = led.open_account("BTC", AccountKind.customer, f"{p}:alice", owner=p).id
-    bob = led.open_account("BTC", AccountKind.customer, f"{p}:bob", owner=p).id
-    fees = led.open_account("BTC", AccountKind.fee_income, f"{p}:fees", balance_shards=4).id
+    # custody_api opens only the service's own names with their kind's limits (0052): this test's
+    # firm accounts are the owner's; customers are named as the service names them
+    firm = ledger if role == API else led
+    world = firm.open_account("BTC", AccountKind.equity, f"{p}:world").id
+    alice = led.open_account("BTC", AccountKind.customer, f"customer:{p}:BTC:alice", owner=p).id
+    bob = led.open_account("BTC", AccountKind.customer, f"customer:{p}:BTC:bob", owner=p).id
+    fees = firm.open_account("BTC", AccountKind.fee_income, f"{p}:fees", balance_shards=4).id
     assert led.transfer(f"{p}:fund", world, alice, 1_000_000).created
     hold = led.place_hold(f"{p}:hold", alice, 300_000, owner="roles", reference="test")
     led.capture_hold(f"{p}:capture", hold.id, [Transfer(alice, bob, 200_000), Transfer(alice, fees, 1_000)],
@@ -428,7 +431,7 @@ def test_api_and_worker_run_the_ledger(engine, engines, ledger, role):
     assert result.ok
     with engines[role].begin() as c:
         assert len(led.reserve_hold_ids(2, conn=c)) == 2
-    spare = led.open_account("BTC", AccountKind.customer, f"{p}:spare", owner=p).id
+    spare = led.open_account("BTC", AccountKind.customer, f"customer:{p}:BTC:spare", owner=p).id
     assert led.close_account(spare).closed  # the api's one UPDATE of `account` (0049)
     led.rebuild_projections()
     assert (led.balance(alice).posted, led.balance(bob).posted, led.balance(fees).posted) == (804_000, 195_000, 1_000)

@@ -29,6 +29,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
+from custody.auth import create_api_key
 from custody.convert.service import write_config
 from custody.settings import Settings
 from ledger.model import AccountKind
@@ -232,14 +233,17 @@ def test_the_rates_are_the_workers_and_the_api_writes_neither_them_nor_a_price(e
         with pytest.raises(DBAPIError) as refused:
             as_api(engine, sql, {})
         assert_equal(refused.value.orig.sqlstate, "42501")
-    log.info("the api role sets a price only through convert_price_set, which writes its audit row")
-    as_api(engine, "SELECT * FROM convert_price_set('ops-a', :b, :q, 5900000)", {"b": btc, "q": eur})
-    convert.set_price(by="ops-b", base=btc, quote=eur, price_minor=5_800_000)
+    log.info("the api role sets a price only through convert_price_set, which writes its audit row, in a "
+             "live operator's name (migration 0052)")
+    operator = f"ops-a-{world['run']}"
+    create_api_key(engine, operator, "operator", Settings(environment="test").api_key_pepper)
+    as_api(engine, "SELECT * FROM convert_price_set(:by, :b, :q, 5900000)", {"by": f"api:{operator}", "b": btc, "q": eur})
+    convert.set_price(by="ops-b", base=btc, quote=eur, price_minor=5_800_000)  # the owner's session names anyone
     with engine.connect() as c:
         audited = c.execute(text("SELECT actor, detail->>'quote_minor_per_base_unit' FROM audit_event "
                                  "WHERE action = 'convert.price' AND subject = :s ORDER BY id"),
                             {"s": f"convert-price:{btc}/{eur}"}).all()
-    assert_equal([tuple(a) for a in audited], [("ops-a", "5900000"), ("ops-b", "5800000")])
+    assert_equal([tuple(a) for a in audited], [(f"api:{operator}", "5900000"), ("ops-b", "5800000")])
     assert_equal((convert.price(btc, eur).quote_minor_per_base_unit, convert.price(btc, eur).set_by), (5_800_000, "ops-b"))
     try:
         write_config(engine, Settings(environment="test", convert_fee_ppm=5_000), by="test")
