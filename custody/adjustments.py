@@ -45,12 +45,13 @@ Guarantees:
 States: proposed -> approved -> posted; proposed | approved -> rejected; approved -> proposed
 (custody.states, ADJUSTMENT_TRANSITIONS).
 
-Codes, in the order they are checked: `invalid_request` (no reason, no legs, no comment), the
+Codes, in the order they are checked. Proposing: `invalid_request` (no reason, too many legs), the
 ledger's `invalid_amount` / `accounts_must_be_different` / `account_not_found` / `asset_mismatch` /
-`transaction_not_found`, `idempotency_conflict` (the key was used for other content),
-`adjustment_not_found`, `invalid_state` (not `proposed`; a rejection: already posted or rejected),
-`proposer_cannot_approve`, `approval_signature_required`, `approver_unknown` (also a revoked
-console key), `approval_scheme_mismatch`, `approval_signature_invalid`, `approver_not_caller`,
+`transaction_not_found`, `idempotency_conflict` (the key was used for other content). Voting:
+`adjustment_not_found`, `invalid_state` (an approval: not `proposed`; a rejection: already posted
+or rejected), `proposer_cannot_approve` (an approval), `invalid_request` (no comment), then for an
+approval `approval_signature_required`, `approver_unknown` (also a revoked console key),
+`approval_scheme_mismatch`, `approval_signature_invalid`, `approver_not_caller`, then
 `already_acted`, then whatever the ledger answers to the dry run of the posting.
 """
 from __future__ import annotations

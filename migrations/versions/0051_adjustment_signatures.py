@@ -50,17 +50,12 @@ branch_labels = None
 depends_on = None
 
 
-def _sibling(filename: str):
-    """A migration module of this directory, loaded by path (their names start with a digit)."""
-    spec = importlib.util.spec_from_file_location(f"_migration_{filename[:4]}", Path(__file__).with_name(filename))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_0048 = _sibling("0048_set_based_triggers.py")
-_0049 = _sibling("0049_role_hardening.py")
+# Migration 0049, loaded by path (the names start with a digit); its `_sibling` loads the others.
+_spec = importlib.util.spec_from_file_location("_migration_0049", Path(__file__).with_name("0049_role_hardening.py"))
+assert _spec is not None and _spec.loader is not None
+_0049 = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_0049)
+_0048 = _0049._sibling("0048_set_based_triggers.py")
 
 ADJUSTMENT_BEFORE = "INSERT, UPDATE"
 ADJUSTMENT_AFTER = "INSERT, UPDATE (state, updated_at)"
