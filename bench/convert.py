@@ -7,7 +7,8 @@ It starts the service as deployed with bench/http_api.py's harness (fresh bitcoi
 anvil, a fresh database, the signer, worker and api processes; the worker is stopped once the api
 answers, unless `--with-worker`), then prepares, through the API: an operator's price of 60,000
 USDT per BTC (`POST /v1/convert/prices`), the house's BTC liquidity funded by a treasury adjustment
-(one operator proposes `equity:BTC` -> `convert:liquidity:BTC`, another approves), and 200
+(one operator proposes `equity:BTC` -> `convert:liquidity:BTC`, a scripted approver of the
+deployment signs its approval with its Ed25519 key and the worker posts it), and 200
 customer accounts holding USDT (funded by the database owner, as a deposit credit would).
 
 One request of the run is one conversion as a backend makes it: `POST /v1/quotes` (sell 10 USDT
@@ -24,6 +25,7 @@ import os
 import random
 import signal
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling harness
@@ -32,7 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's
 import httpx  # noqa: E402
 
 import http_api  # noqa: E402  (bench/http_api.py: deployment, client threads, figures)
+from custody.approve_cli import approve_adjustment_with_client, load_private_key  # noqa: E402
 from custody.auth import create_api_key  # noqa: E402
+from custody.client import CustodyClient  # noqa: E402
 from custody.database import make_engine  # noqa: E402
 from ledger.model import AccountKind, Transfer  # noqa: E402
 from ledger.service import Ledger  # noqa: E402
@@ -51,17 +55,19 @@ def _convert(client: httpx.Client, world: http_api.World, rng: random.Random, ru
 http_api.CASES["convert"] = (_convert, 1)
 
 
-def prepare(api_base: str, owner_url: str, pepper: str) -> http_api.World:
+def prepare(api_base: str, owner_url: str, pepper: str, approver: tuple[str, Path]) -> http_api.World:
+    """`approver`: a scripted approver of the deployment (its name, its Ed25519 key file)."""
     engine = make_engine(owner_url, pool_size=2)
     try:
         ledger = Ledger(engine)
         key = create_api_key(engine, "bench-backend", "backend", pepper)
-        ops = [create_api_key(engine, f"bench-operator-{i}", "operator", pepper) for i in (1, 2)]
+        ops = [create_api_key(engine, "bench-operator-1", "operator", pepper),
+               create_api_key(engine, approver[0], "operator", pepper)]  # approves with a key of its own name
 
         def as_key(k: str) -> httpx.Client:
             return httpx.Client(base_url=api_base, headers={"X-API-Key": k}, timeout=30)
 
-        with as_key(ops[0]) as first, as_key(ops[1]) as second:
+        with as_key(ops[0]) as first:
             http_api._expect(first.post("/v1/convert/prices", json={
                 "base_asset": "BTC", "quote_asset": "USDT", "price": "60000"}), 200)
             liquidity = http_api._expect(first.get("/v1/convert/liquidity/BTC"), 200)["account_id"]
@@ -69,8 +75,14 @@ def prepare(api_base: str, owner_url: str, pepper: str) -> http_api.World:
             proposal = http_api._expect(first.post("/v1/treasury/adjustments", json={
                 "idempotency_key": "bench-liquidity", "reason": "bench: fund the house's BTC liquidity",
                 "transfers": [{"debit_account_id": equity, "credit_account_id": liquidity, "amount": "1000"}]}), 201)
-            http_api._expect(second.post(f"/v1/treasury/adjustments/{proposal['id']}/approve",
-                                         json={"comment": "bench"}), 200)
+        with CustodyClient(api_base, ops[1], timeout=30) as checker:
+            approve_adjustment_with_client(checker, proposal["id"], load_private_key(approver[1]), comment="bench",
+                                           show=lambda line: None)
+            deadline = time.monotonic() + 60
+            while checker.get_adjustment(proposal["id"]).state != "posted":  # the worker's adjustments job
+                if time.monotonic() > deadline:
+                    raise http_api.BenchError("the worker did not post the liquidity adjustment within 60 s")
+                time.sleep(0.5)
         world = ledger.open_account("USDT", AccountKind.equity, "bench:world:USDT").id
         accounts = []
         for i in range(ACCOUNTS):
@@ -87,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         with http_api.deployed("convert") as (deployment, owner_url, pepper):
             api_pid = deployment.processes.pid("custody-api")
-            world = prepare(deployment.api_base, owner_url, pepper)
+            world = prepare(deployment.api_base, owner_url, pepper, next(iter(deployment.approver_keys.items())))
             if not args.with_worker:
                 deployment.processes.kill("custody-worker", signal.SIGTERM)
             print(f"bench/convert.py: api pid {api_pid}; {os.cpu_count()} cores; "

@@ -176,7 +176,6 @@ def world(root: Path) -> Iterator[World]:
         try:
             pepper = get_settings().api_key_pepper
             keys = {role: create_api_key(engine, f"soak-{role}", role, pepper) for role in ("backend", "admin", "operator")}
-            keys["operator-2"] = create_api_key(engine, "soak-operator-2", "operator", pepper)
             for name in deployment.approver_keys:  # an approver approves with a key of its own name
                 keys[name] = create_api_key(engine, name, "operator", pepper)
         finally:
@@ -282,7 +281,7 @@ class Soak:
         self.n_customers, self.n_drivers, self.mean_fault_gap = customers, drivers, mean_fault_gap
         self.run = uuid.uuid4().hex[:6]
         self.backend, self.admin = w.client("backend"), w.client("admin")
-        self.op1, self.op2 = w.client("operator"), w.client("operator-2")
+        self.op1 = w.client("operator")
         self.probe = CustodyClient(w.deployment.api_base, w.keys["admin"], timeout=5, retries=0)
         self.customers: list[Customer] = []
         self.model = Model()
@@ -341,6 +340,7 @@ class Soak:
 
     def setup(self) -> None:
         from custody.addresses import derive_btc_address, derive_eth_address
+        from custody.approve_cli import approve_adjustment_with_client, load_private_key
 
         cl, dep = self.w.cluster, self.w.deployment
         self.consumer.start()
@@ -358,7 +358,15 @@ class Soak:
             proposal = self.op1.propose_adjustment(
                 idempotency_key=f"soak-liquidity-{asset}", reason="soak: the house's convert liquidity",
                 transfers=[{"debit_account_id": equity, "credit_account_id": liquidity, "amount": amount}])
-            self.op2.approve_adjustment(proposal.id, comment="soak")
+            name, key_file = next(iter(dep.approver_keys.items()))  # a scripted approver signs; the worker posts
+            checker = self.w.client(name)
+            approve_adjustment_with_client(checker, proposal.id, load_private_key(key_file), comment="soak",
+                                           show=lambda line: None)
+            deadline = time.monotonic() + 60
+            while checker.get_adjustment(proposal.id).state != "posted":
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the worker did not post adjustment {proposal.id} within 60 s")
+                time.sleep(0.5)
         # The hot wallets: bitcoin's funding is booked by the worker; ethereum's by an operator.
         hot_btc = derive_btc_address(dep.xpubs["bitcoin"]["hot"], "regtest", 0, 0)
         cl.bitcoin.fund(hot_btc, 30 * 10**8)

@@ -36,6 +36,10 @@ destination than the bytes being signed. The payload itself is refused before it
 its text holds control or format characters (signer.approvals.read_payload), so such a payload is
 never signed; the escaping covers whatever else the API says.
 
+`approve_adjustment_with_client` approves a treasury adjustment the same way through the typed
+client (the payload must be the canonical adjustment payload naming the id asked for; its legs are
+shown in minor units); the demo uses it.
+
 Exit status: 0 done; 1 the API refused (its code and message are printed); 2 a usage, file or
 connection problem; 3 the API served a payload this command will not sign (another withdrawal, not
 canonical, or JSON fields that contradict the bytes): nothing was signed or sent, and the API
@@ -59,11 +63,11 @@ from cryptography.hazmat.primitives.serialization import (Encoding, NoEncryption
                                                           load_pem_private_key)
 
 from ledger.amounts import format_amount
-from signer.approvals import PayloadFields, format_expiry, read_payload
+from signer.approvals import PayloadFields, format_expiry, read_adjustment_payload, read_payload
 
 if TYPE_CHECKING:
     from custody.client import CustodyClient
-    from custody.client.models import WithdrawalOut
+    from custody.client.models import AdjustmentOut, WithdrawalOut
 
 COMMANDS = ("approve", "approver-key")  # the subcommands of `python -m custody` that main() serves
 DEFAULT_API = "http://127.0.0.1:8000"
@@ -226,7 +230,33 @@ def signed_approval(answer: object, withdrawal_id: int, key: Ed25519PrivateKey, 
          f"on {shown(f.chain)} to {shown(f.destination)}")
     show(f"amount {f.amount} minor units; decision {f.decision_id} under policy {shown(f.policy_version)}, valid until "
          f"{format_expiry(f.expires_at)}")
+    return ed25519_signature(key, payload, key_id)
+
+
+def ed25519_signature(key: Ed25519PrivateKey, payload: bytes, key_id: str | None = None) -> dict[str, str]:
+    """The `signature` object of an approve request: `key`'s Ed25519 signature over `payload`."""
     return {"key_id": key_id or key_id_of(key), "scheme": "ed25519", "signature": base64.b64encode(key.sign(payload)).decode()}
+
+
+def approve_adjustment_with_client(api: CustodyClient, adjustment_id: int, key: Ed25519PrivateKey, *, comment: str,
+                                   key_id: str | None = None, show=print) -> AdjustmentOut:
+    """Approve treasury adjustment `adjustment_id` through the typed client with the operator's own
+    key: its payload bytes must be the canonical adjustment payload naming that id
+    (signer.approvals.read_adjustment_payload; PayloadRefused otherwise), `show` says what they move
+    (amounts in minor units), and those exact bytes are signed and sent."""
+    answer = api.adjustment_approval_payload(adjustment_id)
+    try:
+        payload = base64.b64decode(answer.payload_base64, validate=True)
+        fields = read_adjustment_payload(payload)
+    except ValueError as exc:
+        raise PayloadRefused(f"the API's payload is not a canonical adjustment payload: {exc}") from None
+    if fields.adjustment_id != adjustment_id:
+        raise PayloadRefused(f"asked for adjustment {adjustment_id}, the API's payload is for {fields.adjustment_id}")
+    show(f"adjustment {fields.adjustment_id} proposed by {shown(fields.proposed_by)} ({fields.quorum} approval(s) needed): "
+         f"{shown(fields.reason)}")
+    for debit, credit, amount in fields.legs:
+        show(f"  {amount} minor units: account {debit} -> account {credit}")
+    return api.approve_adjustment(adjustment_id, comment=comment, signature=ed25519_signature(key, payload, key_id))
 
 
 def _decimals(values: list[str]) -> dict[str, int]:

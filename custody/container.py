@@ -43,14 +43,15 @@ class Container:
     eth_rebalances: Any = None  # custody.eth_rebalances.EthRebalances (ethereum hot -> warm/cold, with a signer)
     reserves: Any = None  # custody.reserves.Reserves (with bitcoin and a signer; ethereum assets too)
     node_view: Any = None  # custody.node_view.NodeView (bitcoin, with_chains(node_view=True))
-    approvers: ApproverRegistry | None = None  # approver public keys withdrawals' approvals must verify against
+    approvers: ApproverRegistry | None = None  # approver public keys approvals (withdrawals, refills, adjustments) must verify against
     adjustments: TreasuryAdjustments = field(init=False)
     webhooks: Webhooks = field(init=False)  # webhook endpoints (admin API) and the worker's delivery job
 
     def __post_init__(self) -> None:
         if self.wallets is None:
             self.wallets = Wallets(self.engine, self.ledger)
-        self.adjustments = TreasuryAdjustments(self.engine, self.ledger, quorum=self.settings.treasury_adjustment_quorum)
+        self.adjustments = TreasuryAdjustments(self.engine, self.ledger, quorum=self.settings.treasury_adjustment_quorum,
+                                               approvers=self.approvers)
         self.webhooks = Webhooks(self.engine, self.settings)
 
     def with_chains(self, adapters: Mapping[str, ChainAdapter], *, external_screener: ExternalScreener | None = None,
@@ -84,7 +85,7 @@ class Container:
 
         self.adapters = dict(adapters)
         if approvers is not None:
-            self.approvers = approvers
+            self.approvers = self.adjustments.approvers = approvers
         self.deposits = Deposits(self.engine, self.ledger, self.wallets, self.adapters, external_screener=external_screener)
         networks = {"bitcoin": bitcoin_network, "ethereum": bitcoin_network}
         self.withdrawals = Withdrawals(self.engine, self.ledger, self.wallets, PolicyProvider(policy), networks=networks,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from custody.approve_cli import PayloadRefused, approve_with_client, load_private_key
+from custody.approve_cli import PayloadRefused, approve_adjustment_with_client, approve_with_client, load_private_key
 from custody.client import CustodyApiError, CustodyClient, models
 
 log = logging.getLogger("demo")
@@ -49,7 +49,7 @@ def run_demo(base: str, world: DemoWorld) -> bool:
     try:
         with CustodyClient(base, world.admin_key, timeout=10) as api:
             ops = (api.with_key(world.operator_keys[0]), api.with_key(world.operator_keys[1]))
-            _ledger_demo(api, ops, run)
+            _ledger_demo(api, ops, world.approver_key_files[1], run)
             if world.fund_btc is not None:
                 _chain_demo(api, ops, world, run)
     except CustodyApiError as exc:
@@ -89,14 +89,22 @@ def _refused(expected: int, call: Callable[[], object]) -> str:
     raise DemoFailed(f"expected {expected}, the API accepted: {answer}")
 
 
-def _adjust(maker: CustodyClient, checker: CustodyClient, key: str, debit: int, credit: int, amount: str, reason: str):
-    """A treasury adjustment: one operator proposes, another approves; only then is it posted."""
+def _adjust(maker: CustodyClient, checker: CustodyClient, checker_key: Path, key: str, debit: int, credit: int,
+            amount: str, reason: str):
+    """A treasury adjustment: one operator proposes, another signs its approval payload with their
+    Ed25519 key; the worker verifies the signature again and posts it."""
     proposal = maker.propose_adjustment(idempotency_key=key, reason=reason, transfers=[
         {"debit_account_id": debit, "credit_account_id": credit, "amount": amount}])
-    posted = checker.approve_adjustment(proposal.id, comment="demo: checked against the ticket")
-    if posted.state != "posted":
-        raise DemoFailed(f"adjustment not posted: {posted}")
-    return posted
+    try:
+        approved = approve_adjustment_with_client(checker, proposal.id, load_private_key(checker_key),
+                                                  comment="demo: checked against the ticket",
+                                                  show=lambda line: log.info("operators: %s", line))
+    except PayloadRefused as exc:
+        raise DemoFailed(f"the approver did not sign: {exc}") from None
+    if approved.state != "approved":
+        raise DemoFailed(f"adjustment not approved: {approved}")
+    _wait(f"adjustment {proposal.id}", lambda: checker.get_adjustment(proposal.id).state, lambda s: s == "posted")
+    return checker.get_adjustment(proposal.id)
 
 
 def _firm_account(api: CustodyClient, name: str, asset: str) -> int:
@@ -148,20 +156,21 @@ def _chain_demo(api: CustodyClient, ops: tuple[CustodyClient, CustodyClient], wo
                  line.on_chain, line.books, line.in_transit, line.difference)
     if any(line.difference != 0 for line in lines):
         raise DemoFailed(f"reconciliation found a difference: {lines}")
-    _matching_demo(api, ops, run, owner)
+    _matching_demo(api, ops, world.approver_key_files[1], run, owner)
     if not api.verify().ok:
         raise DemoFailed("ledger verification failed")
     log.info("ledger: verify passed after the chain and matching demo")
 
 
-def _matching_demo(api: CustodyClient, ops: tuple[CustodyClient, CustodyClient], run: str, seller: str) -> None:
+def _matching_demo(api: CustodyClient, ops: tuple[CustodyClient, CustodyClient], checker_key: Path, run: str,
+                   seller: str) -> None:
     """The Bitsten scenario over the API: price improvement must return to the buyer."""
     symbol = f"BTC-USDT-{run}"
     api.create_market(symbol=symbol, base_asset="BTC", quote_asset="USDT", lot_size=10_000, quote_per_tick_lot=1,
                       fees={"default": {"maker_ppm": 1_000, "taker_ppm": 2_000}})
     buyer = f"demo-alice-{run}"
     usdt = api.open_account(asset="USDT", kind="customer", name=f"customer:{buyer}:USDT", owner=buyer).id
-    _adjust(ops[0], ops[1], f"demo:{run}:usdt", _firm_account(api, "equity:USDT", "USDT"), usdt, "40000",
+    _adjust(ops[0], ops[1], checker_key, f"demo:{run}:usdt", _firm_account(api, "equity:USDT", "USDT"), usdt, "40000",
             "demo: alice's USDT opening balance")
     log.info("matching: market %s (lot 0.0001 BTC, tick 0.01 USDT, maker 0.1%% / taker 0.2%%); alice has 40,000 USDT", symbol)
     ask = api.place_order(symbol, account=seller, client_order_id="ask-1", side="sell", qty=Decimal("0.2"),
@@ -185,7 +194,7 @@ def _v(money) -> str:  # noqa: ANN001
     return format(money.value, "f")
 
 
-def _ledger_demo(api: CustodyClient, ops: tuple[CustodyClient, CustodyClient], run: str) -> None:
+def _ledger_demo(api: CustodyClient, ops: tuple[CustodyClient, CustodyClient], checker_key: Path, run: str) -> None:
     log.info("ledger: creating assets BTC (8 decimals) and USDT (6 decimals); each comes with its firm accounts")
     api.create_asset(code="BTC", decimals=8)
     api.create_asset(code="USDT", decimals=6)
@@ -201,9 +210,10 @@ def _ledger_demo(api: CustodyClient, ops: tuple[CustodyClient, CustodyClient], r
         {"debit_account_id": acct["equity"], "credit_account_id": acct["alice"], "amount": Decimal("0.5")}]))
     log.info("ledger: an API key posting from the firm's equity is refused: %s", code)
 
-    posted = _adjust(ops[0], ops[1], f"demo:{run}:opening", acct["equity"], acct["alice"], "0.5",
+    posted = _adjust(ops[0], ops[1], checker_key, f"demo:{run}:opening", acct["equity"], acct["alice"], "0.5",
                      "demo: alice's opening balance")
-    log.info("ledger: a treasury adjustment (proposed by one operator, approved by another) credited alice 0.5 BTC "
+    log.info("ledger: a treasury adjustment (proposed by one operator, signed by another, posted by the worker) "
+             "credited alice 0.5 BTC "
              "(transaction %s)", posted.transaction_id)
     transfer = models.TransactionIn(idempotency_key=f"demo:{run}:gift", kind="transfer", transfers=[
         models.TransferIn(debit_account_id=acct["alice"], credit_account_id=acct["carol"], amount=Decimal("0.05"))])

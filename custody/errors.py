@@ -16,7 +16,7 @@
 | deposit_not_found | 404 | no deposit with that id |
 | withdrawal_rejected | 422 | the policy engine rejected the withdrawal (reasons in the detail); its hold was released |
 | requester_cannot_approve | 403 | the operator who requested a withdrawal may not approve it |
-| approval_signature_required | 422 | an approval must carry the approver's signature over the withdrawal's approval payload (`GET /v1/withdrawals/{id}/approval-payload`) |
+| approval_signature_required | 422 | an approval must carry the approver's signature over the approval payload (`GET .../approval-payload` of the withdrawal, refill or treasury adjustment) |
 | approval_signature_malformed | 422 | the signature, authenticator data or client data is not valid base64 |
 | approver_unknown | 403 | the signature's key id is not among the approver keys custody is configured with |
 | approval_scheme_mismatch | 403 | the signature names another scheme than the key's registered one (ed25519, webauthn) |

@@ -10,6 +10,7 @@ method that tests and the demo call directly, so time is driven deterministicall
 | rebalances | Rebalances.run_once(): hot -> warm/cold above the ceiling, approved warm -> hot refills below the floor, cold -> hot PSBTs once imported (bitcoin), fee bumps | 30 s |
 | eth-rebalances | EthRebalances decide, sign, broadcast, track: ether and tokens over the hot address's ceiling -> warm or cold (custody.eth_rebalances; only when configured) | 30 s |
 | expire-holds | Ledger.expire_holds() | 10 s |
+| adjustments | TreasuryAdjustments.post_approved(): each approved treasury adjustment whose stored approval signatures still verify against the worker's own approver keys and make its quorum is posted (as custody_worker, the only role the liquidity guard lets post one); one short of it goes back to proposed (custody.adjustments) | 5 s |
 | outbox | OutboxDispatcher.dispatch(): outbox -> NATS JetStream in the worker (custody.broker) | 1 s |
 | webhooks | Webhooks.run_once(): outbox events -> signed POSTs to registered endpoints, retried with backoff, dead-lettered (custody.webhooks.delivery) | 1 s |
 | reserves | Reserves.run_once(): builds the oldest requested proof-of-reserves reports (progress recorded) and publishes them (custody.reserves) | 10 s |
@@ -352,6 +353,9 @@ def build_scheduler(container: Any, *, sink: Callable[[str, dict], None] | None 
             eth_rebalances.decide, eth_rebalances.sign, eth_rebalances.broadcast, eth_rebalances.bump_fees,
             eth_rebalances.track])), 30)
     add("expire-holds", container.ledger.expire_holds, 10)
+    adjustments = getattr(container, "adjustments", None)
+    if adjustments is not None:
+        add("adjustments", adjustments.post_approved, 5)
     add("outbox", dispatcher.dispatch, 1)
     webhooks = getattr(container, "webhooks", None)
     if webhooks is not None:

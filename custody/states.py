@@ -123,10 +123,13 @@ CONTAINMENT_TRANSITIONS: Mapping[str, frozenset[str]] = {
     "set_aside": frozenset({"active"}),  # its signing or booking failed: every job skips it until an operator retries it
 }
 
-# A treasury adjustment (custody.adjustments): posted once a quorum of operators other than its
-# proposer approved it, or rejected by any one of them. Both ends are terminal.
+# A treasury adjustment (custody.adjustments): approved (api) once a quorum of operators other
+# than its proposer signed it, posted by the worker after it verified those signatures again (back
+# to proposed when they no longer make the quorum), or rejected by any operator before it is
+# posted. posted and rejected are terminal.
 ADJUSTMENT_TRANSITIONS: Mapping[str, frozenset[str]] = {
-    "proposed": frozenset({"posted", "rejected"}),
+    "proposed": frozenset({"approved", "rejected"}),
+    "approved": frozenset({"posted", "rejected", "proposed"}),
     "posted": frozenset(),
     "rejected": frozenset(),
 }

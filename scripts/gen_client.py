@@ -90,6 +90,7 @@ NAMES: dict[tuple[str, str], str] = {
     ("POST", "/v1/treasury/hot-funding"): "book_hot_funding",
     ("POST", "/v1/treasury/adjustments"): "propose_adjustment",
     ("GET", "/v1/treasury/adjustments"): "list_adjustments",
+    ("GET", "/v1/treasury/adjustments/{adjustment_id}/approval-payload"): "adjustment_approval_payload",
     ("POST", "/v1/treasury/adjustments/{adjustment_id}/approve"): "approve_adjustment",
     ("POST", "/v1/treasury/adjustments/{adjustment_id}/reject"): "reject_adjustment",
     ("GET", "/v1/treasury/adjustments/{adjustment_id}"): "get_adjustment",

@@ -16,6 +16,12 @@ microseconds and a `Z`: "2026-11-29T12:00:00.000000Z").
 A refill between the firm's own tiers (warm -> hot, custody.rebalances) is approved the same way
 over `rebalance_approval_payload`: `v` = 1, `kind` = "rebalance-approval", `rebalance_id`, `chain`,
 `asset`, `amount` (decimal string), `source_tier`, `destination_tier`, `destination`.
+A treasury adjustment (custody.adjustments: a journal entry on firm accounts, maker-checker) is
+approved over `adjustment_approval_payload`: `v` = 1, `kind` = "adjustment-approval",
+`adjustment_id`, `legs` (in the order they are posted, each {`debit_account_id`, `credit_account_id`,
+`amount` as a decimal string of minor units}), `reason`, `quorum` and `proposed_by`, as stored at
+proposal. The worker that posts it rebuilds it from the row and verifies every stored signature
+against its own registry before anything moves.
 
 Schemes (`ApproverKey.scheme`):
 - `ed25519`, for scripted approvers (`custody approve --key FILE`): the signature is Ed25519 over
@@ -116,7 +122,7 @@ def approval_payload(*, withdrawal_id: int, chain: str, asset: str, amount: int,
     fields = {"v": PAYLOAD_VERSION, "kind": PAYLOAD_KIND, "withdrawal_id": withdrawal_id, "chain": chain, "asset": asset,
               "amount": str(amount), "destination": destination, "decision_id": decision_id,
               "policy_version": policy_version, "expires_at": format_expiry(expires_at)}
-    return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return canonical_json(fields)
 
 
 REBALANCE_PAYLOAD_KIND = "rebalance-approval"
@@ -134,6 +140,66 @@ def rebalance_approval_payload(*, rebalance_id: int, chain: str, asset: str, amo
     fields = {"v": PAYLOAD_VERSION, "kind": REBALANCE_PAYLOAD_KIND, "rebalance_id": rebalance_id, "chain": chain,
               "asset": asset, "amount": str(amount), "source_tier": source_tier, "destination_tier": destination_tier,
               "destination": destination}
+    return canonical_json(fields)
+
+
+ADJUSTMENT_PAYLOAD_KIND = "adjustment-approval"
+
+
+def adjustment_approval_payload(*, adjustment_id: int, legs: Sequence[tuple[int, int, int]], reason: str, quorum: int,
+                                proposed_by: str) -> bytes:
+    """The canonical bytes an approver signs for one treasury adjustment: `kind`
+    "adjustment-approval", its id, its legs in posting order as (debit account id, credit account
+    id, amount in minor units) each written {debit_account_id, credit_account_id, amount (decimal
+    string)}, the reason, the quorum and the proposer, encoded like a withdrawal's payload. It names
+    one adjustment and exactly what it moves, so a signature counts for nothing else."""
+    for name, value in (("adjustment_id", adjustment_id), ("quorum", quorum)):
+        if type(value) is not int or value < 0:
+            raise ValueError(f"{name} must be a non-negative int")
+    written = []
+    for leg in legs:
+        if len(leg) != 3 or any(type(v) is not int or v < 0 for v in leg):
+            raise ValueError("each leg is (debit account id, credit account id, amount): non-negative ints")
+        debit, credit, amount = leg
+        written.append({"debit_account_id": debit, "credit_account_id": credit, "amount": str(amount)})
+    fields = {"v": PAYLOAD_VERSION, "kind": ADJUSTMENT_PAYLOAD_KIND, "adjustment_id": adjustment_id, "legs": written,
+              "reason": reason, "quorum": quorum, "proposed_by": proposed_by}
+    return canonical_json(fields)
+
+
+@dataclass(frozen=True)
+class AdjustmentPayloadFields:
+    """The fields of a canonical adjustment approval payload, typed as `adjustment_approval_payload` takes them."""
+
+    adjustment_id: int
+    legs: tuple[tuple[int, int, int], ...]
+    reason: str
+    quorum: int
+    proposed_by: str
+
+
+def read_adjustment_payload(payload: bytes) -> AdjustmentPayloadFields:
+    """The fields `payload` binds, or ValueError unless it is exactly the canonical adjustment
+    payload of those fields (what `read_payload` is for a withdrawal's)."""
+    fields = parse_payload(bytes(payload))
+    if fields is None or fields.get("v") != PAYLOAD_VERSION or fields.get("kind") != ADJUSTMENT_PAYLOAD_KIND:
+        raise ValueError(f"the payload is not a version {PAYLOAD_VERSION} {ADJUSTMENT_PAYLOAD_KIND!r} payload")
+    try:
+        legs = tuple((leg["debit_account_id"], leg["credit_account_id"], int(leg["amount"])) for leg in fields["legs"])
+        parsed = AdjustmentPayloadFields(fields["adjustment_id"], legs, fields["reason"], fields["quorum"],
+                                         fields["proposed_by"])
+        canonical = adjustment_approval_payload(adjustment_id=parsed.adjustment_id, legs=parsed.legs, reason=parsed.reason,
+                                                quorum=parsed.quorum, proposed_by=parsed.proposed_by)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"the payload's fields are not valid: {exc}") from None
+    if canonical != bytes(payload):
+        raise ValueError("the payload is not in canonical form: its bytes could say more than its fields")
+    return parsed
+
+
+def canonical_json(fields: Mapping[str, object]) -> bytes:
+    """`fields` as every payload here is written: JSON with sorted keys (nested too), no
+    whitespace, UTF-8 without escaping non-ASCII characters."""
     return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 

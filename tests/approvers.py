@@ -11,6 +11,7 @@ same name (`operator_client`), since custody requires the key to be the caller's
 - `signature_json(sig)` -> the `signature` object of `POST /v1/withdrawals/{id}/approve`
 - `approve(withdrawals, wid, operator, comment)`: the service call with a fresh signature
 - `approve_over_api(client, wid, operator, comment)`: GET the payload, sign it, POST the approval
+  (`resource=ADJUSTMENTS`: a treasury adjustment's, the same two routes under its path)
 - `operator_key(custody, name)` / `operator_client(custody, name)`: the operator API key named
   `name` (once per database) / a TestClient with it
 - `SoftAuthenticator(operator)`: a P-256 credential that answers WebAuthn assertions like a
@@ -74,12 +75,16 @@ def approve(withdrawals, wid: int, operator: str, comment: str = "checked"):
     return withdrawals.approve(wid, operator=operator, comment=comment, signature=sign_approval(payload, operator))
 
 
-def approve_over_api(client, wid: int | str, operator: str, comment: str = "checked"):
-    """GET the approval payload, sign it as `operator`, POST the approval; the response."""
-    r = client.get(f"/v1/withdrawals/{wid}/approval-payload")
+WITHDRAWALS, ADJUSTMENTS = "/v1/withdrawals", "/v1/treasury/adjustments"
+
+
+def approve_over_api(client, wid: int | str, operator: str, comment: str = "checked", *, resource: str = WITHDRAWALS,
+                     headers: dict | None = None):
+    """GET `resource`/<id>/approval-payload, sign it as `operator`, POST the approval; the response."""
+    r = client.get(f"{resource}/{wid}/approval-payload", headers=headers)
     assert r.status_code == 200, r.text
     payload = base64.b64decode(r.json()["payload_base64"])
-    return client.post(f"/v1/withdrawals/{wid}/approve",
+    return client.post(f"{resource}/{wid}/approve", headers=headers,
                        json={"comment": comment, "signature": signature_json(sign_approval(payload, operator))})
 
 

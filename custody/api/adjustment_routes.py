@@ -3,31 +3,40 @@
 - `POST /v1/treasury/adjustments` (operator): propose legs (any accounts, amounts as decimal strings
   in the debit account's asset) with a reason and an idempotency key (in the proposer's namespace);
   optionally the journal transaction it corrects. Nothing moves yet. A replay answers 200.
-- `POST /v1/treasury/adjustments/{id}/approve` (operator, never the proposer, with a comment): the
-  approval that completes the quorum posts it; a ledger refusal answers the ledger's code and
-  records nothing.
-- `POST /v1/treasury/adjustments/{id}/reject` (operator, with a comment): ends it unposted.
+- `GET /v1/treasury/adjustments/{id}/approval-payload` (operator, auditor): what an operator signs
+  to approve it (kind `adjustment-approval`: id, legs in order, reason, quorum, proposer).
+- `POST /v1/treasury/adjustments/{id}/approve` (operator, never the proposer; body `{"comment",
+  "signature"}` as for a withdrawal): a signed approval, verified against custody's approver keys
+  (the key must be the caller's own). The one that completes the quorum answers the adjustment
+  `approved` (short of it: still `proposed`), unless the ledger's dry run of the posting refuses it
+  (its code; nothing recorded). The worker's `adjustments` job verifies the signatures again and
+  posts it (`posted`).
+- `POST /v1/treasury/adjustments/{id}/reject` (operator, with a comment): ends it unposted (while
+  `proposed` or `approved`).
 - `GET /v1/treasury/adjustments[?state=]` (newest first, paged: custody.api.paging), `GET /v1/treasury/adjustments/{id}` (auditor, operator).
 """
 from __future__ import annotations
 
+import base64
 import datetime as dt
 from typing import Literal
 
 from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from custody.adjustments import AdjustmentView
+from custody.adjustments import AdjustmentView, approval_payload
 from custody.api.bodies import CommentIn
 from custody.api.params import Id, IdPath
 from custody.api.deps import Auditor, ContainerDep, OperatorOnly
 from custody.api.errors import responses
 from custody.api.ledger_schemas import Money
 from custody.api.paging import PAGED, pager
+from custody.api.withdrawal_routes import ApproveIn, _signature
 from custody.container import Container
 from custody.money_rules import caller_key
 from ledger.amounts import parse_amount
 from ledger.model import Transfer
+from signer.approvals import b64url, webauthn_challenge
 
 router = APIRouter(prefix="/v1/treasury", tags=["treasury"])
 AdjustmentsPage = pager("adjustments", newest_first=True, default=200, maximum=1000)
@@ -68,6 +77,17 @@ class AdjustmentOut(BaseModel):
     created_at: dt.datetime
 
 
+class AdjustmentPayloadOut(BaseModel):
+    """What an approver signs. `payload` is the exact text (UTF-8), `payload_base64` its bytes,
+    `challenge` the WebAuthn challenge (base64url of SHA-256 of the bytes)."""
+
+    adjustment_id: int
+    state: str
+    payload: str
+    payload_base64: str
+    challenge: str
+
+
 def _out(c: Container, a: AdjustmentView) -> AdjustmentOut:
     legs = []
     for t in a.legs:
@@ -94,10 +114,24 @@ def propose(body: AdjustmentIn, c: ContainerDep, who: OperatorOnly, response: Re
     return _out(c, view)
 
 
+@router.get("/adjustments/{adjustment_id}/approval-payload", response_model=AdjustmentPayloadOut,
+    responses=responses("adjustment_not_found"))
+def get_approval_payload(adjustment_id: IdPath, c: ContainerDep, _: Auditor) -> AdjustmentPayloadOut:
+    """The canonical payload an approver signs for this adjustment."""
+    view = c.adjustments.get(adjustment_id)
+    payload = approval_payload(view)
+    return AdjustmentPayloadOut(adjustment_id=adjustment_id, state=view.state,
+                                payload=payload.decode("utf-8"), payload_base64=base64.b64encode(payload).decode("ascii"),
+                                challenge=b64url(webauthn_challenge(payload)))
+
+
 @router.post("/adjustments/{adjustment_id}/approve", response_model=AdjustmentOut,
-    responses=responses("adjustment_not_found", "invalid_state", "proposer_cannot_approve", "already_acted", "insufficient_funds", "limit_exceeded", "account_closed", "account_not_found", "accounts_must_be_different", "asset_mismatch", "idempotency_conflict", "conflict"))
-def approve(adjustment_id: IdPath, body: CommentIn, c: ContainerDep, who: OperatorOnly) -> AdjustmentOut:
-    return _out(c, c.adjustments.approve(adjustment_id, by=f"api:{who.name}", comment=body.comment))
+    responses=responses("adjustment_not_found", "invalid_state", "proposer_cannot_approve", "approval_signature_required", "approval_signature_malformed", "approver_unknown", "approval_scheme_mismatch", "approval_signature_invalid", "approver_not_caller", "already_acted", "insufficient_funds", "limit_exceeded", "account_closed", "account_not_found", "accounts_must_be_different", "asset_mismatch", "idempotency_conflict", "conflict"))
+def approve(adjustment_id: IdPath, body: ApproveIn, c: ContainerDep, who: OperatorOnly) -> AdjustmentOut:
+    """Approve with the operator's own signature over `GET .../approval-payload` (see ApproveIn):
+    `approved` once the quorum is reached (the worker then posts it), else still `proposed`."""
+    return _out(c, c.adjustments.approve(adjustment_id, by=f"api:{who.name}", comment=body.comment,
+                                         signature=_signature(body)))
 
 
 @router.post("/adjustments/{adjustment_id}/reject", response_model=AdjustmentOut,
@@ -108,7 +142,7 @@ def reject(adjustment_id: IdPath, body: CommentIn, c: ContainerDep, who: Operato
 
 @router.get("/adjustments", response_model=list[AdjustmentOut], responses=responses(*PAGED))
 def list_adjustments(c: ContainerDep, _: Auditor, page: AdjustmentsPage,
-                     state: Literal["proposed", "posted", "rejected"] | None = Query(default=None)) -> list[AdjustmentOut]:
+                     state: Literal["proposed", "approved", "posted", "rejected"] | None = Query(default=None)) -> list[AdjustmentOut]:
     """Adjustments newest first (paged: `X-Next-Cursor`)."""
     rows = c.adjustments.list(state=state, before_id=page.key, limit=page.fetch)
     return [_out(c, a) for a in page.finish(rows, key=lambda a: a.id)]

@@ -23,6 +23,7 @@ _ACCEPTOUT: TypeAdapter[Any] = TypeAdapter(AcceptOut)
 _ACCOUNTOUT: TypeAdapter[Any] = TypeAdapter(AccountOut)
 _ADDRESSOUT: TypeAdapter[Any] = TypeAdapter(AddressOut)
 _ADJUSTMENTOUT: TypeAdapter[Any] = TypeAdapter(AdjustmentOut)
+_ADJUSTMENTPAYLOADOUT: TypeAdapter[Any] = TypeAdapter(AdjustmentPayloadOut)
 _ALLOWLISTCHANGEOUT: TypeAdapter[Any] = TypeAdapter(AllowlistChangeOut)
 _ALLOWLISTOUT: TypeAdapter[Any] = TypeAdapter(AllowlistOut)
 _APIKEYLIST: TypeAdapter[Any] = TypeAdapter(ApiKeyList)
@@ -394,17 +395,21 @@ class SyncMethods:
         'POST /v1/treasury/adjustments: Propose'
         return self._call('POST', '/v1/treasury/adjustments', params=None, body=_body(AdjustmentIn, body, fields), answer=_ADJUSTMENTOUT)
 
-    def list_adjustments(self, *, state: Literal['proposed', 'posted', 'rejected'] | None = None, cursor: str | None = None, limit: int = 200) -> list[AdjustmentOut]:
+    def list_adjustments(self, *, state: Literal['proposed', 'approved', 'posted', 'rejected'] | None = None, cursor: str | None = None, limit: int = 200) -> list[AdjustmentOut]:
         'GET /v1/treasury/adjustments: List Adjustments'
         return self._call('GET', '/v1/treasury/adjustments', params={'state': state, 'cursor': cursor, 'limit': limit}, body=None, answer=_LIST_ADJUSTMENTOUT)
 
-    def iter_adjustments(self, *, state: Literal['proposed', 'posted', 'rejected'] | None = None, limit: int = 200) -> Iterator[AdjustmentOut]:
+    def iter_adjustments(self, *, state: Literal['proposed', 'approved', 'posted', 'rejected'] | None = None, limit: int = 200) -> Iterator[AdjustmentOut]:
         'Every item of GET /v1/treasury/adjustments, page after page (follows X-Next-Cursor).'
         return self._walk(lambda cursor: self._page('GET', '/v1/treasury/adjustments', params={'state': state, 'cursor': cursor, 'limit': limit}, answer=_LIST_ADJUSTMENTOUT), None)
 
-    def approve_adjustment(self, adjustment_id: int, body: CommentIn | Mapping[str, Any] | None = None, /, **fields: Any) -> AdjustmentOut:
+    def adjustment_approval_payload(self, adjustment_id: int, /) -> AdjustmentPayloadOut:
+        'GET /v1/treasury/adjustments/{adjustment_id}/approval-payload: Get Approval Payload'
+        return self._call('GET', f'/v1/treasury/adjustments/{_seg(adjustment_id)}/approval-payload', params=None, body=None, answer=_ADJUSTMENTPAYLOADOUT)
+
+    def approve_adjustment(self, adjustment_id: int, body: ApproveIn | Mapping[str, Any] | None = None, /, **fields: Any) -> AdjustmentOut:
         'POST /v1/treasury/adjustments/{adjustment_id}/approve: Approve'
-        return self._call('POST', f'/v1/treasury/adjustments/{_seg(adjustment_id)}/approve', params=None, body=_body(CommentIn, body, fields), answer=_ADJUSTMENTOUT)
+        return self._call('POST', f'/v1/treasury/adjustments/{_seg(adjustment_id)}/approve', params=None, body=_body(ApproveIn, body, fields), answer=_ADJUSTMENTOUT)
 
     def reject_adjustment(self, adjustment_id: int, body: CommentIn | Mapping[str, Any] | None = None, /, **fields: Any) -> AdjustmentOut:
         'POST /v1/treasury/adjustments/{adjustment_id}/reject: Reject'
@@ -842,17 +847,21 @@ class AsyncMethods:
         'POST /v1/treasury/adjustments: Propose'
         return await self._call('POST', '/v1/treasury/adjustments', params=None, body=_body(AdjustmentIn, body, fields), answer=_ADJUSTMENTOUT)
 
-    async def list_adjustments(self, *, state: Literal['proposed', 'posted', 'rejected'] | None = None, cursor: str | None = None, limit: int = 200) -> list[AdjustmentOut]:
+    async def list_adjustments(self, *, state: Literal['proposed', 'approved', 'posted', 'rejected'] | None = None, cursor: str | None = None, limit: int = 200) -> list[AdjustmentOut]:
         'GET /v1/treasury/adjustments: List Adjustments'
         return await self._call('GET', '/v1/treasury/adjustments', params={'state': state, 'cursor': cursor, 'limit': limit}, body=None, answer=_LIST_ADJUSTMENTOUT)
 
-    def iter_adjustments(self, *, state: Literal['proposed', 'posted', 'rejected'] | None = None, limit: int = 200) -> AsyncIterator[AdjustmentOut]:
+    def iter_adjustments(self, *, state: Literal['proposed', 'approved', 'posted', 'rejected'] | None = None, limit: int = 200) -> AsyncIterator[AdjustmentOut]:
         'Every item of GET /v1/treasury/adjustments, page after page (follows X-Next-Cursor).'
         return self._walk(lambda cursor: self._page('GET', '/v1/treasury/adjustments', params={'state': state, 'cursor': cursor, 'limit': limit}, answer=_LIST_ADJUSTMENTOUT), None)
 
-    async def approve_adjustment(self, adjustment_id: int, body: CommentIn | Mapping[str, Any] | None = None, /, **fields: Any) -> AdjustmentOut:
+    async def adjustment_approval_payload(self, adjustment_id: int, /) -> AdjustmentPayloadOut:
+        'GET /v1/treasury/adjustments/{adjustment_id}/approval-payload: Get Approval Payload'
+        return await self._call('GET', f'/v1/treasury/adjustments/{_seg(adjustment_id)}/approval-payload', params=None, body=None, answer=_ADJUSTMENTPAYLOADOUT)
+
+    async def approve_adjustment(self, adjustment_id: int, body: ApproveIn | Mapping[str, Any] | None = None, /, **fields: Any) -> AdjustmentOut:
         'POST /v1/treasury/adjustments/{adjustment_id}/approve: Approve'
-        return await self._call('POST', f'/v1/treasury/adjustments/{_seg(adjustment_id)}/approve', params=None, body=_body(CommentIn, body, fields), answer=_ADJUSTMENTOUT)
+        return await self._call('POST', f'/v1/treasury/adjustments/{_seg(adjustment_id)}/approve', params=None, body=_body(ApproveIn, body, fields), answer=_ADJUSTMENTOUT)
 
     async def reject_adjustment(self, adjustment_id: int, body: CommentIn | Mapping[str, Any] | None = None, /, **fields: Any) -> AdjustmentOut:
         'POST /v1/treasury/adjustments/{adjustment_id}/reject: Reject'

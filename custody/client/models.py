@@ -129,6 +129,18 @@ class AdjustmentOut(BaseModel):
     created_at: datetime
 
 
+class AdjustmentPayloadOut(BaseModel):
+    'What an approver signs. `payload` is the exact text (UTF-8), `payload_base64` its bytes,'
+
+    model_config = ConfigDict(extra="ignore")
+
+    adjustment_id: int
+    state: str
+    payload: str
+    payload_base64: str
+    challenge: str
+
+
 class AllowlistChangeOut(BaseModel):
     model_config = ConfigDict(extra="ignore")
 

@@ -428,9 +428,12 @@ async function renderAdjustments() {
   const rows = await call("GET", "/v1/treasury/adjustments");
   $("adjustments").replaceChildren(table(["", "State", "Proposed by", "Reason", "Transfers", "Approvals", ""], rows.map((a) => {
     const own = me.username && a.proposed_by === `api:${me.username}`;
-    const actions = a.state !== "proposed" ? [] : own ? [el("span", {class: "tag mine"}, "your proposal")] : canDecide() ?
+    const open = a.state === "proposed" || a.state === "approved";
+    const actions = !open ? [] : own && a.state === "proposed" ? [el("span", {class: "tag mine"}, "your proposal")] : !canDecide() ? [] :
+      a.state === "approved" ? [el("span", {class: "tag"}, "the worker posts it next"), " ",
+                                el("button", {class: "danger", onclick: () => adjustmentDecision(a, "reject")}, "Reject")] :
       [el("button", {onclick: () => adjustmentDecision(a, "approve")}, "Approve"), " ",
-       el("button", {class: "danger", onclick: () => adjustmentDecision(a, "reject")}, "Reject")] : [];
+       el("button", {class: "danger", onclick: () => adjustmentDecision(a, "reject")}, "Reject")];
     return el("tr", {"data-adjustment": a.id}, el("td", {}, `#${a.id}`), el("td", {}, a.state), el("td", {}, a.proposed_by),
       el("td", {}, a.reason), el("td", {}, a.transfers.map((t) => el("div", {}, `${t.amount.value}: account ${t.debit_account_id} -> ${t.credit_account_id}`))),
       el("td", {}, `${a.approved_by.length} of ${a.quorum}${a.approved_by.length ? ": " + a.approved_by.join(", ") : ""}`),
@@ -439,12 +442,37 @@ async function renderAdjustments() {
 }
 
 async function adjustmentDecision(a, what) {
+  if (what === "approve") return approveAdjustment(a);
   await act(`a:${a.id}`, async () => {
-    const comment = await ask({title: `${what === "approve" ? "Approve" : "Reject"} adjustment #${a.id}`, inputName: "Comment (required)",
-                               okText: what === "approve" ? "Approve" : "Reject", facts: [["Reason", a.reason]]});
+    const comment = await ask({title: `Reject adjustment #${a.id}`, inputName: "Comment (required)",
+                               okText: "Reject", danger: true, facts: [["Reason", a.reason]]});
     if (comment === null) throw new Error("cancelled");
-    await call("POST", `/v1/treasury/adjustments/${a.id}/${what}`, {comment});
-  }, what === "approve" ? "approved" : "rejected", renderAdjustments);
+    await call("POST", `/v1/treasury/adjustments/${a.id}/reject`, {comment});
+  }, "rejected", renderAdjustments);
+}
+
+// Approving is signing the adjustment's payload (id, legs, reason, quorum, proposer) with the
+// signed-in person's own key, as for a withdrawal; the worker posts it once the quorum is signed.
+async function approveAdjustment(a) {
+  await act(`a:${a.id}`, async () => {
+    const shown = await call("GET", `/v1/treasury/adjustments/${a.id}/approval-payload`);
+    const bytes = Uint8Array.from(atob(shown.payload_base64), (c) => c.charCodeAt(0));
+    const text = new TextDecoder("utf-8", {fatal: true}).decode(bytes);
+    const p = JSON.parse(text); // what is shown below is read from the bytes the key signs, not from other fields
+    const same = p.adjustment_id === a.id && p.reason === a.reason && p.proposed_by === a.proposed_by &&
+      p.legs.length === a.transfers.length && p.legs.every((l, i) => l.debit_account_id === a.transfers[i].debit_account_id &&
+        l.credit_account_id === a.transfers[i].credit_account_id && l.amount === a.transfers[i].amount.minor);
+    if (!same) throw new Error("the approval payload does not match this row: not signing");
+    const comment = await ask({
+      title: `Approve adjustment #${p.adjustment_id}`, okText: "Sign with your key and approve",
+      inputName: "Comment for the audit log (required)", payload: text,
+      facts: [["Reason", p.reason], ["Proposed by", p.proposed_by],
+              ["Legs", p.legs.map((l, i) => `${a.transfers[i].amount.value} (${l.amount} minor units): account ${l.debit_account_id} -> ${l.credit_account_id}`).join("; ")],
+              ["Approvals needed", `${p.quorum}`]]});
+    if (comment === null) throw new Error("cancelled: nothing was signed");
+    const r = await call("POST", `/v1/treasury/adjustments/${a.id}/approve`, {comment, signature: await signWithMyKey(bytes)});
+    rowNotes[`a:${a.id}`] = {ok: r.state === "approved" ? "approved: the worker posts it next" : `approved: it is ${r.state}`};
+  }, null, renderAdjustments);
 }
 
 async function propose(event) {

@@ -511,7 +511,7 @@ def _build(config: DeploymentConfig, process: Process, adapters: Mapping[str, Ch
                                     blind_critical_after=settings.node_view_critical_after_seconds)
     if eth_rebalances is not None:
         reconciliation.eth_outer = eth_rebalances.destinations()
-    adjustments = TreasuryAdjustments(engine, ledger, quorum=settings.treasury_adjustment_quorum)
+    adjustments = TreasuryAdjustments(engine, ledger, quorum=settings.treasury_adjustment_quorum, approvers=approvers)
     return CustodyServices(config=config, settings=settings, engine=engine, ledger=ledger, wallets=wallets,
                            adapters=adapters, signer=signer, deposits=deposits, withdrawals=withdrawals,
                            payouts=payouts, reconciliation=reconciliation, adjustments=adjustments,

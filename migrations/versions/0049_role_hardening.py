@@ -84,20 +84,25 @@ ACCOUNT_BEFORE = "INSERT, UPDATE"
 ACCOUNT_AFTER = "INSERT, UPDATE (closed_at)"
 
 
-def _account_privileges(before: str, after: str) -> str:
-    """custody_api's limited list, rewritten from the database's own with `account`'s privileges
-    `before` replaced by `after` (refused if `account` is not listed with `before`)."""
+def limited_privileges(relation: str, before: str, after: str, *, migration: str = "0049") -> str:
+    """custody_api's limited list, rewritten from the database's own with `relation`'s privileges
+    `before` replaced by `after` (refused if `relation` is not listed with `before`). Migration
+    0051 uses it too."""
     return f"""
 DO $do$
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM custody_api_limited_tables() WHERE relation = 'account' AND privileges = '{before}') THEN
-        RAISE EXCEPTION 'migration 0049: account is not in custody_api_limited_tables() with {before}';
+    IF NOT EXISTS (SELECT 1 FROM custody_api_limited_tables() WHERE relation = '{relation}' AND privileges = '{before}') THEN
+        RAISE EXCEPTION 'migration {migration}: {relation} is not in custody_api_limited_tables() with {before}';
     END IF;
 END $do$;
 {_0040._set_limited(
-        "SELECT relation, CASE WHEN relation = 'account' THEN '" + after + "' ELSE privileges END AS privileges, n "
+        "SELECT relation, CASE WHEN relation = '" + relation + "' THEN '" + after + "' ELSE privileges END AS privileges, n "
         "FROM custody_api_limited_tables() WITH ORDINALITY AS l(relation, privileges, n)")}
 """
+
+
+def _account_privileges(before: str, after: str) -> str:
+    return limited_privileges("account", before, after)
 
 
 def upgrade() -> None:

@@ -2,7 +2,7 @@
 principal as the actor of a price or an API key change (the lead's brief H2, items 1 and 3).
 
 Revision ID: 0052_trust_gaps
-Revises: 0050_refill_times
+Revises: 0051_adjustment_signatures
 
 Why:
 - custody_api INSERTs `account` (0049 left it: `POST /v1/accounts`, matching's market and customer
@@ -54,7 +54,7 @@ from pathlib import Path
 from alembic import op
 
 revision = "0052_trust_gaps"
-down_revision = "0050_refill_times"
+down_revision = "0051_adjustment_signatures"
 branch_labels = None
 depends_on = None
 

@@ -45,6 +45,7 @@ import pytest
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from sqlalchemy import create_engine, text
 
+from custody.approve_cli import approve_adjustment_with_client, load_private_key
 from custody.broker import JetStreamSink, embedded_nats_url
 from custody.client import CustodyClient
 from custody.client.projection import EventProjection
@@ -205,7 +206,7 @@ def clients(deployment, owner_url):
         keys = {"backend": create_api_key(engine, "events-backend", "backend", pepper),
                 "admin": create_api_key(engine, "events-admin", "admin", pepper),
                 "op1": create_api_key(engine, "events-op-1", "operator", pepper),
-                "op2": create_api_key(engine, "events-op-2", "operator", pepper)}
+                "op2": create_api_key(engine, "approver-2", "operator", pepper)}  # a scripted approver (deploy)
     finally:
         engine.dispose()
     with CustodyClient(deployment.api_base, None, timeout=30, retries=0) as base:  # one pool, a key per role; first answers
@@ -312,7 +313,10 @@ def test_projection_from_jetstream_survives_restarts_and_equals_the_api(deployme
         idempotency_key=f"usdt-{run}", reason="events e2e: the buyer's opening balance",
         transfers=[{"debit_account_id": _firm_account(admin, "equity:USDT", "USDT"), "credit_account_id": buyer_usdt,
                     "amount": Decimal("40000")}]))
-    assert_equal(op2.approve_adjustment(proposal.id, comment="checked").state, "posted")
+    approved = approve_adjustment_with_client(op2, proposal.id, load_private_key(deployment.approver_keys["approver-2"]),
+                                              comment="checked", show=log.info)
+    assert_equal(approved.state, "approved")
+    _until("the worker posted the adjustment", lambda: op2.get_adjustment(proposal.id).state == "posted")
 
     def order(account: str, client_order_id: str, side: str, qty: str, price: str):
         return answered(backend, 201, backend.place_order(symbol, account=account, client_order_id=client_order_id,

@@ -17,7 +17,8 @@ screenshotted into test-artifacts/console/<test>/:
 - cancelling the kill-switch dialog engages nothing; engaging needs a typed reason; only the admin
   releases it;
 - a treasury adjustment proposed in the page is marked as the proposer's own; another operator
-  approves it there and it is posted; every page renders for the auditor without a button, and
+  approves it there (signing its payload with their key): it is approved, and posted by the
+  worker's job; every page renders for the auditor without a button, and
   the audit trail finds the approvals with their comments.
 The payout on regtest after approvals in the page: tests/e2e/custody/test_console_payout.py.
 """
@@ -35,6 +36,7 @@ from custody.settings import Settings
 from regtest.util import assert_equal
 from tests.browser import Browser, artifacts_dir, free_port, needs_browser, serve
 from tests.console_team import approve_in_page, enrol_team
+from tests.integration.adjustment_helpers import run_adjustments_job
 from tests.integration.console_helpers import Console
 from tests.integration.withdrawal_api import DEST, WithdrawalApi
 
@@ -164,6 +166,11 @@ def test_the_team_works_in_the_console(engine, ledger, browser):
         ben.page.locator("#adjustments tr", has_text=f"browser test {run}").get_by_role("button", name="Approve").click()
         ben.page.fill("#confirm-input", "checked the ticket")
         ben.page.click("#confirm-ok")
+        ben.page.locator("#adjustments tr", has_text=f"browser test {run}").filter(has_text="the worker posts it next").wait_for()
+        ben.shot("adjustment-approved")
+        log.info("the worker's job verifies ben's signature again and posts it")
+        assert_equal(len(run_adjustments_job(api.custody)), 1)
+        ben.tab("adjustments")
         ben.page.locator("#adjustments tr", has_text=f"browser test {run}").filter(has_text="posted").wait_for()
         ben.shot("adjustment-posted")
         assert_equal(api.custody.ledger.balance(suspense).posted >= 100_000, True)

@@ -2,8 +2,9 @@
 
 As custody_api (the api process's role), on connections of its own:
 - a posting that debits a liquidity account, sent straight to `ledger_post`, is refused, and so is
-  one under a treasury adjustment's key without its quorum of approvals; the same debit as a leg
-  of an approved adjustment, or inside `convert_accept`, goes through;
+  one under a treasury adjustment's key, whatever its state and votes (migration 0051: only
+  custody_worker posts an approved adjustment, with exactly its legs); the debit inside
+  `convert_accept` goes through;
 - the api cannot write `convert_quote` rows itself, and `convert_quote_create` refuses figures that
   do not follow from each other (a payout above the stated rate, a fee below it, a rate better than
   the operator's price, an expiry beyond 60 s).
@@ -44,11 +45,11 @@ def world(engine, ledger):
             "alice_btc": alice_btc, "convert": convert}
 
 
-def as_api(engine, sql: str, params: dict):
+def as_api(engine, sql: str, params: dict, *, role: str = "custody_api"):
     with engine.connect() as c:
         try:
             with c.begin():
-                c.exec_driver_sql("SET LOCAL ROLE custody_api")
+                c.exec_driver_sql(f"SET LOCAL ROLE {role}")
                 return c.execute(text(sql), params).all()
         finally:
             c.rollback()
@@ -58,18 +59,18 @@ POST = ("SELECT status FROM ledger_post(:k, 'h', 'transfer', '{}'::jsonb, ARRAY[
         "ARRAY[:a]::numeric[], ARRAY[NULL]::bigint[], NULL, NULL)")
 
 
-def refused(engine, sql: str, params: dict) -> str:
+def refused(engine, sql: str, params: dict, *, role: str = "custody_api") -> str:
     with pytest.raises(DBAPIError) as caught:
-        as_api(engine, sql, params)
+        as_api(engine, sql, params, role=role)
     return caught.value.orig.sqlstate
 
 
-def test_the_api_role_cannot_debit_liquidity_but_by_an_approved_adjustment(engine, ledger, world):
+def test_the_api_role_never_debits_liquidity_and_the_worker_only_by_an_approved_adjustment(engine, ledger, world):
     btc_liquidity, btc_equity = world["liquidity"][world["btc"]], world["equity"][world["btc"]]
     log.info("a direct posting from liquidity is refused (insufficient_privilege)")
     assert refused(engine, POST, {"k": f"x:{world['run']}:1", "d": btc_liquidity, "c": btc_equity, "a": 5}) == "42501"
 
-    log.info("so is one under an adjustment's key that has no approvals")
+    log.info("so is one under an adjustment's key, with votes, even once the adjustment is marked approved")
     with engine.begin() as c:
         adjustment = c.execute(text(
             "INSERT INTO treasury_adjustment (idempotency_key, proposed_by, reason, transfers, quorum, state) "
@@ -77,19 +78,19 @@ def test_the_api_role_cannot_debit_liquidity_but_by_an_approved_adjustment(engin
             {"k": f"guard-{world['run']}", "t": json.dumps([{"debit_account_id": btc_liquidity,
                                                               "credit_account_id": btc_equity, "amount": "5"}])}
         ).scalar_one()
-    key = f"treasury-adjustment:{adjustment}"
-    assert refused(engine, POST, {"k": key, "d": btc_liquidity, "c": btc_equity, "a": 5}) == "42501"
-    log.info("an approval by the proposer does not count; one by another operator does")
-    with engine.begin() as c:
-        c.execute(text("INSERT INTO treasury_adjustment_vote (adjustment_id, operator, decision, comment) "
-                       "VALUES (:i, 'mallory', 'approve', 'me')"), {"i": adjustment})
-    assert refused(engine, POST, {"k": key, "d": btc_liquidity, "c": btc_equity, "a": 5}) == "42501"
-    with engine.begin() as c:
         c.execute(text("INSERT INTO treasury_adjustment_vote (adjustment_id, operator, decision, comment) "
                        "VALUES (:i, 'olga', 'approve', 'ok')"), {"i": adjustment})
-    log.info("another amount than the proposal's is still refused; the proposal's own goes through")
-    assert refused(engine, POST, {"k": key, "d": btc_liquidity, "c": btc_equity, "a": 6}) == "42501"
-    assert as_api(engine, POST, {"k": key, "d": btc_liquidity, "c": btc_equity, "a": 5})[0].status == "created"
+    key = f"treasury-adjustment:{adjustment}"
+    legs = {"k": key, "d": btc_liquidity, "c": btc_equity, "a": 5}
+    assert refused(engine, POST, legs) == "42501"
+    log.info("the worker may not post it while it is proposed")
+    assert refused(engine, POST, legs, role="custody_worker") == "42501"
+    with engine.begin() as c:
+        c.execute(text("UPDATE treasury_adjustment SET state = 'approved' WHERE id = :i"), {"i": adjustment})
+    assert refused(engine, POST, legs) == "42501"
+    log.info("approved: the worker posts exactly its legs, nothing else")
+    assert refused(engine, POST, {**legs, "a": 6}, role="custody_worker") == "42501"
+    assert as_api(engine, POST, legs, role="custody_worker")[0].status == "created"
     assert ledger.balance(btc_liquidity).posted == 10**8 - 5
 
 

@@ -4,7 +4,7 @@ The worked example: a customer sells 100.00 EUR for BTC at 58,000 EUR/BTC (an op
 spread) with a 0.25% fee: the fee is 0.25 EUR, the customer receives 0.00171982 BTC, the house's
 liquidity and fee accounts move by exactly the matching amounts, and the transaction's totals are
 zero per asset. The house's liquidity is funded by a treasury adjustment (proposed by one operator,
-approved by another). Then every refusal books nothing and answers its own code: an expired quote,
+signed by another, posted by the worker's job as custody_worker). Then every refusal books nothing and answers its own code: an expired quote,
 a reused one, insufficient house liquidity, insufficient customer funds; concurrent accepts of one
 quote book once. The ledger is verified at the end (the `ledger` fixture).
 """
@@ -25,6 +25,8 @@ from custody.container import Container
 from custody.settings import Settings
 from ledger.model import AccountKind
 from regtest.util import assert_equal
+from tests.approvers import ADJUSTMENTS, approve_over_api, registry
+from tests.integration.adjustment_helpers import run_adjustments_job
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +36,11 @@ class Desk:
 
     def __init__(self, engine, ledger) -> None:
         self.settings = Settings(environment="test", convert_fee_ppm=2500, convert_spread_ppm=0)
-        self.container = Container(settings=self.settings, engine=engine, ledger=ledger)
+        self.run = uuid.uuid4().hex[:8]
+        self.container = Container(settings=self.settings, engine=engine, ledger=ledger,
+                                   approvers=registry(f"cv-ops1-{self.run}", f"cv-ops2-{self.run}"))
         self.ledger = ledger
         self.engine = engine
-        self.run = uuid.uuid4().hex[:8]
         self.client = TestClient(create_app(self.container), raise_server_exceptions=False)
         pepper = self.settings.api_key_pepper
         self.keys = {name: create_api_key(engine, f"cv-{name}-{self.run}", role, pepper) for name, role in
@@ -75,13 +78,17 @@ class Desk:
         return base, quote, symbol
 
     def adjust(self, debit: int, credit: int, amount: str, reason: str) -> None:
-        """A treasury adjustment: ops1 proposes, ops2 approves (quorum 1): the api's only way to move liquidity."""
+        """A treasury adjustment: ops1 proposes, ops2 signs its approval (quorum 1), the worker's job
+        posts it: the only way to move liquidity but a quote."""
         r = self.call("ops1", "POST", "/v1/treasury/adjustments", json={
             "idempotency_key": f"{self.run}-{reason}", "reason": reason,
             "transfers": [{"debit_account_id": debit, "credit_account_id": credit, "amount": amount}]})
         assert r.status_code == 201, r.text
-        r = self.call("ops2", "POST", f"/v1/treasury/adjustments/{r.json()['id']}/approve", json={"comment": "ok"})
-        assert r.status_code == 200 and r.json()["state"] == "posted", r.text
+        adjustment = r.json()["id"]
+        r = approve_over_api(self.client, adjustment, f"cv-ops2-{self.run}", "ok", resource=ADJUSTMENTS,
+                             headers={"X-API-Key": self.keys["ops2"]})
+        assert r.status_code == 200 and r.json()["state"] == "approved", r.text
+        assert_equal(run_adjustments_job(self.container), [adjustment])
 
     def liquidity(self, asset: str) -> dict:
         r = self.call("auditor", "GET", f"/v1/convert/liquidity/{asset}")

@@ -277,6 +277,12 @@ API_FORBIDDEN = {
     "write_reserve_node": "INSERT INTO reserve_node SELECT * FROM reserve_node WHERE false",
     "mark_reserve_report_published": "UPDATE reserve_job SET state = 'published', published_at = now() WHERE false",
     "record_reserve_progress": "UPDATE reserve_job SET leaves_built = leaves_total WHERE false",
+    # a treasury adjustment's content is fixed once proposed (what its approvals sign) and the worker
+    # records its posting (0051); nor may the api emit the posting's event
+    "rewrite_adjustment_legs": "UPDATE treasury_adjustment SET transfers = transfers, quorum = 1 WHERE false",
+    "rewrite_adjustment_proposer": "UPDATE treasury_adjustment SET proposed_by = proposed_by, reason = reason WHERE false",
+    "record_adjustment_posting": "UPDATE treasury_adjustment SET transaction_id = NULL WHERE false",
+    "emit_adjustment_posted": "SELECT custody_emit('treasury.adjustment_posted', 'adjustment:0', 'adjustment:0', 1, '{}'::jsonb)",
 }
 
 # What the api keeps, at the same statement level (its routes exercise them in their own tests).
@@ -296,6 +302,8 @@ API_ALLOWED = {
     "save_reconciliation_pass": "UPDATE reconciliation_line SET difference = 0 WHERE false",
     "remove_allowlisted_destination": "DELETE FROM allowlist_entry WHERE false",
     "request_reserve_reports": "INSERT INTO reserve_job SELECT * FROM reserve_job WHERE false",
+    "decide_adjustment": "UPDATE treasury_adjustment SET state = state, updated_at = now() WHERE false",
+    "lock_adjustment": "SELECT id FROM treasury_adjustment WHERE false FOR UPDATE",
 }
 
 

@@ -8,6 +8,7 @@ reversed a subsystem's transaction; an auditor ran reconciliation and published 
 """
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 
@@ -22,20 +23,24 @@ from custody.wallets import Wallets
 from ledger.errors import LedgerError
 from ledger.model import AccountKind
 from ledger.service import Ledger
+from tests.approvers import ADJUSTMENTS, approve_over_api, registry, sign_approval, signature_json
+from tests.integration.adjustment_helpers import run_adjustments_job
 
 log = logging.getLogger(__name__)
 
 
 class Api:
-    """A TestClient with one key per actor: backend, admin, auditor, and operators ann, ben, cat."""
+    """A TestClient with one key per actor: backend, admin, auditor, and operators ann, ben, cat,
+    each operator also an approver (tests/approvers.py's test key of their API key name)."""
 
-    def __init__(self, engine, *, quorum: int = 1) -> None:
+    def __init__(self, engine, *, quorum: int = 1, extra_approvers: tuple[dict, ...] = ()) -> None:
         settings = Settings(environment="test", treasury_adjustment_quorum=quorum)
-        self.container = Container(settings=settings, engine=engine, ledger=Ledger(engine))
         self.run = uuid.uuid4().hex[:8]
         actors = {"backend": "backend", "admin": "admin", "auditor": "auditor",
                   "ann": "operator", "ben": "operator", "cat": "operator"}
         self.names = {actor: f"{actor}-{self.run}" for actor in actors}
+        self.container = Container(settings=settings, engine=engine, ledger=Ledger(engine),
+                                   approvers=registry(*(self.names[o] for o in ("ann", "ben", "cat")), extra=extra_approvers))
         self.keys = {actor: create_api_key(engine, self.names[actor], role, settings.api_key_pepper)
                      for actor, role in actors.items()}
         self.client = TestClient(create_app(self.container), raise_server_exceptions=False)
@@ -44,6 +49,17 @@ class Api:
         r = self.client.request(method, path, headers={"X-API-Key": self.keys[actor]}, **kw)
         if status is not None:
             assert r.status_code == status, f"{method} {path}: {r.status_code} {r.text}"
+        if code is not None:
+            assert r.json()["error"]["code"] == code, r.text
+        return r.json()
+
+    def approve(self, actor: str, adjustment_id: int, status: int, code: str | None = None, *, as_key: str | None = None,
+                comment: str = "checked") -> dict:
+        """`actor` signs adjustment `adjustment_id`'s approval payload with their test key (or
+        `as_key`'s: a forgery) and sends it."""
+        r = approve_over_api(self.client, adjustment_id, as_key or self.names[actor], comment, resource=ADJUSTMENTS,
+                             headers={"X-API-Key": self.keys[actor]})
+        assert r.status_code == status, r.text
         if code is not None:
             assert r.json()["error"]["code"] == code, r.text
         return r.json()
@@ -179,14 +195,34 @@ def test_a_treasury_adjustment_needs_another_operator_and_posts_exactly_what_was
     propose(api, "ann", "goodwill-1", [(equity, alice, "0.002")], status=409, code="idempotency_conflict")
     assert ledger.balance(alice).posted == 0
     log.info("ann may not approve her own proposal; the backend may not approve at all")
-    api("ann", "POST", f"/v1/treasury/adjustments/{a['id']}/approve", 403, "proposer_cannot_approve", json={"comment": "ok"})
+    api.approve("ann", a["id"], 403, "proposer_cannot_approve")
     api("backend", "POST", f"/v1/treasury/adjustments/{a['id']}/approve", 403, "forbidden", json={"comment": "ok"})
-    log.info("ben approves: it is posted under treasury-adjustment:<id> with the reason and both names")
-    done = api("ben", "POST", f"/v1/treasury/adjustments/{a['id']}/approve", 200, json={"comment": "checked ticket 42"})
-    assert done["state"] == "posted" and done["approved_by"] == [f"api:{api.names['ben']}"]
+    log.info("an approval is a signature: none, another operator's key, or a signature over something else is refused")
+    api("ben", "POST", f"/v1/treasury/adjustments/{a['id']}/approve", 422, "approval_signature_required",
+        json={"comment": "ok"})
+    api.approve("ben", a["id"], 403, "approver_not_caller", as_key=api.names["cat"])
+    wrong = signature_json(sign_approval(b"{}", api.names["ben"]))
+    api("ben", "POST", f"/v1/treasury/adjustments/{a['id']}/approve", 403, "approval_signature_invalid",
+        json={"comment": "ok", "signature": wrong})
+    log.info("ben signs the payload (id, legs, reason, quorum, proposer): approved, not posted yet")
+    payload = api("auditor", "GET", f"/v1/treasury/adjustments/{a['id']}/approval-payload", 200)
+    assert json.loads(payload["payload"]) == {
+        "v": 1, "kind": "adjustment-approval", "adjustment_id": a["id"], "quorum": 1, "proposed_by": f"api:{api.names['ann']}",
+        "reason": "compensation for ticket 42",
+        "legs": [{"debit_account_id": equity, "credit_account_id": alice, "amount": "100000"}]}
+    done = api.approve("ben", a["id"], 200, comment="checked ticket 42")
+    assert (done["state"], done["approved_by"], done["transaction_id"]) == ("approved", [f"api:{api.names['ben']}"], None)
+    assert ledger.balance(alice).posted == 0
+    api.approve("cat", a["id"], 409, "invalid_state")
+    log.info("the worker verifies ben's signature again and posts it under treasury-adjustment:<id>")
+    assert run_adjustments_job(api.container) == [a["id"]]
+    done = api("auditor", "GET", f"/v1/treasury/adjustments/{a['id']}", 200)
+    assert done["state"] == "posted"
     assert ledger.balance(alice).posted == 100_000
     assert ledger.transaction_key(done["transaction_id"]) == f"treasury-adjustment:{a['id']}"
-    api("cat", "POST", f"/v1/treasury/adjustments/{a['id']}/approve", 409, "invalid_state", json={"comment": "late"})
+    assert run_adjustments_job(api.container) == []
+    api.approve("cat", a["id"], 409, "invalid_state")
+    api("cat", "POST", f"/v1/treasury/adjustments/{a['id']}/reject", 409, "invalid_state", json={"comment": "late"})
     assert ledger.balance(alice).posted == 100_000
 
 
@@ -197,13 +233,23 @@ def test_an_adjustment_the_ledger_refuses_records_nothing_and_a_rejection_ends_i
     fees = firm(api, "fees:BTC")
     log.info("fee income may not go negative: the approval completing the quorum fails and records nothing")
     a = propose(api, "ann", "refund-fees", [(fees, alice, "1")], reason="refund")
-    api("ben", "POST", f"/v1/treasury/adjustments/{a['id']}/approve", 200, json={"comment": "one of two"})
-    api("cat", "POST", f"/v1/treasury/adjustments/{a['id']}/approve", 409, "insufficient_funds", json={"comment": "two"})
+    assert api.approve("ben", a["id"], 200, comment="one of two")["state"] == "proposed"
+    api.approve("cat", a["id"], 409, "insufficient_funds", comment="two")
     again = api("auditor", "GET", f"/v1/treasury/adjustments/{a['id']}", 200)
     assert (again["state"], len(again["approved_by"])) == ("proposed", 1)
     log.info("one rejection ends it; a second vote by the same operator is refused")
-    api("ben", "POST", f"/v1/treasury/adjustments/{a['id']}/approve", 409, "already_acted", json={"comment": "again"})
+    api.approve("ben", a["id"], 409, "already_acted", comment="again")
     assert api("cat", "POST", f"/v1/treasury/adjustments/{a['id']}/reject", 200, json={"comment": "no"})["state"] == "rejected"
+    assert run_adjustments_job(api.container) == []
+    assert ledger.balance(alice).posted == 0
+
+
+def test_an_approved_adjustment_may_be_rejected_before_the_worker_posts_it(api, ledger):
+    alice = api.customer("alice")
+    a = propose(api, "ann", "withdrawn", [(firm(api, "equity:BTC"), alice, "1")], reason="bonus")
+    assert api.approve("ben", a["id"], 200)["state"] == "approved"
+    assert api("ann", "POST", f"/v1/treasury/adjustments/{a['id']}/reject", 200, json={"comment": "withdrawn"})["state"] == "rejected"
+    assert run_adjustments_job(api.container) == []
     assert ledger.balance(alice).posted == 0
 
 
@@ -213,7 +259,8 @@ def test_an_adjustment_of_on_chain_books_opens_a_critical_incident(api, ledger):
     hot = api.container.wallets.location_account(f"test{api.run}", "hot", "BTC")
     suspense = firm(api, "suspense:BTC")
     a = propose(api, "ann", "hot-correction", [(hot, suspense, "0.00000500")], reason="unexplained hot shortfall")
-    api("ben", "POST", f"/v1/treasury/adjustments/{a['id']}/approve", 200, json={"comment": "matches the node"})
+    api.approve("ben", a["id"], 200, comment="matches the node")
+    assert run_adjustments_job(api.container) == [a["id"]]
     incidents = api("auditor", "GET", "/v1/incidents", 200)
     assert any(i["kind"] == "treasury_adjustment_on_chain_books" and i["severity"] == "critical" for i in incidents)
     assert kill_switch(api.container.engine).engaged

@@ -9,21 +9,21 @@ the credit account nor how many legs use the one approved transfer. So custody_a
 operator) proposes, "approves" under invented operator names and drains a liquidity account into
 a customer account of its choosing, twice the approved amount in one posting.
 Everything runs in one transaction, rolled back.
+
+Fixed by migration 0051: custody_api never debits a liquidity account; only custody_worker posts an
+approved adjustment, with exactly its stored legs, after verifying its approvers' signatures.
 """
 from __future__ import annotations
 
 import json
 import uuid
 
-import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
 from ledger.model import AccountKind, Transfer
 
 
-@pytest.mark.xfail(strict=True, reason="R1: custody_api forges a treasury adjustment and its votes; the liquidity "
-                                       "guard accepts a debit to another credit account, twice")
 def test_api_role_cannot_drain_liquidity_with_a_forged_adjustment(engine, ledger):
     run = uuid.uuid4().hex[:8]
     ledger.create_asset("BTC", 8)
@@ -44,9 +44,10 @@ def test_api_role_cannot_drain_liquidity_with_a_forged_adjustment(engine, ledger
             c.execute(text("INSERT INTO treasury_adjustment_vote (adjustment_id, operator, decision, comment) "
                            "VALUES (:a, 'invented', 'approve', 'ok')"), {"a": adj})
             try:
-                ledger.post(f"treasury-adjustment:{adj}",
-                            [Transfer(liquidity, mallory, 500), Transfer(liquidity, mallory, 500)], conn=c)
-                c.execute(text("SET CONSTRAINTS ALL IMMEDIATE"))  # the deferred checks COMMIT would run
+                with c.begin_nested():  # a refusal rolls back to here, so what mallory holds can still be read
+                    ledger.post(f"treasury-adjustment:{adj}",
+                                [Transfer(liquidity, mallory, 500), Transfer(liquidity, mallory, 500)], conn=c)
+                    c.execute(text("SET CONSTRAINTS ALL IMMEDIATE"))  # the deferred checks COMMIT would run
                 outcome = "posted"
             except DBAPIError as exc:
                 outcome = exc.orig.sqlstate

@@ -13,9 +13,9 @@ import pytest
 import signer.service as service_module
 from custody.policy_config import default_policy
 from regtest.util import assert_equal, assert_raises_code
-from signer.approvals import (ApprovalInvalid, ApprovalSignature, ApproverRegistry, PayloadFields, QuorumTable, approval_payload,
-                              format_expiry, operator_identity, parse_payload, quorum_table_from_policy, read_payload,
-                              unprintable_fields, verify_approval, webauthn_challenge)
+from signer.approvals import (AdjustmentPayloadFields, ApprovalInvalid, ApprovalSignature, ApproverRegistry, PayloadFields,
+                              QuorumTable, adjustment_approval_payload, approval_payload, format_expiry, operator_identity, parse_payload, quorum_table_from_policy, read_payload,
+                              read_adjustment_payload, unprintable_fields, verify_approval, webauthn_challenge)
 from signer.protocol import RefusalCode
 from tests.approvers import SoftAuthenticator, entry, private_key, registry, sign_approval
 
@@ -220,3 +220,46 @@ def test_read_payload_refuses_control_and_format_characters_in_every_text_field(
     assert_equal(unprintable_fields({"chain": "bitcoin", "asset": "BTC", "destination": "a\u202eb", "policy_version": "v\x1b"}),
                  ["destination (U+202E)", "policy_version (U+001B)"])
     assert_equal(read_payload(payload(destination="bc1qé")).destination, "bc1qé")  # printable non-ASCII is text, not control
+
+
+# ---- treasury adjustments ------------------------------------------------------------------------
+
+ADJUSTMENT = dict(adjustment_id=9, legs=[(3, 7, 100_000), (3, 8, 5)], reason="refund, ticket 4713", quorum=2,
+                  proposed_by="api:ann")
+
+
+def test_the_adjustment_payload_is_canonical_json_with_its_legs_in_order():
+    expected = ('{"adjustment_id":9,"kind":"adjustment-approval","legs":['
+                '{"amount":"100000","credit_account_id":7,"debit_account_id":3},'
+                '{"amount":"5","credit_account_id":8,"debit_account_id":3}],'
+                '"proposed_by":"api:ann","quorum":2,"reason":"refund, ticket 4713","v":1}').encode()
+    assert_equal(adjustment_approval_payload(**ADJUSTMENT), expected)
+    swapped = adjustment_approval_payload(**{**ADJUSTMENT, "legs": list(reversed(ADJUSTMENT["legs"]))})
+    assert swapped != expected  # the order of the legs is part of what is signed
+    for bad in ({"adjustment_id": -1}, {"quorum": True}, {"legs": [(3, 7, -1)]}, {"legs": [(3, 7)]},
+                {"legs": [(3, 7, 1.0)]}):
+        with pytest.raises(ValueError):
+            adjustment_approval_payload(**{**ADJUSTMENT, **bad})
+
+
+def test_read_adjustment_payload_gives_the_fields_of_canonical_bytes_only():
+    signed = adjustment_approval_payload(**ADJUSTMENT)
+    assert_equal(read_adjustment_payload(signed), AdjustmentPayloadFields(9, ((3, 7, 100_000), (3, 8, 5)),
+                                                                          "refund, ticket 4713", 2, "api:ann"))
+    fields = json.loads(signed)
+    for bad in (payload(), signed.replace(b'"quorum":2', b'"quorum":2 '),
+                json.dumps({**fields, "extra": 1}, sort_keys=True, separators=(",", ":")).encode(),
+                json.dumps({**fields, "legs": [{"amount": "05", "credit_account_id": 7, "debit_account_id": 3}]},
+                           sort_keys=True, separators=(",", ":")).encode()):
+        with pytest.raises(ValueError):
+            read_adjustment_payload(bad)
+
+
+def test_an_adjustment_approval_verifies_only_over_its_own_payload():
+    reg = registry("op-alice")
+    signed = adjustment_approval_payload(**ADJUSTMENT)
+    sig = sign_approval(signed, "op-alice")
+    assert_equal(verify(reg, sig, signed).operator, "op-alice")
+    for change in ({"adjustment_id": 10}, {"legs": [(3, 9, 100_000), (3, 8, 5)]}, {"reason": "other"},
+                   {"quorum": 1}, {"proposed_by": "api:bob"}):
+        assert_raises_code("approval_signature_invalid", verify, reg, sig, adjustment_approval_payload(**{**ADJUSTMENT, **change}))
