@@ -27,7 +27,6 @@ from ledger.model import AccountKind, Transfer
 
 API, WORKER = "custody_api", "custody_worker"
 INSUFFICIENT_PRIVILEGE = "42501"
-pytestmark = pytest.mark.xfail(strict=True, reason="H4: the process roles write the ledger's tables and ledger_post checks no caller")
 
 
 def attempt(engine, role: str, statements: list[tuple[str, dict]]) -> str | None:
