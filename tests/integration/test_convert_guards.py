@@ -44,11 +44,11 @@ def world(engine, ledger):
             "alice_btc": alice_btc, "convert": convert}
 
 
-def as_api(engine, sql: str, params: dict):
+def as_api(engine, sql: str, params: dict, role: str = "custody_api"):
     with engine.connect() as c:
         try:
             with c.begin():
-                c.exec_driver_sql("SET LOCAL ROLE custody_api")
+                c.exec_driver_sql(f"SET LOCAL ROLE {role}")
                 return c.execute(text(sql), params).all()
         finally:
             c.rollback()
@@ -58,16 +58,20 @@ POST = ("SELECT status FROM ledger_post(:k, 'h', 'transfer', '{}'::jsonb, ARRAY[
         "ARRAY[:a]::numeric[], ARRAY[NULL]::bigint[], NULL, NULL)")
 
 
-def refused(engine, sql: str, params: dict) -> str:
+def refused(engine, sql: str, params: dict, role: str = "custody_api") -> str:
     with pytest.raises(DBAPIError) as caught:
-        as_api(engine, sql, params)
+        as_api(engine, sql, params, role)
     return caught.value.orig.sqlstate
 
 
-def test_the_api_role_cannot_debit_liquidity_but_by_an_approved_adjustment(engine, ledger, world):
+def test_the_process_roles_cannot_debit_liquidity_but_by_an_approved_adjustment(engine, ledger, world):
+    """The worker posts treasury adjustments; custody_api never debits liquidity through ledger_post
+    (migration 0054), even under an approved adjustment's key."""
     btc_liquidity, btc_equity = world["liquidity"][world["btc"]], world["equity"][world["btc"]]
+    worker = "custody_worker"
     log.info("a direct posting from liquidity is refused (insufficient_privilege)")
     assert refused(engine, POST, {"k": f"x:{world['run']}:1", "d": btc_liquidity, "c": btc_equity, "a": 5}) == "42501"
+    assert refused(engine, POST, {"k": f"x:{world['run']}:1", "d": btc_liquidity, "c": btc_equity, "a": 5}, worker) == "42501"
 
     log.info("so is one under an adjustment's key that has no approvals")
     with engine.begin() as c:
@@ -78,18 +82,19 @@ def test_the_api_role_cannot_debit_liquidity_but_by_an_approved_adjustment(engin
                                                               "credit_account_id": btc_equity, "amount": "5"}])}
         ).scalar_one()
     key = f"treasury-adjustment:{adjustment}"
-    assert refused(engine, POST, {"k": key, "d": btc_liquidity, "c": btc_equity, "a": 5}) == "42501"
+    assert refused(engine, POST, {"k": key, "d": btc_liquidity, "c": btc_equity, "a": 5}, worker) == "42501"
     log.info("an approval by the proposer does not count; one by another operator does")
     with engine.begin() as c:
         c.execute(text("INSERT INTO treasury_adjustment_vote (adjustment_id, operator, decision, comment) "
                        "VALUES (:i, 'mallory', 'approve', 'me')"), {"i": adjustment})
-    assert refused(engine, POST, {"k": key, "d": btc_liquidity, "c": btc_equity, "a": 5}) == "42501"
+    assert refused(engine, POST, {"k": key, "d": btc_liquidity, "c": btc_equity, "a": 5}, worker) == "42501"
     with engine.begin() as c:
         c.execute(text("INSERT INTO treasury_adjustment_vote (adjustment_id, operator, decision, comment) "
                        "VALUES (:i, 'olga', 'approve', 'ok')"), {"i": adjustment})
     log.info("another amount than the proposal's is still refused; the proposal's own goes through")
-    assert refused(engine, POST, {"k": key, "d": btc_liquidity, "c": btc_equity, "a": 6}) == "42501"
-    assert as_api(engine, POST, {"k": key, "d": btc_liquidity, "c": btc_equity, "a": 5})[0].status == "created"
+    assert refused(engine, POST, {"k": key, "d": btc_liquidity, "c": btc_equity, "a": 6}, worker) == "42501"
+    assert refused(engine, POST, {"k": key, "d": btc_liquidity, "c": btc_equity, "a": 5}) == "42501"  # the api: never
+    assert as_api(engine, POST, {"k": key, "d": btc_liquidity, "c": btc_equity, "a": 5}, worker)[0].status == "created"
     assert ledger.balance(btc_liquidity).posted == 10**8 - 5
 
 
