@@ -246,10 +246,7 @@ class Ledger:
                 {"a": asset, "k": kind.value, "n": name, "o": owner, "neg": neg, "pos": pos, "s": shards},
             ).first()
             if row is not None:
-                c.execute(
-                    text("INSERT INTO account_balance (account_id, shard) SELECT :i, generate_series(0, :s - 1)"),
-                    {"i": row.id, "s": shards},
-                )
+                c.execute(text("SELECT ledger_open_balances(:i)"), {"i": row.id})  # its zero rows (0054)
                 return self.get_account(row.id, conn=c)
             existing = self.account_by_name(name, conn=c)
         if (existing.asset, existing.kind, existing.owner) != (asset, kind, owner) or (
@@ -307,22 +304,18 @@ class Ledger:
     def close_account(self, account_id: int, *, conn: Connection | None = None) -> Account:
         """Close an account with a zero balance and no pending holds. Closing twice is a no-op."""
         with self._tx(conn) as c:
-            bal = self._lock_balance(c, account_id)
-            if bal.posted != 0:
-                raise LedgerError(ErrorCode.account_not_empty, posted=bal.posted)
-            if bal.held != 0:
-                raise LedgerError(ErrorCode.account_has_open_holds, held=bal.held)
-            closed = c.execute(
-                text("UPDATE account SET closed_at = now() WHERE id = :i AND closed_at IS NULL"),
-                {"i": account_id},
-            ).rowcount
-            if closed:
-                # Give the locked balance rows a new version (same values): a posting or hold at
-                # REPEATABLE READ or SERIALIZABLE that waited for them then fails to serialize
-                # instead of missing the close, which its snapshot cannot see. (At READ COMMITTED,
-                # what the service uses, the functions see the close once they hold the locks.)
-                c.execute(text("UPDATE account_balance SET last_transaction_id = last_transaction_id "
-                               "WHERE account_id = :i"), {"i": account_id})
+            # ledger_close_account (0054) locks every balance shard, and closes only an empty
+            # account; it then gives the locked rows a new version (same values), so a posting or
+            # hold at REPEATABLE READ or SERIALIZABLE that waited for them fails to serialize
+            # instead of missing the close. (At READ COMMITTED, what the service uses, the
+            # functions see the close once they hold the locks.)
+            row = c.execute(_CLOSE_ACCOUNT_SQL, {"i": account_id}).one()
+            if not row.found:
+                raise LedgerError(ErrorCode.account_not_found, f"no account {account_id}")
+            if row.posted != 0:
+                raise LedgerError(ErrorCode.account_not_empty, posted=int(row.posted))
+            if row.held != 0:
+                raise LedgerError(ErrorCode.account_has_open_holds, held=int(row.held))
             return self.get_account(account_id, conn=c)
 
     # ---- postings -------------------------------------------------------------------------
@@ -691,10 +684,7 @@ class Ledger:
                 # No writer of this account is mid-flight once every shard is share-locked, so every
                 # entry id below what this read sees is committed: later entries get higher ids and
                 # paging by id never skips one. The running balance is summed at read time.
-                c.execute(
-                    text("SELECT 1 FROM account_balance WHERE account_id = :a ORDER BY shard FOR SHARE"),
-                    {"a": account_id},
-                )
+                c.execute(text("SELECT ledger_share_balance(:a)"), {"a": account_id})
                 running = int(c.execute(
                     text("SELECT coalesce(sum(amount), 0) FROM journal_entry WHERE account_id = :a AND id <= :after"),
                     {"a": account_id, "after": after or 0},
@@ -730,17 +720,7 @@ class Ledger:
         and the holds (or miss a shard): shard 0 then carries the whole balance and the other
         shards zero. Returns how many accounts were repaired."""
         with self._tx(conn) as c:
-            c.execute(text("LOCK TABLE account_balance IN EXCLUSIVE MODE"))
-            repaired = set(c.execute(_ADD_MISSING_SHARDS_SQL).scalars())
-            repaired.update(c.execute(_REBUILD_SQL).scalars())
-            return len(repaired)
-
-    def _lock_balance(self, c: Connection, account_id: int) -> Balance:
-        """Lock every balance shard of the account (in shard order) and return their sum."""
-        row = c.execute(_LOCK_BALANCE_SQL, {"i": account_id}).first()
-        if row is None or row.account_id is None:
-            raise LedgerError(ErrorCode.account_not_found, f"no account {account_id}")
-        return _balance(row)
+            return int(c.execute(text("SELECT ledger_rebuild_projections()")).scalar_one())
 
     # ---- verification ---------------------------------------------------------------------
 
@@ -980,13 +960,9 @@ _APPLY_SQL = (
     "%s::numeric[], %s::text[], %s::text[], %s::bigint[], %s::bigint[], %s::jsonb, %s::integer[], %s::integer[], "
     "%s::bigint[], %s::bigint[], %s::numeric[], %s::bigint[])"
 )
-_RESERVE_HOLD_IDS_SQL = "SELECT nextval('hold_id_seq') AS id FROM generate_series(1, %s::integer)"
+_RESERVE_HOLD_IDS_SQL = "SELECT r AS id FROM ledger_reserve_hold_ids(%s::integer) r"
 _LOCK_AVAILABLE_SQL = (
-    "SELECT b.account_id, b.posted - b.held AS available, a.may_go_negative, a.closed_at IS NOT NULL AS closed "
-    "FROM (SELECT s.account_id, sum(s.posted) AS posted, sum(s.held) AS held "
-    "      FROM (SELECT l.account_id, l.posted, l.held FROM account_balance l WHERE l.account_id = ANY (%s::bigint[]) "
-    "            ORDER BY l.account_id, l.shard FOR UPDATE) s GROUP BY s.account_id) b "
-    "JOIN account a ON a.id = b.account_id"
+    "SELECT account_id, available, may_go_negative, closed FROM ledger_lock_available(%s::bigint[])"
 )
 _PLACE_HOLD_SQL = (
     "SELECT r.status, r.available, "
@@ -998,45 +974,14 @@ _RESOLVE_HOLD_SQL = (
     + ", ".join(f"(r.hold_row).{c}" for c in _HOLD_COLUMNS.split(", "))
     + " FROM ledger_resolve_hold(%s::bigint, %s::text, %s::text, %s::timestamptz) r"
 )
-_ADD_MISSING_SHARDS_SQL = text(
-    "INSERT INTO account_balance (account_id, shard) "
-    "SELECT a.id, s FROM account a, generate_series(0, a.balance_shards - 1) s "
-    "ON CONFLICT (account_id, shard) DO NOTHING RETURNING account_id"
-)
-_REBUILD_SQL = text(
-    """WITH truth AS (
-           SELECT a.id,
-                  coalesce((SELECT sum(amount) FROM journal_entry e WHERE e.account_id = a.id), 0) AS posted,
-                  coalesce((SELECT sum(amount - captured - released) FROM hold h
-                             WHERE h.account_id = a.id AND h.state = 'pending'), 0) AS held,
-                  coalesce((SELECT max(transaction_id) FROM journal_entry e WHERE e.account_id = a.id), 0) AS last_tx
-             FROM account a),
-       stored AS (
-           SELECT account_id, sum(posted) AS posted, sum(held) AS held,
-                  max(last_transaction_id) AS last_tx, bool_or(shard > 0 AND held <> 0) AS stray_held
-             FROM account_balance GROUP BY account_id),
-       bad AS (
-           SELECT t.* FROM truth t JOIN stored s ON s.account_id = t.id
-            WHERE (s.posted, s.held, s.last_tx) IS DISTINCT FROM (t.posted, t.held, t.last_tx) OR s.stray_held)
-       UPDATE account_balance b
-          SET posted = CASE WHEN b.shard = 0 THEN bad.posted ELSE 0 END,
-              held = CASE WHEN b.shard = 0 THEN bad.held ELSE 0 END,
-              last_transaction_id = CASE WHEN b.shard = 0 THEN bad.last_tx ELSE 0 END
-         FROM bad WHERE b.account_id = bad.id
-       RETURNING b.account_id"""
-)
 # A balance is the sum over the account's shards; its checkpoint the newest transaction any shard saw.
 _BALANCE_SQL = text(
     "SELECT a.id AS account_id, a.asset, sum(b.posted) AS posted, sum(b.held) AS held, "
     "max(b.last_transaction_id) AS last_transaction_id "
     "FROM account a JOIN account_balance b ON b.account_id = a.id WHERE a.id = :i GROUP BY a.id"
 )
-_LOCK_BALANCE_SQL = text(
-    "SELECT max(a.id) AS account_id, max(a.asset) AS asset, sum(b.posted) AS posted, sum(b.held) AS held, "
-    "max(b.last_transaction_id) AS last_transaction_id "
-    "FROM (SELECT * FROM account_balance WHERE account_id = :i ORDER BY shard FOR UPDATE) b "
-    "JOIN account a ON a.id = b.account_id"
-)
+# Locks every balance shard of the account, closes it if empty (migration 0054: SECURITY DEFINER).
+_CLOSE_ACCOUNT_SQL = text("SELECT found, posted, held FROM ledger_close_account(:i)")
 
 
 def _account(row: Any) -> Account:

@@ -42,6 +42,7 @@ API, WORKER, SIGNER = PROCESS_ROLES
 WRITERS = (API, WORKER)
 INSUFFICIENT_PRIVILEGE = "42501"
 MIGRATION = Path(__file__).resolve().parents[2] / "migrations" / "versions" / "0020_process_roles.py"
+LEDGER_TABLES = ["account_balance", "hold", "journal_entry", "journal_transaction"]  # 0054: the ledger's functions only
 API_READ_ONLY = ["api_key", "btc_wallet_output", "chain_asset", "chain_cursor", "chain_transaction", "convert_config",
                  "convert_price", "convert_quote", "denylist_address", "deposit_address_check", "eth_gas_funding",
                  "eth_nonce", "eth_rebalance", "eth_sweep", "eth_tx_version", "firm_tx_version", "job_stat",
@@ -261,8 +262,6 @@ API_FORBIDDEN = {
     "emit_ledger_event": "SELECT custody_emit('ledger.transaction_posted', NULL, 'r:forged', 1, '{}'::jsonb)",
     "emit_fill_event": "SELECT custody_emit('fill.executed', NULL, 'r:forged', 1, '{}'::jsonb)",
     "emit_deposit_event": "SELECT custody_emit('deposit.credited', 'deposit.credited:0', 'deposit:0', 2, '{}'::jsonb)",
-    "delete_account_balance": "DELETE FROM account_balance WHERE false",
-    "rewrite_journal_transaction": "UPDATE journal_transaction SET kind = kind WHERE false",
     "setval_rebalance_id": "SELECT setval('rebalance_id_seq', 1)",
     # the worker's verdicts on deposit addresses and its count of passes without the node's view (0028)
     "vouch_for_deposit_address": "INSERT INTO deposit_address_check (deposit_address_id, derived) SELECT id, true FROM "
@@ -284,6 +283,32 @@ API_FORBIDDEN = {
     "record_adjustment_posting": "UPDATE treasury_adjustment SET transaction_id = NULL WHERE false",
     "emit_adjustment_posted": "SELECT custody_emit('treasury.adjustment_posted', 'adjustment:0', 'adjustment:0', 1, '{}'::jsonb)",
 }
+
+# The ledger's tables (0054): written only through the ledger's SECURITY DEFINER functions, by
+# neither process role (tests/integration/test_review_ledger_privileges.py: the forgeries themselves).
+LEDGER_FORBIDDEN = {
+    "delete_account_balance": "DELETE FROM account_balance WHERE false",
+    "insert_account_balance": "INSERT INTO account_balance SELECT * FROM account_balance WHERE false",
+    "update_account_balance": "UPDATE account_balance SET posted = posted WHERE false",
+    "lock_account_balance": "SELECT 1 FROM account_balance WHERE false FOR UPDATE",
+    "rewrite_journal_transaction": "UPDATE journal_transaction SET kind = kind WHERE false",
+    "insert_journal_transaction": "INSERT INTO journal_transaction SELECT * FROM journal_transaction WHERE false",
+    "insert_journal_entry": "INSERT INTO journal_entry SELECT * FROM journal_entry WHERE false",
+    "insert_hold": "INSERT INTO hold SELECT * FROM hold WHERE false",
+    "update_hold": "UPDATE hold SET state = 'released' WHERE false",
+    "delete_hold": "DELETE FROM hold WHERE false",
+    "nextval_hold_id": "SELECT nextval('hold_id_seq')",
+    "nextval_journal_transaction_id": "SELECT nextval('journal_transaction_id_seq')",
+    "call_ledger_post_by": "SELECT * FROM ledger_post_by(NULL, 'forged:3', 'x', 'transfer', NULL, ARRAY[1]::bigint[], "
+                           "ARRAY[2]::bigint[], ARRAY[1]::numeric[], ARRAY[NULL]::bigint[], NULL, NULL)",
+}
+
+
+@pytest.mark.parametrize("role", WRITERS)
+@pytest.mark.parametrize("statement", sorted(LEDGER_FORBIDDEN))
+def test_api_and_worker_write_the_ledger_only_through_its_functions(engine, role, statement):
+    assert sqlstate(engine, role, LEDGER_FORBIDDEN[statement]) == INSUFFICIENT_PRIVILEGE
+
 
 # What the api keeps, at the same statement level (its routes exercise them in their own tests).
 API_ALLOWED = {
@@ -424,7 +449,8 @@ def test_api_and_worker_run_the_ledger(engine, engines, ledger, role):
     alice = led.open_account("BTC", AccountKind.customer, f"customer:{p}:BTC:alice", owner=p).id
     bob = led.open_account("BTC", AccountKind.customer, f"customer:{p}:BTC:bob", owner=p).id
     fees = firm.open_account("BTC", AccountKind.fee_income, f"{p}:fees", balance_shards=4).id
-    assert led.transfer(f"{p}:fund", world, alice, 1_000_000).created
+    # custody_api never moves a firm account that may go negative into a customer's (0054)
+    assert firm.transfer(f"{p}:fund", world, alice, 1_000_000).created
     hold = led.place_hold(f"{p}:hold", alice, 300_000, owner="roles", reference="test")
     led.capture_hold(f"{p}:capture", hold.id, [Transfer(alice, bob, 200_000), Transfer(alice, fees, 1_000)],
                      owner="roles", final=True)
@@ -443,10 +469,9 @@ def test_api_and_worker_run_the_ledger(engine, engines, ledger, role):
     assert led.close_account(spare).closed  # the api's one UPDATE of `account` (0049)
     led.rebuild_projections()
     assert (led.balance(alice).posted, led.balance(bob).posted, led.balance(fees).posted) == (804_000, 195_000, 1_000)
-    # the journal is append-only for both: the worker meets the trigger (restrict_violation), the
-    # api (INSERT only since 0022) its missing privilege
+    # the journal is written by the ledger's functions only (0054): neither role may UPDATE it
     assert sqlstate(engines[role], None, "UPDATE journal_entry SET amount = amount WHERE account_id = :a",
-                    {"a": alice}) == ("23001" if role == WORKER else INSUFFICIENT_PRIVILEGE)
+                    {"a": alice}) == INSUFFICIENT_PRIVILEGE
 
 
 def test_the_api_role_makes_the_apis_writes(engine, engines, ledger):
@@ -529,7 +554,7 @@ def api_letters(relation: str, read_only: list[str], limited: dict[str, str]) ->
 def expected(relation: str, signer_tables: list[str], read_only: list[str] = (), limited: dict[str, str] | None = None) -> dict[str, str]:
     if relation in signer_tables:
         return {API: "r", WORKER: "r", SIGNER: "ar"}
-    if relation == "alembic_version":
+    if relation == "alembic_version" or relation in LEDGER_TABLES:
         return {API: "r", WORKER: "r", SIGNER: "r"}
     return {API: api_letters(relation, list(read_only), limited or {}), WORKER: "arwd", SIGNER: "r"}
 
@@ -575,8 +600,10 @@ def test_every_table_has_exactly_its_roles_privileges(engine):
         read_only, limited = api_lists(c)
         tables = c.execute(text("SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY 1")).scalars().all()
         wrong = {t: privileges(c, t) for t in tables if privileges(c, t) != expected(t, signer_tables, read_only, limited)}
+        ledger_tables = c.execute(text("SELECT custody_ledger_tables()")).scalar_one()
     assert signer_tables == ["signer_audit", "signer_signature", "signer_eth_sweep", "signer_eth_rebalance", "signer_cpfp"]
-    assert sorted(read_only) == API_READ_ONLY
+    assert sorted(read_only) == sorted(API_READ_ONLY + LEDGER_TABLES)  # the api reads the ledger's tables (0054)
+    assert sorted(ledger_tables) == LEDGER_TABLES
     assert wrong == {}
 
 

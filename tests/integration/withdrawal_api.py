@@ -43,14 +43,15 @@ class WithdrawalApi:
     def __init__(self, engine, policy: PolicySet | None = None, extra_approvers: tuple[dict, ...] = (), *,
                  owner_engine=None) -> None:
         """`owner_engine` (default `engine`) writes what the api process may not: the asset's chain
-        data (the worker's reference data) and the API keys (the owner's CLI), for an `engine`
-        logged in as custody_api."""
+        data (the worker's reference data), the API keys (the owner's CLI) and the customers'
+        funding from equity, for an `engine` logged in as custody_api."""
         settings = Settings(environment="test")
         self.run = uuid.uuid4().hex[:8]
         approvers = registry(self.operator_name(1), self.operator_name(2), *TEST_OPERATORS, extra=extra_approvers)
         self.custody = Container(settings=settings, engine=engine, ledger=Ledger(engine)).with_chains(
             {}, policy=policy, approvers=approvers)
         owner_engine = owner_engine if owner_engine is not None else engine
+        self.owner_ledger = Ledger(owner_engine)  # funds customers: custody_api never debits equity (0054)
         Wallets(owner_engine, Ledger(owner_engine)).configure_asset(
             "BTC", 8, "bitcoin", finality=3, dust_minimum=1_000, min_withdrawal=10_000, withdrawal_fee=5_000)
         app = create_app(self.custody)
@@ -91,7 +92,7 @@ class WithdrawalApi:
         assert r.status_code == 201, r.text
         acct = r.json()["id"]
         equity = self.custody.wallets.firm_account("equity", "BTC")
-        self.custody.ledger.post(f"test-fund:{uuid.uuid4().hex}", [Transfer(equity, acct, 1_000_000_000)], kind="treasury_credit")
+        self.owner_ledger.post(f"test-fund:{uuid.uuid4().hex}", [Transfer(equity, acct, 1_000_000_000)], kind="treasury_credit")
         return acct
 
     def withdraw(self, acct: int, amount: str, destination: str = DEST) -> dict:
