@@ -66,8 +66,11 @@ def _approved(a):
 
 
 CASES = [
-    ("no liquidity debit", "plain", lambda a: [Transfer(a[3], a[4], 5), Transfer(a[1], a[3], 7)], "approved",
+    ("no liquidity debit", "plain", lambda a: [Transfer(a[3], a[4], 5), Transfer(a[4], a[3], 2)], "approved",
      {API: "posted", WORKER: "posted"}),
+    # an equity debit into a customer: not the guard's refusal but ledger_post's (migration 0054)
+    ("no liquidity debit, an equity one", "plain", lambda a: [Transfer(a[3], a[4], 5), Transfer(a[1], a[3], 7)],
+     "approved", {API: "42501", WORKER: "posted"}),
     ("liquidity debit third", "plain",
      lambda a: [Transfer(a[3], a[4], 5), Transfer(a[1], a[3], 7), Transfer(a[2], a[4], 500)], "approved",
      {API: "42501", WORKER: "42501"}),
