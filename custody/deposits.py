@@ -51,6 +51,7 @@ so it can be released or returned again (a new withdrawal, `deposit-return:<id>:
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import threading
 from dataclasses import dataclass, replace
@@ -69,7 +70,7 @@ from custody.states import advance
 from custody.wallet_index import Ours, WalletIndex
 from custody.wallets import Wallets
 from ledger.errors import ErrorCode, LedgerError
-from ledger.model import Transfer
+from ledger.model import Transfer, content_hash
 from ledger.service import Ledger
 from policies import normalise_address
 
@@ -464,13 +465,22 @@ class Deposits:
                 raise LedgerError(ErrorCode.invalid_request, f"deposit {obs_id} is {row.state}, not quarantined")
             _refuse_reorged_out(c, row)
             quarantine = self.wallets.firm_account("quarantine", row.asset, conn=c)
-            tx = self.ledger.post(key, [Transfer(quarantine, row.account_id, int(row.amount))], kind="deposit_release",
-                                  metadata={"observation_id": row.id, "operator": operator}, conn=c)
-            advance(c, "deposit_observation", row.id, "quarantined", "released", journal_transaction_id=tx.transaction_id)
-            audit(c, operator, "deposit.release", f"observation:{row.id}", {"comment": comment, "transaction_id": tx.transaction_id})
-            emit(c, "deposit.credited", f"deposit.credited:{row.id}", _event(row, tx.transaction_id),
+            # The database posts it and marks the deposit released (0055, custody_release_quarantined):
+            # exactly its amount from quarantine into its own customer's account, once.
+            metadata = {"observation_id": row.id, "operator": operator}
+            digest = content_hash("deposit_release", [Transfer(quarantine, row.account_id, int(row.amount))],
+                                  {"metadata": metadata, "reverses": None})
+            released = c.execute(text(_RELEASE_QUARANTINED_SQL),
+                                 {"o": row.id, "h": digest, "m": json.dumps(metadata, sort_keys=True, default=str)}).one()
+            if released.status not in ("created", "exists"):
+                if released.status == "not_quarantined":
+                    raise LedgerError(ErrorCode.invalid_request,
+                                      f"deposit {obs_id} cannot be released: it is not booked to quarantine or has a return")
+                raise LedgerError(ErrorCode(released.status), index=released.failed_index)
+            audit(c, operator, "deposit.release", f"observation:{row.id}", {"comment": comment, "transaction_id": released.transaction_id})
+            emit(c, "deposit.credited", f"deposit.credited:{row.id}", _event(row, released.transaction_id),
              aggregate=f"deposit:{row.id}")
-            return tx.transaction_id
+            return released.transaction_id
 
     def return_quarantined(self, obs_id: int, *, operator: str, comment: str, withdrawals, destination: str | None = None) -> int:
         """An operator's request to send a quarantined deposit back (to its original sender by default).
@@ -572,6 +582,12 @@ _NOT_OURS = Ours("none", 0, 0)
 _OBS_SQL = ("SELECT id, chain, asset, txid, output_index, address, senders, amount, block_hash, block_height, confirmations, "
             "state, deposit_address_id, account_id, journal_transaction_id, reorg_count FROM deposit_observation")
 
+
+# An operator's release of a quarantined deposit (migration 0055): checked, posted and marked in the database.
+_RELEASE_QUARANTINED_SQL = """
+SELECT status, transaction_id, failed_index
+FROM custody_release_quarantined(:o, :h, CAST(:m AS jsonb))
+"""
 
 # Withdrawal states in which a withdrawal ended without paying anything.
 UNPAID_ENDS = ("rejected", "cancelled", "released", "failed")

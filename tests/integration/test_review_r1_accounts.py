@@ -33,8 +33,6 @@ def _as_api(engine, body, role="custody_api"):
             tx.rollback()
 
 
-@pytest.mark.xfail(strict=True, reason="R1: custody_api UPDATEs account.closed_at directly: it closes a funded "
-                                       "account, bypassing ledger_close_account's emptiness check")
 def test_api_role_cannot_close_a_funded_account(engine, ledger):
     run = uuid.uuid4().hex[:6].upper()
     asset = f"A{run}"
@@ -52,8 +50,6 @@ def test_api_role_cannot_close_a_funded_account(engine, ledger):
     ledger.verify()
 
 
-@pytest.mark.xfail(strict=True, reason="R1: ledger_rebuild_projections (EXCLUSIVE lock on account_balance) is "
-                                       "EXECUTE for custody_api")
 def test_api_role_cannot_run_the_projection_rebuild(engine, ledger):
     outcome = _as_api(engine, lambda c: c.execute(text("SELECT ledger_rebuild_projections()")).scalar_one())
     assert outcome == "42501", outcome

@@ -53,8 +53,6 @@ def _as_api(engine, body):
             tx.rollback()
 
 
-@pytest.mark.xfail(strict=True, reason="R1: ledger_resolve_hold skips the owner check when p_owner is NULL; "
-                                       "custody_api releases a withdrawal's hold")
 def test_api_role_cannot_release_a_hold_it_does_not_own(engine, ledger, accounts):
     hold = ledger.place_hold(f"r1h:{accounts['run']}:wd", accounts["alice"], 900, owner="withdrawal",
                              reference="withdrawal:1").id
@@ -64,8 +62,6 @@ def test_api_role_cannot_release_a_hold_it_does_not_own(engine, ledger, accounts
     ledger.verify()
 
 
-@pytest.mark.xfail(strict=True, reason="R1: ledger_resolve_hold takes 'now' from its caller; custody_api expires a "
-                                       "hold that has not timed out")
 def test_api_role_cannot_expire_a_hold_before_its_time(engine, ledger, accounts):
     import datetime as dt
     hold = ledger.place_hold(f"r1h:{accounts['run']}:exp", accounts["alice"], 900, owner="withdrawal",
@@ -78,8 +74,6 @@ def test_api_role_cannot_expire_a_hold_before_its_time(engine, ledger, accounts)
     ledger.verify()
 
 
-@pytest.mark.xfail(strict=True, reason="R1: ledger_post marks any transaction reversed for custody_api, whatever "
-                                       "the reversal's legs; the reorg freeze trusts reverses_id")
 def test_api_role_cannot_mark_a_firm_transaction_reversed(engine, ledger, accounts):
     # a deposit's reorg shortfall booked to suspense (the transaction the freeze waits on)
     shortfall = ledger.transfer(f"r1h:{accounts['run']}:shortfall", accounts["suspense"], accounts["alice"], 5,
@@ -100,8 +94,6 @@ def test_api_role_cannot_mark_a_firm_transaction_reversed(engine, ledger, accoun
     ledger.verify()
 
 
-@pytest.mark.xfail(strict=True, reason="R1: ledger_post lets custody_api debit a quarantine account into any "
-                                       "customer account (the operator's release names the depositor's only)")
 def test_api_role_cannot_release_quarantine_into_an_account_of_its_choice(engine, ledger, accounts):
     asset = ledger.get_account(accounts["alice"]).asset
     quarantine = ledger.open_account(asset, AccountKind.quarantine, f"quarantine:{asset}").id
