@@ -282,6 +282,8 @@ API_FORBIDDEN = {
     "rewrite_adjustment_proposer": "UPDATE treasury_adjustment SET proposed_by = proposed_by, reason = reason WHERE false",
     "record_adjustment_posting": "UPDATE treasury_adjustment SET transaction_id = NULL WHERE false",
     "emit_adjustment_posted": "SELECT custody_emit('treasury.adjustment_posted', 'adjustment:0', 'adjustment:0', 1, '{}'::jsonb)",
+    # closing (or re-opening) an account directly: closing is ledger_close_account's, customers only (0055)
+    "close_account_directly": "UPDATE account SET closed_at = now() WHERE false",
 }
 
 # The ledger's tables (0054): written only through the ledger's SECURITY DEFINER functions, by
@@ -299,6 +301,7 @@ LEDGER_FORBIDDEN = {
     "delete_hold": "DELETE FROM hold WHERE false",
     "nextval_hold_id": "SELECT nextval('hold_id_seq')",
     "nextval_journal_transaction_id": "SELECT nextval('journal_transaction_id_seq')",
+    "rebuild_projections": "SELECT ledger_rebuild_projections() WHERE false",  # the owner's (0055)
     "call_ledger_post_by": "SELECT * FROM ledger_post_by(NULL, 'forged:3', 'x', 'transfer', NULL, ARRAY[1]::bigint[], "
                            "ARRAY[2]::bigint[], ARRAY[1]::numeric[], ARRAY[NULL]::bigint[], NULL, NULL)",
 }
@@ -434,8 +437,9 @@ def test_the_real_signer_audits_its_refusal_as_its_role(engine, engines):
 
 @pytest.mark.parametrize("role", WRITERS)
 def test_api_and_worker_run_the_ledger(engine, engines, ledger, role):
-    """Postings, holds (place, capture, release, expire), `apply`, reserved hold ids and a
-    projection rebuild, as the role: every plpgsql function and table the ledger uses. The
+    """Postings, holds (place, capture, release, expire), `apply`, reserved hold ids and closing a
+    customer account, as the role: every plpgsql function and table the ledger uses; the projection
+    rebuild is refused the role (0055) and run by the owner. The
     journal's append-only triggers still refuse an UPDATE for the role (restrict_violation)."""
     import datetime as dt
 
@@ -451,14 +455,16 @@ def test_api_and_worker_run_the_ledger(engine, engines, ledger, role):
     fees = firm.open_account("BTC", AccountKind.fee_income, f"{p}:fees", balance_shards=4).id
     # custody_api never moves a firm account that may go negative into a customer's (0054)
     assert firm.transfer(f"{p}:fund", world, alice, 1_000_000).created
-    hold = led.place_hold(f"{p}:hold", alice, 300_000, owner="roles", reference="test")
+    # custody_api captures and releases only the owners it serves (0055): an API caller's is one
+    owner = "api:roles"
+    hold = led.place_hold(f"{p}:hold", alice, 300_000, owner=owner, reference="test")
     led.capture_hold(f"{p}:capture", hold.id, [Transfer(alice, bob, 200_000), Transfer(alice, fees, 1_000)],
-                     owner="roles", final=True)
+                     owner=owner, final=True)
     captured = led.get_hold(hold.id)
     assert (captured.state.value, captured.captured, captured.released) == ("released", 201_000, 99_000)
-    other = led.place_hold(f"{p}:hold2", alice, 50_000, owner="roles", reference="test")
-    led.release_hold(other.id, owner="roles")
-    due = led.place_hold(f"{p}:hold3", alice, 10_000, owner="roles", reference="test",
+    other = led.place_hold(f"{p}:hold2", alice, 50_000, owner=owner, reference="test")
+    led.release_hold(other.id, owner=owner)
+    due = led.place_hold(f"{p}:hold3", alice, 10_000, owner=owner, reference="test",
                          expires_at=dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=1))
     assert due.id in led.expire_holds()
     [result] = led.apply([PostTransfers(f"{p}:apply", [Transfer(bob, alice, 5_000)])])
@@ -466,8 +472,10 @@ def test_api_and_worker_run_the_ledger(engine, engines, ledger, role):
     with engines[role].begin() as c:
         assert len(led.reserve_hold_ids(2, conn=c)) == 2
     spare = led.open_account("BTC", AccountKind.customer, f"customer:{p}:BTC:spare", owner=p).id
-    assert led.close_account(spare).closed  # the api's one UPDATE of `account` (0049)
-    led.rebuild_projections()
+    assert led.close_account(spare).closed  # through ledger_close_account: a customer account (0055)
+    # the projection rebuild is the owner's (0055): an EXCLUSIVE lock on every balance row
+    assert sqlstate(engines[role], None, "SELECT ledger_rebuild_projections()") == INSUFFICIENT_PRIVILEGE
+    ledger.rebuild_projections()
     assert (led.balance(alice).posted, led.balance(bob).posted, led.balance(fees).posted) == (804_000, 195_000, 1_000)
     # the journal is written by the ledger's functions only (0054): neither role may UPDATE it
     assert sqlstate(engines[role], None, "UPDATE journal_entry SET amount = amount WHERE account_id = :a",
@@ -641,8 +649,8 @@ def test_the_apis_column_and_sequence_privileges_are_exactly_its_lists(engine):
             wrong_columns.append((table, column, may))
     assert wrong_columns == []
     assert update_columns(limited["wallet"]) == ["next_index"]  # the wallet's key is the worker's
-    # the api closes an account; its kind, flags, owner and asset are not the api's (0049, review 16 R1-2)
-    assert update_columns(limited["account"]) == ["closed_at"]
+    # the api UPDATEs no column of `account`: closing is ledger_close_account's (0055; 0049: closed_at)
+    assert limited["account"] == "INSERT"
     wrong_sequences = []
     for seq, role, usage, update, select in state["sequences"]:
         table = owned.get(seq)
