@@ -107,3 +107,35 @@ def test_api_role_cannot_release_quarantine_into_an_account_of_its_choice(engine
 
     assert _as_api(engine, release) == "42501"
     ledger.verify()
+
+
+def test_api_role_expires_on_the_databases_clock_for_an_owner_it_serves(engine, ledger, accounts):
+    """0055: with an owner the api may name (an API caller's), its `p_now` is still ignored."""
+    import datetime as dt
+    hold = ledger.place_hold(f"r1h:{accounts['run']}:exp-api", accounts["alice"], 900, owner="api:r1",
+                             reference="r1", expires_at=dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=1)).id
+    status = _as_api(engine, lambda c: c.execute(
+        text("SELECT status FROM ledger_resolve_hold(:h, 'expired', 'api:r1', 'infinity')"), {"h": hold}).scalar_one())
+    assert status == "not_timed_out", status
+    ledger.verify()
+
+
+def test_a_reversal_must_mirror_its_original_for_every_caller(engine, ledger, accounts):
+    """0055: the owner's own session may not mark a transaction reversed with other legs either."""
+    original = ledger.transfer(f"r1h:{accounts['run']}:orig", accounts["alice"], accounts["m1"], 7).transaction_id
+
+    def forge(c):
+        status = c.execute(text(
+            "SELECT status FROM ledger_post(:k, 'h', 'reversal', '{}'::jsonb, ARRAY[:d]::bigint[], ARRAY[:cr]::bigint[], "
+            "ARRAY[7]::numeric[], ARRAY[NULL]::bigint[], NULL, :r)"),
+            {"k": f"r1h:{accounts['run']}:skewed", "d": accounts["m1"], "cr": accounts["m2"], "r": original}).scalar_one()
+        return status, c.execute(text("SELECT count(*) FROM journal_transaction WHERE reverses_id = :t"),
+                                 {"t": original}).scalar_one()
+
+    with engine.connect() as c:
+        with c.begin():
+            outcome = forge(c)
+            c.rollback()
+    assert outcome == ("invalid_request", 0), outcome
+    assert ledger.reverse(original, f"r1h:{accounts['run']}:real").created  # the mirrored one posts
+    ledger.verify()
