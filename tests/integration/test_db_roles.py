@@ -322,6 +322,8 @@ API_ALLOWED = {
     "issue_deposit_address": "INSERT INTO deposit_address SELECT * FROM deposit_address WHERE false",
     "release_quarantined": "UPDATE deposit_observation SET state = state, updated_at = now(), journal_transaction_id = NULL, "
                            "return_withdrawal_id = NULL WHERE false",
+    # the release's posting and mark, in the database (0055): quarantine is no longer the api's to debit
+    "release_quarantined_posting": "SELECT * FROM custody_release_quarantined(NULL, NULL, NULL) WHERE false",
     "retry_batch": "UPDATE withdrawal_batch SET state = state, containment = containment, updated_at = now() WHERE false",
     "empty_abandoned_batch": "DELETE FROM batch_output WHERE false",
     "retry_sweep": "UPDATE sweep SET containment = containment, updated_at = now() WHERE false",
