@@ -32,6 +32,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
+from custody.approve_cli import key_id_of, load_private_key
 from custody.client import CustodyClient
 from custody.client.models import WithdrawalOut
 from custody.launch import Deployment, Nodes, deploy, role_url
@@ -297,11 +298,18 @@ def test_approvals_forged_in_the_database_are_refused_by_the_signer_process(depl
     dest = cluster.bitcoin.wallet("getnewaddress", "", "bech32")
     w = _withdraw(clients, acct, "2.5", dest)
     assert w.state == "pending_approval"
-    with owner.begin() as c:  # a database writer approves it twice and moves it on
+    # A database writer approves it twice and moves it on. Unsigned rows would not even be batched
+    # (custody counts only approvals whose key is live: custody.withdrawals live_approvers), so the
+    # forgery names each approver's real key id with a signature it never made: custody counts it
+    # (it verified signatures when approvals were recorded) and only the signer can tell.
+    with owner.begin() as c:
         decision = c.execute(text("SELECT decision_id FROM withdrawal_request WHERE id = :w"), {"w": w.id}).scalar()
-        for op in deployment.approver_keys:
-            c.execute(text("INSERT INTO approval (withdrawal_id, decision_id, operator, action, comment) "
-                           "VALUES (:w, :d, :o, 'approve', 'looks fine')"), {"w": w.id, "d": decision, "o": f"api:{op}"})
+        for op, key_file in deployment.approver_keys.items():
+            c.execute(text("INSERT INTO approval (withdrawal_id, decision_id, operator, action, comment, key_id, scheme, "
+                           "signed_payload, signature) VALUES (:w, :d, :o, 'approve', 'looks fine', :k, 'ed25519', "
+                           "'{}', :s)"),
+                      {"w": w.id, "d": decision, "o": f"api:{op}", "k": key_id_of(load_private_key(key_file)),
+                       "s": bytes(64)})
         c.execute(text("UPDATE withdrawal_request SET state = 'approved' WHERE id = :w"), {"w": w.id})
 
     def refused():  # the batch it was in (custody takes a refused withdrawal out: custody.payouts drop_refused)
@@ -313,7 +321,7 @@ def test_approvals_forged_in_the_database_are_refused_by_the_signer_process(depl
     def code():
         with owner.connect() as c:
             return c.execute(text("SELECT code FROM signer_audit WHERE outcome = 'refused' AND batch_id = :b"), {"b": batch}).scalar()
-    assert _until("the signer's refusal", code) == "approval_unsigned"
+    assert _until("the signer's refusal", code) == "approval_signature_invalid"
     _until("back to the operators", lambda: _state(clients, w.id) == "pending_approval")
     cluster.bitcoin.mine(2)
     assert _payments_to(cluster, dest) == 0
