@@ -86,6 +86,8 @@
 | convert_pair_unavailable | 422 | the pair has neither a market whose book prices it nor an operator-set price (`POST /v1/convert/prices`) |
 | convert_depth_insufficient | 409 | the market's order book is not deep enough to price the whole amount |
 | convert_amount_too_small | 422 | the payout rounds down to nothing (or the amount is smaller than the fee) |
+| price_change_not_found | 404 | no convert price change with that id |
+| price_change_expired | 409 | the price change's expiry (15 minutes after it was proposed) has passed: propose the price again; nothing counts |
 | convert_book_unreliable | 409 | the market's book cannot price this quote: one side of it is empty, the market has no reference price (no trade and no operator price), or the average price for the amount strays more than `CONVERT_PRICE_BAND_PPM` from the last trade or the operator's price |
 """
 from __future__ import annotations
@@ -173,6 +175,8 @@ class CustodyErrorCode(str, enum.Enum):
     console_username_taken = "console_username_taken"
     quote_not_found = "quote_not_found"
     quote_expired = "quote_expired"
+    price_change_not_found = "price_change_not_found"
+    price_change_expired = "price_change_expired"
     quote_already_used = "quote_already_used"
     insufficient_liquidity = "insufficient_liquidity"
     convert_pair_unavailable = "convert_pair_unavailable"
@@ -265,6 +269,8 @@ _STATUS = {
     CustodyErrorCode.console_username_taken: 409,
     CustodyErrorCode.quote_not_found: 404,
     CustodyErrorCode.quote_expired: 409,
+    CustodyErrorCode.price_change_not_found: 404,
+    CustodyErrorCode.price_change_expired: 409,
     CustodyErrorCode.quote_already_used: 409,
     CustodyErrorCode.insufficient_liquidity: 409,
     CustodyErrorCode.convert_pair_unavailable: 422,
