@@ -81,13 +81,13 @@
 | console_username_taken | 409 | another console user or API key has this name in another letter case |
 | quote_not_found | 404 | no convert quote with that id for this caller (a backend sees only the quotes its own key asked for) |
 | quote_expired | 409 | the quote's expiry (`CONVERT_QUOTE_TTL_SECONDS` after it was made) has passed: ask for a new quote; nothing was booked |
+| price_change_not_found | 404 | no convert price change with that id |
+| price_change_expired | 409 | the price change's expiry (10 minutes after it was proposed, at most 15) has passed: propose the price again; nothing counts |
 | quote_already_used | 409 | the quote was accepted before under another idempotency key: a quote books once; nothing was booked now |
 | insufficient_liquidity | 409 | the house's liquidity account of the asset the customer would receive cannot pay the amount (it is funded by treasury adjustments); nothing was booked |
 | convert_pair_unavailable | 422 | the pair has neither a market whose book prices it nor an operator-set price (`POST /v1/convert/prices`) |
 | convert_depth_insufficient | 409 | the market's order book is not deep enough to price the whole amount |
 | convert_amount_too_small | 422 | the payout rounds down to nothing (or the amount is smaller than the fee) |
-| price_change_not_found | 404 | no convert price change with that id |
-| price_change_expired | 409 | the price change's expiry (15 minutes after it was proposed) has passed: propose the price again; nothing counts |
 | convert_book_unreliable | 409 | the market's book cannot price this quote: one side of it is empty, the market has no reference price (no trade and no operator price), or the average price for the amount strays more than `CONVERT_PRICE_BAND_PPM` from the last trade or the operator's price |
 """
 from __future__ import annotations
