@@ -79,7 +79,7 @@ def test_a_signature_the_worker_does_not_verify_sets_nothing(desk):
     change = r.json()["id"]
     forged = sign_approval(b"anything", "mallory", as_key=f"test-ed25519:{desk['operator']}")
     with desk["engine"].connect() as c:
-        c.exec_driver_sql("SET ROLE custody_api")
+        c.exec_driver_sql("SET LOCAL ROLE custody_api")
         c.execute(text("UPDATE convert_price_change SET state = 'signed', signed_by = :by, key_id = :k, "
                        "scheme = 'ed25519', signature = :s WHERE id = :i"),
                   {"by": f"api:{desk['operator']}", "k": forged.key_id, "s": forged.signature, "i": change})
@@ -98,7 +98,7 @@ def test_a_signature_the_worker_does_not_verify_sets_nothing(desk):
 def test_an_expired_or_superseded_change_is_refused(desk):
     log.info("the api inserts a change already applied and expiring in a year: it is a fresh proposal")
     with desk["engine"].connect() as c:
-        c.exec_driver_sql("SET ROLE custody_api")
+        c.exec_driver_sql("SET LOCAL ROLE custody_api")  # ends with the transaction
         row = c.execute(text(
             "INSERT INTO convert_price_change (request_key, base_asset, quote_asset, quote_minor_per_base_unit, "
             "proposed_by, expires_at, state) VALUES ('k', :b, :q, 1, 'api:x', now() + interval '1 year', 'applied') "
@@ -135,14 +135,14 @@ def test_an_expired_or_superseded_change_is_refused(desk):
 
 def test_no_process_role_writes_an_approved_adjustment_nor_the_worker_approves_one(engine):
     with engine.connect() as c:
-        c.exec_driver_sql("SET ROLE custody_api")
+        c.exec_driver_sql("SET LOCAL ROLE custody_api")
         row = c.execute(text(
             "INSERT INTO treasury_adjustment (idempotency_key, proposed_by, reason, transfers, quorum, state) "
             "VALUES (:k, 'api:x', 'forged', '[]'::jsonb, 1, 'approved') RETURNING id, state"),
             {"k": uuid.uuid4().hex}).one()
         assert_equal(row.state, "proposed")
         c.commit()
-        c.exec_driver_sql("SET ROLE custody_worker")
+        c.exec_driver_sql("SET LOCAL ROLE custody_worker")
         with pytest.raises(DBAPIError) as refused:
             with c.begin_nested():
                 c.execute(text("UPDATE treasury_adjustment SET state = 'approved' WHERE id = :i"), {"i": row.id})
