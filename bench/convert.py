@@ -6,7 +6,7 @@
 It starts the service as deployed with bench/http_api.py's harness (fresh bitcoind -regtest and
 anvil, a fresh database, the signer, worker and api processes; the worker is stopped once the api
 answers, unless `--with-worker`), then prepares, through the API: an operator's price of 60,000
-USDT per BTC (`POST /v1/convert/prices`), the house's BTC liquidity funded by a treasury adjustment
+USDT per BTC (`POST /v1/convert/prices`, signed by the scripted approver, set by the worker), the house's BTC liquidity funded by a treasury adjustment
 (one operator proposes `equity:BTC` -> `convert:liquidity:BTC`, a scripted approver of the
 deployment signs its approval with its Ed25519 key and the worker posts it), and 200
 customer accounts holding USDT (funded by the database owner, as a deposit credit would).
@@ -34,7 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's
 import httpx  # noqa: E402
 
 import http_api  # noqa: E402  (bench/http_api.py: deployment, client threads, figures)
-from custody.approve_cli import approve_adjustment_with_client, load_private_key  # noqa: E402
+from custody.approve_cli import (approve_adjustment_with_client, approve_convert_price_with_client,  # noqa: E402
+                                 load_private_key)
 from custody.auth import create_api_key  # noqa: E402
 from custody.client import CustodyClient  # noqa: E402
 from custody.database import make_engine  # noqa: E402
@@ -68,14 +69,21 @@ def prepare(api_base: str, owner_url: str, pepper: str, approver: tuple[str, Pat
             return httpx.Client(base_url=api_base, headers={"X-API-Key": k}, timeout=30)
 
         with as_key(ops[0]) as first:
-            http_api._expect(first.post("/v1/convert/prices", json={
-                "base_asset": "BTC", "quote_asset": "USDT", "price": "60000"}), 200)
+            change = http_api._expect(first.post("/v1/convert/prices", json={
+                "idempotency_key": "bench-price", "base_asset": "BTC", "quote_asset": "USDT", "price": "60000"}), 201)
             liquidity = http_api._expect(first.get("/v1/convert/liquidity/BTC"), 200)["account_id"]
             equity = ledger.open_account("BTC", AccountKind.equity, "equity:BTC").id
             proposal = http_api._expect(first.post("/v1/treasury/adjustments", json={
                 "idempotency_key": "bench-liquidity", "reason": "bench: fund the house's BTC liquidity",
                 "transfers": [{"debit_account_id": equity, "credit_account_id": liquidity, "amount": "1000"}]}), 201)
         with CustodyClient(api_base, ops[1], timeout=30) as checker:
+            approve_convert_price_with_client(checker, change["id"], load_private_key(approver[1]), comment="bench",
+                                              show=lambda line: None)  # the worker's convert-prices job sets it
+            deadline = time.monotonic() + 60
+            while checker.get_convert_price_change(change["id"]).state != "applied":
+                if time.monotonic() > deadline:
+                    raise http_api.BenchError("the worker did not apply the convert price within 60 s")
+                time.sleep(0.5)
             approve_adjustment_with_client(checker, proposal["id"], load_private_key(approver[1]), comment="bench",
                                            show=lambda line: None)
             deadline = time.monotonic() + 60

@@ -340,7 +340,7 @@ class Soak:
 
     def setup(self) -> None:
         from custody.addresses import derive_btc_address, derive_eth_address
-        from custody.approve_cli import approve_adjustment_with_client, load_private_key
+        from custody.approve_cli import approve_adjustment_with_client, approve_convert_price_with_client, load_private_key
 
         cl, dep = self.w.cluster, self.w.deployment
         self.consumer.start()
@@ -351,7 +351,15 @@ class Soak:
                                      quote_per_tick_lot=tick,
                                      fees={"default": {"maker_ppm": 1_000, "taker_ppm": 2_000}})
         # Convert between BTC and ETH (no market): the operator's price, the house's liquidity.
-        self.op1.set_convert_price(base_asset="ETH", quote_asset="BTC", price="0.05")
+        change = self.op1.propose_convert_price(base_asset="ETH", quote_asset="BTC", price="0.05")
+        signer_name, signer_key = next(iter(dep.approver_keys.items()))  # signs it; the worker sets it
+        approve_convert_price_with_client(self.w.client(signer_name), change.id, load_private_key(signer_key),
+                                          comment="soak", show=lambda line: None)
+        deadline = time.monotonic() + 60
+        while self.op1.get_convert_price_change(change.id).state != "applied":
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the worker did not apply convert price change {change.id} within 60 s")
+            time.sleep(0.5)
         for asset, amount in (("BTC", "100"), ("ETH", "2000")):
             liquidity = self.op1.get_convert_liquidity(asset).account_id
             equity = next(a.id for a in self.admin.list_firm_accounts(asset=asset) if a.name == f"equity:{asset}")

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import datetime as dt
 import hashlib
 import os
 import stat
@@ -63,7 +64,8 @@ from cryptography.hazmat.primitives.serialization import (Encoding, NoEncryption
                                                           load_pem_private_key)
 
 from ledger.amounts import format_amount
-from signer.approvals import PayloadFields, format_expiry, read_adjustment_payload, read_payload
+from signer.approvals import (PayloadFields, convert_price_payload, format_expiry, parse_payload, read_adjustment_payload,
+                              read_payload)
 
 if TYPE_CHECKING:
     from custody.client import CustodyClient
@@ -257,6 +259,32 @@ def approve_adjustment_with_client(api: CustodyClient, adjustment_id: int, key: 
     for debit, credit, amount in fields.legs:
         show(f"  {amount} minor units: account {debit} -> account {credit}")
     return api.approve_adjustment(adjustment_id, comment=comment, signature=ed25519_signature(key, payload, key_id))
+
+
+def approve_convert_price_with_client(api: CustodyClient, change_id: int, key: Ed25519PrivateKey, *, comment: str,
+                                      key_id: str | None = None, show=print):
+    """Sign convert price change `change_id` through the typed client with the operator's own key:
+    its payload bytes must be the canonical `convert-price` payload naming that id
+    (signer.approvals.convert_price_payload rebuilt from its fields; PayloadRefused otherwise),
+    `show` says which price they set, and those exact bytes are signed and sent. The worker then
+    verifies the signature again and sets the price (custody.convert.prices)."""
+    answer = api.convert_price_approval_payload(change_id)
+    try:
+        payload = base64.b64decode(answer.payload_base64, validate=True)
+        fields = parse_payload(payload) or {}
+        expires_at = dt.datetime.strptime(fields["expires_at"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.timezone.utc)
+        canonical = convert_price_payload(change_id=fields["change_id"], base_asset=fields["base_asset"],
+                                          quote_asset=fields["quote_asset"], price_minor=int(fields["price"]),
+                                          proposed_by=fields["proposed_by"], expires_at=expires_at)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PayloadRefused(f"the API's payload is not a canonical convert price payload: {exc}") from None
+    if canonical != payload or fields.get("kind") != "convert-price":
+        raise PayloadRefused("the API's payload is not in canonical form: its bytes could say more than its fields")
+    if fields["change_id"] != change_id:
+        raise PayloadRefused(f"asked for price change {change_id}, the API's payload is for {fields['change_id']}")
+    show(f"price change {change_id} proposed by {shown(fields['proposed_by'])}: {shown(fields['base_asset'])} = "
+         f"{fields['price']} minor units of {shown(fields['quote_asset'])}, expires {fields['expires_at']}")
+    return api.approve_convert_price(change_id, comment=comment, signature=ed25519_signature(key, payload, key_id))
 
 
 def _decimals(values: list[str]) -> dict[str, int]:

@@ -11,6 +11,7 @@ from sqlalchemy import Engine
 from chain_adapters.base import ChainAdapter
 from chain_adapters.errors import ChainError
 from custody.adjustments import TreasuryAdjustments
+from custody.convert.prices import PriceChanges
 from custody.database import make_engine, migrate, server_url
 from custody.deposits import Deposits, ExternalScreener
 from custody.destinations import DestinationGuard
@@ -45,6 +46,7 @@ class Container:
     node_view: Any = None  # custody.node_view.NodeView (bitcoin, with_chains(node_view=True))
     approvers: ApproverRegistry | None = None  # approver public keys approvals (withdrawals, refills, adjustments) must verify against
     adjustments: TreasuryAdjustments = field(init=False)
+    price_changes: PriceChanges = field(init=False)  # convert's operator prices: signed, set by the worker's job
     webhooks: Webhooks = field(init=False)  # webhook endpoints (admin API) and the worker's delivery job
 
     def __post_init__(self) -> None:
@@ -52,6 +54,7 @@ class Container:
             self.wallets = Wallets(self.engine, self.ledger)
         self.adjustments = TreasuryAdjustments(self.engine, self.ledger, quorum=self.settings.treasury_adjustment_quorum,
                                                approvers=self.approvers)
+        self.price_changes = PriceChanges(self.engine, self.ledger, approvers=self.approvers)
         self.webhooks = Webhooks(self.engine, self.settings)
 
     def with_chains(self, adapters: Mapping[str, ChainAdapter], *, external_screener: ExternalScreener | None = None,

@@ -81,6 +81,8 @@
 | console_username_taken | 409 | another console user or API key has this name in another letter case |
 | quote_not_found | 404 | no convert quote with that id for this caller (a backend sees only the quotes its own key asked for) |
 | quote_expired | 409 | the quote's expiry (`CONVERT_QUOTE_TTL_SECONDS` after it was made) has passed: ask for a new quote; nothing was booked |
+| price_change_not_found | 404 | no convert price change with that id |
+| price_change_expired | 409 | the price change's expiry (10 minutes after it was proposed, at most 15) has passed: propose the price again; nothing counts |
 | quote_already_used | 409 | the quote was accepted before under another idempotency key: a quote books once; nothing was booked now |
 | insufficient_liquidity | 409 | the house's liquidity account of the asset the customer would receive cannot pay the amount (it is funded by treasury adjustments); nothing was booked |
 | convert_pair_unavailable | 422 | the pair has neither a market whose book prices it nor an operator-set price (`POST /v1/convert/prices`) |
@@ -173,6 +175,8 @@ class CustodyErrorCode(str, enum.Enum):
     console_username_taken = "console_username_taken"
     quote_not_found = "quote_not_found"
     quote_expired = "quote_expired"
+    price_change_not_found = "price_change_not_found"
+    price_change_expired = "price_change_expired"
     quote_already_used = "quote_already_used"
     insufficient_liquidity = "insufficient_liquidity"
     convert_pair_unavailable = "convert_pair_unavailable"
@@ -265,6 +269,8 @@ _STATUS = {
     CustodyErrorCode.console_username_taken: 409,
     CustodyErrorCode.quote_not_found: 404,
     CustodyErrorCode.quote_expired: 409,
+    CustodyErrorCode.price_change_not_found: 404,
+    CustodyErrorCode.price_change_expired: 409,
     CustodyErrorCode.quote_already_used: 409,
     CustodyErrorCode.insufficient_liquidity: 409,
     CustodyErrorCode.convert_pair_unavailable: 422,

@@ -11,6 +11,7 @@ method that tests and the demo call directly, so time is driven deterministicall
 | eth-rebalances | EthRebalances decide, sign, broadcast, track: ether and tokens over the hot address's ceiling -> warm or cold (custody.eth_rebalances; only when configured) | 30 s |
 | expire-holds | Ledger.expire_holds() | 10 s |
 | adjustments | TreasuryAdjustments.post_approved(): each approved treasury adjustment whose stored approval signatures still verify against the worker's own approver keys and make its quorum is posted (as custody_worker, the only role the liquidity guard lets post one); one short of it goes back to proposed (custody.adjustments) | 5 s |
+| convert-prices | PriceChanges.apply_signed(): each signed convert price change whose signature verifies against the worker's own approver keys (the signer's own, live key) is set through `convert_price_set` (custody_api may not call it, migration 0056), in id order; expired, superseded or unverifiable ones are refused (custody.convert.prices) | 2 s |
 | outbox | OutboxDispatcher.dispatch(): outbox -> NATS JetStream in the worker (custody.broker) | 1 s |
 | webhooks | Webhooks.run_once(): outbox events -> signed POSTs to registered endpoints, retried with backoff, dead-lettered (custody.webhooks.delivery) | 1 s |
 | reserves | Reserves.run_once(): builds the oldest requested proof-of-reserves reports (progress recorded) and publishes them (custody.reserves) | 10 s |
@@ -356,6 +357,9 @@ def build_scheduler(container: Any, *, sink: Callable[[str, dict], None] | None 
     adjustments = getattr(container, "adjustments", None)
     if adjustments is not None:
         add("adjustments", adjustments.post_approved, 5)
+    price_changes = getattr(container, "price_changes", None)
+    if price_changes is not None:
+        add("convert-prices", price_changes.apply_signed, 2)
     add("outbox", dispatcher.dispatch, 1)
     webhooks = getattr(container, "webhooks", None)
     if webhooks is not None:

@@ -134,6 +134,16 @@ ADJUSTMENT_TRANSITIONS: Mapping[str, frozenset[str]] = {
     "rejected": frozenset(),
 }
 
+# A convert price change (custody.convert.prices): proposed over the API; signed by an operator
+# (the api verified it); applied by the worker (verified again) or refused (expired, superseded by
+# a later change of the pair, or a signature that does not verify against the worker's keys).
+PRICE_CHANGE_TRANSITIONS: Mapping[str, frozenset[str]] = {
+    "proposed": frozenset({"signed", "refused"}),
+    "signed": frozenset({"applied", "refused"}),
+    "applied": frozenset(),
+    "refused": frozenset(),
+}
+
 MACHINES: Mapping[str, tuple[str, Mapping[str, frozenset[str]]]] = {
     "deposit_observation": ("deposit_observation", DEPOSIT_TRANSITIONS),
     "withdrawal": ("withdrawal_request", WITHDRAWAL_TRANSITIONS),
@@ -143,6 +153,7 @@ MACHINES: Mapping[str, tuple[str, Mapping[str, frozenset[str]]]] = {
     "rebalance": ("rebalance", REBALANCE_TRANSITIONS),
     "cpfp": ("rebalance_cpfp", CPFP_TRANSITIONS),
     "adjustment": ("treasury_adjustment", ADJUSTMENT_TRANSITIONS),
+    "price_change": ("convert_price_change", PRICE_CHANGE_TRANSITIONS),
     "eth_sweep": ("eth_sweep", ETH_SWEEP_TRANSITIONS),
     "eth_gas_funding": ("eth_gas_funding", ETH_SWEEP_TRANSITIONS),
     "eth_rebalance": ("eth_rebalance", ETH_REBALANCE_TRANSITIONS),  # custody.eth_rebalances

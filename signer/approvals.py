@@ -22,6 +22,10 @@ approved over `adjustment_approval_payload`: `v` = 1, `kind` = "adjustment-appro
 `amount` as a decimal string of minor units}), `reason`, `quorum` and `proposed_by`, as stored at
 proposal. The worker that posts it rebuilds it from the row and verifies every stored signature
 against its own registry before anything moves.
+An operator's convert price (custody.convert.prices) is set over `convert_price_payload`: `v` = 1,
+`kind` = "convert-price", `change_id`, `base_asset`, `quote_asset`, `price` (decimal string of
+quote-asset minor units per whole base unit), `proposed_by`, `expires_at`; the worker rebuilds it
+from the stored change and verifies the signature against its own registry before the price counts.
 
 Schemes (`ApproverKey.scheme`):
 - `ed25519`, for scripted approvers (`custody approve --key FILE`): the signature is Ed25519 over
@@ -164,6 +168,25 @@ def adjustment_approval_payload(*, adjustment_id: int, legs: Sequence[tuple[int,
         written.append({"debit_account_id": debit, "credit_account_id": credit, "amount": str(amount)})
     fields = {"v": PAYLOAD_VERSION, "kind": ADJUSTMENT_PAYLOAD_KIND, "adjustment_id": adjustment_id, "legs": written,
               "reason": reason, "quorum": quorum, "proposed_by": proposed_by}
+    return canonical_json(fields)
+
+
+PRICE_PAYLOAD_KIND = "convert-price"
+
+
+def convert_price_payload(*, change_id: int, base_asset: str, quote_asset: str, price_minor: int, proposed_by: str,
+                          expires_at: dt.datetime) -> bytes:
+    """The canonical bytes an operator signs to set convert's price of a pair (custody.convert.prices):
+    `kind` "convert-price", the change's id, the pair, the price (a decimal string of quote-asset
+    minor units per whole base unit), the proposer and the change's expiry (ISO-8601 UTC, as a
+    withdrawal's). It names one stored change, applied once and not after its expiry, so a
+    signature never sets a price again later."""
+    for name, value in (("change_id", change_id), ("price_minor", price_minor)):
+        if type(value) is not int or value < 0:
+            raise ValueError(f"{name} must be a non-negative int")
+    fields = {"v": PAYLOAD_VERSION, "kind": PRICE_PAYLOAD_KIND, "change_id": change_id, "base_asset": base_asset,
+              "quote_asset": quote_asset, "price": str(price_minor), "proposed_by": proposed_by,
+              "expires_at": format_expiry(expires_at)}
     return canonical_json(fields)
 
 

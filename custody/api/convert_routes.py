@@ -8,14 +8,22 @@ the house's liquidity.
 - `POST /v1/quotes/{quote_id}/accept` (backend, the key that asked): books the quote's ONE linked
   transaction, once; a replay of the idempotency key answers 200 with the same transaction.
 - `GET /v1/quotes/{quote_id}` (a backend reads its own quotes; operators and auditors every one).
-- `POST /v1/convert/prices` (operator): the price of a pair without a market, and the reference a
-  market's book is checked against until the market trades (written with its audit row by the
-  database function `convert_price_set`).
+- `POST /v1/convert/prices` (operator): PROPOSE the price of a pair (the price of a pair without a
+  market, and the band every book quote of a pair with one must stay within). Nothing counts yet:
+  the answer is the change (`proposed`, expiring in 10 minutes) with the payload to sign.
+- `GET /v1/convert/prices/changes/{id}/approval-payload` (operator, auditor): what an operator signs
+  (kind `convert-price`: id, pair, price, proposer, expiry).
+- `POST /v1/convert/prices/changes/{id}/approve` (operator; body `{"comment", "signature"}`, the
+  key the caller's own): stores the verified signature (`signed`). The worker's `convert-prices`
+  job verifies it again against its own approver keys and sets the price (`applied`) through
+  `convert_price_set`, which the api's database role may not call (migration 0056).
+- `GET /v1/convert/prices/changes/{id}` (operator, auditor): the change and its outcome.
 - `GET /v1/convert/liquidity/{asset}` (operator, auditor): the house's liquidity account of the
   asset (opened if it was not) and its balance; fund or drain it with a treasury adjustment.
 """
 from __future__ import annotations
 
+import base64
 import datetime as dt
 from fractions import Fraction
 
@@ -28,11 +36,14 @@ from custody.api.ledger_schemas import Key, Money
 from custody.api.params import Id, IdPath
 from custody.auth import Role
 from custody.container import Container
+from custody.api.withdrawal_routes import ApproveIn, _signature
+from custody.convert.prices import PriceChangeView, payload as price_payload
 from custody.convert.service import Convert, QuoteView
 from custody.errors import CustodyError, CustodyErrorCode
 from custody.money_rules import caller_key
 from custody.trading import attach
 from ledger.amounts import format_amount, parse_amount
+from signer.approvals import b64url, webauthn_challenge
 
 router = APIRouter(prefix="/v1", tags=["convert"])
 
@@ -105,18 +116,36 @@ class AcceptOut(BaseModel):
 
 class PriceIn(BaseModel):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"base_asset": "BTC", "quote_asset": "EUR", "price": "58000.00"}]})
+        {"idempotency_key": "price-btc-eur-0412", "base_asset": "BTC", "quote_asset": "EUR", "price": "58000.00"}]})
+    idempotency_key: str = Key
     base_asset: str = Field(min_length=1, max_length=32, pattern=r"^[A-Z0-9][A-Z0-9_.-]*$")
     quote_asset: str = Field(min_length=1, max_length=32, pattern=r"^[A-Z0-9][A-Z0-9_.-]*$")
     price: str = Field(min_length=1, max_length=100, description="quote-asset units per whole base unit")
 
 
-class PriceOut(BaseModel):
+class PriceChangeOut(BaseModel):
+    id: int
+    state: str = Field(description="proposed, signed (awaiting the worker), applied (the price counts) or refused")
     base_asset: str
     quote_asset: str
     price: Money = Field(description="quote-asset per whole base unit")
-    set_by: str
-    updated_at: dt.datetime
+    proposed_by: str
+    signed_by: str | None
+    refusal: str | None = Field(description="why the worker refused it (expired, superseded by change N, a signature "
+                                            "its keys do not verify)")
+    expires_at: dt.datetime
+    created_at: dt.datetime
+
+
+class PriceChangePayloadOut(BaseModel):
+    """What an operator signs. `payload` is the exact text (UTF-8), `payload_base64` its bytes,
+    `challenge` the WebAuthn challenge (base64url of SHA-256 of the bytes)."""
+
+    change_id: int
+    state: str
+    payload: str
+    payload_base64: str
+    challenge: str
 
 
 class LiquidityOut(BaseModel):
@@ -215,18 +244,59 @@ def accept_quote(quote_id: IdPath, body: AcceptIn, c: ContainerDep, who: Backend
     return AcceptOut(transaction_id=quote.transaction_id, created=created, quote=_quote_out(c, quote))
 
 
-@router.post("/convert/prices", response_model=PriceOut, responses=responses("asset_not_found", "invalid_amount",
-                                                                              "excess_precision", "conflict"))
-def set_price(body: PriceIn, c: ContainerDep, who: Operator) -> PriceOut:
-    """Set the price of a pair without a market (audited as `api:<the caller's name>`, the actor every
-    route names; the database refuses any other). A pair with a market is priced from its book."""
+PRICE_SIGN_CODES = ("price_change_not_found", "invalid_state", "price_change_expired", "approval_signature_required",
+                    "approval_signature_malformed", "approver_unknown", "approval_scheme_mismatch",
+                    "approval_signature_invalid", "approver_not_caller", "conflict")
+
+
+def _change_out(c: Container, change: PriceChangeView) -> PriceChangeOut:
+    decimals = c.ledger.get_asset(change.quote_asset).decimals
+    return PriceChangeOut(id=change.id, state=change.state, base_asset=change.base_asset, quote_asset=change.quote_asset,
+                          price=Money.of(change.quote_minor_per_base_unit, decimals), proposed_by=change.proposed_by,
+                          signed_by=change.signed_by, refusal=change.refusal, expires_at=change.expires_at,
+                          created_at=change.created_at)
+
+
+@router.post("/convert/prices", response_model=PriceChangeOut, status_code=201,
+             responses=responses("asset_not_found", "invalid_amount", "excess_precision", "idempotency_conflict",
+                                 "conflict"))
+def propose_price(body: PriceIn, c: ContainerDep, who: Operator, response: Response) -> PriceChangeOut:
+    """Propose the price of a pair; it counts once an operator signed it (`.../approve`) and the
+    worker set it. A replay of the idempotency key answers 200 with the change it made."""
     quote_decimals = c.ledger.get_asset(body.quote_asset).decimals
     c.ledger.get_asset(body.base_asset)
-    price = _convert(c).set_price(by=f"api:{who.name}", base=body.base_asset, quote=body.quote_asset,
-                                  price_minor=parse_amount(body.price, quote_decimals))
-    return PriceOut(base_asset=price.base_asset, quote_asset=price.quote_asset,
-                    price=Money.of(price.quote_minor_per_base_unit, quote_decimals), set_by=price.set_by,
-                    updated_at=price.updated_at)
+    change = c.price_changes.propose(caller_key(who.name, body.idempotency_key), by=f"api:{who.name}",
+                                     base=body.base_asset, quote=body.quote_asset,
+                                     price_minor=parse_amount(body.price, quote_decimals))
+    if not change.created:
+        response.status_code = 200
+    return _change_out(c, change)
+
+
+@router.get("/convert/prices/changes/{change_id}", response_model=PriceChangeOut,
+            responses=responses("price_change_not_found"))
+def get_price_change(change_id: IdPath, c: ContainerDep, _: Auditor) -> PriceChangeOut:
+    return _change_out(c, c.price_changes.get(change_id))
+
+
+@router.get("/convert/prices/changes/{change_id}/approval-payload", response_model=PriceChangePayloadOut,
+            responses=responses("price_change_not_found"))
+def get_price_payload(change_id: IdPath, c: ContainerDep, _: Auditor) -> PriceChangePayloadOut:
+    """The canonical payload an operator signs to set this price."""
+    change = c.price_changes.get(change_id)
+    signed = price_payload(change)
+    return PriceChangePayloadOut(change_id=change_id, state=change.state, payload=signed.decode("utf-8"),
+                                 payload_base64=base64.b64encode(signed).decode("ascii"),
+                                 challenge=b64url(webauthn_challenge(signed)))
+
+
+@router.post("/convert/prices/changes/{change_id}/approve", response_model=PriceChangeOut,
+             responses=responses(*PRICE_SIGN_CODES))
+def sign_price(change_id: IdPath, body: ApproveIn, c: ContainerDep, who: Operator) -> PriceChangeOut:
+    """Sign the change with the operator's own key over `.../approval-payload` (see ApproveIn): it
+    becomes `signed`; the worker's `convert-prices` job verifies it again and sets the price."""
+    return _change_out(c, c.price_changes.sign(change_id, by=f"api:{who.name}", comment=body.comment,
+                                               signature=_signature(body)))
 
 
 @router.get("/convert/liquidity/{asset}", response_model=LiquidityOut, responses=responses("asset_not_found"))

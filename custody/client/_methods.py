@@ -49,7 +49,8 @@ _LIQUIDITYOUT: TypeAdapter[Any] = TypeAdapter(LiquidityOut)
 _LIVE: TypeAdapter[Any] = TypeAdapter(Live)
 _MARKETOUT: TypeAdapter[Any] = TypeAdapter(MarketOut)
 _ORDEROUT: TypeAdapter[Any] = TypeAdapter(OrderOut)
-_PRICEOUT: TypeAdapter[Any] = TypeAdapter(PriceOut)
+_PRICECHANGEOUT: TypeAdapter[Any] = TypeAdapter(PriceChangeOut)
+_PRICECHANGEPAYLOADOUT: TypeAdapter[Any] = TypeAdapter(PriceChangePayloadOut)
 _PSBTOUT: TypeAdapter[Any] = TypeAdapter(PsbtOut)
 _QUOTEOUT: TypeAdapter[Any] = TypeAdapter(QuoteOut)
 _READY: TypeAdapter[Any] = TypeAdapter(Ready)
@@ -527,9 +528,21 @@ class SyncMethods:
         'POST /v1/quotes/{quote_id}/accept: Accept Quote'
         return self._call('POST', f'/v1/quotes/{_seg(quote_id)}/accept', params=None, body=_body(AcceptIn, body, fields), answer=_ACCEPTOUT)
 
-    def set_convert_price(self, body: PriceIn | Mapping[str, Any] | None = None, /, **fields: Any) -> PriceOut:
-        'POST /v1/convert/prices: Set Price'
-        return self._call('POST', '/v1/convert/prices', params=None, body=_body(PriceIn, body, fields), answer=_PRICEOUT)
+    def propose_convert_price(self, body: PriceIn | Mapping[str, Any] | None = None, /, **fields: Any) -> PriceChangeOut:
+        'POST /v1/convert/prices: Propose Price'
+        return self._call('POST', '/v1/convert/prices', params=None, body=_body(PriceIn, body, fields), answer=_PRICECHANGEOUT)
+
+    def get_convert_price_change(self, change_id: int, /) -> PriceChangeOut:
+        'GET /v1/convert/prices/changes/{change_id}: Get Price Change'
+        return self._call('GET', f'/v1/convert/prices/changes/{_seg(change_id)}', params=None, body=None, answer=_PRICECHANGEOUT)
+
+    def convert_price_approval_payload(self, change_id: int, /) -> PriceChangePayloadOut:
+        'GET /v1/convert/prices/changes/{change_id}/approval-payload: Get Price Payload'
+        return self._call('GET', f'/v1/convert/prices/changes/{_seg(change_id)}/approval-payload', params=None, body=None, answer=_PRICECHANGEPAYLOADOUT)
+
+    def approve_convert_price(self, change_id: int, body: ApproveIn | Mapping[str, Any] | None = None, /, **fields: Any) -> PriceChangeOut:
+        'POST /v1/convert/prices/changes/{change_id}/approve: Sign Price'
+        return self._call('POST', f'/v1/convert/prices/changes/{_seg(change_id)}/approve', params=None, body=_body(ApproveIn, body, fields), answer=_PRICECHANGEOUT)
 
     def get_convert_liquidity(self, asset: str, /) -> LiquidityOut:
         'GET /v1/convert/liquidity/{asset}: Liquidity'
@@ -979,9 +992,21 @@ class AsyncMethods:
         'POST /v1/quotes/{quote_id}/accept: Accept Quote'
         return await self._call('POST', f'/v1/quotes/{_seg(quote_id)}/accept', params=None, body=_body(AcceptIn, body, fields), answer=_ACCEPTOUT)
 
-    async def set_convert_price(self, body: PriceIn | Mapping[str, Any] | None = None, /, **fields: Any) -> PriceOut:
-        'POST /v1/convert/prices: Set Price'
-        return await self._call('POST', '/v1/convert/prices', params=None, body=_body(PriceIn, body, fields), answer=_PRICEOUT)
+    async def propose_convert_price(self, body: PriceIn | Mapping[str, Any] | None = None, /, **fields: Any) -> PriceChangeOut:
+        'POST /v1/convert/prices: Propose Price'
+        return await self._call('POST', '/v1/convert/prices', params=None, body=_body(PriceIn, body, fields), answer=_PRICECHANGEOUT)
+
+    async def get_convert_price_change(self, change_id: int, /) -> PriceChangeOut:
+        'GET /v1/convert/prices/changes/{change_id}: Get Price Change'
+        return await self._call('GET', f'/v1/convert/prices/changes/{_seg(change_id)}', params=None, body=None, answer=_PRICECHANGEOUT)
+
+    async def convert_price_approval_payload(self, change_id: int, /) -> PriceChangePayloadOut:
+        'GET /v1/convert/prices/changes/{change_id}/approval-payload: Get Price Payload'
+        return await self._call('GET', f'/v1/convert/prices/changes/{_seg(change_id)}/approval-payload', params=None, body=None, answer=_PRICECHANGEPAYLOADOUT)
+
+    async def approve_convert_price(self, change_id: int, body: ApproveIn | Mapping[str, Any] | None = None, /, **fields: Any) -> PriceChangeOut:
+        'POST /v1/convert/prices/changes/{change_id}/approve: Sign Price'
+        return await self._call('POST', f'/v1/convert/prices/changes/{_seg(change_id)}/approve', params=None, body=_body(ApproveIn, body, fields), answer=_PRICECHANGEOUT)
 
     async def get_convert_liquidity(self, asset: str, /) -> LiquidityOut:
         'GET /v1/convert/liquidity/{asset}: Liquidity'

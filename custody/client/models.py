@@ -729,22 +729,40 @@ class OrderOut(BaseModel):
     amounts: dict[str, Money]
 
 
-class PriceIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    base_asset: str
-    quote_asset: str
-    price: Amount
-
-
-class PriceOut(BaseModel):
+class PriceChangeOut(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
+    id: int
+    state: str
     base_asset: str
     quote_asset: str
     price: Money
-    set_by: str
-    updated_at: datetime
+    proposed_by: str
+    signed_by: str | None
+    refusal: str | None
+    expires_at: datetime
+    created_at: datetime
+
+
+class PriceChangePayloadOut(BaseModel):
+    'What an operator signs. `payload` is the exact text (UTF-8), `payload_base64` its bytes,'
+
+    model_config = ConfigDict(extra="ignore")
+
+    change_id: int
+    state: str
+    payload: str
+    payload_base64: str
+    challenge: str
+
+
+class PriceIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    idempotency_key: str = Field(default_factory=new_key)
+    base_asset: str
+    quote_asset: str
+    price: Amount
 
 
 class ProofLeafOut(BaseModel):

@@ -8,16 +8,19 @@ Guarantees:
   `convert_quote_create` (migrations 0033, 0040), which checks those figures against each other,
   looks the liquidity and fee accounts up itself, takes the fee and spread rates from
   `convert_config` (never the caller's), and bounds every rate by a reference the api cannot set
-  at will: the operator's price less the spread, or for a book (a `market` of the pair) its last
-  trade and the operator's price, within the band; the api role cannot write quotes otherwise;
+  at will: the operator's price less the spread, or for a book (a `market` of the pair) the
+  operator's price and its last trade, within the band (a book quote of a pair without an operator
+  price is refused: the api process writes fills, migration 0056); the api role cannot write quotes
+  otherwise;
 - a book prices a quote only when both its sides have orders and the average price for the
-  amount lies within `CONVERT_PRICE_BAND_PPM` of the market's last trade and of the operator's
-  price of the pair (each that exists; one must): a customer's own ask on an empty side prices nothing
+  amount lies within `CONVERT_PRICE_BAND_PPM` of the operator's price of the pair (which must exist)
+  and of the market's last trade (if it traded): a customer's own ask on an empty side prices nothing
   (`convert_book_unreliable`);
 - the fee, spread and band rates are the `convert_config` row, written by the worker at start-up
   from its settings (`write_config`) and read-only for the api;
-- an operator's price is written through `convert_price_set` (SECURITY DEFINER), which writes its
-  audit row with it; the api role cannot write `convert_price` itself;
+- an operator's price is proposed over the API, signed by an operator and set by the worker
+  (custody.convert.prices) through `convert_price_set` (SECURITY DEFINER), which writes its audit
+  row with it; the api role can neither write `convert_price` nor call that function (0056);
 - accepting books ONE journal transaction (`convert:<quote id>`, kind `convert`): customer ->
   liquidity (from-asset: the payout's cost at the rate, rounded up), liquidity -> customer
   (to-asset), customer -> fee income (from-asset), customer -> `convert:rounding:<from asset>`
@@ -185,8 +188,10 @@ class Convert:
         return found
 
     def set_price(self, *, by: str, base: str, quote: str, price_minor: int) -> PriceView:
-        """Set the operator's price of a pair (quote minor units per whole base unit), audited.
-        A pair with a market is priced from its book whatever is set here."""
+        """Set the operator's price of a pair (quote minor units per whole base unit), audited: the
+        worker's step once a signed change verified (custody.convert.prices), or the owner's session
+        (tests, administrators); custody_api may not call `convert_price_set` (migration 0056). A
+        pair with a market is priced from its book, within the band of this price."""
         if base == quote:
             raise LedgerError(ErrorCode.invalid_request, "a price needs two different assets")
         if price_minor <= 0:
@@ -273,7 +278,7 @@ class Convert:
     def _price(self, from_asset: str, to_asset: str, from_amount: int | None, to_amount: int | None,
                books: Books | None, config: Config) -> tuple[str, Figures]:
         """(source, figures): from the book of a market of the pair (two-sided, its average within
-        the band of its last trade and of the operator's price, each that exists), else the
+        the band of the operator's price, which must exist, and of its last trade, if any), else the
         operator's price."""
         market = _market_of(books, from_asset, to_asset)
         try:
@@ -281,6 +286,11 @@ class Convert:
             if market is not None:
                 assert books is not None
                 selling_base = from_asset == market.base_asset
+                if operator is None:
+                    # the api process writes fills; only an operator's (signed) price bands a book (0056)
+                    raise CustodyError(CustodyErrorCode.convert_book_unreliable,
+                                       f"{market.symbol} has no operator price of the pair to check its book against",
+                                       market=market.symbol)
                 _, bids, asks = books.depth(market.symbol, BOOK_LEVELS)
                 if not bids or not asks:
                     raise CustodyError(CustodyErrorCode.convert_book_unreliable,
@@ -297,10 +307,6 @@ class Convert:
                     average = to_amount / pricing.receive_through(levels, to_amount)
                 references = [r for r in (self._last_trade_rate(market.symbol, selling_base=selling_base), operator)
                               if r is not None]
-                if not references:
-                    raise CustodyError(CustodyErrorCode.convert_book_unreliable,
-                                       f"{market.symbol} has neither a trade nor an operator price to check its book "
-                                       "against", market=market.symbol)
                 if not all(pricing.within_band(average, r, config.band_ppm) for r in references):
                     raise CustodyError(CustodyErrorCode.convert_book_unreliable,
                                        f"the book of {market.symbol} prices this amount more than {config.band_ppm} "

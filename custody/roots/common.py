@@ -55,6 +55,7 @@ from chain_adapters.errors import ChainError, NodeUnavailable, WrongNetwork
 from chain_adapters.ethereum import EthereumAdapter
 from custody.addresses import canonical_btc_account_key, derive_btc_address, derive_eth_address
 from custody.adjustments import TreasuryAdjustments
+from custody.convert.prices import PriceChanges
 from custody.config import DeploymentConfig
 from custody.controls import open_incident
 from custody.database import make_engine, to_sqlalchemy_url
@@ -119,6 +120,7 @@ class CustodyServices:
     eth_sweeps: EthSweeps | None = None  # ethereum only: deposits -> hot address, with gas funding (custody.eth_sweeps)
     eth_rebalances: EthRebalances | None = None  # ethereum with [treasury.ethereum]: hot -> warm/cold (custody.eth_rebalances)
     webhooks: Webhooks | None = None  # webhook endpoints (api) and their delivery job (worker)
+    price_changes: PriceChanges | None = None  # convert's operator prices: signed (api), set by the worker's job
 
     def close(self) -> None:
         for adapter in self.adapters.values():
@@ -512,12 +514,14 @@ def _build(config: DeploymentConfig, process: Process, adapters: Mapping[str, Ch
     if eth_rebalances is not None:
         reconciliation.eth_outer = eth_rebalances.destinations()
     adjustments = TreasuryAdjustments(engine, ledger, quorum=settings.treasury_adjustment_quorum, approvers=approvers)
+    price_changes = PriceChanges(engine, ledger, approvers=approvers)
     return CustodyServices(config=config, settings=settings, engine=engine, ledger=ledger, wallets=wallets,
                            adapters=adapters, signer=signer, deposits=deposits, withdrawals=withdrawals,
                            payouts=payouts, reconciliation=reconciliation, adjustments=adjustments,
                            approvers=approvers, process=process, wallet_check=check, sweeps=sweeps,
                            rebalances=rebalances, reserves=reserves, node_view=node_view,
-                           webhooks=Webhooks(engine, settings), eth_sweeps=eth_sweeps, eth_rebalances=eth_rebalances)
+                           webhooks=Webhooks(engine, settings), eth_sweeps=eth_sweeps, eth_rebalances=eth_rebalances,
+                           price_changes=price_changes)
 
 
 # ---- process plumbing --------------------------------------------------------------------------

@@ -8,7 +8,10 @@ took whatever name the api passed: `convert_price_set('custody', ...)` as custod
 the service's own name (or anyone's, or nobody's), and `custody_revoke_api_key(id, by, caller)`
 audited a `by` unrelated to the calling key. Migration 0052: as a service role, a price's actor must
 be `api:<name>` of a live operator or admin (API key or console credential) and a key change's actor
-`api:<the calling key's name>`, else 42501. The ledger is verified at the end.
+`api:<the calling key's name>`, else 42501. Since migration 0056 custody_api may not call
+`convert_price_set` at all: the worker calls it, in the name of the operator whose signature over
+the proposed change it verified, and that name must still be a live operator's. The ledger is
+verified at the end.
 """
 from __future__ import annotations
 
@@ -26,6 +29,8 @@ from custody.container import Container
 from custody.settings import Settings
 from ledger.service import Ledger
 from regtest.util import assert_equal
+from tests.approvers import registry
+from tests.integration.price_helpers import set_price_over_api
 
 SETTINGS = Settings(environment="test")
 
@@ -47,9 +52,11 @@ def world(engine, ledger):
                   {"u": console_user, "i": os.urandom(16), "k": os.urandom(32)})
         c.execute(text("UPDATE console_credential SET state = 'active', role = 'operator', decided_by = 'test', "
                        "decided_at = now() WHERE username = :u"), {"u": console_user})
-    client = TestClient(create_app(Container(settings=SETTINGS, engine=engine, ledger=Ledger(engine))),
-                        raise_server_exceptions=False)
-    yield {"run": run, "base": base, "quote": quote, "keys": keys, "console_user": console_user, "client": client}
+    container = Container(settings=SETTINGS, engine=engine, ledger=Ledger(engine),
+                          approvers=registry(keys["operator"][0]))
+    client = TestClient(create_app(container), raise_server_exceptions=False)
+    yield {"run": run, "base": base, "quote": quote, "keys": keys, "console_user": console_user, "client": client,
+           "container": container}
     ledger.verify()
 
 
@@ -58,11 +65,11 @@ def _key_id(engine, name: str) -> int:
         return c.execute(text("SELECT id FROM api_key WHERE name = :n AND revoked_at IS NULL"), {"n": name}).scalar_one()
 
 
-def as_api(engine, sql: str, params: dict) -> str | None:
-    """Run `sql` as custody_api in a transaction that is rolled back: None, or the SQLSTATE it failed with."""
+def as_api(engine, sql: str, params: dict, *, role: str = "custody_api") -> str | None:
+    """Run `sql` as `role` in a transaction that is rolled back: None, or the SQLSTATE it failed with."""
     with engine.connect() as c:
         try:
-            c.exec_driver_sql("SET LOCAL ROLE custody_api")
+            c.exec_driver_sql(f"SET LOCAL ROLE {role}")
             c.execute(text(sql), params)
         except DBAPIError as exc:
             return getattr(exc.orig, "sqlstate", None)
@@ -75,6 +82,7 @@ SET_PRICE = "SELECT * FROM convert_price_set(:by, :b, :q, 5900000)"
 
 
 def test_the_database_sets_a_price_only_in_a_live_operators_name(engine, world):
+    """As custody_worker (the one process role that may call it, 0056); custody_api is refused each."""
     keys = world["keys"]
     refused = {
         "the service's own actor": "custody",
@@ -88,22 +96,24 @@ def test_the_database_sets_a_price_only_in_a_live_operators_name(engine, world):
         "a live admin key": f"api:{keys['admin'][0]}",
         "an active console operator": f"api:{world['console_user']}",
     }
-    answers = {what: as_api(engine, SET_PRICE, {"by": by, "b": world["base"], "q": world["quote"]})
+    answers = {what: as_api(engine, SET_PRICE, {"by": by, "b": world["base"], "q": world["quote"]}, role="custody_worker")
                for what, by in {**refused, **allowed}.items()}
     assert_equal(answers, {**{what: "42501" for what in refused}, **{what: None for what in allowed}})
+    api = {what: as_api(engine, SET_PRICE, {"by": by, "b": world["base"], "q": world["quote"]}) for what, by in allowed.items()}
+    assert_equal(api, {what: "42501" for what in allowed})
 
 
 def test_a_price_set_over_http_is_the_callers_and_a_body_naming_someone_is_refused(engine, world):
     name, key = world["keys"]["operator"]
     client, body = world["client"], {"base_asset": world["base"], "quote_asset": world["quote"], "price": "60000"}
-    named = client.post("/v1/convert/prices", json={**body, "set_by": "someone-else"}, headers={"X-API-Key": key})
+    named = client.post("/v1/convert/prices", json={**body, "idempotency_key": "named", "set_by": "someone-else"},
+                        headers={"X-API-Key": key})
     assert_equal((named.status_code, named.json()["error"]["code"]), (422, "invalid_request"))
-    r = client.post("/v1/convert/prices", json=body, headers={"X-API-Key": key})
-    assert r.status_code == 200, r.text
+    change = set_price_over_api(world["container"], client, name, body, headers={"X-API-Key": key})
     with engine.connect() as c:
         actors = c.execute(text("SELECT actor FROM audit_event WHERE action = 'convert.price' AND subject = :s"),
                            {"s": f"convert-price:{world['base']}/{world['quote']}"}).scalars().all()
-    assert_equal((r.json()["set_by"], actors), (f"api:{name}", [f"api:{name}"]))
+    assert_equal((change["proposed_by"], change["signed_by"], actors), (f"api:{name}", f"api:{name}", [f"api:{name}"]))
 
 
 def test_a_key_change_through_the_api_is_audited_as_the_calling_key(engine, world):

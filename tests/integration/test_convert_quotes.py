@@ -27,6 +27,7 @@ from ledger.model import AccountKind
 from regtest.util import assert_equal
 from tests.approvers import ADJUSTMENTS, approve_over_api, registry
 from tests.integration.adjustment_helpers import run_adjustments_job
+from tests.integration.price_helpers import set_price_over_api
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +50,14 @@ class Desk:
         for code, decimals in (("EUR", 2), ("BTC", 8)):
             r = self.call("admin", "POST", "/v1/assets", json={"code": code, "decimals": decimals})
             assert r.status_code == 201, r.text
-        r = self.call("ops1", "POST", "/v1/convert/prices",
-                      json={"base_asset": "BTC", "quote_asset": "EUR", "price": "58000.00"})
-        assert_equal(r.status_code, 200)
+        self.set_price("BTC", "EUR", "58000.00")
         self.location = self.container.wallets.location_account(f"test{self.run}", "deposit", "EUR")
+
+    def set_price(self, base: str, quote: str, price: str, who: str = "ops1") -> None:
+        """The operator `who` proposes and signs the pair's price; the worker's job sets it."""
+        set_price_over_api(self.container, self.client, f"cv-{who}-{self.run}",
+                           {"base_asset": base, "quote_asset": quote, "price": price},
+                           headers={"X-API-Key": self.keys[who]})
 
     def call(self, who: str, method: str, path: str, **kw):
         return self.client.request(method, path, headers={"X-API-Key": self.keys[who]}, **kw)
@@ -293,8 +298,7 @@ def test_a_pair_with_a_market_is_priced_from_its_book(desk):
     assert r.status_code == 201, r.text
     r = desk.ask(taker, base, from_amount="9000")
     assert_equal(refusal(r), (409, "convert_book_unreliable"))
-    r = desk.call("ops1", "POST", "/v1/convert/prices", json={"base_asset": base, "quote_asset": quote, "price": "60500"})
-    assert_equal(r.status_code, 200)
+    desk.set_price(base, quote, "60500")
 
     log.info("9,000 %s buys through both ask levels: the rate is their average for the net amount", quote)
     r = desk.ask(taker, base, from_amount="9000")
@@ -310,8 +314,7 @@ def test_a_pair_with_a_market_is_priced_from_its_book(desk):
     assert_equal(desk.posted(q["receive_account_id"]), got.numerator // got.denominator)
 
     log.info("an average price more than the band (5%%) from the reference prices nothing")
-    r = desk.call("ops1", "POST", "/v1/convert/prices", json={"base_asset": base, "quote_asset": quote, "price": "56000"})
-    assert_equal(r.status_code, 200)
+    desk.set_price(base, quote, "56000")
     r = desk.ask(taker, base, from_amount="100")  # 60,000 against 56,000: 6.7% fewer base per quote unit
     assert_equal(refusal(r), (409, "convert_book_unreliable"))
 

@@ -284,6 +284,25 @@ API_FORBIDDEN = {
     "emit_adjustment_posted": "SELECT custody_emit('treasury.adjustment_posted', 'adjustment:0', 'adjustment:0', 1, '{}'::jsonb)",
     # closing (or re-opening) an account directly: closing is ledger_close_account's, customers only (0055)
     "close_account_directly": "UPDATE account SET closed_at = now() WHERE false",
+    # a convert price change's outcome is the worker's (0056)
+    "record_price_change_refusal": "UPDATE convert_price_change SET refusal = NULL WHERE false",
+}
+
+# Neither process role (0056): the api proposes adjustments and records votes, the worker only moves
+# an approved one's state and records its posting; the api proposes and signs price changes.
+WORKER_FORBIDDEN = {
+    "rewrite_adjustment_legs": API_FORBIDDEN["rewrite_adjustment_legs"],
+    "rewrite_adjustment_proposer": API_FORBIDDEN["rewrite_adjustment_proposer"],
+    "insert_adjustment": "INSERT INTO treasury_adjustment SELECT * FROM treasury_adjustment WHERE false",
+    "delete_adjustment": "DELETE FROM treasury_adjustment WHERE false",
+    "nextval_adjustment_id": "SELECT nextval('treasury_adjustment_id_seq')",
+    "insert_adjustment_vote": "INSERT INTO treasury_adjustment_vote SELECT * FROM treasury_adjustment_vote WHERE false",
+    "rewrite_adjustment_vote": "UPDATE treasury_adjustment_vote SET signature = signature WHERE false",
+    "delete_adjustment_vote": "DELETE FROM treasury_adjustment_vote WHERE false",
+    "insert_price_change": "INSERT INTO convert_price_change SELECT * FROM convert_price_change WHERE false",
+    "sign_price_change": "UPDATE convert_price_change SET signature = signature, signed_by = signed_by WHERE false",
+    "reprice_price_change": "UPDATE convert_price_change SET quote_minor_per_base_unit = 1 WHERE false",
+    "delete_price_change": "DELETE FROM convert_price_change WHERE false",
 }
 
 # The ledger's tables (0054): written only through the ledger's SECURITY DEFINER functions, by
@@ -334,6 +353,8 @@ API_ALLOWED = {
     "request_reserve_reports": "INSERT INTO reserve_job SELECT * FROM reserve_job WHERE false",
     "decide_adjustment": "UPDATE treasury_adjustment SET state = state, updated_at = now() WHERE false",
     "lock_adjustment": "SELECT id FROM treasury_adjustment WHERE false FOR UPDATE",
+    "lock_price_change": "SELECT id FROM convert_price_change WHERE false FOR UPDATE",
+    "decide_price_change": "UPDATE convert_price_change SET state = state, updated_at = now() WHERE false",
 }
 
 
@@ -342,9 +363,23 @@ def test_the_api_login_is_refused_the_workers_writes(engines, statement):
     assert sqlstate(engines[API], None, API_FORBIDDEN[statement]) == INSUFFICIENT_PRIVILEGE
 
 
-@pytest.mark.parametrize("statement", sorted(API_FORBIDDEN))
+@pytest.mark.parametrize("statement", sorted(set(API_FORBIDDEN) - set(WORKER_FORBIDDEN)))
 def test_the_worker_may_make_the_writes_the_api_may_not(engine, statement):
     assert sqlstate(engine, WORKER, API_FORBIDDEN[statement]) is None
+
+
+@pytest.mark.parametrize("statement", sorted(WORKER_FORBIDDEN))
+def test_the_worker_writes_no_adjustment_vote_nor_price_proposal(engine, statement):
+    assert sqlstate(engine, WORKER, WORKER_FORBIDDEN[statement]) == INSUFFICIENT_PRIVILEGE
+
+
+def test_only_the_worker_sets_a_convert_price(engine):
+    """`convert_price_set` (0040/0052) is executable by custody_worker alone of the process roles
+    (0056): the api records signed proposals, the worker verifies and sets them."""
+    with engine.connect() as c:
+        may = {role: c.execute(text("SELECT has_function_privilege(:r, 'convert_price_set(text, text, text, numeric)', "
+                                    "'EXECUTE')"), {"r": role}).scalar_one() for role in (*PROCESS_ROLES, "public")}
+    assert may == {API: False, WORKER: True, SIGNER: False, "public": False}
 
 
 @pytest.mark.parametrize("statement", sorted(API_ALLOWED))
@@ -549,6 +584,10 @@ def update_columns(privileges: str) -> list[str] | None:
     return [c.strip() for c in found.group(1).split(",")] if found else None
 
 
+# The worker only reads these, but for a column-level UPDATE of an outcome (0056).
+WORKER_READ_MOSTLY = ("convert_price_change", "treasury_adjustment", "treasury_adjustment_vote")
+
+
 def api_letters(relation: str, read_only: list[str], limited: dict[str, str]) -> str:
     """custody_api's table-level privileges on `relation` as `privileges()` spells them."""
     if relation in read_only:
@@ -566,7 +605,8 @@ def expected(relation: str, signer_tables: list[str], read_only: list[str] = (),
         return {API: "r", WORKER: "r", SIGNER: "ar"}
     if relation == "alembic_version" or relation in LEDGER_TABLES:
         return {API: "r", WORKER: "r", SIGNER: "r"}
-    return {API: api_letters(relation, list(read_only), limited or {}), WORKER: "arwd", SIGNER: "r"}
+    worker = "r" if relation in WORKER_READ_MOSTLY else "arwd"
+    return {API: api_letters(relation, list(read_only), limited or {}), WORKER: worker, SIGNER: "r"}
 
 
 def grant_state(c) -> dict[str, object]:

@@ -36,6 +36,7 @@ from ledger.model import AccountKind
 from regtest.util import assert_equal
 from tests.integration.test_convert_guards import as_api, world  # noqa: F401  (fixture)
 from tests.integration.test_convert_quotes import Desk
+from tests.integration.test_db_roles import sqlstate
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +90,7 @@ def test_the_api_role_cannot_choose_the_fee_rate_of_a_quote(engine, ledger, worl
 
 def test_a_customer_cannot_price_a_quote_with_an_ask_of_their_own(desk):
     base, quote, symbol = desk.market()
-    r = desk.call("ops1", "POST", "/v1/convert/prices", json={"base_asset": base, "quote_asset": quote, "price": "60000"})
-    assert_equal(r.status_code, 200)
+    desk.set_price(base, quote, "60000")
     equity = {a: desk.ledger.account_by_name(f"equity:{a}").id for a in (base, quote)}
     desk.adjust(equity[base], desk.liquidity(base)["account_id"], "1", f"fund-{base}")
 
@@ -170,9 +170,9 @@ def test_concurrent_quote_requests_under_one_key_answer_one_quote(engine, ledger
 
 
 def test_the_database_bounds_a_book_priced_rate_by_the_markets_last_trade(desk):
-    """R15-C1/C3 in the database: as custody_api, a `book:` quote of a real market is refused above
-    its last trade plus the band (5 %), and booked at it; a market of another pair is refused; an
-    operator's price of the pair bounds it as well."""
+    """R15-C1/C3 in the database: as custody_api, a `book:` quote of a real market is refused
+    without an operator price of the pair (0056), above its last trade plus the band (5 %), and
+    booked at it; a market of another pair is refused; the operator's price bounds it as well."""
     base, quote, symbol = desk.market("P", "Q")
     equity = {a: desk.ledger.account_by_name(f"equity:{a}").id for a in (base, quote)}
     desk.adjust(equity[base], desk.liquidity(base)["account_id"], "1", f"fund-{base}")
@@ -202,6 +202,11 @@ def test_the_database_bounds_a_book_priced_rate_by_the_markets_last_trade(desk):
         r = desk.call("backend", "POST", f"/v1/markets/{symbol}/orders", json={
             "account": owners[who], "client_order_id": cid, "side": side, "qty": "0.1", "price": "60000"})
         assert r.status_code == 201, r.text
+    log.info("a traded market without an operator price bounds nothing either: the api writes fills (0056)")
+    with pytest.raises(DBAPIError) as refused:
+        as_api(desk.engine, sql, forged("traded-unpriced", 1, 600))
+    assert_equal(refused.value.orig.sqlstate, "42501")
+    desk.set_price(base, quote, "60000")
     # the last trade: 60,000 quote units per base unit = 10^8 / (60,000 * 10^6) = 1/600 base minor per quote minor
     log.info("twice the last trade's rate, and just beyond the band, are refused")
     for key, num, den in (("double", 2, 600), ("beyond", 1_050_001, 600 * 10**6)):
@@ -215,17 +220,16 @@ def test_the_database_bounds_a_book_priced_rate_by_the_markets_last_trade(desk):
     log.info("the band's edge is booked")
     assert_equal(as_api(desk.engine, sql, forged("edge", 1_050_000, 600 * 10**6))[0].status, "created")
     log.info("an operator's price of the pair bounds it too: at 70,000 the same rate beats it by more than the band")
-    r = desk.call("ops1", "POST", "/v1/convert/prices", json={"base_asset": base, "quote_asset": quote, "price": "70000"})
-    assert_equal(r.status_code, 200)
+    desk.set_price(base, quote, "70000")
     with pytest.raises(DBAPIError) as refused:
         as_api(desk.engine, sql, forged("edge-2", 1_050_000, 600 * 10**6))
     assert_equal(refused.value.orig.sqlstate, "42501")
 
 
 def test_the_rates_are_the_workers_and_the_api_writes_neither_them_nor_a_price(engine, ledger, world):  # noqa: F811
-    """R15-C1/C2: custody_api may not write `convert_config` or `convert_price` (only through
-    `convert_price_set`, which audits); the worker's settings, written at start-up, are what a quote
-    is charged."""
+    """R15-C1/C2: custody_api may not write `convert_config` or `convert_price`, nor call
+    `convert_price_set` (0056: the worker calls it once an operator's signature verified; it
+    audits); the worker's settings, written at start-up, are what a quote is charged."""
     convert, eur, btc = world["convert"], world["eur"], world["btc"]
     for sql in ("UPDATE convert_config SET fee_ppm = 0",
                 f"INSERT INTO convert_price (base_asset, quote_asset, quote_minor_per_base_unit, set_by) "
@@ -233,17 +237,22 @@ def test_the_rates_are_the_workers_and_the_api_writes_neither_them_nor_a_price(e
         with pytest.raises(DBAPIError) as refused:
             as_api(engine, sql, {})
         assert_equal(refused.value.orig.sqlstate, "42501")
-    log.info("the api role sets a price only through convert_price_set, which writes its audit row, in a "
-             "live operator's name (migration 0052)")
+    log.info("the api role may not call convert_price_set, even in a live operator's name (0056); the worker may "
+             "(in such a name: 0052), which writes the audit row")
     operator = f"ops-a-{world['run']}"
     create_api_key(engine, operator, "operator", Settings(environment="test").api_key_pepper)
-    as_api(engine, "SELECT * FROM convert_price_set(:by, :b, :q, 5900000)", {"by": f"api:{operator}", "b": btc, "q": eur})
+    set_price = "SELECT * FROM convert_price_set(:by, :b, :q, 5900000)"
+    with pytest.raises(DBAPIError) as refused:
+        as_api(engine, set_price, {"by": f"api:{operator}", "b": btc, "q": eur})
+    assert_equal(refused.value.orig.sqlstate, "42501")
+    assert_equal(sqlstate(engine, "custody_worker", set_price, {"by": f"api:{operator}", "b": btc, "q": eur}), None)
+    assert_equal(sqlstate(engine, "custody_worker", set_price, {"by": "api:nobody", "b": btc, "q": eur}), "42501")
     convert.set_price(by="ops-b", base=btc, quote=eur, price_minor=5_800_000)  # the owner's session names anyone
     with engine.connect() as c:
         audited = c.execute(text("SELECT actor, detail->>'quote_minor_per_base_unit' FROM audit_event "
                                  "WHERE action = 'convert.price' AND subject = :s ORDER BY id"),
                             {"s": f"convert-price:{btc}/{eur}"}).all()
-    assert_equal([tuple(a) for a in audited], [(f"api:{operator}", "5900000"), ("ops-b", "5800000")])
+    assert_equal([tuple(a) for a in audited], [("ops-b", "5800000")])  # the worker's run above was rolled back
     assert_equal((convert.price(btc, eur).quote_minor_per_base_unit, convert.price(btc, eur).set_by), (5_800_000, "ops-b"))
     try:
         write_config(engine, Settings(environment="test", convert_fee_ppm=5_000), by="test")

@@ -71,8 +71,6 @@ def _drain(c, house, steps) -> tuple[str, int]:
     return outcome, int(got)
 
 
-@pytest.mark.xfail(strict=True, reason="R1: custody_api sets the convert price under a live operator key's "
-                                       "(readable) name; convert_accept pays at that price, past the liquidity guard")
 def test_api_role_cannot_set_the_convert_price_it_then_sells_at(engine, ledger, house):
     with engine.connect() as c:
         tx = c.begin()
@@ -94,8 +92,6 @@ def test_api_role_cannot_set_the_convert_price_it_then_sells_at(engine, ledger, 
     ledger.verify()
 
 
-@pytest.mark.xfail(strict=True, reason="R1: custody_api writes the market and the fill that bound a book-sourced "
-                                       "quote; convert_accept pays at that rate")
 def test_api_role_cannot_bound_a_book_quote_with_a_market_and_fill_it_wrote(engine, ledger, house):
     with engine.connect() as c:
         tx = c.begin()

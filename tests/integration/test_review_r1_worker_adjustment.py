@@ -21,8 +21,6 @@ from sqlalchemy.exc import DBAPIError
 from ledger.model import AccountKind, Transfer
 
 
-@pytest.mark.xfail(strict=True, reason="R1: custody_worker inserts an 'approved' treasury adjustment itself and "
-                                       "posts its liquidity legs; the guard checks only the row's state")
 def test_worker_role_cannot_drain_liquidity_under_an_adjustment_it_approved_itself(engine, ledger):
     run = uuid.uuid4().hex[:6].upper()
     asset = f"W{run}"
