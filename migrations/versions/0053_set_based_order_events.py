@@ -45,7 +45,7 @@ only how many statements write them):
   (a materialized CTE over the transition table), the numbering upsert and the outbox INSERT, which
   reads the numbers through a one-row CTE (a cross join with one row, so still no join of the
   transition table); 0048's bodies made three (the events into arrays, the upsert, the INSERT),
-  four for an UPDATE. The UPDATE triggers still read the old rows' figures first (one statement).
+  four for an UPDATE (the old rows' figures are read in the same statement, a one-row cross join).
   The four functions of 0048 (`custody_event_holds_inserted`/`_updated`,
   `custody_event_withdrawals_inserted`/`_updated`) are replaced by such bodies, same events:
   inside `ledger_apply` every hold placed, captured or released is a statement of its own, so a
@@ -95,33 +95,41 @@ _ORDERS_INSERTED_EVENTS = (
     f"               'order:' || n.id AS aggregate, n.ord,\n"
     f"               {_ORDER_PAYLOAD} AS payload\n{_NEW_ROWS}")
 
-# v_old: order id -> [state, filled, price, qty] of the old row (jsonb compares numbers as numbers).
+
+
+def _old_rows(figures: str) -> str:
+    """The FROM clause's second item of an UPDATE trigger's events: one row, `was.m`, the old rows'
+    `figures` as a jsonb object keyed by id (a cross join with one row: no join of a transition
+    table; each row's old figures are then a lookup in `was.m`)."""
+    return f"\n          CROSS JOIN (SELECT jsonb_object_agg(o.id, {figures}) AS m FROM old_rows o) was"
+
+
+# was.m: order id -> [state, filled, price, qty] of the old row (jsonb compares numbers as numbers).
 _ORDERS_UPDATED_EVENTS = (
-    f"        SELECT CASE WHEN n.state IN {_OPEN} AND (v_old -> n.id -> 0) = to_jsonb(n.state)\n"
-    f"                         AND (v_old -> n.id -> 1) = to_jsonb(n.filled) THEN 'order.amended'\n"
+    f"        SELECT CASE WHEN n.state IN {_OPEN} AND (was.m -> n.id -> 0) = to_jsonb(n.state)\n"
+    f"                         AND (was.m -> n.id -> 1) = to_jsonb(n.filled) THEN 'order.amended'\n"
     f"                    WHEN n.state IN {_OPEN} THEN 'order.accepted'\n"
     f"                    ELSE 'order.' || n.state END AS topic,\n"
     f"               'order:' || n.id AS aggregate, n.ord,\n"
-    f"               {_ORDER_PAYLOAD} AS payload\n{_NEW_ROWS}\n"
-    f"         WHERE jsonb_build_array(n.state, n.filled, n.price, n.qty) IS DISTINCT FROM v_old -> n.id")
+    f"               {_ORDER_PAYLOAD} AS payload\n{_NEW_ROWS}"
+    + _old_rows("jsonb_build_array(o.state, o.filled, o.price, o.qty)") +
+    "\n         WHERE jsonb_build_array(n.state, n.filled, n.price, n.qty) IS DISTINCT FROM was.m -> n.id")
 
 
-def _emit_one_statement(events: str, old: str | None = None) -> str:
+def _emit_one_statement(events: str) -> str:
     """The PL/pgSQL body that writes the events `events` selects (columns topic, aggregate, ord,
     payload; keys `<aggregate>#<seq>`, version 1) in ONE statement: the events (a materialized
     CTE), the numbering upsert, and the outbox INSERT that reads the numbers through a one-row
     CTE (a cross join with one row: no join of the transition table, see 0048's `_emit_statement`).
     Then, only when a key was taken, gives back the numbers of the events not written. Same
     precondition and results as 0048's `_emit_statement` (each aggregate at most once in
-    `events`; outbox ids in `ord` order; numbering row locks taken in `ord` order). `old`: a
-    SELECT INTO v_old of the old rows' figures, run first (UPDATE triggers)."""
-    prelude = f"\n    {old}" if old else ""
+    `events`; outbox ids in `ord` order; numbering row locks taken in `ord` order). An UPDATE
+    trigger's `events` read the old rows' figures through `_old_rows`, in the same statement."""
     return f"""
 DECLARE
-    v_old jsonb;
     v_aggregates text[];
     v_written text[];
-BEGIN{prelude}
+BEGIN
     WITH e AS MATERIALIZED (
 {events}
     ), numbered AS (
@@ -156,30 +164,23 @@ def _replacing(name: str, body: str) -> str:
     return _0048._trigger_function(name, body).replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
 
 
-_HOLDS_OLD = ("SELECT jsonb_object_agg(o.id, jsonb_build_array(o.state, o.captured, o.released)) INTO v_old "
-              "FROM old_rows o;")
-_WITHDRAWALS_OLD = "SELECT jsonb_object_agg(o.id, o.state) INTO v_old FROM old_rows o;"
-_ORDERS_OLD = ("SELECT jsonb_object_agg(o.id, jsonb_build_array(o.state, o.filled, o.price, o.qty)) INTO v_old "
-               "FROM old_rows o;")
-
 # 0048's four statement triggers of holds and withdrawals, same events, written in one statement.
 HOLDS_AND_WITHDRAWALS = (
     _replacing("custody_event_holds_inserted", _emit_one_statement(_0048._HOLD_EVENTS))
     + _replacing("custody_event_holds_updated", _emit_one_statement(
-        _0048._HOLD_EVENTS + "\n         WHERE jsonb_build_array(n.state, n.captured, n.released) IS DISTINCT FROM "
-        "v_old -> n.id::text", old=_HOLDS_OLD))
+        _0048._HOLD_EVENTS + _old_rows("jsonb_build_array(o.state, o.captured, o.released)")
+        + "\n         WHERE jsonb_build_array(n.state, n.captured, n.released) IS DISTINCT FROM was.m -> n.id::text"))
     + _replacing("custody_event_withdrawals_inserted", _emit_one_statement(
         _0048._WITHDRAWAL_EVENTS.format(previous="NULL::text")))
     + _replacing("custody_event_withdrawals_updated", _emit_one_statement(
-        _0048._WITHDRAWAL_EVENTS.format(previous="v_old ->> n.id::text")
-        + "\n         WHERE (v_old ->> n.id::text) IS DISTINCT FROM n.state", old=_WITHDRAWALS_OLD)))
+        _0048._WITHDRAWAL_EVENTS.format(previous="was.m ->> n.id::text") + _old_rows("o.state")
+        + "\n         WHERE (was.m ->> n.id::text) IS DISTINCT FROM n.state")))
 HOLDS_AND_WITHDRAWALS_0048 = "".join(
     f.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
     for f in (_0048.HOLDS_INSERTED, _0048.HOLDS_UPDATED, _0048.WITHDRAWALS_INSERTED, _0048.WITHDRAWALS_UPDATED))
 
 ORDERS_INSERTED = _0048._trigger_function("custody_event_orders_inserted", _emit_one_statement(_ORDERS_INSERTED_EVENTS))
-ORDERS_UPDATED = _0048._trigger_function("custody_event_orders_updated", _emit_one_statement(
-    _ORDERS_UPDATED_EVENTS, old=_ORDERS_OLD))
+ORDERS_UPDATED = _0048._trigger_function("custody_event_orders_updated", _emit_one_statement(_ORDERS_UPDATED_EVENTS))
 
 FILLS_INSERTED = f"""
 CREATE FUNCTION custody_event_fills_inserted() RETURNS trigger LANGUAGE plpgsql {_0048._DEFINER} AS $$
