@@ -1,4 +1,4 @@
-"""Events of orders and fills per statement instead of per row; every statement trigger's events in one statement (issue 20).
+"""Events of orders and fills per statement instead of per row (issue 20).
 
 Revision ID: 0053_set_based_order_events
 Revises: 0050_refill_times
@@ -12,10 +12,10 @@ INSERT): a group of 12 orders made about 16 such calls.
 What changes (the events written, their keys, payloads and per-aggregate numbering are unchanged;
 only how many statements write them):
 - `trade_order_event` (AFTER INSERT OR UPDATE, FOR EACH ROW) becomes `trade_order_event_insert` and
-  `trade_order_event_update`: AFTER ... FOR EACH STATEMENT with transition tables, on 0048's rules
-  for the holds' events (one numbering upsert and one outbox INSERT per statement, outbox ids in
-  the order of the rows in the transition table, no statement joining a transition table; here
-  in one statement, see below). Topics as in 0026: `order.amended` when an update keeps the state
+  `trade_order_event_update`: AFTER ... FOR EACH STATEMENT with transition tables, written as
+  0048 writes the holds' events (`_emit_statement` of 0048: one numbering upsert and one outbox
+  INSERT per statement, outbox ids in the order of the rows in the transition table, no statement
+  joining a transition table). Topics as in 0026: `order.amended` when an update keeps the state
   and the filled quantity of an open order, `order.accepted` for an open state, else
   `order.<state>`; an UPDATE that leaves (state, filled, price, qty) as they were emits nothing.
   Each order id occurs once per statement, so 0048's precondition (one event per aggregate per
@@ -41,17 +41,6 @@ only how many statements write them):
   statement's written events of that aggregate are numbered again from the first number it took,
   in order, and the aggregate's last number is set to the last one used: the numbering stays
   gapless and the same as the row trigger's.
-- Every statement trigger writes its events in ONE statement (`_emit_one_statement`): the events
-  (a materialized CTE over the transition table), the numbering upsert and the outbox INSERT, which
-  reads the numbers through a one-row CTE (a cross join with one row, so still no join of the
-  transition table); 0048's bodies made three (the events into arrays, the upsert, the INSERT),
-  four for an UPDATE (the old rows' figures are read in the same statement, a one-row cross join).
-  The four functions of 0048 (`custody_event_holds_inserted`/`_updated`,
-  `custody_event_withdrawals_inserted`/`_updated`) are replaced by such bodies, same events:
-  inside `ledger_apply` every hold placed, captured or released is a statement of its own, so a
-  group of 12 orders ran about 18 of these triggers. A key taken (ON CONFLICT) gives its number
-  back afterwards, as before. The fills' function is one statement too (with its renumbering
-  only when a key was taken).
 - The trigger functions are SECURITY DEFINER (owner, `search_path` pinned) as in 0032/0048, and
   `custody_apply_role_grants()` runs at the end: no process role may EXECUTE them (0049). The
   per-row functions of 0026/0032 stay (unused) for the downgrade.
@@ -95,149 +84,85 @@ _ORDERS_INSERTED_EVENTS = (
     f"               'order:' || n.id AS aggregate, n.ord,\n"
     f"               {_ORDER_PAYLOAD} AS payload\n{_NEW_ROWS}")
 
-
-
-def _old_rows(figures: str) -> str:
-    """The FROM clause's second item of an UPDATE trigger's events: one row, `was.m`, the old rows'
-    `figures` as a jsonb object keyed by id (a cross join with one row: no join of a transition
-    table; each row's old figures are then a lookup in `was.m`)."""
-    return f"\n          CROSS JOIN (SELECT jsonb_object_agg(o.id, {figures}) AS m FROM old_rows o) was"
-
-
-# was.m: order id -> [state, filled, price, qty] of the old row (jsonb compares numbers as numbers).
+# v_old: order id -> [state, filled, price, qty] of the old row (jsonb compares numbers as numbers).
 _ORDERS_UPDATED_EVENTS = (
-    f"        SELECT CASE WHEN n.state IN {_OPEN} AND (was.m -> n.id -> 0) = to_jsonb(n.state)\n"
-    f"                         AND (was.m -> n.id -> 1) = to_jsonb(n.filled) THEN 'order.amended'\n"
+    f"        SELECT CASE WHEN n.state IN {_OPEN} AND (v_old -> n.id -> 0) = to_jsonb(n.state)\n"
+    f"                         AND (v_old -> n.id -> 1) = to_jsonb(n.filled) THEN 'order.amended'\n"
     f"                    WHEN n.state IN {_OPEN} THEN 'order.accepted'\n"
     f"                    ELSE 'order.' || n.state END AS topic,\n"
     f"               'order:' || n.id AS aggregate, n.ord,\n"
-    f"               {_ORDER_PAYLOAD} AS payload\n{_NEW_ROWS}"
-    + _old_rows("jsonb_build_array(o.state, o.filled, o.price, o.qty)") +
-    "\n         WHERE jsonb_build_array(n.state, n.filled, n.price, n.qty) IS DISTINCT FROM was.m -> n.id")
+    f"               {_ORDER_PAYLOAD} AS payload\n{_NEW_ROWS}\n"
+    f"         WHERE jsonb_build_array(n.state, n.filled, n.price, n.qty) IS DISTINCT FROM v_old -> n.id")
 
-
-def _emit_one_statement(events: str) -> str:
-    """The PL/pgSQL body that writes the events `events` selects (columns topic, aggregate, ord,
-    payload; keys `<aggregate>#<seq>`, version 1) in ONE statement: the events (a materialized
-    CTE), the numbering upsert, and the outbox INSERT that reads the numbers through a one-row
-    CTE (a cross join with one row: no join of the transition table, see 0048's `_emit_statement`).
-    Then, only when a key was taken, gives back the numbers of the events not written. Same
-    precondition and results as 0048's `_emit_statement` (each aggregate at most once in
-    `events`; outbox ids in `ord` order; numbering row locks taken in `ord` order). An UPDATE
-    trigger's `events` read the old rows' figures through `_old_rows`, in the same statement."""
-    return f"""
-DECLARE
-    v_aggregates text[];
-    v_written text[];
-BEGIN
-    WITH e AS MATERIALIZED (
-{events}
-    ), numbered AS (
-        INSERT INTO outbox_aggregate AS a (aggregate, last_seq)
-        SELECT e.aggregate, 1 FROM e ORDER BY e.ord
-        ON CONFLICT (aggregate) DO UPDATE SET last_seq = a.last_seq + 1
-        RETURNING a.aggregate, a.last_seq
-    ), seqs AS (
-        SELECT jsonb_object_agg(n.aggregate, n.last_seq) AS m FROM numbered n
-    ), written AS (
-        INSERT INTO outbox (topic, event_key, aggregate, aggregate_seq, version, payload)
-        SELECT e.topic, e.aggregate || '#' || (s.m ->> e.aggregate), e.aggregate, (s.m ->> e.aggregate)::bigint,
-               1, e.payload
-          FROM e CROSS JOIN seqs s
-         ORDER BY e.ord
-        ON CONFLICT (event_key) DO NOTHING
-        RETURNING aggregate
-    )
-    SELECT (SELECT array_agg(e.aggregate) FROM e), (SELECT array_agg(w.aggregate) FROM written w)
-      INTO v_aggregates, v_written;
-    IF coalesce(cardinality(v_written), 0) < coalesce(cardinality(v_aggregates), 0) THEN
-        -- written meanwhile under the same key: give those numbers back (the numbering stays gapless)
-        UPDATE outbox_aggregate SET last_seq = last_seq - 1
-         WHERE aggregate = ANY (ARRAY(SELECT u.aggregate FROM unnest(v_aggregates) u(aggregate)
-                                       WHERE NOT u.aggregate = ANY (coalesce(v_written, '{{}}'))));
-    END IF;
-    RETURN NULL;
-END"""
-
-
-def _replacing(name: str, body: str) -> str:
-    return _0048._trigger_function(name, body).replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
-
-
-# 0048's four statement triggers of holds and withdrawals, same events, written in one statement.
-HOLDS_AND_WITHDRAWALS = (
-    _replacing("custody_event_holds_inserted", _emit_one_statement(_0048._HOLD_EVENTS))
-    + _replacing("custody_event_holds_updated", _emit_one_statement(
-        _0048._HOLD_EVENTS + _old_rows("jsonb_build_array(o.state, o.captured, o.released)")
-        + "\n         WHERE jsonb_build_array(n.state, n.captured, n.released) IS DISTINCT FROM was.m -> n.id::text"))
-    + _replacing("custody_event_withdrawals_inserted", _emit_one_statement(
-        _0048._WITHDRAWAL_EVENTS.format(previous="NULL::text")))
-    + _replacing("custody_event_withdrawals_updated", _emit_one_statement(
-        _0048._WITHDRAWAL_EVENTS.format(previous="was.m ->> n.id::text") + _old_rows("o.state")
-        + "\n         WHERE (was.m ->> n.id::text) IS DISTINCT FROM n.state")))
-HOLDS_AND_WITHDRAWALS_0048 = "".join(
-    f.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
-    for f in (_0048.HOLDS_INSERTED, _0048.HOLDS_UPDATED, _0048.WITHDRAWALS_INSERTED, _0048.WITHDRAWALS_UPDATED))
-
-ORDERS_INSERTED = _0048._trigger_function("custody_event_orders_inserted", _emit_one_statement(_ORDERS_INSERTED_EVENTS))
-ORDERS_UPDATED = _0048._trigger_function("custody_event_orders_updated", _emit_one_statement(_ORDERS_UPDATED_EVENTS))
+ORDERS_INSERTED = _0048._trigger_function("custody_event_orders_inserted",
+                                          _0048._emit_statement(_ORDERS_INSERTED_EVENTS))
+ORDERS_UPDATED = _0048._trigger_function("custody_event_orders_updated", _0048._emit_statement(
+    _ORDERS_UPDATED_EVENTS,
+    old="SELECT jsonb_object_agg(o.id, jsonb_build_array(o.state, o.filled, o.price, o.qty)) INTO v_old FROM old_rows o;"))
 
 FILLS_INSERTED = f"""
 CREATE FUNCTION custody_event_fills_inserted() RETURNS trigger LANGUAGE plpgsql {_0048._DEFINER} AS $$
 DECLARE
-    v_events integer;
-    v_written integer;
+    v_keys text[];
+    v_aggregates text[];
+    v_payloads jsonb[];
     v_last jsonb;
-    v_counts jsonb;
+    v_written integer;
     v_aggregate text;
+    v_count integer;
     v_seq bigint;
     v_id bigint;
 BEGIN
-    -- one statement; no join of the transition table but a cross join with one row (see 0048's _emit_statement)
-    WITH e AS MATERIALIZED (
-        SELECT 'fill:' || r.market || ':' || r.seq || ':' || r.match_no AS key, 'market:' || r.market AS aggregate,
-               row_number() OVER () AS ord,
-               jsonb_build_object(
-                   'fill_id', r.id, 'market', r.market, 'seq', r.seq, 'match_no', r.match_no,
-                   'maker_order_id', r.maker_order_id, 'taker_order_id', r.taker_order_id,
-                   'maker_account', r.maker_account, 'taker_account', r.taker_account,
-                   'taker_side', r.taker_side, 'price_ticks', r.price_ticks, 'qty_lots', r.qty_lots,
-                   'base_amount', r.base_amount, 'quote_amount', r.quote_amount,
-                   'maker_fee', r.maker_fee, 'taker_fee', r.taker_fee,
-                   'journal_transaction_id', r.journal_transaction_id) AS payload
-          FROM new_rows r
-    ), counts AS (
-        SELECT e.aggregate, count(*) AS n, min(e.ord) AS first FROM e GROUP BY e.aggregate
-    ), numbered AS (  -- each aggregate's count at once, the row locks in the order of first appearance
+    -- no statement joins the transition table (see 0048's _emit_statement)
+    SELECT array_agg(n.key ORDER BY n.ord), array_agg(n.aggregate ORDER BY n.ord), array_agg(n.payload ORDER BY n.ord)
+      INTO v_keys, v_aggregates, v_payloads
+      FROM (SELECT 'fill:' || r.market || ':' || r.seq || ':' || r.match_no AS key, 'market:' || r.market AS aggregate,
+                   row_number() OVER () AS ord,
+                   jsonb_build_object(
+                       'fill_id', r.id, 'market', r.market, 'seq', r.seq, 'match_no', r.match_no,
+                       'maker_order_id', r.maker_order_id, 'taker_order_id', r.taker_order_id,
+                       'maker_account', r.maker_account, 'taker_account', r.taker_account,
+                       'taker_side', r.taker_side, 'price_ticks', r.price_ticks, 'qty_lots', r.qty_lots,
+                       'base_amount', r.base_amount, 'quote_amount', r.quote_amount,
+                       'maker_fee', r.maker_fee, 'taker_fee', r.taker_fee,
+                       'journal_transaction_id', r.journal_transaction_id) AS payload
+              FROM new_rows r) n;
+    IF v_keys IS NULL THEN
+        RETURN NULL;
+    END IF;
+    -- each aggregate's count at once, the row locks taken in the order of first appearance
+    WITH numbered AS (
         INSERT INTO outbox_aggregate AS a (aggregate, last_seq)
-        SELECT c.aggregate, c.n FROM counts c ORDER BY c.first
+        SELECT c.aggregate, c.n
+          FROM (SELECT u.aggregate, count(*) AS n, min(u.i) AS first
+                  FROM unnest(v_aggregates) WITH ORDINALITY AS u(aggregate, i) GROUP BY u.aggregate) c
+         ORDER BY c.first
         ON CONFLICT (aggregate) DO UPDATE SET last_seq = a.last_seq + EXCLUDED.last_seq
         RETURNING a.aggregate, a.last_seq
-    ), seqs AS (
-        SELECT jsonb_object_agg(n.aggregate, n.last_seq) AS m FROM numbered n
-    ), written AS (  -- the k-th fill of an aggregate here gets last - count + k
+    )
+    SELECT jsonb_object_agg(n.aggregate, n.last_seq) INTO v_last FROM numbered n;
+    WITH written AS (
         INSERT INTO outbox (topic, event_key, aggregate, aggregate_seq, version, payload)
-        SELECT 'fill.executed', e.key, e.aggregate,
-               (s.m ->> e.aggregate)::bigint - count(*) OVER whole + row_number() OVER upto, 1, e.payload
-          FROM e CROSS JOIN seqs s
-        WINDOW whole AS (PARTITION BY e.aggregate), upto AS (PARTITION BY e.aggregate ORDER BY e.ord)
-         ORDER BY e.ord
+        SELECT 'fill.executed', u.key, u.aggregate,
+               (v_last ->> u.aggregate)::bigint - count(*) OVER whole + row_number() OVER upto, 1, u.payload
+          FROM unnest(v_keys, v_aggregates, v_payloads) WITH ORDINALITY AS u(key, aggregate, payload, i)
+        WINDOW whole AS (PARTITION BY u.aggregate), upto AS (PARTITION BY u.aggregate ORDER BY u.i)
+         ORDER BY u.i
         ON CONFLICT (event_key) DO NOTHING
         RETURNING 1
     )
-    SELECT (SELECT count(*) FROM e), (SELECT count(*) FROM written), (SELECT s.m FROM seqs s),
-           (SELECT jsonb_object_agg(c.aggregate, c.n) FROM counts c)
-      INTO v_events, v_written, v_last, v_counts;
-    IF v_written < v_events THEN
+    SELECT count(*) INTO v_written FROM written;
+    IF v_written < cardinality(v_keys) THEN
         -- a key was written before (or meanwhile): number the events written here again, in order,
-        -- from the first number this statement took, and give the unused numbers back (gapless).
-        -- Under the aggregate's row lock, the rows numbered (last - count, last] are this statement's.
-        FOR v_aggregate IN SELECT jsonb_object_keys(v_counts) LOOP
-            v_seq := (v_last ->> v_aggregate)::bigint - (v_counts ->> v_aggregate)::bigint;
+        -- from the first number this statement took, and give the unused numbers back (gapless)
+        FOR v_aggregate, v_count IN
+            SELECT u.aggregate, count(*) FROM unnest(v_aggregates) WITH ORDINALITY AS u(aggregate, i)
+             GROUP BY u.aggregate ORDER BY min(u.i) LOOP
+            v_seq := (v_last ->> v_aggregate)::bigint - v_count;
             FOR v_id IN
                 SELECT o.id FROM outbox o
                  WHERE o.aggregate = v_aggregate AND o.aggregate_seq > v_seq
-                   AND o.aggregate_seq <= (v_last ->> v_aggregate)::bigint
+                   AND o.aggregate_seq <= (v_last ->> v_aggregate)::bigint AND o.event_key = ANY (v_keys)
                  ORDER BY o.aggregate_seq LOOP
                 v_seq := v_seq + 1;
                 UPDATE outbox SET aggregate_seq = v_seq WHERE id = v_id;
@@ -259,7 +184,7 @@ CREATE TRIGGER trade_order_id_fixed BEFORE UPDATE OF id ON trade_order
     FOR EACH ROW WHEN (OLD.id IS DISTINCT FROM NEW.id) EXECUTE FUNCTION matching_refuse_order_id_change();
 """
 
-UPGRADE = HOLDS_AND_WITHDRAWALS + ORDER_ID_FIXED + ORDERS_INSERTED + ORDERS_UPDATED + FILLS_INSERTED + """
+UPGRADE = ORDER_ID_FIXED + ORDERS_INSERTED + ORDERS_UPDATED + FILLS_INSERTED + """
 DROP TRIGGER trade_order_event ON trade_order;
 CREATE TRIGGER trade_order_event_insert AFTER INSERT ON trade_order REFERENCING NEW TABLE AS new_rows
     FOR EACH STATEMENT EXECUTE FUNCTION custody_event_orders_inserted();
@@ -272,8 +197,8 @@ CREATE TRIGGER fill_event_insert AFTER INSERT ON fill REFERENCING NEW TABLE AS n
     FOR EACH STATEMENT EXECUTE FUNCTION custody_event_fills_inserted();
 """
 
-# 0026's per-row triggers (their functions, made SECURITY DEFINER by 0032, were kept), 0048's bodies.
-DOWNGRADE = HOLDS_AND_WITHDRAWALS_0048 + """
+# 0026's per-row triggers (their functions, made SECURITY DEFINER by 0032, were kept).
+DOWNGRADE = """
 DROP TRIGGER trade_order_event_insert ON trade_order;
 DROP TRIGGER trade_order_event_update ON trade_order;
 CREATE TRIGGER trade_order_event AFTER INSERT OR UPDATE ON trade_order
