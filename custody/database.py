@@ -125,6 +125,6 @@ def make_engine(url: str, *, pool_size: int = 10) -> Engine:
     handed out next, so one busy thread (a market's group commits) keeps working on one warm server
     process instead of cycling through every connection a burst opened (the api's auth reads open
     up to one per concurrent request); under order entry that cut the database's CPU per order by
-    about a sixth (bench/http_api.py, README "Performance over HTTP")."""
+    about a quarter (bench/http_api.py, README "Performance over HTTP")."""
     return create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=False, pool_recycle=1800,
                          pool_use_lifo=True)
