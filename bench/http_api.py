@@ -51,7 +51,8 @@ share one GIL). The client, the server and PostgreSQL share this machine's cores
 average is printed with every line. Per line: requests/s, p50 and p99 latency, the api process's CPU per request (utime +
 stime from /proc/<pid>/stat before and after the run, in ms), the 1-minute load average, and where
 the rest of the machine's CPU per request went: `db CPU` (the PostgreSQL server processes of the
-bench database's connections, the same way) and `client CPU` (this process: the httpx clients). A
+bench database's connections, the same way) and `client CPU` (this process: the clients); for
+orders, the commands journaled per group commit (from the journal rows' transaction ids). A
 request answered with anything but its expected status stops the run (exit 1) with the answer.
 At the end the ledger's self-checks run (`Ledger.verify()`); any failed check exits 1.
 """
@@ -124,6 +125,7 @@ class Result:
     items_per_request: int = 1
     db_cpu_seconds: float = 0.0
     client_cpu_seconds: float = 0.0
+    group: float | None = None  # orders: journaled commands per group commit (database transaction)
 
     def line(self) -> str:
         lat = sorted(self.latencies)
@@ -131,6 +133,7 @@ class Result:
         p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000
         rate = self.requests / self.seconds
         extra = f"  ({rate * self.items_per_request:,.0f} transfers/s)" if self.items_per_request > 1 else ""
+        extra += f"  ({self.group:.1f} commands per group commit)" if self.group is not None else ""
         return (f"{self.case:9s} {self.clients:3d} clients  {rate:8,.0f} req/s  p50 {p50:6.1f} ms  p99 {p99:6.1f} ms  "
                 f"api CPU {self.per_request(self.cpu_seconds):5.2f} ms/req  load {self.load:4.1f}  "
                 f"db CPU {self.per_request(self.db_cpu_seconds):5.2f}  client CPU "
@@ -300,6 +303,28 @@ def db_cpu_since(owner_url: str, before: dict[int, float]) -> float:
     return sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
 
 
+def journal_position(owner_url: str | None, case: str) -> tuple[int, int] | None:
+    """For orders: (commands journaled, distinct database transactions that journaled them) so far;
+    the journal is append-only, so each row's xmin is the group commit that wrote it."""
+    if owner_url is None or case != "orders":
+        return None
+    engine = make_engine(owner_url, pool_size=1)
+    try:
+        with engine.connect() as c:
+            row = c.execute(text("SELECT count(*), count(DISTINCT xmin::text) FROM matching_command")).one()
+            return int(row[0]), int(row[1])
+    finally:
+        engine.dispose()
+
+
+def commands_per_group(owner_url: str | None, case: str, before: tuple[int, int] | None) -> float | None:
+    """Commands journaled per group commit since `before` (a `journal_position`)."""
+    after = journal_position(owner_url, case)
+    if before is None or after is None or after[1] == before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
+
+
 def drive(world: World, api_pids: list[int], case: str, clients: int, seconds: float, owner_url: str | None = None) -> Result:
     fn, items = CASES[case]
     run = f"{case}-{clients}-{uuid.uuid4().hex[:8]}"
@@ -330,6 +355,7 @@ def drive(world: World, api_pids: list[int], case: str, clients: int, seconds: f
     threads = [threading.Thread(target=client_loop, args=(i,), daemon=True) for i in range(clients)]
     for t in threads:
         t.start()
+    journal0 = journal_position(owner_url, case)
     start.wait()
     db0, client0 = processes_cpu_seconds(backend_pids(owner_url)) if owner_url else {}, time.process_time()
     cpu0, t0 = sum(map(process_cpu_seconds, api_pids)), time.perf_counter()
@@ -342,7 +368,7 @@ def drive(world: World, api_pids: list[int], case: str, clients: int, seconds: f
     if errors:
         raise errors[0]
     return Result(case, clients, sum(counts), elapsed, tuple(x for lat in latencies for x in lat), cpu,
-                  os.getloadavg()[0], items, db, client)
+                  os.getloadavg()[0], items, db, client, commands_per_group(owner_url, case, journal0))
 
 
 def drive_raw(world: World, api_pids: list[int], case: str, clients: int, seconds: float,
@@ -390,10 +416,11 @@ def drive_raw(world: World, api_pids: list[int], case: str, clients: int, second
                 raise outcome
         return elapsed, cpu, client, db0, os.getloadavg()[0]
 
+    journal0 = journal_position(owner_url, case)
     elapsed, cpu, client, db0, load = uvloop.run(main())
     db = db_cpu_since(owner_url, db0) if owner_url else 0.0
     return Result(case, clients, sum(counts), elapsed, tuple(x for lat in latencies for x in lat), cpu,
-                  load, items, db, client)
+                  load, items, db, client, commands_per_group(owner_url, case, journal0))
 
 
 def _free_port() -> int:

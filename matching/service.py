@@ -369,11 +369,17 @@ class Trading:
         try:
             with self.db.begin() as conn:
                 uow = self._begin(rt, conn)
-                # Lock the accounts these commands may hold from, in one statement, so each hold
-                # is decided without a round trip (matching.settlement).
-                rt.settlement.track(conn, rt.settlement.accounts_to_track(conn, rt.engine, commands))
+                # Lock the accounts these commands may hold from, and those their fills would
+                # touch as the book stands, in one statement, so each hold is decided without a
+                # round trip (matching.settlement) and `_clear_reach` usually finds its accounts
+                # locked; ask about the blocked ones in one more.
+                s = rt.settlement
+                lock, ask = self._foreseen(rt, conn, commands)
+                s.track(conn, s.accounts_to_track(conn, rt.engine, commands) + lock)
                 if self.blocked_code is not None:
-                    uow.blocked_owners = self._blocked_owners(rt, conn, uow, commands)
+                    uow.blocked_owners = self._blocked_owners(rt, conn, uow, commands, ask)
+                elif ask:
+                    self._blocked(conn, uow, ask)
                 outcomes, touched = [], []
                 for command in commands:
                     outcome, ids = self._one(rt, conn, uow, command)
@@ -402,11 +408,62 @@ class Trading:
             self._markets[rt.row.market.symbol] = fresh
         return fresh
 
+    def _foreseen(self, rt: _Runtime, conn: Connection, commands: Sequence[Command]) -> tuple[list[int], list[int]]:
+        """What `_clear_reach` will ask about for the unit's orders and amends that may trade, as
+        the book stands before the unit: (the accounts it will lock: the fee account, the order's
+        own receive account, the receive and pay accounts of the resting orders in its reach; the
+        pay accounts it will ask `blocked_accounts` about). The unit locks and asks about them with
+        its first statements, so that `_clear_reach` finds them known. A guess, never a decision:
+        the book changes within the unit, and an account not foreseen is locked and asked about
+        when it is met, as before; one foreseen and not met was only locked until COMMIT."""
+        engine, s, market, fees = rt.engine, rt.settlement, rt.row.market, rt.row.fees
+        lock: list[int] = []
+        ask: list[int] = []
+        for command in commands:
+            kind = type(command)
+            if kind is Place:
+                try:
+                    check_shape(command)
+                except MatchingError:
+                    continue  # refused on its own
+                if (unstorable_field(command) is not None or command.order_type in _STOPS
+                        or engine.order_by_client_id(command.account, command.client_order_id) is not None
+                        or validate_place(command, market, fees) is not None):
+                    continue  # refused, a stop (it trades only once it fires) or a retry
+                taker, price, qty, budget = command, command.price, command.qty, command.budget
+                if command.order_type is not OrderType.limit:
+                    price = None
+            elif kind is Amend:
+                order = engine.live.get(command.order_id)
+                if (order is None or order.account != command.account or command.price is None
+                        or order.order_type is not OrderType.limit or order.state not in _RESTING):
+                    continue
+                taker, price, budget = order, command.price, None
+                qty = order.remaining if command.qty is None else command.qty - order.filled - order.decremented
+            else:
+                continue
+            makers = engine.makers_in_reach(taker.side, price, qty, budget, taker.account,
+                                            taker.stp_group or taker.account)
+            if not makers:
+                continue
+            lock.append(s.fee_account_id)
+            for owner, side in [(taker.account, taker.side)] + [(m.account, m.side) for m in makers]:
+                try:
+                    lock.append(s.receive_account(conn, owner, side))
+                except LedgerError:
+                    pass  # a name another owner holds: the gateway decides
+            for maker in makers:
+                pay = s.pay_account(conn, maker.account, maker.side)
+                lock.append(pay)
+                ask.append(pay)
+        return lock, ask
+
     def _blocked_owners(self, rt: _Runtime, conn: Connection, uow: store.UnitOfWork,
-                        commands: Sequence[Command]) -> set[str]:
+                        commands: Sequence[Command], also: Sequence[int] = ()) -> set[str]:
         """Owners of the unit's new orders and amends with an account of the market blocked
-        (`blocked_code`), in one query. A new order's accounts are opened (as its gateway would);
-        an amend names only accounts that exist: those of its order, when it is the order's owner."""
+        (`blocked_code`), in one query, which also asks about `also` (accounts locked already).
+        A new order's accounts are opened (as its gateway would); an amend names only accounts that
+        exist: those of its order, when it is the order's owner."""
         s, market = rt.settlement, rt.row.market
         owners: dict[str, list[int]] = {}
         for command in commands:
@@ -430,11 +487,9 @@ class Trading:
                     owners[owner] = [s.account_id(conn, owner, a) for a in (market.base_asset, market.quote_asset)]
                 except LedgerError:
                     continue  # a name another owner holds: refused by the gateway
-        if not owners:
-            return set()
         accounts = sorted({a for ids in owners.values() for a in ids})
         s.track(conn, accounts)  # locked before the block is read (and so memoized: `_blocked`)
-        blocked = self._blocked(conn, uow, accounts)
+        blocked = self._blocked(conn, uow, accounts + list(also))
         return {owner for owner, ids in owners.items() if blocked.intersection(ids)}
 
     def _blocked(self, conn: Connection, uow: store.UnitOfWork, account_ids: Sequence[int]) -> set[int]:

@@ -11,6 +11,12 @@ that change nothing an event reports, an UPDATE that changes the state of some r
 `custody_emit` on the same aggregate after a trigger's event, hold place / capture / release, a
 batch of hold commands in one `ledger_apply` statement, and postings (the deferred event,
 fired by SET CONSTRAINTS ... IMMEDIATE before the outbox is read).
+
+Orders and fills (migration 0053): the matching service opens its own connections, so that scenario
+runs twice on two copies of one fresh database, the first with 0026's per-row triggers put back
+(0053's downgrade SQL), through `Trading.submit_batch`, and the outbox rows of each step are
+compared: equal, except the one documented move (in one upsert the events of updated orders now
+come before those of inserted ones).
 """
 from __future__ import annotations
 
@@ -20,9 +26,15 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import create_engine, make_url, text
 
+from custody.database import drop_database, ensure_database, make_engine, migrate, with_database
 from ledger.model import AccountKind, PlaceHold, ReleaseHold, Transfer
+from ledger.service import Ledger
+from matching.fees import FeeSchedule, FeeTier
+from matching.model import Amend, Cancel, Market, OrderType, Place, Side, TimeInForce
+from matching.service import Trading, order_id_for
+from matching.settlement import customer_account_name
 
 _MIGRATION = Path(__file__).resolve().parents[2] / "migrations/versions/0048_set_based_triggers.py"
 _spec = importlib.util.spec_from_file_location("set_based_events_0045", _MIGRATION)
@@ -150,3 +162,145 @@ def test_statement_triggers_write_the_events_the_row_triggers_wrote(engine, ledg
     assert topics.count("ledger.transaction_posted") == 3 and topics.count("withdrawal.state_changed") >= 9 + 200 + 120
     assert topics.count("ledger.hold_changed") == 8 and topics.count("withdrawal.requested") == 3
     assert _normalized(after) == _normalized(before)
+
+
+# ---- orders and fills (migration 0053) -----------------------------------------------------------
+
+_MIGRATION_0053 = Path(__file__).resolve().parents[2] / "migrations/versions/0053_set_based_order_events.py"
+_spec_0053 = importlib.util.spec_from_file_location("set_based_order_events_0053", _MIGRATION_0053)
+_migration_0053 = importlib.util.module_from_spec(_spec_0053)
+_spec_0053.loader.exec_module(_migration_0053)
+
+_SYMBOL = "BTC-USDT"
+
+
+def _clone(url: str, template: str) -> None:
+    """`url`'s database as a copy of `template`'s (which nobody may be connected to)."""
+    admin = create_engine(with_database(url, "postgres"), isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as c:
+            c.execute(text(f'CREATE DATABASE "{make_url(url).database}" TEMPLATE "{make_url(template).database}"'))
+    finally:
+        admin.dispose()
+
+
+def _trading_scenario(db) -> list[list[tuple]]:
+    """Order entry through `Trading.submit_batch` on `db`: group commits whose one upsert inserts and
+    updates orders at once, several fills in one statement (one of them under a key written before),
+    amends, a rejection before sequencing, a stop that fires, IOC and market orders, requests that
+    write nothing, and direct UPDATEs of order rows (one that changes nothing an event reports).
+    Returns the outbox rows of each step, in id order, without their ids and time stamps."""
+    ledger = Ledger(db)
+    ledger.create_asset("BTC", 8)
+    ledger.create_asset("USDT", 6)
+    world = {a: ledger.open_account(a, AccountKind.equity, f"world:{a}").id for a in ("BTC", "USDT")}
+    for owner in ("a", "b", "c", "d", "e"):
+        for asset in ("BTC", "USDT"):
+            account = ledger.open_account(asset, AccountKind.customer, customer_account_name(owner, asset), owner=owner)
+            ledger.transfer(f"fund:{owner}:{asset}", world[asset], account.id, 10**12)
+    trading = Trading(db, ledger)
+    trading.create_market(Market(_SYMBOL, "BTC", "USDT", lot_size=10_000, quote_per_tick_lot=1),
+                          FeeSchedule({"default": FeeTier(1_000, 2_000)}))
+
+    def place(owner: str, cid: str, side: Side, **fields) -> Place:
+        return Place(order_id_for(_SYMBOL, owner, cid), owner, cid, side, **fields)
+
+    steps: list[list[tuple]] = []
+
+    def step(run) -> None:
+        with db.connect() as c:
+            start = c.execute(text("SELECT coalesce(max(id), 0) FROM outbox")).scalar_one()
+        run()
+        with db.connect() as c:
+            rows = c.execute(text("SELECT topic, event_key, aggregate, aggregate_seq, version, payload FROM outbox "
+                                  "WHERE id > :s ORDER BY id"), {"s": start}).all()
+        steps.append([(t, k, a, s, v, {f: x for f, x in p.items() if f != "posted_at"}) for t, k, a, s, v, p in rows])
+
+    def batch(*commands) -> None:
+        step(lambda: trading.submit_batch(_SYMBOL, list(commands)))
+
+    sell, buy = Side.sell, Side.buy
+    batch(place("a", "a1", sell, qty=1, price=100), place("b", "b1", sell, qty=2, price=101),
+          place("c", "c1", sell, qty=1, price=102),
+          place("e", "e1", sell, order_type=OrderType.stop_limit, qty=1, price=95, stop_price=99))
+    taker_seq = trading.engine(_SYMBOL).last_seq + 1
+    with db.begin() as c:  # the key of the taker's second fill, written before it (by hand, as the owner)
+        c.execute(text("SELECT custody_emit('fill.executed', :k, 'squatter', 1, '{}'::jsonb)"),
+                  {"k": f"fill:{_SYMBOL}:{taker_seq}:2"})
+    batch(place("d", "d1", buy, qty=5, price=102),  # three fills in one statement; rests 1
+          place("a", "a2", sell, qty=1, price=103),
+          place("poor", "p1", buy, qty=10**6, price=100),  # no funds: rejected before sequencing
+          place("c", "c2", buy, qty=1, price=99), place("c", "c3", sell, qty=5, price=200))
+    batch(Amend(order_id_for(_SYMBOL, "d", "d1"), "d", price=101),
+          Amend(order_id_for(_SYMBOL, "a", "a2"), "a", qty=2),
+          Cancel("no-such-order", "a"),
+          place("a", "a2", sell, qty=1, price=103))  # a retry of a known client order id: nothing new
+    batch(place("b", "b2", sell, qty=3, price=99, tif=TimeInForce.ioc))  # fills d1 and c2; e1's stop fires
+    batch(place("d", "d2", buy, order_type=OrderType.market, budget=400),
+          Cancel(order_id_for(_SYMBOL, "c", "c3"), "c"))
+
+    def by_hand() -> None:
+        with db.begin() as c:
+            c.execute(text("UPDATE trade_order SET last_seq = last_seq WHERE market = :m"), {"m": _SYMBOL})  # no event
+            c.execute(text("UPDATE trade_order SET price = price + 1 WHERE market = :m AND account IN ('c', 'd')"),
+                      {"m": _SYMBOL})  # the market bid has no price: no event
+
+    step(by_hand)
+    ledger.assert_verified()
+    return steps
+
+
+def _updates_first(rows: list[tuple]) -> list[tuple]:
+    """The row triggers' events of one step in the order the statement triggers write them: in each
+    run of order events (one statement's: a step upserts once), the events of updated orders
+    (aggregate_seq > 1) before those of inserted ones (the first event of their order)."""
+    out: list[tuple] = []
+    run: list[tuple] = []
+    for row in rows + [("end",)]:
+        if row[0].startswith("order."):
+            run.append(row)
+            continue
+        out += [r for r in run if r[3] > 1] + [r for r in run if r[3] == 1]
+        run = []
+        if row[0] != "end":
+            out.append(row)
+    return out
+
+
+def test_order_and_fill_statement_triggers_write_the_events_the_row_triggers_wrote(database_url):
+    statements_url = with_database(database_url, f"events_orders_{uuid.uuid4().hex[:10]}")
+    rows_url = with_database(database_url, f"events_orders_{uuid.uuid4().hex[:10]}")
+    ensure_database(statements_url)
+    try:
+        migrate(statements_url)
+        _clone(rows_url, statements_url)  # the same database twice, then one with 0026's row triggers
+        results = {}
+        for url, setup in ((rows_url, _migration_0053.DOWNGRADE), (statements_url, None)):
+            db = make_engine(url, pool_size=2)
+            try:
+                if setup:
+                    with db.begin() as c:
+                        c.exec_driver_sql(setup)
+                with db.connect() as c:
+                    triggers = set(c.execute(text("SELECT tgname FROM pg_trigger WHERE tgrelid IN "
+                                                  "('trade_order'::regclass, 'fill'::regclass) AND NOT tgisinternal")).scalars())
+                assert ({"trade_order_event", "fill_event"} <= triggers) == bool(setup)
+                assert ({"trade_order_event_insert", "trade_order_event_update", "fill_event_insert"} <= triggers) != bool(setup)
+                results[url] = _trading_scenario(db)
+            finally:
+                db.dispose()
+    finally:
+        drop_database(rows_url)
+        drop_database(statements_url)
+    before, after = results[rows_url], results[statements_url]
+    flat = [r for rows in before for r in rows]
+    topics = [r[0] for r in flat]
+    # the scenario covers what it says
+    assert {"order.accepted", "order.amended", "order.rejected", "order.partially_filled", "order.filled",
+            "order.cancelled", "order.expired"} <= set(topics), topics
+    fills = [r for r in before[1] if r[0] == "fill.executed"]
+    assert [r[1].rsplit(":", 1)[1] for r in fills] == ["1", "3"] and [r[3] for r in fills] == [1, 2]  # key 2 taken
+    # the last step's second UPDATE (c1, c2, c3, d1; the market bid has no price), its first none
+    assert sorted(r[0] for r in before[5]) == ["order.cancelled"] + ["order.filled"] * 3
+    assert before[1] != _updates_first(before[1])  # the upsert inserted and updated orders: order moved
+    assert [_updates_first(rows) for rows in before] == after

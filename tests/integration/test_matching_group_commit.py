@@ -168,3 +168,41 @@ def test_a_deadlock_victim_unit_runs_again_other_failures_raise(ledger, monkeypa
     assert _state(env, [("bob", "b1"), ("alice", "a1")]) == {"b1": ("filled", None), "a1": ("filled", None)}
     assert env.balance(env.owner("bob"), "BTC").posted == lots("0.1") * 10_000
     check_holds(env)
+
+
+def test_a_unit_locks_the_accounts_its_orders_will_meet_with_its_first_statement(ledger, monkeypatch):
+    """The resting orders a new order can meet as the book stands are foreseen: their owners' accounts
+    are locked (and asked about the reorg freeze) with the unit's first statements, so the taker's
+    `_clear_reach` finds them locked and the unit sends its ledger commands once, at its end, instead
+    of flushing them to lock the makers' accounts in the middle. Same outcomes as one by one."""
+    env = _env(ledger)
+    for who in ("alice", "dave"):
+        env.fund(who, btc=1 * BTC)
+    env.fund("carol", usdt=1_000 * USDT)
+    env.fund("bob", usdt=1_000 * USDT)
+    t, m = env.trading, env.symbol
+    t.place(m, env.owner("alice"), "a1", SELL, qty=lots("0.1"), price=ticks(100))
+    t.place(m, env.owner("dave"), "d1", SELL, qty=lots("0.1"), price=ticks(101))
+    calls = {"lock_available": 0, "apply": 0, "blocked": 0}
+    for name in ("lock_available", "apply"):
+        original = getattr(type(ledger), name)
+
+        def counted(self, *args, _original=original, _name=name, **kwargs):
+            calls[_name] += 1
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(type(ledger), name, counted)
+
+    def blocked(conn, account_ids):
+        calls["blocked"] += 1
+        return set()
+
+    t.blocked_accounts = blocked
+    outcomes = t.submit_batch(m, [_place(env, "carol", "c1", BUY, qty=lots("0.1"), price=ticks(99)),  # rests
+                                  _place(env, "bob", "b1", BUY, qty=lots("0.2"), price=ticks(101))])  # meets both
+    assert [o.code for o in outcomes] == [None, None]
+    assert calls == {"lock_available": 1, "apply": 1, "blocked": 1}, calls
+    names = [("alice", "a1"), ("dave", "d1"), ("bob", "b1"), ("carol", "c1")]
+    assert _state(env, names) == {"a1": ("filled", None), "d1": ("filled", None), "b1": ("filled", None),
+                                  "c1": ("working", None)}
+    check_holds(env)
