@@ -1,7 +1,7 @@
 """Events of orders and fills per statement instead of per row (issue 20).
 
 Revision ID: 0053_set_based_order_events
-Revises: 0050_refill_times
+Revises: 0052_trust_gaps
 
 Why: a unit of work of the matching service (one group commit of order entry) writes its order rows
 in one upsert and its fill rows in one INSERT (matching.store), but the per-row triggers of 0026/0032
@@ -51,7 +51,7 @@ from pathlib import Path
 from alembic import op
 
 revision = "0053_set_based_order_events"
-down_revision = "0050_refill_times"
+down_revision = "0052_trust_gaps"
 branch_labels = None
 depends_on = None
 

@@ -2,7 +2,7 @@
 `ledger_post` refuses custody_api a debit it never makes (the lead's brief H4).
 
 Revision ID: 0054_ledger_privileges
-Revises: 0052_trust_gaps
+Revises: 0053_set_based_order_events
 
 Why: custody_api held INSERT, UPDATE on `account_balance` and `hold` and INSERT on `journal_transaction`
 and `journal_entry` (0022: "the ledger's functions run as the caller"); custody_worker every write.
@@ -57,7 +57,7 @@ from pathlib import Path
 from alembic import op
 
 revision = "0054_ledger_privileges"
-down_revision = "0052_trust_gaps"
+down_revision = "0053_set_based_order_events"
 branch_labels = None
 depends_on = None
 
