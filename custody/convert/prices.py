@@ -39,6 +39,7 @@ from dataclasses import dataclass, replace
 from sqlalchemy import Connection, Engine, text
 
 from custody.controls import audit
+from custody.convert.service import check_price
 from custody.errors import CustodyError, CustodyErrorCode
 from custody.states import advance
 from custody.withdrawals import live_approvers, verify_operator_approval
@@ -83,12 +84,7 @@ class PriceChanges:
 
     def propose(self, key: str, *, by: str, base: str, quote: str, price_minor: int) -> PriceChangeView:
         """Store a proposed price of a pair (idempotent per `key`); it counts once signed and applied."""
-        if base == quote:
-            raise LedgerError(ErrorCode.invalid_request, "a price needs two different assets")
-        if price_minor <= 0:
-            raise LedgerError(ErrorCode.invalid_amount, "a price is more than zero")
-        for asset in (base, quote):
-            self.ledger.get_asset(asset)  # asset_not_found
+        check_price(self.ledger, base, quote, price_minor)
         with self.engine.begin() as c:
             row = c.execute(text(_PROPOSE_SQL), {"k": key, "b": base, "q": quote, "p": price_minor, "by": by,
                                                  "e": EXPIRY.total_seconds()}).first()

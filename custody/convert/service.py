@@ -83,6 +83,17 @@ def rounding_account_name(asset: str) -> str:
     return f"convert:rounding:{asset}"  # kind dust: what the payout's rounding leaves of a sale
 
 
+def check_price(ledger: Ledger, base: str, quote: str, price_minor: int) -> None:
+    """An operator's price of a pair, before it is proposed or set: two different known assets
+    (`invalid_request`, `asset_not_found`) and more than zero (`invalid_amount`)."""
+    if base == quote:
+        raise LedgerError(ErrorCode.invalid_request, "a price needs two different assets")
+    if price_minor <= 0:
+        raise LedgerError(ErrorCode.invalid_amount, "a price is more than zero")
+    for asset in (base, quote):
+        ledger.get_asset(asset)  # asset_not_found
+
+
 class BookMarket(Protocol):
     """What a market row offers (matching.store.MarketRow.market)."""
 
@@ -192,12 +203,7 @@ class Convert:
         worker's step once a signed change verified (custody.convert.prices), or the owner's session
         (tests, administrators); custody_api may not call `convert_price_set` (migration 0056). A
         pair with a market is priced from its book, within the band of this price."""
-        if base == quote:
-            raise LedgerError(ErrorCode.invalid_request, "a price needs two different assets")
-        if price_minor <= 0:
-            raise LedgerError(ErrorCode.invalid_amount, "a price is more than zero")
-        for asset in (base, quote):
-            self.ledger.get_asset(asset)  # asset_not_found
+        check_price(self.ledger, base, quote, price_minor)
         with self.engine.begin() as c:  # the price and its audit row, written by convert_price_set
             row = c.execute(text(_SET_PRICE_SQL), {"b": base, "q": quote, "p": price_minor, "by": by}).one()
         return _price(row)
