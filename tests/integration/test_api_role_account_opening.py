@@ -23,14 +23,29 @@ from regtest.util import assert_equal
 INSUFFICIENT_PRIVILEGE = "42501"
 
 
+_CHAIN_ASSETS: list[str] = []  # chain rows this module wrote, removed when it ends (forget_chain_assets)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def forget_chain_assets(engine):
+    """The session's database is shared with the e2e suites, whose deposit scanners watch every
+    ethereum chain_asset's contract: this module's made-up assets leave no chain row behind."""
+    yield
+    with engine.begin() as c:
+        c.execute(text("DELETE FROM chain_asset WHERE asset = ANY(:a)"), {"a": _CHAIN_ASSETS})
+
+
 def new_asset(engine, ledger, chain: str = "bitcoin") -> str:
     """An asset of this test's own on `chain` (its chain row written as the worker would), with no
-    account opened yet: every name below is new."""
+    account opened yet: every name below is new. An ethereum one gets a well-formed contract address
+    no chain has."""
     asset = f"T{uuid.uuid4().hex[:8].upper()}"
     ledger.create_asset(asset, 8)
+    contract = None if chain == "bitcoin" else "0x" + (uuid.uuid4().hex + uuid.uuid4().hex)[:40]
     with engine.begin() as c:
         c.execute(text("INSERT INTO chain_asset (asset, chain, contract_address, finality_confirmations) "
-                       "VALUES (:a, :c, :k, 1)"), {"a": asset, "c": chain, "k": None if chain == "bitcoin" else f"0x{asset}"})
+                       "VALUES (:a, :c, :k, 1)"), {"a": asset, "c": chain, "k": contract})
+    _CHAIN_ASSETS.append(asset)
     return asset
 
 
