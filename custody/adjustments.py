@@ -72,7 +72,7 @@ from ledger.errors import ErrorCode, LedgerError
 from ledger.model import AccountKind, Transfer, validate_transfers
 from ledger.service import Ledger
 from signer.approvals import (ApprovalInvalid, ApprovalSignature, ApproverRegistry, adjustment_approval_payload,
-                              operator_identity, verify_approval)
+                              operator_identity, verify_stored_approval)
 
 log = logging.getLogger(__name__)
 MAX_LEGS = 100
@@ -243,9 +243,7 @@ class TreasuryAdjustments:
                                 "FROM treasury_adjustment_vote WHERE adjustment_id = :i AND decision = 'approve' "
                                 "AND key_id IS NOT NULL AND signature IS NOT NULL"), {"i": current.id}):
             try:
-                verify_approval(self.approvers, v.key_id, v.scheme, payload, bytes(v.signature),
-                                None if v.authenticator_data is None else bytes(v.authenticator_data),
-                                None if v.client_data_json is None else bytes(v.client_data_json))
+                verify_stored_approval(self.approvers, v, payload)
             except ApprovalInvalid:
                 continue
             verified.append((v.operator, v.key_id))

@@ -83,7 +83,7 @@ import hashlib
 import json
 import unicodedata
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -419,6 +419,18 @@ def _check_key(key: ApproverKey) -> None:
 
 
 # ---- verification -------------------------------------------------------------------------------
+
+def verify_stored_approval(registry: ApproverRegistry | None, row: Any, signed_payload: bytes) -> ApproverKey:
+    """`verify_approval` of a stored approval: `row` has `key_id`, `scheme`, `signature`,
+    `authenticator_data` and `client_data_json` as the database returns them (bytea as
+    memoryview, NULLs as None). A row with no signature is ApprovalInvalid like any other
+    failure: callers that tell the two apart check `signature` first."""
+    if row.signature is None:
+        raise ApprovalInvalid("approval_signature_invalid", f"approval by {row.key_id!r} carries no signature")
+    return verify_approval(registry, row.key_id, row.scheme, signed_payload, bytes(row.signature),
+                           None if row.authenticator_data is None else bytes(row.authenticator_data),
+                           None if row.client_data_json is None else bytes(row.client_data_json))
+
 
 def verify_approval(registry: ApproverRegistry | None, key_id: str, scheme: str, signed_payload: bytes, signature: bytes,
                     authenticator_data: bytes | None, client_data_json: bytes | None) -> ApproverKey:

@@ -194,7 +194,7 @@ from sqlalchemy import Connection, Engine, text
 
 from signer import bip322, eip191
 from signer.approvals import (ApprovalInvalid, ApproverKey, ApproverRegistry, QuorumTable, approval_payload, operator_identity,
-                              parse_payload, rebalance_approval_payload, unprintable_fields, verify_approval)
+                              parse_payload, rebalance_approval_payload, unprintable_fields, verify_stored_approval)
 from signer.assets import DEFAULT_ASSETS, SignerAsset, UnapprovedLimit
 from signer.bitcoin_tx import (PayOutput, SignedTx, SpendInput, address_to_script, dust_threshold, estimate_vsize, fee_for,
                                parse_transaction, sign_batch)
@@ -944,9 +944,7 @@ class Signer:
             if bytes(a.signed_payload) != payload:
                 continue  # signed over something else: it approves nothing here
             try:
-                key = verify_approval(self.approvers, a.key_id, a.scheme, payload, bytes(a.signature),
-                                      bytes(a.authenticator_data) if a.authenticator_data is not None else None,
-                                      bytes(a.client_data_json) if a.client_data_json is not None else None)
+                key = verify_stored_approval(self.approvers, a, payload)
             except ApprovalInvalid:
                 continue
             operators.add(operator_identity(key.operator))
@@ -1330,9 +1328,7 @@ class Signer:
             raise SigningRefused(RefusalCode.approval_unsigned, f"withdrawal {wid}: approval {a.id} ({a.operator!r}) is not signed")
         payload = bytes(a.signed_payload)
         try:
-            key = verify_approval(self.approvers, a.key_id, a.scheme, payload, bytes(a.signature),
-                                  None if a.authenticator_data is None else bytes(a.authenticator_data),
-                                  None if a.client_data_json is None else bytes(a.client_data_json))
+            key = verify_stored_approval(self.approvers, a, payload)
         except ApprovalInvalid as exc:
             code = RefusalCode.approver_unknown if exc.code == "approver_unknown" else RefusalCode.approval_signature_invalid
             raise SigningRefused(code, f"withdrawal {wid}: approval {a.id}: {exc.message}") from None

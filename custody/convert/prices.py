@@ -46,7 +46,7 @@ from custody.withdrawals import live_approvers, verify_operator_approval
 from ledger.errors import ErrorCode, LedgerError
 from ledger.service import Ledger
 from signer.approvals import (ApprovalInvalid, ApprovalSignature, ApproverRegistry, convert_price_payload,
-                              operator_identity, verify_approval)
+                              operator_identity, verify_stored_approval)
 
 log = logging.getLogger(__name__)
 EXPIRY = dt.timedelta(minutes=10)  # the database caps it at 15 minutes (migration 0056)
@@ -169,9 +169,7 @@ class PriceChanges:
         if row.key_id is None or row.signature is None or row.signed_by is None:
             return "no signature"
         try:
-            verify_approval(self.approvers, row.key_id, row.scheme, payload(current), bytes(row.signature),
-                            None if row.authenticator_data is None else bytes(row.authenticator_data),
-                            None if row.client_data_json is None else bytes(row.client_data_json))
+            verify_stored_approval(self.approvers, row, payload(current))
         except ApprovalInvalid as exc:
             return exc.code
         if operator_identity(row.signed_by) not in live_approvers(c, self.approvers, [(row.signed_by, row.key_id)]):
